@@ -1,0 +1,263 @@
+// The only translation unit that includes torch: op schemas, argument checks and CUDA dispatch.
+// Kernels live in plain .cu files behind the launch functions declared in common/params.h.
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+#include "common/params.h"
+
+namespace ltxbench {
+namespace {
+
+using at::Tensor;
+
+DType dtype_of(const Tensor& t, const char* op) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return DType::F32;
+    case at::kHalf: return DType::F16;
+    case at::kBFloat16: return DType::BF16;
+    default:
+      TORCH_CHECK(false, "ltxbench.", op, ": x must be float32, float16 or bfloat16, got ", t.scalar_type());
+  }
+}
+
+int compute_capability_major(int device) {
+  int major = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  return major;
+}
+
+// The checks every op runs on its primary input: device, dtype, arch support.
+DType check_primary(const Tensor& x, const char* op, const char* name) {
+  TORCH_CHECK(x.is_cuda(), "ltxbench.", op, ": ", name, " must be a CUDA tensor, got device ", x.device());
+  const DType dt = dtype_of(x, op);
+  TORCH_CHECK(dt != DType::BF16 || compute_capability_major(x.get_device()) >= 8, "ltxbench.", op,
+              ": bfloat16 needs compute capability >= 8.0 (Ampere); this GPU cannot run it, use float16");
+  return dt;
+}
+
+void check_same(const Tensor& t, const Tensor& x, const char* op, const char* name) {
+  TORCH_CHECK(t.device() == x.device(), "ltxbench.", op, ": ", name, " is on ", t.device(), " but x is on ",
+              x.device());
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "ltxbench.", op, ": ", name, " has dtype ", t.scalar_type(),
+              " but x has ", x.scalar_type(), " (they must match)");
+}
+
+// Last dim made contiguous explicitly where it is not; other strides are passed to the kernel.
+Tensor unit_last_stride(const Tensor& t) { return t.stride(-1) == 1 ? t : t.contiguous(); }
+
+// (..., D) as a (1, N, D) row view: a view when the leading dims collapse, a copy otherwise.
+// Size-1 dims get stride 0 so that their arbitrary strides never block the vectorized path.
+int64_t row_stride(const Tensor& t, int dim) { return t.size(dim) == 1 ? 0 : t.stride(dim); }
+Rows3 rows_of_flat(const Tensor& t2d) { return Rows3{t2d.data_ptr(), 0, row_stride(t2d, 0)}; }
+Rows3 rows_of_3d(const Tensor& t) { return Rows3{t.data_ptr(), row_stride(t, 0), row_stride(t, 1)}; }
+
+Tensor flat_rows(const Tensor& x) {
+  Tensor r = x.reshape({-1, x.size(-1)});
+  return unit_last_stride(r);
+}
+
+// A (B|1, S|1, D) modulation operand broadcast to x's (B, S, D) with stride 0 on size-1 dims.
+Rows3 broadcast_rows(const Tensor& t, const Tensor& x, const char* op, const char* name, Tensor& keep) {
+  check_same(t, x, op, name);
+  const auto B = x.size(0), S = x.size(1), D = x.size(2);
+  TORCH_CHECK(t.dim() == 3 && (t.size(0) == B || t.size(0) == 1) && (t.size(1) == S || t.size(1) == 1) &&
+                  t.size(2) == D,
+              "ltxbench.", op, ": ", name, " must have shape (B|1, S|1, D) = (", B, "|1, ", S, "|1, ", D,
+              "), got ", t.sizes());
+  keep = unit_last_stride(t).expand({B, S, D});
+  return rows_of_3d(keep);
+}
+
+void check_weight(const std::optional<Tensor>& w, const Tensor& x, int64_t D, const char* op) {
+  if (!w) return;
+  check_same(*w, x, op, "weight");
+  TORCH_CHECK(w->dim() == 1 && w->size(0) == D, "ltxbench.", op, ": weight must have shape (", D, "), got ",
+              w->sizes());
+}
+
+void check_3d(const Tensor& x, const char* op, const char* name) {
+  TORCH_CHECK(x.dim() == 3, "ltxbench.", op, ": ", name, " must be 3-D (B, S, D), got shape ", x.sizes());
+}
+
+void run(const RowOpParams& p, DType dt, const Tensor& x, const char* op) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaError_t err = launch_row_op(p, dt, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+}
+
+Tensor rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps, bool cast_before_weight) {
+  const char* op = "rms_norm";
+  const DType dt = check_primary(x, op, "x");
+  TORCH_CHECK(x.dim() >= 1, "ltxbench.", op, ": x must have at least one dimension");
+  const auto D = x.size(-1);
+  check_weight(weight, x, D, op);
+  Tensor out = at::empty(x.sizes(), x.options());
+  if (x.numel() == 0) return out;
+  const Tensor w = weight ? weight->contiguous() : Tensor();
+  const Tensor xr = flat_rows(x);
+  RowOpParams p;
+  p.B = 1, p.S = xr.size(0), p.D = D;
+  p.x = rows_of_flat(xr);
+  p.weight = weight ? w.data_ptr() : nullptr;
+  p.cast_before_weight = cast_before_weight;
+  p.norm = NormKind::RMS, p.eps = static_cast<float>(eps);
+  p.out = out.data_ptr();
+  run(p, dt, x, op);
+  return out;
+}
+
+std::tuple<Tensor, Tensor> fused_add_rms_norm(const Tensor& x, const Tensor& residual,
+                                              const std::optional<Tensor>& weight, double eps,
+                                              bool cast_before_weight) {
+  const char* op = "fused_add_rms_norm";
+  const DType dt = check_primary(x, op, "x");
+  check_same(residual, x, op, "residual");
+  TORCH_CHECK(residual.sizes() == x.sizes(), "ltxbench.", op, ": residual has shape ", residual.sizes(),
+              " but x has ", x.sizes());
+  TORCH_CHECK(x.dim() >= 1, "ltxbench.", op, ": x must have at least one dimension");
+  const auto D = x.size(-1);
+  check_weight(weight, x, D, op);
+  Tensor out = at::empty(x.sizes(), x.options());
+  Tensor residual_out = at::empty(x.sizes(), x.options());
+  if (x.numel() == 0) return {out, residual_out};
+  const Tensor w = weight ? weight->contiguous() : Tensor();
+  const Tensor xr = flat_rows(x), rr = flat_rows(residual);
+  RowOpParams p;
+  p.B = 1, p.S = xr.size(0), p.D = D;
+  p.x = rows_of_flat(rr);  // h = residual + x
+  p.a = rows_of_flat(xr);
+  p.weight = weight ? w.data_ptr() : nullptr;
+  p.cast_before_weight = cast_before_weight;
+  p.norm = NormKind::RMS, p.eps = static_cast<float>(eps);
+  p.out = out.data_ptr(), p.h_out = residual_out.data_ptr();
+  run(p, dt, x, op);
+  return {out, residual_out};
+}
+
+// Shared by the modulated ops: x as (B, S, D) rows, scale/shift broadcast, a fresh contiguous output.
+struct Modulated {
+  RowOpParams p;
+  Tensor x, scale, shift, out;
+};
+
+Modulated modulated(const Tensor& x_in, const Tensor& scale, const Tensor& shift, double eps, const char* op) {
+  check_3d(x_in, op, "x");
+  Modulated m;
+  m.x = unit_last_stride(x_in);
+  m.p.B = m.x.size(0), m.p.S = m.x.size(1), m.p.D = m.x.size(2);
+  m.p.x = rows_of_3d(m.x);
+  m.p.scale = broadcast_rows(scale, m.x, op, "scale", m.scale);
+  m.p.shift = broadcast_rows(shift, m.x, op, "shift", m.shift);
+  m.p.eps = static_cast<float>(eps);
+  m.out = at::empty(m.x.sizes(), m.x.options());
+  m.p.out = m.out.data_ptr();
+  return m;
+}
+
+Tensor rms_norm_modulate(const Tensor& x, const std::optional<Tensor>& weight, const Tensor& scale,
+                         const Tensor& shift, double eps) {
+  const char* op = "rms_norm_modulate";
+  const DType dt = check_primary(x, op, "x");
+  Modulated m = modulated(x, scale, shift, eps, op);
+  check_weight(weight, x, m.p.D, op);
+  const Tensor w = weight ? weight->contiguous() : Tensor();
+  m.p.weight = weight ? w.data_ptr() : nullptr;
+  m.p.norm = NormKind::RMS;
+  run(m.p, dt, x, op);
+  return m.out;
+}
+
+Tensor layer_norm_modulate(const Tensor& x, const Tensor& scale, const Tensor& shift, double eps) {
+  const char* op = "layer_norm_modulate";
+  const DType dt = check_primary(x, op, "x");
+  Modulated m = modulated(x, scale, shift, eps, op);
+  m.p.norm = NormKind::Layer;
+  run(m.p, dt, x, op);
+  return m.out;
+}
+
+// The residual branch a (same shape as h) and an optional (B|1, S|1, D) gate.
+Tensor attach_branch(RowOpParams& p, const Tensor& h, const Tensor& a, const std::optional<Tensor>& gate,
+                     const char* op, Tensor& gate_keep) {
+  check_same(a, h, op, "a");
+  TORCH_CHECK(a.sizes() == h.sizes(), "ltxbench.", op, ": a has shape ", a.sizes(), " but h has ", h.sizes());
+  Tensor ar = unit_last_stride(a);
+  p.a = rows_of_3d(ar);
+  if (gate) p.gate = broadcast_rows(*gate, h, op, "gate", gate_keep);
+  return ar;
+}
+
+Tensor gated_residual(const Tensor& h_in, const Tensor& a, const Tensor& gate) {
+  const char* op = "gated_residual";
+  const DType dt = check_primary(h_in, op, "h");
+  check_3d(h_in, op, "h");
+  const Tensor h = unit_last_stride(h_in);
+  RowOpParams p;
+  p.B = h.size(0), p.S = h.size(1), p.D = h.size(2);
+  p.x = rows_of_3d(h);
+  Tensor gate_keep;
+  const Tensor ar = attach_branch(p, h, a, gate, op, gate_keep);
+  Tensor out = at::empty(h.sizes(), h.options());
+  p.norm = NormKind::None;
+  p.out = out.data_ptr();
+  run(p, dt, h, op);
+  return out;
+}
+
+std::tuple<Tensor, Tensor> add_rms_norm_modulate(const Tensor& h, const Tensor& a,
+                                                 const std::optional<Tensor>& gate, const Tensor& scale,
+                                                 const Tensor& shift, double eps) {
+  const char* op = "add_rms_norm_modulate";
+  const DType dt = check_primary(h, op, "h");
+  Modulated m = modulated(h, scale, shift, eps, op);
+  Tensor gate_keep;
+  const Tensor ar = attach_branch(m.p, m.x, a, gate, op, gate_keep);
+  Tensor h_out = at::empty(m.x.sizes(), m.x.options());
+  m.p.norm = NormKind::RMS;
+  m.p.h_out = h_out.data_ptr();
+  run(m.p, dt, h, op);
+  return {m.out, h_out};
+}
+
+}  // namespace
+}  // namespace ltxbench
+
+TORCH_LIBRARY(ltxbench, m) {
+  m.set_python_module("ltxbench.ops.fakes");
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps, bool cast_before_weight=False) -> Tensor");
+  m.def(
+      "fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps, bool cast_before_weight=False)"
+      " -> (Tensor, Tensor)");
+  m.def("rms_norm_modulate(Tensor x, Tensor? weight, Tensor scale, Tensor shift, float eps) -> Tensor");
+  m.def("layer_norm_modulate(Tensor x, Tensor scale, Tensor shift, float eps) -> Tensor");
+  m.def("gated_residual(Tensor h, Tensor a, Tensor gate) -> Tensor");
+  m.def(
+      "add_rms_norm_modulate(Tensor h, Tensor a, Tensor? gate, Tensor scale, Tensor shift, float eps)"
+      " -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(ltxbench, CUDA, m) {
+  m.impl("rms_norm", &ltxbench::rms_norm);
+  m.impl("fused_add_rms_norm", &ltxbench::fused_add_rms_norm);
+  m.impl("rms_norm_modulate", &ltxbench::rms_norm_modulate);
+  m.impl("layer_norm_modulate", &ltxbench::layer_norm_modulate);
+  m.impl("gated_residual", &ltxbench::gated_residual);
+  m.impl("add_rms_norm_modulate", &ltxbench::add_rms_norm_modulate);
+}
+
+// CPU tensors reach the same entry points, whose first check names the argument that must be on CUDA:
+// a clear error instead of "could not run with arguments from the CPU backend", and never a fallback.
+TORCH_LIBRARY_IMPL(ltxbench, CPU, m) {
+  m.impl("rms_norm", &ltxbench::rms_norm);
+  m.impl("fused_add_rms_norm", &ltxbench::fused_add_rms_norm);
+  m.impl("rms_norm_modulate", &ltxbench::rms_norm_modulate);
+  m.impl("layer_norm_modulate", &ltxbench::layer_norm_modulate);
+  m.impl("gated_residual", &ltxbench::gated_residual);
+  m.impl("add_rms_norm_modulate", &ltxbench::add_rms_norm_modulate);
+}

@@ -1,0 +1,53 @@
+// Element types, fp32 conversions and 16-byte vectors for the kernels. CUDA headers only.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cstdint>
+#include <type_traits>
+
+namespace ltxbench {
+
+template <typename T> __device__ __forceinline__ float to_float(T v);
+template <> __device__ __forceinline__ float to_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ float to_float<__half>(__half v) { return __half2float(v); }
+template <> __device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T> __device__ __forceinline__ T from_float(float v);
+template <> __device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <> __device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+
+// Round-trip through T: what the unfused PyTorch code gets when it stores an intermediate in T.
+template <typename T> __device__ __forceinline__ float round_to(float v) { return to_float<T>(from_float<T>(v)); }
+
+// N elements of T loaded/stored as one access (16 bytes when N * sizeof(T) == 16).
+template <typename T, int N> struct alignas(sizeof(T) * N) Vec {
+  T v[N];
+};
+
+template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p, float (&out)[N]) {
+  const Vec<T, N> raw = *reinterpret_cast<const Vec<T, N>*>(p);
+#pragma unroll
+  for (int k = 0; k < N; ++k) out[k] = to_float<T>(raw.v[k]);
+}
+
+template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, const float (&in)[N]) {
+  Vec<T, N> raw;
+#pragma unroll
+  for (int k = 0; k < N; ++k) raw.v[k] = from_float<T>(in[k]);
+  *reinterpret_cast<Vec<T, N>*>(p) = raw;
+}
+
+// Elements per 16-byte access.
+template <typename T> constexpr int vec_width() { return 16 / sizeof(T); }
+
+// bf16 needs sm_80: pre-Ampere device code gets a trapping stub instead (the host refuses bf16 there first).
+template <typename T> __device__ constexpr bool unsupported_here() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+  return std::is_same_v<T, __nv_bfloat16>;
+#else
+  return false;
+#endif
+}
+
+}  // namespace ltxbench

@@ -1,0 +1,244 @@
+// The row-wise normalization family: RMSNorm / LayerNorm (no affine), optional residual add with gate,
+// optional weight, optional AdaLN modulation — one kernel, configured by RowOpParams (common/params.h).
+//
+// Each row is handled by `tpr` threads (a power of two). When the row fits, every thread keeps its share
+// in registers (MAXV vectors), so the input is read from memory exactly once; wider rows are streamed
+// twice (or three times for LayerNorm) and rely on L2 for the re-reads.
+#include "common/dtype.cuh"
+#include "common/params.h"
+#include "common/reduce.cuh"
+
+namespace ltxbench {
+namespace {
+
+constexpr int kBlockThreads = 256;       // block size when several rows share a block
+constexpr int kMaxRowsWithSmem = 8;      // rows per block when tpr > 32 (256 / 64 = 4, so 8 is ample)
+constexpr int kMaxCachedThreads = 512;   // keeps the register budget at 128 so the cached row never spills
+
+template <typename T> struct RowPtrs {
+  const T *x, *a, *gate, *scale, *shift;
+  T *out, *h_out;
+};
+
+template <typename T> __device__ __forceinline__ const T* row_of(const Rows3& r, int64_t b, int64_t s) {
+  return r.ptr ? static_cast<const T*>(r.ptr) + b * r.sb + s * r.ss : nullptr;
+}
+
+template <typename T> __device__ __forceinline__ RowPtrs<T> row_ptrs(const RowOpParams& p, int64_t row) {
+  const int64_t b = row / p.S, s = row - b * p.S;
+  RowPtrs<T> r;
+  r.x = row_of<T>(p.x, b, s);
+  r.a = row_of<T>(p.a, b, s);
+  r.gate = row_of<T>(p.gate, b, s);
+  r.scale = row_of<T>(p.scale, b, s);
+  r.shift = row_of<T>(p.shift, b, s);
+  r.out = static_cast<T*>(p.out) + row * p.D;
+  r.h_out = p.h_out ? static_cast<T*>(p.h_out) + row * p.D : nullptr;
+  return r;
+}
+
+// h = x + a * gate (or x + a), rounded to T as the unfused model stores it before normalizing.
+template <typename T, int VEC>
+__device__ __forceinline__ void load_h(const RowPtrs<T>& r, int64_t col, float (&h)[VEC]) {
+  load_vec<T, VEC>(r.x + col, h);
+  if (r.a == nullptr) return;
+  float a[VEC];
+  load_vec<T, VEC>(r.a + col, a);
+  if (r.gate) {
+    float g[VEC];
+    load_vec<T, VEC>(r.gate + col, g);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) h[k] += a[k] * g[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) h[k] += a[k];
+  }
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) h[k] = round_to<T>(h[k]);
+}
+
+// out = modulate(weight * norm(h)), all in fp32, rounded once on store.
+template <typename T, int VEC>
+__device__ __forceinline__ void finish_store(const RowOpParams& p, const RowPtrs<T>& r, int64_t col,
+                                             const float (&h)[VEC], float mean, float rstd) {
+  float n[VEC];
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) n[k] = p.norm == NormKind::None ? h[k] : (h[k] - mean) * rstd;
+  if (p.weight) {
+    float w[VEC];
+    load_vec<T, VEC>(static_cast<const T*>(p.weight) + col, w);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k)
+      n[k] = p.cast_before_weight ? round_to<T>(round_to<T>(n[k]) * w[k]) : n[k] * w[k];
+  }
+  if (r.scale) {
+    float sc[VEC], sh[VEC];
+    load_vec<T, VEC>(r.scale + col, sc);
+    load_vec<T, VEC>(r.shift + col, sh);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) n[k] = n[k] * (1.f + sc[k]) + sh[k];
+  }
+  store_vec<T, VEC>(r.out + col, n);
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ float reduce_term(NormKind norm, const float (&h)[VEC], float mean) {
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) {
+    const float d = h[k] - mean;  // mean is 0 for the RMS sum of squares
+    acc += d * d;
+  }
+  return acc;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ float sum_of(const float (&h)[VEC]) {
+  float acc = 0.f;
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) acc += h[k];
+  return acc;
+}
+
+// Row cached in registers: MAXV vectors of VEC elements per thread.
+template <typename T, int VEC, int MAXV>
+__global__ void __launch_bounds__(kMaxCachedThreads) row_op_cached(RowOpParams p, int tpr) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    __shared__ float smem[kMaxRowsWithSmem * 32];
+    const int64_t rows = p.B * p.S;
+    const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
+    const int lane = threadIdx.x % tpr;
+    const bool active = row < rows;  // inactive threads still join the block-wide reductions
+    const int64_t nvec = p.D / VEC;
+    const RowPtrs<T> r = row_ptrs<T>(p, active ? row : 0);
+
+    float h[MAXV][VEC];
+    float partial = 0.f;
+#pragma unroll
+    for (int i = 0; i < MAXV; ++i) {
+      const int64_t j = lane + static_cast<int64_t>(i) * tpr;
+      if (active && j < nvec) {
+        load_h<T, VEC>(r, j * VEC, h[i]);
+        if (r.h_out) store_vec<T, VEC>(r.h_out + j * VEC, h[i]);
+        partial += p.norm == NormKind::Layer ? sum_of<T, VEC>(h[i]) : reduce_term<T, VEC>(p.norm, h[i], 0.f);
+      }
+    }
+    float mean = 0.f, rstd = 1.f;
+    if (p.norm != NormKind::None) {
+      const float inv_d = 1.f / static_cast<float>(p.D);
+      float total = row_group_sum(partial, tpr, smem);
+      if (p.norm == NormKind::Layer) {  // second pass over registers: numerically safe variance
+        mean = total * inv_d;
+        partial = 0.f;
+#pragma unroll
+        for (int i = 0; i < MAXV; ++i) {
+          const int64_t j = lane + static_cast<int64_t>(i) * tpr;
+          if (active && j < nvec) partial += reduce_term<T, VEC>(p.norm, h[i], mean);
+        }
+        total = row_group_sum(partial, tpr, smem);
+      }
+      rstd = rsqrtf(total * inv_d + p.eps);
+    }
+#pragma unroll
+    for (int i = 0; i < MAXV; ++i) {
+      const int64_t j = lane + static_cast<int64_t>(i) * tpr;
+      if (active && j < nvec) finish_store<T, VEC>(p, r, j * VEC, h[i], mean, rstd);
+    }
+  }
+}
+
+// Rows too wide for registers: one block per row, the inputs re-read for each pass.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(1024) row_op_streamed(RowOpParams p) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    __shared__ float smem[32];
+    const int tpr = blockDim.x;
+    const int64_t nvec = p.D / VEC;
+    const RowPtrs<T> r = row_ptrs<T>(p, blockIdx.x);
+    float h[VEC];
+    float partial = 0.f;
+    for (int64_t j = threadIdx.x; j < nvec; j += tpr) {
+      load_h<T, VEC>(r, j * VEC, h);
+      if (r.h_out) store_vec<T, VEC>(r.h_out + j * VEC, h);
+      partial += p.norm == NormKind::Layer ? sum_of<T, VEC>(h) : reduce_term<T, VEC>(p.norm, h, 0.f);
+    }
+    float mean = 0.f, rstd = 1.f;
+    if (p.norm != NormKind::None) {
+      const float inv_d = 1.f / static_cast<float>(p.D);
+      float total = row_group_sum(partial, tpr, smem);
+      if (p.norm == NormKind::Layer) {
+        mean = total * inv_d;
+        partial = 0.f;
+        for (int64_t j = threadIdx.x; j < nvec; j += tpr) {
+          load_h<T, VEC>(r, j * VEC, h);
+          partial += reduce_term<T, VEC>(p.norm, h, mean);
+        }
+        total = row_group_sum(partial, tpr, smem);
+      }
+      rstd = rsqrtf(total * inv_d + p.eps);
+    }
+    for (int64_t j = threadIdx.x; j < nvec; j += tpr) {
+      load_h<T, VEC>(r, j * VEC, h);
+      finish_store<T, VEC>(p, r, j * VEC, h, mean, rstd);
+    }
+  }
+}
+
+int next_pow2(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
+
+// 16-byte accesses are legal only if every row of every operand starts on a 16-byte boundary.
+template <typename T> bool vectorizable(const RowOpParams& p) {
+  constexpr int V = vec_width<T>();
+  if (p.D % V != 0) return false;
+  for (const Rows3* r : {&p.x, &p.a, &p.gate, &p.scale, &p.shift}) {
+    if (r->ptr && (!aligned(r->ptr, 16) || r->sb % V != 0 || r->ss % V != 0)) return false;
+  }
+  for (const void* ptr : {p.weight, static_cast<const void*>(p.out), static_cast<const void*>(p.h_out)}) {
+    if (ptr && !aligned(ptr, 16)) return false;
+  }
+  return true;
+}
+
+template <typename T, int VEC, int MAXV> cudaError_t launch_with(const RowOpParams& p, cudaStream_t stream) {
+  const int64_t rows = p.B * p.S;
+  const int64_t nvec = p.D / VEC;
+  if (nvec <= static_cast<int64_t>(kMaxCachedThreads) * MAXV) {
+    const int tpr = next_pow2((nvec + MAXV - 1) / MAXV);
+    const int threads = tpr > kBlockThreads ? tpr : kBlockThreads;
+    const int rows_per_block = threads / tpr;
+    const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+    row_op_cached<T, VEC, MAXV><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p, tpr);
+  } else {
+    row_op_streamed<T, VEC><<<static_cast<unsigned>(rows), 1024, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T> cudaError_t launch_typed(const RowOpParams& p, cudaStream_t stream) {
+  if (vectorizable<T>(p)) return launch_with<T, vec_width<T>(), 4>(p, stream);
+  return launch_with<T, 1, 8>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_row_op(const RowOpParams& p, DType dtype, cudaStream_t stream) {
+  if (p.B * p.S == 0 || p.D == 0) return cudaSuccess;
+  switch (dtype) {
+    case DType::F32: return launch_typed<float>(p, stream);
+    case DType::F16: return launch_typed<__half>(p, stream);
+    case DType::BF16: return launch_typed<__nv_bfloat16>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace ltxbench

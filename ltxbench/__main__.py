@@ -1,0 +1,3 @@
+from ltxbench.cli import main
+
+main()

@@ -1,0 +1,103 @@
+"""The `ltxbench` command line.
+
+Every command lives in its own module and imports torch/diffusers inside its function body, so that
+`ltxbench --help` never pays for them. The exit-code policy (ltxbench.errors) is applied once, here, in
+`PolicyGroup.invoke`, which wraps every command and sub-command.
+"""
+
+from __future__ import annotations
+
+import os
+
+import typer
+from typer.core import TyperGroup
+
+from ltxbench.errors import EnvironmentProblem, LtxbenchError
+
+
+def _classify(exc: BaseException) -> LtxbenchError | None:
+    """Map third-party failures that mean 'the machine cannot do this' onto exit code 4."""
+    name = type(exc).__name__
+    text = str(exc)
+    if name == "OutOfMemoryError" or "CUDA out of memory" in text:
+        return EnvironmentProblem(
+            f"out of GPU memory: {text.splitlines()[0] if text else name}",
+            hint="lower --num-frames/--height/--width/--batch-size, or try --cpu-offload",
+        )
+    if isinstance(exc, RuntimeError) and "no kernel image is available" in text:
+        return EnvironmentProblem(
+            "the CUDA kernels were not built for this GPU's architecture",
+            hint="unset TORCH_CUDA_ARCH_LIST or add this GPU's arch to it, then retry",
+        )
+    return None
+
+
+def _report(err: LtxbenchError) -> None:
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {err.message}", markup=True)
+    if err.hint:
+        console.print(f"[dim]hint:[/] {err.hint}", markup=True)
+
+
+class PolicyGroup(TyperGroup):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except LtxbenchError as err:
+            if os.environ.get("LTXBENCH_DEBUG") == "1":
+                raise
+            _report(err)
+            raise typer.Exit(err.exit_code) from None
+        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:  # noqa: BLE001 - classification point of the policy
+            mapped = _classify(exc)
+            if mapped is None or os.environ.get("LTXBENCH_DEBUG") == "1":
+                raise
+            _report(mapped)
+            raise typer.Exit(mapped.exit_code) from None
+
+
+EPILOG = (
+    "Examples:\n\n"
+    "  ltxbench env --json\n\n"
+    "  ltxbench kernels\n\n"
+    "  ltxbench bench micro rmsnorm --dtype bf16 --shapes ltx\n\n"
+    "Exit codes: 0 ok, 1 regression/failed check, 2 usage, 3 incomparable inputs, 4 environment/build/OOM. "
+    "Set LTXBENCH_DEBUG=1 for tracebacks."
+)
+
+app = typer.Typer(
+    cls=PolicyGroup,
+    name="ltxbench",
+    help="Fused CUDA kernels for LTX-Video and LLM inference, and the benchmarks that prove them.",
+    epilog=EPILOG,
+    no_args_is_help=True,
+    add_completion=False,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(
+    cls=TyperGroup,
+    help="Benchmarks: micro (one kernel vs baselines) and e2e (whole models).",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+)
+app.add_typer(bench_app, name="bench")
+
+
+def _register() -> None:
+    # Each module imports only typer and the standard library at top level.
+    from ltxbench.cli import env, kernels
+
+    app.command("env", epilog=env.EXAMPLES)(env.env_command)
+    app.command("kernels", epilog=kernels.EXAMPLES)(kernels.kernels_command)
+
+
+_register()
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,88 @@
+"""`ltxbench env`: what this machine offers the kernels (GPUs, driver, toolkit, versions, kernel build).
+
+Only typer and the standard library at top level: torch (pulled in by the probes) and rich load inside
+the command, so `ltxbench --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import typer
+
+EXAMPLES = "Examples:\n\n  ltxbench env\n\n  ltxbench env --json > env.json"
+
+
+def env_command(
+    json_: bool = typer.Option(
+        False, "--json", help="Print {env, build} as JSON on stdout (parseable; for bug reports and CI)."
+    ),
+) -> None:
+    """Show GPUs, driver, CUDA toolkit, package versions and whether the CUDA kernels are built.
+
+    Works without a GPU: missing pieces are reported, never fatal (exit code 0).
+    """
+    from ltxbench.ops._build import build_status
+    from ltxbench.results.env import capture_env
+
+    env = capture_env()
+    try:
+        build = build_status()
+    except Exception as exc:  # noqa: BLE001 - `env` is the diagnostic command; it must always answer
+        build = {"built": False, "reason": f"{type(exc).__name__}: {exc}"}
+    if json_:
+        import json
+        import sys
+
+        # Plain stdout, not Rich: Rich would wrap long lines and break `ltxbench env --json > env.json`.
+        sys.stdout.write(json.dumps({"env": env, "build": build}, indent=2, sort_keys=True, default=str))
+        sys.stdout.write("\n")
+        return
+    _print_table(env, build)
+
+
+def _fmt(value) -> str:
+    return "—" if value is None or value == "" else str(value)
+
+
+def _print_table(env: dict, build: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+
+    gpus = env.get("gpus") or []
+    if gpus:
+        for gpu in gpus:
+            table.add_row(
+                f"gpu {gpu.get('index')}",
+                f"{gpu.get('name')}  sm_{str(gpu.get('capability', '')).replace('.', '')}  "
+                f"{gpu.get('sm_count')} SMs  {gpu.get('memory_gib')} GiB",
+            )
+    else:
+        table.add_row("gpu", env.get("cuda_note") or "no CUDA device")
+    table.add_row("driver", _fmt(env.get("driver")))
+    versions = env.get("versions") or {}
+    for name in ("torch", "cuda", "cudnn", "triton", "diffusers", "transformers", "accelerate", "ltxbench"):
+        table.add_row(name, _fmt(versions.get(name)))
+    nvcc = env.get("nvcc") or {}
+    nvcc_text = f"{nvcc.get('version')} ({nvcc.get('path')})" if nvcc.get("path") else "not found"
+    table.add_row("nvcc", nvcc_text)
+    table.add_row("CUDA_HOME", _fmt(env.get("cuda_home")))
+
+    if build.get("built"):
+        kernels = f"built for {_fmt(build.get('arch'))} in {_fmt(build.get('library') or build.get('path'))}"
+    elif build.get("reason"):
+        kernels = f"not built: {build['reason']}"
+    else:
+        kernels = f"not built yet (arch {_fmt(build.get('arch'))}, cache {_fmt(build.get('build_dir'))})"
+    table.add_row("kernels", kernels)
+
+    git = env.get("git")
+    if isinstance(git, dict):
+        git_text = f"{git.get('sha') or 'no commits'}{' (dirty)' if git.get('dirty') else ''}"
+    else:
+        git_text = _fmt(git) if git else "not a git checkout"
+    table.add_row("git", git_text)
+
+    Console(highlight=False, soft_wrap=True).print(table)

@@ -1,0 +1,89 @@
+"""Public functional API of the ltxbench CUDA kernels.
+
+Every function here calls a torch library op (torch.ops.ltxbench.*), built on first use by `_build.load()`.
+The ops take CUDA tensors only; `ltxbench.ops.reference` holds pure-torch twins with the same signatures
+(the `reference` provider). `get_provider(name)` returns either, for code that lets the user choose.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from ltxbench.ops import _build
+
+Tensor = torch.Tensor
+PROVIDERS = ("cuda", "reference")
+
+
+def _lib():
+    if not _build.is_loaded():
+        _build.load()
+    return torch.ops.ltxbench
+
+
+def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *, cast_before_weight: bool = False) -> Tensor:
+    """RMSNorm over the last dim: `x * rsqrt(mean(x²) + eps) [* weight]`, fp32 math, output in x's dtype.
+
+    cast_before_weight=False multiplies by the weight in fp32 and rounds once (torch.nn.RMSNorm,
+    F.rms_norm); True rounds the normalized row to x's dtype first and multiplies in that dtype
+    (transformers' LlamaRMSNorm, diffusers' RMSNorm with a half-precision weight).
+    """
+    return _lib().rms_norm(x, weight, eps, cast_before_weight)
+
+
+def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *,
+                       cast_before_weight: bool = False) -> tuple[Tensor, Tensor]:
+    """`h = residual + x` (stored in x's dtype) and `rms_norm(h)`: returns (normed, h); nothing in place."""
+    return _lib().fused_add_rms_norm(x, residual, weight, eps, cast_before_weight)
+
+
+def rms_norm_modulate(x: Tensor, weight: Tensor | None, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:
+    """`rms_norm(x, weight) * (1 + scale) + shift`; x (B, S, D), scale/shift (B|1, S|1, D), any row strides."""
+    return _lib().rms_norm_modulate(x, weight, scale, shift, eps)
+
+
+def layer_norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:
+    """No-affine LayerNorm, then `* (1 + scale) + shift` (LTX final layer; DiT, FLUX, SD3 AdaLN)."""
+    return _lib().layer_norm_modulate(x, scale, shift, eps)
+
+
+def gated_residual(h: Tensor, a: Tensor, gate: Tensor) -> Tensor:
+    """`h + a * gate`, one rounding; gate (B|1, S|1, D)."""
+    return _lib().gated_residual(h, a, gate)
+
+
+def add_rms_norm_modulate(h: Tensor, a: Tensor, gate: Tensor | None, scale: Tensor, shift: Tensor,
+                          eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """`h' = h + a [* gate]` (stored in h's dtype), then `rms_norm(h') * (1 + scale) + shift`: returns (out, h')."""
+    return _lib().add_rms_norm_modulate(h, a, gate, scale, shift, eps)
+
+
+# AdaLN names of the earlier seed API, kept as thin aliases with their formulas spelled out.
+def adaln_rmsnorm(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:
+    """`rms_norm(x) * (1 + scale) + shift` (no weight): LTX-Video's norm1/norm2 + modulation."""
+    return rms_norm_modulate(x, None, scale, shift, eps)
+
+
+def adaln_layernorm(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:
+    """`layer_norm(x, no affine) * (1 + scale) + shift`: DiT / FLUX / SD3 AdaLN modulation."""
+    return layer_norm_modulate(x, scale, shift, eps)
+
+
+def adaln_zero(x: Tensor, branch: Tensor, gate: Tensor) -> Tensor:
+    """DiT adaLN-Zero residual: `x + gate * branch` (gate zero-initialised in DiT, hence the name)."""
+    return gated_residual(x, branch, gate)
+
+
+def get_provider(name: str) -> types.ModuleType:
+    """`cuda` → this module (our kernels); `reference` → the pure-torch twins, same function names."""
+    if name == "cuda":
+        import ltxbench.ops as cuda_ops
+
+        return cuda_ops
+    if name == "reference":
+        from ltxbench.ops import reference
+
+        return reference
+    raise ValueError(f"unknown kernel provider {name!r}: choose one of {', '.join(PROVIDERS)}")

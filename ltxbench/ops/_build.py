@@ -1,0 +1,157 @@
+"""JIT build of the CUDA sources: the only caller of torch.utils.cpp_extension.load.
+
+The extension is built on first use for the detected GPU arch (TORCH_CUDA_ARCH_LIST overrides), cached
+under ~/.cache/ltxbench/<torch>-<cuda>-<arch> (LTXBENCH_CACHE overrides), and loaded as a plain shared
+library whose TORCH_LIBRARY block registers the ops under torch.ops.ltxbench.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from ltxbench.errors import BuildError
+
+EXTENSION_NAME = "ltxbench_ops"
+SOURCES_DIR = Path(os.environ.get("LTXBENCH_CUDA_SRC", Path(__file__).resolve().parents[2] / "cuda"))
+
+_loaded: dict | None = None  # set once the library is in the process: {"path", "seconds", "arch"}
+
+
+def sources() -> list[Path]:
+    if not (SOURCES_DIR / "bindings.cpp").is_file():
+        raise BuildError(
+            f"CUDA sources not found under {SOURCES_DIR}",
+            hint="install ltxbench from a source checkout (pip install -e .) or set LTXBENCH_CUDA_SRC",
+        )
+    return [SOURCES_DIR / "bindings.cpp", *sorted(SOURCES_DIR.glob("*.cu"))]
+
+
+def arch_list() -> str:
+    """The arch list to build for: TORCH_CUDA_ARCH_LIST, else the visible GPU's compute capability."""
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if env:
+        return env
+    import torch
+
+    if not torch.cuda.is_available():
+        raise BuildError(
+            "no CUDA device to detect the GPU architecture from",
+            hint='set TORCH_CUDA_ARCH_LIST (e.g. "9.0") to build without a GPU',
+        )
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}.{minor}"
+
+
+def _arch_tag(archs: str) -> str:
+    return "sm" + "-".join(re.sub(r"[^0-9a-z]", "", a) for a in re.split(r"[;, ]+", archs) if a)
+
+
+def cache_dir(archs: str | None = None) -> Path:
+    import torch
+
+    if os.environ.get("LTXBENCH_CACHE"):
+        return Path(os.environ["LTXBENCH_CACHE"]).expanduser()
+    tag = f"{torch.__version__.split('+')[0]}-cu{(torch.version.cuda or 'none').replace('.', '')}"
+    return Path.home() / ".cache" / "ltxbench" / f"{tag}-{_arch_tag(archs or arch_list())}"
+
+
+
+def cuda_home() -> str | None:
+    """The CUDA toolkit the build will use (CUDA_HOME/CUDA_PATH, else a real toolkit found on disk)."""
+    _guess_cuda_home()
+    return os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+
+
+def _guess_cuda_home() -> None:
+    """cpp_extension guesses CUDA_HOME as nvcc's grandparent: /usr/local for a /usr/local/bin/nvcc link or
+    wrapper script, where there are no CUDA headers. Look for a real toolkit first, before it is imported."""
+    if os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH"):
+        return
+    nvcc = shutil.which("nvcc")
+    candidates = [Path(nvcc).resolve().parent.parent] if nvcc else []
+    candidates += [Path("/usr/local/cuda"), *sorted(Path("/usr/local").glob("cuda-*"), reverse=True)]
+    for home in candidates:
+        if (home / "include" / "cuda_runtime.h").is_file() and (home / "bin" / "nvcc").exists():
+            os.environ["CUDA_HOME"] = str(home)
+            return
+
+
+def _check_toolchain() -> None:
+    _guess_cuda_home()
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    if CUDA_HOME is None or not (Path(CUDA_HOME) / "bin" / "nvcc").exists():
+        raise BuildError(
+            "nvcc not found: cannot compile the ltxbench CUDA kernels",
+            hint="install the CUDA toolkit and set CUDA_HOME (e.g. /usr/local/cuda)",
+        )
+
+
+def load(verbose: bool | None = None) -> dict:
+    """Build (if needed) and load the extension once per process; return where and how long it took."""
+    global _loaded
+    if _loaded is not None:
+        return _loaded
+    _check_toolchain()
+    archs = arch_list()
+    build_dir = cache_dir(archs)
+    build_dir.mkdir(parents=True, exist_ok=True)
+    verbose = os.environ.get("LTXBENCH_VERBOSE_BUILD") == "1" if verbose is None else verbose
+    os.environ["TORCH_CUDA_ARCH_LIST"] = archs  # cpp_extension reads the arch list from here
+    os.environ.setdefault("MAX_JOBS", str(os.cpu_count() or 2))
+
+    from torch.utils import cpp_extension
+
+    start = time.perf_counter()
+    try:
+        path = cpp_extension.load(
+            name=EXTENSION_NAME,
+            sources=[str(s) for s in sources()],
+            extra_include_paths=[str(SOURCES_DIR)],
+            extra_cflags=["-O3"],
+            extra_cuda_cflags=["-O3", "-lineinfo"],
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=verbose,
+        )
+    except Exception as exc:  # cpp_extension raises RuntimeError/CalledProcessError with the compiler log
+        tail = "\n".join(str(exc).strip().splitlines()[-25:])
+        raise BuildError(
+            f"building the ltxbench CUDA extension failed (arch {archs}, dir {build_dir}):\n{tail}",
+            hint="check nvcc/CUDA_HOME and that TORCH_CUDA_ARCH_LIST names an arch this nvcc supports; "
+            "LTXBENCH_VERBOSE_BUILD=1 prints the full compiler output",
+        ) from exc
+    _loaded = {"path": str(path), "seconds": time.perf_counter() - start, "arch": archs,
+               "build_dir": str(build_dir)}
+    from ltxbench.ops import fakes  # noqa: F401  (registers fake + CPU reference kernels)
+
+    return _loaded
+
+
+def is_loaded() -> bool:
+    return _loaded is not None
+
+
+def build_status() -> dict:
+    """What is known without compiling anything: for `ltxbench env` and `ltxbench kernels`."""
+    status: dict = {"extension": EXTENSION_NAME, "sources": str(SOURCES_DIR), "loaded": _loaded is not None}
+    if _loaded is not None:
+        status.update(built=True, **_loaded)
+        return status
+    try:
+        archs = arch_list()
+    except BuildError as err:
+        status.update(built=False, arch=None, build_dir=None, reason=err.message)
+        return status
+    except Exception as exc:  # torch missing or broken
+        status.update(built=False, arch=None, build_dir=None, reason=f"{type(exc).__name__}: {exc}")
+        return status
+    build_dir = cache_dir(archs)
+    libs = sorted(build_dir.glob(f"{EXTENSION_NAME}*.so")) if build_dir.is_dir() else []
+    status.update(built=bool(libs), arch=archs, build_dir=str(build_dir),
+                  library=str(libs[-1]) if libs else None)
+    return status

@@ -1,0 +1,191 @@
+"""The CLI surface: help, `env --json`, the exit-code policy, and a light, fast --help (CPU only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from ltxbench.cli import PolicyGroup, app
+from ltxbench.errors import CheckFailed, EnvironmentProblem, IncomparableResults, UsageError
+
+REPO = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+
+
+def _python(*args: str) -> subprocess.CompletedProcess:
+    # Run from the checkout whether or not ltxbench is pip-installed into the interpreter.
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "PYTHONPATH": path}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+# --- help and commands -----------------------------------------------------------------------------
+
+def test_help_lists_commands():
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0, result.output
+    commands = result.output.split("Commands:", 1)[1]
+    for name in ("env", "kernels", "bench"):
+        assert f"\n  {name} " in commands, result.output
+    assert "Exit codes" in result.output
+
+
+def test_bench_help():
+    result = runner.invoke(app, ["bench", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "Usage:" in result.output and "bench" in result.output
+
+
+def test_env_help_has_examples():
+    result = runner.invoke(app, ["env", "--help"])
+    assert result.exit_code == 0, result.output
+    assert "--json" in result.output and "ltxbench env --json > env.json" in result.output
+
+
+def test_env_json_is_parseable_and_complete():
+    result = runner.invoke(app, ["env", "--json"])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert set(doc) == {"env", "build"}
+    env, build = doc["env"], doc["build"]
+    assert isinstance(env["gpus"], list)
+    if not env["gpus"]:
+        assert env["cuda_note"]
+    for gpu in env["gpus"]:
+        assert {"index", "name", "capability", "sm_count", "memory_gib"} <= set(gpu)
+    assert {"hostname", "platform", "python"} <= set(env["host"])
+    versions = env["versions"]
+    for key in ("torch", "cuda", "cudnn", "triton", "diffusers", "transformers", "accelerate", "ltxbench"):
+        assert key in versions
+    import torch
+
+    assert versions["torch"] == torch.__version__.split("+")[0] or versions["torch"] == torch.__version__
+    assert versions["ltxbench"] == "0.1.0"
+    assert set(env["nvcc"]) == {"path", "version"}
+    assert "cuda_home" in env and "driver" in env
+    assert env["git"] is None or set(env["git"]) == {"sha", "dirty"}
+    assert isinstance(build["built"], bool)
+
+
+def test_env_table_exits_zero():
+    result = runner.invoke(app, ["env"])
+    assert result.exit_code == 0, result.output
+    for label in ("driver", "torch", "nvcc", "CUDA_HOME", "kernels", "git"):
+        assert label in result.output
+
+
+def test_unknown_option_is_usage_error():
+    result = runner.invoke(app, ["env", "--no-such-option"])
+    assert result.exit_code == 2
+    assert "--no-such-option" in result.output
+
+
+def test_unknown_command_is_usage_error():
+    assert runner.invoke(app, ["no-such-command"]).exit_code == 2
+
+
+# --- exit-code policy ------------------------------------------------------------------------------
+
+def _policy_app() -> typer.Typer:
+    demo = typer.Typer(cls=PolicyGroup, pretty_exceptions_enable=False, add_completion=False)
+
+    @demo.command()
+    def usage():
+        raise UsageError("--shapes must be one of ltx, llm", hint="see `ltxbench bench micro --help`")
+
+    @demo.command()
+    def incomparable():
+        raise IncomparableResults("a.json was measured on H100, b.json on H200", hint="compare like")
+
+    @demo.command()
+    def environment():
+        raise EnvironmentProblem("nvcc not found", hint="set CUDA_HOME")
+
+    @demo.command()
+    def check():
+        raise CheckFailed("rmsnorm differs from reference by 0.5", hint="rerun with --verbose")
+
+    @demo.command()
+    def oom():
+        raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore allocator details")
+
+    @demo.command()
+    def bug():
+        raise ZeroDivisionError("a real bug")
+
+    return demo
+
+
+@pytest.mark.parametrize(
+    ("command", "code", "fragment"),
+    [("usage", 2, "--shapes must be one of"), ("incomparable", 3, "measured on H100"),
+     ("environment", 4, "nvcc not found"), ("check", 1, "differs from reference"),
+     ("oom", 4, "out of GPU memory")],
+)
+def test_exit_code_policy(command, code, fragment, monkeypatch):
+    monkeypatch.delenv("LTXBENCH_DEBUG", raising=False)
+    result = runner.invoke(_policy_app(), [command])
+    assert result.exit_code == code, result.output
+    lines = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("error: ") and fragment in lines[0]
+    assert lines[1].startswith("hint: ")
+    assert "Traceback" not in result.output
+
+
+def test_unclassified_exception_is_not_swallowed(monkeypatch):
+    monkeypatch.delenv("LTXBENCH_DEBUG", raising=False)
+    result = runner.invoke(_policy_app(), ["bug"])
+    assert isinstance(result.exception, ZeroDivisionError)
+
+
+@pytest.mark.parametrize(("command", "exc"), [("usage", UsageError), ("check", CheckFailed),
+                                              ("oom", RuntimeError)])
+def test_debug_env_propagates(command, exc, monkeypatch):
+    monkeypatch.setenv("LTXBENCH_DEBUG", "1")
+    with pytest.raises(exc):
+        runner.invoke(_policy_app(), [command], catch_exceptions=False)
+
+
+# --- start-up cost ---------------------------------------------------------------------------------
+
+def test_module_help_runs():
+    proc = _python("-m", "ltxbench", "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert "env" in proc.stdout and "bench" in proc.stdout
+
+
+def test_help_does_not_import_heavy_modules():
+    code = (
+        "import sys\n"
+        "from ltxbench.cli import app\n"
+        "for argv in (['--help'], ['bench', '--help'], ['env', '--help'], ['kernels', '--help']):\n"
+        "    try:\n"
+        "        app(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert e.code in (0, None), (argv, e.code)\n"
+        "heavy = sorted(m for m in ('torch', 'pandas', 'numpy', 'diffusers', 'transformers')"
+        " if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    proc = _python("-c", code)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_help_is_fast():
+    timings = []
+    for _ in range(3):
+        start = time.perf_counter()
+        proc = _python("-m", "ltxbench", "--help")
+        timings.append(time.perf_counter() - start)
+        assert proc.returncode == 0, proc.stderr
+    assert min(timings) < 0.5, f"`ltxbench --help` took {min(timings):.2f}s at best of 3 ({timings})"

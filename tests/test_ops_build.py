@@ -1,0 +1,96 @@
+"""CPU + nvcc: the CUDA sources compile (for every arch in TORCH_CUDA_ARCH_LIST), the ops register with
+the schemas we document, and the fake implementations give the shapes/dtypes the references give."""
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ltxbench.errors import BuildError
+from ltxbench.ops import _build
+from ltxbench.ops.registry import DTYPES, SPECS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_only_bindings_includes_torch_headers():
+    for src in sorted((ROOT / "cuda").rglob("*")):
+        if src.suffix in {".cu", ".cuh", ".h"}:
+            assert not re.search(r"#include\s*[<\"](torch|ATen|c10)/", src.read_text()), src
+
+
+def test_build_module_is_the_only_caller_of_cpp_extension_load():
+    callers = [p for p in (ROOT / "ltxbench").rglob("*.py") if "cpp_extension" in p.read_text()]
+    assert callers == [ROOT / "ltxbench" / "ops" / "_build.py"]
+
+
+def test_every_spec_is_a_registered_op_with_fake(built_ops):
+    assert Path(built_ops["path"]).is_file()
+    for name in SPECS:
+        op = getattr(torch.ops.ltxbench, name)
+        assert op.default._schema.name == f"ltxbench::{name}"
+    assert _build.build_status()["built"] is True
+
+
+def test_fused_add_schema_is_functional(built_ops):
+    # Nothing is updated in place, so no argument carries an alias annotation.
+    schema = str(torch.ops.ltxbench.fused_add_rms_norm.default._schema)
+    assert "!" not in schema and schema.endswith("-> (Tensor, Tensor)")
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_fake_outputs_match_reference_shapes(built_ops, name, dtype):
+    spec = SPECS[name]
+    for variant in spec.variants:
+        for shape in ((2, 5, 83), (1, 3, 2048), (0, 4, 64)):
+            real = spec.make_inputs(shape, DTYPES[dtype], "cpu", torch.Generator().manual_seed(0), variant)
+            expected = spec.reference(**real)
+            expected = expected if isinstance(expected, tuple) else (expected,)
+            with FakeTensorMode():  # same shapes and strides as the real inputs, on a "cuda" that needs no GPU
+                fake = {k: (torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="cuda")
+                            if isinstance(v, torch.Tensor) else v) for k, v in real.items()}
+                got = spec.fn(**fake)
+            got = got if isinstance(got, tuple) else (got,)
+            assert len(got) == len(expected) == spec.n_outputs
+            for g, e in zip(got, expected, strict=True):
+                assert g.device.type == "cuda"
+                assert (g.shape, g.dtype) == (e.shape, e.dtype), (variant, shape)
+                assert g.is_contiguous()
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_cpu_tensors_get_a_clear_error_naming_the_argument(built_ops, name):
+    spec = SPECS[name]
+    inputs = spec.make_inputs((1, 2, 8), torch.float32, "cpu", torch.Generator().manual_seed(0), spec.variants[0])
+    first = next(iter(inputs))
+    with pytest.raises(RuntimeError, match=rf"ltxbench\.{name}: {first} must be a CUDA tensor"):
+        spec.fn(**inputs)
+
+
+def test_missing_nvcc_is_a_build_error_with_a_hint(monkeypatch):
+    from torch.utils import cpp_extension
+
+    monkeypatch.setattr(_build, "_loaded", None)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    with pytest.raises(BuildError) as err:
+        _build.load()
+    assert err.value.exit_code == 4 and "nvcc" in err.value.message and "CUDA_HOME" in err.value.hint
+
+
+def test_compiler_error_is_reported_with_its_output(monkeypatch, tmp_path):
+    if not (shutil.which("nvcc") or _build.cuda_home()):
+        pytest.skip("no nvcc")
+    src = tmp_path / "cuda"
+    shutil.copytree(ROOT / "cuda", src)
+    (src / "broken.cu").write_text("this is not CUDA;\n")
+    monkeypatch.setattr(_build, "_loaded", None)
+    monkeypatch.setattr(_build, "SOURCES_DIR", src)
+    monkeypatch.setenv("LTXBENCH_CACHE", str(tmp_path / "build"))
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
+    with pytest.raises(BuildError) as err:
+        _build.load()
+    assert "broken.cu" in err.value.message and "TORCH_CUDA_ARCH_LIST" in err.value.hint

@@ -1,0 +1,143 @@
+"""GPU: every op × dtype × shape × variant against the reference, plus opcheck and fullgraph compile.
+
+Run on an H100/H200 with `make test-gpu`; skipped without CUDA. Outputs are checked (a) against the
+fp32-math reference with the HANDBOOK tolerances and (b) against float64: the kernel's error may not
+exceed twice the error of the host library's own eager formula in the same dtype.
+"""
+
+import pytest
+import torch
+
+from ltxbench.ops.registry import DTYPES, SPECS, TEST_SHAPES
+
+pytestmark = pytest.mark.gpu
+NAMES = sorted(SPECS)
+
+
+def _gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def _tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _poison_allocator(shape, dtype, n):
+    """Leave NaN-filled blocks of the output size in the caching allocator, so an element the kernel
+    forgets to write shows up as NaN instead of a plausible stale value."""
+    blocks = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for _ in range(n)]
+    del blocks
+
+
+def _f64(inputs):
+    return {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+
+
+def _check(spec, inputs, dtype):
+    _poison_allocator(next(iter(inputs.values())).shape, dtype, spec.n_outputs)
+    got = _tuple(spec.fn(**inputs))
+    ref = _tuple(spec.reference(**inputs))
+    ref64 = _tuple(spec.reference(**_f64(inputs)))
+    eager = _tuple(spec.baselines["eager"](**inputs))
+    atol, rtol = spec.tolerance(dtype)
+    floor = torch.finfo(dtype).eps
+    for g, r, r64, e in zip(got, ref, ref64, eager, strict=True):
+        assert g.dtype == dtype and g.shape == r.shape
+        assert not g.isnan().any(), "unwritten (NaN-poisoned) or NaN output"
+        torch.testing.assert_close(g, r, atol=atol, rtol=rtol)
+        if g.numel():
+            err = (g.double() - r64).abs().max().item()
+            err_eager = (e.double() - r64).abs().max().item()
+            scale = max(1.0, r64.abs().max().item())
+            assert err <= 2 * err_eager + floor * scale, f"kernel error {err:.3g} vs eager {err_eager:.3g}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("shape", TEST_SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_reference(name, dtype, shape):
+    spec = SPECS[name]
+    for i, variant in enumerate(spec.variants):
+        _check(spec, spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(i), variant), DTYPES[dtype])
+
+
+def _restride(t, how):
+    if how == "row-padded":  # rows of a wider buffer: row stride > D
+        big = torch.empty(*t.shape[:-1], t.shape[-1] + 24, dtype=t.dtype, device=t.device)
+        big[..., : t.shape[-1]] = t
+        return big[..., : t.shape[-1]]
+    if how == "transposed":  # (B, S, D) view of an (S, B, D) buffer
+        return t.transpose(0, 1).contiguous().transpose(0, 1)
+    if how == "last-dim-strided":  # last dim not contiguous: the op must copy explicitly, not misread
+        big = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype, device=t.device)
+        big[..., ::2] = t
+        return big[..., ::2]
+    if how == "misaligned":  # data pointer 2 elements past a 16-byte boundary: scalar path
+        flat = torch.empty(t.numel() + 2, dtype=t.dtype, device=t.device)
+        view = flat[2:].view(t.shape)
+        view.copy_(t)
+        return view
+    raise ValueError(how)
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+@pytest.mark.parametrize("how", ["row-padded", "transposed", "last-dim-strided", "misaligned"])
+def test_strided_inputs(name, dtype, how):
+    spec = SPECS[name]
+    for shape in ((2, 7, 256), (3, 5, 83)):
+        inputs = spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(), spec.variants[0])
+        inputs = {k: _restride(v, how) if isinstance(v, torch.Tensor) and v.dim() == 3 and v.shape == shape else v
+                  for k, v in inputs.items()}
+        assert not next(iter(inputs.values())).is_contiguous()
+        _check(spec, inputs, DTYPES[dtype])
+
+
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("shape", [(0, 4, 64), (2, 0, 64), (2, 3, 0)], ids=str)
+def test_empty(name, shape):
+    spec = SPECS[name]
+    inputs = spec.make_inputs(shape, torch.bfloat16, "cuda", _gen(), spec.variants[0])
+    for g, r in zip(_tuple(spec.fn(**inputs)), _tuple(spec.reference(**inputs)), strict=True):
+        assert g.shape == r.shape and g.numel() == 0
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_opcheck(name):
+    spec = SPECS[name]
+    op = getattr(torch.ops.ltxbench, name).default
+    for variant in spec.variants:
+        inputs = spec.make_inputs((2, 9, 256), torch.bfloat16, "cuda", _gen(), variant)
+        torch.library.opcheck(op, tuple(inputs.values()))
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_compile_fullgraph(name):
+    spec = SPECS[name]
+    torch._dynamo.reset()
+    for variant in spec.variants:
+        inputs = spec.make_inputs((2, 9, 256), torch.bfloat16, "cuda", _gen(), variant)
+        compiled = torch.compile(lambda kw: spec.fn(**kw), fullgraph=True)
+        for g, e in zip(_tuple(compiled(inputs)), _tuple(spec.fn(**inputs)), strict=True):
+            assert torch.equal(g, e)
+
+
+def test_bad_arguments_name_the_argument():
+    from ltxbench import ops
+
+    x = torch.randn(2, 4, 64, device="cuda", dtype=torch.bfloat16)
+    s = torch.randn(2, 1, 64, device="cuda", dtype=torch.bfloat16)
+    cases = [
+        (lambda: ops.rms_norm(x, torch.ones(64, dtype=torch.bfloat16)), r"weight is on cpu"),
+        (lambda: ops.rms_norm(x, torch.ones(64, device="cuda")), r"weight has dtype Float"),
+        (lambda: ops.rms_norm(x, torch.ones(65, device="cuda", dtype=torch.bfloat16)), r"weight must have shape"),
+        (lambda: ops.rms_norm(x.int()), r"x must be float32, float16 or bfloat16"),
+        (lambda: ops.rms_norm_modulate(x, None, s[:, :, :32], s, 1e-6), r"scale must have shape"),
+        (lambda: ops.rms_norm_modulate(x[0], None, s, s, 1e-6), r"x must be 3-D"),
+        (lambda: ops.gated_residual(x, x[:, :2], s), r"a has shape"),
+        (lambda: ops.add_rms_norm_modulate(x, x, s.repeat(1, 3, 1), s, s, 1e-6), r"gate must have shape"),
+        (lambda: ops.fused_add_rms_norm(x, x[:1], None), r"residual has shape"),
+    ]
+    for call, pattern in cases:
+        with pytest.raises(RuntimeError, match=pattern):
+            call()
