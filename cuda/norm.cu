@@ -37,16 +37,32 @@ template <typename T> __device__ __forceinline__ RowPtrs<T> row_ptrs(const RowOp
   return r;
 }
 
+// The raw inputs of one vector of h: loaded together, before any arithmetic or store, so that all of a
+// thread's loads are in flight at once.
+template <typename T, int VEC> struct RawH {
+  Vec<T, VEC> x, a, gate;
+};
+
+// ARITY: 1 = x only, 2 = x + a, 3 = x + a * gate; fixed at compile time so unused operands cost no registers.
+template <typename T, int VEC, int ARITY>
+__device__ __forceinline__ RawH<T, VEC> load_raw_h(const RowPtrs<T>& r, int64_t col) {
+  RawH<T, VEC> raw;
+  raw.x = load_raw<T, VEC>(r.x + col);
+  if constexpr (ARITY >= 2) raw.a = load_raw<T, VEC>(r.a + col);
+  if constexpr (ARITY >= 3) raw.gate = load_raw<T, VEC>(r.gate + col);
+  return raw;
+}
+
 // h = x + a * gate (or x + a), rounded to T as the unfused model stores it before normalizing.
-template <typename T, int VEC>
-__device__ __forceinline__ void load_h(const RowPtrs<T>& r, int64_t col, float (&h)[VEC]) {
-  load_vec<T, VEC>(r.x + col, h);
-  if (r.a == nullptr) return;
+template <typename T, int VEC, int ARITY>
+__device__ __forceinline__ void combine_h(const RawH<T, VEC>& raw, float (&h)[VEC]) {
+  to_floats<T, VEC>(raw.x, h);
+  if constexpr (ARITY == 1) return;
   float a[VEC];
-  load_vec<T, VEC>(r.a + col, a);
-  if (r.gate) {
+  to_floats<T, VEC>(raw.a, a);
+  if constexpr (ARITY == 3) {
     float g[VEC];
-    load_vec<T, VEC>(r.gate + col, g);
+    to_floats<T, VEC>(raw.gate, g);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) h[k] += a[k] * g[k];
   } else {
@@ -55,6 +71,11 @@ __device__ __forceinline__ void load_h(const RowPtrs<T>& r, int64_t col, float (
   }
 #pragma unroll
   for (int k = 0; k < VEC; ++k) h[k] = round_to<T>(h[k]);
+}
+
+template <typename T, int VEC, int ARITY>
+__device__ __forceinline__ void load_h(const RowPtrs<T>& r, int64_t col, float (&h)[VEC]) {
+  combine_h<T, VEC, ARITY>(load_raw_h<T, VEC, ARITY>(r, col), h);
 }
 
 // out = modulate(weight * norm(h)), all in fp32, rounded once on store.
@@ -101,7 +122,7 @@ __device__ __forceinline__ float sum_of(const float (&h)[VEC]) {
 }
 
 // Row cached in registers: MAXV vectors of VEC elements per thread.
-template <typename T, int VEC, int MAXV>
+template <typename T, int VEC, int MAXV, int ARITY>
 __global__ void __launch_bounds__(kMaxCachedThreads) row_op_cached(RowOpParams p, int tpr) {
   if constexpr (unsupported_here<T>()) {
     __trap();
@@ -114,43 +135,48 @@ __global__ void __launch_bounds__(kMaxCachedThreads) row_op_cached(RowOpParams p
     const int64_t nvec = p.D / VEC;
     const RowPtrs<T> r = row_ptrs<T>(p, active ? row : 0);
 
+    bool valid[MAXV];
+    RawH<T, VEC> raw[MAXV];
+#pragma unroll
+    for (int i = 0; i < MAXV; ++i) {
+      const int64_t j = lane + static_cast<int64_t>(i) * tpr;
+      valid[i] = active && j < nvec;
+      if (valid[i]) raw[i] = load_raw_h<T, VEC, ARITY>(r, j * VEC);
+    }
     float h[MAXV][VEC];
     float partial = 0.f;
 #pragma unroll
     for (int i = 0; i < MAXV; ++i) {
-      const int64_t j = lane + static_cast<int64_t>(i) * tpr;
-      if (active && j < nvec) {
-        load_h<T, VEC>(r, j * VEC, h[i]);
-        if (r.h_out) store_vec<T, VEC>(r.h_out + j * VEC, h[i]);
-        partial += p.norm == NormKind::Layer ? sum_of<T, VEC>(h[i]) : reduce_term<T, VEC>(p.norm, h[i], 0.f);
-      }
+      if (!valid[i]) continue;
+      const int64_t col = (lane + static_cast<int64_t>(i) * tpr) * VEC;
+      combine_h<T, VEC, ARITY>(raw[i], h[i]);
+      if (r.h_out) store_vec<T, VEC>(r.h_out + col, h[i]);
+      partial += p.norm == NormKind::Layer ? sum_of<T, VEC>(h[i]) : reduce_term<T, VEC>(p.norm, h[i], 0.f);
     }
     float mean = 0.f, rstd = 1.f;
     if (p.norm != NormKind::None) {
-      const float inv_d = 1.f / static_cast<float>(p.D);
+      const float d = static_cast<float>(p.D);
       float total = row_group_sum(partial, tpr, smem);
       if (p.norm == NormKind::Layer) {  // second pass over registers: numerically safe variance
-        mean = total * inv_d;
+        mean = total / d;
         partial = 0.f;
 #pragma unroll
         for (int i = 0; i < MAXV; ++i) {
-          const int64_t j = lane + static_cast<int64_t>(i) * tpr;
-          if (active && j < nvec) partial += reduce_term<T, VEC>(p.norm, h[i], mean);
+          if (valid[i]) partial += reduce_term<T, VEC>(p.norm, h[i], mean);
         }
         total = row_group_sum(partial, tpr, smem);
       }
-      rstd = rsqrtf(total * inv_d + p.eps);
+      rstd = 1.f / sqrtf(total / d + p.eps);  // IEEE sqrt and division: rsqrtf is off by up to 2 ulp
     }
 #pragma unroll
     for (int i = 0; i < MAXV; ++i) {
-      const int64_t j = lane + static_cast<int64_t>(i) * tpr;
-      if (active && j < nvec) finish_store<T, VEC>(p, r, j * VEC, h[i], mean, rstd);
+      if (valid[i]) finish_store<T, VEC>(p, r, (lane + static_cast<int64_t>(i) * tpr) * VEC, h[i], mean, rstd);
     }
   }
 }
 
 // Rows too wide for registers: one block per row, the inputs re-read for each pass.
-template <typename T, int VEC>
+template <typename T, int VEC, int ARITY>
 __global__ void __launch_bounds__(1024) row_op_streamed(RowOpParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
@@ -162,27 +188,27 @@ __global__ void __launch_bounds__(1024) row_op_streamed(RowOpParams p) {
     float h[VEC];
     float partial = 0.f;
     for (int64_t j = threadIdx.x; j < nvec; j += tpr) {
-      load_h<T, VEC>(r, j * VEC, h);
+      load_h<T, VEC, ARITY>(r, j * VEC, h);
       if (r.h_out) store_vec<T, VEC>(r.h_out + j * VEC, h);
       partial += p.norm == NormKind::Layer ? sum_of<T, VEC>(h) : reduce_term<T, VEC>(p.norm, h, 0.f);
     }
     float mean = 0.f, rstd = 1.f;
     if (p.norm != NormKind::None) {
-      const float inv_d = 1.f / static_cast<float>(p.D);
+      const float d = static_cast<float>(p.D);
       float total = row_group_sum(partial, tpr, smem);
       if (p.norm == NormKind::Layer) {
-        mean = total * inv_d;
+        mean = total / d;
         partial = 0.f;
         for (int64_t j = threadIdx.x; j < nvec; j += tpr) {
-          load_h<T, VEC>(r, j * VEC, h);
+          load_h<T, VEC, ARITY>(r, j * VEC, h);
           partial += reduce_term<T, VEC>(p.norm, h, mean);
         }
         total = row_group_sum(partial, tpr, smem);
       }
-      rstd = rsqrtf(total * inv_d + p.eps);
+      rstd = 1.f / sqrtf(total / d + p.eps);  // IEEE sqrt and division: rsqrtf is off by up to 2 ulp
     }
     for (int64_t j = threadIdx.x; j < nvec; j += tpr) {
-      load_h<T, VEC>(r, j * VEC, h);
+      load_h<T, VEC, ARITY>(r, j * VEC, h);
       finish_store<T, VEC>(p, r, j * VEC, h, mean, rstd);
     }
   }
@@ -209,7 +235,8 @@ template <typename T> bool vectorizable(const RowOpParams& p) {
   return true;
 }
 
-template <typename T, int VEC, int MAXV> cudaError_t launch_with(const RowOpParams& p, cudaStream_t stream) {
+template <typename T, int VEC, int MAXV, int ARITY>
+cudaError_t launch_with(const RowOpParams& p, cudaStream_t stream) {
   const int64_t rows = p.B * p.S;
   const int64_t nvec = p.D / VEC;
   if (nvec <= static_cast<int64_t>(kMaxCachedThreads) * MAXV) {
@@ -217,16 +244,22 @@ template <typename T, int VEC, int MAXV> cudaError_t launch_with(const RowOpPara
     const int threads = tpr > kBlockThreads ? tpr : kBlockThreads;
     const int rows_per_block = threads / tpr;
     const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-    row_op_cached<T, VEC, MAXV><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p, tpr);
+    row_op_cached<T, VEC, MAXV, ARITY><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p, tpr);
   } else {
-    row_op_streamed<T, VEC><<<static_cast<unsigned>(rows), 1024, 0, stream>>>(p);
+    row_op_streamed<T, VEC, ARITY><<<static_cast<unsigned>(rows), 1024, 0, stream>>>(p);
   }
   return cudaGetLastError();
 }
 
+template <typename T, int VEC, int MAXV> cudaError_t launch_arity(const RowOpParams& p, cudaStream_t stream) {
+  if (p.a.ptr == nullptr) return launch_with<T, VEC, MAXV, 1>(p, stream);
+  if (p.gate.ptr == nullptr) return launch_with<T, VEC, MAXV, 2>(p, stream);
+  return launch_with<T, VEC, MAXV, 3>(p, stream);
+}
+
 template <typename T> cudaError_t launch_typed(const RowOpParams& p, cudaStream_t stream) {
-  if (vectorizable<T>(p)) return launch_with<T, vec_width<T>(), 4>(p, stream);
-  return launch_with<T, 1, 8>(p, stream);
+  if (vectorizable<T>(p)) return launch_arity<T, vec_width<T>(), 4>(p, stream);
+  return launch_arity<T, 1, 8>(p, stream);
 }
 
 }  // namespace

@@ -25,10 +25,24 @@ template <typename T, int N> struct alignas(sizeof(T) * N) Vec {
   T v[N];
 };
 
-template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p, float (&out)[N]) {
-  const Vec<T, N> raw = *reinterpret_cast<const Vec<T, N>*>(p);
+// Read-only-path load of one vector (ld.global.nc): inputs are never written by the kernel that reads them.
+template <typename T, int N> __device__ __forceinline__ Vec<T, N> load_raw(const T* p) {
+  Vec<T, N> v;
+  if constexpr (sizeof(Vec<T, N>) == 16) {
+    *reinterpret_cast<int4*>(&v) = __ldg(reinterpret_cast<const int4*>(p));
+  } else {
+    v = *reinterpret_cast<const Vec<T, N>*>(p);
+  }
+  return v;
+}
+
+template <typename T, int N> __device__ __forceinline__ void to_floats(const Vec<T, N>& raw, float (&out)[N]) {
 #pragma unroll
   for (int k = 0; k < N; ++k) out[k] = to_float<T>(raw.v[k]);
+}
+
+template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p, float (&out)[N]) {
+  to_floats<T, N>(load_raw<T, N>(p), out);
 }
 
 template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, const float (&in)[N]) {
