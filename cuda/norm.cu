@@ -8,6 +8,8 @@
 #include "common/params.h"
 #include "common/reduce.cuh"
 
+#include <cstdlib>
+
 namespace ltxbench {
 namespace {
 
@@ -102,23 +104,37 @@ __device__ __forceinline__ void finish_store(const RowOpParams& p, const RowPtrs
   store_vec<T, VEC>(r.out + col, n);
 }
 
-template <typename T, int VEC>
-__device__ __forceinline__ float reduce_term(NormKind norm, const float (&h)[VEC], float mean) {
-  float acc = 0.f;
+template <int VEC> __device__ __forceinline__ float first_pass_term(NormKind norm, const float (&h)[VEC]) {
+  float acc = 0.f;  // Σh for LayerNorm (its mean), Σh² for RMSNorm
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) {
-    const float d = h[k] - mean;  // mean is 0 for the RMS sum of squares
-    acc += d * d;
-  }
+  for (int k = 0; k < VEC; ++k) acc += norm == NormKind::Layer ? h[k] : h[k] * h[k];
   return acc;
 }
 
-template <typename T, int VEC>
-__device__ __forceinline__ float sum_of(const float (&h)[VEC]) {
-  float acc = 0.f;
+template <int VEC>
+__device__ __forceinline__ void add_centered(const float (&h)[VEC], float mean, float (&s)[2]) {
 #pragma unroll
-  for (int k = 0; k < VEC; ++k) acc += h[k];
-  return acc;
+  for (int k = 0; k < VEC; ++k) {
+    const float d = h[k] - mean;
+    s[0] += d;
+    s[1] += d * d;
+  }
+}
+
+struct RowStats {
+  float mean = 0.f, rstd = 1.f;
+};
+
+// RMSNorm: rstd from Σh². IEEE sqrt and division: rsqrtf is off by up to 2 ulp.
+__device__ __forceinline__ RowStats rms_stats(float sum_sq, float D, float eps) {
+  return RowStats{0.f, 1.f / sqrtf(sum_sq / D + eps)};
+}
+
+// LayerNorm, corrected two-pass: with d = h - mean0, the variance is (Σd² - (Σd)²/D) / D and the mean
+// is refined by Σd / D — accurate even when |mean| >> std.
+__device__ __forceinline__ RowStats layer_stats(float mean0, const float (&s)[2], float D, float eps) {
+  const float var = fmaxf((s[1] - s[0] * s[0] / D) / D, 0.f);
+  return RowStats{mean0 + s[0] / D, 1.f / sqrtf(var + eps)};
 }
 
 // Row cached in registers: MAXV vectors of VEC elements per thread.
@@ -127,7 +143,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads) row_op_cached(RowOpParams p
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
-    __shared__ float smem[kMaxRowsWithSmem * 32];
+    __shared__ float smem[kMaxRowsWithSmem * 32 * 2];
     const int64_t rows = p.B * p.S;
     const int64_t row = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
     const int lane = threadIdx.x % tpr;
@@ -138,39 +154,40 @@ __global__ void __launch_bounds__(kMaxCachedThreads) row_op_cached(RowOpParams p
     bool valid[MAXV];
     RawH<T, VEC> raw[MAXV];
 #pragma unroll
-    for (int i = 0; i < MAXV; ++i) {
+    for (int i = 0; i < MAXV; ++i) {  // every load of the row first, so that all are in flight together
       const int64_t j = lane + static_cast<int64_t>(i) * tpr;
       valid[i] = active && j < nvec;
       if (valid[i]) raw[i] = load_raw_h<T, VEC, ARITY>(r, j * VEC);
     }
     float h[MAXV][VEC];
-    float partial = 0.f;
+    float s1[1] = {0.f};
 #pragma unroll
     for (int i = 0; i < MAXV; ++i) {
       if (!valid[i]) continue;
-      const int64_t col = (lane + static_cast<int64_t>(i) * tpr) * VEC;
       combine_h<T, VEC, ARITY>(raw[i], h[i]);
-      if (r.h_out) store_vec<T, VEC>(r.h_out + col, h[i]);
-      partial += p.norm == NormKind::Layer ? sum_of<T, VEC>(h[i]) : reduce_term<T, VEC>(p.norm, h[i], 0.f);
+      if (r.h_out) store_vec<T, VEC>(r.h_out + (lane + static_cast<int64_t>(i) * tpr) * VEC, h[i]);
+      s1[0] += first_pass_term<VEC>(p.norm, h[i]);
     }
-    float mean = 0.f, rstd = 1.f;
+    RowStats st;
     if (p.norm != NormKind::None) {
-      const float d = static_cast<float>(p.D);
-      float total = row_group_sum(partial, tpr, smem);
-      if (p.norm == NormKind::Layer) {  // second pass over registers: numerically safe variance
-        mean = total / d;
-        partial = 0.f;
+      const float D = static_cast<float>(p.D);
+      row_group_sum<1>(s1, tpr, smem);
+      if (p.norm == NormKind::Layer) {
+        float s2[2] = {0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < MAXV; ++i) {
-          if (valid[i]) partial += reduce_term<T, VEC>(p.norm, h[i], mean);
+          if (valid[i]) add_centered<VEC>(h[i], s1[0] / D, s2);
         }
-        total = row_group_sum(partial, tpr, smem);
+        row_group_sum<2>(s2, tpr, smem);
+        st = layer_stats(s1[0] / D, s2, D, p.eps);
+      } else {
+        st = rms_stats(s1[0], D, p.eps);
       }
-      rstd = 1.f / sqrtf(total / d + p.eps);  // IEEE sqrt and division: rsqrtf is off by up to 2 ulp
     }
 #pragma unroll
     for (int i = 0; i < MAXV; ++i) {
-      if (valid[i]) finish_store<T, VEC>(p, r, (lane + static_cast<int64_t>(i) * tpr) * VEC, h[i], mean, rstd);
+      if (valid[i])
+        finish_store<T, VEC>(p, r, (lane + static_cast<int64_t>(i) * tpr) * VEC, h[i], st.mean, st.rstd);
     }
   }
 }
@@ -181,35 +198,36 @@ __global__ void __launch_bounds__(1024) row_op_streamed(RowOpParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
-    __shared__ float smem[32];
+    __shared__ float smem[32 * 2];
     const int tpr = blockDim.x;
     const int64_t nvec = p.D / VEC;
     const RowPtrs<T> r = row_ptrs<T>(p, blockIdx.x);
     float h[VEC];
-    float partial = 0.f;
+    float s1[1] = {0.f};
     for (int64_t j = threadIdx.x; j < nvec; j += tpr) {
       load_h<T, VEC, ARITY>(r, j * VEC, h);
       if (r.h_out) store_vec<T, VEC>(r.h_out + j * VEC, h);
-      partial += p.norm == NormKind::Layer ? sum_of<T, VEC>(h) : reduce_term<T, VEC>(p.norm, h, 0.f);
+      s1[0] += first_pass_term<VEC>(p.norm, h);
     }
-    float mean = 0.f, rstd = 1.f;
+    RowStats st;
     if (p.norm != NormKind::None) {
-      const float d = static_cast<float>(p.D);
-      float total = row_group_sum(partial, tpr, smem);
+      const float D = static_cast<float>(p.D);
+      row_group_sum<1>(s1, tpr, smem);
       if (p.norm == NormKind::Layer) {
-        mean = total / d;
-        partial = 0.f;
+        float s2[2] = {0.f, 0.f};
         for (int64_t j = threadIdx.x; j < nvec; j += tpr) {
           load_h<T, VEC, ARITY>(r, j * VEC, h);
-          partial += reduce_term<T, VEC>(p.norm, h, mean);
+          add_centered<VEC>(h, s1[0] / D, s2);
         }
-        total = row_group_sum(partial, tpr, smem);
+        row_group_sum<2>(s2, tpr, smem);
+        st = layer_stats(s1[0] / D, s2, D, p.eps);
+      } else {
+        st = rms_stats(s1[0], D, p.eps);
       }
-      rstd = 1.f / sqrtf(total / d + p.eps);  // IEEE sqrt and division: rsqrtf is off by up to 2 ulp
     }
     for (int64_t j = threadIdx.x; j < nvec; j += tpr) {
       load_h<T, VEC, ARITY>(r, j * VEC, h);
-      finish_store<T, VEC>(p, r, j * VEC, h, mean, rstd);
+      finish_store<T, VEC>(p, r, j * VEC, h, st.mean, st.rstd);
     }
   }
 }
@@ -257,9 +275,19 @@ template <typename T, int VEC, int MAXV> cudaError_t launch_arity(const RowOpPar
   return launch_with<T, VEC, MAXV, 3>(p, stream);
 }
 
+// Vectors each thread keeps in registers. LTXBENCH_ROW_VPT=2|4 overrides the choice, for tuning sweeps.
+int vectors_per_thread() {
+  static const int forced = [] {
+    const char* env = std::getenv("LTXBENCH_ROW_VPT");
+    return env ? std::atoi(env) : 0;
+  }();
+  return forced == 2 || forced == 4 ? forced : 4;
+}
+
 template <typename T> cudaError_t launch_typed(const RowOpParams& p, cudaStream_t stream) {
-  if (vectorizable<T>(p)) return launch_arity<T, vec_width<T>(), 4>(p, stream);
-  return launch_arity<T, 1, 8>(p, stream);
+  if (!vectorizable<T>(p)) return launch_arity<T, 1, 8>(p, stream);
+  if (vectors_per_thread() == 2) return launch_arity<T, vec_width<T>(), 2>(p, stream);
+  return launch_arity<T, vec_width<T>(), 4>(p, stream);
 }
 
 }  // namespace

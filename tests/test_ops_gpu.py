@@ -89,7 +89,8 @@ def test_strided_inputs(name, dtype, how):
         inputs = spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(), spec.variants[0])
         inputs = {k: _restride(v, how) if isinstance(v, torch.Tensor) and v.dim() == 3 and v.shape == shape else v
                   for k, v in inputs.items()}
-        assert not next(iter(inputs.values())).is_contiguous()
+        first = next(iter(inputs.values()))
+        assert not first.is_contiguous() or first.data_ptr() % 16 != 0
         _check(spec, inputs, DTYPES[dtype])
 
 
