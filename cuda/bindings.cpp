@@ -16,13 +16,25 @@ namespace {
 
 using at::Tensor;
 
+// Numbers, shapes, devices and dtypes are formatted to strings here rather than streamed: an extension
+// built by another compiler than torch's must not stream integers through torch's std::ostream
+// (seen: a segfault in ostream::_M_insert<long> on the GPU image).
+std::string num(int64_t v) { return std::to_string(v); }
+std::string shape(at::IntArrayRef sizes) {
+  std::string out = "(";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + (sizes.size() == 1 ? ",)" : ")");
+}
+std::string dev(const Tensor& t) { return t.device().str(); }
+const char* dtype_name(const Tensor& t) { return c10::toString(t.scalar_type()); }
+
 DType dtype_of(const Tensor& t, const char* op) {
   switch (t.scalar_type()) {
     case at::kFloat: return DType::F32;
     case at::kHalf: return DType::F16;
     case at::kBFloat16: return DType::BF16;
     default:
-      TORCH_CHECK(false, "ltxbench.", op, ": x must be float32, float16 or bfloat16, got ", t.scalar_type());
+      TORCH_CHECK(false, "ltxbench.", op, ": x must be float32, float16 or bfloat16, got ", dtype_name(t));
   }
 }
 
@@ -34,7 +46,7 @@ int compute_capability_major(int device) {
 
 // The checks every op runs on its primary input: device, dtype, arch support.
 DType check_primary(const Tensor& x, const char* op, const char* name) {
-  TORCH_CHECK(x.is_cuda(), "ltxbench.", op, ": ", name, " must be a CUDA tensor, got device ", x.device());
+  TORCH_CHECK(x.is_cuda(), "ltxbench.", op, ": ", name, " must be a CUDA tensor, got device ", dev(x));
   const DType dt = dtype_of(x, op);
   TORCH_CHECK(dt != DType::BF16 || compute_capability_major(x.get_device()) >= 8, "ltxbench.", op,
               ": bfloat16 needs compute capability >= 8.0 (Ampere); this GPU cannot run it, use float16");
@@ -42,10 +54,9 @@ DType check_primary(const Tensor& x, const char* op, const char* name) {
 }
 
 void check_same(const Tensor& t, const Tensor& x, const char* op, const char* name) {
-  TORCH_CHECK(t.device() == x.device(), "ltxbench.", op, ": ", name, " is on ", t.device(), " but x is on ",
-              x.device());
-  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "ltxbench.", op, ": ", name, " has dtype ", t.scalar_type(),
-              " but x has ", x.scalar_type(), " (they must match)");
+  TORCH_CHECK(t.device() == x.device(), "ltxbench.", op, ": ", name, " is on ", dev(t), " but x is on ", dev(x));
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "ltxbench.", op, ": ", name, " has dtype ", dtype_name(t),
+              " but x has ", dtype_name(x), " (they must match)");
 }
 
 // Last dim made contiguous explicitly where it is not; other strides are passed to the kernel.
@@ -68,8 +79,8 @@ Rows3 broadcast_rows(const Tensor& t, const Tensor& x, const char* op, const cha
   const auto B = x.size(0), S = x.size(1), D = x.size(2);
   TORCH_CHECK(t.dim() == 3 && (t.size(0) == B || t.size(0) == 1) && (t.size(1) == S || t.size(1) == 1) &&
                   t.size(2) == D,
-              "ltxbench.", op, ": ", name, " must have shape (B|1, S|1, D) = (", B, "|1, ", S, "|1, ", D,
-              "), got ", t.sizes());
+              "ltxbench.", op, ": ", name, " must have shape (B|1, S|1, D) = (", num(B), "|1, ", num(S), "|1, ", num(D),
+              "), got ", shape(t.sizes()));
   keep = unit_last_stride(t).expand({B, S, D});
   return rows_of_3d(keep);
 }
@@ -77,12 +88,12 @@ Rows3 broadcast_rows(const Tensor& t, const Tensor& x, const char* op, const cha
 void check_weight(const std::optional<Tensor>& w, const Tensor& x, int64_t D, const char* op) {
   if (!w) return;
   check_same(*w, x, op, "weight");
-  TORCH_CHECK(w->dim() == 1 && w->size(0) == D, "ltxbench.", op, ": weight must have shape (", D, "), got ",
-              w->sizes());
+  TORCH_CHECK(w->dim() == 1 && w->size(0) == D, "ltxbench.", op, ": weight must have shape (", num(D), ",), got ",
+              shape(w->sizes()));
 }
 
 void check_3d(const Tensor& x, const char* op, const char* name) {
-  TORCH_CHECK(x.dim() == 3, "ltxbench.", op, ": ", name, " must be 3-D (B, S, D), got shape ", x.sizes());
+  TORCH_CHECK(x.dim() == 3, "ltxbench.", op, ": ", name, " must be 3-D (B, S, D), got shape ", shape(x.sizes()));
 }
 
 void run(const RowOpParams& p, DType dt, const Tensor& x, const char* op) {
@@ -118,8 +129,8 @@ std::tuple<Tensor, Tensor> fused_add_rms_norm(const Tensor& x, const Tensor& res
   const char* op = "fused_add_rms_norm";
   const DType dt = check_primary(x, op, "x");
   check_same(residual, x, op, "residual");
-  TORCH_CHECK(residual.sizes() == x.sizes(), "ltxbench.", op, ": residual has shape ", residual.sizes(),
-              " but x has ", x.sizes());
+  TORCH_CHECK(residual.sizes() == x.sizes(), "ltxbench.", op, ": residual has shape ", shape(residual.sizes()),
+              " but x has ", shape(x.sizes()));
   TORCH_CHECK(x.dim() >= 1, "ltxbench.", op, ": x must have at least one dimension");
   const auto D = x.size(-1);
   check_weight(weight, x, D, op);
@@ -186,7 +197,7 @@ Tensor layer_norm_modulate(const Tensor& x, const Tensor& scale, const Tensor& s
 Tensor attach_branch(RowOpParams& p, const Tensor& h, const Tensor& a, const std::optional<Tensor>& gate,
                      const char* op, Tensor& gate_keep) {
   check_same(a, h, op, "a");
-  TORCH_CHECK(a.sizes() == h.sizes(), "ltxbench.", op, ": a has shape ", a.sizes(), " but h has ", h.sizes());
+  TORCH_CHECK(a.sizes() == h.sizes(), "ltxbench.", op, ": a has shape ", shape(a.sizes()), " but h has ", shape(h.sizes()));
   Tensor ar = unit_last_stride(a);
   p.a = rows_of_3d(ar);
   if (gate) p.gate = broadcast_rows(*gate, h, op, "gate", gate_keep);

@@ -1,7 +1,7 @@
 // The row-wise normalization family: RMSNorm / LayerNorm (no affine), optional residual add with gate,
 // optional weight, optional AdaLN modulation — one kernel, configured by RowOpParams (common/params.h).
 //
-// Each row is handled by `tpr` threads (a power of two). When the row fits, every thread keeps its share
+// Each row is handled by `tpr` threads. When the row fits, every thread keeps its share
 // in registers (MAXV vectors), so the input is read from memory exactly once; wider rows are streamed
 // twice (or three times for LayerNorm) and rely on L2 for the re-reads.
 #include "common/dtype.cuh"
@@ -258,9 +258,12 @@ cudaError_t launch_with(const RowOpParams& p, cudaStream_t stream) {
   const int64_t rows = p.B * p.S;
   const int64_t nvec = p.D / VEC;
   if (nvec <= static_cast<int64_t>(kMaxCachedThreads) * MAXV) {
-    const int tpr = next_pow2((nvec + MAXV - 1) / MAXV);
-    const int threads = tpr > kBlockThreads ? tpr : kBlockThreads;
-    const int rows_per_block = threads / tpr;
+    // Up to a warp: a power of two (the shuffle groups must tile the warp); beyond: whole warps, so that
+    // every thread holds MAXV vectors, e.g. 96 threads for a 3072-wide bf16 row rather than 128.
+    const int64_t per_row = (nvec + MAXV - 1) / MAXV;
+    const int tpr = per_row <= 32 ? next_pow2(per_row) : static_cast<int>((per_row + 31) / 32 * 32);
+    const int rows_per_block = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
+    const int threads = rows_per_block * tpr;
     const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
     row_op_cached<T, VEC, MAXV, ARITY><<<static_cast<unsigned>(blocks), threads, 0, stream>>>(p, tpr);
   } else {

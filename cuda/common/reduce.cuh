@@ -1,4 +1,4 @@
-// Sum reductions over the `tpr` threads that share one row (tpr is a power of two, 1..1024).
+// Sum reductions over the `tpr` threads that share one row: a power of two up to 32, else a multiple of 32.
 #pragma once
 
 namespace ltxbench {

@@ -1,0 +1,294 @@
+"""`bench micro`: every kernel against the host libraries' formulas, shape by shape (HANDBOOK §5).
+
+The pieces are separable so that the CPU tests reach all but the timing: `plan` (which kernel, shape,
+dtype and providers; pure), `run_cases` (inputs once per case, providers interleaved per shape, checked
+against the fp32 reference, then timed), `build_records` (GB/s, % of the copy peak, speedups; pure).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ltxbench.errors import UsageError
+from ltxbench.ops.registry import DTYPES, LLM_SHAPES, LTX_SHAPES, SEED_SHAPES, SPECS, KernelSpec, get_spec
+from ltxbench.results.schema import STATS_KEYS, make_record
+
+DTYPE_NAMES = ("bf16", "fp16", "fp32")
+TIMERS = ("do_bench", "cudagraph")
+# Odd widths (not a multiple of any vector width) to show the scalar path; not part of `all`.
+ODD_SHAPES = {"odd-2x1024x5125": (2, 1024, 5125), "odd-4x997x769": (4, 997, 769)}
+SHAPE_GROUPS = {"seed": SEED_SHAPES, "ltx": LTX_SHAPES, "llm": LLM_SHAPES, "odd": ODD_SHAPES, "all": None}
+NA_STATS = {k: (0 if k == "n" else math.nan) for k in STATS_KEYS}
+
+
+def known_providers() -> tuple[str, ...]:
+    """cuda, eager, every other baseline of any spec, compile, liger: the order of the table's columns."""
+    extra = sorted({b for s in SPECS.values() for b in s.baselines} - {"eager"})
+    return ("cuda", "eager", *extra, "compile", "liger")
+
+
+def parse_choices(value: str, allowed, option: str) -> list[str]:
+    """`a,b` → [a, b] (order kept, duplicates dropped); `all` → every allowed value; unknown → UsageError."""
+    items = [v.strip() for v in str(value).split(",") if v.strip()]
+    if not items:
+        raise UsageError(f"{option} is empty; choose from {', '.join(allowed)}")
+    if "all" in items:
+        return list(allowed)
+    for item in items:
+        if item not in allowed:
+            raise UsageError(f"{option}: unknown value {item!r}; choose from {', '.join(allowed)} (or all)")
+    return list(dict.fromkeys(items))
+
+
+def resolve_kernels(names) -> list[KernelSpec]:
+    """Kernel names as users type them (names or aliases); none or `all` → every kernel."""
+    names = [n for n in (names or []) if n]
+    if not names or "all" in names:
+        return list(SPECS.values())
+    specs = []
+    for name in names:
+        try:
+            spec = get_spec(name)
+        except KeyError as exc:
+            raise UsageError(exc.args[0], hint="`ltxbench kernels` lists the kernels and their aliases") from None
+        if spec not in specs:
+            specs.append(spec)
+    return specs
+
+
+@dataclass(frozen=True)
+class Case:
+    """One (kernel, shape, dtype): inputs are made once and every provider runs on them."""
+
+    kernel: str
+    shape_name: str
+    shape: tuple[int, int, int]
+    dtype: str
+    variant: str
+    providers: tuple[str, ...]
+
+
+@dataclass
+class Measurement:
+    """A provider's result on a case: stats (ms) when it ran, else the reason it is n/a."""
+
+    stats: dict | None = None
+    check: dict | None = None
+    reason: str | None = None
+
+
+def shapes_for(spec: KernelSpec, group: str) -> dict:
+    if group == "odd":
+        return dict(ODD_SHAPES)
+    if group == "all":
+        return dict(spec.bench_shapes)
+    return {name: shape for name, shape in spec.bench_shapes.items() if name in SHAPE_GROUPS[group]}
+
+
+def providers_for(spec: KernelSpec, requested) -> tuple[str, ...]:
+    """The requested providers that apply: cuda, compile and liger always (liger may turn out n/a),
+    a library baseline only where the spec has it."""
+    return tuple(p for p in requested if p in ("cuda", "compile", "liger") or p in spec.baselines)
+
+
+def plan(specs, dtypes, shape_group: str, providers, variant: str | None = None) -> tuple[list[Case], list[str]]:
+    """Cases ordered kernel → dtype → shape, plus notes on what was skipped and why."""
+    if variant is not None and not any(variant in s.variants for s in specs):
+        raise UsageError(f"--variant {variant!r} is not a variant of any selected kernel",
+                         hint="`ltxbench kernels` lists each kernel's variants")
+    cases, notes = [], []
+    for spec in specs:
+        if variant is not None and variant not in spec.variants:
+            notes.append(f"{spec.name}: no variant {variant!r} (has {', '.join(spec.variants)}); skipped")
+            continue
+        shapes = shapes_for(spec, shape_group)
+        if not shapes:
+            notes.append(f"{spec.name}: no {shape_group} shapes; skipped")
+            continue
+        provs = providers_for(spec, providers)
+        if not provs:
+            notes.append(f"{spec.name}: none of the providers {', '.join(providers)} applies; skipped")
+            continue
+        for dtype in dtypes:
+            if dtype not in spec.dtypes:
+                notes.append(f"{spec.name}: no {dtype} kernel; skipped")
+                continue
+            cases += [Case(spec.name, name, tuple(shape), dtype, variant or spec.variants[0], provs)
+                      for name, shape in shapes.items()]
+    return cases, notes
+
+
+# --- providers ---------------------------------------------------------------------------------------
+
+class Unavailable(Exception):
+    """This provider cannot run this case (not installed, no equivalent op, unsupported variant)."""
+
+
+def _liger(spec: KernelSpec, inputs: dict) -> Callable[[], object]:
+    try:
+        from liger_kernel.transformers import functional as lf
+    except ImportError as exc:
+        raise Unavailable(f"liger_kernel is not importable ({exc})") from None
+    # Liger's casting modes: "llama" rounds the normalized row before the weight (cast_before_weight),
+    # "gemma" computes everything in fp32 and rounds once (torch.nn.RMSNorm order); offset 0.
+    mode = "llama" if inputs.get("cast_before_weight") else "gemma"
+    if spec.name == "rms_norm":
+        x, w, eps = inputs["x"], inputs["weight"], inputs["eps"]
+        if w is None:
+            raise Unavailable("Liger's RMSNorm needs a weight (try --variant weight)")
+        return lambda: lf.liger_rms_norm(x, w, eps, 0.0, mode, True)
+    if spec.name == "fused_add_rms_norm" and hasattr(lf, "liger_fused_add_rms_norm"):
+        x, r, w, eps = inputs["x"], inputs["residual"], inputs["weight"], inputs["eps"]
+        return lambda: lf.liger_fused_add_rms_norm(x, r, w, eps, 0.0, mode, True)
+    raise Unavailable(f"Liger has no {spec.name} equivalent")
+
+
+def make_provider(name: str, spec: KernelSpec, inputs: dict) -> Callable[[], object]:
+    """A no-argument callable running provider `name` on `inputs`, or Unavailable."""
+    if name == "cuda":
+        fn = spec.fn
+        return lambda: fn(**inputs)
+    if name in spec.baselines:
+        base = spec.baselines[name]
+        return lambda: base(**inputs)
+    if name == "compile":
+        import torch
+
+        if "eager" not in spec.baselines:
+            raise Unavailable(f"{spec.name} has no eager formula to compile")
+        torch._dynamo.reset()  # one fresh compilation per case: never hit the recompile limit
+        compiled = torch.compile(spec.baselines["eager"], dynamic=False)
+        return lambda: compiled(**inputs)
+    if name == "liger":
+        return _liger(spec, inputs)
+    raise Unavailable(f"no {name} provider for {spec.name}")
+
+
+def check_outputs(out, ref, atol: float, rtol: float) -> dict:
+    """Max abs error over all outputs and pass/fail of |out - ref| <= atol + rtol*|ref| (NaN fails)."""
+    outs = tuple(out) if isinstance(out, tuple | list) else (out,)
+    refs = tuple(ref) if isinstance(ref, tuple | list) else (ref,)
+    if len(outs) != len(refs):
+        return {"max_abs_err": None, "atol": atol, "rtol": rtol, "passed": False,
+                "reason": f"{len(outs)} outputs, expected {len(refs)}"}
+    worst, passed = 0.0, True
+    for o, r in zip(outs, refs, strict=True):
+        if tuple(o.shape) != tuple(r.shape):
+            return {"max_abs_err": None, "atol": atol, "rtol": rtol, "passed": False,
+                    "reason": f"shape {tuple(o.shape)}, expected {tuple(r.shape)}"}
+        o, r = o.float(), r.float()
+        diff = (o - r).abs()
+        err = diff.max().item() if diff.numel() else 0.0
+        worst = err if math.isnan(err) or math.isnan(worst) else max(worst, err)
+        passed = passed and bool((diff <= atol + rtol * r.abs()).all().item())
+    return {"max_abs_err": worst, "atol": atol, "rtol": rtol, "passed": passed}
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:200]
+
+
+def measure(name: str, spec: KernelSpec, inputs: dict, ref, tol, time_fn, sync) -> Measurement:
+    m = Measurement()
+    try:
+        fn = make_provider(name, spec, inputs)
+        m.check = check_outputs(fn(), ref, *tol)  # also compiles/warms, untimed
+        sync()
+        m.stats = time_fn(fn)
+    except Unavailable as exc:
+        m.reason = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a provider that cannot run is n/a, never the end of the run
+        m.reason = _short(exc)
+    return m
+
+
+def run_cases(cases, *, timer: str = "do_bench", seed: int = 0, device: str = "cuda", time_fn=None,
+              log: Callable[[str], None] | None = None) -> tuple[dict, dict]:
+    """Measure every case: {(case, provider): Measurement} and {case: bytes moved}."""
+    import torch
+
+    if time_fn is None:
+        from ltxbench.bench.timing import time_cuda
+
+        def time_fn(fn):
+            return time_cuda(fn, timer=timer)
+
+    def sync():
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    results, nbytes = {}, {}
+    with torch.no_grad():
+        for case in cases:
+            if log:
+                log(f"{case.kernel} {case.shape_name} {case.dtype}")
+            spec = get_spec(case.kernel)
+            dtype = DTYPES[case.dtype]
+            gen = torch.Generator(device="cpu").manual_seed(seed)  # same inputs for every provider
+            inputs = spec.make_inputs(case.shape, dtype, device, gen, case.variant)
+            nbytes[case] = spec.bytes_moved(inputs)
+            ref = spec.reference(**inputs)
+            for name in case.providers:
+                results[(case, name)] = measure(name, spec, inputs, ref, spec.tolerance(dtype), time_fn, sync)
+            del inputs, ref
+    return results, nbytes
+
+
+# --- records -----------------------------------------------------------------------------------------
+
+def gbps(nbytes: int, median_ms: float) -> float:
+    return nbytes / (median_ms * 1e-3) / 1e9
+
+
+def speedups(medians: dict) -> dict:
+    """cuda's speedup (baseline time / cuda time) over each baseline and over the fastest one."""
+    cuda = medians.get("cuda")
+    base = {p: t for p, t in medians.items() if p != "cuda" and t and t > 0}
+    if not cuda or not base:
+        return {}
+    out = {f"speedup_vs_{p}": t / cuda for p, t in base.items()}
+    best = min(base, key=base.get)
+    out.update(best_baseline=best, speedup_vs_best=base[best] / cuda)
+    return out
+
+
+def copy_record(copy: dict) -> dict:
+    return make_record("copy", "torch", "uint8", {"bytes": copy["bytes"]}, "time", "ms", "lower", copy["ms"],
+                       derived={"gbps": copy["gbps"]})
+
+
+def build_records(cases, results: dict, nbytes: dict, copy_peak_gbps: float | None) -> list[dict]:
+    """One record per (case, provider), n/a ones included; pure (no GPU), so tests can feed it timings."""
+    records = []
+    for case in cases:
+        ms = {p: results[(case, p)].stats["median"] for p in case.providers
+              if (case, p) in results and results[(case, p)].stats}
+        params = {"shape": list(case.shape), "shape_name": case.shape_name, "variant": case.variant,
+                  "bytes": nbytes.get(case)}
+        for p in case.providers:
+            m = results.get((case, p)) or Measurement(reason="not measured")
+            if m.stats is None:
+                derived = {"status": "n/a", "reason": m.reason}
+                records.append(make_record(case.kernel, p, case.dtype, params, "time", "ms", "lower", NA_STATS,
+                                           derived=derived, check=m.check))
+                continue
+            derived = {"status": "ok"}
+            if nbytes.get(case):
+                derived["gbps"] = gbps(nbytes[case], m.stats["median"])
+                if copy_peak_gbps:
+                    derived["pct_of_copy_peak"] = 100 * derived["gbps"] / copy_peak_gbps
+            if p == "cuda":
+                derived.update(speedups(ms))
+            records.append(make_record(case.kernel, p, case.dtype, params, "time", "ms", "lower", m.stats,
+                                       derived=derived, check=m.check))
+    return records
+
+
+def failed_checks(records) -> list[str]:
+    """The `cuda` records whose correctness check failed (exit code 1)."""
+    return [f"{r['name']} {r['params'].get('shape_name')} {r['dtype']} (max abs err {r['check'].get('max_abs_err')}"
+            f", atol {r['check'].get('atol')}, rtol {r['check'].get('rtol')})"
+            for r in records if r["provider"] == "cuda" and r.get("check") and r["check"].get("passed") is False]

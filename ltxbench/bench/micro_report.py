@@ -1,0 +1,144 @@
+"""Rendering of `bench micro` records: the Rich table, the n/a notes, and the GB/s plot. Pure: records in."""
+
+from __future__ import annotations
+
+import math
+
+from ltxbench.bench.micro import known_providers
+
+
+def _is_na(rec: dict) -> bool:
+    return (rec.get("derived") or {}).get("status") == "n/a"
+
+
+def _num(value) -> float | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def copy_peak(records) -> float | None:
+    """The copy bandwidth (GB/s) of the run, from its `copy` record."""
+    for rec in records:
+        if rec["name"] == "copy":
+            return _num((rec.get("derived") or {}).get("gbps"))
+    return None
+
+
+def group_rows(records) -> dict:
+    """{(kernel, shape_name, dtype): {provider: record}} in first-seen order, the copy record left out."""
+    rows: dict = {}
+    for rec in records:
+        if rec["name"] == "copy":
+            continue
+        key = (rec["name"], rec["params"].get("shape_name"), rec["dtype"])
+        rows.setdefault(key, {})[rec["provider"]] = rec
+    return rows
+
+
+def provider_columns(records) -> list[str]:
+    present = {r["provider"] for r in records if r["name"] != "copy"}
+    order = [p for p in known_providers() if p in present]
+    return order + sorted(present - set(order))
+
+
+def cell(rec: dict | None) -> str:
+    """`12.3 µs` over `1234 GB/s · 45%`; `n/a` for a provider that could not run; blank when absent."""
+    if rec is None:
+        return ""
+    if _is_na(rec):
+        return "n/a"
+    derived = rec.get("derived") or {}
+    median = _num(rec["stats"].get("median"))
+    lines = [f"{median * 1e3:.1f} µs" if median is not None else "?"]
+    bw = _num(derived.get("gbps"))
+    if bw is not None:
+        pct = _num(derived.get("pct_of_copy_peak"))
+        lines.append(f"{bw:.0f} GB/s" + (f" · {pct:.0f}%" if pct is not None else ""))
+    return "\n".join(lines)
+
+
+def speedup_cell(row: dict) -> str:
+    derived = (row.get("cuda") or {}).get("derived") or {}
+    best = derived.get("best_baseline")
+    value = _num(derived.get("speedup_vs_best"))
+    return f"{value:.2f}× vs {best}" if best and value is not None else "—"
+
+
+def check_cell(row: dict) -> str:
+    """`pass` when every provider that ran is within tolerance, else the failing providers and errors."""
+    failed, ran = [], 0
+    for provider, rec in row.items():
+        check = rec.get("check") or {}
+        if check.get("passed") is None:
+            continue
+        ran += 1
+        if not check["passed"]:
+            err = _num(check.get("max_abs_err"))
+            failed.append(f"{provider} {err:.2g}" if err is not None else provider)
+    if failed:
+        return "FAIL " + ", ".join(failed)
+    return "pass" if ran else "n/a"
+
+
+def render_table(records, title: str = "ltxbench bench micro"):
+    from rich.table import Table
+
+    peak = copy_peak(records)
+    if peak:
+        title += f" · copy peak {peak:.0f} GB/s"
+    table = Table(title=title, show_lines=True)
+    providers = provider_columns(records)
+    for col in ("kernel", "shape", "dtype", *providers, "cuda speedup", "check"):
+        table.add_column(col, justify="right" if col in providers else "left", overflow="fold")
+    for (kernel, shape_name, dtype), row in group_rows(records).items():
+        check = check_cell(row)
+        style = "bold red" if check.startswith("FAIL") else ""
+        table.add_row(kernel, shape_name, dtype, *(cell(row.get(p)) for p in providers), speedup_cell(row),
+                      f"[{style}]{check}[/]" if style else check)
+    return table
+
+
+def na_notes(records) -> list[str]:
+    """One line per distinct (kernel, provider, reason) that was n/a."""
+    seen = {}
+    for rec in records:
+        if _is_na(rec):
+            seen.setdefault((rec["name"], rec["provider"], rec["derived"].get("reason")), None)
+    return [f"n/a: {provider} for {kernel}: {reason}" for kernel, provider, reason in seen]
+
+
+def _gbps(rec: dict | None) -> float | None:
+    return None if rec is None or _is_na(rec) else _num((rec.get("derived") or {}).get("gbps"))
+
+
+def plot(records, path) -> None:
+    """GB/s per shape per provider, one subplot per (kernel, dtype), the copy peak as a dashed line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels: dict = {}
+    for (kernel, shape_name, dtype), row in group_rows(records).items():
+        panels.setdefault((kernel, dtype), []).append((shape_name, row))
+    peak = copy_peak(records)
+    n = max(len(panels), 1)
+    widest = max((len(rows) for rows in panels.values()), default=1)
+    fig, axes = plt.subplots(n, 1, figsize=(max(7.0, 1.6 * widest + 3.5), 3.2 * n), squeeze=False)
+    colors = {p: f"C{i}" for i, p in enumerate(provider_columns(records))}
+    for ax, ((kernel, dtype), rows) in zip(axes[:, 0], panels.items(), strict=False):
+        values = {p: [_gbps(row.get(p)) for _, row in rows] for p in colors}
+        providers = [p for p, vs in values.items() if any(v is not None for v in vs)]  # n/a everywhere: no slot
+        width = 0.8 / max(len(providers), 1)
+        for i, provider in enumerate(providers):
+            pts = [(j + (i - (len(providers) - 1) / 2) * width, v) for j, v in enumerate(values[provider])
+                   if v is not None]
+            ax.bar([x for x, _ in pts], [v for _, v in pts], width=width, label=provider, color=colors[provider])
+        if peak:
+            ax.axhline(peak, color="black", linestyle="--", linewidth=1, label=f"copy peak {peak:.0f} GB/s")
+        ax.set_xticks(range(len(rows)), [name for name, _ in rows], rotation=20, ha="right", fontsize=8)
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"{kernel} · {dtype}")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

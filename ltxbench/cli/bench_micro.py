@@ -1,0 +1,127 @@
+"""`ltxbench bench micro`: each kernel against eager PyTorch, F.rms_norm, torch.compile and Liger, shape by shape.
+
+Only typer and the standard library at top level; torch, rich and the runner load inside the command.
+"""
+
+from __future__ import annotations
+
+import typer
+
+EXAMPLES = (
+    "Examples:\n\n"
+    "  ltxbench bench micro rmsnorm --dtype bf16 --shapes ltx\n\n"
+    "  ltxbench bench micro rmsnorm rmsnorm_residual --shapes llm --providers cuda,F.rms_norm,compile,liger\n\n"
+    "  ltxbench bench micro rmsnorm --variant weight --shapes odd --dtype bf16,fp32\n\n"
+    "  ltxbench bench micro all --shapes seed --output results/micro.json --plot results/micro.png\n\n"
+    "Exit codes: 0 ok, 1 a cuda kernel failed its correctness check (files are still written), "
+    "2 bad arguments, 4 no GPU / build problem."
+)
+
+
+def _paths(output: str | None):
+    """The JSON and CSV paths write_result will use for --output (None: a fresh default name)."""
+    from pathlib import Path
+
+    if output is None:
+        return None
+    path = Path(output)
+    if path.suffix.lower() != ".json":
+        path = path.with_name(path.name + ".json")
+    return path, path.with_suffix(".csv")
+
+
+def micro_command(
+    kernels: list[str] = typer.Argument(
+        None, metavar="KERNEL", show_default=False, help="Kernel names or aliases (rmsnorm, rmsnorm_residual, adaln_rmsnorm, ...)"
+        " or `all` (the default)."),
+    dtype: str = typer.Option("bf16", "--dtype", help="Comma-separated dtypes: bf16, fp16, fp32, or all."),
+    shapes: str = typer.Option(
+        "all", "--shapes", help="Shape group: seed, ltx (LTX-Video), llm, odd (widths that defeat vectors), or all "
+        "(each kernel's benchmark shapes)."),
+    providers: str = typer.Option(
+        "all", "--providers", help="Comma-separated: cuda, eager, F.rms_norm, compile, liger, or all."),
+    timer: str = typer.Option(
+        "do_bench", "--timer", help="do_bench (CUDA events, L2 flushed) or cudagraph (no launch overhead)."),
+    variant: str | None = typer.Option(
+        None, "--variant", help="Input variant (e.g. weight, per-token); default: each kernel's first."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the inputs (the same for every provider)."),
+    output: str | None = typer.Option(
+        None, "--output", "-o", help="Result JSON path (a CSV is written beside it); default results/runs/."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
+    plot: str | None = typer.Option(None, "--plot", help="Also draw GB/s per shape and provider to this PNG."),
+) -> None:
+    """Time each kernel against the host libraries' formulas: median µs, GB/s, % of the copy peak, speedup.
+
+    Every provider runs on the same inputs, shape by shape, and is checked against the fp32 reference.
+    """
+    import importlib.util
+
+    from ltxbench.bench import micro
+    from ltxbench.errors import EnvironmentProblem, NoCudaDevice, UsageError
+
+    specs = micro.resolve_kernels(kernels)
+    dtypes = micro.parse_choices(dtype, micro.DTYPE_NAMES, "--dtype")
+    if shapes not in micro.SHAPE_GROUPS:
+        raise UsageError(f"--shapes: unknown group {shapes!r}; choose from {', '.join(micro.SHAPE_GROUPS)}")
+    chosen = micro.parse_choices(providers, micro.known_providers(), "--providers")
+    if timer not in micro.TIMERS:
+        raise UsageError(f"--timer: unknown timer {timer!r}; choose from {', '.join(micro.TIMERS)}")
+    cases, notes = micro.plan(specs, dtypes, shapes, chosen, variant)
+    if not cases:
+        raise UsageError("nothing to measure: " + "; ".join(notes))
+    paths = _paths(output)
+    if paths and not force:
+        for p in paths:
+            if p.exists():
+                raise UsageError(f"{p} already exists; not overwriting it",
+                                 hint="pass --force to overwrite, or choose another --output")
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise EnvironmentProblem("--plot needs matplotlib, which is not installed",
+                                 hint="pip install 'ltxbench[plot]' (or matplotlib), or drop --plot")
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoCudaDevice("micro benchmarking")
+    _run(cases, notes, kernels, dtypes, shapes, chosen, timer, variant, seed, output, force, plot)
+
+
+def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed, output, force, plot) -> None:
+    from rich.console import Console
+
+    from ltxbench.bench import micro, micro_report
+    from ltxbench.bench.timing import copy_bandwidth_gbps
+    from ltxbench.errors import CheckFailed
+    from ltxbench.results.io import write_result
+    from ltxbench.results.schema import make_result, utc_now
+
+    console, log = Console(highlight=False), Console(stderr=True, highlight=False)
+    for note in notes:
+        log.print(f"note: {note}", markup=False)
+    started = utc_now()
+    log.print(f"measuring the copy bandwidth ({timer})…", markup=False)
+    copy = copy_bandwidth_gbps(timer=timer)
+    results, nbytes = micro.run_cases(cases, timer=timer, seed=seed,
+                                      log=lambda s: log.print(f"measuring {s}", markup=False))
+    records = [micro.copy_record(copy), *micro.build_records(cases, results, nbytes, copy["gbps"])]
+    argv = ["ltxbench", "bench", "micro", *(kernels or ["all"]), "--dtype", ",".join(dtypes), "--shapes", shapes,
+            "--providers", ",".join(providers), "--timer", timer, "--seed", str(seed)]
+    argv += ["--variant", variant] if variant else []
+    config = {"kernels": sorted({c.kernel for c in cases}), "dtypes": dtypes, "shapes": shapes,
+              "providers": providers, "timer": timer, "variant": variant, "copy_peak_gbps": copy["gbps"],
+              "copy_bytes": copy["bytes"]}
+    doc = make_result("micro", argv, config, seed, started, utc_now(), records)
+    json_path, csv_path = write_result(doc, output, force)
+
+    console.print(micro_report.render_table(records))
+    for line in micro_report.na_notes(records):
+        console.print(line, markup=False)
+    console.print(f"wrote {json_path} and {csv_path}", markup=False)
+    if plot is not None:
+        micro_report.plot(records, plot)
+        console.print(f"wrote {plot}", markup=False)
+    failures = micro.failed_checks(records)
+    if failures:
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        raise CheckFailed(f"cuda kernel outside tolerance: {failures[0]}{more}",
+                          hint="the table's check column and the JSON's check fields have the details")
