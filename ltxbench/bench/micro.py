@@ -289,6 +289,9 @@ def build_records(cases, results: dict, nbytes: dict, copy_peak_gbps: float | No
 
 def failed_checks(records) -> list[str]:
     """The `cuda` records whose correctness check failed (exit code 1)."""
-    return [f"{r['name']} {r['params'].get('shape_name')} {r['dtype']} (max abs err {r['check'].get('max_abs_err')}"
-            f", atol {r['check'].get('atol')}, rtol {r['check'].get('rtol')})"
+    def g(v):
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    return [f"{r['name']} {r['params'].get('shape_name')} {r['dtype']} (max abs err {g(r['check'].get('max_abs_err'))}"
+            f", atol {g(r['check'].get('atol'))}, rtol {g(r['check'].get('rtol'))})"
             for r in records if r["provider"] == "cuda" and r.get("check") and r["check"].get("passed") is False]

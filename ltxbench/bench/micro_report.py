@@ -41,19 +41,16 @@ def provider_columns(records) -> list[str]:
 
 
 def cell(rec: dict | None) -> str:
-    """`12.3 µs` over `1234 GB/s · 45%`; `n/a` for a provider that could not run; blank when absent."""
+    """`12.3 µs · 45%` (of the copy peak) over `1234 GB/s`; `n/a` when the provider could not run; blank if absent."""
     if rec is None:
         return ""
     if _is_na(rec):
         return "n/a"
     derived = rec.get("derived") or {}
     median = _num(rec["stats"].get("median"))
-    lines = [f"{median * 1e3:.1f} µs" if median is not None else "?"]
-    bw = _num(derived.get("gbps"))
-    if bw is not None:
-        pct = _num(derived.get("pct_of_copy_peak"))
-        lines.append(f"{bw:.0f} GB/s" + (f" · {pct:.0f}%" if pct is not None else ""))
-    return "\n".join(lines)
+    bw, pct = _num(derived.get("gbps")), _num(derived.get("pct_of_copy_peak"))
+    first = (f"{median * 1e3:.1f} µs" if median is not None else "?") + (f" · {pct:.0f}%" if pct is not None else "")
+    return first + (f"\n{bw:.0f} GB/s" if bw is not None else "")
 
 
 def speedup_cell(row: dict) -> str:
@@ -80,15 +77,17 @@ def check_cell(row: dict) -> str:
 
 
 def render_table(records, title: str = "ltxbench bench micro"):
+    from rich import box
     from rich.table import Table
 
     peak = copy_peak(records)
     if peak:
         title += f" · copy peak {peak:.0f} GB/s"
-    table = Table(title=title, show_lines=True)
+    table = Table(title=title, show_lines=True, box=box.SIMPLE_HEAD, caption="µs: median · % of the copy peak")
     providers = provider_columns(records)
     for col in ("kernel", "shape", "dtype", *providers, "cuda speedup", "check"):
-        table.add_column(col, justify="right" if col in providers else "left", overflow="fold")
+        table.add_column(col, justify="right" if col in providers else "left", overflow="fold",
+                         no_wrap=col not in ("cuda speedup", "check"))
     for (kernel, shape_name, dtype), row in group_rows(records).items():
         check = check_cell(row)
         style = "bold red" if check.startswith("FAIL") else ""

@@ -5,6 +5,8 @@ Only typer and the standard library at top level; torch, rich and the runner loa
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 EXAMPLES = (
@@ -31,9 +33,9 @@ def _paths(output: str | None):
 
 
 def micro_command(
-    kernels: list[str] = typer.Argument(
-        None, metavar="KERNEL", show_default=False, help="Kernel names or aliases (rmsnorm, rmsnorm_residual, adaln_rmsnorm, ...)"
-        " or `all` (the default)."),
+    kernels: Annotated[list[str] | None, typer.Argument(
+        metavar="KERNEL", show_default=False,
+        help="Kernel names or aliases (rmsnorm, rmsnorm_residual, adaln_rmsnorm, ...) or `all` (the default).")] = None,
     dtype: str = typer.Option("bf16", "--dtype", help="Comma-separated dtypes: bf16, fp16, fp32, or all."),
     shapes: str = typer.Option(
         "all", "--shapes", help="Shape group: seed, ltx (LTX-Video), llm, odd (widths that defeat vectors), or all "
@@ -98,6 +100,11 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
     console, log = Console(highlight=False), Console(stderr=True, highlight=False)
     for note in notes:
         log.print(f"note: {note}", markup=False)
+    if "cuda" in providers:
+        from ltxbench.ops import _build
+
+        log.print("loading the ltxbench CUDA kernels (compiled on first use)…", markup=False)
+        _build.load()  # a build failure is an environment problem (exit 4), never an n/a column
     started = utc_now()
     log.print(f"measuring the copy bandwidth ({timer})…", markup=False)
     copy = copy_bandwidth_gbps(timer=timer)
