@@ -236,6 +236,175 @@ std::tuple<Tensor, Tensor> add_rms_norm_modulate(const Tensor& h, const Tensor& 
   return {m.out, h_out};
 }
 
+
+// ---- RoPE -------------------------------------------------------------------------------------------
+
+void check_f32_table(const Tensor& t, const Tensor& x, const char* op, const char* name) {
+  TORCH_CHECK(t.device() == x.device(), "ltxbench.", op, ": ", name, " is on ", dev(t), " but q is on ", dev(x));
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "ltxbench.", op, ": ", name, " must be float32, got ", dtype_name(t));
+}
+
+// The angle source of the 3-D RoPE: exactly one of (cos, sin) or (grid, freqs).
+void attach_ltx_angles(Rope3dParams& p, const Tensor& q, const std::optional<Tensor>& cos,
+                       const std::optional<Tensor>& sin, const std::optional<Tensor>& grid,
+                       const std::optional<Tensor>& freqs, const char* op, std::vector<Tensor>& keep) {
+  const bool tables = cos.has_value() || sin.has_value(), coords = grid.has_value() || freqs.has_value();
+  TORCH_CHECK(tables != coords && (tables ? cos && sin : grid && freqs), "ltxbench.", op,
+              ": pass either cos and sin, or grid and freqs (exactly one pair)");
+  const int64_t B = p.B, S = p.S, D = p.D;
+  if (tables) {
+    for (auto [t, name, rows] : {std::tuple{&*cos, "cos", &p.cos}, std::tuple{&*sin, "sin", &p.sin}}) {
+      check_f32_table(*t, q, op, name);
+      TORCH_CHECK(t->dim() == 3 && (t->size(0) == B || t->size(0) == 1) && t->size(1) == S && t->size(2) == D,
+                  "ltxbench.", op, ": ", name, " must have shape (B|1, S, D) = (", num(B), "|1, ", num(S), ", ",
+                  num(D), "), got ", shape(t->sizes()));
+      keep.push_back(unit_last_stride(*t).expand({B, S, D}));
+      *rows = rows_of_3d(keep.back());
+    }
+  } else {
+    check_f32_table(*grid, q, op, "grid");
+    check_f32_table(*freqs, q, op, "freqs");
+    TORCH_CHECK(grid->dim() == 3 && (grid->size(0) == B || grid->size(0) == 1) && grid->size(1) == S &&
+                    grid->size(2) == 3,
+                "ltxbench.", op, ": grid must have shape (B|1, S, 3), got ", shape(grid->sizes()));
+    TORCH_CHECK(freqs->dim() == 1 && freqs->size(0) == D / 6, "ltxbench.", op, ": freqs must have shape (D // 6,) = (",
+                num(D / 6), ",), got ", shape(freqs->sizes()));
+    keep.push_back(unit_last_stride(*grid).expand({B, S, 3}));
+    p.grid = rows_of_3d(keep.back());
+    keep.push_back(freqs->contiguous());
+    p.freqs = keep.back().data_ptr<float>();
+    p.pad = static_cast<int>(D % 6);
+  }
+}
+
+Rope3dParams rope_3d_params(const Tensor& q, const Tensor& k, const char* op, std::vector<Tensor>& keep) {
+  check_3d(q, op, "q");
+  check_same(k, q, op, "k");
+  TORCH_CHECK(k.sizes() == q.sizes(), "ltxbench.", op, ": k has shape ", shape(k.sizes()), " but q has ",
+              shape(q.sizes()));
+  TORCH_CHECK(q.size(2) % 2 == 0, "ltxbench.", op, ": the inner dim D must be even (pairs), got ", num(q.size(2)));
+  keep.push_back(unit_last_stride(q));
+  keep.push_back(unit_last_stride(k));
+  Rope3dParams p;
+  p.B = q.size(0), p.S = q.size(1), p.D = q.size(2);
+  p.q = rows_of_3d(keep[keep.size() - 2]);
+  p.k = rows_of_3d(keep.back());
+  return p;
+}
+
+std::tuple<Tensor, Tensor> rope_3d(const Tensor& q, const Tensor& k, const std::optional<Tensor>& cos,
+                                   const std::optional<Tensor>& sin, const std::optional<Tensor>& grid,
+                                   const std::optional<Tensor>& freqs) {
+  const char* op = "rope_3d";
+  const DType dt = check_primary(q, op, "q");
+  std::vector<Tensor> keep;
+  Rope3dParams p = rope_3d_params(q, k, op, keep);
+  attach_ltx_angles(p, q, cos, sin, grid, freqs, op, keep);
+  Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(q.sizes(), q.options());
+  p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t err = launch_rope_3d(p, dt, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return {q_out, k_out};
+}
+
+std::tuple<Tensor, Tensor> qk_rms_norm_rope(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
+                                            double eps, const std::optional<Tensor>& cos,
+                                            const std::optional<Tensor>& sin, const std::optional<Tensor>& grid,
+                                            const std::optional<Tensor>& freqs) {
+  const char* op = "qk_rms_norm_rope";
+  const DType dt = check_primary(q, op, "q");
+  std::vector<Tensor> keep;
+  Rope3dParams p = rope_3d_params(q, k, op, keep);
+  TORCH_CHECK(p.D <= 8192, "ltxbench.", op, ": the inner dim D must be <= 8192, got ", num(p.D));
+  for (auto [w, name] : {std::pair{&wq, "wq"}, std::pair{&wk, "wk"}}) {
+    check_same(*w, q, op, name);
+    TORCH_CHECK(w->dim() == 1 && w->size(0) == p.D, "ltxbench.", op, ": ", name, " must have shape (", num(p.D),
+                ",), got ", shape(w->sizes()));
+  }
+  keep.push_back(wq.contiguous());
+  p.wq = keep.back().data_ptr();
+  keep.push_back(wk.contiguous());
+  p.wk = keep.back().data_ptr();
+  p.norm = true, p.eps = static_cast<float>(eps);
+  attach_ltx_angles(p, q, cos, sin, grid, freqs, op, keep);
+  Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(q.sizes(), q.options());
+  p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t err = launch_rope_3d(p, dt, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return {q_out, k_out};
+}
+
+std::tuple<Tensor, Tensor> rope_1d(const Tensor& q_in, const Tensor& k_in, const Tensor& cos, const Tensor& sin,
+                                   const Tensor& positions, bool interleaved) {
+  const char* op = "rope_1d";
+  const DType dt = check_primary(q_in, op, "q");
+  check_same(k_in, q_in, op, "k");
+  TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4, "ltxbench.", op,
+              ": q and k must be 4-D (B, heads, S, head_dim), got ", shape(q_in.sizes()), " and ", shape(k_in.sizes()));
+  const int64_t B = q_in.size(0), S = q_in.size(2), hd = q_in.size(3);
+  TORCH_CHECK(k_in.size(0) == B && k_in.size(2) == S && k_in.size(3) == hd, "ltxbench.", op, ": k has shape ",
+              shape(k_in.sizes()), " but q has ", shape(q_in.sizes()), " (B, S and head_dim must match)");
+  for (auto [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_f32_table(*t, q_in, op, name);
+    TORCH_CHECK(t->dim() == 2 && t->sizes() == cos.sizes() && 2 * t->size(1) <= hd && t->size(1) > 0, "ltxbench.",
+                op, ": ", name, " must be a (positions, rot/2) table with rot <= head_dim = ", num(hd),
+                ", got ", shape(t->sizes()));
+  }
+  TORCH_CHECK(positions.device() == q_in.device() && positions.scalar_type() == at::kLong, "ltxbench.", op,
+              ": positions must be an int64 tensor on ", dev(q_in));
+  TORCH_CHECK(positions.dim() == 2 && (positions.size(0) == B || positions.size(0) == 1) && positions.size(1) == S,
+              "ltxbench.", op, ": positions must have shape (B|1, S) = (", num(B), "|1, ", num(S), "), got ",
+              shape(positions.sizes()));
+  const Tensor q = unit_last_stride(q_in), k = unit_last_stride(k_in);
+  const Tensor c = cos.contiguous(), s = sin.contiguous(), pos = positions.expand({B, S});
+  Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(k.sizes(), k.options());
+  Rope1dParams p;
+  p.B = B, p.S = S, p.Hq = q.size(1), p.Hk = k.size(1), p.hd = hd, p.half = c.size(1);
+  p.q = q.data_ptr(), p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_ss = q.stride(2);
+  p.k = k.data_ptr(), p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_ss = k.stride(2);
+  p.cos = c.data_ptr<float>(), p.sin = s.data_ptr<float>(), p.table_stride = c.size(1), p.table_rows = c.size(0);
+  p.pos = pos.data_ptr<int64_t>(), p.pos_sb = pos.stride(0), p.pos_ss = pos.stride(1);
+  p.interleaved = interleaved;
+  p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t err = launch_rope_1d(p, dt, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return {q_out, k_out};
+}
+
+// ---- activations ------------------------------------------------------------------------------------
+
+Tensor activation(const Tensor& x, bool gated, int64_t gate_half, int act, const char* op) {
+  const DType dt = check_primary(x, op, "x");
+  TORCH_CHECK(x.dim() >= 1, "ltxbench.", op, ": x must have at least one dimension");
+  TORCH_CHECK(gate_half == 0 || gate_half == 1, "ltxbench.", op, ": gate_half must be 0 or 1, got ", num(gate_half));
+  const int64_t width = x.size(-1);
+  TORCH_CHECK(!gated || width % 2 == 0, "ltxbench.", op, ": the last dim of x must be even (value and gate halves), got ",
+              num(width));
+  std::vector<int64_t> out_shape(x.sizes().begin(), x.sizes().end());
+  out_shape.back() = gated ? width / 2 : width;
+  Tensor out = at::empty(out_shape, x.options());
+  if (x.numel() == 0) return out;
+  const Tensor rows = flat_rows(x);
+  ActParams p;
+  p.rows = rows.size(0), p.H = out_shape.back();
+  p.x = rows.data_ptr(), p.row_stride = rows.size(0) == 1 ? 0 : rows.stride(0);
+  p.gated = gated, p.gate_half = static_cast<int>(gate_half), p.act = act;
+  p.out = out.data_ptr();
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaError_t err = launch_act(p, dt, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return out;
+}
+
+Tensor gelu_tanh(const Tensor& x) { return activation(x, false, 1, 1, "gelu_tanh"); }
+Tensor geglu(const Tensor& x, int64_t gate_half, bool approximate) {
+  return activation(x, true, gate_half, approximate ? 1 : 0, "geglu");
+}
+Tensor swiglu(const Tensor& x, int64_t gate_half) { return activation(x, true, gate_half, 2, "swiglu"); }
+
 }  // namespace
 }  // namespace ltxbench
 
@@ -251,24 +420,33 @@ TORCH_LIBRARY(ltxbench, m) {
   m.def(
       "add_rms_norm_modulate(Tensor h, Tensor a, Tensor? gate, Tensor scale, Tensor shift, float eps)"
       " -> (Tensor, Tensor)");
+  m.def(
+      "rope_1d(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, bool interleaved=False)"
+      " -> (Tensor, Tensor)");
+  m.def("rope_3d(Tensor q, Tensor k, Tensor? cos, Tensor? sin, Tensor? grid, Tensor? freqs) -> (Tensor, Tensor)");
+  m.def(
+      "qk_rms_norm_rope(Tensor q, Tensor k, Tensor wq, Tensor wk, float eps, Tensor? cos, Tensor? sin,"
+      " Tensor? grid, Tensor? freqs) -> (Tensor, Tensor)");
+  m.def("gelu_tanh(Tensor x) -> Tensor");
+  m.def("geglu(Tensor x, int gate_half=1, bool approximate=False) -> Tensor");
+  m.def("swiglu(Tensor x, int gate_half=0) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(ltxbench, CUDA, m) {
-  m.impl("rms_norm", &ltxbench::rms_norm);
-  m.impl("fused_add_rms_norm", &ltxbench::fused_add_rms_norm);
-  m.impl("rms_norm_modulate", &ltxbench::rms_norm_modulate);
-  m.impl("layer_norm_modulate", &ltxbench::layer_norm_modulate);
-  m.impl("gated_residual", &ltxbench::gated_residual);
-  m.impl("add_rms_norm_modulate", &ltxbench::add_rms_norm_modulate);
-}
+// The same entry points serve CUDA and CPU tensors: on CPU their first check names the argument that
+// must be on CUDA (a clear error instead of "could not run with arguments from the CPU backend").
+#define LTXBENCH_IMPLS(m)                                                   \
+  m.impl("rms_norm", &ltxbench::rms_norm);                                  \
+  m.impl("fused_add_rms_norm", &ltxbench::fused_add_rms_norm);              \
+  m.impl("rms_norm_modulate", &ltxbench::rms_norm_modulate);                \
+  m.impl("layer_norm_modulate", &ltxbench::layer_norm_modulate);            \
+  m.impl("gated_residual", &ltxbench::gated_residual);                      \
+  m.impl("add_rms_norm_modulate", &ltxbench::add_rms_norm_modulate);        \
+  m.impl("rope_1d", &ltxbench::rope_1d);                                    \
+  m.impl("rope_3d", &ltxbench::rope_3d);                                    \
+  m.impl("qk_rms_norm_rope", &ltxbench::qk_rms_norm_rope);                  \
+  m.impl("gelu_tanh", &ltxbench::gelu_tanh);                                \
+  m.impl("geglu", &ltxbench::geglu);                                        \
+  m.impl("swiglu", &ltxbench::swiglu);
 
-// CPU tensors reach the same entry points, whose first check names the argument that must be on CUDA:
-// a clear error instead of "could not run with arguments from the CPU backend", and never a fallback.
-TORCH_LIBRARY_IMPL(ltxbench, CPU, m) {
-  m.impl("rms_norm", &ltxbench::rms_norm);
-  m.impl("fused_add_rms_norm", &ltxbench::fused_add_rms_norm);
-  m.impl("rms_norm_modulate", &ltxbench::rms_norm_modulate);
-  m.impl("layer_norm_modulate", &ltxbench::layer_norm_modulate);
-  m.impl("gated_residual", &ltxbench::gated_residual);
-  m.impl("add_rms_norm_modulate", &ltxbench::add_rms_norm_modulate);
-}
+TORCH_LIBRARY_IMPL(ltxbench, CUDA, m) { LTXBENCH_IMPLS(m) }
+TORCH_LIBRARY_IMPL(ltxbench, CPU, m) { LTXBENCH_IMPLS(m) }

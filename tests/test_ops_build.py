@@ -46,7 +46,7 @@ def test_fused_add_schema_is_functional(built_ops):
 def test_fake_outputs_match_reference_shapes(built_ops, name, dtype):
     spec = SPECS[name]
     for variant in spec.variants:
-        for shape in ((2, 5, 83), (1, 3, 2048), (0, 4, 64)):
+        for shape in (spec.test_shapes[1], (1, 3, 2048), (0, 4, 64)):
             real = spec.make_inputs(shape, DTYPES[dtype], "cpu", torch.Generator().manual_seed(0), variant)
             expected = spec.reference(**real)
             expected = expected if isinstance(expected, tuple) else (expected,)

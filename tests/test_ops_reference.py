@@ -124,12 +124,84 @@ def test_reference_within_tolerance_of_float64_for_every_spec_and_variant(name, 
     """The reference in a low dtype stays within the spec's tolerance of its own float64 evaluation."""
     spec = SPECS[name]
     for variant in spec.variants:
-        inputs = spec.make_inputs((2, 5, 83), DTYPES[dtype], "cpu", gen(), variant)
+        inputs = spec.make_inputs(spec.test_shapes[1], DTYPES[dtype], "cpu", gen(), variant)
         out = spec.reference(**inputs)
-        out64 = spec.reference(**{k: v.double() if isinstance(v, torch.Tensor) else v for k, v in inputs.items()})
+        out64 = spec.reference(**{k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                                  for k, v in inputs.items()})
         outs, outs64 = (out, out64) if isinstance(out, tuple) else ((out,), (out64,))
         assert len(outs) == spec.n_outputs
         atol, rtol = spec.tolerance(DTYPES[dtype])
         for o, o64 in zip(outs, outs64, strict=True):
-            assert o.dtype == DTYPES[dtype] and o.shape == (2, 5, 83)
+            assert o.dtype == DTYPES[dtype] and o64.shape == o.shape
             torch.testing.assert_close(o.double(), o64, atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dim", [2048, 4096])
+def test_rope_3d_reference_matches_diffusers_ltx_rotary_embedding(dim):
+    """2B (D % 6 = 2) and 13B (D % 6 = 4) inner dims; T2V grid and condition-pipeline video_coords."""
+    from diffusers.models.transformers.transformer_ltx import LTXVideoRotaryPosEmbed, apply_rotary_emb
+
+    rope = LTXVideoRotaryPosEmbed(dim, 20, 2048, 2048, 1, 1, 10000.0)
+    h = torch.empty(2, 3 * 4 * 6, dim)
+    coords = torch.rand(2, 3, 72, generator=gen()) * torch.tensor([[[20.0], [2048.0], [2048.0]]])
+    for kwargs in ({"rope_interpolation_scale": (8 / 25, 32, 32)}, {"video_coords": coords}):
+        cos, sin = rope(h, 3, 4, 6, **kwargs)
+        grid = reference.ltx_rope_grid(rope, 2, 3, 4, 6, **kwargs)
+        own_cos, own_sin = reference.ltx_cos_sin(grid, reference.ltx_rope_freqs(dim), dim)
+        assert torch.equal(own_cos, cos) and torch.equal(own_sin, sin)
+        q, k = torch.randn(2, 2, 72, dim, generator=gen()).unbind(0)
+        for got in (reference.rope_3d(q, k, cos, sin),
+                    reference.rope_3d(q, k, grid=grid, freqs=reference.ltx_rope_freqs(dim))):
+            torch.testing.assert_close(got[0], apply_rotary_emb(q, (cos, sin)))
+            torch.testing.assert_close(got[1], apply_rotary_emb(k, (cos, sin)))
+
+
+def test_qk_rms_norm_rope_reference_matches_ltx_attention_norms():
+    from diffusers.models.transformers.transformer_ltx import LTXAttention, apply_rotary_emb
+
+    attn = LTXAttention(query_dim=96, heads=2, kv_heads=2, dim_head=48)
+    with torch.no_grad():
+        attn.norm_q.weight.copy_(1 + 0.1 * torch.randn(96, generator=gen()))
+        attn.norm_k.weight.copy_(1 + 0.1 * torch.randn(96, generator=gen()))
+    q, k = torch.randn(2, 2, 10, 96, generator=gen()).unbind(0)
+    grid = torch.rand(2, 10, 3, generator=gen())
+    cos, sin = reference.ltx_cos_sin(grid, reference.ltx_rope_freqs(96), 96)
+    expected_q = apply_rotary_emb(attn.norm_q(q), (cos, sin))
+    expected_k = apply_rotary_emb(attn.norm_k(k), (cos, sin))
+    got_q, got_k = reference.qk_rms_norm_rope(q, k, attn.norm_q.weight, attn.norm_k.weight, attn.norm_q.eps,
+                                              grid=grid, freqs=reference.ltx_rope_freqs(96))
+    torch.testing.assert_close(got_q, expected_q)
+    torch.testing.assert_close(got_k, expected_k)
+
+
+def test_rope_1d_reference_matches_transformers_llama_rotary():
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    cfg = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    rotary = LlamaRotaryEmbedding(cfg)
+    positions = torch.arange(5, 12)[None]  # a KV-cache offset of 5
+    cos, sin = rotary(torch.empty(1, dtype=torch.float32), positions)
+    q, k = torch.randn(1, 4, 7, 64, generator=gen()), torch.randn(1, 2, 7, 64, generator=gen())
+    e_q, e_k = apply_rotary_pos_emb(q, k, cos, sin)
+    angles = torch.arange(64, dtype=torch.float32)[:, None] * rotary.inv_freq[None, :]
+    got_q, got_k = reference.rope_1d(q, k, angles.cos(), angles.sin(), positions)
+    torch.testing.assert_close(got_q, e_q)
+    torch.testing.assert_close(got_k, e_k)
+
+
+def test_activations_match_library_modules():
+    from diffusers.models.activations import GEGLU
+
+    x = torch.randn(3, 7, 64, generator=gen())
+    geglu = GEGLU(64, 32)
+    with torch.no_grad():  # identity projection: the module's output is its gating of x itself
+        geglu.proj.weight.copy_(torch.eye(64))
+        geglu.proj.bias.zero_()
+    torch.testing.assert_close(reference.geglu(x, gate_half=1), geglu(x))
+    torch.testing.assert_close(reference.gelu_tanh(x), torch.nn.GELU(approximate="tanh")(x))
+    from transformers.activations import ACT2FN
+
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(reference.swiglu(x, gate_half=0), ACT2FN["silu"](gate) * up)
+    assert not torch.allclose(reference.swiglu(x, gate_half=1), reference.swiglu(x, gate_half=0))

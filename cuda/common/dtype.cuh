@@ -30,8 +30,9 @@ template <typename T, int N> __device__ __forceinline__ Vec<T, N> load_raw(const
   Vec<T, N> v;
   if constexpr (sizeof(Vec<T, N>) == 16) {
     *reinterpret_cast<int4*>(&v) = __ldg(reinterpret_cast<const int4*>(p));
-  } else {
-    v = *reinterpret_cast<const Vec<T, N>*>(p);
+  } else {  // narrower than 16 bytes: the scalar paths, which must work at any element alignment
+#pragma unroll
+    for (int k = 0; k < N; ++k) v.v[k] = p[k];
   }
   return v;
 }
@@ -46,10 +47,29 @@ template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p
 }
 
 template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, const float (&in)[N]) {
-  Vec<T, N> raw;
+  if constexpr (sizeof(Vec<T, N>) == 16) {
+    Vec<T, N> raw;
 #pragma unroll
-  for (int k = 0; k < N; ++k) raw.v[k] = from_float<T>(in[k]);
-  *reinterpret_cast<Vec<T, N>*>(p) = raw;
+    for (int k = 0; k < N; ++k) raw.v[k] = from_float<T>(in[k]);
+    *reinterpret_cast<Vec<T, N>*>(p) = raw;
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) p[k] = from_float<T>(in[k]);
+  }
+}
+
+// N fp32 values: 16-byte loads where N allows (the caller guarantees alignment), else element loads.
+template <int N> __device__ __forceinline__ void load_f32(const float* p, float (&out)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int k = 0; k < N; k += 4) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(p + k));
+      out[k] = v.x, out[k + 1] = v.y, out[k + 2] = v.z, out[k + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < N; ++k) out[k] = p[k];
+  }
 }
 
 // Elements per 16-byte access.

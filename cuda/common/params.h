@@ -37,3 +37,64 @@ struct RowOpParams {
 cudaError_t launch_row_op(const RowOpParams& p, DType dtype, cudaStream_t stream);
 
 }  // namespace ltxbench
+
+namespace ltxbench {
+
+// LTX-Video's 3-D RoPE over the whole inner dim D (interleaved pairs 2i, 2i+1), for q and k together.
+// The angles come either from precomputed fp32 cos/sin (B|1, S, D) or, computed in-kernel, from the
+// fractional grid (B|1, S, 3) and the base frequencies freqs[D / 6]: channel c >= pad = D % 6 has
+// angle freqs[f] * (2 * grid[axis] - 1) with (c - pad) / 2 = 3 f + axis; channels below pad pass through.
+// With `norm`, q and k are first RMS-normalized over D with weights wq, wk (LTX's norm_q / norm_k).
+struct Rope3dParams {
+  int64_t B = 0, S = 0, D = 0;
+  Rows3 q, k;
+  Rows3 cos, sin;   // fp32, or null when the angles come from grid + freqs
+  Rows3 grid;       // fp32 (.., 3) with unit stride along the 3 coordinates
+  const float* freqs = nullptr;
+  int pad = 0;
+  bool norm = false;
+  const void* wq = nullptr;
+  const void* wk = nullptr;
+  float eps = 1e-5f;
+  void* q_out = nullptr;  // contiguous (B, S, D)
+  void* k_out = nullptr;
+};
+
+cudaError_t launch_rope_3d(const Rope3dParams& p, DType dtype, cudaStream_t stream);
+
+// 1-D RoPE of LLMs on q (B, Hq, S, hd) and k (B, Hk, S, hd) with any strides (last dim contiguous):
+// angles from fp32 tables cos/sin (P, rot/2) gathered at positions (B|1, S); the first `rot` channels
+// rotate, the rest pass through. neox pairs (i, i + rot/2); interleaved pairs (2i, 2i + 1).
+struct Rope1dParams {
+  int64_t B = 0, S = 0, Hq = 0, Hk = 0, hd = 0, half = 0;  // half = rot / 2
+  const void* q = nullptr;
+  int64_t q_sb = 0, q_sh = 0, q_ss = 0;
+  const void* k = nullptr;
+  int64_t k_sb = 0, k_sh = 0, k_ss = 0;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int64_t table_stride = 0, table_rows = 0;
+  const int64_t* pos = nullptr;
+  int64_t pos_sb = 0, pos_ss = 0;
+  bool interleaved = false;
+  void* q_out = nullptr;  // contiguous (B, Hq, S, hd)
+  void* k_out = nullptr;  // contiguous (B, Hk, S, hd)
+};
+
+cudaError_t launch_rope_1d(const Rope1dParams& p, DType dtype, cudaStream_t stream);
+
+// Gated activations over rows of width 2H → H: out = value * act(gate), gate = half `gate_half` (0|1).
+// act: 0 = GELU exact (erf), 1 = GELU tanh, 2 = SiLU. With gated = false: out = act(x), width H.
+struct ActParams {
+  int64_t rows = 0, H = 0;
+  const void* x = nullptr;
+  int64_t row_stride = 0;
+  bool gated = true;
+  int gate_half = 1;
+  int act = 1;
+  void* out = nullptr;  // contiguous (rows, H)
+};
+
+cudaError_t launch_act(const ActParams& p, DType dtype, cudaStream_t stream);
+
+}  // namespace ltxbench

@@ -90,10 +90,11 @@ app.add_typer(bench_app, name="bench")
 
 def _register() -> None:
     # Each module imports only typer and the standard library at top level.
-    from ltxbench.cli import bench_micro, env, kernels
+    from ltxbench.cli import bench_micro, env, generate, kernels
 
     app.command("env", epilog=env.EXAMPLES)(env.env_command)
     app.command("kernels", epilog=kernels.EXAMPLES)(kernels.kernels_command)
+    app.command("generate", epilog=generate.EXAMPLES)(generate.generate_command)
     bench_app.command("micro", epilog=bench_micro.EXAMPLES)(bench_micro.micro_command)
 
 

@@ -60,6 +60,50 @@ def add_rms_norm_modulate(h: Tensor, a: Tensor, gate: Tensor | None, scale: Tens
     return _lib().add_rms_norm_modulate(h, a, gate, scale, shift, eps)
 
 
+def rope_3d(q: Tensor, k: Tensor, cos: Tensor | None = None, sin: Tensor | None = None,
+            grid: Tensor | None = None, freqs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """LTX-Video's 3-D RoPE on q and k (B, S, D), interleaved pairs over the whole inner dim.
+
+    Angles from fp32 cos/sin (B|1, S, D) — a drop-in for diffusers' `apply_rotary_emb` — or computed in
+    the kernel from the fractional grid (B|1, S, 3) and `freqs` (D // 6; see `reference.ltx_rope_freqs`),
+    so that no fp32 (B, S, D) tables are read. Returns new (q, k); nothing in place.
+    """
+    return _lib().rope_3d(q, k, cos, sin, grid, freqs)
+
+
+def qk_rms_norm_rope(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float = 1e-5, cos: Tensor | None = None,
+                     sin: Tensor | None = None, grid: Tensor | None = None,
+                     freqs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """LTX attention's norm_q/norm_k (RMSNorm over the inner dim, weights wq/wk) then `rope_3d`, q and k in
+    one launch with one read and one write each."""
+    return _lib().qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs)
+
+
+def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor,
+            interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """LLM RoPE on q (B, Hq, S, hd) and k (B, Hk, S, hd) — GQA allowed, any strides — with angles from fp32
+    tables cos/sin (P, rot/2) gathered at int64 positions (B|1, S), so a KV-cache offset is just positions.
+    Layout neox (rotate-half, transformers' LLaMA/Mistral/Qwen; the default) or interleaved (2i, 2i+1).
+    Channels past `rot` pass through. Returns new contiguous (q, k); positions outside the table give NaN."""
+    return _lib().rope_1d(q, k, cos, sin, positions, interleaved)
+
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    """`0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`: the LTX / SD3 / FLUX feed-forward activation."""
+    return _lib().gelu_tanh(x)
+
+
+def geglu(x: Tensor, gate_half: int = 1, approximate: bool = False) -> Tensor:
+    """(..., 2H) → (..., H): `value * gelu(gate)`. gate_half=1 gates on the second half (diffusers GEGLU),
+    0 on the first (vLLM gelu_and_mul); approximate=True uses the tanh GELU."""
+    return _lib().geglu(x, gate_half, approximate)
+
+
+def swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
+    """(..., 2H) → (..., H): `value * silu(gate)`; gate_half=0 for a fused [gate | up] projection."""
+    return _lib().swiglu(x, gate_half)
+
+
 # AdaLN names of the earlier seed API, kept as thin aliases with their formulas spelled out.
 def adaln_rmsnorm(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:
     """`rms_norm(x) * (1 + scale) + shift` (no weight): LTX-Video's norm1/norm2 + modulation."""

@@ -69,3 +69,71 @@ def ltx_add_rms_norm_modulate(h: Tensor, a: Tensor, gate: Tensor | None, scale: 
     """`h = h + a (* gate)` then `norm2(h) * (1 + scale_mlp) + shift_mlp`."""
     h_new = h + (a if gate is None else a * gate)
     return ltx_rms_norm_modulate(h_new, scale, shift, eps), h_new
+
+
+def diffusers_apply_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """diffusers.models.transformers.transformer_ltx.apply_rotary_emb."""
+    real, imag = x.unflatten(2, (-1, 2)).unbind(-1)
+    rotated = torch.stack([-imag, real], dim=-1).flatten(2)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+def _ltx_tables(q, cos, sin, grid, freqs):
+    if cos is None:  # the model computes these once per forward, outside the attention layers
+        from ltxbench.ops.reference import ltx_cos_sin
+
+        cos, sin = ltx_cos_sin(grid, freqs, q.shape[-1])
+    return cos, sin
+
+
+def ltx_rope_3d(q, k, cos=None, sin=None, grid=None, freqs=None):
+    cos, sin = _ltx_tables(q, cos, sin, grid, freqs)
+    return diffusers_apply_rotary_emb(q, cos, sin), diffusers_apply_rotary_emb(k, cos, sin)
+
+
+def ltx_qk_rms_norm_rope(q, k, wq, wk, eps=1e-5, cos=None, sin=None, grid=None, freqs=None):
+    """LTXAttention: `norm_q(to_q(h))` (torch.nn.RMSNorm over the inner dim), then apply_rotary_emb."""
+    cos, sin = _ltx_tables(q, cos, sin, grid, freqs)
+    qn = F.rms_norm(q, (q.shape[-1],), wq, eps)
+    kn = F.rms_norm(k, (k.shape[-1],), wk, eps)
+    return diffusers_apply_rotary_emb(qn, cos, sin), diffusers_apply_rotary_emb(kn, cos, sin)
+
+
+def hf_rope_1d(q, k, cos, sin, positions, interleaved=False):
+    """transformers' apply_rotary_pos_emb (rotate-half); cos/sin built per token as LlamaRotaryEmbedding
+    does, in the model dtype. Only the neox layout exists there: interleaved falls back to the reference."""
+    if interleaved:
+        from ltxbench.ops.reference import rope_1d
+
+        return rope_1d(q, k, cos, sin, positions, True)
+    half = cos.shape[-1]
+    c = torch.cat([cos, cos], dim=-1)[positions].unsqueeze(1).to(q.dtype)
+    s = torch.cat([sin, sin], dim=-1)[positions].unsqueeze(1).to(q.dtype)
+
+    def rotate_half(x):
+        return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+    def apply(x):
+        rot, rest = x[..., : 2 * half], x[..., 2 * half:]
+        return torch.cat([rot * c + rotate_half(rot) * s, rest], dim=-1)
+
+    return apply(q), apply(k)
+
+
+def diffusers_gelu_tanh(x: Tensor) -> Tensor:
+    """LTX FeedForward activation: GELU(approximate="tanh")."""
+    return F.gelu(x, approximate="tanh")
+
+
+def diffusers_geglu(x: Tensor, gate_half: int = 1, approximate: bool = False) -> Tensor:
+    """diffusers GEGLU: `hidden, gate = x.chunk(2, -1); hidden * gelu(gate)` (gate = second half)."""
+    first, second = x.chunk(2, dim=-1)
+    value, gate = (second, first) if gate_half == 0 else (first, second)
+    return value * F.gelu(gate, approximate="tanh" if approximate else "none")
+
+
+def llama_swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
+    """LlamaMLP's `act_fn(gate_proj(x)) * up_proj(x)` on a fused [gate | up] projection."""
+    first, second = x.chunk(2, dim=-1)
+    value, gate = (second, first) if gate_half == 0 else (first, second)
+    return F.silu(gate) * value

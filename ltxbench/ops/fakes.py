@@ -48,3 +48,41 @@ def _gated_residual(h, a, gate):
 def _add_rms_norm_modulate(h, a, gate, scale, shift, eps):
     torch._check(h.dim() == 3, lambda: "add_rms_norm_modulate: h must be (B, S, D)")
     return _like(h), _like(h)
+
+
+@register_fake("ltxbench::rope_3d")
+def _rope_3d(q, k, cos, sin, grid, freqs):
+    torch._check(q.dim() == 3 and k.shape == q.shape, lambda: "rope_3d: q and k must be (B, S, D)")
+    return _like(q), _like(q)
+
+
+@register_fake("ltxbench::qk_rms_norm_rope")
+def _qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs):
+    torch._check(q.dim() == 3 and k.shape == q.shape, lambda: "qk_rms_norm_rope: q and k must be (B, S, D)")
+    return _like(q), _like(q)
+
+
+@register_fake("ltxbench::rope_1d")
+def _rope_1d(q, k, cos, sin, positions, interleaved=False):
+    torch._check(q.dim() == 4 and k.dim() == 4, lambda: "rope_1d: q and k must be (B, heads, S, head_dim)")
+    return _like(q), _like(k)
+
+
+@register_fake("ltxbench::gelu_tanh")
+def _gelu_tanh(x):
+    return _like(x)
+
+
+def _half_width(x):
+    torch._check(x.shape[-1] % 2 == 0, lambda: "the last dim of x must be even (value and gate halves)")
+    return torch.empty((*x.shape[:-1], x.shape[-1] // 2), dtype=x.dtype, device=x.device)
+
+
+@register_fake("ltxbench::geglu")
+def _geglu(x, gate_half=1, approximate=False):
+    return _half_width(x)
+
+
+@register_fake("ltxbench::swiglu")
+def _swiglu(x, gate_half=0):
+    return _half_width(x)

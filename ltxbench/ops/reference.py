@@ -69,3 +69,107 @@ def add_rms_norm_modulate(h: Tensor, a: Tensor, gate: Tensor | None, scale: Tens
                           eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     h_new = _residual(h, a, gate)
     return rms_norm_modulate(h_new, None, scale, shift, eps), h_new
+
+
+# ---- RoPE ---------------------------------------------------------------------------------------------
+
+def ltx_rope_freqs(dim: int, theta: float = 10000.0, device=None) -> Tensor:
+    """LTXVideoRotaryPosEmbed's base frequencies, computed exactly as diffusers does (fp32), times π/2."""
+    import math
+
+    freqs = theta ** torch.linspace(math.log(1.0, theta), math.log(theta, theta), dim // 6, device=device,
+                                    dtype=torch.float32)
+    return freqs * math.pi / 2.0
+
+
+def ltx_rope_grid(rope, batch_size: int, num_frames: int, height: int, width: int,
+                  rope_interpolation_scale=None, video_coords: Tensor | None = None, device=None) -> Tensor:
+    """The fractional (t, h, w) grid (B, S, 3) that diffusers' LTXVideoRotaryPosEmbed `rope` builds: from the
+    latent sizes and the pipeline's rope_interpolation_scale, or from explicit video_coords (B, 3, S)."""
+    if video_coords is None:
+        return rope._prepare_video_coords(batch_size, num_frames, height, width, rope_interpolation_scale, device)
+    return torch.stack([video_coords[:, 0] / rope.base_num_frames, video_coords[:, 1] / rope.base_height,
+                        video_coords[:, 2] / rope.base_width], dim=-1)
+
+
+def ltx_cos_sin(grid: Tensor, freqs: Tensor, dim: int, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    """diffusers' LTX cos/sin (B, S, dim) from the fractional grid (B, S, 3): axes interleaved per
+    frequency, each angle repeated for its pair, `dim % 6` leading channels padded with cos 1 / sin 0.
+    The angles are fp32 as the model defines them; `dtype` only sets the precision of cos/sin."""
+    angles = (freqs.float() * (grid.float().unsqueeze(-1) * 2 - 1)).transpose(-1, -2).flatten(2).to(dtype)
+    cos, sin = angles.cos().repeat_interleave(2, dim=-1), angles.sin().repeat_interleave(2, dim=-1)
+    pad = dim % 6
+    if pad:
+        cos = torch.cat([torch.ones_like(cos[:, :, :pad]), cos], dim=-1)
+        sin = torch.cat([torch.zeros_like(sin[:, :, :pad]), sin], dim=-1)
+    return cos, sin
+
+
+def _rotate_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    real, imag = x.unflatten(-1, (-1, 2)).unbind(-1)
+    return x * cos + torch.stack([-imag, real], dim=-1).flatten(-2) * sin
+
+
+def _ltx_tables(q: Tensor, cos, sin, grid, freqs) -> tuple[Tensor, Tensor]:
+    if (cos is None) == (grid is None):
+        raise ValueError("pass either cos and sin, or grid and freqs (exactly one pair)")
+    acc = _acc(q)
+    if cos is None:
+        cos, sin = ltx_cos_sin(grid, freqs, q.shape[-1], acc)
+    return cos.to(acc), sin.to(acc)
+
+
+def rope_3d(q: Tensor, k: Tensor, cos: Tensor | None = None, sin: Tensor | None = None,
+            grid: Tensor | None = None, freqs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    cos, sin = _ltx_tables(q, cos, sin, grid, freqs)
+    return tuple(_rotate_interleaved(t.to(cos.dtype), cos, sin).to(t.dtype) for t in (q, k))
+
+
+def qk_rms_norm_rope(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float = 1e-5, cos: Tensor | None = None,
+                     sin: Tensor | None = None, grid: Tensor | None = None,
+                     freqs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    cos, sin = _ltx_tables(q, cos, sin, grid, freqs)
+    acc = cos.dtype
+    return tuple(_rotate_interleaved(_rms(t.to(acc), eps) * w.to(acc), cos, sin).to(t.dtype)
+                 for t, w in ((q, wq), (k, wk)))
+
+
+def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor,
+            interleaved: bool = False) -> tuple[Tensor, Tensor]:
+    """q (B, Hq, S, hd), k (B, Hk, S, hd); cos/sin tables (P, rot/2) gathered at positions (B|1, S)."""
+    acc = _acc(q)
+    c, s = cos.to(acc)[positions].unsqueeze(1), sin.to(acc)[positions].unsqueeze(1)  # (B|1, 1, S, rot/2)
+    half = cos.shape[-1]
+
+    def apply(x: Tensor) -> Tensor:
+        xf, rest = x.to(acc)[..., : 2 * half], x.to(acc)[..., 2 * half:]
+        if interleaved:
+            even, odd = xf[..., 0::2], xf[..., 1::2]
+            rotated = torch.stack([even * c - odd * s, odd * c + even * s], dim=-1).flatten(-2)
+        else:
+            x1, x2 = xf[..., :half], xf[..., half:]
+            rotated = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
+        return torch.cat([rotated, rest], dim=-1).to(x.dtype).contiguous()
+
+    return apply(q), apply(k)
+
+
+# ---- activations --------------------------------------------------------------------------------------
+
+def gelu_tanh(x: Tensor) -> Tensor:
+    return F.gelu(x.to(_acc(x)), approximate="tanh").to(x.dtype)
+
+
+def _halves(x: Tensor, gate_half: int) -> tuple[Tensor, Tensor]:
+    first, second = x.to(_acc(x)).chunk(2, dim=-1)
+    return (second, first) if gate_half == 0 else (first, second)  # (value, gate)
+
+
+def geglu(x: Tensor, gate_half: int = 1, approximate: bool = False) -> Tensor:
+    value, gate = _halves(x, gate_half)
+    return (value * F.gelu(gate, approximate="tanh" if approximate else "none")).to(x.dtype)
+
+
+def swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
+    value, gate = _halves(x, gate_half)
+    return (value * F.silu(gate)).to(x.dtype)

@@ -32,6 +32,8 @@ SEED_SHAPES = {"seed-1x1024x2048": (1, 1024, 2048), "seed-2x1024x2048": (2, 1024
                "seed-4x4096x3072": (4, 4096, 3072)}
 LTX_SHAPES = {"ltx2b-49f-cfg": (2, 2688, 2048), "ltx2b-161f-cfg": (2, 8064, 2048),
               "ltx13b-161f-cfg": (2, 8064, 4096)}
+LTX_FFN_SHAPES = {"ltx2b-49f-ffn": (2, 2688, 8192), "ltx2b-161f-ffn": (2, 8064, 8192)}
+LLM_MLP_SHAPES = {"llama3-8b-mlp-4096tok": (1, 4096, 14336), "llama3-8b-mlp-decode": (1, 1, 14336)}
 LLM_SHAPES = {"llama3-8b-decode": (1, 1, 4096), "llama3-8b-prefill": (1, 4096, 4096),
               "norm-32768x2048": (1, 32768, 2048), "norm-8192x4096": (1, 8192, 4096)}
 
@@ -100,12 +102,81 @@ def inputs_add_rms_mod(shape, dtype, device, gen, variant):
             "scale": scale, "shift": shift, "eps": 1e-6}
 
 
-def io_bytes(inputs: dict, outputs_like_first: int) -> int:
-    """Minimum traffic: every tensor input read once (at its real, un-broadcast size) + outputs written."""
-    tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor)]
-    first = tensors[0]
-    read = sum(t.numel() * t.element_size() for t in tensors)
-    return read + outputs_like_first * first.numel() * first.element_size()
+# Even widths for the pair-wise ops, covering D % 6 = 0, 2, 4 (LTX RoPE padding) and the pair path.
+ROPE_TEST_SHAPES = ((1, 1, 8), (2, 3, 84), (2, 5, 86), (1, 7, 88), (3, 5, 770), (2, 33, 2048), (1, 4, 4096))
+
+
+def _ltx_grid(b, s, device, gen):
+    """A fractional (t, h, w) grid like the pipeline's (frame index * 8/20 ..., pixel / 2048)."""
+    t = torch.randint(0, 21, (b, s, 1), generator=gen) * 0.4
+    hw = torch.randint(0, 64, (b, s, 2), generator=gen) * (32 / 2048)
+    return torch.cat([t, hw], dim=-1).to(device=device, dtype=torch.float32)
+
+
+def _ltx_rope_source(b, s, d, device, gen, variant):
+    from ltxbench.ops.reference import ltx_cos_sin, ltx_rope_freqs
+
+    grid, freqs = _ltx_grid(b, s, device, gen), ltx_rope_freqs(d, device=device)
+    if variant == "coords":
+        return {"cos": None, "sin": None, "grid": grid, "freqs": freqs}
+    cos, sin = ltx_cos_sin(grid, freqs, d)
+    return {"cos": cos, "sin": sin, "grid": None, "freqs": None}
+
+
+def inputs_rope_3d(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    return {"q": _randn(shape, dtype, device, gen), "k": _randn(shape, dtype, device, gen),
+            **_ltx_rope_source(b, s, d, device, gen, variant)}
+
+
+def inputs_qk_norm_rope(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    return {"q": _randn(shape, dtype, device, gen), "k": _randn(shape, dtype, device, gen),
+            "wq": _weight(d, dtype, device, gen), "wk": _weight(d, dtype, device, gen), "eps": 1e-5,
+            **_ltx_rope_source(b, s, d, device, gen, variant)}
+
+
+def inputs_rope_1d(shape, dtype, device, gen, variant):
+    """(B, S, hidden) → q (B, Hq, S, hd) and GQA k (B, Hq/4, S, hd) as transposed views, like transformers;
+    positions offset by 7 as in decode with a KV cache; variant partial-rot rotates half the head dim."""
+    b, s, d = shape
+    hd = 128 if d % 128 == 0 else (64 if d % 64 == 0 else d)
+    hq = d // hd
+    hk = max(1, hq // 4)
+    rot = hd // 2 if variant == "partial-rot" else hd
+    rot -= rot % 2
+    offset = 7
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    angles = torch.arange(s + offset, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    return {"q": _randn((b, s, hq, hd), dtype, device, gen).transpose(1, 2),
+            "k": _randn((b, s, hk, hd), dtype, device, gen).transpose(1, 2),
+            "cos": angles.cos().to(device), "sin": angles.sin().to(device),
+            "positions": (torch.arange(s) + offset).expand(b, s).to(device),
+            "interleaved": variant == "interleaved"}
+
+
+def inputs_gelu(shape, dtype, device, gen, variant):
+    return {"x": 2 * _randn(shape, dtype, device, gen)}
+
+
+def inputs_geglu(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    return {"x": 2 * _randn((b, s, 2 * d), dtype, device, gen), "gate_half": 0 if variant == "gate-first" else 1,
+            "approximate": variant == "tanh"}
+
+
+def inputs_swiglu(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    return {"x": 2 * _randn((b, s, 2 * d), dtype, device, gen), "gate_half": 1 if variant == "gate-second" else 0}
+
+
+def io_bytes(inputs: dict, written: int) -> int:
+    """Minimum traffic: every tensor input read once (at its real, un-broadcast size) + `written` bytes."""
+    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor)) + written
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 @dataclass(frozen=True)
@@ -122,6 +193,8 @@ class KernelSpec:
     bench_shapes: dict = field(default_factory=dict)
     inject_targets: tuple[str, ...] = ()
     dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    # bytes the outputs occupy; default: n_outputs tensors the size of the first input
+    written: Callable | None = None
 
     @property
     def fn(self) -> Callable:
@@ -139,7 +212,10 @@ class KernelSpec:
         return TOLERANCES[self.kind][dtype]
 
     def bytes_moved(self, inputs: dict) -> int:
-        return io_bytes(inputs, self.n_outputs)
+        if self.written is not None:
+            return io_bytes(inputs, self.written(inputs))
+        first = next(v for v in inputs.values() if isinstance(v, torch.Tensor))
+        return io_bytes(inputs, self.n_outputs * _nbytes(first))
 
 
 def _drop(*names):
@@ -199,6 +275,54 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("add_adaln_rmsnorm",),
         bench_shapes={**SEED_SHAPES, **LTX_SHAPES},
         inject_targets=("LTXVideoTransformerBlock attn2 residual + norm2", "ff residual + next norm1"),
+    ),
+    KernelSpec(
+        name="rope_3d", summary="LTX 3-D RoPE of q, k over the inner dim (cos/sin tables or grid + freqs)",
+        make_inputs=inputs_rope_3d, variants=("tables", "coords"), n_outputs=2,
+        baselines={"eager": eager.ltx_rope_3d}, kind="elementwise",
+        aliases=("rope3d", "ltx_rope"), test_shapes=ROPE_TEST_SHAPES,
+        bench_shapes={**LTX_SHAPES},
+        inject_targets=("LTXAttention apply_rotary_emb (q, k)",),
+    ),
+    KernelSpec(
+        name="qk_rms_norm_rope", summary="rope_3d(rms_norm(q) * wq, rms_norm(k) * wk)",
+        make_inputs=inputs_qk_norm_rope, variants=("tables", "coords"), n_outputs=2,
+        baselines={"eager": eager.ltx_qk_rms_norm_rope},
+        aliases=("qk_norm_rope", "ltx_qk_norm_rope"), test_shapes=ROPE_TEST_SHAPES,
+        bench_shapes={**LTX_SHAPES},
+        inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb",),
+    ),
+    KernelSpec(
+        name="rope_1d", summary="LLM RoPE of q, k (neox or interleaved) from cos/sin tables at positions",
+        make_inputs=inputs_rope_1d, variants=("neox", "interleaved", "partial-rot"), n_outputs=2,
+        baselines={"eager": eager.hf_rope_1d}, kind="elementwise",
+        aliases=("rope", "rope1d", "rotary"), test_shapes=ROPE_TEST_SHAPES,
+        bench_shapes={"llama3-8b-prefill": (1, 4096, 4096), "llama3-8b-decode": (1, 1, 4096)},
+        inject_targets=("LlamaAttention apply_rotary_pos_emb",),
+        written=lambda inp: _nbytes(inp["q"]) + _nbytes(inp["k"]),
+    ),
+    KernelSpec(
+        name="gelu_tanh", summary="0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))",
+        make_inputs=inputs_gelu, variants=("plain",), n_outputs=1,
+        baselines={"eager": eager.diffusers_gelu_tanh}, kind="elementwise",
+        aliases=("gelu", "gelu_approx"), bench_shapes={**LTX_FFN_SHAPES},
+        inject_targets=("LTX FeedForward GELU(tanh)",),
+    ),
+    KernelSpec(
+        name="geglu", summary="value * gelu(gate), [value | gate] halves (gate_half selects)",
+        make_inputs=inputs_geglu, variants=("diffusers", "tanh", "gate-first"), n_outputs=1,
+        baselines={"eager": eager.diffusers_geglu}, kind="elementwise",
+        aliases=("gelu_and_mul",), bench_shapes={**LTX_FFN_SHAPES},
+        inject_targets=("diffusers GEGLU (SD 1.x/2.x/SDXL)",),
+        written=lambda inp: _nbytes(inp["x"]) // 2,
+    ),
+    KernelSpec(
+        name="swiglu", summary="value * silu(gate), [gate | up] halves (gate_half selects)",
+        make_inputs=inputs_swiglu, variants=("gate-first", "gate-second"), n_outputs=1,
+        baselines={"eager": eager.llama_swiglu}, kind="elementwise",
+        aliases=("silu_and_mul", "swiglu_fused"), bench_shapes={**LLM_MLP_SHAPES},
+        inject_targets=("LlamaMLP act(gate) * up",),
+        written=lambda inp: _nbytes(inp["x"]) // 2,
     ),
 )}
 

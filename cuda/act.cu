@@ -1,0 +1,89 @@
+// Activations of the feed-forward blocks: GELU (exact or tanh) and SiLU, plain or gated (GEGLU, SwiGLU).
+// Elementwise over (rows, H) outputs; the gated forms read the value and the gate halves of 2H-wide rows.
+#include "common/dtype.cuh"
+#include "common/params.h"
+
+namespace ltxbench {
+namespace {
+
+enum Act : int { kGeluErf = 0, kGeluTanh = 1, kSilu = 2 };
+
+// fp32 math with the accurate libm functions, as PyTorch computes these in fp32 "opmath".
+__device__ __forceinline__ float activate(float g, int act) {
+  if (act == kGeluErf) return 0.5f * g * (1.f + erff(g * 0.70710678118654752f));
+  if (act == kGeluTanh) {
+    const float inner = 0.79788456080286536f * (g + 0.044715f * g * g * g);  // sqrt(2/pi)
+    return 0.5f * g * (1.f + tanhf(inner));
+  }
+  return g / (1.f + expf(-g));
+}
+
+template <typename T, int VEC>
+__global__ void act_kernel(ActParams p) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    const int64_t chunks = p.H / VEC;
+    const int64_t total = p.rows * chunks;
+    const T* x = static_cast<const T*>(p.x);
+    T* out = static_cast<T*>(p.out);
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t row = i / chunks, col = (i - row * chunks) * VEC;
+      const T* xr = x + row * p.row_stride;
+      float y[VEC];
+      if (p.gated) {
+        float v[VEC], g[VEC];
+        const int64_t value_off = p.gate_half == 0 ? p.H : 0;
+        const int64_t gate_off = p.gate_half == 0 ? 0 : p.H;
+        const Vec<T, VEC> rv = load_raw<T, VEC>(xr + value_off + col);  // both loads issued first
+        const Vec<T, VEC> rg = load_raw<T, VEC>(xr + gate_off + col);
+        to_floats<T, VEC>(rv, v);
+        to_floats<T, VEC>(rg, g);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) y[k] = v[k] * activate(g[k], p.act);
+      } else {
+        load_vec<T, VEC>(xr + col, y);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) y[k] = activate(y[k], p.act);
+      }
+      store_vec<T, VEC>(out + row * p.H + col, y);
+    }
+  }
+}
+
+template <typename T> bool vectorizable(const ActParams& p) {
+  constexpr int V = vec_width<T>();
+  return p.H % V == 0 && p.row_stride % V == 0 && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
+}
+
+template <typename T, int VEC> cudaError_t launch_with(const ActParams& p, cudaStream_t stream) {
+  constexpr int threads = 256;
+  const int64_t total = p.rows * (p.H / VEC);
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int64_t wanted = (total + threads - 1) / threads;
+  const int64_t cap = static_cast<int64_t>(sms) * 16;  // grid-stride beyond ~16 resident blocks per SM
+  act_kernel<T, VEC><<<static_cast<unsigned>(wanted < cap ? wanted : cap), threads, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T> cudaError_t launch_typed(const ActParams& p, cudaStream_t stream) {
+  return vectorizable<T>(p) ? launch_with<T, vec_width<T>()>(p, stream) : launch_with<T, 1>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_act(const ActParams& p, DType dtype, cudaStream_t stream) {
+  if (p.rows == 0 || p.H == 0) return cudaSuccess;
+  switch (dtype) {
+    case DType::F32: return launch_typed<float>(p, stream);
+    case DType::F16: return launch_typed<__half>(p, stream);
+    case DType::BF16: return launch_typed<__nv_bfloat16>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace ltxbench

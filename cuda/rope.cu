@@ -1,0 +1,279 @@
+// Rotary position embeddings: LTX-Video's 3-D RoPE over the inner dim (optionally fused with the q/k
+// RMSNorm that precedes it) and the 1-D RoPE of LLMs (neox or interleaved pairs, tables + positions).
+// All rotation math in fp32; angles from coordinates use the accurate sincosf, as torch's cos/sin do.
+#include "common/dtype.cuh"
+#include "common/params.h"
+#include "common/reduce.cuh"
+
+namespace ltxbench {
+namespace {
+
+constexpr int kBlockThreads = 256;
+constexpr int kMaxRowThreads = 512;
+
+template <typename T> __device__ __forceinline__ const T* at_row(const Rows3& r, int64_t b, int64_t s) {
+  return static_cast<const T*>(r.ptr) + b * r.sb + s * r.ss;
+}
+
+// cos/sin of channels [col, col + VEC) of token (b, s): from the precomputed tables, or from the grid.
+template <int VEC, bool FROM_GRID>
+__device__ __forceinline__ void ltx_angles(const Rope3dParams& p, int64_t b, int64_t s, int64_t col,
+                                           float (&c)[VEC], float (&sn)[VEC]) {
+  if constexpr (FROM_GRID) {
+    const float* g = at_row<float>(p.grid, b, s);
+    const float g3[3] = {g[0], g[1], g[2]};
+#pragma unroll
+    for (int m = 0; m < VEC; m += 2) {
+      const int64_t ch = col + m;
+      float cv = 1.f, sv = 0.f;  // the D % 6 leading channels are padding: cos 1, sin 0
+      if (ch >= p.pad) {
+        const int64_t pair = (ch - p.pad) >> 1;
+        const int64_t f = pair / 3;
+        const float t = g3[pair - 3 * f] * 2.f - 1.f;  // same two roundings as diffusers: grid*2-1, freqs*t
+        sincosf(__fmul_rn(p.freqs[f], t), &sv, &cv);
+      }
+      c[m] = c[m + 1] = cv;
+      sn[m] = sn[m + 1] = sv;
+    }
+  } else {
+    load_f32<VEC>(at_row<float>(p.cos, b, s) + col, c);
+    load_f32<VEC>(at_row<float>(p.sin, b, s) + col, sn);
+  }
+}
+
+// Interleaved pairs, each channel with its own cos/sin (diffusers' apply_rotary_emb):
+// out[2i] = x[2i] c[2i] - x[2i+1] s[2i];  out[2i+1] = x[2i+1] c[2i+1] + x[2i] s[2i+1].
+template <int VEC>
+__device__ __forceinline__ void rotate_interleaved(float (&x)[VEC], const float (&c)[VEC], const float (&sn)[VEC]) {
+#pragma unroll
+  for (int m = 0; m < VEC; m += 2) {
+    const float x0 = x[m], x1 = x[m + 1];
+    x[m] = x0 * c[m] - x1 * sn[m];
+    x[m + 1] = x1 * c[m + 1] + x0 * sn[m + 1];
+  }
+}
+
+// Plain 3-D RoPE: one thread per (token, VEC channels) of both q and k, angles computed once for both.
+template <typename T, int VEC, bool FROM_GRID>
+__global__ void rope3d_kernel(Rope3dParams p) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    const int64_t chunks = p.D / VEC, total = p.B * p.S * chunks;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t token = i / chunks, col = (i - token * chunks) * VEC;
+      const int64_t b = token / p.S, s = token - b * p.S;
+      const Vec<T, VEC> rq = load_raw<T, VEC>(at_row<T>(p.q, b, s) + col);
+      const Vec<T, VEC> rk = load_raw<T, VEC>(at_row<T>(p.k, b, s) + col);
+      float c[VEC], sn[VEC], q[VEC], k[VEC];
+      ltx_angles<VEC, FROM_GRID>(p, b, s, col, c, sn);
+      to_floats<T, VEC>(rq, q);
+      to_floats<T, VEC>(rk, k);
+      rotate_interleaved<VEC>(q, c, sn);
+      rotate_interleaved<VEC>(k, c, sn);
+      store_vec<T, VEC>(static_cast<T*>(p.q_out) + token * p.D + col, q);
+      store_vec<T, VEC>(static_cast<T*>(p.k_out) + token * p.D + col, k);
+    }
+  }
+}
+
+// RMSNorm of q and k over D (weights wq, wk), then the 3-D RoPE: one read and one write of each.
+// Rows are cached in registers (MAXV vectors per thread), q and k reduced together.
+template <typename T, int VEC, int MAXV, bool FROM_GRID>
+__global__ void __launch_bounds__(kMaxRowThreads) qk_norm_rope_kernel(Rope3dParams p, int tpr) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    __shared__ float smem[(kBlockThreads / 64) * 32 * 2];
+    const int64_t rows = p.B * p.S;
+    const int64_t token = static_cast<int64_t>(blockIdx.x) * (blockDim.x / tpr) + threadIdx.x / tpr;
+    const int lane = threadIdx.x % tpr;
+    const bool active = token < rows;
+    const int64_t b = active ? token / p.S : 0, s = active ? token - b * p.S : 0;
+    const int64_t nvec = p.D / VEC;
+    const T* qrow = at_row<T>(p.q, b, s);
+    const T* krow = at_row<T>(p.k, b, s);
+
+    bool valid[MAXV];
+    Vec<T, VEC> rq[MAXV], rk[MAXV];
+#pragma unroll
+    for (int i = 0; i < MAXV; ++i) {
+      const int64_t j = lane + static_cast<int64_t>(i) * tpr;
+      valid[i] = active && j < nvec;
+      if (valid[i]) {
+        rq[i] = load_raw<T, VEC>(qrow + j * VEC);
+        rk[i] = load_raw<T, VEC>(krow + j * VEC);
+      }
+    }
+    float q[MAXV][VEC], k[MAXV][VEC];
+    float sums[2] = {0.f, 0.f};
+#pragma unroll
+    for (int i = 0; i < MAXV; ++i) {
+      if (!valid[i]) continue;
+      to_floats<T, VEC>(rq[i], q[i]);
+      to_floats<T, VEC>(rk[i], k[i]);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) sums[0] += q[i][e] * q[i][e], sums[1] += k[i][e] * k[i][e];
+    }
+    row_group_sum<2>(sums, tpr, smem);
+    const float D = static_cast<float>(p.D);
+    const float rq_std = 1.f / sqrtf(sums[0] / D + p.eps), rk_std = 1.f / sqrtf(sums[1] / D + p.eps);
+#pragma unroll
+    for (int i = 0; i < MAXV; ++i) {
+      if (!valid[i]) continue;
+      const int64_t col = (lane + static_cast<int64_t>(i) * tpr) * VEC;
+      float wq[VEC], wk[VEC], c[VEC], sn[VEC];
+      load_vec<T, VEC>(static_cast<const T*>(p.wq) + col, wq);
+      load_vec<T, VEC>(static_cast<const T*>(p.wk) + col, wk);
+      ltx_angles<VEC, FROM_GRID>(p, b, s, col, c, sn);
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) q[i][e] *= rq_std * wq[e], k[i][e] *= rk_std * wk[e];
+      rotate_interleaved<VEC>(q[i], c, sn);
+      rotate_interleaved<VEC>(k[i], c, sn);
+      store_vec<T, VEC>(static_cast<T*>(p.q_out) + token * p.D + col, q[i]);
+      store_vec<T, VEC>(static_cast<T*>(p.k_out) + token * p.D + col, k[i]);
+    }
+  }
+}
+
+// 1-D RoPE: one thread per (row of one head, VEC output channels); a chunk lies in one region
+// (first half, second half, pass-through) because VEC divides `half` on the paths that use it.
+template <typename T, int VEC, bool INTERLEAVED>
+__global__ void rope1d_kernel(Rope1dParams p) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    const int64_t chunks = p.hd / VEC;
+    const int64_t q_rows = p.B * p.Hq * p.S, total = (q_rows + p.B * p.Hk * p.S) * chunks;
+    const int64_t rot = 2 * p.half;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      int64_t row = i / chunks;
+      const int64_t col = (i - row * chunks) * VEC;
+      const bool is_q = row < q_rows;
+      if (!is_q) row -= q_rows;
+      const int64_t H = is_q ? p.Hq : p.Hk;
+      const int64_t s = row % p.S, bh = row / p.S, h = bh % H, b = bh / H;
+      const T* x = is_q ? static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + s * p.q_ss
+                        : static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh + s * p.k_ss;
+      T* out = static_cast<T*>(is_q ? p.q_out : p.k_out) + row * p.hd + col;
+      float y[VEC];
+      load_vec<T, VEC>(x + col, y);
+      if (col < rot) {
+        const int64_t pos = p.pos[b * p.pos_sb + s * p.pos_ss];
+        if (pos < 0 || pos >= p.table_rows) {  // out-of-range position: poison the output, never read OOB
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) y[e] = __int_as_float(0x7fc00000);
+        } else if constexpr (INTERLEAVED) {
+          const float* cr = p.cos + pos * p.table_stride + col / 2;
+          const float* sr = p.sin + pos * p.table_stride + col / 2;
+#pragma unroll
+          for (int m = 0; m < VEC; m += 2) {
+            const float c = cr[m / 2], sv = sr[m / 2], x0 = y[m], x1 = y[m + 1];
+            y[m] = x0 * c - x1 * sv;
+            y[m + 1] = x1 * c + x0 * sv;
+          }
+        } else {
+          const bool first = col < p.half;
+          const int64_t f = first ? col : col - p.half;
+          float partner[VEC], c[VEC], sv[VEC];
+          load_vec<T, VEC>(x + (first ? col + p.half : col - p.half), partner);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) c[e] = p.cos[pos * p.table_stride + f + e];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) sv[e] = p.sin[pos * p.table_stride + f + e];
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) y[e] = first ? y[e] * c[e] - partner[e] * sv[e] : y[e] * c[e] + partner[e] * sv[e];
+        }
+      }
+      store_vec<T, VEC>(out, y);
+    }
+  }
+}
+
+bool aligned16(const void* ptr) { return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+bool rows_aligned(const Rows3& r, int v) { return aligned16(r.ptr) && r.sb % v == 0 && r.ss % v == 0; }
+
+int grid_for(int64_t total) {
+  int device = 0, sms = 0;
+  cudaGetDevice(&device);
+  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  const int64_t wanted = (total + kBlockThreads - 1) / kBlockThreads, cap = static_cast<int64_t>(sms) * 16;
+  return static_cast<int>(wanted < cap ? wanted : cap);
+}
+
+int next_pow2(int64_t v) {
+  int p = 1;
+  while (p < v) p <<= 1;
+  return p;
+}
+
+template <typename T, int VEC, int MAXV, bool FROM_GRID>
+cudaError_t launch_3d_with(const Rope3dParams& p, cudaStream_t stream) {
+  if (!p.norm) {
+    rope3d_kernel<T, VEC, FROM_GRID><<<grid_for(p.B * p.S * (p.D / VEC)), kBlockThreads, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+  const int64_t per_row = (p.D / VEC + MAXV - 1) / MAXV;
+  if (per_row > kMaxRowThreads) return cudaErrorInvalidValue;  // the binding rejects such D first
+  const int tpr = per_row <= 32 ? next_pow2(per_row) : static_cast<int>((per_row + 31) / 32 * 32);
+  const int rows_per_block = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
+  const int64_t blocks = (p.B * p.S + rows_per_block - 1) / rows_per_block;
+  qk_norm_rope_kernel<T, VEC, MAXV, FROM_GRID>
+      <<<static_cast<unsigned>(blocks), rows_per_block * tpr, 0, stream>>>(p, tpr);
+  return cudaGetLastError();
+}
+
+template <typename T, bool FROM_GRID> cudaError_t launch_3d_typed(const Rope3dParams& p, cudaStream_t stream) {
+  constexpr int V = vec_width<T>();
+  const bool vec = p.D % V == 0 && rows_aligned(p.q, V) && rows_aligned(p.k, V) && aligned16(p.q_out) &&
+                   aligned16(p.k_out) && aligned16(p.wq) && aligned16(p.wk) &&
+                   (FROM_GRID || (rows_aligned(p.cos, 4) && rows_aligned(p.sin, 4)));
+  // Rows too wide for the vectorized register cache (fp32 beyond 4096) take the pair path (up to 8192).
+  if (vec && (!p.norm || p.D / V <= 2 * kMaxRowThreads)) return launch_3d_with<T, V, 2, FROM_GRID>(p, stream);
+  return launch_3d_with<T, 2, 8, FROM_GRID>(p, stream);  // one interleaved pair per vector
+}
+
+template <typename T> cudaError_t launch_3d(const Rope3dParams& p, cudaStream_t stream) {
+  return p.grid.ptr ? launch_3d_typed<T, true>(p, stream) : launch_3d_typed<T, false>(p, stream);
+}
+
+template <typename T, int VEC, bool INTERLEAVED> cudaError_t launch_1d_with(const Rope1dParams& p, cudaStream_t s) {
+  const int64_t total = (p.B * p.Hq * p.S + p.B * p.Hk * p.S) * (p.hd / VEC);
+  rope1d_kernel<T, VEC, INTERLEAVED><<<grid_for(total), kBlockThreads, 0, s>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T> cudaError_t launch_1d(const Rope1dParams& p, cudaStream_t stream) {
+  constexpr int V = vec_width<T>();
+  const bool vec = p.half % V == 0 && p.hd % V == 0 && aligned16(p.q) && aligned16(p.k) && aligned16(p.q_out) &&
+                   aligned16(p.k_out) && p.q_sb % V == 0 && p.q_sh % V == 0 && p.q_ss % V == 0 &&
+                   p.k_sb % V == 0 && p.k_sh % V == 0 && p.k_ss % V == 0;
+  if (vec) return p.interleaved ? launch_1d_with<T, V, true>(p, stream) : launch_1d_with<T, V, false>(p, stream);
+  return p.interleaved ? launch_1d_with<T, 2, true>(p, stream) : launch_1d_with<T, 1, false>(p, stream);
+}
+
+}  // namespace
+
+cudaError_t launch_rope_3d(const Rope3dParams& p, DType dtype, cudaStream_t stream) {
+  if (p.B * p.S == 0 || p.D == 0) return cudaSuccess;
+  switch (dtype) {
+    case DType::F32: return launch_3d<float>(p, stream);
+    case DType::F16: return launch_3d<__half>(p, stream);
+    case DType::BF16: return launch_3d<__nv_bfloat16>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_rope_1d(const Rope1dParams& p, DType dtype, cudaStream_t stream) {
+  if (p.B * p.S == 0 || p.hd == 0 || p.Hq + p.Hk == 0) return cudaSuccess;
+  switch (dtype) {
+    case DType::F32: return launch_1d<float>(p, stream);
+    case DType::F16: return launch_1d<__half>(p, stream);
+    case DType::BF16: return launch_1d<__nv_bfloat16>(p, stream);
+  }
+  return cudaErrorInvalidValue;
+}
+
+}  // namespace ltxbench

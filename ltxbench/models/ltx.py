@@ -1,0 +1,299 @@
+"""LTX-Video pipelines: real weights (hub id or directory) or random weights built from configs/, and a timed run.
+
+Only the standard library at top level: `validate_video_args` must run before torch/diffusers are imported.
+Random weights are allocated directly on the target device in the target dtype (default dtype + device
+context), initialised by each class's own init from a fixed seed (T5's scaled normal init, nn.Linear/Conv's
+kaiming-uniform), which keeps activations finite in bf16. The tokenizer for random weights is transformers'
+file-less ByT5Tokenizer (bytes → ids < 384 < T5's vocab): the file-less T5Tokenizer() maps every word to <unk>.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from pathlib import Path
+
+from ltxbench.errors import EnvironmentProblem, UsageError
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+DEFAULT_HUB_ID = "Lightricks/LTX-Video"
+# preset -> (config dirs, later ones override per component; hub id for --weights pretrained)
+PRESETS = {
+    "ltx-2b": (("ltx-video-2b",), DEFAULT_HUB_ID),
+    "ltx-13b": (("ltx-video-2b", "ltx-video-13b"), "Lightricks/LTX-Video-0.9.7-dev"),
+    "ltx-tiny": (("ltx-tiny",), None),
+}
+COMPONENTS = ("transformer", "vae", "text_encoder", "scheduler")
+# Diffusers layout of a pipeline directory: component -> config file inside its subfolder.
+_DIFFUSERS_FILES = {"transformer": "config.json", "vae": "config.json", "text_encoder": "config.json",
+                    "scheduler": "scheduler_config.json"}
+TOKENIZER_MAX_LENGTH = 128
+# LTX 0.9.1+ VAEs are timestep-conditioned; these are the decode settings Lightricks recommends for them.
+DECODE_TIMESTEP, DECODE_NOISE_SCALE = 0.05, 0.025
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def validate_video_args(num_frames: int, height: int, width: int, steps: int) -> None:
+    """LTX needs frames = 8k+1, H and W multiples of 32, at least one step (UsageError naming the value)."""
+    if num_frames < 1 or (num_frames - 1) % 8:
+        lo = max(1, (num_frames - 1) // 8 * 8 + 1)
+        raise UsageError(f"--num-frames {num_frames} is not of the form 8k+1", hint=f"try {lo} or {lo + 8}")
+    for flag, value in (("--height", height), ("--width", width)):
+        if value < 32 or value % 32:
+            lo = max(32, value // 32 * 32)
+            raise UsageError(f"{flag} {value} is not a positive multiple of 32", hint=f"try {lo} or {lo + 32}")
+    if steps < 1:
+        raise UsageError(f"--steps {steps} must be at least 1")
+
+
+def torch_dtype(name: str):
+    import torch
+
+    if name not in DTYPES:
+        raise UsageError(f"--dtype {name!r} is not one of {', '.join(DTYPES)}")
+    return getattr(torch, DTYPES[name])
+
+
+def _looks_like_path(model: str) -> bool:
+    return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or "\\" in model
+
+
+def _offline_error(model: str, detail: str) -> EnvironmentProblem:
+    return EnvironmentProblem(f"weights for {model!r} are not available offline ({detail})",
+                              hint="use --weights random to benchmark with random weights built from configs/")
+
+
+def component_configs(model: str) -> dict[str, dict]:
+    """The four component configs of a preset, a local directory (configs/ or diffusers layout) or a hub id."""
+    if model == DEFAULT_HUB_ID:
+        model = "ltx-2b"
+    if model in PRESETS:
+        configs: dict[str, dict] = {}
+        for sub in PRESETS[model][0]:
+            for comp in COMPONENTS:
+                if (CONFIGS / sub / f"{comp}.json").is_file():
+                    configs[comp] = json.loads((CONFIGS / sub / f"{comp}.json").read_text())
+        return configs
+    root = Path(model).expanduser()
+    if root.is_dir():
+        configs = {}
+        for comp in COMPONENTS:
+            for candidate in (root / f"{comp}.json", root / comp / _DIFFUSERS_FILES[comp]):
+                if candidate.is_file():
+                    configs[comp] = json.loads(candidate.read_text())
+                    break
+            else:
+                raise UsageError(f"{model} has no config for {comp} ({comp}.json or {comp}/{_DIFFUSERS_FILES[comp]})")
+        return configs
+    if _looks_like_path(model):
+        raise _offline_error(model, "no such directory")
+    try:  # a hub id: only its (small) config files, from the local cache when offline
+        from huggingface_hub import hf_hub_download
+
+        return {c: json.loads(Path(hf_hub_download(model, f, subfolder=c)).read_text())
+                for c, f in _DIFFUSERS_FILES.items()}
+    except Exception as exc:  # noqa: BLE001 - any hub/network/cache failure means "not here"
+        raise _offline_error(model, f"its configs are not cached: {type(exc).__name__}") from exc
+
+
+@contextlib.contextmanager
+def _allocate(device, dtype):
+    """New tensors go straight to `device` in `dtype` (no fp32 CPU copy of a 7 B-parameter pipeline)."""
+    import torch
+
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
+def build_components(configs: dict[str, dict], device, dtype, seed: int = 0) -> dict:
+    """Transformer, VAE, T5 encoder (random, seeded, eval mode) and scheduler from their config dicts."""
+    import torch
+    from diffusers import AutoencoderKLLTXVideo, FlowMatchEulerDiscreteScheduler, LTXVideoTransformer3DModel
+    from transformers import T5Config, T5EncoderModel
+
+    device = torch.device(device)
+    built = {"scheduler": FlowMatchEulerDiscreteScheduler.from_config(configs["scheduler"])}
+    makers = {
+        "transformer": lambda: LTXVideoTransformer3DModel.from_config(configs["transformer"]),
+        "vae": lambda: AutoencoderKLLTXVideo.from_config(configs["vae"]),
+        "text_encoder": lambda: T5EncoderModel(T5Config.from_dict(configs["text_encoder"])),
+    }
+    forked = [torch.cuda.current_device() if device.index is None else device.index] if device.type == "cuda" else []
+    for offset, (name, make) in enumerate(makers.items()):
+        with torch.random.fork_rng(devices=forked):
+            torch.manual_seed(seed + offset)
+            with _allocate(device, dtype):
+                built[name] = make().eval().requires_grad_(False)
+    if dtype == torch.float16:  # as from_pretrained does: T5's FF output projection overflows in fp16
+        keep = getattr(built["text_encoder"], "_keep_in_fp32_modules", None) or ()
+        for name, module in built["text_encoder"].named_modules():
+            if any(k in name.split(".") for k in keep):
+                module.float()
+    return built
+
+
+def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
+    """LTXPipeline on `device` in `dtype`: `pretrained` loads weights; `random` builds from configs (seeded)."""
+
+    if isinstance(dtype, str):
+        dtype = torch_dtype(dtype)
+    if weights == "random":
+        from diffusers import LTXPipeline
+        from transformers import ByT5Tokenizer
+
+        parts = build_components(component_configs(model), device, dtype, seed)
+        tokenizer = ByT5Tokenizer(model_max_length=TOKENIZER_MAX_LENGTH)
+        return LTXPipeline(tokenizer=tokenizer, **parts)
+    if weights != "pretrained":
+        raise UsageError(f"--weights {weights!r} is not one of pretrained, random")
+    return _load_pretrained(model, dtype).to(device)
+
+
+def _load_pretrained(model: str, dtype):
+    from diffusers import LTXPipeline
+
+    if model in PRESETS:
+        if PRESETS[model][1] is None:
+            raise UsageError(f"--model {model} has no pretrained weights", hint="use --weights random")
+        model = PRESETS[model][1]
+    local = Path(model).expanduser()
+    if not local.is_dir() and _looks_like_path(model):
+        raise _offline_error(model, "no such directory")
+    try:
+        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+        hub_errors: tuple = (HfHubHTTPError, OfflineModeIsEnabled)
+    except ImportError:  # pragma: no cover - older huggingface_hub
+        hub_errors = ()
+    try:
+        return LTXPipeline.from_pretrained(str(local) if local.is_dir() else model, torch_dtype=dtype)
+    except (OSError, ConnectionError, *hub_errors) as exc:
+        raise _offline_error(model, str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__) from exc
+    except ValueError as exc:
+        if "valid repo id" not in str(exc):
+            raise
+        raise _offline_error(model, "neither a local directory nor a valid hub id") from exc
+
+
+def inject_kernels(pipe, provider: str) -> dict:
+    """HOOK for kernel injection: `ltxbench.inject.ltx.apply_kernels(pipe, provider)`, if that module exists.
+
+    Returns the injection report; {"applied": False, "reason": ...} when injection is not available.
+    """
+    try:
+        from ltxbench.inject.ltx import apply_kernels
+    except ImportError as exc:
+        return {"applied": False, "provider": provider, "reason": f"kernel injection is not available: {exc}"}
+    report = apply_kernels(pipe, provider)
+    report = dict(report) if isinstance(report, dict) else {"detail": report}
+    report.setdefault("applied", True)
+    report.setdefault("provider", provider)
+    return report
+
+
+class _Clock:
+    """CUDA events on CUDA (no sync per mark); perf_counter after a device sync elsewhere."""
+
+    def __init__(self, device):
+        import torch
+
+        self.torch, self.device = torch, torch.device(device)
+        self.cuda = self.device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        backend = getattr(self.torch, self.device.type, None)
+        if self.device.type != "cpu" and hasattr(backend, "synchronize"):
+            backend.synchronize()
+        return time.perf_counter()
+
+    def ms(self, start, end) -> float:
+        return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+
+    def finish(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+
+
+def _decode(pipe, latents, num_frames: int, height: int, width: int, generator):
+    """What LTXPipeline does after the loop for output_type != "latent", up to (not incl.) postprocessing."""
+    import torch
+    from diffusers.utils.torch_utils import randn_tensor
+
+    vae = pipe.vae
+    latents = pipe._unpack_latents(
+        latents, (num_frames - 1) // pipe.vae_temporal_compression_ratio + 1,
+        height // pipe.vae_spatial_compression_ratio, width // pipe.vae_spatial_compression_ratio,
+        pipe.transformer_spatial_patch_size, pipe.transformer_temporal_patch_size)
+    latents = pipe._denormalize_latents(latents, vae.latents_mean, vae.latents_std, vae.config.scaling_factor)
+    latents = latents.to(pipe.transformer.dtype)
+    timestep = None
+    if vae.config.timestep_conditioning:
+        noise = randn_tensor(latents.shape, generator=generator, device=latents.device, dtype=latents.dtype)
+        timestep = torch.full((latents.shape[0],), DECODE_TIMESTEP, device=latents.device, dtype=latents.dtype)
+        latents = (1 - DECODE_NOISE_SCALE) * latents + DECODE_NOISE_SCALE * noise
+    return vae.decode(latents.to(vae.dtype), timestep, return_dict=False)[0]
+
+
+def run_generate(pipe, prompt: str, negative_prompt: str | None, num_frames: int, height: int, width: int,
+                 steps: int, guidance_scale: float, seed: int, progress: bool = True, frame_rate: float = 25):
+    """Generate one video; return (frames: list of HxWx3 float arrays in [0,1], timings dict).
+
+    Phases, back to back and never overlapping: text encode (prompt [+ negative] through T5), denoising
+    (step i ends at the pipeline's step-end callback; step 0 also holds latent/timestep set-up and, with
+    --compile, compilation), VAE decode (unpack, denormalise, decode). Postprocessing is outside all of them.
+    """
+    import torch
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    pipe.set_progress_bar_config(disable=True)
+    device = pipe._execution_device
+    clock = _Clock(device)
+    if clock.cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    generator = torch.Generator("cpu").manual_seed(seed)
+    marks: list = []
+    bar = Progress(TextColumn("denoising"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True, disable=not progress)
+
+    def on_step_end(_pipe, _i, _t, _kwargs):
+        marks.append(clock.mark())
+        bar.advance(task)
+        return {}
+
+    with torch.no_grad(), bar:
+        task = bar.add_task("denoising", total=steps)
+        start = clock.mark()
+        embeds = pipe.encode_prompt(prompt=prompt, negative_prompt=negative_prompt,
+                                    do_classifier_free_guidance=guidance_scale > 1.0,
+                                    max_sequence_length=TOKENIZER_MAX_LENGTH, device=device)
+        encoded = clock.mark()
+        latents = pipe(prompt_embeds=embeds[0], prompt_attention_mask=embeds[1], negative_prompt_embeds=embeds[2],
+                       negative_prompt_attention_mask=embeds[3], num_frames=num_frames, height=height, width=width,
+                       frame_rate=frame_rate, num_inference_steps=steps, guidance_scale=guidance_scale,
+                       generator=generator, output_type="latent", return_dict=False,
+                       callback_on_step_end=on_step_end)[0]
+        decode_start = clock.mark()
+        video = _decode(pipe, latents, num_frames, height, width, generator)
+        end = clock.mark()
+    clock.finish()
+    bounds = [encoded, *marks]
+    timings = {
+        "text_encode_ms": clock.ms(start, encoded),
+        "step_ms": [clock.ms(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)],
+        "vae_decode_ms": clock.ms(decode_start, end),
+        "total_ms": clock.ms(start, end),
+        "peak_memory_bytes": torch.cuda.max_memory_allocated(device) if clock.cuda else None,
+    }
+    frames = pipe.video_processor.postprocess_video(video.float(), output_type="np")[0]
+    return list(frames), timings
