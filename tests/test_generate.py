@@ -1,4 +1,4 @@
-"""`ltxbench generate` and ltxbench.models.ltx on the CPU: validation, offline errors, configs, a tiny end-to-end run."""
+"""`ltxbench generate` and ltxbench.models.ltx on the CPU: validation, offline errors, configs, a tiny e2e run."""
 
 from __future__ import annotations
 
