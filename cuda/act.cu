@@ -61,12 +61,8 @@ template <typename T> bool vectorizable(const ActParams& p) {
 template <typename T, int VEC> cudaError_t launch_with(const ActParams& p, cudaStream_t stream) {
   constexpr int threads = 256;
   const int64_t total = p.rows * (p.H / VEC);
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const int64_t wanted = (total + threads - 1) / threads;
-  const int64_t cap = static_cast<int64_t>(sms) * 16;  // grid-stride beyond ~16 resident blocks per SM
-  act_kernel<T, VEC><<<static_cast<unsigned>(wanted < cap ? wanted : cap), threads, 0, stream>>>(p);
+  // One vector per thread: the loads of all resident blocks are in flight while others compute.
+  act_kernel<T, VEC><<<static_cast<unsigned>((total + threads - 1) / threads), threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -12,14 +12,25 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ltxbench.errors import UsageError
-from ltxbench.ops.registry import DTYPES, LLM_SHAPES, LTX_SHAPES, SEED_SHAPES, SPECS, KernelSpec, get_spec
+from ltxbench.ops.registry import (
+    DTYPES,
+    LLM_MLP_SHAPES,
+    LLM_SHAPES,
+    LTX_FFN_SHAPES,
+    LTX_SHAPES,
+    SEED_SHAPES,
+    SPECS,
+    KernelSpec,
+    get_spec,
+)
 from ltxbench.results.schema import STATS_KEYS, make_record
 
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 TIMERS = ("do_bench", "cudagraph")
 # Odd widths (not a multiple of any vector width) to show the scalar path; not part of `all`.
 ODD_SHAPES = {"odd-2x1024x5125": (2, 1024, 5125), "odd-4x997x769": (4, 997, 769)}
-SHAPE_GROUPS = {"seed": SEED_SHAPES, "ltx": LTX_SHAPES, "llm": LLM_SHAPES, "odd": ODD_SHAPES, "all": None}
+SHAPE_GROUPS = {"seed": SEED_SHAPES, "ltx": {**LTX_SHAPES, **LTX_FFN_SHAPES}, "llm": {**LLM_SHAPES, **LLM_MLP_SHAPES},
+                "odd": ODD_SHAPES, "all": None}
 NA_STATS = {k: (0 if k == "n" else math.nan) for k in STATS_KEYS}
 
 
