@@ -25,11 +25,15 @@ __global__ void act_kernel(ActParams p) {
   } else {
     const int64_t chunks = p.H / VEC;
     const int64_t total = p.rows * chunks;
+    const bool small = total < (int64_t{1} << 32);
     const T* x = static_cast<const T*>(p.x);
     T* out = static_cast<T*>(p.out);
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t row = i / chunks, col = (i - row * chunks) * VEC;
+      // 32-bit division where it fits: 64-bit division costs ~70 instructions, and GELU is near
+      // the instruction limit on H100 (measured 87% vs torch's 98% of the copy peak with it).
+      const int64_t row = small ? static_cast<uint32_t>(i) / static_cast<uint32_t>(chunks) : i / chunks;
+      const int64_t col = (i - row * chunks) * VEC;
       const T* xr = x + row * p.row_stride;
       float y[VEC];
       if (p.gated) {

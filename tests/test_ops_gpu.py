@@ -68,8 +68,9 @@ def _restride(t, how):
         big = torch.empty(*t.shape[:-1], t.shape[-1] + 24, dtype=t.dtype, device=t.device)
         big[..., : t.shape[-1]] = t
         return big[..., : t.shape[-1]]
-    if how == "transposed":  # (B, S, D) view of an (S, B, D) buffer
-        return t.transpose(0, 1).contiguous().transpose(0, 1)
+    if how == "transposed":  # (B, S, D) view of an (S, B, D) buffer; (B, H, S, hd) of (S, H, B, hd)
+        dims = (0, 2) if t.dim() == 4 else (0, 1)
+        return t.transpose(*dims).contiguous().transpose(*dims)
     if how == "last-dim-strided":  # last dim not contiguous: the op must copy explicitly, not misread
         big = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype, device=t.device)
         big[..., ::2] = t

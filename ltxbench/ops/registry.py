@@ -142,7 +142,7 @@ def inputs_rope_1d(shape, dtype, device, gen, variant):
     b, s, d = shape
     hd = 128 if d % 128 == 0 else (64 if d % 64 == 0 else d)
     hq = d // hd
-    hk = max(1, hq // 4)
+    hk = max(1, hq // 4) if hq else 0
     rot = hd // 2 if variant == "partial-rot" else hd
     rot -= rot % 2
     offset = 7
