@@ -149,14 +149,19 @@ __global__ void rope1d_kernel(Rope1dParams p) {
     const int64_t chunks = p.hd / VEC;
     const int64_t q_rows = p.B * p.Hq * p.S, total = (q_rows + p.B * p.Hk * p.S) * chunks;
     const int64_t rot = 2 * p.half;
+    // 32-bit divisions where the sizes allow: four 64-bit ones per vector cost more than the memory access.
+    const bool small = total < (int64_t{1} << 32);
+    auto div = [small](int64_t a, int64_t d) -> int64_t {
+      return small ? static_cast<uint32_t>(a) / static_cast<uint32_t>(d) : a / d;
+    };
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      int64_t row = i / chunks;
+      int64_t row = div(i, chunks);
       const int64_t col = (i - row * chunks) * VEC;
       const bool is_q = row < q_rows;
       if (!is_q) row -= q_rows;
       const int64_t H = is_q ? p.Hq : p.Hk;
-      const int64_t s = row % p.S, bh = row / p.S, h = bh % H, b = bh / H;
+      const int64_t bh = div(row, p.S), s = row - bh * p.S, b = div(bh, H), h = bh - b * H;
       const T* x = is_q ? static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + s * p.q_ss
                         : static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh + s * p.k_ss;
       T* out = static_cast<T*>(is_q ? p.q_out : p.k_out) + row * p.hd + col;
@@ -168,11 +173,12 @@ __global__ void rope1d_kernel(Rope1dParams p) {
 #pragma unroll
           for (int e = 0; e < VEC; ++e) y[e] = __int_as_float(0x7fc00000);
         } else if constexpr (INTERLEAVED) {
-          const float* cr = p.cos + pos * p.table_stride + col / 2;
-          const float* sr = p.sin + pos * p.table_stride + col / 2;
+          float c2[VEC / 2], s2[VEC / 2];
+          load_f32<VEC / 2>(p.cos + pos * p.table_stride + col / 2, c2);
+          load_f32<VEC / 2>(p.sin + pos * p.table_stride + col / 2, s2);
 #pragma unroll
           for (int m = 0; m < VEC; m += 2) {
-            const float c = cr[m / 2], sv = sr[m / 2], x0 = y[m], x1 = y[m + 1];
+            const float c = c2[m / 2], sv = s2[m / 2], x0 = y[m], x1 = y[m + 1];
             y[m] = x0 * c - x1 * sv;
             y[m + 1] = x1 * c + x0 * sv;
           }
@@ -181,10 +187,8 @@ __global__ void rope1d_kernel(Rope1dParams p) {
           const int64_t f = first ? col : col - p.half;
           float partner[VEC], c[VEC], sv[VEC];
           load_vec<T, VEC>(x + (first ? col + p.half : col - p.half), partner);
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) c[e] = p.cos[pos * p.table_stride + f + e];
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) sv[e] = p.sin[pos * p.table_stride + f + e];
+          load_f32<VEC>(p.cos + pos * p.table_stride + f, c);
+          load_f32<VEC>(p.sin + pos * p.table_stride + f, sv);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) y[e] = first ? y[e] * c[e] - partner[e] * sv[e] : y[e] * c[e] + partner[e] * sv[e];
         }
@@ -249,7 +253,8 @@ template <typename T, int VEC, bool INTERLEAVED> cudaError_t launch_1d_with(cons
 
 template <typename T> cudaError_t launch_1d(const Rope1dParams& p, cudaStream_t stream) {
   constexpr int V = vec_width<T>();
-  const bool vec = p.half % V == 0 && p.hd % V == 0 && aligned16(p.q) && aligned16(p.k) && aligned16(p.q_out) &&
+  const bool vec = p.half % V == 0 && p.hd % V == 0 && aligned16(p.cos) && aligned16(p.sin) && aligned16(p.q) &&
+                   aligned16(p.k) && aligned16(p.q_out) &&
                    aligned16(p.k_out) && p.q_sb % V == 0 && p.q_sh % V == 0 && p.q_ss % V == 0 &&
                    p.k_sb % V == 0 && p.k_sh % V == 0 && p.k_ss % V == 0;
   if (vec) return p.interleaved ? launch_1d_with<T, V, true>(p, stream) : launch_1d_with<T, V, false>(p, stream);
