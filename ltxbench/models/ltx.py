@@ -182,19 +182,10 @@ def _load_pretrained(model: str, dtype):
 
 
 def inject_kernels(pipe, provider: str) -> dict:
-    """HOOK for kernel injection: `ltxbench.inject.ltx.apply_kernels(pipe, provider)`, if that module exists.
+    """Apply ltxbench's kernels to the pipeline's transformer (ltxbench.inject.ltx); the report as a dict."""
+    from ltxbench.inject.ltx import apply_kernels
 
-    Returns the injection report; {"applied": False, "reason": ...} when injection is not available.
-    """
-    try:
-        from ltxbench.inject.ltx import apply_kernels
-    except ImportError as exc:
-        return {"applied": False, "provider": provider, "reason": f"kernel injection is not available: {exc}"}
-    report = apply_kernels(pipe, provider)
-    report = dict(report) if isinstance(report, dict) else {"detail": report}
-    report.setdefault("applied", True)
-    report.setdefault("provider", provider)
-    return report
+    return apply_kernels(pipe, provider).as_dict()
 
 
 class _Clock:

@@ -1,0 +1,143 @@
+"""LTX kernel injection: the mechanics on CPU with the reference provider, the kernels on GPU."""
+
+import pytest
+import torch
+
+from ltxbench.errors import EnvironmentProblem, UsageError
+from ltxbench.inject.ltx import FusedLTXAttnProcessor, apply_kernels
+from ltxbench.models.ltx import component_configs
+
+BLOCK_RULE = "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"
+
+
+def _transformer(model="ltx-tiny", num_layers=None, device="cpu", dtype=torch.float32):
+    from diffusers import LTXVideoTransformer3DModel
+
+    cfg = {k: v for k, v in component_configs(model)["transformer"].items() if not k.startswith("_")}
+    if num_layers:
+        cfg["num_layers"] = num_layers
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = LTXVideoTransformer3DModel(**cfg).to(dtype).eval()
+    with torch.no_grad():  # non-trivial modulation tables and norm weights (the defaults are ones/zeros-ish)
+        for name, p in model.named_parameters():
+            if "scale_shift_table" in name or "norm_q" in name or "norm_k" in name:
+                p.add_(0.1 * torch.randn_like(p))
+    return model
+
+
+def _inputs(model, device="cpu", dtype=torch.float32, frames=3, height=4, width=6, batch=2, text=7):
+    g = torch.Generator().manual_seed(1)
+    cfg = model.config
+    s = frames * height * width
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
+
+    mask = torch.ones(batch, text, device=device)
+    mask[0, -2:] = 0  # a padded prompt: attn2 gets a real additive mask
+    return {"hidden_states": rand(batch, s, cfg.in_channels),
+            "encoder_hidden_states": rand(batch, text, cfg.caption_channels),
+            "timestep": torch.tensor([500.0, 20.0], device=device), "encoder_attention_mask": mask,
+            "num_frames": frames, "height": height, "width": width, "rope_interpolation_scale": (8 / 25, 32, 32),
+            "return_dict": False}
+
+
+@pytest.mark.parametrize("rope_from_coords", [True, False])
+def test_reference_provider_matches_unpatched_transformer(rope_from_coords):
+    model = _transformer()
+    inputs = _inputs(model)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        with apply_kernels(model, "reference", rope_from_coords=rope_from_coords) as report:
+            got = model(**inputs)[0]
+        assert not report.active
+        after = model(**inputs)[0]
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+    assert torch.equal(after, expected)
+
+
+def test_per_token_modulation_of_image_to_video_blocks():
+    """I2V/condition pipelines give every token its own timestep: temb is (B, S, 6D), not (B, 1, 6D)."""
+    model = _transformer()
+    block = model.transformer_blocks[0]
+    b, s, d = 2, 12, model.config.num_attention_heads * model.config.attention_head_dim
+    g = torch.Generator().manual_seed(2)
+    h, enc = torch.randn(b, s, d, generator=g), torch.randn(b, 5, d, generator=g)
+    temb = 0.1 * torch.randn(b, s, 6 * d, generator=g)
+    rope = model.rope(h, 1, 3, 4, (8 / 25, 32, 32))
+    with torch.no_grad():
+        expected = block(h, enc, temb, rope)
+        with apply_kernels(model, "reference"):
+            got = block(h, enc, temb, rope)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
+    model = _transformer("ltx-2b", device="meta")
+    processors = [(b.attn1.processor, b.attn2.processor) for b in model.transformer_blocks]
+    report = apply_kernels(model, "reference")
+    assert dict(report.rules) == {"rope: angles from coordinates": 1, BLOCK_RULE: 28,
+                                  "attn1: qk_rms_norm_rope": 28, "attn2: rms_norm q, k": 28}
+    skipped = {t for t, _ in report.skipped}
+    assert {"VAE RMSNorm", "norm_out + final modulation", "ff GELU-tanh"} <= skipped
+    assert all(isinstance(b.attn1.processor, FusedLTXAttnProcessor) for b in model.transformer_blocks)
+    assert report.as_dict()["applied"] is True
+    report.revert()
+    assert "forward" not in vars(model.rope)
+    for block, (p1, p2) in zip(model.transformer_blocks, processors, strict=True):
+        assert "forward" not in vars(block) and block.attn1.processor is p1 and block.attn2.processor is p2
+
+
+def test_processor_keeps_attention_backend_and_parallel_config():
+    model = _transformer()
+    original = model.transformer_blocks[0].attn1.processor
+    original._attention_backend, original._parallel_config = "native", object()
+    with apply_kernels(model, "reference"):
+        ours = model.transformer_blocks[0].attn1.processor
+        assert ours._attention_backend == "native" and ours._parallel_config is original._parallel_config
+
+
+def test_cuda_provider_refuses_a_cpu_model_and_non_ltx_targets():
+    with pytest.raises(EnvironmentProblem, match="needs the transformer on a CUDA device"):
+        apply_kernels(_transformer(), "cuda")
+    with pytest.raises(UsageError, match="expects an LTX pipeline"):
+        apply_kernels(torch.nn.Linear(2, 2), "reference")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rope_from_coords", [True, False])
+def test_cuda_provider_on_a_two_layer_2b_width_model(rope_from_coords):
+    model = _transformer("ltx-2b", num_layers=2, device="cuda", dtype=torch.bfloat16)
+    inputs = _inputs(model, "cuda", torch.bfloat16, frames=3, height=8, width=12)
+    with torch.no_grad():
+        expected = model(**inputs)[0].float()
+        with apply_kernels(model, "cuda", rope_from_coords=rope_from_coords):
+            got = model(**inputs)[0].float()
+            compiled = torch.compile(model)(**inputs)[0].float()
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0).item()
+    assert cos >= 0.999, cos
+    assert torch.nn.functional.cosine_similarity(compiled.flatten(), got.flatten(), dim=0).item() >= 0.999
+
+
+@pytest.mark.gpu
+def test_full_2b_random_pipeline_latents_after_5_steps_match_unpatched():
+    """Issue parity check: LTX-2B, random weights, bf16, 512x768, 49 frames, CFG; cuda provider."""
+    from ltxbench.models.ltx import build_pipeline
+
+    pipe = build_pipeline("ltx-2b", "random", "cuda", "bf16")
+    pipe.set_progress_bar_config(disable=True)
+
+    def latents():
+        out = pipe("a red fox running through fresh snow", negative_prompt="blurry", num_frames=49, height=512,
+                   width=768, num_inference_steps=5, guidance_scale=3.0, output_type="latent",
+                   generator=torch.Generator("cuda").manual_seed(42))
+        return out.frames.float()
+
+    with torch.no_grad():
+        expected = latents()
+        with apply_kernels(pipe, "cuda"):
+            got = latents()
+    cos = torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0).item()
+    print(f"2B latents after 5 steps: cosine {cos:.6f}, max abs diff {(got - expected).abs().max().item():.4g}")
+    assert cos >= 0.999, cos
