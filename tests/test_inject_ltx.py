@@ -8,6 +8,7 @@ from ltxbench.inject.ltx import FusedLTXAttnProcessor, apply_kernels
 from ltxbench.models.ltx import component_configs
 
 BLOCK_RULE = "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"
+MODEL_RULE = "model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate"
 
 
 def _transformer(model="ltx-tiny", num_layers=None, device="cpu", dtype=torch.float32):
@@ -77,16 +78,25 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     model = _transformer("ltx-2b", device="meta")
     processors = [(b.attn1.processor, b.attn2.processor) for b in model.transformer_blocks]
     report = apply_kernels(model, "reference")
-    assert dict(report.rules) == {"rope: angles from coordinates": 1, BLOCK_RULE: 28,
+    assert dict(report.rules) == {"rope: angles from coordinates": 1, MODEL_RULE: 1, BLOCK_RULE: 28,
                                   "attn1: qk_rms_norm_rope": 28, "attn2: rms_norm q, k": 28}
     skipped = {t for t, _ in report.skipped}
-    assert {"VAE RMSNorm", "norm_out + final modulation", "ff GELU-tanh"} <= skipped
+    assert {"VAE RMSNorm", "ff GELU-tanh"} <= skipped
     assert all(isinstance(b.attn1.processor, FusedLTXAttnProcessor) for b in model.transformer_blocks)
     assert report.as_dict()["applied"] is True
     report.revert()
-    assert "forward" not in vars(model.rope)
+    assert "forward" not in vars(model.rope) and "forward" not in vars(model)
     for block, (p1, p2) in zip(model.transformer_blocks, processors, strict=True):
         assert "forward" not in vars(block) and block.attn1.processor is p1 and block.attn2.processor is p2
+
+
+def test_a_hooked_model_forward_is_left_alone_and_reported():
+    model = _transformer()
+    hooked = model.forward  # what accelerate / context-parallel hooks leave: an instance-level forward
+    model.forward = hooked
+    with apply_kernels(model, "reference") as report:
+        assert model.forward is hooked and MODEL_RULE not in report.rules and report.rules[BLOCK_RULE] == 2
+        assert any("already wrapped" in reason for _, reason in report.skipped)
 
 
 def test_processor_keeps_attention_backend_and_parallel_config():

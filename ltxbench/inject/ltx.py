@@ -6,7 +6,9 @@ Per block (HANDBOOK §2 has the math):
   h + attn1 * gate_msa                              → gated_residual
   attn2: norm_q/norm_k (q and k differ in length)   → rms_norm each
   h + attn2; norm2(h) * (1 + scale_mlp) + shift_mlp → add_rms_norm_modulate
-  h + ff * gate_mlp                                 → gated_residual
+  h + ff * gate_mlp                                 → gated_residual, or with the next block's norm1:
+                                                      add_rms_norm_modulate (model forward, chained blocks)
+Model: norm_out (no-affine LayerNorm) + final modulation → layer_norm_modulate.
 The replacement processor keeps `_attention_backend`/`_parallel_config` and calls dispatch_attention_fn,
 so attention backends and context parallelism behave as before. Modulation per batch (B, 1, D) or per
 token (B, S, D, image-to-video / condition pipelines) both go through the kernels' broadcast strides.
@@ -24,9 +26,7 @@ from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
 
 LEFT_ALONE = (
-    ("norm_out + final modulation", "runs once per step (not per block); fusing it needs the model forward overridden"),
     ("ff GELU-tanh", "torch's F.gelu measured faster than ltxbench.gelu_tanh (H100, 2x8064x8192: 179.7 vs 203.8 us)"),
-    ("ff residual + next block's norm1", "crosses blocks: needs the block loop overridden; not done yet"),
     ("VAE RMSNorm", "not touched: the VAE normalizes a strided channel dim (eps 1e-8) that no rule here targets"),
 )
 
@@ -108,6 +108,70 @@ def _fused_block_forward(ops):
     return forward
 
 
+def _ada(block, temb, batch_size):
+    """(shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp), each (B, 1|S, D), as the block computes."""
+    table = block.scale_shift_table
+    return (table[None, None].to(temb.device) + temb.reshape(batch_size, temb.size(1), table.shape[0], -1)).unbind(2)
+
+
+def _fused_model_forward(ops):
+    """LTXVideoTransformer3DModel.forward with the block loop chained: block i's `h + ff * gate_mlp` and block
+    i+1's `norm1(h) * (1 + scale_msa) + shift_msa` become one add_rms_norm_modulate, and the final
+    norm_out + modulation one layer_norm_modulate. rope and proj_out are still called as modules (hooks)."""
+
+    def forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
+                height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
+                return_dict=True):
+        if torch.is_grad_enabled() and self.gradient_checkpointing:
+            return type(self).forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask,
+                                      num_frames, height, width, rope_interpolation_scale, video_coords,
+                                      attention_kwargs, return_dict)
+        image_rotary_emb = self.rope(hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords)
+        if encoder_attention_mask is not None and encoder_attention_mask.ndim == 2:
+            encoder_attention_mask = ((1 - encoder_attention_mask.to(hidden_states.dtype)) * -10000.0).unsqueeze(1)
+        batch_size = hidden_states.size(0)
+        hidden_states = self.proj_in(hidden_states)
+        temb, embedded_timestep = self.time_embed(timestep.flatten(), batch_size=batch_size,
+                                                  hidden_dtype=hidden_states.dtype)
+        temb = temb.view(batch_size, -1, temb.size(-1))
+        embedded_timestep = embedded_timestep.view(batch_size, -1, embedded_timestep.size(-1))
+        encoder_hidden_states = self.caption_projection(encoder_hidden_states)
+        encoder_hidden_states = encoder_hidden_states.view(batch_size, -1, hidden_states.size(-1))
+
+        blocks = self.transformer_blocks
+        ada = _ada(blocks[0], temb, batch_size)
+        norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], blocks[0].norm1.eps)
+        for index, block in enumerate(blocks):
+            _, _, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada
+            attn = block.attn1(hidden_states=norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
+            hidden_states = ops.gated_residual(hidden_states, attn, gate_msa)
+            attn = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
+                               attention_mask=encoder_attention_mask)
+            norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, attn, None, scale_mlp, shift_mlp,
+                                                            block.norm2.eps)
+            ff = block.ff(norm)
+            if index + 1 < len(blocks):
+                ada = _ada(blocks[index + 1], temb, batch_size)
+                norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, ff, gate_mlp, ada[1], ada[0],
+                                                                blocks[index + 1].norm1.eps)
+            else:
+                hidden_states = ops.gated_residual(hidden_states, ff, gate_mlp)
+
+        shift_scale = self.scale_shift_table[None, None] + embedded_timestep[:, :, None]
+        hidden_states = ops.layer_norm_modulate(hidden_states, shift_scale[:, :, 1], shift_scale[:, :, 0],
+                                                self.norm_out.eps)
+        output = self.proj_out(hidden_states)
+        return (output,) if not return_dict else Transformer2DModelOutput(sample=output)
+
+    from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+    try:  # keep LoRA scaling through attention_kwargs, as the original forward is decorated
+        from diffusers.utils import apply_lora_scale
+    except ImportError:  # diffusers releases before the decorator scale LoRA elsewhere
+        return forward
+    return apply_lora_scale("attention_kwargs")(forward)
+
+
 def _transformer_of(target):
     from diffusers import LTXVideoTransformer3DModel
 
@@ -116,6 +180,10 @@ def _transformer_of(target):
         raise UsageError(f"apply_kernels expects an LTX pipeline or LTXVideoTransformer3DModel, "
                          f"got {type(target).__name__}")
     return transformer
+
+
+def _plain_norms(block) -> bool:
+    return getattr(block.norm1, "weight", None) is None and getattr(block.norm2, "weight", None) is None
 
 
 def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True) -> InjectionReport:
@@ -140,9 +208,20 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     if rope_from_coords:
         set_attr(report, "rope: angles from coordinates", transformer.rope, "forward",
                  types.MethodType(_rope_from_coords, transformer.rope))
+    dtype = transformer.proj_in.weight.dtype
+    uniform = all(b.scale_shift_table.dtype == dtype for b in transformer.transformer_blocks)
+    if "forward" in vars(transformer):
+        report.skip("model forward (block chain + final layer_norm_modulate)",
+                    "the forward is already wrapped by a hook (offload, context parallel): left as is")
+    elif not uniform or transformer.scale_shift_table.dtype != dtype:
+        report.skip("model forward (block chain + final layer_norm_modulate)",
+                    "modulation tables and activations differ in dtype: the kernels take one dtype")
+    elif len(transformer.transformer_blocks) and all(_plain_norms(b) for b in transformer.transformer_blocks):
+        set_attr(report, "model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate",
+                 transformer, "forward", types.MethodType(_fused_model_forward(ops), transformer))
     block_forward = _fused_block_forward(ops)
     for index, block in enumerate(transformer.transformer_blocks):
-        if getattr(block.norm1, "weight", None) is not None or getattr(block.norm2, "weight", None) is not None:
+        if not _plain_norms(block):
             report.skip(f"transformer_blocks.{index}", "norm1/norm2 carry a weight: not the LTX block math")
             continue
         set_attr(report, "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate", block, "forward",
