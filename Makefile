@@ -15,9 +15,12 @@ test:
 test-gpu:
 	$(PYTHON) -m pytest -q -m gpu tests
 
+# The main job on the embedded tiny default: a 9-frame LTX-Video mp4 + result JSON in seconds on a CPU.
 demo: install
 	$(PYTHON) -m ltxbench env
-	$(PYTHON) -m ltxbench kernels
+	$(PYTHON) -m ltxbench generate --model ltx-tiny --weights random --device cpu --num-frames 9 \
+		--height 64 --width 96 --steps 4 --prompt "a red fox running through fresh snow" \
+		--output results/runs/demo.mp4 --force
 
 lint:
 	$(PYTHON) -m ruff check ltxbench tests
