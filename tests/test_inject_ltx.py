@@ -151,3 +151,22 @@ def test_full_2b_random_pipeline_latents_after_5_steps_match_unpatched():
     cos = torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0).item()
     print(f"2B latents after 5 steps: cosine {cos:.6f}, max abs diff {(got - expected).abs().max().item():.4g}")
     assert cos >= 0.999, cos
+
+
+def test_injection_stays_active_under_accelerate_offload_hooks(monkeypatch):
+    """enable_model_cpu_offload wraps the transformer's forward with an accelerate hook after injection;
+    the hook must call through to the fused forward, not to the class's original one."""
+    from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
+
+    from ltxbench.ops import reference
+
+    calls = []
+    original = reference.add_rms_norm_modulate
+    monkeypatch.setattr(reference, "add_rms_norm_modulate", lambda *a, **k: calls.append(1) or original(*a, **k))
+    model = _transformer()
+    inputs = _inputs(model)
+    with torch.no_grad(), apply_kernels(model, "reference"):
+        add_hook_to_module(model, ModelHook())
+        model(**inputs)
+        remove_hook_from_module(model)
+    assert len(calls) == 2 * len(model.transformer_blocks) - 1  # attn2 residual per block + chained ff residuals
