@@ -278,19 +278,18 @@ template <typename T, int VEC, int MAXV> cudaError_t launch_arity(const RowOpPar
   return launch_with<T, VEC, MAXV, 3>(p, stream);
 }
 
-// Vectors each thread keeps in registers. LTXBENCH_ROW_VPT=2|4|8 overrides the choice, for tuning sweeps.
+// Vectors each thread keeps in registers. LTXBENCH_ROW_VPT=2|4 overrides the choice, for tuning sweeps.
 int vectors_per_thread() {
   static const int forced = [] {
     const char* env = std::getenv("LTXBENCH_ROW_VPT");
     return env ? std::atoi(env) : 0;
   }();
-  return forced == 2 || forced == 4 || forced == 8 ? forced : 4;
+  return forced == 2 || forced == 4 ? forced : 4;
 }
 
 template <typename T> cudaError_t launch_typed(const RowOpParams& p, cudaStream_t stream) {
   if (!vectorizable<T>(p)) return launch_arity<T, 1, 8>(p, stream);
   if (vectors_per_thread() == 2) return launch_arity<T, vec_width<T>(), 2>(p, stream);
-  if (vectors_per_thread() == 8) return launch_arity<T, vec_width<T>(), 8>(p, stream);
   return launch_arity<T, vec_width<T>(), 4>(p, stream);
 }
 
