@@ -78,12 +78,7 @@ template <typename T> cudaError_t launch_typed(const ActParams& p, cudaStream_t 
 
 cudaError_t launch_act(const ActParams& p, DType dtype, cudaStream_t stream) {
   if (p.rows == 0 || p.H == 0) return cudaSuccess;
-  switch (dtype) {
-    case DType::F32: return launch_typed<float>(p, stream);
-    case DType::F16: return launch_typed<__half>(p, stream);
-    case DType::BF16: return launch_typed<__nv_bfloat16>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_dtype(dtype, [&](auto tag) { return launch_typed<decltype(tag)>(p, stream); });
 }
 
 }  // namespace ltxbench

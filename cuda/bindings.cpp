@@ -292,6 +292,16 @@ Rope3dParams rope_3d_params(const Tensor& q, const Tensor& k, const char* op, st
   return p;
 }
 
+// Fresh contiguous q/k outputs, then the launch (shared by rope_3d and qk_rms_norm_rope).
+std::tuple<Tensor, Tensor> run_rope_3d(Rope3dParams& p, DType dt, const Tensor& q, const char* op) {
+  Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(q.sizes(), q.options());
+  p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t err = launch_rope_3d(p, dt, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return {q_out, k_out};
+}
+
 std::tuple<Tensor, Tensor> rope_3d(const Tensor& q, const Tensor& k, const std::optional<Tensor>& cos,
                                    const std::optional<Tensor>& sin, const std::optional<Tensor>& grid,
                                    const std::optional<Tensor>& freqs) {
@@ -300,12 +310,7 @@ std::tuple<Tensor, Tensor> rope_3d(const Tensor& q, const Tensor& k, const std::
   std::vector<Tensor> keep;
   Rope3dParams p = rope_3d_params(q, k, op, keep);
   attach_ltx_angles(p, q, cos, sin, grid, freqs, op, keep);
-  Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(q.sizes(), q.options());
-  p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaError_t err = launch_rope_3d(p, dt, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
-  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
-  return {q_out, k_out};
+  return run_rope_3d(p, dt, q, op);
 }
 
 std::tuple<Tensor, Tensor> qk_rms_norm_rope(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
@@ -328,12 +333,7 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope(const Tensor& q, const Tensor& k, co
   p.wk = keep.back().data_ptr();
   p.norm = true, p.eps = static_cast<float>(eps);
   attach_ltx_angles(p, q, cos, sin, grid, freqs, op, keep);
-  Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(q.sizes(), q.options());
-  p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaError_t err = launch_rope_3d(p, dt, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
-  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
-  return {q_out, k_out};
+  return run_rope_3d(p, dt, q, op);
 }
 
 std::tuple<Tensor, Tensor> rope_1d(const Tensor& q_in, const Tensor& k_in, const Tensor& cos, const Tensor& sin,

@@ -297,12 +297,7 @@ template <typename T> cudaError_t launch_typed(const RowOpParams& p, cudaStream_
 
 cudaError_t launch_row_op(const RowOpParams& p, DType dtype, cudaStream_t stream) {
   if (p.B * p.S == 0 || p.D == 0) return cudaSuccess;
-  switch (dtype) {
-    case DType::F32: return launch_typed<float>(p, stream);
-    case DType::F16: return launch_typed<__half>(p, stream);
-    case DType::BF16: return launch_typed<__nv_bfloat16>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_dtype(dtype, [&](auto tag) { return launch_typed<decltype(tag)>(p, stream); });
 }
 
 }  // namespace ltxbench

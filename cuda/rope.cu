@@ -265,22 +265,12 @@ template <typename T> cudaError_t launch_1d(const Rope1dParams& p, cudaStream_t 
 
 cudaError_t launch_rope_3d(const Rope3dParams& p, DType dtype, cudaStream_t stream) {
   if (p.B * p.S == 0 || p.D == 0) return cudaSuccess;
-  switch (dtype) {
-    case DType::F32: return launch_3d<float>(p, stream);
-    case DType::F16: return launch_3d<__half>(p, stream);
-    case DType::BF16: return launch_3d<__nv_bfloat16>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_dtype(dtype, [&](auto tag) { return launch_3d<decltype(tag)>(p, stream); });
 }
 
 cudaError_t launch_rope_1d(const Rope1dParams& p, DType dtype, cudaStream_t stream) {
   if (p.B * p.S == 0 || p.hd == 0 || p.Hq + p.Hk == 0) return cudaSuccess;
-  switch (dtype) {
-    case DType::F32: return launch_1d<float>(p, stream);
-    case DType::F16: return launch_1d<__half>(p, stream);
-    case DType::BF16: return launch_1d<__nv_bfloat16>(p, stream);
-  }
-  return cudaErrorInvalidValue;
+  return dispatch_dtype(dtype, [&](auto tag) { return launch_1d<decltype(tag)>(p, stream); });
 }
 
 }  // namespace ltxbench

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "params.h"
+
 namespace ltxbench {
 
 template <typename T> __device__ __forceinline__ float to_float(T v);
@@ -74,6 +76,16 @@ template <int N> __device__ __forceinline__ void load_f32(const float* p, float 
 
 // Elements per 16-byte access.
 template <typename T> constexpr int vec_width() { return 16 / sizeof(T); }
+
+// Calls f(T{}) with the element type named by dt: one switch for every launcher.
+template <typename F> cudaError_t dispatch_dtype(DType dt, F&& f) {
+  switch (dt) {
+    case DType::F32: return f(float{});
+    case DType::F16: return f(__half{});
+    case DType::BF16: return f(__nv_bfloat16{});
+  }
+  return cudaErrorInvalidValue;
+}
 
 // bf16 needs sm_80: pre-Ampere device code gets a trapping stub instead (the host refuses bf16 there first).
 template <typename T> __device__ constexpr bool unsupported_here() {

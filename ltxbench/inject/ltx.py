@@ -85,33 +85,39 @@ class FusedLTXAttnProcessor:
         return attn.to_out[1](attn.to_out[0](hidden_states))
 
 
-def _fused_block_forward(ops):
-    """LTXVideoTransformerBlock.forward with the norms, modulations and residuals fused through `ops`."""
-
-    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
-        batch_size = hidden_states.size(0)
-        ada = self.scale_shift_table[None, None].to(temb.device) + temb.reshape(
-            batch_size, temb.size(1), self.scale_shift_table.shape[0], -1)
-        if ada.dtype != hidden_states.dtype:  # mixed precision: the kernels take one dtype; run the original
-            return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
-                                      encoder_attention_mask)
-        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada.unbind(dim=2)
-        norm = ops.rms_norm_modulate(hidden_states, None, scale_msa, shift_msa, self.norm1.eps)
-        attn = self.attn1(hidden_states=norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
-        hidden_states = ops.gated_residual(hidden_states, attn, gate_msa)
-        attn = self.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
-                          attention_mask=encoder_attention_mask)
-        norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, attn, None, scale_mlp, shift_mlp,
-                                                        self.norm2.eps)
-        return ops.gated_residual(hidden_states, self.ff(norm), gate_mlp)
-
-    return forward
-
-
 def _ada(block, temb, batch_size):
     """(shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp), each (B, 1|S, D), as the block computes."""
     table = block.scale_shift_table
     return (table[None, None].to(temb.device) + temb.reshape(batch_size, temb.size(1), table.shape[0], -1)).unbind(2)
+
+
+def _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_states, encoder_attention_mask,
+                      image_rotary_emb):
+    """A block from its modulated norm1 on: attn1, gated residual, attn2 + residual + modulated norm2, ff.
+    Returns (hidden_states, ff output); the caller adds `ff * gate_mlp` (alone or fused with the next norm1)."""
+    _, _, gate_msa, shift_mlp, scale_mlp, _ = ada
+    attn = block.attn1(hidden_states=norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
+    hidden_states = ops.gated_residual(hidden_states, attn, gate_msa)
+    attn = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
+                       attention_mask=encoder_attention_mask)
+    norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, attn, None, scale_mlp, shift_mlp, block.norm2.eps)
+    return hidden_states, block.ff(norm)
+
+
+def _fused_block_forward(ops):
+    """LTXVideoTransformerBlock.forward with the norms, modulations and residuals fused through `ops`."""
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
+        ada = _ada(self, temb, hidden_states.size(0))
+        if ada[0].dtype != hidden_states.dtype:  # mixed precision: the kernels take one dtype; run the original
+            return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                      encoder_attention_mask)
+        norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], self.norm1.eps)
+        hidden_states, ff = _attention_and_ff(ops, self, hidden_states, norm, ada, encoder_hidden_states,
+                                              encoder_attention_mask, image_rotary_emb)
+        return ops.gated_residual(hidden_states, ff, ada[5])
+
+    return forward
 
 
 def _fused_model_forward(ops):
@@ -142,14 +148,9 @@ def _fused_model_forward(ops):
         ada = _ada(blocks[0], temb, batch_size)
         norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], blocks[0].norm1.eps)
         for index, block in enumerate(blocks):
-            _, _, gate_msa, shift_mlp, scale_mlp, gate_mlp = ada
-            attn = block.attn1(hidden_states=norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
-            hidden_states = ops.gated_residual(hidden_states, attn, gate_msa)
-            attn = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
-                               attention_mask=encoder_attention_mask)
-            norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, attn, None, scale_mlp, shift_mlp,
-                                                            block.norm2.eps)
-            ff = block.ff(norm)
+            gate_mlp = ada[5]
+            hidden_states, ff = _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_states,
+                                                  encoder_attention_mask, image_rotary_emb)
             if index + 1 < len(blocks):
                 ada = _ada(blocks[index + 1], temb, batch_size)
                 norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, ff, gate_mlp, ada[1], ada[0],
