@@ -1,0 +1,210 @@
+"""`bench e2e` for LTX-Video: every configuration (baseline, optimized, compile, optimized+compile) on ONE
+pipeline, built once, with the same seed; each configuration starts clean and is undone afterwards.
+
+Per configuration: `torch._dynamo.reset()`, kernel injection (optimized*), `nn.Module.compile()` of the
+transformer (compile*), warmup iterations (excluded; the first one minus the steady median is the compile
+time), timed repeats, then the compile is dropped and the injection reverted. Phases are timed with CUDA
+events on CUDA (perf_counter elsewhere): text encode, every denoising step (ends at the step-end callback),
+VAE decode, total. `--phase transformer` times the denoising loop alone on precomputed prompt embeddings.
+Only the standard library at top level (the CLI validates with CONFIG_NAMES/parse_configs before torch loads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+
+from ltxbench.errors import UsageError
+
+CONFIG_NAMES = ("baseline", "optimized", "compile", "optimized+compile")
+PHASES = ("all", "transformer")
+PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
+NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted"
+
+
+def parse_configs(text: str) -> list[str]:
+    """'baseline,optimized' -> ['baseline', 'optimized'] (order kept, duplicates dropped); UsageError on others."""
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    if not names:
+        raise UsageError("--configs is empty", hint=f"choose from {', '.join(CONFIG_NAMES)}")
+    bad = [c for c in names if c not in CONFIG_NAMES]
+    if bad:
+        raise UsageError(f"--configs: unknown configuration {bad[0]!r}", hint=f"choose from {', '.join(CONFIG_NAMES)}")
+    return list(dict.fromkeys(names))
+
+
+def select_configs(configs: str | None, optimized: bool | None, compile_: bool, default: str) -> list[str]:
+    """--configs, or the original script's single selection (--use-optimized-kernels/--compile); not both."""
+    if configs is not None and (optimized is not None or compile_):
+        raise UsageError("--configs cannot be combined with --use-optimized-kernels/--no-optimized-kernels/--compile",
+                         hint="use --configs for several configurations, or the flags for one")
+    if configs is not None:
+        return parse_configs(configs)
+    if optimized is None and not compile_:
+        return parse_configs(default)
+    return [{(False, False): "baseline", (True, False): "optimized", (False, True): "compile",
+             (True, True): "optimized+compile"}[(bool(optimized), compile_)]]
+
+
+def compile_module(module) -> None:
+    """The compile step of a configuration (a function of its own so that tests can stub it on the CPU)."""
+    module.compile()
+
+
+@contextlib.contextmanager
+def configuration(module, name: str, inject):
+    """Apply configuration `name` to `module` (the transformer / the LLM), yield the injection dict, undo all.
+
+    inject(): an InjectionReport (reverted on exit). Compile: nn.Module.compile() sets _compiled_call_impl, which
+    is set back to None on exit; dynamo's caches are reset before and after, so no configuration sees another's.
+    """
+    import torch
+
+    torch._dynamo.reset()
+    report = inject() if name.startswith("optimized") else None
+    try:
+        if name.endswith("compile"):
+            compile_module(module)
+        yield report.as_dict() if report is not None else {"applied": False, "reason": f"config {name}"}
+    finally:
+        if hasattr(module, "_compiled_call_impl"):
+            module._compiled_call_impl = None
+        if report is not None:
+            report.revert()
+        torch._dynamo.reset()
+
+
+def summarize(name: str, iterations: list[dict], warmup: int, compiled: bool) -> dict:
+    """Timed repeats (warmups dropped) -> phase samples; compile_s = first warmup total - steady median total."""
+    timed = iterations[warmup:]
+    out = {key: [it[key] for it in timed] for key in timed[0] if key != "step_ms"}
+    if "step_ms" in timed[0]:
+        out["step_ms"] = [ms for it in timed for ms in it["step_ms"]]
+    steady = statistics.median(out["total_ms"])
+    out["compile_s"] = max(0.0, (iterations[0]["total_ms"] - steady) / 1e3) if compiled and warmup else None
+    out["first_iteration_ms"] = iterations[0]["total_ms"]
+    return out
+
+
+def _progress(name: str, i: int, warmup: int, repeats: int) -> str:
+    return f"{name}: warmup {i + 1}/{warmup}" if i < warmup else f"{name}: repeat {i - warmup + 1}/{repeats}"
+
+
+def _denoise(pipe, embeds, args, generator, clock, marks):
+    def on_step_end(_pipe, _i, _t, _kwargs):
+        marks.append(clock.mark())
+        return {}
+
+    return pipe(prompt_embeds=embeds[0], prompt_attention_mask=embeds[1], negative_prompt_embeds=embeds[2],
+                negative_prompt_attention_mask=embeds[3], num_frames=args["num_frames"], height=args["height"],
+                width=args["width"], frame_rate=args["frame_rate"], num_inference_steps=args["steps"],
+                guidance_scale=args["guidance_scale"], generator=generator, output_type="latent",
+                return_dict=False, callback_on_step_end=on_step_end)[0]
+
+
+def _encode(pipe, args, device):
+    from ltxbench.models.ltx import TOKENIZER_MAX_LENGTH
+
+    return pipe.encode_prompt(prompt=PROMPT, negative_prompt=NEGATIVE_PROMPT,
+                              do_classifier_free_guidance=args["guidance_scale"] > 1.0,
+                              num_videos_per_prompt=args["batch_size"], max_sequence_length=TOKENIZER_MAX_LENGTH,
+                              device=device)
+
+
+def run_once(pipe, args: dict, embeds=None) -> dict:
+    """One iteration: phase all (encode, steps, decode) or, with embeds given, the denoising loop alone."""
+    import torch
+
+    from ltxbench.models.ltx import _Clock, _decode
+
+    device = pipe._execution_device
+    clock = _Clock(device)
+    generator = torch.Generator("cpu").manual_seed(args["seed"])
+    marks: list = []
+    with torch.no_grad():
+        start = clock.mark()
+        if embeds is None:
+            encoded_embeds = _encode(pipe, args, device)
+            encoded = clock.mark()
+        else:
+            encoded_embeds, encoded = embeds, start
+        latents = _denoise(pipe, encoded_embeds, args, generator, clock, marks)
+        if embeds is None:
+            decode_start = clock.mark()
+            _decode(pipe, latents, args["num_frames"], args["height"], args["width"], generator)
+        end = clock.mark()
+    clock.finish()
+    bounds = [encoded, *marks]
+    out = {"step_ms": [clock.ms(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)],
+           "total_ms": clock.ms(start, end)}
+    if embeds is None:
+        out["text_encode_ms"] = clock.ms(start, encoded)
+        out["vae_decode_ms"] = clock.ms(decode_start, end)
+    return out
+
+
+def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: None) -> dict:
+    """{config: summary} for every configuration; summary as `summarize` plus peak_memory_bytes and injection."""
+    import torch
+
+    from ltxbench.inject.ltx import apply_kernels
+
+    pipe.set_progress_bar_config(disable=True)
+    device = torch.device(pipe._execution_device)
+    cuda = device.type == "cuda"
+    embeds = None
+    if args["phase"] == "transformer":
+        with torch.no_grad():
+            embeds = _encode(pipe, args, device)
+    results = {}
+    for name in configs:
+        with configuration(pipe.transformer, name, lambda: apply_kernels(pipe, provider)) as injection:
+            iterations = []
+            for i in range(args["warmup"] + args["repeats"]):
+                if i == args["warmup"] and cuda:
+                    torch.cuda.synchronize(device)
+                    torch.cuda.reset_peak_memory_stats(device)
+                log(_progress(name, i, args["warmup"], args["repeats"]))
+                iterations.append(run_once(pipe, args, embeds))
+            summary = summarize(name, iterations, args["warmup"], name.endswith("compile"))
+            summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
+            summary["injection"] = injection
+        results[name] = summary
+        if cuda:
+            torch.cuda.empty_cache()
+    return results
+
+
+def _speedups(results: dict, name: str, key: str) -> dict:
+    """speedup_vs_baseline / speedup_vs_compile of config `name` for phase `key` (median over median)."""
+    out = {}
+    mine = statistics.median(results[name][key])
+    for ref in ("baseline", "compile"):
+        if ref in results and ref != name and key in results[ref] and mine > 0:
+            out[f"speedup_vs_{ref}"] = statistics.median(results[ref][key]) / mine
+    return out
+
+
+def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
+    """text_encode / denoise_step / vae_decode / total (+ compile) records per configuration (provider = config)."""
+    from ltxbench.results.schema import make_record, stats_from_samples
+
+    records = []
+    for name, res in results.items():
+        common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"]}
+        for record_name, key in (("text_encode", "text_encode_ms"), ("denoise_step", "step_ms"),
+                                 ("vae_decode", "vae_decode_ms"), ("total", "total_ms")):
+            if key not in res:
+                continue
+            derived = {**common, **_speedups(results, name, key)}
+            if record_name == "denoise_step":
+                median = statistics.median(res[key])
+                derived["transformer_it_s"] = 1e3 / median if median > 0 else None
+                derived["denoise_total_ms"] = sum(res[key]) / max(1, len(res["total_ms"]))
+            records.append(make_record(record_name, name, dtype, params, "time", "ms", "lower",
+                                       stats_from_samples(res[key]), derived=derived))
+        if res["compile_s"] is not None:
+            records.append(make_record("compile", name, dtype, params, "time", "s", "lower",
+                                       stats_from_samples([res["compile_s"]]),
+                                       derived={"first_iteration_ms": res["first_iteration_ms"]}))
+    return records

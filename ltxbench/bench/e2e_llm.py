@@ -1,0 +1,193 @@
+"""`bench e2e` for decoder-only LLMs (Llama 3, Mistral, Qwen2/3): prefill latency per prompt length and decode
+tokens/s, per configuration, on ONE model built once (random weights from configs/llm/ or pretrained).
+
+Prefill: one forward over `L` random token ids (from the seed), logits of the last position only, no cache.
+Decode: `generate(..., cache_implementation="static", min_new_tokens=N, max_new_tokens=N, do_sample=False)` at
+the shortest prompt length; a logits processor marks each generated token (CUDA events, no sync), so the first
+mark ends the prefill and the N-1 intervals after it are the decode steps. transformers' own auto-compile of
+static-cache decoding is disabled (`disable_compile=True`), so `baseline` is eager and `compile` is ours.
+Only the standard library at top level.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from ltxbench.errors import EnvironmentProblem, UsageError
+
+LLM_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "llm"
+# preset -> hub id for --weights pretrained (None: random only)
+LLM_PRESETS = {"llama-3-8b": "meta-llama/Meta-Llama-3-8B", "mistral-7b": "mistralai/Mistral-7B-v0.1",
+               "qwen2-7b": "Qwen/Qwen2-7B", "qwen3-8b": "Qwen/Qwen3-8B", "llama-tiny": None}
+_LLM_WORDS = ("llama", "mistral", "qwen", "gemma", "phi", "gpt", "opt", "falcon")
+
+
+def is_llm(model: str) -> bool:
+    """LLM presets, a config .json, a directory with config.json but no model_index.json, or an LLM-named hub id."""
+    if model in LLM_PRESETS:
+        return True
+    path = Path(model).expanduser()
+    if path.suffix == ".json":
+        return True
+    if path.is_dir():
+        return (path / "config.json").is_file() and not (path / "model_index.json").is_file()
+    low = model.lower()
+    return "ltx" not in low and any(word in low for word in _LLM_WORDS)
+
+
+def injection_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("ltxbench.inject.llm") is not None
+
+
+def check_llm_configs(configs: list[str]) -> None:
+    """Exit 2 (one line) when optimized configs are asked for and there is no LLM injection yet."""
+    wanted = [c for c in configs if c.startswith("optimized")]
+    if wanted and not injection_available():
+        raise UsageError(f"LLM kernel injection is not available yet ({', '.join(wanted)} requested); "
+                         "available LLM configs: baseline, compile")
+
+
+def _config(model: str, weights: str):
+    from transformers import AutoConfig
+
+    if model in LLM_PRESETS or Path(model).suffix == ".json":
+        path = LLM_CONFIGS / f"{model}.json" if model in LLM_PRESETS else Path(model).expanduser()
+        data = json.loads(path.read_text())
+        return AutoConfig.for_model(data.pop("model_type"), **data)
+    try:
+        return AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        raise EnvironmentProblem(f"the config of {model!r} is not available offline ({type(exc).__name__})",
+                                 hint="use a preset (llama-3-8b, mistral-7b, qwen2-7b, qwen3-8b, llama-tiny)") from exc
+
+
+def build_llm(model: str, weights: str, device, dtype, seed: int = 0):
+    """AutoModelForCausalLM in eval mode on `device` in `dtype`: random (seeded, built on the device) or pretrained."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if weights == "pretrained":
+        hub = LLM_PRESETS.get(model, model)
+        if hub is None:
+            raise UsageError(f"--model {model} has no pretrained weights", hint="use --weights random")
+        try:
+            net = AutoModelForCausalLM.from_pretrained(hub, dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise EnvironmentProblem(f"weights for {hub!r} are not available offline ({type(exc).__name__})",
+                                     hint="use --weights random") from exc
+        return net.to(device).eval().requires_grad_(False)
+    cfg = _config(model, weights)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        net = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
+    return net.eval().requires_grad_(False)
+
+
+def _inject(model, provider):
+    from ltxbench.inject.llm import apply_kernels  # lazily: a later issue adds it
+
+    return apply_kernels(model, provider)
+
+
+def run_once(model, args: dict, ids: dict) -> dict:
+    """Prefill at every prompt length, then one generate() of N tokens at the shortest length."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from ltxbench.models.ltx import _Clock
+
+    clock = _Clock(model.device)
+    marks: list = []
+
+    class Mark(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            marks.append(clock.mark())
+            return scores
+
+    out = {}
+    with torch.no_grad():
+        start = clock.mark()
+        bounds = [start]
+        for length in args["prompt_lengths"]:
+            model(input_ids=ids[length], use_cache=False, logits_to_keep=1)
+            bounds.append(clock.mark())
+        gen_start = clock.mark()
+        n = args["new_tokens"]
+        model.generate(input_ids=ids[args["prompt_lengths"][0]], attention_mask=torch.ones_like(
+            ids[args["prompt_lengths"][0]]), cache_implementation="static", min_new_tokens=n, max_new_tokens=n,
+            do_sample=False, disable_compile=True, logits_processor=LogitsProcessorList([Mark()]),
+            pad_token_id=0)
+        end = clock.mark()
+    clock.finish()
+    for length, (a, b) in zip(args["prompt_lengths"], zip(bounds[:-1], bounds[1:], strict=True), strict=True):
+        out[f"prefill_{length}_ms"] = clock.ms(a, b)
+    out["generate_prefill_ms"] = clock.ms(gen_start, marks[0])
+    out["step_ms"] = [clock.ms(a, b) for a, b in zip(marks[:-1], marks[1:], strict=True)]
+    out["generate_ms"] = clock.ms(gen_start, end)
+    out["total_ms"] = clock.ms(start, end)
+    return out
+
+
+def run_llm(model, configs: list[str], args: dict, provider: str, log=lambda s: None) -> dict:
+    import torch
+
+    from ltxbench.bench.e2e import _progress, configuration, summarize
+
+    device = model.device
+    cuda = device.type == "cuda"
+    gen = torch.Generator("cpu").manual_seed(args["seed"])
+    vocab = model.config.vocab_size
+    ids = {n: torch.randint(3, vocab, (args["batch_size"], n), generator=gen).to(device)
+           for n in args["prompt_lengths"]}
+    results = {}
+    for name in configs:
+        with configuration(model, name, lambda: _inject(model, provider)) as injection:
+            iterations = []
+            total = args["warmup"] + args["repeats"]
+            for i in range(total):
+                if i == args["warmup"] and cuda:
+                    torch.cuda.synchronize(device)
+                    torch.cuda.reset_peak_memory_stats(device)
+                log(_progress(name, i, args["warmup"], args["repeats"]))
+                iterations.append(run_once(model, args, ids))
+            summary = summarize(name, iterations, args["warmup"], name.endswith("compile"))
+            summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
+            summary["injection"] = injection
+        results[name] = summary
+        if cuda:
+            torch.cuda.empty_cache()
+    return results
+
+
+def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[int], new_tokens: int) -> list[dict]:
+    """prefill (one per prompt length), decode_step (tokens/s derived), generate, compile records per config."""
+    from ltxbench.bench.e2e import _speedups
+    from ltxbench.results.schema import make_record, stats_from_samples
+
+    records = []
+    for name, res in results.items():
+        common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"]}
+        for length in prompt_lengths:
+            key = f"prefill_{length}_ms"
+            records.append(make_record("prefill", name, dtype, {**params, "prompt_len": length}, "time", "ms",
+                                       "lower", stats_from_samples(res[key]),
+                                       derived={**common, **_speedups(results, name, key)}))
+        decode_params = {**params, "prompt_len": prompt_lengths[0], "new_tokens": new_tokens}
+        if res["step_ms"]:
+            median = statistics.median(res["step_ms"])
+            derived = {**common, **_speedups(results, name, "step_ms"),
+                       "tokens_per_s": 1e3 * params.get("batch_size", 1) / median if median > 0 else None}
+            records.append(make_record("decode_step", name, dtype, decode_params, "time", "ms", "lower",
+                                       stats_from_samples(res["step_ms"]), derived=derived))
+        records.append(make_record("generate", name, dtype, decode_params, "time", "ms", "lower",
+                                   stats_from_samples(res["generate_ms"]),
+                                   derived={**common, **_speedups(results, name, "generate_ms")}))
+        if res["compile_s"] is not None:
+            records.append(make_record("compile", name, dtype, params, "time", "s", "lower",
+                                       stats_from_samples([res["compile_s"]]),
+                                       derived={"first_iteration_ms": res["first_iteration_ms"]}))
+    return records

@@ -1,0 +1,184 @@
+"""`ltxbench bench e2e`: whole-model timing of baseline / optimized / compile / optimized+compile in one run.
+
+Only typer and the standard library at top level; torch/diffusers/transformers load after validation.
+"""
+
+from __future__ import annotations
+
+import typer
+
+EXAMPLES = (
+    "Examples:\n\n"
+    "  ltxbench bench e2e --model ltx-2b --weights random --num-frames 49 --phase transformer "
+    "--configs baseline,optimized,compile,optimized+compile --output results/e2e-2b.json\n\n"
+    "  ltxbench bench e2e --num-frames 161 --use-optimized-kernels --compile\n\n"
+    "  ltxbench bench e2e --model llama-3-8b --weights random --configs baseline,compile\n\n"
+    "  ltxbench bench e2e --model ltx-tiny --weights random --device cpu --num-frames 9 --height 64 --width 64 "
+    "--steps 2 --kernel-provider reference\n\n"
+    "Exit codes: 0 ok, 2 bad arguments (or an LLM config without kernel injection), 4 no GPU / OOM / no weights."
+)
+
+
+def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
+    from ltxbench.errors import UsageError
+
+    if value not in allowed:
+        raise UsageError(f"{flag} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _ints(flag: str, text: str) -> list[int]:
+    from ltxbench.errors import UsageError
+
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} must be comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} {text!r} must list positive integers")
+    return values
+
+
+def e2e_command(
+    model: str = typer.Option("ltx-2b", "--model", help="ltx-2b, ltx-13b, ltx-tiny, llama-3-8b, mistral-7b, qwen2-7b, "
+                              "qwen3-8b, llama-tiny, a hub id or a local path."),
+    weights: str = typer.Option("pretrained", "--weights", help="pretrained | random (built from configs/)."),
+    configs: str = typer.Option(None, "--configs", help="Comma-separated: baseline, optimized, compile, "
+                                "optimized+compile (default: all; LLMs: baseline,compile)."),
+    use_optimized_kernels: bool = typer.Option(None, "--use-optimized-kernels/--no-optimized-kernels",
+                                               help="Select ONE configuration, as the original script did."),
+    compile_: bool = typer.Option(False, "--compile", help="With/without --use-optimized-kernels: one config."),
+    num_frames: int = typer.Option(161, "--num-frames", help="Frames, 8k+1 (LTX)."),
+    height: int = typer.Option(512, "--height", help="Height, a multiple of 32 (LTX)."),
+    width: int = typer.Option(768, "--width", help="Width, a multiple of 32 (LTX)."),
+    steps: int = typer.Option(50, "--steps", help="Denoising steps (LTX)."),
+    batch_size: int = typer.Option(1, "--batch-size", help="Videos per prompt (LTX) / sequences (LLM)."),
+    warmup_iterations: int = typer.Option(2, "--warmup-iterations", help="Untimed iterations per config."),
+    repeats: int = typer.Option(3, "--repeats", help="Timed iterations per config (median reported)."),
+    phase: str = typer.Option("all", "--phase", help="all (encode + denoise + decode) | transformer (loop only)."),
+    device: str = typer.Option("cuda", "--device", help="cuda | cpu."),
+    kernel_provider: str = typer.Option(None, "--kernel-provider",
+                                        help="cuda | reference (default: cuda on cuda, reference on cpu)."),
+    dtype: str = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)."),
+    prompt_lengths: str = typer.Option("512,2048", "--prompt-lengths", help="LLM prefill prompt lengths."),
+    new_tokens: int = typer.Option(128, "--new-tokens", help="LLM decode: tokens generated (min = max)."),
+    seed: int = typer.Option(42, "--seed", help="Seed of weights, noise and token ids (same for every config)."),
+    guidance_scale: float = typer.Option(3.0, "--guidance-scale", help="CFG scale (> 1 doubles the batch)."),
+    output: str = typer.Option(None, "--output", "-o", help="Result JSON (CSV beside it); default results/runs/."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
+    plot: str = typer.Option(None, "--plot", help="Also draw the per-config phase split to this PNG."),
+) -> None:
+    """Time whole models per configuration: LTX phases (encode, each step, decode) or LLM prefill/decode."""
+    import importlib.util
+    from pathlib import Path
+
+    from ltxbench.bench.e2e import PHASES, select_configs
+    from ltxbench.bench.e2e_llm import check_llm_configs, injection_available, is_llm
+    from ltxbench.errors import EnvironmentProblem, NoCudaDevice, UsageError
+    from ltxbench.models.ltx import validate_video_args
+
+    # --- validation: nothing heavy is imported before this passes ---------------------------------------
+    llm = is_llm(model)
+    chosen = select_configs(configs, use_optimized_kernels, compile_,
+                            "baseline,optimized,compile,optimized+compile" if not llm or injection_available()
+                            else "baseline,compile")
+    if not llm:
+        validate_video_args(num_frames, height, width, steps)
+    for flag, value, low in (("--batch-size", batch_size, 1), ("--repeats", repeats, 1),
+                             ("--warmup-iterations", warmup_iterations, 0), ("--new-tokens", new_tokens, 1)):
+        if value < low:
+            raise UsageError(f"{flag} {value} must be at least {low}")
+    if warmup_iterations == 0 and any(c.endswith("compile") for c in chosen):
+        raise UsageError("--warmup-iterations 0 with a compile config would time compilation",
+                         hint="use --warmup-iterations 1 or more")
+    lengths = _ints("--prompt-lengths", prompt_lengths)
+    _choice("--phase", phase, PHASES)
+    _choice("--weights", weights, ("pretrained", "random"))
+    _choice("--device", device, ("cuda", "cpu"))
+    if kernel_provider == "cuda" and device == "cpu":
+        raise UsageError("--kernel-provider cuda needs --device cuda (got --device cpu)",
+                         hint="use --kernel-provider reference on the CPU")
+    provider = _choice("--kernel-provider", kernel_provider or ("cuda" if device == "cuda" else "reference"),
+                       ("cuda", "reference"))
+    dtype = _choice("--dtype", dtype or ("bf16" if device == "cuda" else "fp32"), ("bf16", "fp16", "fp32"))
+    if llm:
+        check_llm_configs(chosen)
+    if output is not None and not force:
+        path = Path(output) if output.lower().endswith(".json") else Path(output + ".json")
+        for p in (path, path.with_suffix(".csv")):
+            if p.exists():
+                raise UsageError(f"{p} already exists; not overwriting it",
+                                 hint="pass --force to overwrite, or choose another --output")
+    if plot is not None and importlib.util.find_spec("matplotlib") is None:
+        raise EnvironmentProblem("--plot needs matplotlib, which is not installed",
+                                 hint="pip install matplotlib, or drop --plot")
+
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise NoCudaDevice("`ltxbench bench e2e --device cuda`")
+    args = {"model": model, "weights": weights, "configs": chosen, "device": device, "dtype": dtype,
+            "kernel_provider": provider, "seed": seed, "warmup": warmup_iterations, "repeats": repeats,
+            "batch_size": batch_size, "family": "llm" if llm else "ltx"}
+    if llm:
+        args.update(prompt_lengths=lengths, new_tokens=new_tokens)
+    else:
+        args.update(num_frames=num_frames, height=height, width=width, steps=steps, phase=phase,
+                    guidance_scale=guidance_scale, frame_rate=25)
+    _run(args, output, force, plot)
+
+
+def _argv(args: dict, output, force: bool, plot) -> list[str]:
+    argv = ["ltxbench", "bench", "e2e", "--configs", ",".join(args["configs"])]
+    skip = {"configs", "family", "frame_rate", "warmup"}
+    for key, value in args.items():
+        if key not in skip:
+            argv += [f"--{key.replace('_', '-')}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+    argv += ["--warmup-iterations", str(args["warmup"])]
+    argv += (["--output", str(output)] if output else []) + (["--plot", str(plot)] if plot else [])
+    return argv + (["--force"] if force else [])
+
+
+def _run(args: dict, output, force: bool, plot) -> None:
+    from rich.console import Console
+
+    from ltxbench.bench import e2e, e2e_llm, e2e_report
+    from ltxbench.models.ltx import torch_dtype
+    from ltxbench.results.io import write_result
+    from ltxbench.results.schema import make_result, utc_now
+
+    console, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False, soft_wrap=True)
+    started = utc_now()
+    dtype = torch_dtype(args["dtype"])
+    with err.status(f"building {args['model']} ({args['weights']} weights, {args['dtype']}, {args['device']})"):
+        if args["family"] == "llm":
+            target = e2e_llm.build_llm(args["model"], args["weights"], args["device"], dtype, args["seed"])
+        else:
+            from ltxbench.models.ltx import build_pipeline
+
+            target = build_pipeline(args["model"], args["weights"], args["device"], dtype, args["seed"])
+
+    def log(text: str) -> None:
+        err.print(text, markup=False)
+
+    params = {k: v for k, v in args.items()
+              if k not in ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats")}
+    if args["family"] == "llm":
+        results = e2e_llm.run_llm(target, args["configs"], args, args["kernel_provider"], log)
+        records = e2e_llm.build_records(results, params, args["dtype"], args["prompt_lengths"], args["new_tokens"])
+    else:
+        results = e2e.run_ltx(target, args["configs"], args, args["kernel_provider"], log)
+        records = e2e.build_records(results, params, args["dtype"])
+    config = {**{k: v for k, v in args.items() if k != "warmup"}, "warmup_iterations": args["warmup"],
+              "output": output, "plot": plot, "injection": {name: res["injection"] for name, res in results.items()}}
+    doc = make_result("e2e", _argv(args, output, force, plot), config, args["seed"], started, utc_now(), records)
+    json_path, csv_path = write_result(doc, output, force)
+    console.print(e2e_report.render_table(records))
+    for name, res in results.items():
+        inj = res["injection"]
+        if name.startswith("optimized") and not inj.get("applied"):
+            err.print(f"warning: {name}: kernel injection applied nothing ({inj})", markup=False)
+    console.print(f"wrote {json_path} and {csv_path}", markup=False)
+    if plot is not None:
+        e2e_report.plot(records, plot)
+        console.print(f"wrote {plot}", markup=False)

@@ -1,0 +1,203 @@
+"""`ltxbench bench e2e` on the CPU: config selection, validation exits, ltx-tiny phases/injection/revert, llama-tiny."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ltxbench.bench import e2e
+from ltxbench.cli import app
+from ltxbench.errors import UsageError
+
+REPO = Path(__file__).resolve().parents[1]
+runner = CliRunner()
+TINY = ["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--device", "cpu", "--num-frames", "9",
+        "--height", "64", "--width", "64", "--steps", "2", "--warmup-iterations", "1", "--repeats", "2",
+        "--kernel-provider", "reference"]
+LLAMA = ["bench", "e2e", "--model", "llama-tiny", "--weights", "random", "--device", "cpu", "--prompt-lengths",
+         "16,32", "--new-tokens", "8", "--warmup-iterations", "1", "--repeats", "2"]
+
+
+def _records(path: Path) -> list[dict]:
+    return json.loads(path.read_text())["records"]
+
+
+def _by(records, name, provider):
+    found = [r for r in records if r["name"] == name and r["provider"] == provider]
+    assert found, f"no {name} record for {provider}"
+    return found[0]
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Keep a handle on the pipeline/model the command builds (to check that every config was undone)."""
+    from ltxbench.bench import e2e_llm
+    from ltxbench.models import ltx
+
+    seen = {}
+
+    def wrap(fn):
+        def inner(*a, **k):
+            seen["target"] = fn(*a, **k)
+            return seen["target"]
+        return inner
+
+    monkeypatch.setattr(ltx, "build_pipeline", wrap(ltx.build_pipeline))
+    monkeypatch.setattr(e2e_llm, "build_llm", wrap(e2e_llm.build_llm))
+    return seen
+
+
+# --- selection and validation -------------------------------------------------------------------------
+
+def test_select_configs_maps_the_original_flags():
+    assert e2e.select_configs(None, None, True, "baseline") == ["compile"]
+    assert e2e.select_configs(None, True, True, "baseline") == ["optimized+compile"]
+    assert e2e.select_configs(None, False, False, "baseline") == ["baseline"]
+    assert e2e.select_configs(None, True, False, "baseline") == ["optimized"]
+    assert e2e.select_configs(None, None, False, "baseline,compile") == ["baseline", "compile"]
+    assert e2e.select_configs("compile,baseline,compile", None, False, "x") == ["compile", "baseline"]
+    with pytest.raises(UsageError, match="--configs cannot be combined"):
+        e2e.select_configs("baseline", None, True, "baseline")
+    with pytest.raises(UsageError, match="'fast'"):
+        e2e.parse_configs("baseline,fast")
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (["--num-frames", "50"], "--num-frames 50"),
+    (["--configs", "baseline", "--compile"], "--configs cannot be combined"),
+    (["--configs", "baseline", "--no-optimized-kernels"], "--configs cannot be combined"),
+    (["--configs", "turbo"], "turbo"),
+    (["--repeats", "0"], "--repeats 0"),
+    (["--phase", "vae"], "--phase"),
+])
+def test_bad_arguments_exit_2(extra, needle, tmp_path):
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, [*TINY, *extra, "--output", str(out)])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+    assert not out.exists()
+
+
+def test_kernel_provider_cuda_on_cpu_exits_2_naming_both(tmp_path):
+    args = [a if a != "reference" else "cuda" for a in TINY]
+    result = runner.invoke(app, [*args, "--output", str(tmp_path / "r.json")])
+    assert result.exit_code == 2, result.output
+    assert "--kernel-provider cuda" in result.output and "--device cpu" in result.output
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU path")
+def test_device_cuda_without_gpu_exits_4(tmp_path):
+    args = [a if a != "cpu" else "cuda" for a in TINY if a not in ("--kernel-provider", "reference")]
+    result = runner.invoke(app, [*args, "--output", str(tmp_path / "r.json")])
+    assert result.exit_code == 4, result.output
+    assert "GPU" in result.output
+
+
+def test_validation_happens_before_torch_is_imported():
+    code = ("import sys; from typer.testing import CliRunner; from ltxbench.cli import app; "
+            "r = CliRunner().invoke(app, ['bench', 'e2e', '--num-frames', '50']); "
+            "s = CliRunner().invoke(app, ['bench', 'e2e', '--model', 'llama-tiny', '--configs', 'optimized']); "
+            "print(r.exit_code, s.exit_code, 'torch' in sys.modules, 'diffusers' in sys.modules)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["2", "2", "False", "False"], proc.stdout + proc.stderr
+
+
+# --- ltx-tiny -----------------------------------------------------------------------------------------
+
+def test_ltx_tiny_baseline_and_optimized(tmp_path, captured):
+    out, png = tmp_path / "e2e.json", tmp_path / "e2e.png"
+    result = runner.invoke(app, [*TINY, "--configs", "baseline,optimized", "--output", str(out), "--plot", str(png)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["kind"] == "e2e" and out.with_suffix(".csv").is_file() and png.stat().st_size > 0
+    assert doc["run"]["config"]["configs"] == ["baseline", "optimized"]
+    assert doc["run"]["config"]["injection"]["optimized"]["applied"] is True
+    records = doc["records"]
+    for config in ("baseline", "optimized"):
+        for name in ("text_encode", "vae_decode", "total"):
+            assert _by(records, name, config)["stats"]["n"] == 2
+        step = _by(records, "denoise_step", config)
+        assert step["stats"]["n"] == 2 * 2 and step["unit"] == "ms" and step["better"] == "lower"
+        assert step["derived"]["transformer_it_s"] > 0
+        assert "peak_memory_bytes" in step["derived"]
+    assert "speedup_vs_baseline" in _by(records, "total", "optimized")["derived"]
+    assert "speedup_vs_baseline" not in _by(records, "total", "baseline")["derived"]
+    assert not [r for r in records if r["name"] == "compile"]
+    transformer = captured["target"].transformer
+    assert "forward" not in vars(transformer) and "forward" not in vars(transformer.rope)
+    assert all("forward" not in vars(block) for block in transformer.transformer_blocks)
+    assert all(type(b.attn1.processor).__name__ != "FusedLTXAttnProcessor" for b in transformer.transformer_blocks)
+
+
+def test_ltx_tiny_phase_transformer_and_compile_flag(tmp_path, captured, monkeypatch):
+    compiled = []
+
+    def fake_compile(module):  # the CPU inductor build is too slow for this file; the mechanics are what count
+        compiled.append(module)
+        module._compiled_call_impl = module._call_impl
+
+    monkeypatch.setattr(e2e, "compile_module", fake_compile)
+    out = tmp_path / "t.json"
+    result = runner.invoke(app, [*TINY, "--phase", "transformer", "--compile", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    records = _records(out)
+    assert {r["provider"] for r in records} == {"compile"}
+    assert {r["name"] for r in records} == {"denoise_step", "total", "compile"}
+    assert _by(records, "denoise_step", "compile")["stats"]["n"] == 4
+    compile_rec = _by(records, "compile", "compile")
+    assert compile_rec["unit"] == "s" and compile_rec["stats"]["min"] >= 0
+    assert compiled == [captured["target"].transformer]
+    assert captured["target"].transformer._compiled_call_impl is None  # undone after the config
+
+
+def test_summarize_compile_time_is_first_warmup_minus_steady_median():
+    its = [{"total_ms": 5000.0, "step_ms": [4000.0]}, {"total_ms": 900.0, "step_ms": [1.0]},
+           {"total_ms": 1000.0, "step_ms": [2.0]}, {"total_ms": 1100.0, "step_ms": [3.0]}]
+    s = e2e.summarize("compile", its, warmup=1, compiled=True)
+    assert s["compile_s"] == pytest.approx(4.0)
+    assert s["step_ms"] == [1.0, 2.0, 3.0] and s["total_ms"] == [900.0, 1000.0, 1100.0]
+    assert e2e.summarize("baseline", its, warmup=1, compiled=False)["compile_s"] is None
+
+
+# --- llama-tiny ---------------------------------------------------------------------------------------
+
+def test_llama_tiny_baseline(tmp_path, captured):
+    out = tmp_path / "llm.json"
+    result = runner.invoke(app, [*LLAMA, "--configs", "baseline", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    records = _records(out)
+    prefill = sorted(r["params"]["prompt_len"] for r in records if r["name"] == "prefill")
+    assert prefill == [16, 32]
+    decode = _by(records, "decode_step", "baseline")
+    assert decode["stats"]["n"] == 2 * (8 - 1) and decode["derived"]["tokens_per_s"] > 0
+    assert _by(records, "generate", "baseline")["params"]["new_tokens"] == 8
+    model = captured["target"]
+    assert not model.training and next(model.parameters()).dtype.is_floating_point
+
+
+def test_llama_tiny_optimized_exits_2_with_the_message(tmp_path):
+    for configs in ("optimized", "baseline,optimized+compile"):
+        result = runner.invoke(app, [*LLAMA, "--configs", configs, "--output", str(tmp_path / "x.json")])
+        assert result.exit_code == 2, result.output
+        assert "LLM kernel injection is not available yet" in result.output
+        assert "baseline, compile" in result.output
+    result = runner.invoke(app, [*LLAMA, "--use-optimized-kernels", "--output", str(tmp_path / "y.json")])
+    assert result.exit_code == 2, result.output
+
+
+def test_llm_configs_shipped():
+    from ltxbench.bench.e2e_llm import LLM_CONFIGS, LLM_PRESETS
+
+    for name in LLM_PRESETS:
+        data = json.loads((LLM_CONFIGS / f"{name}.json").read_text())
+        assert data["model_type"] and data["vocab_size"] > 0
+    llama = json.loads((LLM_CONFIGS / "llama-3-8b.json").read_text())
+    assert (llama["hidden_size"], llama["num_hidden_layers"], llama["num_key_value_heads"],
+            llama["intermediate_size"], llama["vocab_size"], llama["rope_theta"]) == (4096, 32, 8, 14336, 128256, 5e5)
