@@ -170,6 +170,12 @@ def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: N
             summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
             summary["injection"] = injection
         results[name] = summary
+        # One line per finished configuration, so that a run cut short still shows what it measured.
+        steps = summary.get("step_ms")
+        compile_s = summary.get("compile_s")
+        log(f"{name}: done — " + (f"median step {statistics.median(steps):.2f} ms, " if steps else "")
+            + f"median total {statistics.median(summary['total_ms']):.1f} ms"
+            + (f", compile {compile_s:.1f} s" if compile_s is not None else ""))
         if cuda:
             torch.cuda.empty_cache()
     return results
