@@ -44,13 +44,14 @@ def _inputs(model, device="cpu", dtype=torch.float32, frames=3, height=4, width=
             "return_dict": False}
 
 
-@pytest.mark.parametrize("rope_from_coords", [True, False])
-def test_reference_provider_matches_unpatched_transformer(rope_from_coords):
+@pytest.mark.parametrize("rope_from_coords,gelu_tanh", [(True, False), (False, False), (True, True)])
+def test_reference_provider_matches_unpatched_transformer(rope_from_coords, gelu_tanh):
     model = _transformer()
     inputs = _inputs(model)
     with torch.no_grad():
         expected = model(**inputs)[0]
-        with apply_kernels(model, "reference", rope_from_coords=rope_from_coords) as report:
+        with apply_kernels(model, "reference", rope_from_coords=rope_from_coords, gelu_tanh=gelu_tanh) as report:
+            assert report.rules.get("ff: gelu_tanh", 0) == (2 if gelu_tanh else 0)
             got = model(**inputs)[0]
         assert not report.active
         after = model(**inputs)[0]
