@@ -151,28 +151,36 @@ def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: N
 
     pipe.set_progress_bar_config(disable=True)
     device = torch.device(pipe._execution_device)
-    cuda = device.type == "cuda"
     embeds = None
     if args["phase"] == "transformer":
         with torch.no_grad():
             embeds = _encode(pipe, args, device)
+    return run_configs(pipe.transformer, configs, lambda: apply_kernels(pipe, provider),
+                       lambda: run_once(pipe, args, embeds), args["warmup"], args["repeats"], device, log)
+
+
+def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: int, device, log) -> dict:
+    """Every configuration on the one model, each from a clean state: warmups, then timed repeats (peak memory
+    reset between them). {config: summary} with peak_memory_bytes and the injection report."""
+    import torch
+
+    cuda = device.type == "cuda"
     results = {}
     for name in configs:
-        with configuration(pipe.transformer, name, lambda: apply_kernels(pipe, provider)) as injection:
+        with configuration(module, name, inject) as injection:
             iterations = []
-            for i in range(args["warmup"] + args["repeats"]):
-                if i == args["warmup"] and cuda:
+            for i in range(warmup + repeats):
+                if i == warmup and cuda:
                     torch.cuda.synchronize(device)
                     torch.cuda.reset_peak_memory_stats(device)
-                log(_progress(name, i, args["warmup"], args["repeats"]))
-                iterations.append(run_once(pipe, args, embeds))
-            summary = summarize(name, iterations, args["warmup"], name.endswith("compile"))
+                log(_progress(name, i, warmup, repeats))
+                iterations.append(run())
+            summary = summarize(name, iterations, warmup, name.endswith("compile"))
             summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
             summary["injection"] = injection
         results[name] = summary
         # One line per finished configuration, so that a run cut short still shows what it measured.
-        steps = summary.get("step_ms")
-        compile_s = summary.get("compile_s")
+        steps, compile_s = summary.get("step_ms"), summary.get("compile_s")
         log(f"{name}: done — " + (f"median step {statistics.median(steps):.2f} ms, " if steps else "")
             + f"median total {statistics.median(summary['total_ms']):.1f} ms"
             + (f", compile {compile_s:.1f} s" if compile_s is not None else ""))

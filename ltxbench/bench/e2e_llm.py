@@ -135,32 +135,15 @@ def run_once(model, args: dict, ids: dict) -> dict:
 def run_llm(model, configs: list[str], args: dict, provider: str, log=lambda s: None) -> dict:
     import torch
 
-    from ltxbench.bench.e2e import _progress, configuration, summarize
+    from ltxbench.bench.e2e import run_configs
 
     device = model.device
-    cuda = device.type == "cuda"
     gen = torch.Generator("cpu").manual_seed(args["seed"])
     vocab = model.config.vocab_size
     ids = {n: torch.randint(3, vocab, (args["batch_size"], n), generator=gen).to(device)
            for n in args["prompt_lengths"]}
-    results = {}
-    for name in configs:
-        with configuration(model, name, lambda: _inject(model, provider)) as injection:
-            iterations = []
-            total = args["warmup"] + args["repeats"]
-            for i in range(total):
-                if i == args["warmup"] and cuda:
-                    torch.cuda.synchronize(device)
-                    torch.cuda.reset_peak_memory_stats(device)
-                log(_progress(name, i, args["warmup"], args["repeats"]))
-                iterations.append(run_once(model, args, ids))
-            summary = summarize(name, iterations, args["warmup"], name.endswith("compile"))
-            summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
-            summary["injection"] = injection
-        results[name] = summary
-        if cuda:
-            torch.cuda.empty_cache()
-    return results
+    return run_configs(model, configs, lambda: _inject(model, provider), lambda: run_once(model, args, ids),
+                       args["warmup"], args["repeats"], device, log)
 
 
 def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[int], new_tokens: int) -> list[dict]:
