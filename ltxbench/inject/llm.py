@@ -1,0 +1,287 @@
+"""Kernel injection into transformers' LLaMA-family decoders: llama, mistral, qwen2, qwen3 (transformers 5.x).
+
+Rules (HANDBOOK §2 has the math):
+  RMSNorm (input/post-attention/final, Qwen3 q_norm/k_norm) → ops.rms_norm(cast_before_weight=True)
+  decoder layer: `residual + attn` and post_attention_layernorm → ops.fused_add_rms_norm
+  MLP: gate_proj and up_proj as ONE [gate | up] projection      → F.linear + ops.swiglu + down_proj
+  attention: apply_rotary_pos_emb                                → ops.rope_1d
+Anything else (gemma's `1 + weight` norm, unknown classes, forwards already wrapped by hooks, forwards whose
+source differs from the code reproduced here) is skipped with a reason, never patched. Inference only: a
+forward that would need gradients through the fused MLP weight runs the original forward instead.
+
+RoPE tables: built from the (cos, sin) position_embeddings that the model passes to every layer, not from
+the rotary embedding's inv_freq and position_ids. Those cos/sin ARE what the unpatched model rotates with,
+so this is right for every rope_type (llama3, yarn, and dynamic/longrope whose inv_freq changes with the
+length), for any position_ids (left padding, packed sequences, a KV-cache offset with a dynamic or static
+cache) and past max_position_embeddings, and rounds cos/sin as the unpatched model does (bf16 in a bf16
+model), with no GPU sync to validate positions. The table is cos[..., :hd/2] (the halves are duplicated
+for rotate-half) as fp32 ((B|1)·S, hd/2) gathered at positions arange((B|1)·S).view(B|1, S): one small
+copy per forward, shared by all layers (cached on the identity of the cos/sin tensors).
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+
+import torch
+import torch.nn.functional as F
+
+from ltxbench.errors import EnvironmentProblem
+from ltxbench.inject import InjectionReport, set_attr
+from ltxbench.ops import get_provider
+
+FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
+RULE_NORM = "rms_norm"
+RULE_LAYER = "decoder layer: residual + post_attention_layernorm (fused_add_rms_norm)"
+RULE_MLP = "mlp: fused gate_up projection + swiglu"
+RULE_ROPE = "attention: rope_1d"
+RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE)
+FUSED_ATTR = "_ltxbench_gate_up"  # (weight (2I, H), bias (2I,) | None), views of which gate/up weights are
+
+# Source fragments of the transformers 5.x forwards reproduced below: a release that rewrites them is skipped.
+LAYER_SOURCE = ("residual = hidden_states", "hidden_states = self.input_layernorm(hidden_states)",
+                "hidden_states = residual + hidden_states", "self.post_attention_layernorm(hidden_states)",
+                "hidden_states = self.mlp(hidden_states)")
+ATTN_SOURCE = ("query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)",
+               "past_key_values.update(key_states, value_states, self.layer_idx)",
+               "ALL_ATTENTION_FUNCTIONS.get_interface", "scaling=self.scaling", "self.o_proj(attn_output)")
+MLP_SOURCE = ("self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",)
+
+
+def _source(cls) -> str:
+    try:
+        return inspect.getsource(cls.forward)
+    except (OSError, TypeError):
+        return ""
+
+
+def _matches(cls, fragments) -> bool:
+    src = _source(cls)
+    return all(f in src for f in fragments)
+
+
+def _eps(norm) -> float:
+    return norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
+
+
+# ---- RMSNorm ------------------------------------------------------------------------------------------
+
+def _norm_forward(ops):
+    def forward(self, hidden_states):
+        if self.weight.dtype != hidden_states.dtype:  # transformers promotes to the weight's dtype; ops don't
+            return type(self).forward(self, hidden_states)
+        return ops.rms_norm(hidden_states, self.weight, _eps(self), cast_before_weight=True)
+
+    return forward
+
+
+# ---- decoder layer ------------------------------------------------------------------------------------
+
+def _layer_forward(ops):
+    """XDecoderLayer.forward (same signature, returns the hidden states tensor) with the attention residual
+    and post_attention_layernorm fused."""
+
+    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+                position_embeddings=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
+                                          position_ids=position_ids, past_key_values=past_key_values,
+                                          use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+        post = self.post_attention_layernorm
+        if post.weight.dtype == hidden_states.dtype == residual.dtype:
+            hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, post.weight, _eps(post),
+                                                             cast_before_weight=True)
+        else:
+            residual = residual + hidden_states
+            hidden_states = post(residual)
+        hidden_states = self.mlp(hidden_states)
+        return residual + hidden_states
+
+    return forward
+
+
+# ---- MLP ----------------------------------------------------------------------------------------------
+
+def _mlp_forward(ops):
+    def forward(self, x):
+        weight, bias = getattr(self, FUSED_ATTR)
+        gate, up = self.gate_proj.weight, self.up_proj.weight
+        rows = gate.shape[0]
+        intact = (gate.data_ptr() == weight.data_ptr()
+                  and up.data_ptr() == weight[rows:].data_ptr() and weight.device == x.device)
+        if not intact or (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
+            return type(self).forward(self, x)  # weights moved/reloaded, or training: the original math
+        return self.down_proj(ops.swiglu(F.linear(x, weight, bias), 0))
+
+    return forward
+
+
+def _fuse_gate_up(mlp) -> str | None:
+    """Concatenate gate_proj/up_proj into one (2I, H) weight (and bias), then make both Parameters views of it:
+    the originals' storage is freed, memory stays one copy. Returns a reason when the MLP cannot be fused."""
+    gate, up = mlp.gate_proj, mlp.up_proj
+    if not (isinstance(gate, torch.nn.Linear) and isinstance(up, torch.nn.Linear)):
+        return "gate_proj/up_proj are not plain nn.Linear (quantized or wrapped)"
+    if (gate.bias is None) != (up.bias is None):
+        return "only one of gate_proj/up_proj has a bias"
+    if gate.weight.shape != up.weight.shape or gate.weight.dtype != up.weight.dtype \
+            or gate.weight.device != up.weight.device:
+        return "gate_proj and up_proj differ in shape, dtype or device"
+    with torch.no_grad():
+        fused = []
+        for name in ("weight", "bias"):
+            if getattr(gate, name) is None:
+                fused.append(None)
+                continue
+            g, u = getattr(gate, name), getattr(up, name)
+            cat = torch.cat([g.detach(), u.detach()], dim=0)
+            n = g.shape[0]
+            for lin, part, old in ((gate, cat[:n], g), (up, cat[n:], u)):
+                setattr(lin, name, torch.nn.Parameter(part, requires_grad=old.requires_grad))
+            fused.append(cat)
+    setattr(mlp, FUSED_ATTR, tuple(fused))
+    return None
+
+
+def _silu(mlp) -> bool:
+    from transformers.activations import SiLUActivation
+
+    return isinstance(mlp.act_fn, (SiLUActivation, torch.nn.SiLU))
+
+
+# ---- attention + RoPE ---------------------------------------------------------------------------------
+
+def _rope_tables(cache: dict, cos, sin):
+    """(cos (P, hd/2) fp32, sin, positions (B|1, S) int64) from the model's position_embeddings, once per forward."""
+    if cache.get("cos") is not cos or cache.get("sin") is not sin:
+        half = cos.shape[-1] // 2
+        rows, seq = cos.shape[0], cos.shape[1]
+        table = [t[..., :half].to(torch.float32).reshape(rows * seq, half).contiguous() for t in (cos, sin)]
+        positions = torch.arange(rows * seq, device=cos.device, dtype=torch.int64).view(rows, seq)
+        cache.update(cos=cos, sin=sin, tables=(*table, positions))
+    return cache["tables"]
+
+
+def _sliding_kwarg(cls):
+    """How the original forward passes sliding_window to the attention interface: a getter, or None to not pass it."""
+    src = _source(cls)
+    if "sliding_window=self.sliding_window" in src:
+        return lambda attn: {"sliding_window": attn.sliding_window}
+    if 'sliding_window=getattr(self.config, "sliding_window", None)' in src:
+        return lambda attn: {"sliding_window": getattr(attn.config, "sliding_window", None)}
+    if "sliding_window" not in src:
+        return lambda attn: {}
+    return None
+
+
+def _attn_forward(ops, cache: dict, sliding, eager):
+    """XAttention.forward (llama/mistral/qwen2/qwen3, transformers 5.x) with the RoPE through ops.rope_1d."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
+        input_shape = hidden_states.shape[:-1]
+        hidden_shape = (*input_shape, -1, self.head_dim)
+        query_states = self.q_proj(hidden_states).view(hidden_shape)
+        key_states = self.k_proj(hidden_states).view(hidden_shape)
+        if hasattr(self, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
+            query_states, key_states = self.q_norm(query_states), self.k_norm(key_states)
+        query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)
+        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+
+        cos_table, sin_table, positions = _rope_tables(cache, *position_embeddings)
+        query_states, key_states = ops.rope_1d(query_states, key_states, cos_table, sin_table, positions)
+
+        if past_key_values is not None:
+            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
+        attn_output, attn_weights = attention_interface(
+            self, query_states, key_states, value_states, attention_mask,
+            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling,
+            **sliding(self), **kwargs)
+        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
+        return self.o_proj(attn_output), attn_weights
+
+    return forward
+
+
+# ---- entry point --------------------------------------------------------------------------------------
+
+def _check_provider(model, provider: str):
+    ops = get_provider(provider)
+    if provider == "cuda":
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            raise EnvironmentProblem(f"the cuda kernel provider needs the model on a CUDA device, it is on {device}",
+                                     hint="move the model to cuda first, or use --kernel-provider reference")
+        from ltxbench.ops import _build
+
+        _build.load()
+    return ops
+
+
+def _patch(report, rule, module, forward, name: str, prefix: str, needs: tuple = ()) -> bool:
+    """Patch module.forward unless its class is not the expected one, its source differs, or a hook owns it."""
+    cls = type(module)
+    if cls.__name__ != f"{prefix}{name}":
+        report.skip(rule, f"{cls.__name__} is not {prefix}{name}: its math is not verified")
+    elif "forward" in vars(module):
+        report.skip(rule, f"{cls.__name__}.forward is already wrapped by a hook (offload, compile): left as is")
+    elif needs and not _matches(cls, needs):
+        report.skip(rule, f"{cls.__name__}.forward differs from the transformers 5.x code this rule reproduces")
+    else:
+        set_attr(report, rule, module, "forward", types.MethodType(forward, module))
+        return True
+    return False
+
+
+def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
+    """Patch a llama/mistral/qwen2/qwen3 causal LM (or its base model) in place; `report.revert()` restores
+    every forward (the fused gate/up weights stay numerically identical views)."""
+    ops = _check_provider(model, provider)
+    report = InjectionReport(provider)
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    prefix = FAMILIES.get(model_type)
+    if prefix is None:
+        for rule in RULES:
+            report.skip(rule, f"model_type {model_type!r} is not one of {', '.join(FAMILIES)}: its norms/MLP/RoPE "
+                              "math is not verified (gemma's RMSNorm scales by 1 + weight), nothing patched")
+        return report
+    base = getattr(model, "model", model)
+    norm_forward, layer_forward, mlp_forward = _norm_forward(ops), _layer_forward(ops), _mlp_forward(ops)
+    norms_ok = {}
+    for name, module in base.named_modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            norms_ok[name] = _patch(report, RULE_NORM, module, norm_forward, "RMSNorm", prefix)
+    rope_cache: dict = {}
+    for index, layer in enumerate(base.layers):
+        if not norms_ok.get(f"layers.{index}.post_attention_layernorm"):
+            report.skip(RULE_LAYER, f"layers.{index}: post_attention_layernorm not verified")
+        else:
+            _patch(report, RULE_LAYER, layer, layer_forward, "DecoderLayer", prefix, LAYER_SOURCE)
+        mlp = layer.mlp
+        if type(mlp).__name__ != f"{prefix}MLP" or not _matches(type(mlp), MLP_SOURCE):
+            report.skip(RULE_MLP, f"layers.{index}: {type(mlp).__name__} is not the verified {prefix}MLP")
+        elif not _silu(mlp):
+            report.skip(RULE_MLP, f"layers.{index}: activation {type(mlp.act_fn).__name__} is not silu")
+        elif "forward" in vars(mlp):
+            report.skip(RULE_MLP, f"layers.{index}: mlp.forward is already wrapped by a hook: left as is")
+        elif (reason := _fuse_gate_up(mlp)) is not None:
+            report.skip(RULE_MLP, f"layers.{index}: {reason}")
+        else:
+            mlp.forward = types.MethodType(mlp_forward, mlp)
+            report.patched(RULE_MLP, lambda m=mlp: [vars(m).pop(key) for key in ("forward", FUSED_ATTR)])
+        attn = layer.self_attn
+        sliding = _sliding_kwarg(type(attn))
+        if sliding is None:
+            report.skip(RULE_ROPE, f"layers.{index}: {type(attn).__name__} passes sliding_window in an unknown way")
+        elif getattr(attn, "q_norm", None) is not None and not (norms_ok.get(f"layers.{index}.self_attn.q_norm")
+                                                               and norms_ok.get(f"layers.{index}.self_attn.k_norm")):
+            report.skip(RULE_ROPE, f"layers.{index}: q_norm/k_norm not verified")
+        else:
+            eager = inspect.getmodule(type(attn)).eager_attention_forward
+            _patch(report, RULE_ROPE, attn, _attn_forward(ops, rope_cache, sliding, eager), "Attention", prefix,
+                   ATTN_SOURCE)
+    return report
+
