@@ -102,7 +102,7 @@ def test_device_cuda_without_gpu_exits_4(tmp_path):
 def test_validation_happens_before_torch_is_imported():
     code = ("import sys; from typer.testing import CliRunner; from ltxbench.cli import app; "
             "r = CliRunner().invoke(app, ['bench', 'e2e', '--num-frames', '50']); "
-            "s = CliRunner().invoke(app, ['bench', 'e2e', '--model', 'llama-tiny', '--configs', 'optimized']); "
+            "s = CliRunner().invoke(app, ['bench', 'e2e', '--model', 'llama-tiny', '--configs', 'bogus']); "
             "print(r.exit_code, s.exit_code, 'torch' in sys.modules, 'diffusers' in sys.modules)")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
@@ -182,14 +182,17 @@ def test_llama_tiny_baseline(tmp_path, captured):
     assert not model.training and next(model.parameters()).dtype.is_floating_point
 
 
-def test_llama_tiny_optimized_exits_2_with_the_message(tmp_path):
-    for configs in ("optimized", "baseline,optimized+compile"):
-        result = runner.invoke(app, [*LLAMA, "--configs", configs, "--output", str(tmp_path / "x.json")])
-        assert result.exit_code == 2, result.output
-        assert "LLM kernel injection is not available yet" in result.output
-        assert "baseline, compile" in result.output
-    result = runner.invoke(app, [*LLAMA, "--use-optimized-kernels", "--output", str(tmp_path / "y.json")])
-    assert result.exit_code == 2, result.output
+def test_llama_tiny_optimized_runs_the_llm_injection_and_reverts_it(tmp_path, captured):
+    out = tmp_path / "llm-opt.json"
+    result = runner.invoke(app, [*LLAMA, "--configs", "baseline,optimized", "--kernel-provider", "reference",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    injection = doc["run"]["config"]["injection"]["optimized"]
+    assert injection["applied"] is True and injection["rules"]["attention: rope_1d"] == 2
+    assert _by(doc["records"], "decode_step", "optimized")["derived"]["speedup_vs_baseline"] > 0
+    model = captured["target"]
+    assert all("forward" not in vars(layer) for layer in model.model.layers)  # reverted after the run
 
 
 def test_llm_configs_shipped():
