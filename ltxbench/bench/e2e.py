@@ -111,12 +111,16 @@ def _encode(pipe, args, device):
                               device=device)
 
 
-def run_once(pipe, args: dict, embeds=None) -> dict:
-    """One iteration: phase all (encode, steps, decode) or, with embeds given, the denoising loop alone."""
+def run_once(pipe, args: dict, embeds=None, phase=None) -> dict:
+    """One iteration: phase all (encode, steps, decode) or, with embeds given, the denoising loop alone.
+    `phase(name)` (optional) returns a context manager wrapped around each phase, e.g. profiler ranges."""
+    import contextlib
+
     import torch
 
     from ltxbench.models.ltx import _Clock, _decode
 
+    phase = phase or (lambda name: contextlib.nullcontext())
     device = pipe._execution_device
     clock = _Clock(device)
     generator = torch.Generator("cpu").manual_seed(args["seed"])
@@ -124,14 +128,17 @@ def run_once(pipe, args: dict, embeds=None) -> dict:
     with torch.no_grad():
         start = clock.mark()
         if embeds is None:
-            encoded_embeds = _encode(pipe, args, device)
+            with phase("text_encode"):
+                encoded_embeds = _encode(pipe, args, device)
             encoded = clock.mark()
         else:
             encoded_embeds, encoded = embeds, start
-        latents = _denoise(pipe, encoded_embeds, args, generator, clock, marks)
+        with phase("denoise"):
+            latents = _denoise(pipe, encoded_embeds, args, generator, clock, marks)
         if embeds is None:
             decode_start = clock.mark()
-            _decode(pipe, latents, args["num_frames"], args["height"], args["width"], generator)
+            with phase("vae_decode"):
+                _decode(pipe, latents, args["num_frames"], args["height"], args["width"], generator)
         end = clock.mark()
     clock.finish()
     bounds = [encoded, *marks]

@@ -37,20 +37,6 @@ def is_llm(model: str) -> bool:
     return "ltx" not in low and any(word in low for word in _LLM_WORDS)
 
 
-def injection_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("ltxbench.inject.llm") is not None
-
-
-def check_llm_configs(configs: list[str]) -> None:
-    """Exit 2 (one line) when optimized configs are asked for and there is no LLM injection yet."""
-    wanted = [c for c in configs if c.startswith("optimized")]
-    if wanted and not injection_available():
-        raise UsageError(f"LLM kernel injection is not available yet ({', '.join(wanted)} requested); "
-                         "available LLM configs: baseline, compile")
-
-
 def _config(model: str, weights: str):
     from transformers import AutoConfig
 
@@ -88,7 +74,7 @@ def build_llm(model: str, weights: str, device, dtype, seed: int = 0):
 
 
 def _inject(model, provider):
-    from ltxbench.inject.llm import apply_kernels  # lazily: a later issue adds it
+    from ltxbench.inject.llm import apply_kernels
 
     return apply_kernels(model, provider)
 

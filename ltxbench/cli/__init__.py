@@ -92,11 +92,13 @@ def _register() -> None:
     # Each module imports only typer and the standard library at top level.
     from ltxbench.cli import bench_e2e, bench_micro, env, generate, kernels
     from ltxbench.cli import compare as compare_cli
+    from ltxbench.cli import profile as profile_cli
 
     app.command("env", epilog=env.EXAMPLES)(env.env_command)
     app.command("kernels", epilog=kernels.EXAMPLES)(kernels.kernels_command)
     app.command("generate", epilog=generate.EXAMPLES)(generate.generate_command)
     app.command("compare", epilog=compare_cli.EXAMPLES)(compare_cli.compare_command)
+    app.command("profile", epilog=profile_cli.EXAMPLES)(profile_cli.profile_command)
     bench_app.command("micro", epilog=bench_micro.EXAMPLES)(bench_micro.micro_command)
     bench_app.command("e2e", epilog=bench_e2e.EXAMPLES)(bench_e2e.e2e_command)
 

@@ -44,7 +44,7 @@ def e2e_command(
                               "qwen3-8b, llama-tiny, a hub id or a local path."),
     weights: str = typer.Option("pretrained", "--weights", help="pretrained | random (built from configs/)."),
     configs: str = typer.Option(None, "--configs", help="Comma-separated: baseline, optimized, compile, "
-                                "optimized+compile (default: all; LLMs: baseline,compile)."),
+                                "optimized+compile (default: all four)."),
     use_optimized_kernels: bool = typer.Option(None, "--use-optimized-kernels/--no-optimized-kernels",
                                                help="Select ONE configuration, as the original script did."),
     compile_: bool = typer.Option(False, "--compile", help="With/without --use-optimized-kernels: one config."),
@@ -73,15 +73,13 @@ def e2e_command(
     from pathlib import Path
 
     from ltxbench.bench.e2e import PHASES, select_configs
-    from ltxbench.bench.e2e_llm import check_llm_configs, injection_available, is_llm
+    from ltxbench.bench.e2e_llm import is_llm
     from ltxbench.errors import EnvironmentProblem, NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
 
     # --- validation: nothing heavy is imported before this passes ---------------------------------------
     llm = is_llm(model)
-    chosen = select_configs(configs, use_optimized_kernels, compile_,
-                            "baseline,optimized,compile,optimized+compile" if not llm or injection_available()
-                            else "baseline,compile")
+    chosen = select_configs(configs, use_optimized_kernels, compile_, "baseline,optimized,compile,optimized+compile")
     if not llm:
         validate_video_args(num_frames, height, width, steps)
     for flag, value, low in (("--batch-size", batch_size, 1), ("--repeats", repeats, 1),
@@ -101,8 +99,6 @@ def e2e_command(
     provider = _choice("--kernel-provider", kernel_provider or ("cuda" if device == "cuda" else "reference"),
                        ("cuda", "reference"))
     dtype = _choice("--dtype", dtype or ("bf16" if device == "cuda" else "fp32"), ("bf16", "fp16", "fp32"))
-    if llm:
-        check_llm_configs(chosen)
     if output is not None and not force:
         path = Path(output) if output.lower().endswith(".json") else Path(output + ".json")
         for p in (path, path.with_suffix(".csv")):

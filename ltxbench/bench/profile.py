@@ -1,0 +1,227 @@
+"""`ltxbench profile`: where the time goes, per kernel family, per configuration (torch.profiler).
+
+Per configuration (applied and undone by `e2e.configuration`, as in `bench e2e`): one warmup iteration outside
+the profile, then one profiled iteration: LTX = e2e's `run_once` with --steps denoising steps (phases
+text_encode / denoise / vae_decode, or the loop alone with --phase transformer); LLM = prefill of one prompt
+then --new-tokens greedy decode steps (phases prefill / decode). Every phase is a `record_function` range and,
+on CUDA, an NVTX range. Time: on CUDA the device time of every kernel / memcpy / memset event
+(`self_device_time_total`, which for a device event is its own duration); on the CPU the self CPU time of
+every op (`self_cpu_time_total`), so that nested ops are not counted twice. Phase ranges are left out.
+Only the standard library at top level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections import defaultdict
+
+from ltxbench.bench.profile_families import FAMILIES, classify
+
+LTX_PHASES = ("text_encode", "denoise", "vae_decode")
+LLM_PHASES = ("prefill", "decode")
+
+
+@contextlib.contextmanager
+def phase(name: str, cuda: bool):
+    """A named range: record_function (profiler trace) and, on CUDA, NVTX (nsys)."""
+    import torch
+
+    with torch.profiler.record_function(name), (torch.cuda.nvtx.range(name) if cuda else contextlib.nullcontext()):
+        yield
+
+
+def collect(events, cuda: bool) -> dict:
+    """{event name: [calls, microseconds]} over kernel events (CUDA) or CPU ops (CPU); phase ranges excluded."""
+    from torch.autograd import DeviceType
+
+    table: dict = defaultdict(lambda: [0, 0.0])
+    skip = set(LTX_PHASES) | set(LLM_PHASES)
+    for evt in events:
+        if evt.is_user_annotation or evt.name in skip or evt.name.startswith("ProfilerStep"):
+            continue
+        if cuda != (evt.device_type != DeviceType.CPU):
+            continue
+        us = evt.self_device_time_total if cuda else evt.self_cpu_time_total
+        table[evt.name][0] += 1
+        table[evt.name][1] += float(us)
+    return dict(table)
+
+
+def summarize(table: dict, top: int) -> dict:
+    """Per-family ms/share/calls (every family, zeros included) and the top-N events by total time."""
+    total_ms = sum(us for _, us in table.values()) / 1e3
+    families = {f: {"ms": 0.0, "calls": 0} for f in FAMILIES}
+    for name, (calls, us) in table.items():
+        fam = families[classify(name)]
+        fam["ms"] += us / 1e3
+        fam["calls"] += calls
+    for fam in families.values():
+        fam["share"] = fam["ms"] / total_ms if total_ms > 0 else 0.0
+    ranked = sorted(table.items(), key=lambda kv: (-kv[1][1], kv[0]))[:top]
+    kernels = [{"name": name, "family": classify(name), "calls": calls, "ms": us / 1e3,
+                "share": us / 1e3 / total_ms if total_ms > 0 else 0.0} for name, (calls, us) in ranked]
+    return {"total_ms": total_ms, "families": families, "kernels": kernels}
+
+
+def profile_configs(module, configs: list[str], inject, run, device, traces: dict, top: int, log) -> dict:
+    """Every configuration on the one model: warmup, one profiled run, chrome trace, summary (+ injection)."""
+    import torch
+
+    from ltxbench.bench.e2e import configuration
+
+    cuda = device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    results = {}
+    for name in configs:
+        with configuration(module, name, inject) as injection:
+            log(f"{name}: warmup")
+            run()
+            if cuda:
+                torch.cuda.synchronize(device)
+            log(f"{name}: profiling")
+            with torch.profiler.profile(activities=activities) as prof:
+                run()
+                if cuda:
+                    torch.cuda.synchronize(device)
+            traces[name].parent.mkdir(parents=True, exist_ok=True)
+            prof.export_chrome_trace(str(traces[name]))
+            res = summarize(collect(prof.events(), cuda), top)
+        res["injection"], res["trace"] = injection, str(traces[name])
+        results[name] = res
+        log(f"{name}: {res['total_ms']:.2f} ms profiled, trace {traces[name]}")
+    return results
+
+
+def profile_ltx(pipe, configs, args: dict, provider: str, traces: dict, top: int, log=lambda s: None) -> dict:
+    import torch
+
+    from ltxbench.bench import e2e
+    from ltxbench.inject.ltx import apply_kernels
+
+    pipe.set_progress_bar_config(disable=True)
+    device = torch.device(pipe._execution_device)
+    embeds = None
+    if args["phase"] == "transformer":
+        with torch.no_grad():
+            embeds = e2e._encode(pipe, args, device)
+    cuda = device.type == "cuda"
+    return profile_configs(pipe.transformer, configs, lambda: apply_kernels(pipe, provider),
+                           lambda: e2e.run_once(pipe, args, embeds, phase=lambda name: phase(name, cuda)), device,
+                           traces, top, log)
+
+
+def llm_iteration(model, ids, new_tokens: int, cuda: bool) -> None:
+    """Prefill `ids` (cache on, last logits only), then `new_tokens` greedy single-token decode steps."""
+    import torch
+
+    with torch.no_grad():
+        with phase("prefill", cuda):
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        with phase("decode", cuda):
+            for _ in range(new_tokens):
+                token = out.logits[:, -1:].argmax(-1)
+                out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+
+
+def profile_llm(model, configs, args: dict, provider: str, traces: dict, top: int, log=lambda s: None) -> dict:
+    import torch
+
+    from ltxbench.bench.e2e_llm import _inject
+
+    gen = torch.Generator("cpu").manual_seed(args["seed"])
+    ids = torch.randint(3, model.config.vocab_size, (args["batch_size"], args["prompt_length"]), generator=gen)
+    ids, device = ids.to(model.device), torch.device(model.device)
+    return profile_configs(model, configs, lambda: _inject(model, provider),
+                           lambda: llm_iteration(model, ids, args["new_tokens"], device.type == "cuda"),
+                           device, traces, top, log)
+
+
+def _point(value: float) -> dict:
+    return {"median": value, "p20": value, "p80": value, "min": value, "max": value, "n": 1}
+
+
+def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
+    """One record per family per configuration (provider = config), then `kernel:<name>` for the top-N."""
+    from ltxbench.results.schema import make_record
+
+    records = []
+    for config, res in results.items():
+        for family, fam in res["families"].items():
+            records.append(make_record(family, config, dtype, params, "time", "ms", "lower", _point(fam["ms"]),
+                                       derived={"share": fam["share"], "calls": fam["calls"]}))
+        for k in res["kernels"]:
+            records.append(make_record(f"kernel:{k['name']}", config, dtype, params, "time", "ms", "lower",
+                                       _point(k["ms"]), derived={"share": k["share"], "calls": k["calls"],
+                                                                 "family": k["family"]}))
+    return records
+
+
+def _short(name: str, width: int = 90) -> str:
+    return name if len(name) <= width else name[:width - 1] + "…"
+
+
+def render_families(results: dict, unit: str):
+    from rich.table import Table
+
+    table = Table(title=f"time per kernel family ({unit})")
+    table.add_column("family")
+    for config in results:
+        table.add_column(f"{config} ms", justify="right")
+        table.add_column(f"{config} %", justify="right")
+    for family in (*FAMILIES, "total"):
+        cells = []
+        for res in results.values():
+            fam = res["families"].get(family, {"ms": res["total_ms"], "share": 1.0})
+            cells += [f"{fam['ms']:.3f}", f"{100 * fam['share']:.1f}"]
+        table.add_row(family, *cells)
+    return table
+
+
+def render_kernels(config: str, res: dict):
+    from rich.table import Table
+
+    table = Table(title=f"top {len(res['kernels'])} kernels: {config}")
+    for col, justify in (("#", "right"), ("kernel", "left"), ("family", "left"), ("calls", "right"),
+                         ("total ms", "right"), ("%", "right")):
+        table.add_column(col, justify=justify)
+    for i, k in enumerate(res["kernels"], 1):
+        table.add_row(str(i), _short(k["name"]), k["family"], str(k["calls"]), f"{k['ms']:.3f}",
+                      f"{100 * k['share']:.1f}")
+    return table
+
+
+def kernel_base(name: str) -> str:
+    """'void ltxbench::(anonymous namespace)::row_op_cached<bf16, 8>(...)' -> 'row_op_cached' (for ncu -k)."""
+    text = name.replace("(anonymous namespace)", "anon").removeprefix("void ").strip()
+    text = re.split(r"[<(\s]", text, maxsplit=1)[0]
+    return text.split("::")[-1] or name
+
+
+def external_commands(args: dict, results: dict, out_dir, stem: str, which) -> list[str]:
+    """nsys/ncu command lines (when those tools are on PATH) profiling one step of each configuration."""
+    import shlex
+
+    lines = []
+    for config, res in results.items():
+        argv = ["ltxbench", "bench", "e2e", "--model", args["model"], "--weights", args["weights"], "--device", "cuda",
+                "--dtype", args["dtype"], "--configs", config, "--repeats", "1", "--warmup-iterations", "1",
+                "--seed", str(args["seed"]), "--batch-size", str(args["batch_size"])]
+        if args["family"] == "llm":
+            argv += ["--prompt-lengths", str(args["prompt_length"]), "--new-tokens", str(args["new_tokens"])]
+        else:
+            argv += ["--steps", "1", "--num-frames", str(args["num_frames"]), "--height", str(args["height"]),
+                     "--width", str(args["width"]), "--phase", args["phase"]]
+        if config.startswith("optimized"):
+            argv += ["--kernel-provider", "cuda"]
+        tag = f"{out_dir}/{stem}-{config.replace('+', '-')}"
+        if which("nsys"):
+            lines.append(shlex.join(["nsys", "profile", "-t", "cuda,nvtx", "--force-overwrite", "true", "-o",
+                                     f"{tag}-nsys", *argv]))
+        if which("ncu") and res["kernels"]:
+            lines.append(shlex.join(["ncu", "--set", "full", "-f", "-o", f"{tag}-ncu", "-k",
+                                     f"regex:{re.escape(kernel_base(res['kernels'][0]['name']))}",
+                                     "--launch-count", "5", *argv]))
+    return lines
