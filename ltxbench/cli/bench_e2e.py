@@ -12,10 +12,10 @@ EXAMPLES = (
     "  ltxbench bench e2e --model ltx-2b --weights random --num-frames 49 --phase transformer "
     "--configs baseline,optimized,compile,optimized+compile --output results/e2e-2b.json\n\n"
     "  ltxbench bench e2e --num-frames 161 --use-optimized-kernels --compile\n\n"
-    "  ltxbench bench e2e --model llama-3-8b --weights random --configs baseline,compile\n\n"
+    "  ltxbench bench e2e --model llama-3-8b --weights random --configs baseline,optimized\n\n"
     "  ltxbench bench e2e --model ltx-tiny --weights random --device cpu --num-frames 9 --height 64 --width 64 "
     "--steps 2 --kernel-provider reference\n\n"
-    "Exit codes: 0 ok, 2 bad arguments (or an LLM config without kernel injection), 4 no GPU / OOM / no weights."
+    "Exit codes: 0 ok, 2 bad arguments, 4 no GPU / OOM / no weights."
 )
 
 
