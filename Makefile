@@ -5,7 +5,7 @@ ARCHS ?= 7.5;8.0;9.0
 .PHONY: install test test-gpu demo lint build-check clean
 
 install:
-	$(PYTHON) -m pip install -e ".[dev]"
+	$(PYTHON) -m pip install -e ".[dev,plot]"
 
 # CPU test suite (what CI runs). The build tests compile every CUDA source for $(ARCHS).
 test:
