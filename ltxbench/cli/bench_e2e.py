@@ -19,26 +19,6 @@ EXAMPLES = (
 )
 
 
-def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
-    from ltxbench.errors import UsageError
-
-    if value not in allowed:
-        raise UsageError(f"{flag} {value!r} is not one of {', '.join(allowed)}")
-    return value
-
-
-def _ints(flag: str, text: str) -> list[int]:
-    from ltxbench.errors import UsageError
-
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"{flag} {text!r} must be comma-separated integers") from None
-    if not values or min(values) < 1:
-        raise UsageError(f"{flag} {text!r} must list positive integers")
-    return values
-
-
 def e2e_command(
     model: str = typer.Option("ltx-2b", "--model", help="ltx-2b, ltx-13b, ltx-tiny, llama-3-8b, mistral-7b, qwen2-7b, "
                               "qwen3-8b, llama-tiny, a hub id or a local path."),
@@ -69,12 +49,12 @@ def e2e_command(
     plot: str = typer.Option(None, "--plot", help="Also draw the per-config phase split to this PNG."),
 ) -> None:
     """Time whole models per configuration: LTX phases (encode, each step, decode) or LLM prefill/decode."""
-    import importlib.util
     from pathlib import Path
 
     from ltxbench.bench.e2e import PHASES, select_configs
     from ltxbench.bench.e2e_llm import is_llm
-    from ltxbench.errors import EnvironmentProblem, NoCudaDevice, UsageError
+    from ltxbench.cli._validate import choice, positive_ints, refuse_existing, require_matplotlib, runtime
+    from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
 
     # --- validation: nothing heavy is imported before this passes ---------------------------------------
@@ -89,25 +69,15 @@ def e2e_command(
     if warmup_iterations == 0 and any(c.endswith("compile") for c in chosen):
         raise UsageError("--warmup-iterations 0 with a compile config would time compilation",
                          hint="use --warmup-iterations 1 or more")
-    lengths = _ints("--prompt-lengths", prompt_lengths)
-    _choice("--phase", phase, PHASES)
-    _choice("--weights", weights, ("pretrained", "random"))
-    _choice("--device", device, ("cuda", "cpu"))
-    if kernel_provider == "cuda" and device == "cpu":
-        raise UsageError("--kernel-provider cuda needs --device cuda (got --device cpu)",
-                         hint="use --kernel-provider reference on the CPU")
-    provider = _choice("--kernel-provider", kernel_provider or ("cuda" if device == "cuda" else "reference"),
-                       ("cuda", "reference"))
-    dtype = _choice("--dtype", dtype or ("bf16" if device == "cuda" else "fp32"), ("bf16", "fp16", "fp32"))
+    lengths = positive_ints("--prompt-lengths", prompt_lengths)
+    choice("--phase", phase, PHASES)
+    choice("--weights", weights, ("pretrained", "random"))
+    provider, dtype = runtime(device, kernel_provider, dtype)
     if output is not None and not force:
         path = Path(output) if output.lower().endswith(".json") else Path(output + ".json")
-        for p in (path, path.with_suffix(".csv")):
-            if p.exists():
-                raise UsageError(f"{p} already exists; not overwriting it",
-                                 hint="pass --force to overwrite, or choose another --output")
-    if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise EnvironmentProblem("--plot needs matplotlib, which is not installed",
-                                 hint="pip install matplotlib, or drop --plot")
+        refuse_existing((path, path.with_suffix(".csv")))
+    if plot is not None:
+        require_matplotlib()
 
     import torch
 

@@ -56,10 +56,10 @@ def micro_command(
 
     Every provider runs on the same inputs, shape by shape, and is checked against the fp32 reference.
     """
-    import importlib.util
 
     from ltxbench.bench import micro
-    from ltxbench.errors import EnvironmentProblem, NoCudaDevice, UsageError
+    from ltxbench.cli._validate import refuse_existing, require_matplotlib
+    from ltxbench.errors import NoCudaDevice, UsageError
 
     specs = micro.resolve_kernels(kernels)
     dtypes = micro.parse_choices(dtype, micro.DTYPE_NAMES, "--dtype")
@@ -73,13 +73,9 @@ def micro_command(
         raise UsageError("nothing to measure: " + "; ".join(notes))
     paths = _paths(output)
     if paths and not force:
-        for p in paths:
-            if p.exists():
-                raise UsageError(f"{p} already exists; not overwriting it",
-                                 hint="pass --force to overwrite, or choose another --output")
-    if plot is not None and importlib.util.find_spec("matplotlib") is None:
-        raise EnvironmentProblem("--plot needs matplotlib, which is not installed",
-                                 hint="pip install 'ltxbench[plot]' (or matplotlib), or drop --plot")
+        refuse_existing(paths)
+    if plot is not None:
+        require_matplotlib()
 
     import torch
 

@@ -21,14 +21,6 @@ EXAMPLES = (
 _PHASES = (("text_encode", "text_encode_ms"), ("vae_decode", "vae_decode_ms"), ("total", "total_ms"))
 
 
-def _choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
-    from ltxbench.errors import UsageError
-
-    if value not in allowed:
-        raise UsageError(f"{flag} {value!r} is not one of {', '.join(allowed)}")
-    return value
-
-
 def generate_command(
     prompt: str = typer.Option(..., "--prompt", help="Text prompt."),
     negative_prompt: str = typer.Option(None, "--negative-prompt", help="Negative prompt (used when guidance > 1)."),
@@ -56,6 +48,7 @@ def generate_command(
     dtype: str = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)."),
 ) -> None:
     """Generate a video with LTX-Video and time text encode, every denoising step and VAE decode."""
+    from ltxbench.cli._validate import choice, refuse_existing, runtime
     from ltxbench.errors import EnvironmentProblem, NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
 
@@ -65,14 +58,9 @@ def generate_command(
         raise UsageError(f"--fps {fps} must be at least 1")
     if guidance_scale < 0:
         raise UsageError(f"--guidance-scale {guidance_scale} must not be negative")
-    _choice("--weights", weights, ("pretrained", "random"))
-    _choice("--device", device, ("cuda", "cpu"))
-    provider = _choice("--kernel-provider", kernel_provider or ("cuda" if device == "cuda" else "reference"),
-                       ("cuda", "reference"))
-    dtype = _choice("--dtype", dtype or ("bf16" if device == "cuda" else "fp32"), ("bf16", "fp16", "fp32"))
-    if device == "cpu" and use_optimized_kernels and provider == "cuda":
-        raise UsageError("--kernel-provider cuda needs --device cuda",
-                         hint="use --kernel-provider reference or --no-optimized-kernels on the CPU")
+    choice("--weights", weights, ("pretrained", "random"))
+    provider, dtype = runtime(device, kernel_provider, dtype, kernels_used=use_optimized_kernels,
+                              cpu_hint="use --kernel-provider reference or --no-optimized-kernels on the CPU")
     if device == "cpu" and cpu_offload:
         raise UsageError("--cpu-offload needs --device cuda")
     output = Path(output)
@@ -80,10 +68,7 @@ def generate_command(
         raise UsageError(f"--output {output} must end in .mp4 (the result JSON is written beside it)")
     json_path = output.with_suffix(".json")
     if not force:
-        for path in (output, json_path):
-            if path.exists():
-                raise UsageError(f"{path} already exists; not overwriting it",
-                                 hint="pass --force to overwrite, or choose another --output")
+        refuse_existing((output, json_path))
 
     import torch
 

@@ -51,7 +51,7 @@ def profile_command(
 
     from ltxbench.bench.e2e import PHASES, parse_configs
     from ltxbench.bench.e2e_llm import is_llm
-    from ltxbench.cli.bench_e2e import _choice
+    from ltxbench.cli._validate import choice, refuse_existing, runtime
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
     from ltxbench.results.io import default_path
@@ -65,25 +65,17 @@ def profile_command(
                         ("--new-tokens", new_tokens)):
         if value < 1:
             raise UsageError(f"{flag} {value} must be at least 1")
-    _choice("--phase", phase, PHASES)
-    _choice("--weights", weights, ("pretrained", "random"))
-    _choice("--device", device, ("cuda", "cpu"))
-    if kernel_provider == "cuda" and device == "cpu":
-        raise UsageError("--kernel-provider cuda needs --device cuda (got --device cpu)",
-                         hint="use --kernel-provider reference on the CPU")
-    provider = _choice("--kernel-provider", kernel_provider or ("cuda" if device == "cuda" else "reference"),
-                       ("cuda", "reference"))
-    dtype = _choice("--dtype", dtype or ("bf16" if device == "cuda" else "fp32"), ("bf16", "fp16", "fp32"))
+    choice("--phase", phase, PHASES)
+    choice("--weights", weights, ("pretrained", "random"))
+    provider, dtype = runtime(device, kernel_provider, dtype)
     json_path = default_path("profile") if output is None else Path(output)
     if json_path.suffix.lower() != ".json":
         json_path = json_path.with_name(json_path.name + ".json")
     traces_at = Path(trace_dir) if trace_dir is not None else json_path.parent
     traces = {c: traces_at / f"{json_path.stem}-{c.replace('+', '-')}.trace.json" for c in chosen}
     if not force:
-        for p in (json_path, json_path.with_suffix(".csv"), *traces.values()):
-            if p.exists():
-                raise UsageError(f"{p} already exists; not overwriting it",
-                                 hint="pass --force to overwrite, or choose another --output/--trace-dir")
+        refuse_existing((json_path, json_path.with_suffix(".csv"), *traces.values()),
+                        hint="pass --force to overwrite, or choose another --output/--trace-dir")
 
     import torch
 

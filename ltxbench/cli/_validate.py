@@ -1,0 +1,52 @@
+"""Argument checks shared by the commands: one wording for each kind of bad value, all before torch loads.
+
+Only the standard library and ltxbench.errors here (the commands' help must stay instant)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from ltxbench.errors import EnvironmentProblem, UsageError
+
+OVERWRITE_HINT = "pass --force to overwrite, or choose another --output"
+
+
+def choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise UsageError(f"{flag} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def positive_ints(flag: str, text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} must be comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} {text!r} must list positive integers")
+    return values
+
+
+def runtime(device: str, kernel_provider: str | None, dtype: str | None, *, kernels_used: bool = True,
+            cpu_hint: str = "use --kernel-provider reference on the CPU") -> tuple[str, str]:
+    """(provider, dtype) for --device: provider cuda on cuda, reference on cpu; bf16 on cuda, fp32 on cpu.
+    Asking for the cuda kernels on the CPU is a usage error (when kernels are used at all)."""
+    choice("--device", device, ("cuda", "cpu"))
+    provider = choice("--kernel-provider", kernel_provider or ("cuda" if device == "cuda" else "reference"),
+                      ("cuda", "reference"))
+    if kernels_used and provider == "cuda" and device == "cpu":
+        raise UsageError("--kernel-provider cuda needs --device cuda (got --device cpu)", hint=cpu_hint)
+    return provider, choice("--dtype", dtype or ("bf16" if device == "cuda" else "fp32"), ("bf16", "fp16", "fp32"))
+
+
+def refuse_existing(paths, hint: str = OVERWRITE_HINT) -> None:
+    """Never overwrite silently: the first of `paths` that exists is a usage error (unless --force)."""
+    for path in paths:
+        if path.exists():
+            raise UsageError(f"{path} already exists; not overwriting it", hint=hint)
+
+
+def require_matplotlib() -> None:
+    if importlib.util.find_spec("matplotlib") is None:
+        raise EnvironmentProblem("--plot needs matplotlib, which is not installed",
+                                 hint="pip install 'ltxbench[plot]' (or matplotlib), or drop --plot")
