@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
-from ltxbench.inject.ltx import FusedLTXAttnProcessor, apply_kernels
+from ltxbench.inject.ltx import FUSED_ATTR, FusedLTXAttnProcessor, apply_kernels
 from ltxbench.models.ltx import component_configs
 
 BLOCK_RULE = "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"
@@ -44,19 +44,53 @@ def _inputs(model, device="cpu", dtype=torch.float32, frames=3, height=4, width=
             "return_dict": False}
 
 
-@pytest.mark.parametrize("rope_from_coords,gelu_tanh", [(True, False), (False, False), (True, True)])
-def test_reference_provider_matches_unpatched_transformer(rope_from_coords, gelu_tanh):
+FEATURES = {  # apply_kernels keyword sets: the defaults, each optional part off, and the GELU kernel rule
+    "defaults": {},
+    "rope-tables": {"rope_from_coords": False},
+    "no-fusion": {"fuse_projections": False, "gelu_epilogue": False, "sdpa_priority": None},
+    "gelu-kernel": {"gelu_epilogue": False, "gelu_tanh": True},
+}
+
+
+@pytest.mark.parametrize("features", list(FEATURES))
+def test_reference_provider_matches_unpatched_transformer(features):
     model = _transformer()
     inputs = _inputs(model)
+    kwargs = FEATURES[features]
     with torch.no_grad():
         expected = model(**inputs)[0]
-        with apply_kernels(model, "reference", rope_from_coords=rope_from_coords, gelu_tanh=gelu_tanh) as report:
-            assert report.rules.get("ff: gelu_tanh", 0) == (2 if gelu_tanh else 0)
+        with apply_kernels(model, "reference", **kwargs) as report:
+            assert report.rules.get("ff: gelu_tanh", 0) == (2 if kwargs.get("gelu_tanh") else 0)
+            assert report.rules.get("attn1: one q/k/v GEMM", 0) == (2 if kwargs.get("fuse_projections", 1) else 0)
             got = model(**inputs)[0]
         assert not report.active
+        assert not any(hasattr(b.attn1, FUSED_ATTR) for b in model.transformer_blocks)
         after = model(**inputs)[0]
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
     assert torch.equal(after, expected)
+
+
+def test_fused_projections_are_used_and_keep_one_copy_of_the_weights(monkeypatch):
+    model = _transformer()
+    attn1, attn2 = model.transformer_blocks[0].attn1, model.transformer_blocks[0].attn2
+    with torch.no_grad(), apply_kernels(model, "reference"):
+        (names1, fused1), (names2, _) = getattr(attn1, FUSED_ATTR), getattr(attn2, FUSED_ATTR)
+        assert names1 == ("to_q", "to_k", "to_v") and names2 == ("to_k", "to_v")
+        assert attn1.to_v.weight.untyped_storage().data_ptr() == fused1.weight.untyped_storage().data_ptr()
+        calls = []
+        for lin in (attn1.to_q, attn1.to_k, attn1.to_v, attn2.to_k, attn2.to_v):
+            monkeypatch.setattr(lin, "forward", lambda *a, _c=calls: _c.append(1))
+        model(**_inputs(model))
+    assert calls == []  # every q/k/v of attn1 and k/v of attn2 came from the fused GEMMs
+
+
+def test_injected_transformer_compiles_without_graph_breaks():
+    """The optimized+compile configuration: dynamo sees the whole patched forward as one graph."""
+    model = _transformer()
+    inputs = _inputs(model)
+    with torch.no_grad(), apply_kernels(model, "reference"):
+        explained = torch._dynamo.explain(model)(**inputs)
+    assert explained.graph_break_count == 0, explained.break_reasons
 
 
 def test_per_token_modulation_of_image_to_video_blocks():
@@ -80,15 +114,18 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     processors = [(b.attn1.processor, b.attn2.processor) for b in model.transformer_blocks]
     report = apply_kernels(model, "reference")
     assert dict(report.rules) == {"rope: angles from coordinates": 1, MODEL_RULE: 1, BLOCK_RULE: 28,
-                                  "attn1: qk_rms_norm_rope": 28, "attn2: rms_norm q, k": 28}
+                                  "attn1: qk_rms_norm_rope": 28, "attn2: rms_norm q, k": 28,
+                                  "attn1: one q/k/v GEMM": 28, "attn2: one k/v GEMM": 28,
+                                  "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28}
     skipped = {t for t, _ in report.skipped}
-    assert {"VAE RMSNorm", "ff GELU-tanh"} <= skipped
+    assert {"VAE RMSNorm"} <= skipped
     assert all(isinstance(b.attn1.processor, FusedLTXAttnProcessor) for b in model.transformer_blocks)
     assert report.as_dict()["applied"] is True
     report.revert()
     assert "forward" not in vars(model.rope) and "forward" not in vars(model)
     for block, (p1, p2) in zip(model.transformer_blocks, processors, strict=True):
         assert "forward" not in vars(block) and block.attn1.processor is p1 and block.attn2.processor is p2
+        assert not hasattr(block.attn1, FUSED_ATTR) and "forward" not in vars(block.ff.net[0])
 
 
 def test_a_hooked_model_forward_is_left_alone_and_reported():
@@ -171,3 +208,32 @@ def test_injection_stays_active_under_accelerate_offload_hooks(monkeypatch):
         model(**inputs)
         remove_hook_from_module(model)
     assert len(calls) == 2 * len(model.transformer_blocks) - 1  # attn2 residual per block + chained ff residuals
+
+
+def test_linear_gelu_tanh_refuses_cpu_tensors_and_mismatched_shapes():
+    from ltxbench import ops
+
+    with pytest.raises(ValueError, match="x must be a CUDA tensor"):
+        ops.linear_gelu_tanh(torch.randn(2, 4), torch.randn(3, 4), torch.randn(3))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_linear_gelu_tanh_is_the_tanh_gelu_of_the_projection(dtype):
+    """The cuBLASLt epilogue must be GELU-tanh (LTX's), not the erf GELU; odd sizes, a strided input."""
+    from ltxbench import ops
+
+    g = torch.Generator("cuda").manual_seed(0)
+    x = (2 * torch.randn(7, 83, 2 * 72, device="cuda", generator=g))[..., ::2].to(dtype)  # last-dim strided
+    w = (torch.randn(769, 72, device="cuda", generator=g) / 8).to(dtype)
+    b = torch.randn(769, device="cuda", generator=g).to(dtype)
+    pre = x.double() @ w.double().t() + b.double()
+    got = ops.linear_gelu_tanh(x, w, b).double()
+    eager = torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b), approximate="tanh").double()
+    tanh_err = (got - torch.nn.functional.gelu(pre, approximate="tanh")).abs().max().item()
+    eager_err = (eager - torch.nn.functional.gelu(pre, approximate="tanh")).abs().max().item()
+    erf_gap = (got - torch.nn.functional.gelu(pre)).abs().max().item()
+    assert got.shape == (7, 83, 769)
+    assert tanh_err <= 2 * eager_err + 1e-5, (tanh_err, eager_err)
+    if dtype == torch.float32:
+        assert tanh_err < 1e-4 < erf_gap, (tanh_err, erf_gap)

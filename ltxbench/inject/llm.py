@@ -25,10 +25,10 @@ import inspect
 import types
 
 import torch
-import torch.nn.functional as F
 
 from ltxbench.errors import EnvironmentProblem
 from ltxbench.inject import InjectionReport, set_attr
+from ltxbench.inject.fuse import fuse_linears, fused_linear
 from ltxbench.ops import get_provider
 
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
@@ -37,7 +37,7 @@ RULE_LAYER = "decoder layer: residual + post_attention_layernorm (fused_add_rms_
 RULE_MLP = "mlp: fused gate_up projection + swiglu"
 RULE_ROPE = "attention: rope_1d"
 RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE)
-FUSED_ATTR = "_ltxbench_gate_up"  # (weight (2I, H), bias (2I,) | None), views of which gate/up weights are
+FUSED_ATTR = "_ltxbench_gate_up"  # FusedWeights: [gate | up] (2I, H), gate/up weights are views of it
 
 # Source fragments of the transformers 5.x forwards reproduced below: a release that rewrites them is skipped.
 LAYER_SOURCE = ("residual = hidden_states", "hidden_states = self.input_layernorm(hidden_states)",
@@ -106,43 +106,12 @@ def _layer_forward(ops):
 
 def _mlp_forward(ops):
     def forward(self, x):
-        weight, bias = getattr(self, FUSED_ATTR)
-        gate, up = self.gate_proj.weight, self.up_proj.weight
-        rows = gate.shape[0]
-        intact = (gate.data_ptr() == weight.data_ptr()
-                  and up.data_ptr() == weight[rows:].data_ptr() and weight.device == x.device)
-        if not intact or (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
-            return type(self).forward(self, x)  # weights moved/reloaded, or training: the original math
-        return self.down_proj(ops.swiglu(F.linear(x, weight, bias), 0))
+        gate_up = fused_linear(x, (self.gate_proj, self.up_proj), getattr(self, FUSED_ATTR))
+        if gate_up is None:
+            return type(self).forward(self, x)  # weights moved/replaced, or training: the original math
+        return self.down_proj(ops.swiglu(gate_up, 0))
 
     return forward
-
-
-def _fuse_gate_up(mlp) -> str | None:
-    """Concatenate gate_proj/up_proj into one (2I, H) weight (and bias), then make both Parameters views of it:
-    the originals' storage is freed, memory stays one copy. Returns a reason when the MLP cannot be fused."""
-    gate, up = mlp.gate_proj, mlp.up_proj
-    if not (isinstance(gate, torch.nn.Linear) and isinstance(up, torch.nn.Linear)):
-        return "gate_proj/up_proj are not plain nn.Linear (quantized or wrapped)"
-    if (gate.bias is None) != (up.bias is None):
-        return "only one of gate_proj/up_proj has a bias"
-    if gate.weight.shape != up.weight.shape or gate.weight.dtype != up.weight.dtype \
-            or gate.weight.device != up.weight.device:
-        return "gate_proj and up_proj differ in shape, dtype or device"
-    with torch.no_grad():
-        fused = []
-        for name in ("weight", "bias"):
-            if getattr(gate, name) is None:
-                fused.append(None)
-                continue
-            g, u = getattr(gate, name), getattr(up, name)
-            cat = torch.cat([g.detach(), u.detach()], dim=0)
-            n = g.shape[0]
-            for lin, part, old in ((gate, cat[:n], g), (up, cat[n:], u)):
-                setattr(lin, name, torch.nn.Parameter(part, requires_grad=old.requires_grad))
-            fused.append(cat)
-    setattr(mlp, FUSED_ATTR, tuple(fused))
-    return None
 
 
 def _silu(mlp) -> bool:
@@ -267,9 +236,10 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
             report.skip(RULE_MLP, f"layers.{index}: activation {type(mlp.act_fn).__name__} is not silu")
         elif "forward" in vars(mlp):
             report.skip(RULE_MLP, f"layers.{index}: mlp.forward is already wrapped by a hook: left as is")
-        elif (reason := _fuse_gate_up(mlp)) is not None:
-            report.skip(RULE_MLP, f"layers.{index}: {reason}")
+        elif isinstance(fused := fuse_linears((mlp.gate_proj, mlp.up_proj)), str):
+            report.skip(RULE_MLP, f"layers.{index}: gate_proj/up_proj: {fused}")
         else:
+            setattr(mlp, FUSED_ATTR, fused)
             mlp.forward = types.MethodType(mlp_forward, mlp)
             report.patched(RULE_MLP, lambda m=mlp: [vars(m).pop(key) for key in ("forward", FUSED_ATTR)])
         attn = layer.self_attn

@@ -22,6 +22,7 @@ import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject import InjectionReport, set_attr
+from ltxbench.inject.fuse import fuse_linears, fused_linear
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
 
@@ -51,11 +52,50 @@ def _eps(norm) -> float:
     return norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
 
 
-class FusedLTXAttnProcessor:
-    """LTXVideoAttnProcessor with the q/k RMSNorm (+ RoPE) done by one fused kernel."""
+# SDPA backend priority inside our processor when diffusers would use its default (native) backend: cuDNN
+# first. Measured per attention on the H100 (notes/kernel-tuning.md); a backend the user set is kept as is.
+SDPA_PRIORITY = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+FUSED_ATTR = "_ltxbench_fused_projections"  # (names, FusedWeights): attn1 to_q/to_k/to_v, attn2 to_k/to_v
 
-    def __init__(self, ops, original):
+
+def _projections(attn, hidden_states, encoder_hidden_states):
+    """query, key, value: one GEMM for to_q/to_k/to_v (self-attention) or to_k/to_v (cross-attention) when
+    the weights were fused at injection, else the three Linear layers."""
+    names, fused = getattr(attn, FUSED_ATTR, ((), None))
+    if encoder_hidden_states is None and names == ("to_q", "to_k", "to_v"):
+        qkv = fused_linear(hidden_states, (attn.to_q, attn.to_k, attn.to_v), fused)
+        if qkv is not None:
+            return qkv.split([attn.to_q.out_features, attn.to_k.out_features, attn.to_v.out_features], dim=-1)
+    source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+    query = attn.to_q(hidden_states)
+    if names == ("to_k", "to_v"):
+        kv = fused_linear(source, (attn.to_k, attn.to_v), fused)
+        if kv is not None:
+            return (query, *kv.split([attn.to_k.out_features, attn.to_v.out_features], dim=-1))
+    return query, attn.to_k(source), attn.to_v(source)
+
+
+def _sdpa_priority(processor):
+    """sdpa_kernel(priority) when the call will reach torch's SDPA through diffusers' default backend."""
+    import contextlib
+
+    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+    if processor.sdpa_priority is None or processor._attention_backend is not None \
+            or _AttentionBackendRegistry.get_active_backend()[0] != AttentionBackendName.NATIVE:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([getattr(SDPBackend, name) for name in processor.sdpa_priority], set_priority=True)
+
+
+class FusedLTXAttnProcessor:
+    """LTXVideoAttnProcessor with fused projections (one GEMM), the q/k RMSNorm (+ RoPE) as one kernel, and an
+    SDPA backend priority (`sdpa_priority`, None = torch's default order)."""
+
+    def __init__(self, ops, original, sdpa_priority=SDPA_PRIORITY):
         self.ops = ops
+        self.sdpa_priority = sdpa_priority
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
 
@@ -68,9 +108,7 @@ class FusedLTXAttnProcessor:
         if attention_mask is not None:
             attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
             attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
-        if encoder_hidden_states is None:
-            encoder_hidden_states = hidden_states
-        query, key, value = attn.to_q(hidden_states), attn.to_k(encoder_hidden_states), attn.to_v(encoder_hidden_states)
+        query, key, value = _projections(attn, hidden_states, encoder_hidden_states)
         if image_rotary_emb is not None:  # self-attention: q and k have the same shape
             query, key = self.ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
                                                    _eps(attn.norm_q), **_rope_kwargs(image_rotary_emb))
@@ -78,9 +116,10 @@ class FusedLTXAttnProcessor:
             query = self.ops.rms_norm(query, attn.norm_q.weight, _eps(attn.norm_q))
             key = self.ops.rms_norm(key, attn.norm_k.weight, _eps(attn.norm_k))
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
-                                              is_causal=False, backend=self._attention_backend,
-                                              parallel_config=self._parallel_config)
+        with _sdpa_priority(self):
+            hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                                  is_causal=False, backend=self._attention_backend,
+                                                  parallel_config=self._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
         return attn.to_out[1](attn.to_out[0](hidden_states))
 
@@ -173,13 +212,24 @@ def _fused_model_forward(ops):
     return apply_lora_scale("attention_kwargs")(forward)
 
 
-def _gelu_tanh_forward(ops):
-    """diffusers GELU(approximate="tanh").forward: proj, then the activation through `ops.gelu_tanh`."""
+def _gelu_forward(ops, epilogue: bool):
+    """diffusers GELU(approximate="tanh").forward as ONE GEMM with a GELU epilogue (`ops.linear_gelu_tanh`), or
+    as proj + `ops.gelu_tanh`."""
 
     def forward(self, hidden_states):
+        if epilogue:
+            return ops.linear_gelu_tanh(hidden_states, self.proj.weight, self.proj.bias)
         return ops.gelu_tanh(self.proj(hidden_states))
 
     return forward
+
+
+def _fuse_projections(report, attn, names, rule):
+    fused = fuse_linears([getattr(attn, name) for name in names])
+    if isinstance(fused, str):
+        report.skip(rule, fused)
+        return
+    set_attr(report, rule, attn, FUSED_ATTR, (names, fused))
 
 
 def _transformer_of(target):
@@ -196,15 +246,19 @@ def _plain_norms(block) -> bool:
     return getattr(block.norm1, "weight", None) is None and getattr(block.norm2, "weight", None) is None
 
 
-def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True,
-                  gelu_tanh: bool = False) -> InjectionReport:
+def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True, fuse_projections: bool = True,
+                  gelu_epilogue: bool = True, gelu_tanh: bool = False,
+                  sdpa_priority: tuple[str, ...] | None = SDPA_PRIORITY) -> InjectionReport:
     """Patch an LTX pipeline's transformer (or the transformer itself) in place; returns the report, whose
     `revert()` (or use as a context manager) restores the original forwards and processors.
 
     provider "cuda": our kernels (the transformer must be on a CUDA device); "reference": the same fusions
     in pure torch, so the mechanics run anywhere. Apply after `.to(device)`, before CPU offload.
-    gelu_tanh=True also routes the feed-forward GELU(tanh) through `ops.gelu_tanh`; off by default because
-    torch's own GELU kernel measured faster (see GELU_MEASURED).
+    fuse_projections: attn1's q/k/v and attn2's k/v as one GEMM each (the Linear weights become views of the
+    concatenation: one copy in memory). gelu_epilogue: the feed-forward up-projection and its GELU(tanh) as
+    one cuBLASLt GEMM with a GELU epilogue; else gelu_tanh=True routes the activation alone through
+    `ops.gelu_tanh` (torch's own GELU measured faster, see GELU_MEASURED). sdpa_priority: SDPBackend names
+    tried in order when attention goes through diffusers' default backend (None: torch's order).
     """
     transformer = _transformer_of(target)
     ops = get_provider(provider)
@@ -241,15 +295,21 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
                  types.MethodType(block_forward, block))
         for name, rule in (("attn1", "attn1: qk_rms_norm_rope"), ("attn2", "attn2: rms_norm q, k")):
             attn = getattr(block, name)
-            set_attr(report, rule, attn, "processor", FusedLTXAttnProcessor(ops, attn.processor))
-    if gelu_tanh:
+            set_attr(report, rule, attn, "processor", FusedLTXAttnProcessor(ops, attn.processor, sdpa_priority))
+        if fuse_projections:
+            _fuse_projections(report, block.attn1, ("to_q", "to_k", "to_v"), "attn1: one q/k/v GEMM")
+            _fuse_projections(report, block.attn2, ("to_k", "to_v"), "attn2: one k/v GEMM")
+    if gelu_epilogue or gelu_tanh:
         from diffusers.models.activations import GELU
 
-        gelu_forward = _gelu_tanh_forward(ops)
-        for block in transformer.transformer_blocks:
+        rule = "ff: up-projection + GELU-tanh as one GEMM (epilogue)" if gelu_epilogue else "ff: gelu_tanh"
+        gelu_forward = _gelu_forward(ops, gelu_epilogue)
+        for index, block in enumerate(transformer.transformer_blocks):
             act = block.ff.net[0]
-            if isinstance(act, GELU) and act.approximate == "tanh":
-                set_attr(report, "ff: gelu_tanh", act, "forward", types.MethodType(gelu_forward, act))
+            if isinstance(act, GELU) and act.approximate == "tanh" and act.proj.bias is not None:
+                set_attr(report, rule, act, "forward", types.MethodType(gelu_forward, act))
+            else:
+                report.skip(rule, f"transformer_blocks.{index}.ff: not a biased GELU(approximate='tanh')")
     else:
         report.skip("ff GELU-tanh", GELU_MEASURED + "; apply_kernels(..., gelu_tanh=True) routes it anyway")
     for target_name, reason in LEFT_ALONE:

@@ -104,6 +104,20 @@ def swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
     return _lib().swiglu(x, gate_half)
 
 
+def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """`gelu_tanh(x @ weight.T + bias)` as ONE cuBLASLt GEMM whose epilogue adds the bias and applies the GELU
+    (torch._addmm_activation: the tanh approximation on CUDA, checked against F.gelu in the GPU tests): the
+    (tokens, 4D) pre-activation is never written and re-read. Not our kernel: torch's cuBLASLt binding."""
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if not isinstance(t, Tensor) or not t.is_cuda:
+            raise ValueError(f"linear_gelu_tanh: {name} must be a CUDA tensor")
+    if bias.dim() != 1 or bias.shape[0] != weight.shape[0] or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"linear_gelu_tanh: x {tuple(x.shape)}, weight {tuple(weight.shape)} and bias "
+                         f"{tuple(bias.shape)} do not form x @ weight.T + bias")
+    out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
+    return out.view(*x.shape[:-1], weight.shape[0])
+
+
 # AdaLN names of the earlier seed API, kept as thin aliases with their formulas spelled out.
 def adaln_rmsnorm(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:
     """`rms_norm(x) * (1 + scale) + shift` (no weight): LTX-Video's norm1/norm2 + modulation."""

@@ -173,3 +173,8 @@ def geglu(x: Tensor, gate_half: int = 1, approximate: bool = False) -> Tensor:
 def swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
     value, gate = _halves(x, gate_half)
     return (value * F.silu(gate)).to(x.dtype)
+
+
+def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """The unfused `gelu_tanh(x @ weight.T + bias)` (the projection in x's dtype, as nn.Linear computes it)."""
+    return F.gelu(F.linear(x, weight, bias), approximate="tanh")

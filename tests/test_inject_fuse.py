@@ -1,0 +1,72 @@
+"""One GEMM for several projections (inject/fuse.py): same numbers, one copy of the weights, and a fallback
+whenever the layers stop sharing the fused weight."""
+
+import pytest
+import torch
+
+from ltxbench.inject.fuse import fuse_linears, fused_linear
+
+
+def _layers(bias=True, outs=(6, 4, 4)):
+    torch.manual_seed(0)
+    return [torch.nn.Linear(5, n, bias=bias) for n in outs]
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_projection_equals_the_layers_and_keeps_one_copy(bias):
+    layers = _layers(bias)
+    x = torch.randn(3, 7, 5)
+    expected = torch.cat([lin(x) for lin in layers], dim=-1)
+    fused = fuse_linears(layers)
+    with torch.no_grad():
+        got = fused_linear(x, layers, fused)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)
+    assert all(lin.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
+               for lin in layers)
+    # load_state_dict copies into the views, so the fused weight follows
+    state = {k: torch.randn_like(v) for k, v in layers[1].state_dict().items()}
+    layers[1].load_state_dict(state)
+    with torch.no_grad():
+        got = fused_linear(x, layers, fused)
+    torch.testing.assert_close(got[..., 6:10], x @ state["weight"].t() + (state["bias"] if bias else 0))
+
+
+def test_layers_that_stop_sharing_the_weight_get_none():
+    layers = _layers()
+    fused = fuse_linears(layers)
+    x = torch.randn(2, 5)
+    with torch.no_grad():
+        layers[0].double()
+        assert fused_linear(x.double(), layers, fused) is None
+        layers[0].float()  # back in fp32, but a separate tensor now: no longer the fused storage
+        assert fused_linear(x, layers, fused) is None
+    layers = _layers()
+    fused = fuse_linears(layers)
+    layers[2].weight = torch.nn.Parameter(torch.zeros(4, 5))
+    with torch.no_grad():
+        assert fused_linear(x, layers, fused) is None
+    assert fused_linear(x, _layers(), None) is None
+
+
+def test_training_needs_the_original_layers():
+    layers = _layers()
+    fused = fuse_linears(layers)
+    assert fused_linear(torch.randn(2, 5), layers, fused) is None  # grad enabled, weights require grad
+
+
+def test_layers_that_cannot_be_fused_say_why():
+    assert "bias" in fuse_linears([torch.nn.Linear(5, 4), torch.nn.Linear(5, 4, bias=False)])
+    assert "width" in fuse_linears([torch.nn.Linear(5, 4), torch.nn.Linear(6, 4)])
+    assert "plain" in fuse_linears([torch.nn.Linear(5, 4), torch.nn.Identity()])
+
+
+def test_fused_projection_compiles_without_graph_breaks():
+    layers = _layers()
+    fused = fuse_linears(layers)
+
+    def project(x):
+        return fused_linear(x, layers, fused) * 2
+
+    with torch.no_grad():
+        explained = torch._dynamo.explain(project)(torch.randn(4, 5))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
