@@ -47,7 +47,7 @@ def _inputs(model, device="cpu", dtype=torch.float32, frames=3, height=4, width=
 FEATURES = {  # apply_kernels keyword sets: the defaults, each optional part off, and the GELU kernel rule
     "defaults": {},
     "rope-tables": {"rope_from_coords": False},
-    "no-fusion": {"fuse_projections": False, "gelu_epilogue": False, "sdpa_priority": None},
+    "no-fusion": {"fuse_projections": False, "gelu_epilogue": False},
     "gelu-kernel": {"gelu_epilogue": False, "gelu_tanh": True},
 }
 

@@ -52,9 +52,6 @@ def _eps(norm) -> float:
     return norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
 
 
-# SDPA backend priority inside our processor when diffusers would use its default (native) backend: cuDNN
-# first. Measured per attention on the H100 (notes/kernel-tuning.md); a backend the user set is kept as is.
-SDPA_PRIORITY = ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
 FUSED_ATTR = "_ltxbench_fused_projections"  # (names, FusedWeights): attn1 to_q/to_k/to_v, attn2 to_k/to_v
 
 
@@ -75,27 +72,13 @@ def _projections(attn, hidden_states, encoder_hidden_states):
     return query, attn.to_k(source), attn.to_v(source)
 
 
-def _sdpa_priority(processor):
-    """sdpa_kernel(priority) when the call will reach torch's SDPA through diffusers' default backend."""
-    import contextlib
-
-    from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
-
-    if processor.sdpa_priority is None or processor._attention_backend is not None \
-            or _AttentionBackendRegistry.get_active_backend()[0] != AttentionBackendName.NATIVE:
-        return contextlib.nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([getattr(SDPBackend, name) for name in processor.sdpa_priority], set_priority=True)
-
-
 class FusedLTXAttnProcessor:
-    """LTXVideoAttnProcessor with fused projections (one GEMM), the q/k RMSNorm (+ RoPE) as one kernel, and an
-    SDPA backend priority (`sdpa_priority`, None = torch's default order)."""
+    """LTXVideoAttnProcessor with fused projections (one GEMM) and the q/k RMSNorm (+ RoPE) as one kernel.
+    Attention backend: left to diffusers/torch (on the H100 torch's default order already picks cuDNN, the
+    fastest measured for both attentions; forcing it with sdpa_kernel cost CPU time, notes/kernel-tuning.md)."""
 
-    def __init__(self, ops, original, sdpa_priority=SDPA_PRIORITY):
+    def __init__(self, ops, original):
         self.ops = ops
-        self.sdpa_priority = sdpa_priority
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
 
@@ -116,10 +99,9 @@ class FusedLTXAttnProcessor:
             query = self.ops.rms_norm(query, attn.norm_q.weight, _eps(attn.norm_q))
             key = self.ops.rms_norm(key, attn.norm_k.weight, _eps(attn.norm_k))
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-        with _sdpa_priority(self):
-            hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
-                                                  is_causal=False, backend=self._attention_backend,
-                                                  parallel_config=self._parallel_config)
+        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                              is_causal=False, backend=self._attention_backend,
+                                              parallel_config=self._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
         return attn.to_out[1](attn.to_out[0](hidden_states))
 
@@ -247,8 +229,7 @@ def _plain_norms(block) -> bool:
 
 
 def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True, fuse_projections: bool = True,
-                  gelu_epilogue: bool = True, gelu_tanh: bool = False,
-                  sdpa_priority: tuple[str, ...] | None = SDPA_PRIORITY) -> InjectionReport:
+                  gelu_epilogue: bool = True, gelu_tanh: bool = False) -> InjectionReport:
     """Patch an LTX pipeline's transformer (or the transformer itself) in place; returns the report, whose
     `revert()` (or use as a context manager) restores the original forwards and processors.
 
@@ -257,8 +238,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     fuse_projections: attn1's q/k/v and attn2's k/v as one GEMM each (the Linear weights become views of the
     concatenation: one copy in memory). gelu_epilogue: the feed-forward up-projection and its GELU(tanh) as
     one cuBLASLt GEMM with a GELU epilogue; else gelu_tanh=True routes the activation alone through
-    `ops.gelu_tanh` (torch's own GELU measured faster, see GELU_MEASURED). sdpa_priority: SDPBackend names
-    tried in order when attention goes through diffusers' default backend (None: torch's order).
+    `ops.gelu_tanh` (torch's own GELU measured faster, see GELU_MEASURED).
     """
     transformer = _transformer_of(target)
     ops = get_provider(provider)
@@ -295,7 +275,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
                  types.MethodType(block_forward, block))
         for name, rule in (("attn1", "attn1: qk_rms_norm_rope"), ("attn2", "attn2: rms_norm q, k")):
             attn = getattr(block, name)
-            set_attr(report, rule, attn, "processor", FusedLTXAttnProcessor(ops, attn.processor, sdpa_priority))
+            set_attr(report, rule, attn, "processor", FusedLTXAttnProcessor(ops, attn.processor))
         if fuse_projections:
             _fuse_projections(report, block.attn1, ("to_q", "to_k", "to_v"), "attn1: one q/k/v GEMM")
             _fuse_projections(report, block.attn2, ("to_k", "to_v"), "attn2: one k/v GEMM")
