@@ -237,3 +237,29 @@ def test_linear_gelu_tanh_is_the_tanh_gelu_of_the_projection(dtype):
     assert tanh_err <= 2 * eager_err + 1e-5, (tanh_err, eager_err)
     if dtype == torch.float32:
         assert tanh_err < 1e-4 < erf_gap, (tanh_err, erf_gap)
+
+
+def test_linear_gelu_tanh_is_an_op_with_a_fake_for_compile():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ltxbench import ops
+
+    with FakeTensorMode():
+        x = torch.empty(2, 5, 8, device="cuda", dtype=torch.bfloat16)
+        w, b = torch.empty(24, 8, device="cuda", dtype=torch.bfloat16), torch.empty(24, device="cuda",
+                                                                                   dtype=torch.bfloat16)
+        out = ops.linear_gelu_tanh(x, w, b)
+    assert out.shape == (2, 5, 24) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
+    assert hasattr(torch.ops.ltxbench, "linear_gelu_tanh")
+
+
+@pytest.mark.gpu
+def test_linear_gelu_tanh_opcheck():
+    from ltxbench import ops
+
+    g = torch.Generator("cuda").manual_seed(0)
+    x, w, b = (torch.randn(*shape, device="cuda", generator=g, dtype=torch.bfloat16)
+               for shape in ((3, 7, 64), (96, 64), (96,)))
+    torch.library.opcheck(torch.ops.ltxbench.linear_gelu_tanh.default, (x, w, b))
+    compiled = torch.compile(ops.linear_gelu_tanh, fullgraph=True)(x, w, b)
+    torch.testing.assert_close(compiled, ops.linear_gelu_tanh(x, w, b))
