@@ -187,6 +187,7 @@ def _check_provider(model, provider: str):
         from ltxbench.ops import _build
 
         _build.load()
+        ops.register_inductor_fallbacks()  # so that torch.compile of the patched model finishes (see there)
     return ops
 
 

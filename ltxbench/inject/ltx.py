@@ -251,6 +251,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         from ltxbench.ops import _build
 
         _build.load()  # build failures surface here (exit 4), not in the middle of a denoising step
+        ops.register_inductor_fallbacks()  # so that torch.compile of the patched model finishes (see there)
     report = InjectionReport(provider)
     if rope_from_coords:
         set_attr(report, "rope: angles from coordinates", transformer.rope, "forward",

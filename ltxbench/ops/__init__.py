@@ -146,6 +146,31 @@ def adaln_zero(x: Tensor, branch: Tensor, gate: Tensor) -> Tensor:
     return gated_residual(x, branch, gate)
 
 
+def register_inductor_fallbacks() -> int:
+    """Give inductor an explicit fallback lowering for every ltxbench op; returns how many were added.
+
+    Without one, inductor takes its implicit-fallback path, whose log line (torch 2.11) formats the whole IR
+    graph feeding the op before deciding whether to log it; with our ops chained through the 28 LTX blocks that
+    formatting did not finish in 8 minutes on the H100 (later torch formats lazily). Same layout constraint as
+    the implicit path. Idempotent. Called by the injections, so a model patched with our ops compiles."""
+    from torch._inductor import lowering
+    from torch._library.utils import get_layout_constraint_tag
+
+    added = 0
+    for qualified in torch._C._dispatch_get_all_op_names():
+        namespace, _, rest = qualified.partition("::")
+        if namespace != "ltxbench":
+            continue
+        name, _, overload = rest.partition(".")
+        op = getattr(getattr(torch.ops.ltxbench, name), overload or "default")
+        if op in lowering.lowerings:
+            continue
+        constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
+        lowering.make_fallback(op, layout_constraint=constraint, warn=False, override_decomp=True)
+        added += 1
+    return added
+
+
 def get_provider(name: str) -> types.ModuleType:
     """`cuda` → this module (our kernels); `reference` → the pure-torch twins, same function names."""
     if name == "cuda":
