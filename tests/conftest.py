@@ -29,3 +29,23 @@ def built_ops():
     from ltxbench.ops import _build
 
     return _build.load()
+
+
+@pytest.fixture
+def captured(monkeypatch):
+    """Keep a handle on the pipeline/model the command builds
+    (bench e2e / profile tests check that every configuration was undone)."""
+    from ltxbench.bench import e2e_llm
+    from ltxbench.models import ltx
+
+    seen = {}
+
+    def wrap(fn):
+        def inner(*a, **k):
+            seen["target"] = fn(*a, **k)
+            return seen["target"]
+        return inner
+
+    monkeypatch.setattr(ltx, "build_pipeline", wrap(ltx.build_pipeline))
+    monkeypatch.setattr(e2e_llm, "build_llm", wrap(e2e_llm.build_llm))
+    return seen

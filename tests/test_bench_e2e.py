@@ -34,25 +34,6 @@ def _by(records, name, provider):
     return found[0]
 
 
-@pytest.fixture
-def captured(monkeypatch):
-    """Keep a handle on the pipeline/model the command builds (to check that every config was undone)."""
-    from ltxbench.bench import e2e_llm
-    from ltxbench.models import ltx
-
-    seen = {}
-
-    def wrap(fn):
-        def inner(*a, **k):
-            seen["target"] = fn(*a, **k)
-            return seen["target"]
-        return inner
-
-    monkeypatch.setattr(ltx, "build_pipeline", wrap(ltx.build_pipeline))
-    monkeypatch.setattr(e2e_llm, "build_llm", wrap(e2e_llm.build_llm))
-    return seen
-
-
 # --- selection and validation -------------------------------------------------------------------------
 
 def test_select_configs_maps_the_original_flags():

@@ -163,6 +163,17 @@ def test_cuda_provider_refuses_cpu_model():
         llm.apply_kernels(build("llama"), "cuda")
 
 
+def _unpatched_then_patched(model, ids, generate_kwargs):
+    """(logits, generated ids) of the unpatched model, the same with our CUDA kernels, and the injection's rules."""
+    with torch.no_grad():
+        before = model(ids).logits.float()
+        expected = model.generate(ids, **generate_kwargs)
+        with llm.apply_kernels(model, "cuda") as report:
+            patched = model(ids).logits.float()
+            tokens = model.generate(ids, **generate_kwargs)
+    return before, expected, patched, tokens, dict(report.rules)
+
+
 @pytest.mark.gpu
 def test_llama3_width_bf16_cuda_kernels():
     """Two Llama-3-8B-width layers in bf16 with our CUDA kernels: logits cosine ≥ 0.999, 32 greedy tokens."""
@@ -177,13 +188,8 @@ def test_llama3_width_bf16_cuda_kernels():
     ids = torch.randint(0, cfg.vocab_size, (2, 64), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     mask = torch.ones_like(ids)
     kwargs = dict(attention_mask=mask, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0)
-    with torch.no_grad():
-        before = model(ids).logits.float()
-        expected = model.generate(ids, **kwargs)
-        with llm.apply_kernels(model, "cuda") as report:
-            assert report.rules[llm.RULE_ROPE] == 2 and report.rules[llm.RULE_MLP] == 2
-            patched = model(ids).logits.float()
-            tokens = model.generate(ids, **kwargs)
+    before, expected, patched, tokens, rules = _unpatched_then_patched(model, ids, kwargs)
+    assert rules[llm.RULE_ROPE] == 2 and rules[llm.RULE_MLP] == 2
     cosine = torch.nn.functional.cosine_similarity(patched.flatten(), before.flatten(), dim=0).item()
     matching = (tokens[:, 64:] == expected[:, 64:]).sum().item()
     print(f"logits cosine {cosine:.6f}; greedy tokens matching {matching}/{tokens[:, 64:].numel()}")
@@ -223,13 +229,9 @@ def test_full_llama3_8b_random_bf16_parity_with_the_static_cache():
         fp32_model = copy.deepcopy(model).float()
         exact = fp32_model(ids).logits.float()
         del fp32_model
-        torch.cuda.empty_cache()
-        before = model(ids).logits.float()
-        expected = model.generate(ids, **kwargs)
-        with llm.apply_kernels(model, "cuda") as report:
-            assert report.rules[llm.RULE_LAYER] == 32 and report.rules[llm.RULE_MLP] == 32
-            patched = model(ids).logits.float()
-            tokens = model.generate(ids, **kwargs)
+    torch.cuda.empty_cache()
+    before, expected, patched, tokens, rules = _unpatched_then_patched(model, ids, kwargs)
+    assert rules[llm.RULE_LAYER] == 32 and rules[llm.RULE_MLP] == 32
     same = (tokens[:, 128:] == expected[:, 128:]).cumprod(dim=1).sum().item()
     print(f"llama-3-8b random bf16: cosine to fp32 eager {cos(before, exact):.6f}, ours {cos(patched, exact):.6f}; "
           f"ours vs eager bf16 {cos(patched, before):.6f}; greedy tokens identical for the first {same}/32")

@@ -87,24 +87,6 @@ def test_external_commands_only_when_tools_exist():
     assert lines[1].startswith("ncu ") and "regex:row_op_cached" in lines[1]
 
 
-@pytest.fixture
-def captured(monkeypatch):
-    from ltxbench.bench import e2e_llm
-    from ltxbench.models import ltx
-
-    seen = {}
-
-    def wrap(fn):
-        def inner(*a, **k):
-            seen["target"] = fn(*a, **k)
-            return seen["target"]
-        return inner
-
-    monkeypatch.setattr(ltx, "build_pipeline", wrap(ltx.build_pipeline))
-    monkeypatch.setattr(e2e_llm, "build_llm", wrap(e2e_llm.build_llm))
-    return seen
-
-
 def _check_doc(doc, configs):
     assert doc["kind"] == "profile"
     for config in configs:
