@@ -1,9 +1,12 @@
 // Rotary position embeddings: LTX-Video's 3-D RoPE over the inner dim (optionally fused with the q/k
 // RMSNorm that precedes it) and the 1-D RoPE of LLMs (neox or interleaved pairs, tables + positions).
-// All rotation math in fp32; angles from coordinates use the accurate sincosf, as torch's cos/sin do.
+// All rotation math in fp32. Angles from coordinates: the accurate sincosf for fp32 outputs (as torch's
+// cos/sin); for 16-bit outputs a two-constant range reduction and the hardware sin/cos (see angle_sincos).
 #include "common/dtype.cuh"
 #include "common/params.h"
 #include "common/reduce.cuh"
+
+#include <cstdlib>
 
 namespace ltxbench {
 namespace {
@@ -15,22 +18,41 @@ template <typename T> __device__ __forceinline__ const T* at_row(const Rows3& r,
   return static_cast<const T*>(r.ptr) + b * r.sb + s * r.ss;
 }
 
+// sin/cos of an angle. fp32 outputs: sincosf, within an ulp of torch's. 16-bit outputs: reduce to [-pi, pi]
+// with 2*pi split in two (the product k * hi is exact in the fma), then MUFU sin/cos; the absolute error,
+// < 1e-6 for the |angle| < 2e4 of LTX's grid, is 1/1000 of an fp16 ulp at 1 and the sincos was the
+// kernel's bottleneck (qk norm + RoPE from coordinates at 55-66% of copy bandwidth).
+template <typename T> __device__ __forceinline__ void angle_sincos(float x, float* s, float* c) {
+  if constexpr (sizeof(T) == 4) {
+    sincosf(x, s, c);
+  } else {
+    constexpr float kInv2Pi = 0.159154943091895335768883763372514362f;
+    constexpr float k2PiHi = 6.28318548202514648437500f;           // float(2*pi)
+    constexpr float k2PiLo = -1.74845553146951715018691e-07f;      // 2*pi - k2PiHi
+    const float k = rintf(x * kInv2Pi);
+    const float r = fmaf(-k, k2PiLo, fmaf(-k, k2PiHi, x));
+    __sincosf(r, s, c);
+  }
+}
+
 // cos/sin of channels [col, col + VEC) of token (b, s): from the precomputed tables, or from the grid.
-template <int VEC, bool FROM_GRID>
+template <typename T, int VEC, bool FROM_GRID>
 __device__ __forceinline__ void ltx_angles(const Rope3dParams& p, int64_t b, int64_t s, int64_t col,
                                            float (&c)[VEC], float (&sn)[VEC]) {
   if constexpr (FROM_GRID) {
     const float* g = at_row<float>(p.grid, b, s);
     const float g3[3] = {g[0], g[1], g[2]};
+    // 32-bit channel math: D < 2^31, and 64-bit divisions cost more than the sincos they index.
+    const int pad = p.pad, col32 = static_cast<int>(col);
 #pragma unroll
     for (int m = 0; m < VEC; m += 2) {
-      const int64_t ch = col + m;
+      const int ch = col32 + m;
       float cv = 1.f, sv = 0.f;  // the D % 6 leading channels are padding: cos 1, sin 0
-      if (ch >= p.pad) {
-        const int64_t pair = (ch - p.pad) >> 1;
-        const int64_t f = pair / 3;
+      if (ch >= pad) {
+        const int pair = (ch - pad) >> 1;
+        const int f = pair / 3;
         const float t = g3[pair - 3 * f] * 2.f - 1.f;  // same two roundings as diffusers: grid*2-1, freqs*t
-        sincosf(__fmul_rn(p.freqs[f], t), &sv, &cv);
+        angle_sincos<T>(__fmul_rn(__ldg(p.freqs + f), t), &sv, &cv);
       }
       c[m] = c[m + 1] = cv;
       sn[m] = sn[m + 1] = sv;
@@ -67,7 +89,7 @@ __global__ void rope3d_kernel(Rope3dParams p) {
       const Vec<T, VEC> rq = load_raw<T, VEC>(at_row<T>(p.q, b, s) + col);
       const Vec<T, VEC> rk = load_raw<T, VEC>(at_row<T>(p.k, b, s) + col);
       float c[VEC], sn[VEC], q[VEC], k[VEC];
-      ltx_angles<VEC, FROM_GRID>(p, b, s, col, c, sn);
+      ltx_angles<T, VEC, FROM_GRID>(p, b, s, col, c, sn);
       to_floats<T, VEC>(rq, q);
       to_floats<T, VEC>(rk, k);
       rotate_interleaved<VEC>(q, c, sn);
@@ -106,6 +128,12 @@ __global__ void __launch_bounds__(kMaxRowThreads) qk_norm_rope_kernel(Rope3dPara
         rk[i] = load_raw<T, VEC>(krow + j * VEC);
       }
     }
+    // The angles do not depend on the loads: computing them here hides the sincos behind the load latency.
+    float c[MAXV][VEC], sn[MAXV][VEC];
+#pragma unroll
+    for (int i = 0; i < MAXV; ++i) {
+      if (valid[i]) ltx_angles<T, VEC, FROM_GRID>(p, b, s, (lane + static_cast<int64_t>(i) * tpr) * VEC, c[i], sn[i]);
+    }
     float q[MAXV][VEC], k[MAXV][VEC];
     float sums[2] = {0.f, 0.f};
 #pragma unroll
@@ -123,14 +151,13 @@ __global__ void __launch_bounds__(kMaxRowThreads) qk_norm_rope_kernel(Rope3dPara
     for (int i = 0; i < MAXV; ++i) {
       if (!valid[i]) continue;
       const int64_t col = (lane + static_cast<int64_t>(i) * tpr) * VEC;
-      float wq[VEC], wk[VEC], c[VEC], sn[VEC];
+      float wq[VEC], wk[VEC];
       load_vec<T, VEC>(static_cast<const T*>(p.wq) + col, wq);
       load_vec<T, VEC>(static_cast<const T*>(p.wk) + col, wk);
-      ltx_angles<VEC, FROM_GRID>(p, b, s, col, c, sn);
 #pragma unroll
       for (int e = 0; e < VEC; ++e) q[i][e] *= rq_std * wq[e], k[i][e] *= rk_std * wk[e];
-      rotate_interleaved<VEC>(q[i], c, sn);
-      rotate_interleaved<VEC>(k[i], c, sn);
+      rotate_interleaved<VEC>(q[i], c[i], sn[i]);
+      rotate_interleaved<VEC>(k[i], c[i], sn[i]);
       store_vec<T, VEC>(static_cast<T*>(p.q_out) + token * p.D + col, q[i]);
       store_vec<T, VEC>(static_cast<T*>(p.k_out) + token * p.D + col, k[i]);
     }
@@ -209,6 +236,15 @@ int grid_for(int64_t total) {
   return static_cast<int>(wanted < cap ? wanted : cap);
 }
 
+// Vectors per thread of the fused q/k norm + RoPE. LTXBENCH_QK_VPT=1|2 overrides it, for tuning sweeps.
+int qk_vectors_per_thread() {
+  static const int forced = [] {
+    const char* env = std::getenv("LTXBENCH_QK_VPT");
+    return env ? std::atoi(env) : 0;
+  }();
+  return forced == 1 ? 1 : 2;
+}
+
 int next_pow2(int64_t v) {
   int p = 1;
   while (p < v) p <<= 1;
@@ -237,7 +273,11 @@ template <typename T, bool FROM_GRID> cudaError_t launch_3d_typed(const Rope3dPa
                    aligned16(p.k_out) && aligned16(p.wq) && aligned16(p.wk) &&
                    (FROM_GRID || (rows_aligned(p.cos, 4) && rows_aligned(p.sin, 4)));
   // Rows too wide for the vectorized register cache (fp32 beyond 4096) take the pair path (up to 8192).
-  if (vec && (!p.norm || p.D / V <= 2 * kMaxRowThreads)) return launch_3d_with<T, V, 2, FROM_GRID>(p, stream);
+  if (vec && (!p.norm || p.D / V <= 2 * kMaxRowThreads)) {
+    if (p.norm && qk_vectors_per_thread() == 1 && p.D / V <= kMaxRowThreads)
+      return launch_3d_with<T, V, 1, FROM_GRID>(p, stream);
+    return launch_3d_with<T, V, 2, FROM_GRID>(p, stream);
+  }
   return launch_3d_with<T, 2, 8, FROM_GRID>(p, stream);  // one interleaved pair per vector
 }
 

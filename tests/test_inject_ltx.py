@@ -1,5 +1,7 @@
 """LTX kernel injection: the mechanics on CPU with the reference provider, the kernels on GPU."""
 
+import math
+
 import pytest
 import torch
 
@@ -169,26 +171,32 @@ def test_cuda_provider_on_a_two_layer_2b_width_model(rope_from_coords):
 
 
 @pytest.mark.gpu
-def test_full_2b_random_pipeline_latents_after_5_steps_match_unpatched():
-    """Issue parity check: LTX-2B, random weights, bf16, 512x768, 49 frames, CFG; cuda provider."""
-    from ltxbench.models.ltx import build_pipeline
+def test_full_2b_random_pipeline_latents_after_10_steps_and_decoded_frames_match_unpatched():
+    """Issue numerics check: LTX-2B, random weights, bf16, 512x768, 49 frames, CFG, 10 steps, cuda provider:
+    latents cosine >= 0.999 against the unpatched pipeline, and the PSNR of the VAE-decoded frames."""
+    from ltxbench.models.ltx import _decode, build_pipeline
 
     pipe = build_pipeline("ltx-2b", "random", "cuda", "bf16")
     pipe.set_progress_bar_config(disable=True)
 
-    def latents():
+    def latents_and_frames():
         out = pipe("a red fox running through fresh snow", negative_prompt="blurry", num_frames=49, height=512,
-                   width=768, num_inference_steps=5, guidance_scale=3.0, output_type="latent",
+                   width=768, num_inference_steps=10, guidance_scale=3.0, output_type="latent",
                    generator=torch.Generator("cuda").manual_seed(42))
-        return out.frames.float()
+        video = _decode(pipe, out.frames, 49, 512, 768, torch.Generator("cuda").manual_seed(7))
+        return out.frames.float(), (video.float().clamp(-1, 1) + 1) / 2  # frames in [0, 1], as postprocessing
 
     with torch.no_grad():
-        expected = latents()
+        expected, expected_frames = latents_and_frames()
         with apply_kernels(pipe, "cuda"):
-            got = latents()
+            got, got_frames = latents_and_frames()
     cos = torch.nn.functional.cosine_similarity(got.flatten(), expected.flatten(), dim=0).item()
-    print(f"2B latents after 5 steps: cosine {cos:.6f}, max abs diff {(got - expected).abs().max().item():.4g}")
+    mse = (got_frames - expected_frames).pow(2).mean().item()
+    psnr = 10 * math.log10(1.0 / mse) if mse > 0 else math.inf
+    print(f"2B latents after 10 steps: cosine {cos:.6f}, max abs diff {(got - expected).abs().max().item():.4g}; "
+          f"decoded frames PSNR {psnr:.2f} dB")
     assert cos >= 0.999, cos
+    assert psnr >= 30.0, psnr
 
 
 def test_injection_stays_active_under_accelerate_offload_hooks(monkeypatch):
