@@ -278,18 +278,21 @@ template <typename T, int VEC, int MAXV> cudaError_t launch_arity(const RowOpPar
   return launch_with<T, VEC, MAXV, 3>(p, stream);
 }
 
-// Vectors each thread keeps in registers. LTXBENCH_ROW_VPT=2|4 overrides the choice, for tuning sweeps.
-int vectors_per_thread() {
+// Vectors each thread keeps in registers: 4 for one input, 2 when a residual (and gate) is added, which
+// holds two or three raw vectors per slot (H100 bf16 sweep, notes/kernel-tuning.md: 4 won every one-input
+// shape, 2 every residual shape, e.g. fused add 8192x4096 99.0 -> 97.2 us). LTXBENCH_ROW_VPT=2|4 overrides.
+int vectors_per_thread(const RowOpParams& p) {
   static const int forced = [] {
     const char* env = std::getenv("LTXBENCH_ROW_VPT");
     return env ? std::atoi(env) : 0;
   }();
-  return forced == 2 || forced == 4 ? forced : 4;
+  if (forced == 2 || forced == 4) return forced;
+  return p.a.ptr ? 2 : 4;
 }
 
 template <typename T> cudaError_t launch_typed(const RowOpParams& p, cudaStream_t stream) {
   if (!vectorizable<T>(p)) return launch_arity<T, 1, 8>(p, stream);
-  if (vectors_per_thread() == 2) return launch_arity<T, vec_width<T>(), 2>(p, stream);
+  if (vectors_per_thread(p) == 2) return launch_arity<T, vec_width<T>(), 2>(p, stream);
   return launch_arity<T, vec_width<T>(), 4>(p, stream);
 }
 
