@@ -359,7 +359,9 @@ std::tuple<Tensor, Tensor> rope_1d(const Tensor& q_in, const Tensor& k_in, const
               shape(positions.sizes()));
   const Tensor q = unit_last_stride(q_in), k = unit_last_stride(k_in);
   const Tensor c = cos.contiguous(), s = sin.contiguous(), pos = positions.expand({B, S});
-  Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(k.sizes(), k.options());
+  // Token-major outputs (B, S, H, hd) seen as (B, H, S, hd): see rope1d_kernel.
+  Tensor q_out = at::empty({B, S, q.size(1), hd}, q.options()).transpose(1, 2);
+  Tensor k_out = at::empty({B, S, k.size(1), hd}, k.options()).transpose(1, 2);
   Rope1dParams p;
   p.B = B, p.S = S, p.Hq = q.size(1), p.Hk = k.size(1), p.hd = hd, p.half = c.size(1);
   p.q = q.data_ptr(), p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_ss = q.stride(2);

@@ -7,8 +7,7 @@
 #include "common/dtype.cuh"
 #include "common/params.h"
 #include "common/reduce.cuh"
-
-#include <cstdlib>
+#include "common/tuning.h"
 
 namespace ltxbench {
 namespace {
@@ -282,10 +281,7 @@ template <typename T, int VEC, int MAXV> cudaError_t launch_arity(const RowOpPar
 // holds two or three raw vectors per slot (H100 bf16 sweep, notes/kernel-tuning.md: 4 won every one-input
 // shape, 2 every residual shape, e.g. fused add 8192x4096 99.0 -> 97.2 us). LTXBENCH_ROW_VPT=2|4 overrides.
 int vectors_per_thread(const RowOpParams& p) {
-  static const int forced = [] {
-    const char* env = std::getenv("LTXBENCH_ROW_VPT");
-    return env ? std::atoi(env) : 0;
-  }();
+  static const int forced = tuning_knob("LTXBENCH_ROW_VPT");
   if (forced == 2 || forced == 4) return forced;
   return p.a.ptr ? 2 : 4;
 }

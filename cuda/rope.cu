@@ -5,8 +5,7 @@
 #include "common/dtype.cuh"
 #include "common/params.h"
 #include "common/reduce.cuh"
-
-#include <cstdlib>
+#include "common/tuning.h"
 
 namespace ltxbench {
 namespace {
@@ -164,34 +163,34 @@ __global__ void __launch_bounds__(kMaxRowThreads) qk_norm_rope_kernel(Rope3dPara
   }
 }
 
-// 1-D RoPE: one thread per (row of one head, VEC output channels); a chunk lies in one region
-// (first half, second half, pass-through) because VEC divides `half` on the paths that use it.
-// Measured (H100, Llama-3-8B prefill): this output-chunk form, which reads each neox partner twice
-// (the second read hits L1/L2), ran 53 us against 104 us for a one-read pair-per-thread form.
-template <typename T, int VEC, bool INTERLEAVED>
+// 1-D RoPE: one thread per (token, head, VEC output channels), rows in token order (a token's q heads, then
+// its k heads), outputs laid out (B, S, H, hd) like the q/k projections they come from: reads and writes
+// both stream, the token's cos/sin row is shared by all its heads, and SDPA's output needs no transpose copy
+// (with head-major q, cuDNN's output is head-major and transformers copies it back to token order).
+// A chunk lies in one region (first half, second half, pass-through) because VEC divides `half` on the paths
+// that use it. Index math in I = uint32_t when the sizes fit (64-bit divisions cost more than the access).
+// Measured (H100, Llama-3-8B prefill, notes/kernel-tuning.md): reading each neox partner a second time (L1
+// hit) beat one pair per thread (53 vs 104 us); evict-first stores 49 -> 40 us; token order with 32-bit
+// indices 35 us, a copy of the same bytes 32.5 us.
+template <typename T, int VEC, bool INTERLEAVED, typename I>
 __global__ void rope1d_kernel(Rope1dParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
-    const int64_t chunks = p.hd / VEC;
-    const int64_t q_rows = p.B * p.Hq * p.S, total = (q_rows + p.B * p.Hk * p.S) * chunks;
-    const int64_t rot = 2 * p.half;
-    // 32-bit divisions where the sizes allow: four 64-bit ones per vector cost more than the memory access.
-    const bool small = total < (int64_t{1} << 32);
-    auto div = [small](int64_t a, int64_t d) -> int64_t {
-      return small ? static_cast<uint32_t>(a) / static_cast<uint32_t>(d) : a / d;
-    };
-    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-         i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      int64_t row = div(i, chunks);
-      const int64_t col = (i - row * chunks) * VEC;
-      const bool is_q = row < q_rows;
-      if (!is_q) row -= q_rows;
-      const int64_t H = is_q ? p.Hq : p.Hk;
-      const int64_t bh = div(row, p.S), s = row - bh * p.S, b = div(bh, H), h = bh - b * H;
+    const I Hq = static_cast<I>(p.Hq), Hk = static_cast<I>(p.Hk), S = static_cast<I>(p.S), hd = static_cast<I>(p.hd);
+    const I half = static_cast<I>(p.half), rot = 2 * half, chunks = hd / VEC, heads = Hq + Hk;
+    const I total = static_cast<I>(p.B) * S * heads * chunks;
+    for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total;
+         i += static_cast<I>(gridDim.x) * blockDim.x) {
+      const I row = i / chunks, col = (i - row * chunks) * VEC;
+      const I token = row / heads;
+      I h = row - token * heads;
+      const bool is_q = h < Hq;
+      if (!is_q) h -= Hq;
+      const I b = token / S, s = token - b * S;
       const T* x = is_q ? static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + s * p.q_ss
                         : static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh + s * p.k_ss;
-      T* out = static_cast<T*>(is_q ? p.q_out : p.k_out) + row * p.hd + col;
+      T* out = static_cast<T*>(is_q ? p.q_out : p.k_out) + static_cast<int64_t>(token * (is_q ? Hq : Hk) + h) * p.hd + col;
       float y[VEC];
       load_vec<T, VEC>(x + col, y);
       if (col < rot) {
@@ -210,17 +209,17 @@ __global__ void rope1d_kernel(Rope1dParams p) {
             y[m + 1] = x1 * c + x0 * sv;
           }
         } else {
-          const bool first = col < p.half;
-          const int64_t f = first ? col : col - p.half;
+          const bool first = col < half;
+          const I f = first ? col : col - half;
           float partner[VEC], c[VEC], sv[VEC];
-          load_vec<T, VEC>(x + (first ? col + p.half : col - p.half), partner);
+          load_vec<T, VEC>(x + (first ? col + half : col - half), partner);
           load_f32<VEC>(p.cos + pos * p.table_stride + f, c);
           load_f32<VEC>(p.sin + pos * p.table_stride + f, sv);
 #pragma unroll
           for (int e = 0; e < VEC; ++e) y[e] = first ? y[e] * c[e] - partner[e] * sv[e] : y[e] * c[e] + partner[e] * sv[e];
         }
       }
-      store_vec<T, VEC>(out, y);
+      store_stream<T, VEC>(out, y);
     }
   }
 }
@@ -238,10 +237,7 @@ int grid_for(int64_t total) {
 
 // Vectors per thread of the fused q/k norm + RoPE. LTXBENCH_QK_VPT=1|2 overrides it, for tuning sweeps.
 int qk_vectors_per_thread() {
-  static const int forced = [] {
-    const char* env = std::getenv("LTXBENCH_QK_VPT");
-    return env ? std::atoi(env) : 0;
-  }();
+  static const int forced = tuning_knob("LTXBENCH_QK_VPT");
   return forced == 1 ? 1 : 2;
 }
 
@@ -287,7 +283,11 @@ template <typename T> cudaError_t launch_3d(const Rope3dParams& p, cudaStream_t 
 
 template <typename T, int VEC, bool INTERLEAVED> cudaError_t launch_1d_with(const Rope1dParams& p, cudaStream_t s) {
   const int64_t total = (p.B * p.Hq * p.S + p.B * p.Hk * p.S) * (p.hd / VEC);
-  rope1d_kernel<T, VEC, INTERLEAVED><<<grid_for(total), kBlockThreads, 0, s>>>(p);
+  if (total < (int64_t{1} << 31)) {  // so that i + grid stride cannot wrap either
+    rope1d_kernel<T, VEC, INTERLEAVED, uint32_t><<<grid_for(total), kBlockThreads, 0, s>>>(p);
+  } else {
+    rope1d_kernel<T, VEC, INTERLEAVED, int64_t><<<grid_for(total), kBlockThreads, 0, s>>>(p);
+  }
   return cudaGetLastError();
 }
 

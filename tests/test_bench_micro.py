@@ -148,6 +148,7 @@ def _results(cuda_check=True):
         (CASE, "F.rms_norm"): Measurement(_stats(0.10), ok),
         (CASE, "compile"): Measurement(_stats(0.08), ok),
         (CASE, "liger"): Measurement(reason="liger_kernel is not importable"),
+        (CASE, micro.SAME_SIZE_COPY): Measurement(_stats(0.045)),
     }
 
 
@@ -167,6 +168,9 @@ def test_gbps_pct_and_speedup_arithmetic():
                               "bytes": NBYTES}
     assert cuda["derived"]["gbps"] == pytest.approx(NBYTES / 0.05e-3 / 1e9)
     assert cuda["derived"]["pct_of_copy_peak"] == pytest.approx(100 * NBYTES / 0.05e-3 / 1e9 / 2000)
+    assert cuda["derived"]["same_size_copy_ms"] == pytest.approx(0.045)
+    assert cuda["derived"]["pct_of_same_size_copy"] == pytest.approx(90.0)
+    assert by["eager"]["derived"]["pct_of_same_size_copy"] == pytest.approx(22.5)
     assert cuda["derived"]["speedup_vs_eager"] == pytest.approx(4.0)
     assert cuda["derived"]["speedup_vs_F.rms_norm"] == pytest.approx(2.0)
     assert cuda["derived"]["speedup_vs_compile"] == pytest.approx(1.6)
@@ -238,9 +242,10 @@ def test_run_cases_interleaves_checks_and_marks_na(monkeypatch):
     results, nbytes = micro.run_cases(cases, device="cpu", time_fn=time_fn, log=log.append)
     assert log == ["rms_norm tiny0 fp32", "rms_norm tiny1 fp32"]
     assert nbytes == {cases[0]: 2 * 2 * 3 * 83 * 4 + 83 * 4, cases[1]: 2 * 2 * 3 * 84 * 4 + 84 * 4}
-    # providers of one shape are all measured before the next shape: medians rise in that order
-    assert [results[(c, "eager")].stats["median"] for c in cases] == pytest.approx([0.001, 0.002])
-    assert len(calls) == 2
+    # providers of one shape, then the copy of its bytes, are all measured before the next shape
+    assert [results[(c, "eager")].stats["median"] for c in cases] == pytest.approx([0.001, 0.003])
+    assert [results[(c, micro.SAME_SIZE_COPY)].stats["median"] for c in cases] == pytest.approx([0.002, 0.004])
+    assert len(calls) == 4
     for case in cases:
         eager = results[(case, "eager")]
         assert eager.check["passed"] and eager.check["max_abs_err"] < 1e-5 and eager.reason is None
@@ -465,8 +470,9 @@ def test_cli_end_to_end_on_cpu(tmp_path, monkeypatch, correct):
         assert len(list(csv.DictReader(fh))) == len(doc["records"])
     cuda = [r for r in doc["records"] if r["provider"] == "cuda"]
     assert all(r["check"]["passed"] is correct for r in cuda)
-    assert all(r["derived"]["pct_of_copy_peak"] > 0 for r in cuda)
+    assert all(r["derived"]["pct_of_copy_peak"] > 0 and r["derived"]["pct_of_same_size_copy"] > 0 for r in cuda)
     assert "odd-2x1024x5125" in result.output and "n/a" in result.output
+    assert "% of a copy of the same bytes" in result.output
     if has_mpl:
         assert png.read_bytes()[:4] == b"\x89PNG"
     if not correct:

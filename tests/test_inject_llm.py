@@ -76,8 +76,17 @@ def test_patched_logits_match_and_revert_is_exact(model_type, spy):
     norms = 2 * 2 + 1 + (2 * 2 if model_type == "qwen3" else 0)
     assert dict(report.rules) == {llm.RULE_NORM: norms, llm.RULE_LAYER: 2, llm.RULE_MLP: 2, llm.RULE_ROPE: 2}
     assert report.skipped == []
+    # the fused paths run: no separate q/k/v, gate/up or down projection module is called
+    linear_calls: Counter = Counter()
+    hooks = [getattr(layer, part).get_submodule(name).register_forward_hook(
+        lambda *_, key=name: linear_calls.update([key]))
+        for layer in model.model.layers for part, name in
+        (("self_attn", "q_proj"), ("self_attn", "v_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))]
     with torch.no_grad():
         patched = model(ids).logits
+    assert not linear_calls
+    for hook in hooks:
+        hook.remove()
     # post_attention_layernorm runs inside fused_add_rms_norm, so rms_norm counts every other norm
     assert dict(spy) == {"rms_norm": norms - 2, "fused_add_rms_norm": 2, "swiglu": 2, "rope_1d": 2}
     torch.testing.assert_close(patched, before, atol=1e-5, rtol=1e-5)
@@ -89,9 +98,15 @@ def test_patched_logits_match_and_revert_is_exact(model_type, spy):
     assert up.data_ptr() == fused_weight[gate.shape[0]:].data_ptr()
     assert gate.untyped_storage().nbytes() == fused_weight.numel() * fused_weight.element_size()  # one copy
 
+    attn = model.model.layers[0].self_attn
+    qkv = getattr(attn, llm.QKV_ATTR)
+    assert attn.q_proj.weight.data_ptr() == qkv.weight.data_ptr()
+    assert attn.v_proj.weight.data_ptr() == qkv.weight[-attn.v_proj.out_features:].data_ptr()
+    assert (qkv.bias is not None) == (model_type == "qwen2")  # qwen2's q/k/v carry biases: fused as well
+
     report.revert()
     assert not report.active and not any("forward" in vars(m) for m in model.modules())
-    assert not hasattr(mlp, llm.FUSED_ATTR)
+    assert not hasattr(mlp, llm.FUSED_ATTR) and not hasattr(attn, llm.QKV_ATTR)
     spy.clear()
     with torch.no_grad():
         after = model(ids).logits
@@ -113,6 +128,36 @@ def test_generate_same_tokens(model_type, cache, spy):
     assert spy["rope_1d"] >= 2 * 8  # prefill + decode steps went through the patched attention
     assert tokens.shape == (2, 12 + 8)
     assert torch.equal(tokens, expected)
+
+
+def test_mlp_residual_fallbacks_stay_exact(spy):
+    """Gradients on, or a down projection with a bias: the residual add runs unfused, still the same logits."""
+    model = build("llama", mlp_bias=True)
+    ids = prompt()
+    with torch.no_grad():
+        before = model(ids).logits
+    with llm.apply_kernels(model, "reference"):
+        down_calls = Counter()
+        model.model.layers[0].mlp.down_proj.register_forward_hook(lambda *_: down_calls.update(["down"]))
+        with torch.no_grad():
+            patched = model(ids).logits
+        assert down_calls["down"] == 1  # the bias keeps down_proj a module call
+    torch.testing.assert_close(patched, before, atol=1e-5, rtol=1e-5)
+
+
+def test_qkv_that_cannot_fuse_keep_three_gemms(spy):
+    model = build("llama")
+    ids = prompt()
+    attn = model.model.layers[1].self_attn
+    attn.k_proj.bias = torch.nn.Parameter(torch.zeros(attn.k_proj.out_features))  # only k has a bias now
+    with torch.no_grad():
+        before = model(ids).logits
+    with llm.apply_kernels(model, "reference") as report:
+        assert report.rules[llm.RULE_ROPE] == 2 and not hasattr(attn, llm.QKV_ATTR)
+        assert any("layers.1: q/k/v kept as three GEMMs: only some" in reason for _, reason in report.skipped)
+        with torch.no_grad():
+            patched = model(ids).logits
+    torch.testing.assert_close(patched, before, atol=1e-5, rtol=1e-5)
 
 
 def test_unsupported_family_is_skipped_untouched(spy):

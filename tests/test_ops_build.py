@@ -41,6 +41,10 @@ def test_fused_add_schema_is_functional(built_ops):
     assert "!" not in schema and schema.endswith("-> (Tensor, Tensor)")
 
 
+def _strides(t):
+    return [st for st, n in zip(t.stride(), t.shape, strict=True) if n > 1]
+
+
 @pytest.mark.parametrize("name", sorted(SPECS))
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 def test_fake_outputs_match_reference_shapes(built_ops, name, dtype):
@@ -59,7 +63,8 @@ def test_fake_outputs_match_reference_shapes(built_ops, name, dtype):
             for g, e in zip(got, expected, strict=True):
                 assert g.device.type == "cuda"
                 assert (g.shape, g.dtype) == (e.shape, e.dtype), (variant, shape)
-                assert g.is_contiguous()
+                # same memory layout (contiguous; rope_1d token-major); a size-1 dim's stride is arbitrary
+                assert _strides(g) == _strides(e), (variant, shape)
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

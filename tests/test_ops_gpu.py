@@ -8,6 +8,7 @@ exceed twice the error of the host library's own eager formula in the same dtype
 import pytest
 import torch
 
+from ltxbench.ops import reference
 from ltxbench.ops.registry import DTYPES, SPECS
 
 pytestmark = pytest.mark.gpu
@@ -164,6 +165,21 @@ def test_rope_1d_out_of_range_positions_poison_instead_of_reading_out_of_bounds(
     table = torch.randn(4, 32, device="cuda")
     q_out, _ = ops.rope_1d(q, q, table, table, torch.tensor([[0, 4, 1]], device="cuda"))
     assert q_out[:, :, 1].isnan().all() and not q_out[:, :, [0, 2]].isnan().any()
+
+
+def test_rope_1d_outputs_are_token_major_like_the_projections():
+    """q/k come back as (B, H, S, hd) views of dense (B, S, H, hd) memory, the layout the fake promises."""
+    from ltxbench import ops
+
+    q = torch.randn(2, 5, 4, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)  # (B, H=4, S=5, hd)
+    k = torch.randn(2, 5, 2, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    table = torch.randn(8, 32, device="cuda")
+    positions = torch.arange(5, device="cuda").expand(2, 5)
+    q_out, k_out = ops.rope_1d(q, k, table, table, positions)
+    assert q_out.stride() == (5 * 4 * 64, 64, 4 * 64, 1) and k_out.stride() == (5 * 2 * 64, 64, 2 * 64, 1)
+    q_ref, k_ref = reference.rope_1d(q, k, table, table, positions)
+    assert q_out.stride() == q_ref.stride() and k_out.stride() == k_ref.stride()
+    torch.testing.assert_close(q_out, q_ref, atol=1e-2, rtol=1.6e-2)
 
 
 def test_rope_3d_matches_diffusers_ltx_on_2b_and_13b_dims():

@@ -60,6 +60,18 @@ template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, con
   }
 }
 
+// Evict-first ("streaming", st.global.cs) store of one vector, for outputs no later kernel re-reads soon.
+template <typename T, int N> __device__ __forceinline__ void store_stream(T* p, const float (&in)[N]) {
+  if constexpr (sizeof(Vec<T, N>) == 16) {
+    Vec<T, N> raw;
+#pragma unroll
+    for (int k = 0; k < N; ++k) raw.v[k] = from_float<T>(in[k]);
+    __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(&raw));
+  } else {
+    store_vec<T, N>(p, in);
+  }
+}
+
 // N fp32 values: 16-byte loads where N allows (the caller guarantees alignment), else element loads.
 template <int N> __device__ __forceinline__ void load_f32(const float* p, float (&out)[N]) {
   if constexpr (N % 4 == 0) {

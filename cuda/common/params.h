@@ -77,8 +77,8 @@ struct Rope1dParams {
   const int64_t* pos = nullptr;
   int64_t pos_sb = 0, pos_ss = 0;
   bool interleaved = false;
-  void* q_out = nullptr;  // contiguous (B, Hq, S, hd)
-  void* k_out = nullptr;  // contiguous (B, Hk, S, hd)
+  void* q_out = nullptr;  // dense (B, S, Hq, hd): token-major, as the q projection lays q out
+  void* k_out = nullptr;  // dense (B, S, Hk, hd)
 };
 
 cudaError_t launch_rope_1d(const Rope1dParams& p, DType dtype, cudaStream_t stream);

@@ -216,9 +216,28 @@ def measure(name: str, spec: KernelSpec, inputs: dict, ref, tol, time_fn, sync) 
     return m
 
 
+SAME_SIZE_COPY = "copy"  # results key: a device copy moving the case's bytes (half read, half written)
+
+
+def _same_size_copy(nbytes: int, device: str, time_fn) -> Measurement:
+    """The copy of the case's bytes, timed like the providers: how close to the memory limit a kernel of that
+    size can get (small and mid-size copies run below the large-copy peak: ramp-up, tail, L2 write-back)."""
+    import torch
+
+    m = Measurement()
+    try:
+        src = torch.empty(max(nbytes // 2, 1), dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        m.stats = time_fn(lambda: dst.copy_(src))
+    except Exception as exc:  # noqa: BLE001 - a reference that cannot run is left out, never the end of the run
+        m.reason = _short(exc)
+    return m
+
+
 def run_cases(cases, *, timer: str = "do_bench", seed: int = 0, device: str = "cuda", time_fn=None,
               log: Callable[[str], None] | None = None) -> tuple[dict, dict]:
-    """Measure every case: {(case, provider): Measurement} and {case: bytes moved}."""
+    """Measure every case: {(case, provider): Measurement}, with (case, SAME_SIZE_COPY) for the copy of the
+    case's bytes, and {case: bytes moved}."""
     import torch
 
     if time_fn is None:
@@ -245,6 +264,8 @@ def run_cases(cases, *, timer: str = "do_bench", seed: int = 0, device: str = "c
             for name in case.providers:
                 results[(case, name)] = measure(name, spec, inputs, ref, spec.tolerance(dtype), time_fn, sync)
             del inputs, ref
+            if nbytes[case]:
+                results[(case, SAME_SIZE_COPY)] = _same_size_copy(nbytes[case], device, time_fn)
     return results, nbytes
 
 
@@ -279,6 +300,8 @@ def build_records(cases, results: dict, nbytes: dict, copy_peak_gbps: float | No
               if (case, p) in results and results[(case, p)].stats}
         params = {"shape": list(case.shape), "shape_name": case.shape_name, "variant": case.variant,
                   "bytes": nbytes.get(case)}
+        copy = results.get((case, SAME_SIZE_COPY))
+        copy_ms = copy.stats["median"] if copy is not None and copy.stats else None
         for p in case.providers:
             m = results.get((case, p)) or Measurement(reason="not measured")
             if m.stats is None:
@@ -291,6 +314,9 @@ def build_records(cases, results: dict, nbytes: dict, copy_peak_gbps: float | No
                 derived["gbps"] = gbps(nbytes[case], m.stats["median"])
                 if copy_peak_gbps:
                     derived["pct_of_copy_peak"] = 100 * derived["gbps"] / copy_peak_gbps
+            if copy_ms:
+                derived["same_size_copy_ms"] = copy_ms
+                derived["pct_of_same_size_copy"] = 100 * copy_ms / m.stats["median"]
             if p == "cuda":
                 derived.update(speedups(ms))
             records.append(make_record(case.kernel, p, case.dtype, params, "time", "ms", "lower", m.stats,

@@ -41,7 +41,8 @@ def provider_columns(records) -> list[str]:
 
 
 def cell(rec: dict | None) -> str:
-    """`12.3 µs · 45%` (of the copy peak) over `1234 GB/s`; `n/a` when the provider could not run; blank if absent."""
+    """`12.3 µs · 45% (98%)` (of the copy peak, and of a copy of the same bytes) over `1234 GB/s`; `n/a` when the
+    provider could not run; blank if absent."""
     if rec is None:
         return ""
     if _is_na(rec):
@@ -49,7 +50,9 @@ def cell(rec: dict | None) -> str:
     derived = rec.get("derived") or {}
     median = _num(rec["stats"].get("median"))
     bw, pct = _num(derived.get("gbps")), _num(derived.get("pct_of_copy_peak"))
+    same = _num(derived.get("pct_of_same_size_copy"))
     first = (f"{median * 1e3:.1f} µs" if median is not None else "?") + (f" · {pct:.0f}%" if pct is not None else "")
+    first += f" ({same:.0f}%)" if same is not None else ""
     return first + (f"\n{bw:.0f} GB/s" if bw is not None else "")
 
 
@@ -83,7 +86,8 @@ def render_table(records, title: str = "ltxbench bench micro"):
     peak = copy_peak(records)
     if peak:
         title += f" · copy peak {peak:.0f} GB/s"
-    table = Table(title=title, show_lines=True, box=box.SIMPLE_HEAD, caption="µs: median · % of the copy peak")
+    table = Table(title=title, show_lines=True, box=box.SIMPLE_HEAD,
+                  caption="µs: median · % of the copy peak (% of a copy of the same bytes)")
     providers = provider_columns(records)
     for col in ("kernel", "shape", "dtype", *providers, "cuda speedup", "check"):
         table.add_column(col, justify="right" if col in providers else "left", overflow="fold",

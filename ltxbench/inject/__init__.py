@@ -19,6 +19,10 @@ class InjectionReport:
         self.rules[rule] += 1
         self._undo.append(undo)
 
+    def on_revert(self, undo: Callable[[], None]) -> None:
+        """Run `undo` on revert without counting a patch (state that belongs to a patch already counted)."""
+        self._undo.append(undo)
+
     def skip(self, target: str, reason: str) -> None:
         self.skipped.append((target, reason))
 

@@ -3,8 +3,10 @@
 Rules (HANDBOOK §2 has the math):
   RMSNorm (input/post-attention/final, Qwen3 q_norm/k_norm) → ops.rms_norm(cast_before_weight=True)
   decoder layer: `residual + attn` and post_attention_layernorm → ops.fused_add_rms_norm
+                 `residual + mlp`                               → down_proj GEMM accumulating into the residual
+                                                                  (addmm_, beta 1: no separate add kernel)
   MLP: gate_proj and up_proj as ONE [gate | up] projection      → F.linear + ops.swiglu + down_proj
-  attention: apply_rotary_pos_emb                                → ops.rope_1d
+  attention: q_proj/k_proj/v_proj as ONE projection; apply_rotary_pos_emb → ops.rope_1d
 Anything else (gemma's `1 + weight` norm, unknown classes, forwards already wrapped by hooks, forwards whose
 source differs from the code reproduced here) is skipped with a reason, never patched. Inference only: a
 forward that would need gradients through the fused MLP weight runs the original forward instead.
@@ -35,9 +37,10 @@ FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "
 RULE_NORM = "rms_norm"
 RULE_LAYER = "decoder layer: residual + post_attention_layernorm (fused_add_rms_norm)"
 RULE_MLP = "mlp: fused gate_up projection + swiglu"
-RULE_ROPE = "attention: rope_1d"
+RULE_ROPE = "attention: one q/k/v GEMM + rope_1d"
 RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE)
 FUSED_ATTR = "_ltxbench_gate_up"  # FusedWeights: [gate | up] (2I, H), gate/up weights are views of it
+QKV_ATTR = "_ltxbench_qkv"  # FusedWeights: [q | k | v], q/k/v projection weights (and biases) are views of it
 
 # Source fragments of the transformers 5.x forwards reproduced below: a release that rewrites them is skipped.
 LAYER_SOURCE = ("residual = hidden_states", "hidden_states = self.input_layernorm(hidden_states)",
@@ -90,16 +93,36 @@ def _layer_forward(ops):
                                           position_ids=position_ids, past_key_values=past_key_values,
                                           use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
         post = self.post_attention_layernorm
-        if post.weight.dtype == hidden_states.dtype == residual.dtype:
+        fused = post.weight.dtype == hidden_states.dtype == residual.dtype
+        if fused:
             hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, post.weight, _eps(post),
                                                              cast_before_weight=True)
         else:
             residual = residual + hidden_states
             hidden_states = post(residual)
-        hidden_states = self.mlp(hidden_states)
-        return residual + hidden_states
+        if fused:
+            out = _mlp_into_residual(ops, self.mlp, hidden_states, residual)
+            if out is not None:
+                return out
+        return residual + self.mlp(hidden_states)
 
     return forward
+
+
+def _mlp_into_residual(ops, mlp, x, residual):
+    """`residual + mlp(x)` with the down projection's GEMM accumulating into `residual` in place (beta = 1), or
+    None when the MLP is not our patched one, has a down bias, or gradients are on. Only for a residual this
+    layer created (fused_add_rms_norm's output): nobody else holds it."""
+    fused = vars(mlp).get(FUSED_ATTR)
+    down = mlp.down_proj
+    if fused is None or down.bias is not None or torch.is_grad_enabled():
+        return None
+    gate_up = fused_linear(x, (mlp.gate_proj, mlp.up_proj), fused)
+    if gate_up is None or down.weight.dtype != residual.dtype:
+        return None
+    act = ops.swiglu(gate_up, 0)
+    residual.view(-1, residual.shape[-1]).addmm_(act.view(-1, act.shape[-1]), down.weight.t())
+    return residual
 
 
 # ---- MLP ----------------------------------------------------------------------------------------------
@@ -152,12 +175,17 @@ def _attn_forward(ops, cache: dict, sliding, eager):
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        query_states = self.q_proj(hidden_states).view(hidden_shape)
-        key_states = self.k_proj(hidden_states).view(hidden_shape)
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        qkv = fused_linear(hidden_states, projections, vars(self).get(QKV_ATTR))
+        if qkv is not None:  # one GEMM; q, k, v are column slices of its output
+            query_states, key_states, value_states = qkv.split([p.out_features for p in projections], dim=-1)
+        else:
+            query_states, key_states, value_states = (p(hidden_states) for p in projections)
+        query_states, key_states = query_states.view(hidden_shape), key_states.view(hidden_shape)
         if hasattr(self, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
             query_states, key_states = self.q_norm(query_states), self.k_norm(key_states)
         query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)
-        value_states = self.v_proj(hidden_states).view(hidden_shape).transpose(1, 2)
+        value_states = value_states.view(hidden_shape).transpose(1, 2)
 
         cos_table, sin_table, positions = _rope_tables(cache, *position_embeddings)
         query_states, key_states = ops.rope_1d(query_states, key_states, cos_table, sin_table, positions)
@@ -252,7 +280,19 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
             report.skip(RULE_ROPE, f"layers.{index}: q_norm/k_norm not verified")
         else:
             eager = inspect.getmodule(type(attn)).eager_attention_forward
-            _patch(report, RULE_ROPE, attn, _attn_forward(ops, rope_cache, sliding, eager), "Attention", prefix,
-                   ATTN_SOURCE)
+            if _patch(report, RULE_ROPE, attn, _attn_forward(ops, rope_cache, sliding, eager), "Attention", prefix,
+                      ATTN_SOURCE):
+                _fuse_qkv(report, attn, index)
     return report
+
+
+def _fuse_qkv(report, attn, index: int) -> None:
+    """Give the patched attention one [q | k | v] weight (the projections become views of it); when the
+    projections cannot be fused the forward keeps the three GEMMs, and the report says why."""
+    fused = fuse_linears((attn.q_proj, attn.k_proj, attn.v_proj))
+    if isinstance(fused, str):
+        report.skip(RULE_ROPE, f"layers.{index}: q/k/v kept as three GEMMs: {fused}")
+        return
+    setattr(attn, QKV_ATTR, fused)
+    report.on_revert(lambda: vars(attn).pop(QKV_ATTR, None))
 

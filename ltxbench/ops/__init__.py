@@ -84,7 +84,9 @@ def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor,
     """LLM RoPE on q (B, Hq, S, hd) and k (B, Hk, S, hd) — GQA allowed, any strides — with angles from fp32
     tables cos/sin (P, rot/2) gathered at int64 positions (B|1, S), so a KV-cache offset is just positions.
     Layout neox (rotate-half, transformers' LLaMA/Mistral/Qwen; the default) or interleaved (2i, 2i+1).
-    Channels past `rot` pass through. Returns new contiguous (q, k); positions outside the table give NaN."""
+    Channels past `rot` pass through. Returns new (q, k) whose memory is token-major (B, S, H, hd), the q/k
+    projections' own layout (so that SDPA's output needs no transpose copy); positions outside the table
+    give NaN."""
     return _lib().rope_1d(q, k, cos, sin, positions, interleaved)
 
 

@@ -62,10 +62,16 @@ def _qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs):
     return _like(q), _like(q)
 
 
+def _token_major(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, S, hd) viewing a dense (B, S, H, hd) buffer, as rope_1d allocates its outputs."""
+    b, h, s, d = x.shape
+    return torch.empty((b, s, h, d), dtype=x.dtype, device=x.device).transpose(1, 2)
+
+
 @register_fake("ltxbench::rope_1d")
 def _rope_1d(q, k, cos, sin, positions, interleaved=False):
     torch._check(q.dim() == 4 and k.dim() == 4, lambda: "rope_1d: q and k must be (B, heads, S, head_dim)")
-    return _like(q), _like(k)
+    return _token_major(q), _token_major(k)
 
 
 @register_fake("ltxbench::gelu_tanh")

@@ -149,7 +149,8 @@ def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor,
         else:
             x1, x2 = xf[..., :half], xf[..., half:]
             rotated = torch.cat([x1 * c - x2 * s, x2 * c + x1 * s], dim=-1)
-        return torch.cat([rotated, rest], dim=-1).to(x.dtype).contiguous()
+        out = torch.cat([rotated, rest], dim=-1).to(x.dtype)
+        return out.transpose(1, 2).contiguous().transpose(1, 2)  # token-major, as the kernel lays it out
 
     return apply(q), apply(k)
 
