@@ -164,13 +164,15 @@ def test_llama_tiny_baseline(tmp_path, captured):
 
 
 def test_llama_tiny_optimized_runs_the_llm_injection_and_reverts_it(tmp_path, captured):
+    from ltxbench.inject.llm import RULE_ROPE
+
     out = tmp_path / "llm-opt.json"
     result = runner.invoke(app, [*LLAMA, "--configs", "baseline,optimized", "--kernel-provider", "reference",
                                  "--output", str(out)])
     assert result.exit_code == 0, result.output
     doc = json.loads(out.read_text())
     injection = doc["run"]["config"]["injection"]["optimized"]
-    assert injection["applied"] is True and injection["rules"]["attention: rope_1d"] == 2
+    assert injection["applied"] is True and injection["rules"][RULE_ROPE] == 2
     assert _by(doc["records"], "decode_step", "optimized")["derived"]["speedup_vs_baseline"] > 0
     model = captured["target"]
     assert all("forward" not in vars(layer) for layer in model.model.layers)  # reverted after the run
