@@ -190,7 +190,8 @@ __global__ void rope1d_kernel(Rope1dParams p) {
       const I b = token / S, s = token - b * S;
       const T* x = is_q ? static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + s * p.q_ss
                         : static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh + s * p.k_ss;
-      T* out = static_cast<T*>(is_q ? p.q_out : p.k_out) + static_cast<int64_t>(token * (is_q ? Hq : Hk) + h) * p.hd + col;
+      const int64_t out_row = token * (is_q ? Hq : Hk) + h;  // < total: fits I
+      T* out = static_cast<T*>(is_q ? p.q_out : p.k_out) + out_row * p.hd + col;
       float y[VEC];
       load_vec<T, VEC>(x + col, y);
       if (col < rot) {

@@ -131,7 +131,7 @@ def test_generate_same_tokens(model_type, cache, spy):
 
 
 def test_mlp_residual_fallbacks_stay_exact(spy):
-    """Gradients on, or a down projection with a bias: the residual add runs unfused, still the same logits."""
+    """A down projection with a bias: the residual add runs unfused, still the same logits."""
     model = build("llama", mlp_bias=True)
     ids = prompt()
     with torch.no_grad():

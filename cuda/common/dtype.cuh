@@ -48,12 +48,17 @@ template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p
   to_floats<T, N>(load_raw<T, N>(p), out);
 }
 
+// N floats rounded to T, packed as one vector.
+template <typename T, int N> __device__ __forceinline__ Vec<T, N> pack(const float (&in)[N]) {
+  Vec<T, N> raw;
+#pragma unroll
+  for (int k = 0; k < N; ++k) raw.v[k] = from_float<T>(in[k]);
+  return raw;
+}
+
 template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, const float (&in)[N]) {
   if constexpr (sizeof(Vec<T, N>) == 16) {
-    Vec<T, N> raw;
-#pragma unroll
-    for (int k = 0; k < N; ++k) raw.v[k] = from_float<T>(in[k]);
-    *reinterpret_cast<Vec<T, N>*>(p) = raw;
+    *reinterpret_cast<Vec<T, N>*>(p) = pack<T, N>(in);
   } else {
 #pragma unroll
     for (int k = 0; k < N; ++k) p[k] = from_float<T>(in[k]);
@@ -63,9 +68,7 @@ template <typename T, int N> __device__ __forceinline__ void store_vec(T* p, con
 // Evict-first ("streaming", st.global.cs) store of one vector, for outputs no later kernel re-reads soon.
 template <typename T, int N> __device__ __forceinline__ void store_stream(T* p, const float (&in)[N]) {
   if constexpr (sizeof(Vec<T, N>) == 16) {
-    Vec<T, N> raw;
-#pragma unroll
-    for (int k = 0; k < N; ++k) raw.v[k] = from_float<T>(in[k]);
+    const Vec<T, N> raw = pack<T, N>(in);
     __stcs(reinterpret_cast<int4*>(p), *reinterpret_cast<const int4*>(&raw));
   } else {
     store_vec<T, N>(p, in);

@@ -222,13 +222,11 @@ SAME_SIZE_COPY = "copy"  # results key: a device copy moving the case's bytes (h
 def _same_size_copy(nbytes: int, device: str, time_fn) -> Measurement:
     """The copy of the case's bytes, timed like the providers: how close to the memory limit a kernel of that
     size can get (small and mid-size copies run below the large-copy peak: ramp-up, tail, L2 write-back)."""
-    import torch
+    from ltxbench.bench.timing import device_copy
 
     m = Measurement()
     try:
-        src = torch.empty(max(nbytes // 2, 1), dtype=torch.uint8, device=device)
-        dst = torch.empty_like(src)
-        m.stats = time_fn(lambda: dst.copy_(src))
+        m.stats = time_fn(device_copy(max(nbytes // 2, 1), device))
     except Exception as exc:  # noqa: BLE001 - a reference that cannot run is left out, never the end of the run
         m.reason = _short(exc)
     return m

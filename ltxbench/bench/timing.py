@@ -27,11 +27,16 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float 
     return stats_from_samples([float(s) for s in samples])
 
 
-def copy_bandwidth_gbps(nbytes: int = 1 << 30, timer: str = "do_bench") -> dict:
-    """Device-to-device copy of `nbytes`, counting bytes read + written: the practical memory ceiling."""
+def device_copy(nbytes: int, device: str = "cuda") -> Callable[[], object]:
+    """A copy of `nbytes` (random bytes) between two fresh buffers on `device`, ready to time."""
     import torch
 
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_()
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device).random_()
     dst = torch.empty_like(src)
-    stats = time_cuda(lambda: dst.copy_(src), timer=timer)
+    return lambda: dst.copy_(src)
+
+
+def copy_bandwidth_gbps(nbytes: int = 1 << 30, timer: str = "do_bench") -> dict:
+    """Device-to-device copy of `nbytes`, counting bytes read + written: the practical memory ceiling."""
+    stats = time_cuda(device_copy(nbytes), timer=timer)
     return {"bytes": 2 * nbytes, "ms": stats, "gbps": 2 * nbytes / (stats["median"] * 1e-3) / 1e9}

@@ -93,17 +93,15 @@ def _layer_forward(ops):
                                           position_ids=position_ids, past_key_values=past_key_values,
                                           use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
         post = self.post_attention_layernorm
-        fused = post.weight.dtype == hidden_states.dtype == residual.dtype
-        if fused:
+        if post.weight.dtype == hidden_states.dtype == residual.dtype:
             hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, post.weight, _eps(post),
                                                              cast_before_weight=True)
-        else:
-            residual = residual + hidden_states
-            hidden_states = post(residual)
-        if fused:
             out = _mlp_into_residual(ops, self.mlp, hidden_states, residual)
             if out is not None:
                 return out
+        else:
+            residual = residual + hidden_states
+            hidden_states = post(residual)
         return residual + self.mlp(hidden_states)
 
     return forward
@@ -113,26 +111,31 @@ def _mlp_into_residual(ops, mlp, x, residual):
     """`residual + mlp(x)` with the down projection's GEMM accumulating into `residual` in place (beta = 1), or
     None when the MLP is not our patched one, has a down bias, or gradients are on. Only for a residual this
     layer created (fused_add_rms_norm's output): nobody else holds it."""
-    fused = vars(mlp).get(FUSED_ATTR)
     down = mlp.down_proj
-    if fused is None or down.bias is not None or torch.is_grad_enabled():
+    if down.bias is not None or down.weight.dtype != residual.dtype or torch.is_grad_enabled():
         return None
-    gate_up = fused_linear(x, (mlp.gate_proj, mlp.up_proj), fused)
-    if gate_up is None or down.weight.dtype != residual.dtype:
+    act = _gate_up_swiglu(ops, mlp, x)
+    if act is None:
         return None
-    act = ops.swiglu(gate_up, 0)
     residual.view(-1, residual.shape[-1]).addmm_(act.view(-1, act.shape[-1]), down.weight.t())
     return residual
 
 
 # ---- MLP ----------------------------------------------------------------------------------------------
 
+def _gate_up_swiglu(ops, mlp, x):
+    """`silu(gate(x)) * up(x)` as one [gate | up] GEMM + ops.swiglu, or None when the fused weights cannot
+    stand for the layers (not fused here, moved/replaced, or training)."""
+    gate_up = fused_linear(x, (mlp.gate_proj, mlp.up_proj), vars(mlp).get(FUSED_ATTR))
+    return None if gate_up is None else ops.swiglu(gate_up, 0)
+
+
 def _mlp_forward(ops):
     def forward(self, x):
-        gate_up = fused_linear(x, (self.gate_proj, self.up_proj), getattr(self, FUSED_ATTR))
-        if gate_up is None:
-            return type(self).forward(self, x)  # weights moved/replaced, or training: the original math
-        return self.down_proj(ops.swiglu(gate_up, 0))
+        act = _gate_up_swiglu(ops, self, x)
+        if act is None:
+            return type(self).forward(self, x)  # the original math
+        return self.down_proj(act)
 
     return forward
 
