@@ -1,5 +1,6 @@
 // The row-wise normalization family: RMSNorm / LayerNorm (no affine), optional residual add with gate,
-// optional weight, optional AdaLN modulation — one kernel, configured by RowOpParams (common/params.h).
+// optional weight, optional AdaLN modulation, configured by RowOpParams (common/params.h). Rows that suit
+// it go to the one-row-per-block kernel of norm_lean.cu; the general kernels here take every other case.
 //
 // Each row is handled by `tpr` threads. When the row fits, every thread keeps its share
 // in registers (MAXV vectors), so the input is read from memory exactly once; wider rows are streamed
@@ -7,6 +8,7 @@
 #include "common/dtype.cuh"
 #include "common/params.h"
 #include "common/reduce.cuh"
+#include "common/row_math.cuh"
 #include "common/tuning.h"
 
 namespace ltxbench {
@@ -15,69 +17,6 @@ namespace {
 constexpr int kBlockThreads = 256;       // block size when several rows share a block
 constexpr int kMaxRowsWithSmem = 8;      // rows per block when tpr > 32 (256 / 64 = 4, so 8 is ample)
 constexpr int kMaxCachedThreads = 512;   // keeps the register budget at 128 so the cached row never spills
-
-template <typename T> struct RowPtrs {
-  const T *x, *a, *gate, *scale, *shift;
-  T *out, *h_out;
-};
-
-template <typename T> __device__ __forceinline__ const T* row_of(const Rows3& r, int64_t b, int64_t s) {
-  return r.ptr ? static_cast<const T*>(r.ptr) + b * r.sb + s * r.ss : nullptr;
-}
-
-template <typename T> __device__ __forceinline__ RowPtrs<T> row_ptrs(const RowOpParams& p, int64_t row) {
-  const int64_t b = row / p.S, s = row - b * p.S;
-  RowPtrs<T> r;
-  r.x = row_of<T>(p.x, b, s);
-  r.a = row_of<T>(p.a, b, s);
-  r.gate = row_of<T>(p.gate, b, s);
-  r.scale = row_of<T>(p.scale, b, s);
-  r.shift = row_of<T>(p.shift, b, s);
-  r.out = static_cast<T*>(p.out) + row * p.D;
-  r.h_out = p.h_out ? static_cast<T*>(p.h_out) + row * p.D : nullptr;
-  return r;
-}
-
-// The raw inputs of one vector of h: loaded together, before any arithmetic or store, so that all of a
-// thread's loads are in flight at once.
-template <typename T, int VEC> struct RawH {
-  Vec<T, VEC> x, a, gate;
-};
-
-// ARITY: 1 = x only, 2 = x + a, 3 = x + a * gate; fixed at compile time so unused operands cost no registers.
-template <typename T, int VEC, int ARITY>
-__device__ __forceinline__ RawH<T, VEC> load_raw_h(const RowPtrs<T>& r, int64_t col) {
-  RawH<T, VEC> raw;
-  raw.x = load_raw<T, VEC>(r.x + col);
-  if constexpr (ARITY >= 2) raw.a = load_raw<T, VEC>(r.a + col);
-  if constexpr (ARITY >= 3) raw.gate = load_raw<T, VEC>(r.gate + col);
-  return raw;
-}
-
-// h = x + a * gate (or x + a), rounded to T as the unfused model stores it before normalizing.
-template <typename T, int VEC, int ARITY>
-__device__ __forceinline__ void combine_h(const RawH<T, VEC>& raw, float (&h)[VEC]) {
-  to_floats<T, VEC>(raw.x, h);
-  if constexpr (ARITY == 1) return;
-  float a[VEC];
-  to_floats<T, VEC>(raw.a, a);
-  if constexpr (ARITY == 3) {
-    float g[VEC];
-    to_floats<T, VEC>(raw.gate, g);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) h[k] += a[k] * g[k];
-  } else {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) h[k] += a[k];
-  }
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) h[k] = round_to<T>(h[k]);
-}
-
-template <typename T, int VEC, int ARITY>
-__device__ __forceinline__ void load_h(const RowPtrs<T>& r, int64_t col, float (&h)[VEC]) {
-  combine_h<T, VEC, ARITY>(load_raw_h<T, VEC, ARITY>(r, col), h);
-}
 
 // out = modulate(weight * norm(h)), all in fp32, rounded once on store.
 template <typename T, int VEC>
@@ -101,39 +40,6 @@ __device__ __forceinline__ void finish_store(const RowOpParams& p, const RowPtrs
     for (int k = 0; k < VEC; ++k) n[k] = n[k] * (1.f + sc[k]) + sh[k];
   }
   store_vec<T, VEC>(r.out + col, n);
-}
-
-template <int VEC> __device__ __forceinline__ float first_pass_term(NormKind norm, const float (&h)[VEC]) {
-  float acc = 0.f;  // Σh for LayerNorm (its mean), Σh² for RMSNorm
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) acc += norm == NormKind::Layer ? h[k] : h[k] * h[k];
-  return acc;
-}
-
-template <int VEC>
-__device__ __forceinline__ void add_centered(const float (&h)[VEC], float mean, float (&s)[2]) {
-#pragma unroll
-  for (int k = 0; k < VEC; ++k) {
-    const float d = h[k] - mean;
-    s[0] += d;
-    s[1] += d * d;
-  }
-}
-
-struct RowStats {
-  float mean = 0.f, rstd = 1.f;
-};
-
-// RMSNorm: rstd from Σh². IEEE sqrt and division: rsqrtf is off by up to 2 ulp.
-__device__ __forceinline__ RowStats rms_stats(float sum_sq, float D, float eps) {
-  return RowStats{0.f, 1.f / sqrtf(sum_sq / D + eps)};
-}
-
-// LayerNorm, corrected two-pass: with d = h - mean0, the variance is (Σd² - (Σd)²/D) / D and the mean
-// is refined by Σd / D — accurate even when |mean| >> std.
-__device__ __forceinline__ RowStats layer_stats(float mean0, const float (&s)[2], float D, float eps) {
-  const float var = fmaxf((s[1] - s[0] * s[0] / D) / D, 0.f);
-  return RowStats{mean0 + s[0] / D, 1.f / sqrtf(var + eps)};
 }
 
 // Row cached in registers: MAXV vectors of VEC elements per thread.
@@ -237,21 +143,6 @@ int next_pow2(int64_t v) {
   return p;
 }
 
-bool aligned(const void* ptr, int bytes) { return reinterpret_cast<uintptr_t>(ptr) % bytes == 0; }
-
-// 16-byte accesses are legal only if every row of every operand starts on a 16-byte boundary.
-template <typename T> bool vectorizable(const RowOpParams& p) {
-  constexpr int V = vec_width<T>();
-  if (p.D % V != 0) return false;
-  for (const Rows3* r : {&p.x, &p.a, &p.gate, &p.scale, &p.shift}) {
-    if (r->ptr && (!aligned(r->ptr, 16) || r->sb % V != 0 || r->ss % V != 0)) return false;
-  }
-  for (const void* ptr : {p.weight, static_cast<const void*>(p.out), static_cast<const void*>(p.h_out)}) {
-    if (ptr && !aligned(ptr, 16)) return false;
-  }
-  return true;
-}
-
 template <typename T, int VEC, int MAXV, int ARITY>
 cudaError_t launch_with(const RowOpParams& p, cudaStream_t stream) {
   const int64_t rows = p.B * p.S;
@@ -296,6 +187,8 @@ template <typename T> cudaError_t launch_typed(const RowOpParams& p, cudaStream_
 
 cudaError_t launch_row_op(const RowOpParams& p, DType dtype, cudaStream_t stream) {
   if (p.B * p.S == 0 || p.D == 0) return cudaSuccess;
+  cudaError_t err = cudaSuccess;
+  if (try_launch_row_op_lean(p, dtype, stream, &err)) return err;
   return dispatch_dtype(dtype, [&](auto tag) { return launch_typed<decltype(tag)>(p, stream); });
 }
 

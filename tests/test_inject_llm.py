@@ -251,6 +251,25 @@ def test_patched_model_compiles_without_graph_breaks(model_type):
     assert explained.graph_break_count == 0, explained.break_reasons
 
 
+def test_compiled_patched_model_does_not_recompile_and_matches_eager():
+    """Python state in the patched forwards (the eager RoPE-table cache) must not reach dynamo's guards: three calls
+    of the same shape run one graph. Also: the compiled path (out-of-place residual GEMM) gives the eager logits."""
+    from torch._dynamo.utils import counters
+
+    model = build("llama")
+    ids = prompt(batch=1, length=9)
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.no_grad(), llm.apply_kernels(model, "reference"):
+        compiled = torch.compile(model)  # first, while the eager cache is empty
+        outs = [compiled(input_ids=ids, use_cache=False).logits for _ in range(3)]
+        eager = model(input_ids=ids, use_cache=False).logits
+    torch._dynamo.reset()
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["recompiles"]) or dict(counters["stats"])
+    for out in outs:
+        torch.testing.assert_close(out, eager, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.gpu
 def test_full_llama3_8b_random_bf16_parity_with_the_static_cache():
     """The full 32-layer Llama-3-8B config, random weights, bf16, cuda provider, against an fp32 copy of the same

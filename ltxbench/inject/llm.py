@@ -117,7 +117,10 @@ def _mlp_into_residual(ops, mlp, x, residual):
     act = _gate_up_swiglu(ops, mlp, x)
     if act is None:
         return None
-    residual.view(-1, residual.shape[-1]).addmm_(act.view(-1, act.shape[-1]), down.weight.t())
+    rows, act_rows = residual.view(-1, residual.shape[-1]), act.view(-1, act.shape[-1])
+    if torch.compiler.is_compiling():  # functionalized, the in-place form costs a copy back into `residual`
+        return torch.addmm(rows, act_rows, down.weight.t()).view(residual.shape)
+    rows.addmm_(act_rows, down.weight.t())
     return residual
 
 
@@ -148,14 +151,22 @@ def _silu(mlp) -> bool:
 
 # ---- attention + RoPE ---------------------------------------------------------------------------------
 
+def _tables_of(cos, sin):
+    half = cos.shape[-1] // 2
+    rows, seq = cos.shape[0], cos.shape[1]
+    table = [t[..., :half].to(torch.float32).reshape(rows * seq, half).contiguous() for t in (cos, sin)]
+    positions = torch.arange(rows * seq, device=cos.device, dtype=torch.int64).view(rows, seq)
+    return (*table, positions)
+
+
 def _rope_tables(cache: dict, cos, sin):
-    """(cos (P, hd/2) fp32, sin, positions (B|1, S) int64) from the model's position_embeddings, once per forward."""
+    """(cos (P, hd/2) fp32, sin, positions (B|1, S) int64) from the model's position_embeddings, once per forward
+    in eager mode. Inside a compiled graph there is no cache: a Python dict holding tensors made dynamo guard on
+    its contents and recompile, and the graph output its tables to store them."""
+    if torch.compiler.is_compiling():
+        return _tables_of(cos, sin)
     if cache.get("cos") is not cos or cache.get("sin") is not sin:
-        half = cos.shape[-1] // 2
-        rows, seq = cos.shape[0], cos.shape[1]
-        table = [t[..., :half].to(torch.float32).reshape(rows * seq, half).contiguous() for t in (cos, sin)]
-        positions = torch.arange(rows * seq, device=cos.device, dtype=torch.int64).view(rows, seq)
-        cache.update(cos=cos, sin=sin, tables=(*table, positions))
+        cache.update(cos=cos, sin=sin, tables=_tables_of(cos, sin))
     return cache["tables"]
 
 

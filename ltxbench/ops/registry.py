@@ -297,7 +297,9 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         make_inputs=inputs_rope_1d, variants=("neox", "interleaved", "partial-rot"), n_outputs=2,
         baselines={"eager": eager.hf_rope_1d}, kind="elementwise",
         aliases=("rope", "rope1d", "rotary"), test_shapes=ROPE_TEST_SHAPES,
-        bench_shapes={"llama3-8b-prefill": (1, 4096, 4096), "llama3-8b-decode": (1, 1, 4096)},
+        # + the large RoPE shape: LTX-2B 161 frames with CFG (2 x 8064 tokens, 2048 wide; here 16 x 128 heads)
+        bench_shapes={"llama3-8b-prefill": (1, 4096, 4096), "llama3-8b-decode": (1, 1, 4096),
+                      "ltx-size-2x8064x2048": (2, 8064, 2048)},
         inject_targets=("LlamaAttention apply_rotary_pos_emb",),
         written=lambda inp: _nbytes(inp["q"]) + _nbytes(inp["k"]),
     ),

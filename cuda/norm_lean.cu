@@ -1,0 +1,130 @@
+// RMSNorm, fused add + RMSNorm and the gated residual on 16-byte-aligned rows of 32 to 512 x VPT vectors.
+// One row per block, the block indexed by (s, b) so no thread divides to find its row; the weight, when
+// present, is chosen at compile time and loaded together with x, before the reduction, so the only wait a
+// row has is the one for its own loads. The general kernels (norm.cu) take every other case.
+#include "common/dtype.cuh"
+#include "common/params.h"
+#include "common/reduce.cuh"
+#include "common/row_math.cuh"
+#include "common/tuning.h"
+
+namespace ltxbench {
+namespace {
+
+constexpr int kLeanMaxThreads = 512;  // a register budget of 128 per thread
+
+template <typename T> __device__ __forceinline__ const T* lean_row(const Rows3& r, int64_t b, int64_t s) {
+  return static_cast<const T*>(r.ptr) + b * r.sb + s * r.ss;
+}
+
+// WEIGHT: the row is multiplied by the (D,) weight. ARITY: 1 x, 2 x + a, 3 x + a * gate.
+template <typename T, int VEC, int VPT, int ARITY, bool WEIGHT>
+__global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    __shared__ float smem[32 * 2];
+    const int64_t b = blockIdx.y, s = blockIdx.x;
+    const int64_t row = b * p.S + s;
+    const int nvec = static_cast<int>(p.D / VEC);
+    RowPtrs<T> r;
+    r.x = lean_row<T>(p.x, b, s);
+    r.a = ARITY >= 2 ? lean_row<T>(p.a, b, s) : nullptr;
+    r.gate = ARITY >= 3 ? lean_row<T>(p.gate, b, s) : nullptr;
+
+    bool valid[VPT];
+    RawH<T, VEC> raw[VPT];
+    Vec<T, VEC> w[VPT];
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {  // every load of the row, the weight's included, before any arithmetic
+      const int j = threadIdx.x + i * blockDim.x;
+      valid[i] = j < nvec;
+      if (!valid[i]) continue;
+      raw[i] = load_raw_h<T, VEC, ARITY>(r, static_cast<int64_t>(j) * VEC);
+      if constexpr (WEIGHT) w[i] = load_raw<T, VEC>(static_cast<const T*>(p.weight) + j * VEC);
+    }
+    T* out = static_cast<T*>(p.out) + row * p.D;
+    T* h_out = p.h_out ? static_cast<T*>(p.h_out) + row * p.D : nullptr;
+    float h[VPT][VEC];
+    float s1[1] = {0.f};
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (!valid[i]) continue;
+      combine_h<T, VEC, ARITY>(raw[i], h[i]);
+      if (h_out) store_vec<T, VEC>(h_out + (threadIdx.x + i * blockDim.x) * VEC, h[i]);
+      s1[0] += first_pass_term<VEC>(p.norm, h[i]);
+    }
+    float rstd = 1.f;
+    if (p.norm == NormKind::RMS) {
+      row_group_sum<1>(s1, blockDim.x, smem);
+      rstd = rms_stats(s1[0], static_cast<float>(p.D), p.eps).rstd;
+    }
+#pragma unroll
+    for (int i = 0; i < VPT; ++i) {
+      if (!valid[i]) continue;
+      float n[VEC], f[VEC];
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) n[k] = h[i][k] * rstd;
+      if constexpr (WEIGHT) {
+        to_floats<T, VEC>(w[i], f);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k)
+          n[k] = p.cast_before_weight ? round_to<T>(round_to<T>(n[k]) * f[k]) : n[k] * f[k];
+      }
+      store_vec<T, VEC>(out + (threadIdx.x + i * blockDim.x) * VEC, n);
+    }
+  }
+}
+
+template <typename T, int VPT, int ARITY>
+cudaError_t launch_lean(const RowOpParams& p, int threads, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
+  if (p.weight) {
+    row_op_lean<T, vec_width<T>(), VPT, ARITY, true><<<grid, threads, 0, stream>>>(p);
+  } else {
+    row_op_lean<T, vec_width<T>(), VPT, ARITY, false><<<grid, threads, 0, stream>>>(p);
+  }
+  return cudaGetLastError();
+}
+
+template <typename T, int VPT> cudaError_t launch_vpt(const RowOpParams& p, int threads, cudaStream_t stream) {
+  if (p.a.ptr == nullptr) return launch_lean<T, VPT, 1>(p, threads, stream);
+  if (p.gate.ptr == nullptr) return launch_lean<T, VPT, 2>(p, threads, stream);
+  return launch_lean<T, VPT, 3>(p, threads, stream);
+}
+
+// Vectors per thread: 2 (H100 bf16 sweep, notes/kernel-tuning.md). LTXBENCH_ROW_VPT=1 overrides (sweeps);
+// LTXBENCH_ROW_LEAN=0 turns this path off.
+int lean_vpt() {
+  static const int forced = tuning_knob("LTXBENCH_ROW_VPT");
+  return forced == 1 ? 1 : 2;
+}
+
+// RMSNorm or no norm, optional weight, no modulation (the modulated ops and LayerNorm measured slower
+// here than in the general kernel: notes/kernel-tuning.md).
+template <typename T> bool try_lean(const RowOpParams& p, cudaStream_t stream, cudaError_t* err) {
+  static const bool disabled = std::getenv("LTXBENCH_ROW_LEAN") && tuning_knob("LTXBENCH_ROW_LEAN") == 0;
+  if (disabled || p.norm == NormKind::Layer || p.scale.ptr || !vectorizable<T>(p)) return false;
+  if (p.B > 65535 || p.S > 0x7fffffff) return false;
+  const int vpt = lean_vpt();
+  const int64_t nvec = p.D / vec_width<T>();
+  const int64_t threads = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
+  if (nvec < 32 || threads > kLeanMaxThreads) return false;
+  const int t = static_cast<int>(threads);
+  *err = vpt == 1 ? launch_vpt<T, 1>(p, t, stream) : launch_vpt<T, 2>(p, t, stream);
+  return true;
+}
+
+}  // namespace
+
+bool try_launch_row_op_lean(const RowOpParams& p, DType dtype, cudaStream_t stream, cudaError_t* err) {
+  bool launched = false;
+  *err = dispatch_dtype(dtype, [&](auto tag) {
+    cudaError_t e = cudaSuccess;
+    launched = try_lean<decltype(tag)>(p, stream, &e);
+    return e;
+  });
+  return launched;
+}
+
+}  // namespace ltxbench

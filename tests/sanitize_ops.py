@@ -1,0 +1,35 @@
+"""Every op on every test shape and variant, once: the workload `test_sanitizer.py` runs under
+compute-sanitizer. Prints the number of op calls last, so the test can tell a run that did nothing.
+
+    python tests/sanitize_ops.py [--dtypes bf16,fp32] [--min-width 0]
+"""
+
+import argparse
+
+import torch
+
+from ltxbench.ops.registry import DTYPES, SPECS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dtypes", default="bf16,fp32")
+    parser.add_argument("--min-width", type=int, default=0, help="only shapes at least this wide (last dim)")
+    args = parser.parse_args()
+    calls = 0
+    for name in sorted(SPECS):
+        spec = SPECS[name]
+        for dtype in args.dtypes.split(","):
+            for shape in spec.test_shapes:
+                if shape[-1] < args.min_width:
+                    continue
+                for i, variant in enumerate(spec.variants):
+                    gen = torch.Generator().manual_seed(i)
+                    spec.fn(**spec.make_inputs(shape, DTYPES[dtype], "cuda", gen, variant))
+                    calls += 1
+    torch.cuda.synchronize()
+    print(f"op calls: {calls}")
+
+
+if __name__ == "__main__":
+    main()
