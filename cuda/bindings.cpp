@@ -337,7 +337,7 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope(const Tensor& q, const Tensor& k, co
 }
 
 std::tuple<Tensor, Tensor> rope_1d(const Tensor& q_in, const Tensor& k_in, const Tensor& cos, const Tensor& sin,
-                                   const Tensor& positions, bool interleaved) {
+                                   const std::optional<Tensor>& positions, bool interleaved) {
   const char* op = "rope_1d";
   const DType dt = check_primary(q_in, op, "q");
   check_same(k_in, q_in, op, "k");
@@ -352,13 +352,21 @@ std::tuple<Tensor, Tensor> rope_1d(const Tensor& q_in, const Tensor& k_in, const
                 op, ": ", name, " must be a (positions, rot/2) table with rot <= head_dim = ", num(hd),
                 ", got ", shape(t->sizes()));
   }
-  TORCH_CHECK(positions.device() == q_in.device() && positions.scalar_type() == at::kLong, "ltxbench.", op,
-              ": positions must be an int64 tensor on ", dev(q_in));
-  TORCH_CHECK(positions.dim() == 2 && (positions.size(0) == B || positions.size(0) == 1) && positions.size(1) == S,
-              "ltxbench.", op, ": positions must have shape (B|1, S) = (", num(B), "|1, ", num(S), "), got ",
-              shape(positions.sizes()));
+  Tensor pos;
+  if (positions) {
+    TORCH_CHECK(positions->device() == q_in.device() && positions->scalar_type() == at::kLong, "ltxbench.", op,
+                ": positions must be an int64 tensor on ", dev(q_in));
+    TORCH_CHECK(positions->dim() == 2 && (positions->size(0) == B || positions->size(0) == 1) &&
+                positions->size(1) == S, "ltxbench.", op, ": positions must have shape (B|1, S) = (", num(B), "|1, ",
+                num(S), "), got ", shape(positions->sizes()));
+    pos = positions->expand({B, S});
+  } else {
+    TORCH_CHECK(cos.size(0) == B * S || cos.size(0) == S, "ltxbench.", op, ": without positions, cos/sin must have ",
+                "one row per token (B*S = ", num(B * S), ") or per position (S = ", num(S), "), got ",
+                num(cos.size(0)), " rows");
+  }
   const Tensor q = unit_last_stride(q_in), k = unit_last_stride(k_in);
-  const Tensor c = cos.contiguous(), s = sin.contiguous(), pos = positions.expand({B, S});
+  const Tensor c = cos.contiguous(), s = sin.contiguous();
   // Token-major outputs (B, S, H, hd) seen as (B, H, S, hd): see rope1d_kernel.
   Tensor q_out = at::empty({B, S, q.size(1), hd}, q.options()).transpose(1, 2);
   Tensor k_out = at::empty({B, S, k.size(1), hd}, k.options()).transpose(1, 2);
@@ -367,7 +375,11 @@ std::tuple<Tensor, Tensor> rope_1d(const Tensor& q_in, const Tensor& k_in, const
   p.q = q.data_ptr(), p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_ss = q.stride(2);
   p.k = k.data_ptr(), p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_ss = k.stride(2);
   p.cos = c.data_ptr<float>(), p.sin = s.data_ptr<float>(), p.table_stride = c.size(1), p.table_rows = c.size(0);
-  p.pos = pos.data_ptr<int64_t>(), p.pos_sb = pos.stride(0), p.pos_ss = pos.stride(1);
+  if (positions) {
+    p.pos = pos.data_ptr<int64_t>(), p.pos_sb = pos.stride(0), p.pos_ss = pos.stride(1);
+  } else {  // the table row is the token's own: b * S + s, or s when the batch shares the table
+    p.pos_sb = c.size(0) == B * S ? S : 0, p.pos_ss = 1;
+  }
   p.interleaved = interleaved;
   p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
   const c10::cuda::CUDAGuard guard(q.device());
@@ -423,7 +435,7 @@ TORCH_LIBRARY(ltxbench, m) {
       "add_rms_norm_modulate(Tensor h, Tensor a, Tensor? gate, Tensor scale, Tensor shift, float eps)"
       " -> (Tensor, Tensor)");
   m.def(
-      "rope_1d(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor positions, bool interleaved=False)"
+      "rope_1d(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? positions=None, bool interleaved=False)"
       " -> (Tensor, Tensor)");
   m.def("rope_3d(Tensor q, Tensor k, Tensor? cos, Tensor? sin, Tensor? grid, Tensor? freqs) -> (Tensor, Tensor)");
   m.def(

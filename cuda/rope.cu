@@ -195,7 +195,7 @@ __global__ void rope1d_kernel(Rope1dParams p) {
       float y[VEC];
       load_vec<T, VEC>(x + col, y);
       if (col < rot) {
-        const int64_t pos = p.pos[b * p.pos_sb + s * p.pos_ss];
+        const int64_t pos = p.pos ? p.pos[b * p.pos_sb + s * p.pos_ss] : b * p.pos_sb + s * p.pos_ss;
         if (pos < 0 || pos >= p.table_rows) {  // out-of-range position: poison the output, never read OOB
 #pragma unroll
           for (int e = 0; e < VEC; ++e) y[e] = __int_as_float(0x7fc00000);

@@ -80,10 +80,26 @@ def test_missing_nvcc_is_a_build_error_with_a_hint(monkeypatch):
     from torch.utils import cpp_extension
 
     monkeypatch.setattr(_build, "_loaded", None)
+    monkeypatch.setattr(_build, "_guess_cuda_home", lambda: None)  # no toolkit on disk
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
     with pytest.raises(BuildError) as err:
         _build.load()
     assert err.value.exit_code == 4 and "nvcc" in err.value.message and "CUDA_HOME" in err.value.hint
+
+
+def test_build_after_torch_compile_finds_the_toolkit(monkeypatch):
+    """inductor can import cpp_extension before our first build, freezing its CUDA_HOME at nvcc's grandparent
+    guess (/usr/local for a /usr/local/bin/nvcc link, without CUDA headers): the build must correct it."""
+    from torch.utils import cpp_extension
+
+    home = _build.cuda_home()
+    if home is None:
+        pytest.skip("no CUDA toolkit")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/nonexistent-cuda")
+    _build._check_toolchain()
+    assert cpp_extension.CUDA_HOME == home
 
 
 def test_compiler_error_is_reported_with_its_output(monkeypatch, tmp_path):

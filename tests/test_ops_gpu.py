@@ -167,6 +167,23 @@ def test_rope_1d_out_of_range_positions_poison_instead_of_reading_out_of_bounds(
     assert q_out[:, :, 1].isnan().all() and not q_out[:, :, [0, 2]].isnan().any()
 
 
+def test_rope_1d_per_token_tables_without_positions():
+    """No positions: (B*S, rot/2) tables are read at the token's own row, (S, rot/2) tables shared by the batch;
+    any other row count is refused with a message naming the rule."""
+    from ltxbench import ops
+
+    q = torch.randn(2, 4, 5, 64, device="cuda", dtype=torch.bfloat16)
+    per_token, shared = torch.randn(10, 32, device="cuda"), torch.randn(5, 32, device="cuda")
+    for table, positions in ((per_token, torch.arange(10, device="cuda").view(2, 5)),
+                             (shared, torch.arange(5, device="cuda")[None])):
+        got = ops.rope_1d(q, q, table, table)
+        want = ops.rope_1d(q, q, table, table, positions)
+        torch.testing.assert_close(got[0], want[0], atol=0, rtol=0)
+        torch.testing.assert_close(got[0], reference.rope_1d(q, q, table, table)[0], atol=1e-2, rtol=1.6e-2)
+    with pytest.raises(RuntimeError, match="without positions"):
+        ops.rope_1d(q, q, per_token[:7], per_token[:7])
+
+
 def test_rope_1d_outputs_are_token_major_like_the_projections():
     """q/k come back as (B, H, S, hd) views of dense (B, S, H, hd) memory, the layout the fake promises."""
     from ltxbench import ops

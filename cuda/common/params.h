@@ -63,7 +63,8 @@ struct Rope3dParams {
 cudaError_t launch_rope_3d(const Rope3dParams& p, DType dtype, cudaStream_t stream);
 
 // 1-D RoPE of LLMs on q (B, Hq, S, hd) and k (B, Hk, S, hd) with any strides (last dim contiguous):
-// angles from fp32 tables cos/sin (P, rot/2) gathered at positions (B|1, S); the first `rot` channels
+// angles from fp32 tables cos/sin (P, rot/2) gathered at positions (B|1, S) — or, with pos == nullptr, at row
+// b * pos_sb + s * pos_ss (per-token tables: no position to wait for); the first `rot` channels
 // rotate, the rest pass through. neox pairs (i, i + rot/2); interleaved pairs (2i, 2i + 1).
 struct Rope1dParams {
   int64_t B = 0, S = 0, Hq = 0, Hk = 0, hd = 0, half = 0;  // half = rot / 2

@@ -17,8 +17,9 @@ so this is right for every rope_type (llama3, yarn, and dynamic/longrope whose i
 length), for any position_ids (left padding, packed sequences, a KV-cache offset with a dynamic or static
 cache) and past max_position_embeddings, and rounds cos/sin as the unpatched model does (bf16 in a bf16
 model), with no GPU sync to validate positions. The table is cos[..., :hd/2] (the halves are duplicated
-for rotate-half) as fp32 ((B|1)·S, hd/2) gathered at positions arange((B|1)·S).view(B|1, S): one small
-copy per forward, shared by all layers (cached on the identity of the cos/sin tensors).
+for rotate-half) as fp32 ((B|1)·S, hd/2), one row per token, passed without positions (the kernel reads the
+token's own row, with no position load to wait for): one small copy per forward, shared by all layers
+(cached on the identity of the cos/sin tensors in eager mode; computed in the graph under torch.compile).
 """
 
 from __future__ import annotations
@@ -152,15 +153,15 @@ def _silu(mlp) -> bool:
 # ---- attention + RoPE ---------------------------------------------------------------------------------
 
 def _tables_of(cos, sin):
+    """transformers' per-token cos/sin (B|1, S, hd) as rope_1d's per-token tables (rows, hd/2): no positions."""
     half = cos.shape[-1] // 2
     rows, seq = cos.shape[0], cos.shape[1]
     table = [t[..., :half].to(torch.float32).reshape(rows * seq, half).contiguous() for t in (cos, sin)]
-    positions = torch.arange(rows * seq, device=cos.device, dtype=torch.int64).view(rows, seq)
-    return (*table, positions)
+    return (*table, None)
 
 
 def _rope_tables(cache: dict, cos, sin):
-    """(cos (P, hd/2) fp32, sin, positions (B|1, S) int64) from the model's position_embeddings, once per forward
+    """(cos (B*S, hd/2) fp32, sin, no positions) from the model's position_embeddings, once per forward
     in eager mode. Inside a compiled graph there is no cache: a Python dict holding tensors made dynamo guard on
     its contents and recompile, and the graph output its tables to store them."""
     if torch.compiler.is_compiling():

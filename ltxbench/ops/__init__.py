@@ -79,10 +79,12 @@ def qk_rms_norm_rope(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float = 
     return _lib().qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs)
 
 
-def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor,
+def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor | None = None,
             interleaved: bool = False) -> tuple[Tensor, Tensor]:
     """LLM RoPE on q (B, Hq, S, hd) and k (B, Hk, S, hd) — GQA allowed, any strides — with angles from fp32
-    tables cos/sin (P, rot/2) gathered at int64 positions (B|1, S), so a KV-cache offset is just positions.
+    tables cos/sin (P, rot/2) gathered at int64 positions (B|1, S), so a KV-cache offset is just positions;
+    without positions the tables are per token (B*S rows, or S rows shared by the batch), as transformers'
+    rotary embedding returns them — the kernel then reads them without waiting for a position.
     Layout neox (rotate-half, transformers' LLaMA/Mistral/Qwen; the default) or interleaved (2i, 2i+1).
     Channels past `rot` pass through. Returns new (q, k) whose memory is token-major (B, S, H, hd), the q/k
     projections' own layout (so that SDPA's output needs no transpose copy); positions outside the table

@@ -82,7 +82,13 @@ def _guess_cuda_home() -> None:
 
 def _check_toolchain() -> None:
     _guess_cuda_home()
-    from torch.utils.cpp_extension import CUDA_HOME
+    from torch.utils import cpp_extension
+
+    # cpp_extension fixes its CUDA_HOME when first imported; inductor may have imported it (torch.compile
+    # before our first build) with nvcc's grandparent guess: point it at the toolkit found above.
+    if os.environ.get("CUDA_HOME") and cpp_extension.CUDA_HOME != os.environ["CUDA_HOME"]:
+        cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"]
+    CUDA_HOME = cpp_extension.CUDA_HOME
 
     if CUDA_HOME is None or not (Path(CUDA_HOME) / "bin" / "nvcc").exists():
         raise BuildError(

@@ -99,13 +99,17 @@ def ltx_qk_rms_norm_rope(q, k, wq, wk, eps=1e-5, cos=None, sin=None, grid=None, 
     return diffusers_apply_rotary_emb(qn, cos, sin), diffusers_apply_rotary_emb(kn, cos, sin)
 
 
-def hf_rope_1d(q, k, cos, sin, positions, interleaved=False):
+def hf_rope_1d(q, k, cos, sin, positions=None, interleaved=False):
     """transformers' apply_rotary_pos_emb (rotate-half); cos/sin built per token as LlamaRotaryEmbedding
     does, in the model dtype. Only the neox layout exists there: interleaved falls back to the reference."""
     if interleaved:
         from ltxbench.ops.reference import rope_1d
 
         return rope_1d(q, k, cos, sin, positions, True)
+    if positions is None:
+        from ltxbench.ops.reference import token_positions
+
+        positions = token_positions(cos, q.shape[0], q.shape[2])
     half = cos.shape[-1]
     c = torch.cat([cos, cos], dim=-1)[positions].unsqueeze(1).to(q.dtype)
     s = torch.cat([sin, sin], dim=-1)[positions].unsqueeze(1).to(q.dtype)

@@ -69,7 +69,7 @@ def _token_major(x: torch.Tensor) -> torch.Tensor:
 
 
 @register_fake("ltxbench::rope_1d")
-def _rope_1d(q, k, cos, sin, positions, interleaved=False):
+def _rope_1d(q, k, cos, sin, positions=None, interleaved=False):
     torch._check(q.dim() == 4 and k.dim() == 4, lambda: "rope_1d: q and k must be (B, heads, S, head_dim)")
     return _token_major(q), _token_major(k)
 

@@ -134,9 +134,23 @@ def qk_rms_norm_rope(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float = 
                  for t, w in ((q, wq), (k, wk)))
 
 
-def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor,
+def token_positions(cos: Tensor, batch: int, seq: int) -> Tensor:
+    """The rows of per-token tables, for rope_1d without positions: (B*S, rot/2) tables are row b*S + s,
+    (S, rot/2) tables (shared by the batch) row s."""
+    rows = cos.shape[0]
+    if rows == batch * seq:
+        return torch.arange(rows, device=cos.device).view(batch, seq)
+    if rows == seq:
+        return torch.arange(seq, device=cos.device)[None]
+    raise ValueError(f"rope_1d without positions: cos/sin must have B*S = {batch * seq} or S = {seq} rows, got {rows}")
+
+
+def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor | None = None,
             interleaved: bool = False) -> tuple[Tensor, Tensor]:
-    """q (B, Hq, S, hd), k (B, Hk, S, hd); cos/sin tables (P, rot/2) gathered at positions (B|1, S)."""
+    """q (B, Hq, S, hd), k (B, Hk, S, hd); cos/sin tables (P, rot/2) gathered at positions (B|1, S), or per-token
+    tables (B*S or S rows) when positions is None."""
+    if positions is None:
+        positions = token_positions(cos, q.shape[0], q.shape[2])
     acc = _acc(q)
     c, s = cos.to(acc)[positions].unsqueeze(1), sin.to(acc)[positions].unsqueeze(1)  # (B|1, 1, S, rot/2)
     half = cos.shape[-1]

@@ -138,7 +138,8 @@ def inputs_qk_norm_rope(shape, dtype, device, gen, variant):
 
 def inputs_rope_1d(shape, dtype, device, gen, variant):
     """(B, S, hidden) → q (B, Hq, S, hd) and GQA k (B, Hq/4, S, hd) as transposed views, like transformers;
-    positions offset by 7 as in decode with a KV cache; variant partial-rot rotates half the head dim."""
+    positions offset by 7 as in decode with a KV cache; variant partial-rot rotates half the head dim;
+    variant per-token passes one table row per token and no positions (what the LLM injection runs)."""
     b, s, d = shape
     hd = 128 if d % 128 == 0 else (64 if d % 64 == 0 else d)
     hq = d // hd
@@ -148,10 +149,13 @@ def inputs_rope_1d(shape, dtype, device, gen, variant):
     offset = 7
     inv_freq = 1.0 / (500000.0 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
     angles = torch.arange(s + offset, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    positions = (torch.arange(s) + offset).expand(b, s)
+    if variant == "per-token":
+        angles, positions = angles[positions].reshape(b * s, rot // 2), None
     return {"q": _randn((b, s, hq, hd), dtype, device, gen).transpose(1, 2),
             "k": _randn((b, s, hk, hd), dtype, device, gen).transpose(1, 2),
             "cos": angles.cos().to(device), "sin": angles.sin().to(device),
-            "positions": (torch.arange(s) + offset).expand(b, s).to(device),
+            "positions": None if positions is None else positions.to(device),
             "interleaved": variant == "interleaved"}
 
 
@@ -294,7 +298,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
     ),
     KernelSpec(
         name="rope_1d", summary="LLM RoPE of q, k (neox or interleaved) from cos/sin tables at positions",
-        make_inputs=inputs_rope_1d, variants=("neox", "interleaved", "partial-rot"), n_outputs=2,
+        make_inputs=inputs_rope_1d, variants=("neox", "interleaved", "partial-rot", "per-token"), n_outputs=2,
         baselines={"eager": eager.hf_rope_1d}, kind="elementwise",
         aliases=("rope", "rope1d", "rotary"), test_shapes=ROPE_TEST_SHAPES,
         # + the issue's large RoPE shape: LTX-2B 161 frames with CFG (2 x 8064 tokens, 2048 wide; here 16 x 128 heads)
