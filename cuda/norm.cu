@@ -28,9 +28,7 @@ __device__ __forceinline__ void finish_store(const RowOpParams& p, const RowPtrs
   if (p.weight) {
     float w[VEC];
     load_vec<T, VEC>(static_cast<const T*>(p.weight) + col, w);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k)
-      n[k] = p.cast_before_weight ? round_to<T>(round_to<T>(n[k]) * w[k]) : n[k] * w[k];
+    apply_weight<T, VEC>(n, w, p.cast_before_weight);
   }
   if (r.scale) {
     float sc[VEC], sh[VEC];

@@ -13,10 +13,6 @@ namespace {
 
 constexpr int kLeanMaxThreads = 512;  // a register budget of 128 per thread
 
-template <typename T> __device__ __forceinline__ const T* lean_row(const Rows3& r, int64_t b, int64_t s) {
-  return static_cast<const T*>(r.ptr) + b * r.sb + s * r.ss;
-}
-
 // WEIGHT: the row is multiplied by the (D,) weight. ARITY: 1 x, 2 x + a, 3 x + a * gate.
 template <typename T, int VEC, int VPT, int ARITY, bool WEIGHT>
 __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
@@ -28,9 +24,9 @@ __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
     const int64_t row = b * p.S + s;
     const int nvec = static_cast<int>(p.D / VEC);
     RowPtrs<T> r;
-    r.x = lean_row<T>(p.x, b, s);
-    r.a = ARITY >= 2 ? lean_row<T>(p.a, b, s) : nullptr;
-    r.gate = ARITY >= 3 ? lean_row<T>(p.gate, b, s) : nullptr;
+    r.x = row_of<T>(p.x, b, s);
+    r.a = ARITY >= 2 ? row_of<T>(p.a, b, s) : nullptr;
+    r.gate = ARITY >= 3 ? row_of<T>(p.gate, b, s) : nullptr;
 
     bool valid[VPT];
     RawH<T, VEC> raw[VPT];
@@ -67,9 +63,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
       for (int k = 0; k < VEC; ++k) n[k] = h[i][k] * rstd;
       if constexpr (WEIGHT) {
         to_floats<T, VEC>(w[i], f);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k)
-          n[k] = p.cast_before_weight ? round_to<T>(round_to<T>(n[k]) * f[k]) : n[k] * f[k];
+        apply_weight<T, VEC>(n, f, p.cast_before_weight);
       }
       store_vec<T, VEC>(out + (threadIdx.x + i * blockDim.x) * VEC, n);
     }

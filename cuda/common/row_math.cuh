@@ -78,6 +78,14 @@ template <int VEC> __device__ __forceinline__ float first_pass_term(NormKind nor
   return acc;
 }
 
+// n * weight in fp32; cast_before_weight rounds n to T first and the product again (LlamaRMSNorm's order:
+// weight * x.to(dtype)).
+template <typename T, int VEC>
+__device__ __forceinline__ void apply_weight(float (&n)[VEC], const float (&w)[VEC], bool cast_before_weight) {
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) n[k] = cast_before_weight ? round_to<T>(round_to<T>(n[k]) * w[k]) : n[k] * w[k];
+}
+
 template <int VEC>
 __device__ __forceinline__ void add_centered(const float (&h)[VEC], float mean, float (&s)[2]) {
 #pragma unroll
