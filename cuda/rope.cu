@@ -163,26 +163,28 @@ __global__ void __launch_bounds__(kMaxRowThreads) qk_norm_rope_kernel(Rope3dPara
   }
 }
 
-// 1-D RoPE: one thread per (token, head, VEC output channels), rows in token order (a token's q heads, then
-// its k heads), outputs laid out (B, S, H, hd) like the q/k projections they come from: reads and writes
-// both stream, the token's cos/sin row is shared by all its heads, and SDPA's output needs no transpose copy
-// (with head-major q, cuDNN's output is head-major and transformers copies it back to token order).
-// A chunk lies in one region (first half, second half, pass-through) because VEC divides `half` on the paths
-// that use it. Index math in I = uint32_t when the sizes fit (64-bit divisions cost more than the access).
-// Measured (H100, Llama-3-8B prefill, notes/kernel-tuning.md): reading each neox partner a second time (L1
-// hit) beat one pair per thread (53 vs 104 us); evict-first stores 49 -> 40 us; token order with 32-bit
-// indices 35 us, a copy of the same bytes 32.5 us.
+// 1-D RoPE. Rows in token order (a token's q heads, then its k heads), outputs laid out (B, S, H, hd) like the
+// q/k projections they come from: reads and writes both stream, the token's cos/sin row is shared by all its
+// heads, and SDPA's output needs no transpose copy (with head-major q, cuDNN's output is head-major and
+// transformers copies it back to token order). Work items per row: neox, half / VEC pairs (a first-half chunk
+// and its second-half partner: each x and cos/sin value read once); interleaved, rot / VEC chunks of whole
+// pairs; then (hd - rot) / VEC pass-through chunks. VEC divides `half` on the paths that use it. Index math in
+// I = uint32_t when the sizes fit (64-bit divisions cost more than the access). Measured (H100,
+// notes/kernel-tuning.md): evict-first stores 49 -> 40 us (Llama-3-8B prefill); neox pairs instead of one
+// chunk per thread re-reading partner and table, 2x8064 tokens x 2048: 69.5 -> 64.4 us.
 template <typename T, int VEC, bool INTERLEAVED, typename I>
 __global__ void rope1d_kernel(Rope1dParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
     const I Hq = static_cast<I>(p.Hq), Hk = static_cast<I>(p.Hk), S = static_cast<I>(p.S), hd = static_cast<I>(p.hd);
-    const I half = static_cast<I>(p.half), rot = 2 * half, chunks = hd / VEC, heads = Hq + Hk;
-    const I total = static_cast<I>(p.B) * S * heads * chunks;
+    const I half = static_cast<I>(p.half), rot = 2 * half, heads = Hq + Hk;
+    // ceil: an odd head_dim leaves a short last pass-through chunk on the VEC = 2 interleaved path
+    const I rot_items = (INTERLEAVED ? rot : half) / VEC, items = rot_items + (hd - rot + VEC - 1) / VEC;
+    const I total = static_cast<I>(p.B) * S * heads * items;
     for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total;
          i += static_cast<I>(gridDim.x) * blockDim.x) {
-      const I row = i / chunks, col = (i - row * chunks) * VEC;
+      const I row = i / items, j = i - row * items;
       const I token = row / heads;
       I h = row - token * heads;
       const bool is_q = h < Hq;
@@ -191,36 +193,51 @@ __global__ void rope1d_kernel(Rope1dParams p) {
       const T* x = is_q ? static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + s * p.q_ss
                         : static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh + s * p.k_ss;
       const int64_t out_row = token * (is_q ? Hq : Hk) + h;  // < total: fits I
-      T* out = static_cast<T*>(is_q ? p.q_out : p.k_out) + out_row * p.hd + col;
+      T* out = static_cast<T*>(is_q ? p.q_out : p.k_out) + out_row * p.hd;
       float y[VEC];
-      load_vec<T, VEC>(x + col, y);
-      if (col < rot) {
-        const int64_t pos = p.pos ? p.pos[b * p.pos_sb + s * p.pos_ss] : b * p.pos_sb + s * p.pos_ss;
-        if (pos < 0 || pos >= p.table_rows) {  // out-of-range position: poison the output, never read OOB
-#pragma unroll
-          for (int e = 0; e < VEC; ++e) y[e] = __int_as_float(0x7fc00000);
-        } else if constexpr (INTERLEAVED) {
-          float c2[VEC / 2], s2[VEC / 2];
-          load_f32<VEC / 2>(p.cos + pos * p.table_stride + col / 2, c2);
-          load_f32<VEC / 2>(p.sin + pos * p.table_stride + col / 2, s2);
-#pragma unroll
-          for (int m = 0; m < VEC; m += 2) {
-            const float c = c2[m / 2], sv = s2[m / 2], x0 = y[m], x1 = y[m + 1];
-            y[m] = x0 * c - x1 * sv;
-            y[m + 1] = x1 * c + x0 * sv;
-          }
+      if (j >= rot_items) {  // pass-through channels beyond the rotary dim
+        const I col = rot + (j - rot_items) * VEC;
+        if (col + VEC <= hd) {
+          load_vec<T, VEC>(x + col, y);
+          store_stream<T, VEC>(out + col, y);
         } else {
-          const bool first = col < half;
-          const I f = first ? col : col - half;
-          float partner[VEC], c[VEC], sv[VEC];
-          load_vec<T, VEC>(x + (first ? col + half : col - half), partner);
-          load_f32<VEC>(p.cos + pos * p.table_stride + f, c);
-          load_f32<VEC>(p.sin + pos * p.table_stride + f, sv);
+          for (I c = col; c < hd; ++c) out[c] = x[c];
+        }
+        continue;
+      }
+      const I col = j * VEC;
+      float partner[VEC];  // neox: the chunk `half` channels on
+      load_vec<T, VEC>(x + col, y);
+      if constexpr (!INTERLEAVED) load_vec<T, VEC>(x + col + half, partner);
+      const int64_t pos = p.pos ? p.pos[b * p.pos_sb + s * p.pos_ss] : b * p.pos_sb + s * p.pos_ss;
+      const float* cos_row = p.cos + pos * p.table_stride;
+      const float* sin_row = p.sin + pos * p.table_stride;
+      if (pos < 0 || pos >= p.table_rows) {  // out-of-range position: poison the output, never read OOB
 #pragma unroll
-          for (int e = 0; e < VEC; ++e) y[e] = first ? y[e] * c[e] - partner[e] * sv[e] : y[e] * c[e] + partner[e] * sv[e];
+        for (int e = 0; e < VEC; ++e) y[e] = partner[e] = __int_as_float(0x7fc00000);
+      } else if constexpr (INTERLEAVED) {
+        float c2[VEC / 2], s2[VEC / 2];
+        load_f32<VEC / 2>(cos_row + col / 2, c2);
+        load_f32<VEC / 2>(sin_row + col / 2, s2);
+#pragma unroll
+        for (int m = 0; m < VEC; m += 2) {
+          const float c = c2[m / 2], sv = s2[m / 2], x0 = y[m], x1 = y[m + 1];
+          y[m] = x0 * c - x1 * sv;
+          y[m + 1] = x1 * c + x0 * sv;
+        }
+      } else {
+        float c[VEC], sv[VEC];
+        load_f32<VEC>(cos_row + col, c);
+        load_f32<VEC>(sin_row + col, sv);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+          const float x0 = y[e], x1 = partner[e];
+          y[e] = x0 * c[e] - x1 * sv[e];
+          partner[e] = x1 * c[e] + x0 * sv[e];
         }
       }
-      store_stream<T, VEC>(out, y);
+      store_stream<T, VEC>(out + col, y);
+      if constexpr (!INTERLEAVED) store_stream<T, VEC>(out + col + half, partner);
     }
   }
 }
@@ -283,9 +300,14 @@ template <typename T> cudaError_t launch_3d(const Rope3dParams& p, cudaStream_t 
 }
 
 template <typename T, int VEC, bool INTERLEAVED> cudaError_t launch_1d_with(const Rope1dParams& p, cudaStream_t s) {
-  const int64_t total = (p.B * p.Hq * p.S + p.B * p.Hk * p.S) * (p.hd / VEC);
+  const int64_t rot_items = (INTERLEAVED ? 2 * p.half : p.half) / VEC;
+  const int64_t items = rot_items + (p.hd - 2 * p.half + VEC - 1) / VEC;
+  const int64_t total = (p.B * p.Hq * p.S + p.B * p.Hk * p.S) * items;
   if (total < (int64_t{1} << 31)) {  // so that i + grid stride cannot wrap either
-    rope1d_kernel<T, VEC, INTERLEAVED, uint32_t><<<grid_for(total), kBlockThreads, 0, s>>>(p);
+    // neox pairs: one item per thread (the full grid measured 64.4 vs 66.2 us over the grid-stride cap).
+    // Interleaved chunks keep the cap: the former per-chunk neox kernel lost with the full grid (72.7 vs 69.5 us).
+    const int grid = INTERLEAVED ? grid_for(total) : static_cast<int>((total + kBlockThreads - 1) / kBlockThreads);
+    rope1d_kernel<T, VEC, INTERLEAVED, uint32_t><<<grid, kBlockThreads, 0, s>>>(p);
   } else {
     rope1d_kernel<T, VEC, INTERLEAVED, int64_t><<<grid_for(total), kBlockThreads, 0, s>>>(p);
   }

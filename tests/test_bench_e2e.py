@@ -118,10 +118,11 @@ def test_ltx_tiny_baseline_and_optimized(tmp_path, captured):
 
 
 def test_ltx_tiny_phase_transformer_and_compile_flag(tmp_path, captured, monkeypatch):
-    compiled = []
+    compiled, modes = [], []
 
-    def fake_compile(module):  # the CPU inductor build is too slow for this file; the mechanics are what count
+    def fake_compile(module, mode="default"):  # the CPU inductor build is too slow here; the mechanics count
         compiled.append(module)
+        modes.append(mode)
         module._compiled_call_impl = module._call_impl
 
     monkeypatch.setattr(e2e, "compile_module", fake_compile)
@@ -134,8 +135,26 @@ def test_ltx_tiny_phase_transformer_and_compile_flag(tmp_path, captured, monkeyp
     assert _by(records, "denoise_step", "compile")["stats"]["n"] == 4
     compile_rec = _by(records, "compile", "compile")
     assert compile_rec["unit"] == "s" and compile_rec["stats"]["min"] >= 0
-    assert compiled == [captured["target"].transformer]
+    assert compiled == [captured["target"].transformer] and modes == ["default"]
     assert captured["target"].transformer._compiled_call_impl is None  # undone after the config
+    assert "compile_mode" not in _by(records, "total", "compile")["params"]  # default: params as in older files
+
+    out2 = tmp_path / "ro.json"
+    result = runner.invoke(app, [*TINY, "--phase", "transformer", "--configs", "compile,optimized+compile",
+                                 "--compile-mode", "reduce-overhead", "--output", str(out2)])
+    assert result.exit_code == 0, result.output
+    assert modes[1:] == ["reduce-overhead", "reduce-overhead"]
+    assert all(r["params"]["compile_mode"] == "reduce-overhead" for r in _records(out2))
+
+
+def test_unknown_compile_mode_is_a_usage_error(tmp_path):
+    result = runner.invoke(app, [*TINY, "--compile", "--compile-mode", "fastest", "--output", str(tmp_path / "x.json")])
+    assert result.exit_code == 2
+    assert "--compile-mode 'fastest' is not one of default, reduce-overhead" in result.output
+    result = runner.invoke(app, ["bench", "e2e", "--model", "llama-tiny", "--weights", "random", "--device", "cpu",
+                                 "--compile", "--compile-mode", "reduce-overhead"])
+    assert result.exit_code == 2
+    assert "not supported for LLMs" in result.output
 
 
 def test_summarize_compile_time_is_first_warmup_minus_steady_median():

@@ -184,6 +184,25 @@ def test_rope_1d_per_token_tables_without_positions():
         ops.rope_1d(q, q, per_token[:7], per_token[:7])
 
 
+@pytest.mark.parametrize("hd,rot", [(7, 6), (87, 86), (87, 42), (66, 64), (130, 128)])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_1d_odd_head_dims_and_pass_through_tails(hd, rot, interleaved):
+    """Head dims off the vector width (odd, or an odd pass-through tail after the rotary part) take the narrow
+    paths; every channel, the last one included, must match the reference."""
+    from ltxbench import ops
+
+    gen = torch.Generator("cuda").manual_seed(hd + rot)
+    q = torch.randn(2, 3, 5, hd, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k = torch.randn(2, 1, 5, hd, device="cuda", dtype=torch.bfloat16, generator=gen)
+    cos, sin = (torch.randn(9, rot // 2, device="cuda", generator=gen) for _ in range(2))
+    positions = torch.arange(5, device="cuda").expand(2, 5) + 2
+    got = ops.rope_1d(q, k, cos, sin, positions, interleaved)
+    want = reference.rope_1d(q, k, cos, sin, positions, interleaved)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, atol=1e-2, rtol=1.6e-2)
+        torch.testing.assert_close(g[..., rot:], w[..., rot:], atol=0, rtol=0)  # pass-through is a copy
+
+
 def test_rope_1d_outputs_are_token_major_like_the_projections():
     """q/k come back as (B, H, S, hd) views of dense (B, S, H, hd) memory, the layout the fake promises."""
     from ltxbench import ops

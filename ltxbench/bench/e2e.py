@@ -17,6 +17,7 @@ import statistics
 from ltxbench.errors import UsageError
 
 CONFIG_NAMES = ("baseline", "optimized", "compile", "optimized+compile")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 PHASES = ("all", "transformer")
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted"
@@ -46,13 +47,14 @@ def select_configs(configs: str | None, optimized: bool | None, compile_: bool, 
              (True, True): "optimized+compile"}[(bool(optimized), compile_)]]
 
 
-def compile_module(module) -> None:
-    """The compile step of a configuration (a function of its own so that tests can stub it on the CPU)."""
-    module.compile()
+def compile_module(module, mode: str = "default") -> None:
+    """The compile step of a configuration (a function of its own so that tests can stub it on the CPU).
+    mode: torch.compile's; "reduce-overhead" replays CUDA graphs (what transformers uses for static-cache decode)."""
+    module.compile(mode=mode)
 
 
 @contextlib.contextmanager
-def configuration(module, name: str, inject):
+def configuration(module, name: str, inject, compile_mode: str = "default"):
     """Apply configuration `name` to `module` (the transformer / the LLM), yield the injection dict, undo all.
 
     inject(): an InjectionReport (reverted on exit). Compile: nn.Module.compile() sets _compiled_call_impl, which
@@ -64,7 +66,7 @@ def configuration(module, name: str, inject):
     report = inject() if name.startswith("optimized") else None
     try:
         if name.endswith("compile"):
-            compile_module(module)
+            compile_module(module, compile_mode)
         yield report.as_dict() if report is not None else {"applied": False, "reason": f"config {name}"}
     finally:
         if hasattr(module, "_compiled_call_impl"):
@@ -163,10 +165,12 @@ def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: N
         with torch.no_grad():
             embeds = _encode(pipe, args, device)
     return run_configs(pipe.transformer, configs, lambda: apply_kernels(pipe, provider),
-                       lambda: run_once(pipe, args, embeds), args["warmup"], args["repeats"], device, log)
+                       lambda: run_once(pipe, args, embeds), args["warmup"], args["repeats"], device, log,
+                       args.get("compile_mode", "default"))
 
 
-def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: int, device, log) -> dict:
+def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: int, device, log,
+                compile_mode: str = "default") -> dict:
     """Every configuration on the one model, each from a clean state: warmups, then timed repeats (peak memory
     reset between them). {config: summary} with peak_memory_bytes and the injection report."""
     import torch
@@ -174,7 +178,7 @@ def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: i
     cuda = device.type == "cuda"
     results = {}
     for name in configs:
-        with configuration(module, name, inject) as injection:
+        with configuration(module, name, inject, compile_mode) as injection:
             iterations = []
             for i in range(warmup + repeats):
                 if i == warmup and cuda:

@@ -129,7 +129,7 @@ def run_llm(model, configs: list[str], args: dict, provider: str, log=lambda s: 
     ids = {n: torch.randint(3, vocab, (args["batch_size"], n), generator=gen).to(device)
            for n in args["prompt_lengths"]}
     return run_configs(model, configs, lambda: _inject(model, provider), lambda: run_once(model, args, ids),
-                       args["warmup"], args["repeats"], device, log)
+                       args["warmup"], args["repeats"], device, log, args.get("compile_mode", "default"))
 
 
 def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[int], new_tokens: int) -> list[dict]:

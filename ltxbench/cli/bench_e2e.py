@@ -28,6 +28,9 @@ def e2e_command(
     use_optimized_kernels: bool = typer.Option(None, "--use-optimized-kernels/--no-optimized-kernels",
                                                help="Select ONE configuration, as the original script did."),
     compile_: bool = typer.Option(False, "--compile", help="With/without --use-optimized-kernels: one config."),
+    compile_mode: str = typer.Option("default", "--compile-mode",
+                                     help="torch.compile mode of both compile configs: default, reduce-overhead "
+                                     "(CUDA graphs), max-autotune, max-autotune-no-cudagraphs."),
     num_frames: int = typer.Option(161, "--num-frames", help="Frames, 8k+1 (LTX)."),
     height: int = typer.Option(512, "--height", help="Height, a multiple of 32 (LTX)."),
     width: int = typer.Option(768, "--width", help="Width, a multiple of 32 (LTX)."),
@@ -51,7 +54,7 @@ def e2e_command(
     """Time whole models per configuration: LTX phases (encode, each step, decode) or LLM prefill/decode."""
     from pathlib import Path
 
-    from ltxbench.bench.e2e import PHASES, select_configs
+    from ltxbench.bench.e2e import COMPILE_MODES, PHASES, select_configs
     from ltxbench.bench.e2e_llm import is_llm
     from ltxbench.cli._validate import choice, positive_ints, refuse_existing, require_matplotlib, runtime
     from ltxbench.errors import NoCudaDevice, UsageError
@@ -71,6 +74,11 @@ def e2e_command(
                          hint="use --warmup-iterations 1 or more")
     lengths = positive_ints("--prompt-lengths", prompt_lengths)
     choice("--phase", phase, PHASES)
+    choice("--compile-mode", compile_mode, COMPILE_MODES)
+    if llm and compile_mode in ("reduce-overhead", "max-autotune"):
+        raise UsageError(f"--compile-mode {compile_mode} (CUDA graphs) is not supported for LLMs",
+                         hint="generate() reads CUDA-graph outputs after the next replay overwrote them "
+                         "(measured on torch 2.11); use default or max-autotune-no-cudagraphs")
     choice("--weights", weights, ("pretrained", "random"))
     provider, dtype = runtime(device, kernel_provider, dtype)
     if output is not None and not force:
@@ -85,7 +93,7 @@ def e2e_command(
         raise NoCudaDevice("`ltxbench bench e2e --device cuda`")
     args = {"model": model, "weights": weights, "configs": chosen, "device": device, "dtype": dtype,
             "kernel_provider": provider, "seed": seed, "warmup": warmup_iterations, "repeats": repeats,
-            "batch_size": batch_size, "family": "llm" if llm else "ltx"}
+            "batch_size": batch_size, "compile_mode": compile_mode, "family": "llm" if llm else "ltx"}
     if llm:
         args.update(prompt_lengths=lengths, new_tokens=new_tokens)
     else:
@@ -127,8 +135,10 @@ def _run(args: dict, output, force: bool, plot) -> None:
     def log(text: str) -> None:
         err.print(text, markup=False)
 
+    # compile_mode joins the record params only when not the default, so default-mode records match older files.
     params = {k: v for k, v in args.items()
-              if k not in ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats")}
+              if k not in ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats")
+              and not (k == "compile_mode" and v == "default")}
     if args["family"] == "llm":
         results = e2e_llm.run_llm(target, args["configs"], args, args["kernel_provider"], log)
         records = e2e_llm.build_records(results, params, args["dtype"], args["prompt_lengths"], args["new_tokens"])
