@@ -142,6 +142,28 @@ def test_llama_tiny_baseline(tmp_path, captured):
     assert {"prefill", "decode"} <= names
 
 
+def test_compile_mode_reaches_the_compile_configs(tmp_path, captured, monkeypatch):
+    from ltxbench.bench import e2e
+
+    modes = []
+
+    def fake_compile(module, mode="default"):  # the CPU inductor build is too slow here; the mechanics count
+        modes.append(mode)
+        module._compiled_call_impl = module._call_impl
+
+    monkeypatch.setattr(e2e, "compile_module", fake_compile)
+    out = tmp_path / "ro.json"
+    result = runner.invoke(app, [*TINY, "--configs", "compile", "--compile-mode", "reduce-overhead",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert modes == ["reduce-overhead"] and "--compile-mode" in doc["run"]["argv"]
+    assert all(r["params"]["compile_mode"] == "reduce-overhead" for r in doc["records"])
+    llm = runner.invoke(app, ["profile", "--model", "llama-tiny", "--weights", "random", "--device", "cpu",
+                              "--compile-mode", "max-autotune", "--output", str(tmp_path / "l.json")])
+    assert llm.exit_code == 2 and "not supported for LLMs" in llm.output
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU path")
 def test_device_cuda_without_gpu_exits_4(tmp_path):
     args = [a for a in TINY if a not in ("--kernel-provider", "reference")]
@@ -154,6 +176,7 @@ def test_device_cuda_without_gpu_exits_4(tmp_path):
 @pytest.mark.parametrize(("extra", "needle"), [
     (["--top", "0"], "--top 0"), (["--top", "x"], "--top"), (["--phase", "vae"], "--phase"),
     (["--configs", "turbo"], "turbo"), (["--num-frames", "10"], "--num-frames 10"),
+    (["--compile-mode", "fastest"], "--compile-mode 'fastest'"),
 ])
 def test_bad_arguments_exit_2(extra, needle, tmp_path):
     result = runner.invoke(app, [*TINY, *extra, "--output", str(tmp_path / "r.json")])

@@ -64,7 +64,8 @@ def summarize(table: dict, top: int) -> dict:
     return {"total_ms": total_ms, "families": families, "kernels": kernels}
 
 
-def profile_configs(module, configs: list[str], inject, run, device, traces: dict, top: int, log) -> dict:
+def profile_configs(module, configs: list[str], inject, run, device, traces: dict, top: int, log,
+                    compile_mode: str = "default") -> dict:
     """Every configuration on the one model: warmup, one profiled run, chrome trace, summary (+ injection)."""
     import torch
 
@@ -76,7 +77,7 @@ def profile_configs(module, configs: list[str], inject, run, device, traces: dic
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     results = {}
     for name in configs:
-        with configuration(module, name, inject) as injection:
+        with configuration(module, name, inject, compile_mode) as injection:
             log(f"{name}: warmup")
             run()
             if cuda:
@@ -110,7 +111,7 @@ def profile_ltx(pipe, configs, args: dict, provider: str, traces: dict, top: int
     cuda = device.type == "cuda"
     return profile_configs(pipe.transformer, configs, lambda: apply_kernels(pipe, provider),
                            lambda: e2e.run_once(pipe, args, embeds, phase=lambda name: phase(name, cuda)), device,
-                           traces, top, log)
+                           traces, top, log, args.get("compile_mode", "default"))
 
 
 def llm_iteration(model, ids, new_tokens: int, cuda: bool) -> None:
@@ -136,7 +137,7 @@ def profile_llm(model, configs, args: dict, provider: str, traces: dict, top: in
     ids, device = ids.to(model.device), torch.device(model.device)
     return profile_configs(model, configs, lambda: _inject(model, provider),
                            lambda: llm_iteration(model, ids, args["new_tokens"], device.type == "cuda"),
-                           device, traces, top, log)
+                           device, traces, top, log, args.get("compile_mode", "default"))
 
 
 def _point(value: float) -> dict:
@@ -208,7 +209,8 @@ def external_commands(args: dict, results: dict, out_dir, stem: str, which) -> l
     for config, res in results.items():
         argv = ["ltxbench", "bench", "e2e", "--model", args["model"], "--weights", args["weights"], "--device", "cuda",
                 "--dtype", args["dtype"], "--configs", config, "--repeats", "1", "--warmup-iterations", "1",
-                "--seed", str(args["seed"]), "--batch-size", str(args["batch_size"])]
+                "--seed", str(args["seed"]), "--batch-size", str(args["batch_size"]),
+                "--compile-mode", args.get("compile_mode", "default")]
         if args["family"] == "llm":
             argv += ["--prompt-lengths", str(args["prompt_length"]), "--new-tokens", str(args["new_tokens"])]
         else:

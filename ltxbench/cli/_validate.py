@@ -17,6 +17,18 @@ def choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
+def compile_mode(value: str, llm: bool) -> str:
+    """--compile-mode: one of torch.compile's modes; the CUDA-graph ones are refused for LLMs."""
+    from ltxbench.bench.e2e import COMPILE_MODES
+
+    choice("--compile-mode", value, COMPILE_MODES)
+    if llm and value in ("reduce-overhead", "max-autotune"):
+        raise UsageError(f"--compile-mode {value} (CUDA graphs) is not supported for LLMs",
+                         hint="generate() reads CUDA-graph outputs after the next replay overwrote them "
+                         "(measured on torch 2.11); use default or max-autotune-no-cudagraphs")
+    return value
+
+
 def positive_ints(flag: str, text: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]

@@ -54,9 +54,10 @@ def e2e_command(
     """Time whole models per configuration: LTX phases (encode, each step, decode) or LLM prefill/decode."""
     from pathlib import Path
 
-    from ltxbench.bench.e2e import COMPILE_MODES, PHASES, select_configs
+    from ltxbench.bench.e2e import PHASES, select_configs
     from ltxbench.bench.e2e_llm import is_llm
     from ltxbench.cli._validate import choice, positive_ints, refuse_existing, require_matplotlib, runtime
+    from ltxbench.cli._validate import compile_mode as validated_compile_mode
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
 
@@ -74,11 +75,7 @@ def e2e_command(
                          hint="use --warmup-iterations 1 or more")
     lengths = positive_ints("--prompt-lengths", prompt_lengths)
     choice("--phase", phase, PHASES)
-    choice("--compile-mode", compile_mode, COMPILE_MODES)
-    if llm and compile_mode in ("reduce-overhead", "max-autotune"):
-        raise UsageError(f"--compile-mode {compile_mode} (CUDA graphs) is not supported for LLMs",
-                         hint="generate() reads CUDA-graph outputs after the next replay overwrote them "
-                         "(measured on torch 2.11); use default or max-autotune-no-cudagraphs")
+    compile_mode_for_run = validated_compile_mode(compile_mode, llm)
     choice("--weights", weights, ("pretrained", "random"))
     provider, dtype = runtime(device, kernel_provider, dtype)
     if output is not None and not force:
@@ -93,7 +90,7 @@ def e2e_command(
         raise NoCudaDevice("`ltxbench bench e2e --device cuda`")
     args = {"model": model, "weights": weights, "configs": chosen, "device": device, "dtype": dtype,
             "kernel_provider": provider, "seed": seed, "warmup": warmup_iterations, "repeats": repeats,
-            "batch_size": batch_size, "compile_mode": compile_mode, "family": "llm" if llm else "ltx"}
+            "batch_size": batch_size, "compile_mode": compile_mode_for_run, "family": "llm" if llm else "ltx"}
     if llm:
         args.update(prompt_lengths=lengths, new_tokens=new_tokens)
     else:

@@ -45,6 +45,8 @@ def profile_command(
     guidance_scale: float = typer.Option(3.0, "--guidance-scale", help="CFG scale (> 1 doubles the batch)."),
     output: str = typer.Option(None, "--output", "-o", help="Result JSON (CSV beside it); default results/runs/."),
     force: bool = typer.Option(False, "--force", help="Overwrite --output and the traces if they exist."),
+    compile_mode: str = typer.Option("default", "--compile-mode",
+                                     help="torch.compile mode of the compile configs (as in bench e2e)."),
 ) -> None:
     """Profile whole models per configuration: time per kernel family, top kernels, chrome traces."""
     from pathlib import Path
@@ -52,6 +54,7 @@ def profile_command(
     from ltxbench.bench.e2e import PHASES, parse_configs
     from ltxbench.bench.e2e_llm import is_llm
     from ltxbench.cli._validate import choice, refuse_existing, runtime
+    from ltxbench.cli._validate import compile_mode as validated_compile_mode
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
     from ltxbench.results.io import default_path
@@ -67,6 +70,7 @@ def profile_command(
             raise UsageError(f"{flag} {value} must be at least 1")
     choice("--phase", phase, PHASES)
     choice("--weights", weights, ("pretrained", "random"))
+    mode = validated_compile_mode(compile_mode, llm)
     provider, dtype = runtime(device, kernel_provider, dtype)
     json_path = default_path("profile") if output is None else Path(output)
     if json_path.suffix.lower() != ".json":
@@ -83,7 +87,7 @@ def profile_command(
         raise NoCudaDevice("`ltxbench profile --device cuda`")
     args = {"model": model, "weights": weights, "configs": chosen, "device": device, "dtype": dtype,
             "kernel_provider": provider, "seed": seed, "batch_size": batch_size, "top": top,
-            "family": "llm" if llm else "ltx"}
+            "compile_mode": mode, "family": "llm" if llm else "ltx"}
     if llm:
         args.update(prompt_length=prompt_length, new_tokens=new_tokens)
     else:
@@ -128,7 +132,9 @@ def _run(args: dict, json_path, traces: dict, force: bool, output) -> None:
 
     run = profile.profile_llm if args["family"] == "llm" else profile.profile_ltx
     results = run(target, args["configs"], args, args["kernel_provider"], traces, args["top"], log)
-    params = {k: v for k, v in args.items() if k not in ("configs", "dtype", "kernel_provider", "seed", "top")}
+    # compile_mode joins the record params only when not the default (default records match older files)
+    params = {k: v for k, v in args.items() if k not in ("configs", "dtype", "kernel_provider", "seed", "top")
+              and not (k == "compile_mode" and v == "default")}
     records = profile.build_records(results, params, args["dtype"])
     traces_at = next(iter(traces.values())).parent
     config = {**args, "output": output, "trace_dir": str(traces_at),
