@@ -17,7 +17,7 @@ def choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def compile_mode(value: str, llm: bool) -> str:
+def compile_mode_choice(value: str, llm: bool) -> str:
     """--compile-mode: one of torch.compile's modes; the CUDA-graph ones are refused for LLMs."""
     from ltxbench.bench.e2e import COMPILE_MODES
 

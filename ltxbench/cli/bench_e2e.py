@@ -56,8 +56,14 @@ def e2e_command(
 
     from ltxbench.bench.e2e import PHASES, select_configs
     from ltxbench.bench.e2e_llm import is_llm
-    from ltxbench.cli._validate import choice, positive_ints, refuse_existing, require_matplotlib, runtime
-    from ltxbench.cli._validate import compile_mode as validated_compile_mode
+    from ltxbench.cli._validate import (
+        choice,
+        compile_mode_choice,
+        positive_ints,
+        refuse_existing,
+        require_matplotlib,
+        runtime,
+    )
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
 
@@ -75,7 +81,7 @@ def e2e_command(
                          hint="use --warmup-iterations 1 or more")
     lengths = positive_ints("--prompt-lengths", prompt_lengths)
     choice("--phase", phase, PHASES)
-    compile_mode_for_run = validated_compile_mode(compile_mode, llm)
+    compile_mode_choice(compile_mode, llm)
     choice("--weights", weights, ("pretrained", "random"))
     provider, dtype = runtime(device, kernel_provider, dtype)
     if output is not None and not force:
@@ -90,7 +96,7 @@ def e2e_command(
         raise NoCudaDevice("`ltxbench bench e2e --device cuda`")
     args = {"model": model, "weights": weights, "configs": chosen, "device": device, "dtype": dtype,
             "kernel_provider": provider, "seed": seed, "warmup": warmup_iterations, "repeats": repeats,
-            "batch_size": batch_size, "compile_mode": compile_mode_for_run, "family": "llm" if llm else "ltx"}
+            "batch_size": batch_size, "compile_mode": compile_mode, "family": "llm" if llm else "ltx"}
     if llm:
         args.update(prompt_lengths=lengths, new_tokens=new_tokens)
     else:

@@ -53,8 +53,7 @@ def profile_command(
 
     from ltxbench.bench.e2e import PHASES, parse_configs
     from ltxbench.bench.e2e_llm import is_llm
-    from ltxbench.cli._validate import choice, refuse_existing, runtime
-    from ltxbench.cli._validate import compile_mode as validated_compile_mode
+    from ltxbench.cli._validate import choice, compile_mode_choice, refuse_existing, runtime
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
     from ltxbench.results.io import default_path
@@ -70,7 +69,7 @@ def profile_command(
             raise UsageError(f"{flag} {value} must be at least 1")
     choice("--phase", phase, PHASES)
     choice("--weights", weights, ("pretrained", "random"))
-    mode = validated_compile_mode(compile_mode, llm)
+    compile_mode_choice(compile_mode, llm)
     provider, dtype = runtime(device, kernel_provider, dtype)
     json_path = default_path("profile") if output is None else Path(output)
     if json_path.suffix.lower() != ".json":
@@ -87,7 +86,7 @@ def profile_command(
         raise NoCudaDevice("`ltxbench profile --device cuda`")
     args = {"model": model, "weights": weights, "configs": chosen, "device": device, "dtype": dtype,
             "kernel_provider": provider, "seed": seed, "batch_size": batch_size, "top": top,
-            "compile_mode": mode, "family": "llm" if llm else "ltx"}
+            "compile_mode": compile_mode, "family": "llm" if llm else "ltx"}
     if llm:
         args.update(prompt_length=prompt_length, new_tokens=new_tokens)
     else:
