@@ -2,20 +2,26 @@
 // Elementwise over (rows, H) outputs; the gated forms read the value and the gate halves of 2H-wide rows.
 #include "common/dtype.cuh"
 #include "common/params.h"
+#include "common/tuning.h"
 
 namespace ltxbench {
 namespace {
 
 enum Act : int { kGeluErf = 0, kGeluTanh = 1, kSilu = 2 };
 
-// fp32 math with the accurate libm functions, as PyTorch computes these in fp32 "opmath".
-template <int ACT> __device__ __forceinline__ float activate(float g) {
+// fp32 math with the accurate libm functions, as PyTorch computes these in fp32 "opmath". FAST (16-bit outputs
+// only): GELU-tanh as g * sigmoid(2u) and SiLU as g * sigmoid(g), each one MUFU exp and one MUFU reciprocal
+// (__expf, __fdividef: a few fp32 ulp, far below the 2^-8 / 2^-11 of the rounded result) instead of tanhf /
+// expf + IEEE division, which left these kernels instruction-bound on the H200.
+template <int ACT, bool FAST> __device__ __forceinline__ float activate(float g) {
   if constexpr (ACT == kGeluErf) {
     return 0.5f * g * (1.f + erff(g * 0.70710678118654752f));
   } else if constexpr (ACT == kGeluTanh) {
     const float inner = 0.79788456080286536f * (g + 0.044715f * g * g * g);  // sqrt(2/pi)
+    if constexpr (FAST) return __fdividef(g, 1.f + __expf(-2.f * inner));
     return 0.5f * g * (1.f + tanhf(inner));
   } else {
+    if constexpr (FAST) return __fdividef(g, 1.f + __expf(-g));
     return g / (1.f + expf(-g));
   }
 }
@@ -23,7 +29,7 @@ template <int ACT> __device__ __forceinline__ float activate(float g) {
 // One VEC-wide output chunk per thread. Activation and gating are compile-time and ungated contiguous rows
 // are one flat array (no row/column division): GELU-tanh sits near the instruction limit on H100, and with the
 // run-time switch and the division it reached 86% of the copy peak at 2x8064x8192, now 98% (as torch's F.gelu).
-template <typename T, int VEC, int ACT, bool GATED>
+template <typename T, int VEC, int ACT, bool GATED, bool FAST>
 __global__ void act_kernel(ActParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
@@ -37,10 +43,10 @@ __global__ void act_kernel(ActParams p) {
     for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
          i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       float y[VEC];
-      if (!GATED && flat) {
+      if (flat) {
         load_vec<T, VEC>(x + i * VEC, y);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) y[k] = activate<ACT>(y[k]);
+        for (int k = 0; k < VEC; ++k) y[k] = activate<ACT, FAST>(y[k]);
         store_vec<T, VEC>(out + i * VEC, y);
         continue;
       }
@@ -57,11 +63,11 @@ __global__ void act_kernel(ActParams p) {
         to_floats<T, VEC>(rv, v);
         to_floats<T, VEC>(rg, g);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) y[k] = v[k] * activate<ACT>(g[k]);
+        for (int k = 0; k < VEC; ++k) y[k] = v[k] * activate<ACT, FAST>(g[k]);
       } else {
         load_vec<T, VEC>(xr + col, y);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) y[k] = activate<ACT>(y[k]);
+        for (int k = 0; k < VEC; ++k) y[k] = activate<ACT, FAST>(y[k]);
       }
       store_vec<T, VEC>(out + row * p.H + col, y);
     }
@@ -74,12 +80,25 @@ template <typename T> bool vectorizable(const ActParams& p) {
          reinterpret_cast<uintptr_t>(p.out) % 16 == 0;
 }
 
+// The fast forms for 16-bit outputs; LTXBENCH_ACT_FAST=0 keeps the libm forms everywhere (A/B sweeps).
+bool fast_math_off() {
+  static const bool off = std::getenv("LTXBENCH_ACT_FAST") && tuning_knob("LTXBENCH_ACT_FAST") == 0;
+  return off;
+}
+
 template <typename T, int VEC, int ACT, bool GATED>
 cudaError_t launch_act_with(const ActParams& p, cudaStream_t stream) {
   constexpr int threads = 256;
   const int64_t total = p.rows * (p.H / VEC);
+  const unsigned blocks = static_cast<unsigned>((total + threads - 1) / threads);
   // One vector per thread: the loads of all resident blocks are in flight while others compute.
-  act_kernel<T, VEC, ACT, GATED><<<static_cast<unsigned>((total + threads - 1) / threads), threads, 0, stream>>>(p);
+  if constexpr (sizeof(T) == 2 && ACT != kGeluErf) {
+    if (!fast_math_off()) {
+      act_kernel<T, VEC, ACT, GATED, true><<<blocks, threads, 0, stream>>>(p);
+      return cudaGetLastError();
+    }
+  }
+  act_kernel<T, VEC, ACT, GATED, false><<<blocks, threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 

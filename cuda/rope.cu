@@ -172,73 +172,96 @@ __global__ void __launch_bounds__(kMaxRowThreads) qk_norm_rope_kernel(Rope3dPara
 // I = uint32_t when the sizes fit (64-bit divisions cost more than the access). Measured (H100,
 // notes/kernel-tuning.md): evict-first stores 49 -> 40 us (Llama-3-8B prefill); neox pairs instead of one
 // chunk per thread re-reading partner and table, 2x8064 tokens x 2048: 69.5 -> 64.4 us.
+// One work item j (a neox pair of chunks, an interleaved chunk, or a pass-through chunk) of head h (q heads
+// first, then k heads) of token (b, s).
+template <typename T, int VEC, bool INTERLEAVED, typename I>
+__device__ __forceinline__ void rope1d_item(const Rope1dParams& p, I b, I s, I token, I h, I j) {
+  const I Hq = static_cast<I>(p.Hq), Hk = static_cast<I>(p.Hk), hd = static_cast<I>(p.hd);
+  const I half = static_cast<I>(p.half), rot = 2 * half;
+  const I rot_items = (INTERLEAVED ? rot : half) / VEC;
+  const bool is_q = h < Hq;
+  if (!is_q) h -= Hq;
+  const T* x = is_q ? static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + s * p.q_ss
+                    : static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh + s * p.k_ss;
+  const int64_t out_row = token * (is_q ? Hq : Hk) + h;  // < total: fits I
+  T* out = static_cast<T*>(is_q ? p.q_out : p.k_out) + out_row * p.hd;
+  float y[VEC];
+  if (j >= rot_items) {  // pass-through channels beyond the rotary dim
+    const I col = rot + (j - rot_items) * VEC;
+    if (col + VEC <= hd) {
+      load_vec<T, VEC>(x + col, y);
+      store_stream<T, VEC>(out + col, y);
+    } else {
+      for (I c = col; c < hd; ++c) out[c] = x[c];
+    }
+    return;
+  }
+  const I col = j * VEC;
+  float partner[VEC];  // neox: the chunk `half` channels on
+  load_vec<T, VEC>(x + col, y);
+  if constexpr (!INTERLEAVED) load_vec<T, VEC>(x + col + half, partner);
+  const int64_t pos = p.pos ? p.pos[b * p.pos_sb + s * p.pos_ss] : b * p.pos_sb + s * p.pos_ss;
+  const float* cos_row = p.cos + pos * p.table_stride;
+  const float* sin_row = p.sin + pos * p.table_stride;
+  if (pos < 0 || pos >= p.table_rows) {  // out-of-range position: poison the output, never read OOB
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) y[e] = partner[e] = __int_as_float(0x7fc00000);
+  } else if constexpr (INTERLEAVED) {
+    float c2[VEC / 2], s2[VEC / 2];
+    load_f32<VEC / 2>(cos_row + col / 2, c2);
+    load_f32<VEC / 2>(sin_row + col / 2, s2);
+#pragma unroll
+    for (int m = 0; m < VEC; m += 2) {
+      const float c = c2[m / 2], sv = s2[m / 2], x0 = y[m], x1 = y[m + 1];
+      y[m] = x0 * c - x1 * sv;
+      y[m + 1] = x1 * c + x0 * sv;
+    }
+  } else {
+    float c[VEC], sv[VEC];
+    load_f32<VEC>(cos_row + col, c);
+    load_f32<VEC>(sin_row + col, sv);
+#pragma unroll
+    for (int e = 0; e < VEC; ++e) {
+      const float x0 = y[e], x1 = partner[e];
+      y[e] = x0 * c[e] - x1 * sv[e];
+      partner[e] = x1 * c[e] + x0 * sv[e];
+    }
+  }
+  store_stream<T, VEC>(out + col, y);
+  if constexpr (!INTERLEAVED) store_stream<T, VEC>(out + col + half, partner);
+}
+
 template <typename T, int VEC, bool INTERLEAVED, typename I>
 __global__ void rope1d_kernel(Rope1dParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
-    const I Hq = static_cast<I>(p.Hq), Hk = static_cast<I>(p.Hk), S = static_cast<I>(p.S), hd = static_cast<I>(p.hd);
-    const I half = static_cast<I>(p.half), rot = 2 * half, heads = Hq + Hk;
+    const I S = static_cast<I>(p.S), heads = static_cast<I>(p.Hq + p.Hk);
     // ceil: an odd head_dim leaves a short last pass-through chunk on the VEC = 2 interleaved path
-    const I rot_items = (INTERLEAVED ? rot : half) / VEC, items = rot_items + (hd - rot + VEC - 1) / VEC;
+    const I rot_items = static_cast<I>(INTERLEAVED ? 2 * p.half : p.half) / VEC;
+    const I items = rot_items + static_cast<I>(p.hd - 2 * p.half + VEC - 1) / VEC;
     const I total = static_cast<I>(p.B) * S * heads * items;
     for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total;
          i += static_cast<I>(gridDim.x) * blockDim.x) {
       const I row = i / items, j = i - row * items;
-      const I token = row / heads;
-      I h = row - token * heads;
-      const bool is_q = h < Hq;
-      if (!is_q) h -= Hq;
+      const I token = row / heads, h = row - token * heads;
       const I b = token / S, s = token - b * S;
-      const T* x = is_q ? static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + s * p.q_ss
-                        : static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh + s * p.k_ss;
-      const int64_t out_row = token * (is_q ? Hq : Hk) + h;  // < total: fits I
-      T* out = static_cast<T*>(is_q ? p.q_out : p.k_out) + out_row * p.hd;
-      float y[VEC];
-      if (j >= rot_items) {  // pass-through channels beyond the rotary dim
-        const I col = rot + (j - rot_items) * VEC;
-        if (col + VEC <= hd) {
-          load_vec<T, VEC>(x + col, y);
-          store_stream<T, VEC>(out + col, y);
-        } else {
-          for (I c = col; c < hd; ++c) out[c] = x[c];
-        }
-        continue;
-      }
-      const I col = j * VEC;
-      float partner[VEC];  // neox: the chunk `half` channels on
-      load_vec<T, VEC>(x + col, y);
-      if constexpr (!INTERLEAVED) load_vec<T, VEC>(x + col + half, partner);
-      const int64_t pos = p.pos ? p.pos[b * p.pos_sb + s * p.pos_ss] : b * p.pos_sb + s * p.pos_ss;
-      const float* cos_row = p.cos + pos * p.table_stride;
-      const float* sin_row = p.sin + pos * p.table_stride;
-      if (pos < 0 || pos >= p.table_rows) {  // out-of-range position: poison the output, never read OOB
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) y[e] = partner[e] = __int_as_float(0x7fc00000);
-      } else if constexpr (INTERLEAVED) {
-        float c2[VEC / 2], s2[VEC / 2];
-        load_f32<VEC / 2>(cos_row + col / 2, c2);
-        load_f32<VEC / 2>(sin_row + col / 2, s2);
-#pragma unroll
-        for (int m = 0; m < VEC; m += 2) {
-          const float c = c2[m / 2], sv = s2[m / 2], x0 = y[m], x1 = y[m + 1];
-          y[m] = x0 * c - x1 * sv;
-          y[m + 1] = x1 * c + x0 * sv;
-        }
-      } else {
-        float c[VEC], sv[VEC];
-        load_f32<VEC>(cos_row + col, c);
-        load_f32<VEC>(sin_row + col, sv);
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-          const float x0 = y[e], x1 = partner[e];
-          y[e] = x0 * c[e] - x1 * sv[e];
-          partner[e] = x1 * c[e] + x0 * sv[e];
-        }
-      }
-      store_stream<T, VEC>(out + col, y);
-      if constexpr (!INTERLEAVED) store_stream<T, VEC>(out + col + half, partner);
+      rope1d_item<T, VEC, INTERLEAVED, I>(p, b, s, token, h, j);
     }
+  }
+}
+
+// The same work with no index division: one block per token (grid (S, B)), threadIdx.x the item and
+// threadIdx.y the head, for tokens whose items x heads fit one block (Llama-3-8B: 8 x 40). neox only: on the H200
+// the flat kernel's three 32-bit divisions per item cost 2x8064x2048 with positions 49.0 -> 47.2 us here, while
+// interleaved chunks lost (50.4 -> 53.1 us; results/h200/tuning/rope-*). LTXBENCH_ROPE1D_TOKEN=0: off (A/B).
+template <typename T, int VEC, bool INTERLEAVED>
+__global__ void rope1d_token_kernel(Rope1dParams p) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    const uint32_t s = blockIdx.x, b = blockIdx.y;
+    rope1d_item<T, VEC, INTERLEAVED, uint32_t>(p, b, s, b * static_cast<uint32_t>(p.S) + s, threadIdx.y, threadIdx.x);
   }
 }
 
@@ -303,7 +326,15 @@ template <typename T, int VEC, bool INTERLEAVED> cudaError_t launch_1d_with(cons
   const int64_t rot_items = (INTERLEAVED ? 2 * p.half : p.half) / VEC;
   const int64_t items = rot_items + (p.hd - 2 * p.half + VEC - 1) / VEC;
   const int64_t total = (p.B * p.Hq * p.S + p.B * p.Hk * p.S) * items;
-  if (total < (int64_t{1} << 31)) {  // so that i + grid stride cannot wrap either
+  static const bool token_blocks_off =
+      std::getenv("LTXBENCH_ROPE1D_TOKEN") && tuning_knob("LTXBENCH_ROPE1D_TOKEN") == 0;
+  const int64_t heads = p.Hq + p.Hk;
+  if (!INTERLEAVED && !token_blocks_off && items * heads <= 1024 && p.S < (int64_t{1} << 31) && p.B <= 65535 &&
+      total < (int64_t{1} << 31)) {
+    const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
+    const dim3 block(static_cast<unsigned>(items), static_cast<unsigned>(heads));
+    rope1d_token_kernel<T, VEC, INTERLEAVED><<<grid, block, 0, s>>>(p);
+  } else if (total < (int64_t{1} << 31)) {  // so that i + grid stride cannot wrap either
     // neox pairs: one item per thread (the full grid measured 64.4 vs 66.2 us over the grid-stride cap).
     // Interleaved chunks keep the cap: the former per-chunk neox kernel lost with the full grid (72.7 vs 69.5 us).
     const int grid = INTERLEAVED ? grid_for(total) : static_cast<int>((total + kBlockThreads - 1) / kBlockThreads);
