@@ -252,9 +252,10 @@ __global__ void rope1d_kernel(Rope1dParams p) {
 }
 
 // The same work with no index division: one block per token (grid (S, B)), threadIdx.x the item and
-// threadIdx.y the head, for tokens whose items x heads fit one block (Llama-3-8B: 8 x 40). neox only: on the H200
-// the flat kernel's three 32-bit divisions per item cost 2x8064x2048 with positions 49.0 -> 47.2 us here, while
-// interleaved chunks lost (50.4 -> 53.1 us; results/h200/tuning/rope-*). LTXBENCH_ROPE1D_TOKEN=0: off (A/B).
+// threadIdx.y the head, for tokens whose items x heads fit one block (Llama-3-8B: 8 x 40). neox only: on the
+// H200, 2x8064x2048 with positions went 49.0 -> 47.2 us without the flat kernel's three 32-bit divisions per
+// item, while interleaved chunks lost (50.4 -> 53.1 us); results/h200/tuning/rope1d-token-*, rope1d-flat-*.
+// LTXBENCH_ROPE1D_TOKEN=0 turns it off (A/B).
 template <typename T, int VEC, bool INTERLEAVED>
 __global__ void rope1d_token_kernel(Rope1dParams p) {
   if constexpr (unsupported_here<T>()) {
