@@ -82,7 +82,7 @@ template <typename T> bool vectorizable(const ActParams& p) {
 
 // The fast forms for 16-bit outputs; LTXBENCH_ACT_FAST=0 keeps the libm forms everywhere (A/B sweeps).
 bool fast_math_off() {
-  static const bool off = std::getenv("LTXBENCH_ACT_FAST") && tuning_knob("LTXBENCH_ACT_FAST") == 0;
+  static const bool off = tuning_off("LTXBENCH_ACT_FAST");
   return off;
 }
 

@@ -1,7 +1,8 @@
-// RMSNorm, fused add + RMSNorm and the gated residual on 16-byte-aligned rows of 32 to 512 x VPT vectors.
-// One row per block, the block indexed by (s, b) so no thread divides to find its row; the weight, when
-// present, is chosen at compile time and loaded together with x, before the reduction, so the only wait a
-// row has is the one for its own loads. The general kernels (norm.cu) take every other case.
+// RMSNorm, fused add + RMSNorm, the gated residual and the RMSNorm + AdaLN modulation ops on 16-byte-aligned
+// rows of 32 to 512 x VPT vectors. One row per block, the block indexed by (s, b) so no thread divides to find
+// its row; the weight, when present, is chosen at compile time and loaded together with x, before the
+// reduction, so the only wait a row has is the one for its own loads. The general kernels (norm.cu) take
+// every other case (LayerNorm, weight and modulation together, unaligned or very wide rows).
 #include "common/dtype.cuh"
 #include "common/params.h"
 #include "common/reduce.cuh"
@@ -13,12 +14,16 @@ namespace {
 
 constexpr int kLeanMaxThreads = 512;  // a register budget of 128 per thread
 
-// WEIGHT: the row is multiplied by the (D,) weight. ARITY: 1 x, 2 x + a, 3 x + a * gate.
-template <typename T, int VEC, int VPT, int ARITY, bool WEIGHT>
+// What follows the normalization: nothing, the (D,) weight, or AdaLN's * (1 + scale) + shift.
+enum class Affine : int { None, Weight, Modulate };
+
+// ARITY: 1 x, 2 x + a, 3 x + a * gate. RMSNorm, or no norm when p.norm is None.
+template <typename T, int VEC, int VPT, int ARITY, Affine AFF>
 __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
+    constexpr bool kMod = AFF == Affine::Modulate;
     __shared__ float smem[32 * 2];
     const int64_t b = blockIdx.y, s = blockIdx.x;
     const int64_t row = b * p.S + s;
@@ -27,17 +32,19 @@ __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
     r.x = row_of<T>(p.x, b, s);
     r.a = ARITY >= 2 ? row_of<T>(p.a, b, s) : nullptr;
     r.gate = ARITY >= 3 ? row_of<T>(p.gate, b, s) : nullptr;
+    r.scale = kMod ? row_of<T>(p.scale, b, s) : nullptr;
+    r.shift = kMod ? row_of<T>(p.shift, b, s) : nullptr;
 
     bool valid[VPT];
     RawH<T, VEC> raw[VPT];
-    Vec<T, VEC> w[VPT];
+    Vec<T, VEC> w[VPT], sh[VPT];  // the weight, or scale and shift
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {  // every load of the row, the weight's included, before any arithmetic
       const int j = threadIdx.x + i * blockDim.x;
       valid[i] = j < nvec;
       if (!valid[i]) continue;
       raw[i] = load_raw_h<T, VEC, ARITY>(r, static_cast<int64_t>(j) * VEC);
-      if constexpr (WEIGHT) w[i] = load_raw<T, VEC>(static_cast<const T*>(p.weight) + j * VEC);
+      if constexpr (AFF == Affine::Weight) w[i] = load_raw<T, VEC>(static_cast<const T*>(p.weight) + j * VEC);
     }
     T* out = static_cast<T*>(p.out) + row * p.D;
     T* h_out = p.h_out ? static_cast<T*>(p.h_out) + row * p.D : nullptr;
@@ -55,50 +62,77 @@ __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
       row_group_sum<1>(s1, blockDim.x, smem);
       rstd = rms_stats(s1[0], static_cast<float>(p.D), p.eps).rstd;
     }
+    // scale/shift after the reduction: loaded with x they cost registers, and occupancy, that the wait for
+    // them (L1/L2 hits: one (D,) pair per batch) does not repay (results/h200/tuning/mod-lean-*).
+    if constexpr (kMod) {
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+        const int j = threadIdx.x + i * blockDim.x;
+        if (!valid[i]) continue;
+        w[i] = load_raw<T, VEC>(r.scale + j * VEC);
+        sh[i] = load_raw<T, VEC>(r.shift + j * VEC);
+      }
+    }
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (!valid[i]) continue;
       float n[VEC], f[VEC];
 #pragma unroll
       for (int k = 0; k < VEC; ++k) n[k] = h[i][k] * rstd;
-      if constexpr (WEIGHT) {
+      if constexpr (AFF == Affine::Weight) {
         to_floats<T, VEC>(w[i], f);
         apply_weight<T, VEC>(n, f, p.cast_before_weight);
+      }
+      if constexpr (kMod) {
+        float g[VEC];
+        to_floats<T, VEC>(w[i], f);
+        to_floats<T, VEC>(sh[i], g);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) n[k] = n[k] * (1.f + f[k]) + g[k];
       }
       store_vec<T, VEC>(out + (threadIdx.x + i * blockDim.x) * VEC, n);
     }
   }
 }
 
-template <typename T, int VPT, int ARITY>
+template <typename T, int VPT, int ARITY, Affine AFF>
 cudaError_t launch_lean(const RowOpParams& p, int threads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
-  if (p.weight) {
-    row_op_lean<T, vec_width<T>(), VPT, ARITY, true><<<grid, threads, 0, stream>>>(p);
-  } else {
-    row_op_lean<T, vec_width<T>(), VPT, ARITY, false><<<grid, threads, 0, stream>>>(p);
-  }
+  row_op_lean<T, vec_width<T>(), VPT, ARITY, AFF><<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
+template <typename T, int VPT, Affine AFF>
+cudaError_t launch_arity(const RowOpParams& p, int threads, cudaStream_t stream) {
+  if (p.a.ptr == nullptr) return launch_lean<T, VPT, 1, AFF>(p, threads, stream);
+  if (p.gate.ptr == nullptr) return launch_lean<T, VPT, 2, AFF>(p, threads, stream);
+  return launch_lean<T, VPT, 3, AFF>(p, threads, stream);
+}
+
 template <typename T, int VPT> cudaError_t launch_vpt(const RowOpParams& p, int threads, cudaStream_t stream) {
-  if (p.a.ptr == nullptr) return launch_lean<T, VPT, 1>(p, threads, stream);
-  if (p.gate.ptr == nullptr) return launch_lean<T, VPT, 2>(p, threads, stream);
-  return launch_lean<T, VPT, 3>(p, threads, stream);
+  if (p.scale.ptr) return launch_arity<T, VPT, Affine::Modulate>(p, threads, stream);
+  if (p.weight) return launch_arity<T, VPT, Affine::Weight>(p, threads, stream);
+  return launch_arity<T, VPT, Affine::None>(p, threads, stream);
 }
 
 // Vectors per thread: 2 (H100 bf16 sweep, notes/kernel-tuning.md). LTXBENCH_ROW_VPT=1 overrides (sweeps);
-// LTXBENCH_ROW_LEAN=0 turns this path off.
+// LTXBENCH_ROW_LEAN=0 turns this path off, LTXBENCH_MOD_LEAN=0 only for the modulated ops.
 int lean_vpt() {
   static const int forced = tuning_knob("LTXBENCH_ROW_VPT");
   return forced == 1 ? 1 : 2;
 }
 
-// RMSNorm or no norm, optional weight, no modulation (the modulated ops and LayerNorm measured slower
-// here than in the general kernel: notes/kernel-tuning.md).
+// RMSNorm (or no norm) with a weight, with modulation (not both), or neither. LayerNorm stays on the general
+// kernel: here it won at 2048-wide rows and lost at 3072/4096 (results/h200/tuning/mod-lean-*).
+bool lean_serves(const RowOpParams& p) {
+  static const bool mod_off = tuning_off("LTXBENCH_MOD_LEAN");
+  if (p.norm == NormKind::Layer) return false;
+  return !p.scale.ptr || (!mod_off && !p.weight);
+}
+
 template <typename T> bool try_lean(const RowOpParams& p, cudaStream_t stream, cudaError_t* err) {
-  static const bool disabled = std::getenv("LTXBENCH_ROW_LEAN") && tuning_knob("LTXBENCH_ROW_LEAN") == 0;
-  if (disabled || p.norm == NormKind::Layer || p.scale.ptr || !vectorizable<T>(p)) return false;
+  static const bool disabled = tuning_off("LTXBENCH_ROW_LEAN");
+  if (disabled || !lean_serves(p) || !vectorizable<T>(p)) return false;
   if (p.B > 65535 || p.S > 0x7fffffff) return false;
   const int vpt = lean_vpt();
   const int64_t nvec = p.D / vec_width<T>();

@@ -327,15 +327,17 @@ template <typename T, int VEC, bool INTERLEAVED> cudaError_t launch_1d_with(cons
   const int64_t rot_items = (INTERLEAVED ? 2 * p.half : p.half) / VEC;
   const int64_t items = rot_items + (p.hd - 2 * p.half + VEC - 1) / VEC;
   const int64_t total = (p.B * p.Hq * p.S + p.B * p.Hk * p.S) * items;
-  static const bool token_blocks_off =
-      std::getenv("LTXBENCH_ROPE1D_TOKEN") && tuning_knob("LTXBENCH_ROPE1D_TOKEN") == 0;
-  const int64_t heads = p.Hq + p.Hk;
-  if (!INTERLEAVED && !token_blocks_off && items * heads <= 1024 && p.S < (int64_t{1} << 31) && p.B <= 65535 &&
-      total < (int64_t{1} << 31)) {
-    const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
-    const dim3 block(static_cast<unsigned>(items), static_cast<unsigned>(heads));
-    rope1d_token_kernel<T, VEC, INTERLEAVED><<<grid, block, 0, s>>>(p);
-  } else if (total < (int64_t{1} << 31)) {  // so that i + grid stride cannot wrap either
+  static const bool token_blocks_off = tuning_off("LTXBENCH_ROPE1D_TOKEN");
+  if constexpr (!INTERLEAVED) {
+    const int64_t heads = p.Hq + p.Hk;
+    if (!token_blocks_off && items * heads <= 1024 && p.B <= 65535 && total < (int64_t{1} << 31)) {  // S < 2^31 too
+      const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
+      const dim3 block(static_cast<unsigned>(items), static_cast<unsigned>(heads));
+      rope1d_token_kernel<T, VEC, INTERLEAVED><<<grid, block, 0, s>>>(p);
+      return cudaGetLastError();
+    }
+  }
+  if (total < (int64_t{1} << 31)) {  // so that i + grid stride cannot wrap either
     // neox pairs: one item per thread (the full grid measured 64.4 vs 66.2 us over the grid-stride cap).
     // Interleaved chunks keep the cap: the former per-chunk neox kernel lost with the full grid (72.7 vs 69.5 us).
     const int grid = INTERLEAVED ? grid_for(total) : static_cast<int>((total + kBlockThreads - 1) / kBlockThreads);

@@ -96,8 +96,8 @@ def test_plan_all_and_odd_groups():
 
 def test_plan_variant():
     cases, notes = micro.plan(list(SPECS.values()), ["bf16"], "seed", ["cuda"], variant="weight")
-    assert {c.kernel for c in cases} == {"rms_norm"} and all(c.variant == "weight" for c in cases)
-    assert len(notes) == len(SPECS) - 1
+    assert {c.kernel for c in cases} == {"rms_norm", "rms_norm_modulate"} and all(c.variant == "weight" for c in cases)
+    assert len(notes) == len(SPECS) - 2
     with pytest.raises(UsageError, match="bogus"):
         micro.plan(list(SPECS.values()), ["bf16"], "seed", ["cuda"], variant="bogus")
 

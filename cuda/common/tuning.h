@@ -10,4 +10,7 @@ inline int tuning_knob(const char* name) {
   return value ? std::atoi(value) : 0;
 }
 
+// A knob set to 0 turns a default-on path off; unset leaves it on.
+inline bool tuning_off(const char* name) { return std::getenv(name) && tuning_knob(name) == 0; }
+
 }  // namespace ltxbench

@@ -49,9 +49,11 @@ def torch_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float =
     return F.rms_norm(h, (h.shape[-1],), weight, eps), h
 
 
-def ltx_rms_norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:
-    """LTXVideoTransformerBlock: `norm1(h) * (1 + scale_msa) + shift_msa`, all in the model dtype."""
-    return diffusers_rms_norm(x, None, eps) * (1 + scale) + shift
+def ltx_rms_norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6,
+                          weight: Tensor | None = None) -> Tensor:
+    """LTXVideoTransformerBlock: `norm1(h) * (1 + scale_msa) + shift_msa`, all in the model dtype (LTX's norm
+    has no weight; with one, diffusers' affine RMSNorm)."""
+    return diffusers_rms_norm(x, weight, eps) * (1 + scale) + shift
 
 
 def ltx_layer_norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:

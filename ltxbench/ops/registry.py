@@ -77,7 +77,8 @@ def inputs_fused_add(shape, dtype, device, gen, variant):
 def inputs_rms_mod(shape, dtype, device, gen, variant):
     b, s, d = shape
     scale, shift = _modulation(b, s, d, dtype, device, gen, variant)
-    return {"x": _randn(shape, dtype, device, gen), "weight": None, "scale": scale, "shift": shift, "eps": 1e-6}
+    weight = _weight(d, dtype, device, gen) if variant == "weight" else None  # per-batch modulation + a weight
+    return {"x": _randn(shape, dtype, device, gen), "weight": weight, "scale": scale, "shift": shift, "eps": 1e-6}
 
 
 def inputs_layer_mod(shape, dtype, device, gen, variant):
@@ -250,8 +251,8 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
     ),
     KernelSpec(
         name="rms_norm_modulate", summary="rms_norm(x) [* weight] * (1 + scale) + shift",
-        make_inputs=inputs_rms_mod, variants=("per-batch", "per-token", "ltx-unbind"), n_outputs=1,
-        baselines={"eager": _drop("weight")(eager.ltx_rms_norm_modulate)},
+        make_inputs=inputs_rms_mod, variants=("per-batch", "per-token", "ltx-unbind", "weight"), n_outputs=1,
+        baselines={"eager": eager.ltx_rms_norm_modulate},
         aliases=("adaln_rmsnorm", "rmsnorm_modulate"),
         bench_shapes={**SEED_SHAPES, **LTX_SHAPES},
         inject_targets=("LTXVideoTransformerBlock norm1 + modulation",),
