@@ -1,8 +1,9 @@
-// RMSNorm, fused add + RMSNorm, the gated residual and the RMSNorm + AdaLN modulation ops on 16-byte-aligned
-// rows of 32 to 512 x VPT vectors. One row per block, the block indexed by (s, b) so no thread divides to find
-// its row; the weight, when present, is chosen at compile time and loaded together with x, before the
-// reduction, so the only wait a row has is the one for its own loads. The general kernels (norm.cu) take
-// every other case (LayerNorm, weight and modulation together, unaligned or very wide rows).
+// RMSNorm, fused add + RMSNorm, the gated residual, RMSNorm + AdaLN modulation and (rows up to 256 vectors)
+// LayerNorm + modulation on 16-byte-aligned rows of 32 to 512 x VPT vectors. One row per block, the block
+// indexed by (s, b) so no thread divides to find its row; the weight, when present, is chosen at compile time
+// and loaded together with x, before the reduction, so the only wait a row has is the one for its own loads.
+// The general kernels (norm.cu) take every other case (wider LayerNorm, weight and modulation together,
+// unaligned or very wide rows).
 #include "common/dtype.cuh"
 #include "common/params.h"
 #include "common/reduce.cuh"
@@ -17,14 +18,14 @@ constexpr int kLeanMaxThreads = 512;  // a register budget of 128 per thread
 // What follows the normalization: nothing, the (D,) weight, or AdaLN's * (1 + scale) + shift.
 enum class Affine : int { None, Weight, Modulate };
 
-// ARITY: 1 x, 2 x + a, 3 x + a * gate. RMSNorm, or no norm when p.norm is None.
-template <typename T, int VEC, int VPT, int ARITY, Affine AFF>
+// ARITY: 1 x, 2 x + a, 3 x + a * gate. LAYER: no-affine LayerNorm; else RMSNorm, or no norm when p.norm is None.
+template <typename T, int VEC, int VPT, int ARITY, Affine AFF, bool LAYER = false>
 __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
     constexpr bool kMod = AFF == Affine::Modulate;
-    __shared__ float smem[32 * 2];
+    __shared__ float smem[32 * 3];
     const int64_t b = blockIdx.y, s = blockIdx.x;
     const int64_t row = b * p.S + s;
     const int nvec = static_cast<int>(p.D / VEC);
@@ -57,8 +58,21 @@ __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
       if (h_out) store_vec<T, VEC>(h_out + (threadIdx.x + i * blockDim.x) * VEC, h[i]);
       s1[0] += first_pass_term<VEC>(p.norm, h[i]);
     }
-    float rstd = 1.f;
-    if (p.norm == NormKind::RMS) {
+    float mean = 0.f, rstd = 1.f;
+    if constexpr (LAYER) {  // one reduction: each thread's own (count, mean, M2), merged across the row
+      MeanM2 own;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) own.n += valid[i] ? VEC : 0;
+      own.mean = own.n > 0.f ? s1[0] / own.n : 0.f;
+#pragma unroll
+      for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) own.m2 += valid[i] ? (h[i][k] - own.mean) * (h[i][k] - own.mean) : 0.f;
+      }
+      const MeanM2 row_stats = row_group_mean_m2(own, blockDim.x, smem);
+      mean = row_stats.mean;
+      rstd = 1.f / sqrtf(fmaxf(row_stats.m2 / static_cast<float>(p.D), 0.f) + p.eps);
+    } else if (p.norm == NormKind::RMS) {
       row_group_sum<1>(s1, blockDim.x, smem);
       rstd = rms_stats(s1[0], static_cast<float>(p.D), p.eps).rstd;
     }
@@ -78,7 +92,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
       if (!valid[i]) continue;
       float n[VEC], f[VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) n[k] = h[i][k] * rstd;
+      for (int k = 0; k < VEC; ++k) n[k] = (h[i][k] - mean) * rstd;
       if constexpr (AFF == Affine::Weight) {
         to_floats<T, VEC>(w[i], f);
         apply_weight<T, VEC>(n, f, p.cast_before_weight);
@@ -95,10 +109,10 @@ __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
   }
 }
 
-template <typename T, int VPT, int ARITY, Affine AFF>
+template <typename T, int VPT, int ARITY, Affine AFF, bool LAYER = false>
 cudaError_t launch_lean(const RowOpParams& p, int threads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
-  row_op_lean<T, vec_width<T>(), VPT, ARITY, AFF><<<grid, threads, 0, stream>>>(p);
+  row_op_lean<T, vec_width<T>(), VPT, ARITY, AFF, LAYER><<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -110,6 +124,7 @@ cudaError_t launch_arity(const RowOpParams& p, int threads, cudaStream_t stream)
 }
 
 template <typename T, int VPT> cudaError_t launch_vpt(const RowOpParams& p, int threads, cudaStream_t stream) {
+  if (p.norm == NormKind::Layer) return launch_lean<T, VPT, 1, Affine::Modulate, true>(p, threads, stream);
   if (p.scale.ptr) return launch_arity<T, VPT, Affine::Modulate>(p, threads, stream);
   if (p.weight) return launch_arity<T, VPT, Affine::Weight>(p, threads, stream);
   return launch_arity<T, VPT, Affine::None>(p, threads, stream);
@@ -122,20 +137,22 @@ int lean_vpt() {
   return forced == 1 ? 1 : 2;
 }
 
-// RMSNorm (or no norm) with a weight, with modulation (not both), or neither. LayerNorm stays on the general
-// kernel: here it won at 2048-wide rows and lost at 3072/4096 (results/h200/tuning/mod-lean-*).
-bool lean_serves(const RowOpParams& p) {
+// RMSNorm (or no norm) with a weight, with modulation (not both), or neither; LayerNorm of x alone with
+// modulation (LTX's final norm) on rows of up to 256 vectors: H200 2x8064x2048 62.6 -> 58.0 us, but 2x8064x4096
+// 115.1 -> 131.9 with per-batch modulation (results/h200/tuning/ln-*). LTXBENCH_LN_LEAN=0 turns that off.
+bool lean_serves(const RowOpParams& p, int64_t nvec) {
   static const bool mod_off = tuning_off("LTXBENCH_MOD_LEAN");
-  if (p.norm == NormKind::Layer) return false;
+  static const bool ln_off = tuning_off("LTXBENCH_LN_LEAN");
+  if (p.norm == NormKind::Layer) return !ln_off && nvec <= 256 && p.scale.ptr && !p.a.ptr && !p.weight;
   return !p.scale.ptr || (!mod_off && !p.weight);
 }
 
 template <typename T> bool try_lean(const RowOpParams& p, cudaStream_t stream, cudaError_t* err) {
   static const bool disabled = tuning_off("LTXBENCH_ROW_LEAN");
-  if (disabled || !lean_serves(p) || !vectorizable<T>(p)) return false;
+  const int64_t nvec = p.D / vec_width<T>();
+  if (disabled || !lean_serves(p, nvec) || !vectorizable<T>(p)) return false;
   if (p.B > 65535 || p.S > 0x7fffffff) return false;
   const int vpt = lean_vpt();
-  const int64_t nvec = p.D / vec_width<T>();
   const int64_t threads = ((nvec + vpt - 1) / vpt + 31) / 32 * 32;
   if (nvec < 32 || threads > kLeanMaxThreads) return false;
   const int t = static_cast<int>(threads);
