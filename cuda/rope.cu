@@ -172,13 +172,27 @@ __global__ void __launch_bounds__(kMaxRowThreads) qk_norm_rope_kernel(Rope3dPara
 // I = uint32_t when the sizes fit (64-bit divisions cost more than the access). Measured (H100,
 // notes/kernel-tuning.md): evict-first stores 49 -> 40 us (Llama-3-8B prefill); neox pairs instead of one
 // chunk per thread re-reading partner and table, 2x8064 tokens x 2048: 69.5 -> 64.4 us.
+
+// Work items of one row: the rotary ones (neox pairs of chunks or interleaved chunks), then the pass-through
+// chunks (ceil: an odd head_dim leaves a short last one on the VEC = 2 interleaved path). In I, as the caller
+// indexes (uint32_t in the kernels when the sizes fit).
+template <int VEC, bool INTERLEAVED, typename I>
+__host__ __device__ __forceinline__ I rope1d_rot_items(const Rope1dParams& p) {
+  return static_cast<I>(INTERLEAVED ? 2 * p.half : p.half) / VEC;
+}
+
+template <int VEC, bool INTERLEAVED, typename I>
+__host__ __device__ __forceinline__ I rope1d_items(const Rope1dParams& p) {
+  return rope1d_rot_items<VEC, INTERLEAVED, I>(p) + static_cast<I>(p.hd - 2 * p.half + VEC - 1) / VEC;
+}
+
 // One work item j (a neox pair of chunks, an interleaved chunk, or a pass-through chunk) of head h (q heads
 // first, then k heads) of token (b, s).
 template <typename T, int VEC, bool INTERLEAVED, typename I>
 __device__ __forceinline__ void rope1d_item(const Rope1dParams& p, I b, I s, I token, I h, I j) {
   const I Hq = static_cast<I>(p.Hq), Hk = static_cast<I>(p.Hk), hd = static_cast<I>(p.hd);
   const I half = static_cast<I>(p.half), rot = 2 * half;
-  const I rot_items = (INTERLEAVED ? rot : half) / VEC;
+  const I rot_items = rope1d_rot_items<VEC, INTERLEAVED, I>(p);
   const bool is_q = h < Hq;
   if (!is_q) h -= Hq;
   const T* x = is_q ? static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + s * p.q_ss
@@ -237,9 +251,7 @@ __global__ void rope1d_kernel(Rope1dParams p) {
     __trap();
   } else {
     const I S = static_cast<I>(p.S), heads = static_cast<I>(p.Hq + p.Hk);
-    // ceil: an odd head_dim leaves a short last pass-through chunk on the VEC = 2 interleaved path
-    const I rot_items = static_cast<I>(INTERLEAVED ? 2 * p.half : p.half) / VEC;
-    const I items = rot_items + static_cast<I>(p.hd - 2 * p.half + VEC - 1) / VEC;
+    const I items = rope1d_items<VEC, INTERLEAVED, I>(p);
     const I total = static_cast<I>(p.B) * S * heads * items;
     for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total;
          i += static_cast<I>(gridDim.x) * blockDim.x) {
@@ -324,8 +336,7 @@ template <typename T> cudaError_t launch_3d(const Rope3dParams& p, cudaStream_t 
 }
 
 template <typename T, int VEC, bool INTERLEAVED> cudaError_t launch_1d_with(const Rope1dParams& p, cudaStream_t s) {
-  const int64_t rot_items = (INTERLEAVED ? 2 * p.half : p.half) / VEC;
-  const int64_t items = rot_items + (p.hd - 2 * p.half + VEC - 1) / VEC;
+  const int64_t items = rope1d_items<VEC, INTERLEAVED, int64_t>(p);
   const int64_t total = (p.B * p.Hq * p.S + p.B * p.Hk * p.S) * items;
   static const bool token_blocks_off = tuning_off("LTXBENCH_ROPE1D_TOKEN");
   if constexpr (!INTERLEAVED) {
