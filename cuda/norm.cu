@@ -34,8 +34,7 @@ __device__ __forceinline__ void finish_store(const RowOpParams& p, const RowPtrs
     float sc[VEC], sh[VEC];
     load_vec<T, VEC>(r.scale + col, sc);
     load_vec<T, VEC>(r.shift + col, sh);
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) n[k] = n[k] * (1.f + sc[k]) + sh[k];
+    modulate<VEC>(n, sc, sh);
   }
   store_vec<T, VEC>(r.out + col, n);
 }

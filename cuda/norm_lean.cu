@@ -101,8 +101,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
         float g[VEC];
         to_floats<T, VEC>(w[i], f);
         to_floats<T, VEC>(sh[i], g);
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) n[k] = n[k] * (1.f + f[k]) + g[k];
+        modulate<VEC>(n, f, g);
       }
       store_vec<T, VEC>(out + (threadIdx.x + i * blockDim.x) * VEC, n);
     }

@@ -86,6 +86,13 @@ __device__ __forceinline__ void apply_weight(float (&n)[VEC], const float (&w)[V
   for (int k = 0; k < VEC; ++k) n[k] = cast_before_weight ? round_to<T>(round_to<T>(n[k]) * w[k]) : n[k] * w[k];
 }
 
+// AdaLN modulation in fp32: n * (1 + scale) + shift.
+template <int VEC>
+__device__ __forceinline__ void modulate(float (&n)[VEC], const float (&scale)[VEC], const float (&shift)[VEC]) {
+#pragma unroll
+  for (int k = 0; k < VEC; ++k) n[k] = n[k] * (1.f + scale[k]) + shift[k];
+}
+
 template <int VEC>
 __device__ __forceinline__ void add_centered(const float (&h)[VEC], float mean, float (&s)[2]) {
 #pragma unroll
