@@ -47,6 +47,12 @@ def select_configs(configs: str | None, optimized: bool | None, compile_: bool, 
              (True, True): "optimized+compile"}[(bool(optimized), compile_)]]
 
 
+def record_params(args: dict, drop: tuple[str, ...]) -> dict:
+    """The run arguments that describe every record: `args` less `drop`; compile_mode only when not the default,
+    so that default-mode records match older files (bench e2e and profile)."""
+    return {k: v for k, v in args.items() if k not in drop and not (k == "compile_mode" and v == "default")}
+
+
 def compile_module(module, mode: str = "default") -> None:
     """The compile step of a configuration (a function of its own so that tests can stub it on the CPU).
     mode: torch.compile's; "reduce-overhead" replays CUDA graphs (what transformers uses for static-cache decode)."""

@@ -138,10 +138,7 @@ def _run(args: dict, output, force: bool, plot) -> None:
     def log(text: str) -> None:
         err.print(text, markup=False)
 
-    # compile_mode joins the record params only when not the default, so default-mode records match older files.
-    params = {k: v for k, v in args.items()
-              if k not in ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats")
-              and not (k == "compile_mode" and v == "default")}
+    params = e2e.record_params(args, ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats"))
     if args["family"] == "llm":
         results = e2e_llm.run_llm(target, args["configs"], args, args["kernel_provider"], log)
         records = e2e_llm.build_records(results, params, args["dtype"], args["prompt_lengths"], args["new_tokens"])

@@ -109,6 +109,7 @@ def _run(args: dict, json_path, traces: dict, force: bool, output) -> None:
     from rich.console import Console
 
     from ltxbench.bench import profile
+    from ltxbench.bench.e2e import record_params
     from ltxbench.models.ltx import torch_dtype
     from ltxbench.results.io import write_result
     from ltxbench.results.schema import make_result, utc_now
@@ -131,9 +132,7 @@ def _run(args: dict, json_path, traces: dict, force: bool, output) -> None:
 
     run = profile.profile_llm if args["family"] == "llm" else profile.profile_ltx
     results = run(target, args["configs"], args, args["kernel_provider"], traces, args["top"], log)
-    # compile_mode joins the record params only when not the default (default records match older files)
-    params = {k: v for k, v in args.items() if k not in ("configs", "dtype", "kernel_provider", "seed", "top")
-              and not (k == "compile_mode" and v == "default")}
+    params = record_params(args, ("configs", "dtype", "kernel_provider", "seed", "top"))
     records = profile.build_records(results, params, args["dtype"])
     traces_at = next(iter(traces.values())).parent
     config = {**args, "output": output, "trace_dir": str(traces_at),
