@@ -151,10 +151,9 @@ def test_unknown_compile_mode_is_a_usage_error(tmp_path):
     result = runner.invoke(app, [*TINY, "--compile", "--compile-mode", "fastest", "--output", str(tmp_path / "x.json")])
     assert result.exit_code == 2
     assert "--compile-mode 'fastest' is not one of default, reduce-overhead" in result.output
-    result = runner.invoke(app, ["bench", "e2e", "--model", "llama-tiny", "--weights", "random", "--device", "cpu",
-                                 "--compile", "--compile-mode", "reduce-overhead"])
+    result = runner.invoke(app, [*LLAMA, "--compile", "--decode-compile-mode", "fastest"])
     assert result.exit_code == 2
-    assert "not supported for LLMs" in result.output
+    assert "--decode-compile-mode 'fastest' is not one of default, reduce-overhead" in result.output
 
 
 def test_summarize_compile_time_is_first_warmup_minus_steady_median():
@@ -195,6 +194,42 @@ def test_llama_tiny_optimized_runs_the_llm_injection_and_reverts_it(tmp_path, ca
     assert _by(doc["records"], "decode_step", "optimized")["derived"]["speedup_vs_baseline"] > 0
     model = captured["target"]
     assert all("forward" not in vars(layer) for layer in model.model.layers)  # reverted after the run
+
+
+def test_llama_tiny_compile_configs_decode_through_generates_own_compile(tmp_path, captured, monkeypatch):
+    """Compile configs: the prompt forwards run the module-level compile (stubbed: the CPU inductor build is too
+    slow here), and generate() gets transformers' CompileConfig(fullgraph, decode mode) with that module compile
+    set aside for the call; eager configs decode with transformers' auto-compile off."""
+    from transformers import GenerationMixin
+
+    modes, calls = [], []
+    original = GenerationMixin.generate
+
+    def fake_compile(module, mode="default"):
+        modes.append(mode)
+        module._compiled_call_impl = module._call_impl
+
+    def recording_generate(self, *args, **kwargs):
+        config = kwargs.get("compile_config")
+        calls.append((kwargs["disable_compile"], config and (config.mode, config.fullgraph),
+                      getattr(self, "_compiled_call_impl", None)))
+        return original(self, *args, **{k: v for k, v in kwargs.items() if k != "compile_config"})
+
+    monkeypatch.setattr(e2e, "compile_module", fake_compile)
+    monkeypatch.setattr(GenerationMixin, "generate", recording_generate)
+    out = tmp_path / "llm-compile.json"
+    result = runner.invoke(app, [*LLAMA, "--configs", "baseline,compile", "--compile-mode", "max-autotune",
+                                 "--decode-compile-mode", "max-autotune-no-cudagraphs", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert modes == ["max-autotune"]
+    assert calls[:3] == [(True, None, None)] * 3  # baseline: 1 warmup + 2 repeats, eager decode
+    assert calls[3:] == [(False, ("max-autotune-no-cudagraphs", True), None)] * 3
+    records = _records(out)
+    assert _by(records, "decode_step", "compile")["params"]["decode_compile_mode"] == "max-autotune-no-cudagraphs"
+    assert "decode_compile_mode" not in _by(records, "decode_step", "baseline")["params"]
+    assert all("decode_compile_mode" not in r["params"] for r in records if r["name"] == "prefill")
+    model = captured["target"]
+    assert model._compiled_call_impl is None and "_compiled_call" not in vars(model)
 
 
 def test_llm_configs_shipped():

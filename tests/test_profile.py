@@ -161,7 +161,8 @@ def test_compile_mode_reaches_the_compile_configs(tmp_path, captured, monkeypatc
     assert all(r["params"]["compile_mode"] == "reduce-overhead" for r in doc["records"])
     llm = runner.invoke(app, ["profile", "--model", "llama-tiny", "--weights", "random", "--device", "cpu",
                               "--compile-mode", "max-autotune", "--output", str(tmp_path / "l.json")])
-    assert llm.exit_code == 2 and "not supported for LLMs" in llm.output
+    assert llm.exit_code == 2 and "--compile-mode max-autotune (CUDA graphs) is not supported here" in llm.output
+    assert "decode loop" in llm.output
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU path")

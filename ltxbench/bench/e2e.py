@@ -171,14 +171,15 @@ def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: N
         with torch.no_grad():
             embeds = _encode(pipe, args, device)
     return run_configs(pipe.transformer, configs, lambda: apply_kernels(pipe, provider),
-                       lambda: run_once(pipe, args, embeds), args["warmup"], args["repeats"], device, log,
+                       lambda _config: run_once(pipe, args, embeds), args["warmup"], args["repeats"], device, log,
                        args.get("compile_mode", "default"))
 
 
 def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: int, device, log,
                 compile_mode: str = "default") -> dict:
     """Every configuration on the one model, each from a clean state: warmups, then timed repeats (peak memory
-    reset between them). {config: summary} with peak_memory_bytes and the injection report."""
+    reset between them); run(config) does one iteration. {config: summary} with peak_memory_bytes and the
+    injection report."""
     import torch
 
     cuda = device.type == "cuda"
@@ -191,7 +192,7 @@ def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: i
                     torch.cuda.synchronize(device)
                     torch.cuda.reset_peak_memory_stats(device)
                 log(_progress(name, i, warmup, repeats))
-                iterations.append(run())
+                iterations.append(run(name))
             summary = summarize(name, iterations, warmup, name.endswith("compile"))
             summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
             summary["injection"] = injection

@@ -17,15 +17,13 @@ def choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def compile_mode_choice(value: str, llm: bool) -> str:
-    """--compile-mode: one of torch.compile's modes; the CUDA-graph ones are refused for LLMs."""
+def compile_mode_choice(value: str, no_cuda_graphs: str | None = None, flag: str = "--compile-mode") -> str:
+    """One of torch.compile's modes; no_cuda_graphs: why the CUDA-graph modes are refused here (None: allowed)."""
     from ltxbench.bench.e2e import COMPILE_MODES
 
-    choice("--compile-mode", value, COMPILE_MODES)
-    if llm and value in ("reduce-overhead", "max-autotune"):
-        raise UsageError(f"--compile-mode {value} (CUDA graphs) is not supported for LLMs",
-                         hint="generate() reads CUDA-graph outputs after the next replay overwrote them "
-                         "(measured on torch 2.11); use default or max-autotune-no-cudagraphs")
+    choice(flag, value, COMPILE_MODES)
+    if no_cuda_graphs and value in ("reduce-overhead", "max-autotune"):
+        raise UsageError(f"{flag} {value} (CUDA graphs) is not supported here", hint=no_cuda_graphs)
     return value
 
 

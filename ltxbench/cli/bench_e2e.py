@@ -30,7 +30,11 @@ def e2e_command(
     compile_: bool = typer.Option(False, "--compile", help="With/without --use-optimized-kernels: one config."),
     compile_mode: str = typer.Option("default", "--compile-mode",
                                      help="torch.compile mode of both compile configs: default, reduce-overhead "
-                                     "(CUDA graphs), max-autotune, max-autotune-no-cudagraphs."),
+                                     "(CUDA graphs), max-autotune, max-autotune-no-cudagraphs (LLM: the prompt "
+                                     "forwards)."),
+    decode_compile_mode: str = typer.Option("reduce-overhead", "--decode-compile-mode",
+                                            help="LLM compile configs: mode of the decode step that generate() "
+                                            "compiles itself (transformers' CompileConfig; its default)."),
     num_frames: int = typer.Option(161, "--num-frames", help="Frames, 8k+1 (LTX)."),
     height: int = typer.Option(512, "--height", help="Height, a multiple of 32 (LTX)."),
     width: int = typer.Option(768, "--width", help="Width, a multiple of 32 (LTX)."),
@@ -81,7 +85,8 @@ def e2e_command(
                          hint="use --warmup-iterations 1 or more")
     lengths = positive_ints("--prompt-lengths", prompt_lengths)
     choice("--phase", phase, PHASES)
-    compile_mode_choice(compile_mode, llm)
+    compile_mode_choice(compile_mode)
+    compile_mode_choice(decode_compile_mode, flag="--decode-compile-mode")
     choice("--weights", weights, ("pretrained", "random"))
     provider, dtype = runtime(device, kernel_provider, dtype)
     if output is not None and not force:
@@ -98,7 +103,7 @@ def e2e_command(
             "kernel_provider": provider, "seed": seed, "warmup": warmup_iterations, "repeats": repeats,
             "batch_size": batch_size, "compile_mode": compile_mode, "family": "llm" if llm else "ltx"}
     if llm:
-        args.update(prompt_lengths=lengths, new_tokens=new_tokens)
+        args.update(prompt_lengths=lengths, new_tokens=new_tokens, decode_compile_mode=decode_compile_mode)
     else:
         args.update(num_frames=num_frames, height=height, width=width, steps=steps, phase=phase,
                     guidance_scale=guidance_scale, frame_rate=25)
@@ -138,10 +143,12 @@ def _run(args: dict, output, force: bool, plot) -> None:
     def log(text: str) -> None:
         err.print(text, markup=False)
 
-    params = e2e.record_params(args, ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats"))
+    params = e2e.record_params(args, ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats",
+                                      "decode_compile_mode"))
     if args["family"] == "llm":
         results = e2e_llm.run_llm(target, args["configs"], args, args["kernel_provider"], log)
-        records = e2e_llm.build_records(results, params, args["dtype"], args["prompt_lengths"], args["new_tokens"])
+        records = e2e_llm.build_records(results, params, args["dtype"], args["prompt_lengths"], args["new_tokens"],
+                                        args["decode_compile_mode"])
     else:
         results = e2e.run_ltx(target, args["configs"], args, args["kernel_provider"], log)
         records = e2e.build_records(results, params, args["dtype"])

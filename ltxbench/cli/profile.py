@@ -69,7 +69,9 @@ def profile_command(
             raise UsageError(f"{flag} {value} must be at least 1")
     choice("--phase", phase, PHASES)
     choice("--weights", weights, ("pretrained", "random"))
-    compile_mode_choice(compile_mode, llm)
+    compile_mode_choice(compile_mode, "profile's LLM decode loop feeds each step the cache tensors the previous "
+                        "CUDA-graph replay returned, which the next replay overwrites; use default or "
+                        "max-autotune-no-cudagraphs" if llm else None)
     provider, dtype = runtime(device, kernel_provider, dtype)
     json_path = default_path("profile") if output is None else Path(output)
     if json_path.suffix.lower() != ".json":
