@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import typer
 
+from ltxbench.bench.e2e_llm import DECODE_COMPILE_DEFAULT  # standard library only at its top level
+
 EXAMPLES = (
     "Examples:\n\n"
     "  ltxbench bench e2e --model ltx-2b --weights random --num-frames 49 --phase transformer "
@@ -32,7 +34,7 @@ def e2e_command(
                                      help="torch.compile mode of both compile configs: default, reduce-overhead "
                                      "(CUDA graphs), max-autotune, max-autotune-no-cudagraphs (LLM: the prompt "
                                      "forwards)."),
-    decode_compile_mode: str = typer.Option("reduce-overhead", "--decode-compile-mode",
+    decode_compile_mode: str = typer.Option(DECODE_COMPILE_DEFAULT, "--decode-compile-mode",
                                             help="LLM compile configs: mode of the decode step that generate() "
                                             "compiles itself (transformers' CompileConfig; its default)."),
     num_frames: int = typer.Option(161, "--num-frames", help="Frames, 8k+1 (LTX)."),
