@@ -49,3 +49,19 @@ def captured(monkeypatch):
     monkeypatch.setattr(ltx, "build_pipeline", wrap(ltx.build_pipeline))
     monkeypatch.setattr(e2e_llm, "build_llm", wrap(e2e_llm.build_llm))
     return seen
+
+
+@pytest.fixture
+def compile_calls(monkeypatch):
+    """Stub the compile step of the compile configurations (the CPU inductor build is too slow for these tests;
+    the mechanics are what count): each call is recorded as (module, mode) and the module behaves as compiled."""
+    from ltxbench.bench import e2e
+
+    calls = []
+
+    def fake_compile(module, mode="default"):
+        calls.append((module, mode))
+        module._compiled_call_impl = module._call_impl
+
+    monkeypatch.setattr(e2e, "compile_module", fake_compile)
+    return calls

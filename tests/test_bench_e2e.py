@@ -117,15 +117,7 @@ def test_ltx_tiny_baseline_and_optimized(tmp_path, captured):
     assert all(type(b.attn1.processor).__name__ != "FusedLTXAttnProcessor" for b in transformer.transformer_blocks)
 
 
-def test_ltx_tiny_phase_transformer_and_compile_flag(tmp_path, captured, monkeypatch):
-    compiled, modes = [], []
-
-    def fake_compile(module, mode="default"):  # the CPU inductor build is too slow here; the mechanics count
-        compiled.append(module)
-        modes.append(mode)
-        module._compiled_call_impl = module._call_impl
-
-    monkeypatch.setattr(e2e, "compile_module", fake_compile)
+def test_ltx_tiny_phase_transformer_and_compile_flag(tmp_path, captured, compile_calls):
     out = tmp_path / "t.json"
     result = runner.invoke(app, [*TINY, "--phase", "transformer", "--compile", "--output", str(out)])
     assert result.exit_code == 0, result.output
@@ -135,7 +127,7 @@ def test_ltx_tiny_phase_transformer_and_compile_flag(tmp_path, captured, monkeyp
     assert _by(records, "denoise_step", "compile")["stats"]["n"] == 4
     compile_rec = _by(records, "compile", "compile")
     assert compile_rec["unit"] == "s" and compile_rec["stats"]["min"] >= 0
-    assert compiled == [captured["target"].transformer] and modes == ["default"]
+    assert compile_calls == [(captured["target"].transformer, "default")]
     assert captured["target"].transformer._compiled_call_impl is None  # undone after the config
     assert "compile_mode" not in _by(records, "total", "compile")["params"]  # default: params as in older files
 
@@ -143,7 +135,7 @@ def test_ltx_tiny_phase_transformer_and_compile_flag(tmp_path, captured, monkeyp
     result = runner.invoke(app, [*TINY, "--phase", "transformer", "--configs", "compile,optimized+compile",
                                  "--compile-mode", "reduce-overhead", "--output", str(out2)])
     assert result.exit_code == 0, result.output
-    assert modes[1:] == ["reduce-overhead", "reduce-overhead"]
+    assert [mode for _, mode in compile_calls[1:]] == ["reduce-overhead", "reduce-overhead"]
     assert all(r["params"]["compile_mode"] == "reduce-overhead" for r in _records(out2))
 
 
@@ -196,18 +188,15 @@ def test_llama_tiny_optimized_runs_the_llm_injection_and_reverts_it(tmp_path, ca
     assert all("forward" not in vars(layer) for layer in model.model.layers)  # reverted after the run
 
 
-def test_llama_tiny_compile_configs_decode_through_generates_own_compile(tmp_path, captured, monkeypatch):
+def test_llama_tiny_compile_configs_decode_through_generates_own_compile(tmp_path, captured, compile_calls,
+                                                                          monkeypatch):
     """Compile configs: the prompt forwards run the module-level compile (stubbed: the CPU inductor build is too
     slow here), and generate() gets transformers' CompileConfig(fullgraph, decode mode) with that module compile
     set aside for the call; eager configs decode with transformers' auto-compile off."""
     from transformers import GenerationMixin
 
-    modes, calls = [], []
+    calls = []
     original = GenerationMixin.generate
-
-    def fake_compile(module, mode="default"):
-        modes.append(mode)
-        module._compiled_call_impl = module._call_impl
 
     def recording_generate(self, *args, **kwargs):
         config = kwargs.get("compile_config")
@@ -215,13 +204,12 @@ def test_llama_tiny_compile_configs_decode_through_generates_own_compile(tmp_pat
                       getattr(self, "_compiled_call_impl", None)))
         return original(self, *args, **{k: v for k, v in kwargs.items() if k != "compile_config"})
 
-    monkeypatch.setattr(e2e, "compile_module", fake_compile)
     monkeypatch.setattr(GenerationMixin, "generate", recording_generate)
     out = tmp_path / "llm-compile.json"
     result = runner.invoke(app, [*LLAMA, "--configs", "baseline,compile", "--compile-mode", "max-autotune",
                                  "--decode-compile-mode", "max-autotune-no-cudagraphs", "--output", str(out)])
     assert result.exit_code == 0, result.output
-    assert modes == ["max-autotune"]
+    assert [mode for _, mode in compile_calls] == ["max-autotune"]
     assert calls[:3] == [(True, None, None)] * 3  # baseline: 1 warmup + 2 repeats, eager decode
     assert calls[3:] == [(False, ("max-autotune-no-cudagraphs", True), None)] * 3
     records = _records(out)
