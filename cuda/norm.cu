@@ -167,17 +167,14 @@ template <typename T, int VEC, int MAXV> cudaError_t launch_arity(const RowOpPar
 
 // Vectors each thread keeps in registers: 4 for one input, 2 when a residual (and gate) is added, which
 // holds two or three raw vectors per slot (H100 bf16 sweep, notes/kernel-tuning.md: 4 won every one-input
-// shape, 2 every residual shape, e.g. fused add 8192x4096 99.0 -> 97.2 us). LTXBENCH_ROW_VPT=2|4 overrides.
-int vectors_per_thread(const RowOpParams& p) {
-  static const int forced = tuning_knob("LTXBENCH_ROW_VPT");
-  if (forced == 2 || forced == 4) return forced;
-  return p.a.ptr ? 2 : 4;
-}
-
+// shape, 2 every residual shape, e.g. fused add 8192x4096 99.0 -> 97.2 us; 4 spills there with the bf16
+// widening). LTXBENCH_ROW_VPT=2 overrides it for one-input rows.
 template <typename T> cudaError_t launch_typed(const RowOpParams& p, cudaStream_t stream) {
+  static const bool vpt2 = tuning_knob("LTXBENCH_ROW_VPT") == 2;
+  constexpr int V = vec_width<T>();
   if (!vectorizable<T>(p)) return launch_arity<T, 1, 8>(p, stream);
-  if (vectors_per_thread(p) == 2) return launch_arity<T, vec_width<T>(), 2>(p, stream);
-  return launch_arity<T, vec_width<T>(), 4>(p, stream);
+  if (p.a.ptr) return launch_arity<T, V, 2>(p, stream);
+  return vpt2 ? launch_with<T, V, 2, 1>(p, stream) : launch_with<T, V, 4, 1>(p, stream);
 }
 
 }  // namespace

@@ -13,14 +13,27 @@
 namespace ltxbench {
 namespace {
 
-constexpr int kLeanMaxThreads = 512;  // a register budget of 128 per thread
+constexpr int kLeanMaxThreads = 512;
+
+// Blocks of kLeanMaxThreads that must fit an SM: 3 caps one-input bf16/fp32 rows at 40 registers (75%
+// occupancy, no spills: bf16 is widened by shift and mask), which bought the modulated norms 8-14% on the
+// H200; 0 (no cap) for fp16, which spills under it, and for residual rows, which spilled and lost 6%
+// (results/h200/tuning/lean-minb-*).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+constexpr int kOneInputMinBlocks = 0;  // Turing: 1024 threads per SM leave no room for the cap
+#else
+constexpr int kOneInputMinBlocks = 3;
+#endif
+template <typename T> constexpr int lean_min_blocks(int arity) {
+  return arity == 1 && !std::is_same_v<T, __half> ? kOneInputMinBlocks : 0;
+}
 
 // What follows the normalization: nothing, the (D,) weight, or AdaLN's * (1 + scale) + shift.
 enum class Affine : int { None, Weight, Modulate };
 
 // ARITY: 1 x, 2 x + a, 3 x + a * gate. LAYER: no-affine LayerNorm; else RMSNorm, or no norm when p.norm is None.
 template <typename T, int VEC, int VPT, int ARITY, Affine AFF, bool LAYER = false>
-__global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
+__global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) row_op_lean(RowOpParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
@@ -63,7 +76,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
       MeanM2 own;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) own.n += valid[i] ? VEC : 0;
-      own.mean = own.n > 0.f ? s1[0] / own.n : 0.f;
+      own.mean = own.n > 0.f ? __fdividef(s1[0], own.n) : 0.f;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
 #pragma unroll
@@ -71,7 +84,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
       }
       const MeanM2 row_stats = row_group_mean_m2(own, blockDim.x, smem);
       mean = row_stats.mean;
-      rstd = 1.f / sqrtf(fmaxf(row_stats.m2 / static_cast<float>(p.D), 0.f) + p.eps);
+      rstd = 1.f / sqrtf(row_stats.m2 / static_cast<float>(p.D) + p.eps);  // m2: a sum of non-negative terms
     } else if (p.norm == NormKind::RMS) {
       row_group_sum<1>(s1, blockDim.x, smem);
       rstd = rms_stats(s1[0], static_cast<float>(p.D), p.eps).rstd;
@@ -94,13 +107,13 @@ __global__ void __launch_bounds__(kLeanMaxThreads) row_op_lean(RowOpParams p) {
 #pragma unroll
       for (int k = 0; k < VEC; ++k) n[k] = (h[i][k] - mean) * rstd;
       if constexpr (AFF == Affine::Weight) {
-        to_floats<T, VEC>(w[i], f);
+        widen<T, VEC>(w[i], f);
         apply_weight<T, VEC>(n, f, p.cast_before_weight);
       }
       if constexpr (kMod) {
         float g[VEC];
-        to_floats<T, VEC>(w[i], f);
-        to_floats<T, VEC>(sh[i], g);
+        widen<T, VEC>(w[i], f);
+        widen<T, VEC>(sh[i], g);
         modulate<VEC>(n, f, g);
       }
       store_vec<T, VEC>(out + (threadIdx.x + i * blockDim.x) * VEC, n);

@@ -44,6 +44,22 @@ template <typename T, int N> __device__ __forceinline__ void to_floats(const Vec
   for (int k = 0; k < N; ++k) out[k] = to_float<T>(raw.v[k]);
 }
 
+// Row kernels: bf16 vectors widened a 32-bit word (two elements) at a time, by shift and mask, where sm_90's
+// cvt.f32.bf16 takes each element unpacked into a register of its own: the modulated norms 53-55 -> 40-49
+// registers (ptxas). Not in the activation kernels, where it cost GEGLU 7% (results/h100/tuning/widen-bf16-*).
+template <typename T, int N> __device__ __forceinline__ void widen(const Vec<T, N>& raw, float (&out)[N]) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {
+    const uint32_t* words = reinterpret_cast<const uint32_t*>(&raw);
+#pragma unroll
+    for (int k = 0; k < N / 2; ++k) {
+      out[2 * k] = __uint_as_float(words[k] << 16);
+      out[2 * k + 1] = __uint_as_float(words[k] & 0xffff0000u);
+    }
+  } else {
+    to_floats<T, N>(raw, out);
+  }
+}
+
 template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p, float (&out)[N]) {
   to_floats<T, N>(load_raw<T, N>(p), out);
 }

@@ -39,10 +39,12 @@ struct MeanM2 {
   float n = 0.f, mean = 0.f, m2 = 0.f;
 };
 
+// The weight b.n / n by __fdividef (2 ulp): the counts are small exact integers, and the IEEE division's
+// longer dependent chain, ten times per row, cost the modulated LayerNorm 6% on the H200 (2x8064x2048).
 __device__ __forceinline__ MeanM2 merge(const MeanM2& a, const MeanM2& b) {
   const float n = a.n + b.n;
   if (n == 0.f) return a;
-  const float delta = b.mean - a.mean, wb = b.n / n;
+  const float delta = b.mean - a.mean, wb = __fdividef(b.n, n);
   return MeanM2{n, a.mean + delta * wb, a.m2 + b.m2 + delta * delta * a.n * wb};
 }
 

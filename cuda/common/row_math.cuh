@@ -49,13 +49,13 @@ __device__ __forceinline__ RawH<T, VEC> load_raw_h(const RowPtrs<T>& r, int64_t 
 // h = x + a * gate (or x + a), rounded to T as the unfused model stores it before normalizing.
 template <typename T, int VEC, int ARITY>
 __device__ __forceinline__ void combine_h(const RawH<T, VEC>& raw, float (&h)[VEC]) {
-  to_floats<T, VEC>(raw.x, h);
+  widen<T, VEC>(raw.x, h);
   if constexpr (ARITY == 1) return;
   float a[VEC];
-  to_floats<T, VEC>(raw.a, a);
+  widen<T, VEC>(raw.a, a);
   if constexpr (ARITY == 3) {
     float g[VEC];
-    to_floats<T, VEC>(raw.gate, g);
+    widen<T, VEC>(raw.gate, g);
 #pragma unroll
     for (int k = 0; k < VEC; ++k) h[k] += a[k] * g[k];
   } else {
