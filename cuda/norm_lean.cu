@@ -1,4 +1,4 @@
-// RMSNorm, fused add + RMSNorm, the gated residual, RMSNorm + AdaLN modulation and (rows up to 256 vectors)
+// RMSNorm, fused add + RMSNorm, the gated residual, RMSNorm + AdaLN modulation and (rows up to 512 vectors)
 // LayerNorm + modulation on 16-byte-aligned rows of 32 to 512 x VPT vectors. One row per block, the block
 // indexed by (s, b) so no thread divides to find its row; the weight, when present, is chosen at compile time
 // and loaded together with x, before the reduction, so the only wait a row has is the one for its own loads.
@@ -150,12 +150,13 @@ int lean_vpt() {
 }
 
 // RMSNorm (or no norm) with a weight, with modulation (not both), or neither; LayerNorm of x alone with
-// modulation (LTX's final norm) on rows of up to 256 vectors: H200 2x8064x2048 62.6 -> 58.0 us, but 2x8064x4096
-// 115.1 -> 131.9 with per-batch modulation (results/h200/tuning/ln-*). LTXBENCH_LN_LEAN=0 turns that off.
+// modulation (LTX's final norm) on rows of up to 512 vectors: H200 2x8064x2048 62.6 -> 58.0 us (tuning/ln-*);
+// wider rows lost here (2x8064x4096 115.1 -> 131.9) until the register cap and the division-free merge, then won
+// (114.5 -> 108.0, 2x4096x3072 46.9 -> 42.5, tuning/ln-lean512-*). LTXBENCH_LN_LEAN=0 turns it off.
 bool lean_serves(const RowOpParams& p, int64_t nvec) {
   static const bool mod_off = tuning_off("LTXBENCH_MOD_LEAN");
   static const bool ln_off = tuning_off("LTXBENCH_LN_LEAN");
-  if (p.norm == NormKind::Layer) return !ln_off && nvec <= 256 && p.scale.ptr && !p.a.ptr && !p.weight;
+  if (p.norm == NormKind::Layer) return !ln_off && nvec <= 512 && p.scale.ptr && !p.a.ptr && !p.weight;
   return !p.scale.ptr || (!mod_off && !p.weight);
 }
 
