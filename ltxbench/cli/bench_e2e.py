@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import typer
 
-from ltxbench.bench.e2e_llm import DECODE_COMPILE_DEFAULT  # standard library only at its top level
+from ltxbench.bench.e2e_llm import DECODE_COMPILE_DEFAULT, is_llm  # standard library only at its top level
 
 EXAMPLES = (
     "Examples:\n\n"
@@ -61,7 +61,6 @@ def e2e_command(
     from pathlib import Path
 
     from ltxbench.bench.e2e import PHASES, select_configs
-    from ltxbench.bench.e2e_llm import is_llm
     from ltxbench.cli._validate import (
         choice,
         compile_mode_choice,
