@@ -31,14 +31,75 @@ template <typename T> constexpr int lean_min_blocks(int arity) {
 // What follows the normalization: nothing, the (D,) weight, or AdaLN's * (1 + scale) + shift.
 enum class Affine : int { None, Weight, Modulate };
 
-// ARITY: 1 x, 2 x + a, 3 x + a * gate. LAYER: no-affine LayerNorm; else RMSNorm, or no norm when p.norm is None.
-template <typename T, int VEC, int VPT, int ARITY, Affine AFF, bool LAYER = false>
+// LayerNorm statistics of a row held in registers by whole warps: each warp's mean from a warp sum, its M2
+// around that mean from the registers (two-pass, exact), then the warps' (count, mean, M2) combined around the
+// row's mean. Two 1-float shuffle chains and one barrier pair, where the pairwise Chan merge it replaced
+// shuffled three floats with a branchy update at every level: H200 2x8064x2048 50.8 -> 44.9 us, 2x8064x4096
+// 108.2 -> 86.1 (results/h200/tuning/ln-warp-*), as fast as a shifted single pass. smem: 3 floats per warp.
+template <int VEC, int VPT>
+__device__ __forceinline__ RowStats lean_layer_stats(const float (&h)[VPT][VEC], const bool (&valid)[VPT],
+                                                     float sum, float* smem, float D, float eps) {
+  int count = 0;  // values held by this warp, exact
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) count += VEC * __popc(__ballot_sync(0xffffffffu, valid[i]));
+  float s[1] = {sum};
+  warp_sum<1>(s);
+  const float n = static_cast<float>(count);
+  const float warp_mean = count > 0 ? __fdividef(s[0], n) : 0.f;
+  float q[1] = {0.f};
+#pragma unroll
+  for (int i = 0; i < VPT; ++i) {
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) q[0] += valid[i] ? (h[i][k] - warp_mean) * (h[i][k] - warp_mean) : 0.f;
+  }
+  warp_sum<1>(q);
+  const int warps = blockDim.x >> 5;
+  if (warps == 1) return RowStats{warp_mean, 1.f / sqrtf(q[0] / D + eps)};
+  if ((threadIdx.x & 31) == 0) {
+    float* slot = smem + 3 * (threadIdx.x >> 5);
+    slot[0] = n;
+    slot[1] = warp_mean;
+    slot[2] = q[0];
+  }
+  __syncthreads();
+  float weighted = 0.f;  // Σ n_w mean_w
+  for (int w = 0; w < warps; ++w) weighted += smem[3 * w] * smem[3 * w + 1];
+  const float mean = weighted / D;
+  float m2 = 0.f;  // Σ M2_w + n_w (mean_w - mean)²: every term non-negative
+  for (int w = 0; w < warps; ++w) {
+    const float d = smem[3 * w + 1] - mean;
+    m2 += smem[3 * w + 2] + smem[3 * w] * d * d;
+  }
+  return RowStats{mean, 1.f / sqrtf(m2 / D + eps)};
+}
+
+// The sum of one value per thread over the block (one row, whole warps); every thread gets the same bits.
+// smem holds a float per warp.
+__device__ __forceinline__ float block_sum(float v, float* smem) {
+  float s[1] = {v};
+  warp_sum<1>(s);
+  const int warps = blockDim.x >> 5;
+  if (warps == 1) return s[0];
+  if ((threadIdx.x & 31) == 0) smem[threadIdx.x >> 5] = s[0];
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < warps; ++w) total += smem[w];
+  return total;
+}
+
+// ARITY: 1 x, 2 x + a, 3 x + a * gate (h_out, the sum, stored when given). NORM: RMSNorm, no-affine LayerNorm,
+// or none (the gated residual). The modulated norms are issue-bound rather than DRAM-bound (ncu, H200: SM
+// throughput 76-86%, DRAM 48-64%; results/h200/tuning/ncu-*), so the norm kind is fixed at compile time and the
+// modulation folded into one factor per channel, every instruction per element counting: rms_norm_modulate
+// 2x8064x4096 75.3 -> 70.5 us, layer_norm_modulate 86.5 -> 82.1 (tuning/row-fold-*).
+template <typename T, int VEC, int VPT, int ARITY, Affine AFF, NormKind NORM>
 __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) row_op_lean(RowOpParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
     constexpr bool kMod = AFF == Affine::Modulate;
-    __shared__ float smem[32 * 3];
+    constexpr bool kLayer = NORM == NormKind::Layer;
+    __shared__ float smem[3 * kLeanMaxThreads / 32];
     const int64_t b = blockIdx.y, s = blockIdx.x;
     const int64_t row = b * p.S + s;
     const int nvec = static_cast<int>(p.D / VEC);
@@ -63,31 +124,25 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
     T* out = static_cast<T*>(p.out) + row * p.D;
     T* h_out = p.h_out ? static_cast<T*>(p.h_out) + row * p.D : nullptr;
     float h[VPT][VEC];
-    float s1[1] = {0.f};
+    float s1 = 0.f;  // Σh for LayerNorm (its mean), Σh² for RMSNorm
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (!valid[i]) continue;
       combine_h<T, VEC, ARITY>(raw[i], h[i]);
       if (h_out) store_vec<T, VEC>(h_out + (threadIdx.x + i * blockDim.x) * VEC, h[i]);
-      s1[0] += first_pass_term<VEC>(p.norm, h[i]);
+#pragma unroll
+      for (int k = 0; k < VEC; ++k) {
+        if constexpr (kLayer) s1 += h[i][k];
+        if constexpr (NORM == NormKind::RMS) s1 = fmaf(h[i][k], h[i][k], s1);
+      }
     }
     float mean = 0.f, rstd = 1.f;
-    if constexpr (LAYER) {  // one reduction: each thread's own (count, mean, M2), merged across the row
-      MeanM2 own;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) own.n += valid[i] ? VEC : 0;
-      own.mean = own.n > 0.f ? __fdividef(s1[0], own.n) : 0.f;
-#pragma unroll
-      for (int i = 0; i < VPT; ++i) {
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) own.m2 += valid[i] ? (h[i][k] - own.mean) * (h[i][k] - own.mean) : 0.f;
-      }
-      const MeanM2 row_stats = row_group_mean_m2(own, blockDim.x, smem);
-      mean = row_stats.mean;
-      rstd = 1.f / sqrtf(row_stats.m2 / static_cast<float>(p.D) + p.eps);  // m2: a sum of non-negative terms
-    } else if (p.norm == NormKind::RMS) {
-      row_group_sum<1>(s1, blockDim.x, smem);
-      rstd = rms_stats(s1[0], static_cast<float>(p.D), p.eps).rstd;
+    if constexpr (kLayer) {
+      const RowStats st = lean_layer_stats<VEC, VPT>(h, valid, s1, smem, static_cast<float>(p.D), p.eps);
+      mean = st.mean;
+      rstd = st.rstd;
+    } else if constexpr (NORM == NormKind::RMS) {
+      rstd = rms_stats(block_sum(s1, smem), static_cast<float>(p.D), p.eps).rstd;
     }
     // scale/shift after the reduction: loaded with x they cost registers, and occupancy, that the wait for
     // them (L1/L2 hits: one (D,) pair per batch) does not repay (results/h200/tuning/mod-lean-*).
@@ -105,26 +160,30 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
       if (!valid[i]) continue;
       float n[VEC], f[VEC];
 #pragma unroll
-      for (int k = 0; k < VEC; ++k) n[k] = (h[i][k] - mean) * rstd;
-      if constexpr (AFF == Affine::Weight) {
-        widen<T, VEC>(w[i], f);
-        apply_weight<T, VEC>(n, f, p.cast_before_weight);
-      }
-      if constexpr (kMod) {
+      for (int k = 0; k < VEC; ++k) n[k] = kLayer ? h[i][k] - mean : h[i][k];
+      if constexpr (kMod) {  // (h - mean) * (rstd * (1 + scale)) + shift: two instructions per element
         float g[VEC];
         widen<T, VEC>(w[i], f);
         widen<T, VEC>(sh[i], g);
-        modulate<VEC>(n, f, g);
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) n[k] = fmaf(n[k], fmaf(rstd, f[k], rstd), g[k]);
+      } else {
+#pragma unroll
+        for (int k = 0; k < VEC; ++k) n[k] *= rstd;
+        if constexpr (AFF == Affine::Weight) {
+          widen<T, VEC>(w[i], f);
+          apply_weight<T, VEC>(n, f, p.cast_before_weight);
+        }
       }
       store_vec<T, VEC>(out + (threadIdx.x + i * blockDim.x) * VEC, n);
     }
   }
 }
 
-template <typename T, int VPT, int ARITY, Affine AFF, bool LAYER = false>
+template <typename T, int VPT, int ARITY, Affine AFF, NormKind NORM = NormKind::RMS>
 cudaError_t launch_lean(const RowOpParams& p, int threads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
-  row_op_lean<T, vec_width<T>(), VPT, ARITY, AFF, LAYER><<<grid, threads, 0, stream>>>(p);
+  row_op_lean<T, vec_width<T>(), VPT, ARITY, AFF, NORM><<<grid, threads, 0, stream>>>(p);
   return cudaGetLastError();
 }
 
@@ -136,7 +195,8 @@ cudaError_t launch_arity(const RowOpParams& p, int threads, cudaStream_t stream)
 }
 
 template <typename T, int VPT> cudaError_t launch_vpt(const RowOpParams& p, int threads, cudaStream_t stream) {
-  if (p.norm == NormKind::Layer) return launch_lean<T, VPT, 1, Affine::Modulate, true>(p, threads, stream);
+  if (p.norm == NormKind::Layer) return launch_lean<T, VPT, 1, Affine::Modulate, NormKind::Layer>(p, threads, stream);
+  if (p.norm == NormKind::None) return launch_lean<T, VPT, 3, Affine::None, NormKind::None>(p, threads, stream);
   if (p.scale.ptr) return launch_arity<T, VPT, Affine::Modulate>(p, threads, stream);
   if (p.weight) return launch_arity<T, VPT, Affine::Weight>(p, threads, stream);
   return launch_arity<T, VPT, Affine::None>(p, threads, stream);
@@ -157,6 +217,7 @@ bool lean_serves(const RowOpParams& p, int64_t nvec) {
   static const bool mod_off = tuning_off("LTXBENCH_MOD_LEAN");
   static const bool ln_off = tuning_off("LTXBENCH_LN_LEAN");
   if (p.norm == NormKind::Layer) return !ln_off && nvec <= 512 && p.scale.ptr && !p.a.ptr && !p.weight;
+  if (p.norm == NormKind::None) return p.gate.ptr && !p.scale.ptr && !p.weight;  // the gated residual only
   return !p.scale.ptr || (!mod_off && !p.weight);
 }
 

@@ -268,13 +268,13 @@ __global__ void rope1d_kernel(Rope1dParams p) {
 // H200, 2x8064x2048 with positions went 49.0 -> 47.2 us without the flat kernel's three 32-bit divisions per
 // item, while interleaved chunks lost (50.4 -> 53.1 us); results/h200/tuning/rope1d-token-*, rope1d-flat-*.
 // LTXBENCH_ROPE1D_TOKEN=0 turns it off (A/B).
-template <typename T, int VEC, bool INTERLEAVED>
+template <typename T, int VEC>
 __global__ void rope1d_token_kernel(Rope1dParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
     const uint32_t s = blockIdx.x, b = blockIdx.y;
-    rope1d_item<T, VEC, INTERLEAVED, uint32_t>(p, b, s, b * static_cast<uint32_t>(p.S) + s, threadIdx.y, threadIdx.x);
+    rope1d_item<T, VEC, false, uint32_t>(p, b, s, b * static_cast<uint32_t>(p.S) + s, threadIdx.y, threadIdx.x);
   }
 }
 
@@ -344,7 +344,7 @@ template <typename T, int VEC, bool INTERLEAVED> cudaError_t launch_1d_with(cons
     if (!token_blocks_off && items * heads <= 1024 && p.B <= 65535 && total < (int64_t{1} << 31)) {  // S < 2^31 too
       const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
       const dim3 block(static_cast<unsigned>(items), static_cast<unsigned>(heads));
-      rope1d_token_kernel<T, VEC, INTERLEAVED><<<grid, block, 0, s>>>(p);
+      rope1d_token_kernel<T, VEC><<<grid, block, 0, s>>>(p);
       return cudaGetLastError();
     }
   }

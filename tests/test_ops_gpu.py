@@ -127,6 +127,21 @@ def test_compile_fullgraph(name):
             assert torch.equal(g, e)
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("shape", [(2, 5, 2048), (2, 3, 2400), (1, 2, 8192)], ids=str)
+def test_layer_norm_rows_far_from_zero_or_with_an_outlier(dtype, shape):
+    """LayerNorm statistics where E[x²] - E[x]² would cancel: rows with |mean| >> std, and rows whose first
+    element is a 500-sigma outlier (a shift by x[0] would cancel there)."""
+    spec = SPECS["layer_norm_modulate"]
+    inputs = spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(), "per-batch")
+    noise = torch.randn(shape, generator=_gen(1)).to("cuda")
+    far = (1000.0 if dtype == "fp32" else 100.0) + noise
+    outlier = noise.clone()
+    outlier[..., 0] = 500.0
+    for x in (far, outlier):
+        _check(spec, {**inputs, "x": x.to(DTYPES[dtype])}, DTYPES[dtype])
+
+
 def test_bad_arguments_name_the_argument():
     from ltxbench import ops
 
