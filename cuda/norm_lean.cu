@@ -31,11 +31,12 @@ template <typename T> constexpr int lean_min_blocks(int arity) {
 // What follows the normalization: nothing, the (D,) weight, or AdaLN's * (1 + scale) + shift.
 enum class Affine : int { None, Weight, Modulate };
 
-// LayerNorm statistics of a row held in registers by whole warps: each warp's mean from a warp sum, its M2
-// around that mean from the registers (two-pass, exact), then the warps' (count, mean, M2) combined around the
-// row's mean. Two 1-float shuffle chains and one barrier pair, where the pairwise Chan merge it replaced
-// shuffled three floats with a branchy update at every level: H200 2x8064x2048 50.8 -> 44.9 us, 2x8064x4096
-// 108.2 -> 86.1 (results/h200/tuning/ln-warp-*), as fast as a shifted single pass. smem: 3 floats per warp.
+// LayerNorm statistics of a row held in registers by whole warps: each warp's mean from a warp sum, refined
+// by the residual sum of the second pass (corrected two-pass: the first sum rounds at n * |mean|), its M2
+// around that mean from the registers, then the warps' (count, mean, M2) combined around warp 0's mean. Two
+// shuffle chains and one barrier pair, where the pairwise Chan merge it replaced shuffled three floats with a
+// branchy update at every level: H200 2x8064x2048 50.8 -> 44.9 us, 2x8064x4096 108.2 -> 86.1 (results/h200/
+// tuning/ln-warp-*, before the refinement), as fast as a shifted single pass. smem: 3 floats per warp.
 template <int VEC, int VPT>
 __device__ __forceinline__ RowStats lean_layer_stats(const float (&h)[VPT][VEC], const bool (&valid)[VPT],
                                                      float sum, float* smem, float D, float eps) {
@@ -45,26 +46,35 @@ __device__ __forceinline__ RowStats lean_layer_stats(const float (&h)[VPT][VEC],
   float s[1] = {sum};
   warp_sum<1>(s);
   const float n = static_cast<float>(count);
-  const float warp_mean = count > 0 ? __fdividef(s[0], n) : 0.f;
-  float q[1] = {0.f};
+  const float first = count > 0 ? __fdividef(s[0], n) : 0.f;
+  float dq[2] = {0.f, 0.f};  // Σd and Σd² with d = h - first
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
+    if (!valid[i]) continue;
 #pragma unroll
-    for (int k = 0; k < VEC; ++k) q[0] += valid[i] ? (h[i][k] - warp_mean) * (h[i][k] - warp_mean) : 0.f;
+    for (int k = 0; k < VEC; ++k) {
+      const float d = h[i][k] - first;
+      dq[0] += d;
+      dq[1] = fmaf(d, d, dq[1]);
+    }
   }
-  warp_sum<1>(q);
+  warp_sum<2>(dq);
+  const float correction = count > 0 ? __fdividef(dq[0], n) : 0.f;
+  const float warp_mean = first + correction;
+  const float warp_m2 = fmaxf(dq[1] - dq[0] * correction, 0.f);
   const int warps = blockDim.x >> 5;
-  if (warps == 1) return RowStats{warp_mean, 1.f / sqrtf(q[0] / D + eps)};
+  if (warps == 1) return RowStats{warp_mean, 1.f / sqrtf(warp_m2 / D + eps)};
   if ((threadIdx.x & 31) == 0) {
     float* slot = smem + 3 * (threadIdx.x >> 5);
     slot[0] = n;
     slot[1] = warp_mean;
-    slot[2] = q[0];
+    slot[2] = warp_m2;
   }
   __syncthreads();
-  float weighted = 0.f;  // Σ n_w mean_w
-  for (int w = 0; w < warps; ++w) weighted += smem[3 * w] * smem[3 * w + 1];
-  const float mean = weighted / D;
+  const float base = smem[1];  // warp 0's mean: deviations from it stay small where Σ n_w mean_w would round
+  float deviation = 0.f;
+  for (int w = 1; w < warps; ++w) deviation += smem[3 * w] * (smem[3 * w + 1] - base);
+  const float mean = base + deviation / D;
   float m2 = 0.f;  // Σ M2_w + n_w (mean_w - mean)²: every term non-negative
   for (int w = 0; w < warps; ++w) {
     const float d = smem[3 * w + 1] - mean;

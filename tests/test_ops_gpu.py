@@ -34,7 +34,9 @@ def _f64(inputs):
     return {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
 
 
-def _check(spec, inputs, dtype):
+def _check(spec, inputs, dtype, fp32_tolerance=True):
+    """fp32_tolerance=False keeps only the float64 comparison, for inputs whose answer fp32 itself cannot hold
+    to the HANDBOOK tolerance (the fp32 reference is then as far off as the kernel may be)."""
     _poison_allocator(next(iter(inputs.values())).shape, dtype, spec.n_outputs)
     got = _tuple(spec.fn(**inputs))
     ref = _tuple(spec.reference(**inputs))
@@ -45,7 +47,8 @@ def _check(spec, inputs, dtype):
     for g, r, r64, e in zip(got, ref, ref64, eager, strict=True):
         assert g.dtype == dtype and g.shape == r.shape
         assert not g.isnan().any(), "unwritten (NaN-poisoned) or NaN output"
-        torch.testing.assert_close(g, r, atol=atol, rtol=rtol)
+        if fp32_tolerance:
+            torch.testing.assert_close(g, r, atol=atol, rtol=rtol)
         if g.numel():
             err = (g.double() - r64).abs().max().item()
             err_eager = (e.double() - r64).abs().max().item()
@@ -130,16 +133,17 @@ def test_compile_fullgraph(name):
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("shape", [(2, 5, 2048), (2, 3, 2400), (1, 2, 8192)], ids=str)
 def test_layer_norm_rows_far_from_zero_or_with_an_outlier(dtype, shape):
-    """LayerNorm statistics where E[x²] - E[x]² would cancel: rows with |mean| >> std, and rows whose first
-    element is a 500-sigma outlier (a shift by x[0] would cancel there)."""
+    """LayerNorm statistics where E[x²] - E[x]² or a plain sum would lose digits: rows with |mean| >> std (an
+    fp32 mean of 1000 is itself rounded by 3e-5, so only the error against float64, at most twice eager's,
+    is asserted), and rows whose first element is a 500-sigma outlier (a shift by x[0] would cancel there)."""
     spec = SPECS["layer_norm_modulate"]
     inputs = spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(), "per-batch")
     noise = torch.randn(shape, generator=_gen(1)).to("cuda")
     far = (1000.0 if dtype == "fp32" else 100.0) + noise
     outlier = noise.clone()
     outlier[..., 0] = 500.0
-    for x in (far, outlier):
-        _check(spec, {**inputs, "x": x.to(DTYPES[dtype])}, DTYPES[dtype])
+    _check(spec, {**inputs, "x": far.to(DTYPES[dtype])}, DTYPES[dtype], fp32_tolerance=False)
+    _check(spec, {**inputs, "x": outlier.to(DTYPES[dtype])}, DTYPES[dtype])
 
 
 def test_bad_arguments_name_the_argument():
