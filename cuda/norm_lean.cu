@@ -31,15 +31,22 @@ template <typename T> constexpr int lean_min_blocks(int arity) {
 // What follows the normalization: nothing, the (D,) weight, or AdaLN's * (1 + scale) + shift.
 enum class Affine : int { None, Weight, Modulate };
 
+// A row's statistics from its mean and its sum of squares around it (1 / D rounded once on the host).
+__device__ __forceinline__ RowStats row_stats(float mean, float sum_sq, float inv_d, float eps) {
+  return RowStats{mean, 1.f / sqrtf(fmaf(sum_sq, inv_d, eps))};
+}
+
 // LayerNorm statistics of a row held in registers by whole warps: each warp's mean from a warp sum, refined
 // by the residual sum of the second pass (corrected two-pass: the first sum rounds at n * |mean|), its M2
 // around that mean from the registers, then the warps' (count, mean, M2) combined around warp 0's mean. Two
 // shuffle chains and one barrier pair, where the pairwise Chan merge it replaced shuffled three floats with a
 // branchy update at every level: H200 2x8064x2048 50.8 -> 44.9 us, 2x8064x4096 108.2 -> 86.1 (results/h200/
-// tuning/ln-warp-*, before the refinement), as fast as a shifted single pass. smem: 3 floats per warp.
+// tuning/ln-warp-*, before the refinement), as fast as a shifted single pass. The warps' triples are combined by
+// butterfly shuffles rather than a loop over shared memory in every thread: 2x8064x4096 86.5 -> 75.6 us,
+// 2x8064x2048 43.2 -> 39.5 (tuning/ln-shfl-*). smem: 3 floats per warp.
 template <int VEC, int VPT>
 __device__ __forceinline__ RowStats lean_layer_stats(const float (&h)[VPT][VEC], const bool (&valid)[VPT],
-                                                     float sum, float* smem, float D, float eps) {
+                                                     float sum, float* smem, float inv_d, float eps) {
   int count = 0;  // values held by this warp, exact
 #pragma unroll
   for (int i = 0; i < VPT; ++i) count += VEC * __popc(__ballot_sync(0xffffffffu, valid[i]));
@@ -63,28 +70,36 @@ __device__ __forceinline__ RowStats lean_layer_stats(const float (&h)[VPT][VEC],
   const float warp_mean = first + correction;
   const float warp_m2 = fmaxf(dq[1] - dq[0] * correction, 0.f);
   const int warps = blockDim.x >> 5;
-  if (warps == 1) return RowStats{warp_mean, 1.f / sqrtf(warp_m2 / D + eps)};
-  if ((threadIdx.x & 31) == 0) {
+  if (warps == 1) return row_stats(warp_mean, warp_m2, inv_d, eps);
+  const int lane = threadIdx.x & 31;
+  if (lane == 0) {
     float* slot = smem + 3 * (threadIdx.x >> 5);
     slot[0] = n;
     slot[1] = warp_mean;
     slot[2] = warp_m2;
   }
   __syncthreads();
+  // Lane w of every warp takes warp w's triple and butterfly shuffles combine them: every thread gets the same
+  // bits, with no serial loop over shared memory.
   const float base = smem[1];  // warp 0's mean: deviations from it stay small where Σ n_w mean_w would round
-  float deviation = 0.f;
-  for (int w = 1; w < warps; ++w) deviation += smem[3 * w] * (smem[3 * w + 1] - base);
-  const float mean = base + deviation / D;
-  float m2 = 0.f;  // Σ M2_w + n_w (mean_w - mean)²: every term non-negative
-  for (int w = 0; w < warps; ++w) {
-    const float d = smem[3 * w + 1] - mean;
-    m2 += smem[3 * w + 2] + smem[3 * w] * d * d;
+  float nw = 0.f, mw = base, m2w = 0.f;
+  if (lane < warps) {
+    nw = smem[3 * lane];
+    mw = smem[3 * lane + 1];
+    m2w = smem[3 * lane + 2];
   }
-  return RowStats{mean, 1.f / sqrtf(m2 / D + eps)};
+  float deviation[1] = {nw * (mw - base)};
+  warp_sum<1>(deviation);
+  const float mean = fmaf(deviation[0], inv_d, base);
+  const float d = mw - mean;
+  float m2[1] = {fmaf(nw * d, d, m2w)};  // Σ M2_w + n_w (mean_w - mean)²: every term non-negative
+  warp_sum<1>(m2);
+  return row_stats(mean, m2[0], inv_d, eps);
 }
 
 // The sum of one value per thread over the block (one row, whole warps); every thread gets the same bits.
-// smem holds a float per warp.
+// smem holds a float per warp. (The butterfly combine of lean_layer_stats made rms_norm_modulate spill 16 bytes
+// under the register cap and lose 8%: results/h200/tuning/ln-shfl-*.)
 __device__ __forceinline__ float block_sum(float v, float* smem) {
   float s[1] = {v};
   warp_sum<1>(s);
@@ -103,7 +118,7 @@ __device__ __forceinline__ float block_sum(float v, float* smem) {
 // modulation folded into one factor per channel, every instruction per element counting: rms_norm_modulate
 // 2x8064x4096 75.3 -> 70.5 us, layer_norm_modulate 86.5 -> 82.1 (tuning/row-fold-*).
 template <typename T, int VEC, int VPT, int ARITY, Affine AFF, NormKind NORM>
-__global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) row_op_lean(RowOpParams p) {
+__global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) row_op_lean(RowOpParams p, float inv_d) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
@@ -148,11 +163,11 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
     }
     float mean = 0.f, rstd = 1.f;
     if constexpr (kLayer) {
-      const RowStats st = lean_layer_stats<VEC, VPT>(h, valid, s1, smem, static_cast<float>(p.D), p.eps);
+      const RowStats st = lean_layer_stats<VEC, VPT>(h, valid, s1, smem, inv_d, p.eps);
       mean = st.mean;
       rstd = st.rstd;
     } else if constexpr (NORM == NormKind::RMS) {
-      rstd = rms_stats(block_sum(s1, smem), static_cast<float>(p.D), p.eps).rstd;
+      rstd = row_stats(0.f, block_sum(s1, smem), inv_d, p.eps).rstd;
     }
     // scale/shift after the reduction: loaded with x they cost registers, and occupancy, that the wait for
     // them (L1/L2 hits: one (D,) pair per batch) does not repay (results/h200/tuning/mod-lean-*).
@@ -193,7 +208,8 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
 template <typename T, int VPT, int ARITY, Affine AFF, NormKind NORM = NormKind::RMS>
 cudaError_t launch_lean(const RowOpParams& p, int threads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
-  row_op_lean<T, vec_width<T>(), VPT, ARITY, AFF, NORM><<<grid, threads, 0, stream>>>(p);
+  const float inv_d = static_cast<float>(1.0 / static_cast<double>(p.D));
+  row_op_lean<T, vec_width<T>(), VPT, ARITY, AFF, NORM><<<grid, threads, 0, stream>>>(p, inv_d);
   return cudaGetLastError();
 }
 
