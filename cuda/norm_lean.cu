@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
         widen<T, VEC>(w[i], f);
         widen<T, VEC>(sh[i], g);
 #pragma unroll
-        for (int k = 0; k < VEC; ++k) n[k] = fmaf(n[k], fmaf(rstd, f[k], rstd), g[k]);
+        for (int k = 0; k < VEC; ++k) n[k] = modulate_normalized(n[k], rstd, f[k], g[k]);
       } else {
 #pragma unroll
         for (int k = 0; k < VEC; ++k) n[k] *= rstd;

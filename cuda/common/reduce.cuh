@@ -3,24 +3,23 @@
 
 namespace ltxbench {
 
-// Sums of N floats over a whole warp; every lane ends with the sums.
-template <int N> __device__ __forceinline__ void warp_sum(float (&v)[N]) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
+// Sums of N floats over aligned groups of `width` lanes (a power of two up to 32), by xor butterfly: every lane
+// of a group ends with the same bits.
+template <int N> __device__ __forceinline__ void lane_group_sum(float (&v)[N], int width) {
+  for (int off = width >> 1; off > 0; off >>= 1) {
 #pragma unroll
     for (int k = 0; k < N; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
   }
 }
 
+// Sums of N floats over a whole warp; every lane ends with the sums.
+template <int N> __device__ __forceinline__ void warp_sum(float (&v)[N]) { lane_group_sum<N>(v, 32); }
+
 // Sums of N values over a row's threads (one pair of barriers whatever N); every thread of the row ends with
 // the sums. Rows handled by one block never share a warp unless tpr <= 32, where xor-shuffles with offsets
 // < tpr stay inside the row's aligned lane group. smem must hold [rows_per_block][32][N] floats when tpr > 32.
 template <int N> __device__ __forceinline__ void row_group_sum(float (&v)[N], int tpr, float* smem) {
-  const int width = tpr < 32 ? tpr : 32;
-  for (int off = width >> 1; off > 0; off >>= 1) {
-#pragma unroll
-    for (int k = 0; k < N; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], off);
-  }
+  lane_group_sum<N>(v, tpr < 32 ? tpr : 32);
   if (tpr <= 32) return;
   float* slots = smem + (threadIdx.x / tpr) * 32 * N;
   __syncthreads();  // slots may still be read from a previous reduction

@@ -86,7 +86,15 @@ __device__ __forceinline__ void apply_weight(float (&n)[VEC], const float (&w)[V
   for (int k = 0; k < VEC; ++k) n[k] = cast_before_weight ? round_to<T>(round_to<T>(n[k]) * w[k]) : n[k] * w[k];
 }
 
-// AdaLN modulation in fp32: n * (1 + scale) + shift.
+// AdaLN modulation of a normalized value in fp32, c * rstd * (1 + scale) + shift with c = h - mean (h for
+// RMSNorm), folded into one factor per channel: two instructions per element (the lean kernels). The general
+// kernels (norm.cu) keep modulate() on n * rstd after the optional weight: the folded form there, for rows
+// without a weight, cost 4-30 more registers per instantiation (ptxas -v), for rare shapes.
+__device__ __forceinline__ float modulate_normalized(float c, float rstd, float scale, float shift) {
+  return fmaf(c, fmaf(rstd, scale, rstd), shift);
+}
+
+// AdaLN modulation in fp32 of an already normalized (and weighted) n: n * (1 + scale) + shift.
 template <int VEC>
 __device__ __forceinline__ void modulate(float (&n)[VEC], const float (&scale)[VEC], const float (&shift)[VEC]) {
 #pragma unroll
