@@ -478,3 +478,28 @@ def test_cli_end_to_end_on_cpu(tmp_path, monkeypatch, correct):
     if not correct:
         assert "outside tolerance: rms_norm odd-2x1024x5125 fp32 (max abs err 1," in result.output
         assert "FAIL cuda 1" in result.output
+
+
+def test_host_headroom_sleeps_after_each_flush_and_restores_the_driver(monkeypatch):
+    import types
+
+    import torch
+    import triton.runtime
+
+    from ltxbench.bench import timing
+
+    calls = []
+
+    class FakeDriver:
+        def clear_cache(self, cache):
+            calls.append(("flush", cache))
+
+    driver = FakeDriver()
+    monkeypatch.setattr(triton.runtime, "driver", types.SimpleNamespace(active=driver))
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: calls.append(("sleep", cycles)))
+    with timing.host_headroom(1234):
+        triton.runtime.driver.active.clear_cache("buf")
+    assert calls == [("flush", "buf"), ("sleep", 1234)]
+    assert "clear_cache" not in vars(driver)
+    driver.clear_cache("again")
+    assert calls[-1] == ("flush", "again")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from rich.console import Console
 from typer.testing import CliRunner
 
 from ltxbench.bench import profile
@@ -76,6 +77,31 @@ def test_summarize_shares_and_top():
     assert [k["name"] for k in res["kernels"]] == ["aten::mm", "sm90_xmma_gemm_x"]
 
 
+def test_busy_and_idle_counts_overlaps_once():
+    # two streams overlapping (0-10, 5-12), a gap of 3, then a kernel nested in the previous one
+    tl = profile.busy_and_idle([(15.0, 20.0), (0.0, 10.0), (5.0, 12.0), (16.0, 18.0)])
+    assert tl == {"span_ms": pytest.approx(0.020), "busy_ms": pytest.approx(0.017), "idle_ms": pytest.approx(0.003)}
+    assert profile.busy_and_idle([]) is None
+
+
+def test_idle_row_and_record_only_for_gpu_runs():
+    fams = {f: {"ms": 0.0, "calls": 0, "share": 0.0} for f in FAMILIES}
+    gpu = {"c": {"families": fams, "total_ms": 1.0, "kernels": [],
+                 "timeline": {"span_ms": 2.0, "busy_ms": 1.5, "idle_ms": 0.5}}}
+    cpu = {"c": {"families": fams, "total_ms": 1.0, "kernels": [], "timeline": None}}
+    idle = [r for r in profile.build_records(gpu, {}, "bf16") if r["name"] == "timeline:idle"]
+    assert len(idle) == 1 and idle[0]["stats"]["median"] == 0.5 and idle[0]["derived"]["span_ms"] == 2.0
+    assert not [r for r in profile.build_records(cpu, {}, "bf16") if r["name"].startswith("timeline:")]
+    def text(table):
+        console = Console(record=True, width=200)
+        console.print(table)
+        return console.export_text()
+
+    last = text(profile.render_families(gpu, "kernel time")).strip().splitlines()[-2]
+    assert "idle between kernels" in last and "0.500" in last and "25.0" in last
+    assert "idle between kernels" not in text(profile.render_families(cpu, "CPU self time"))
+
+
 def test_external_commands_only_when_tools_exist():
     args = {"model": "ltx-2b", "weights": "random", "dtype": "bf16", "seed": 1, "batch_size": 1, "family": "ltx",
             "num_frames": 49, "height": 512, "width": 768, "phase": "transformer"}
@@ -90,7 +116,7 @@ def test_external_commands_only_when_tools_exist():
 def _check_doc(doc, configs):
     assert doc["kind"] == "profile"
     for config in configs:
-        fams = [r for r in doc["records"] if r["provider"] == config and not r["name"].startswith("kernel:")]
+        fams = [r for r in doc["records"] if r["provider"] == config and ":" not in r["name"]]
         assert {r["name"] for r in fams} == set(FAMILIES)
         assert all(r["metric"] == "time" and r["unit"] == "ms" and r["stats"]["n"] == 1 for r in fams)
         assert all(r["stats"]["median"] == r["stats"]["min"] == r["stats"]["max"] == r["stats"]["p20"] for r in fams)

@@ -31,14 +31,18 @@ def phase(name: str, cuda: bool):
         yield
 
 
+def _is_range(evt) -> bool:
+    """A phase or user range rather than an op or a device event."""
+    return evt.is_user_annotation or evt.name in (*LTX_PHASES, *LLM_PHASES) or evt.name.startswith("ProfilerStep")
+
+
 def collect(events, cuda: bool) -> dict:
     """{event name: [calls, microseconds]} over kernel events (CUDA) or CPU ops (CPU); phase ranges excluded."""
     from torch.autograd import DeviceType
 
     table: dict = defaultdict(lambda: [0, 0.0])
-    skip = set(LTX_PHASES) | set(LLM_PHASES)
     for evt in events:
-        if evt.is_user_annotation or evt.name in skip or evt.name.startswith("ProfilerStep"):
+        if _is_range(evt):
             continue
         if cuda != (evt.device_type != DeviceType.CPU):
             continue
@@ -46,6 +50,28 @@ def collect(events, cuda: bool) -> dict:
         table[evt.name][0] += 1
         table[evt.name][1] += float(us)
     return dict(table)
+
+
+def busy_and_idle(intervals) -> dict | None:
+    """{span_ms, busy_ms, idle_ms} of (start_us, end_us) device intervals: busy is their union (overlapping
+    streams count once), idle the rest of the span, i.e. time the GPU waited between kernels."""
+    spans = sorted(intervals)
+    if not spans:
+        return None
+    busy, reach = 0.0, spans[0][0]
+    for start, end in spans:
+        busy += max(0.0, end - max(start, reach))
+        reach = max(reach, end)
+    span = reach - spans[0][0]
+    return {"span_ms": span / 1e3, "busy_ms": busy / 1e3, "idle_ms": (span - busy) / 1e3}
+
+
+def device_timeline(events) -> dict | None:
+    """busy_and_idle over the profiled run's device events (kernels, memcpys, memsets; annotations left out)."""
+    from torch.autograd import DeviceType
+
+    return busy_and_idle((e.time_range.start, e.time_range.end) for e in events
+                         if e.device_type != DeviceType.CPU and not _is_range(e))
 
 
 def summarize(table: dict, top: int) -> dict:
@@ -90,6 +116,7 @@ def profile_configs(module, configs: list[str], inject, run, device, traces: dic
             traces[name].parent.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(traces[name]))
             res = summarize(collect(prof.events(), cuda), top)
+            res["timeline"] = device_timeline(prof.events()) if cuda else None
         res["injection"], res["trace"] = injection, str(traces[name])
         results[name] = res
         log(f"{name}: {res['total_ms']:.2f} ms profiled, trace {traces[name]}")
@@ -153,6 +180,11 @@ def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
         for family, fam in res["families"].items():
             records.append(make_record(family, config, dtype, params, "time", "ms", "lower", _point(fam["ms"]),
                                        derived={"share": fam["share"], "calls": fam["calls"]}))
+        if res.get("timeline"):
+            tl = res["timeline"]
+            records.append(make_record("timeline:idle", config, dtype, params, "time", "ms", "lower",
+                                       _point(tl["idle_ms"]), derived={"span_ms": tl["span_ms"],
+                                                                      "busy_ms": tl["busy_ms"]}))
         for k in res["kernels"]:
             records.append(make_record(f"kernel:{k['name']}", config, dtype, params, "time", "ms", "lower",
                                        _point(k["ms"]), derived={"share": k["share"], "calls": k["calls"],
@@ -178,6 +210,12 @@ def render_families(results: dict, unit: str):
             fam = res["families"].get(family, {"ms": res["total_ms"], "share": 1.0})
             cells += [f"{fam['ms']:.3f}", f"{100 * fam['share']:.1f}"]
         table.add_row(family, *cells)
+    if any(res.get("timeline") for res in results.values()):  # GPU runs: the waits between kernels
+        cells = []
+        for res in results.values():
+            tl = res.get("timeline") or {"idle_ms": 0.0, "span_ms": 0.0}
+            cells += [f"{tl['idle_ms']:.3f}", f"{100 * tl['idle_ms'] / tl['span_ms']:.1f}" if tl["span_ms"] else "-"]
+        table.add_row("idle between kernels (% of span)", *cells)
     return table
 
 
