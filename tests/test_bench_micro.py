@@ -464,6 +464,7 @@ def test_cli_end_to_end_on_cpu(tmp_path, monkeypatch, correct):
     assert result.exit_code == (0 if correct else 1), result.output
     doc = load_result(out)
     assert doc["run"]["config"]["copy_peak_gbps"] == 2000.0 and doc["run"]["argv"][3] == "rms"
+    assert doc["run"]["config"]["timer"] == "do_bench" and doc["run"]["config"]["host_headroom_cycles"] > 0
     # 1 copy record + 2 odd shapes x 3 providers, files written even when the check fails
     assert len(doc["records"]) == 1 + 2 * 3
     with open(tmp_path / "m.csv", newline="") as fh:

@@ -88,7 +88,7 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
     from rich.console import Console
 
     from ltxbench.bench import micro, micro_report
-    from ltxbench.bench.timing import copy_bandwidth_gbps
+    from ltxbench.bench.timing import HOST_HEADROOM_CYCLES, copy_bandwidth_gbps
     from ltxbench.errors import CheckFailed
     from ltxbench.results.io import write_result
     from ltxbench.results.schema import make_result, utc_now
@@ -112,7 +112,8 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
     argv += ["--variant", variant] if variant else []
     config = {"kernels": sorted({c.kernel for c in cases}), "dtypes": dtypes, "shapes": shapes,
               "providers": providers, "timer": timer, "variant": variant, "copy_peak_gbps": copy["gbps"],
-              "copy_bytes": copy["bytes"]}
+              "copy_bytes": copy["bytes"],
+              "host_headroom_cycles": HOST_HEADROOM_CYCLES if timer == "do_bench" else 0}
     doc = make_result("micro", argv, config, seed, started, utc_now(), records)
     json_path, csv_path = write_result(doc, output, force)
 
