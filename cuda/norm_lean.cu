@@ -98,7 +98,8 @@ __device__ __forceinline__ RowStats lean_layer_stats(const float (&h)[VPT][VEC],
 }
 
 // The sum of one value per thread over the block (one row, whole warps); every thread gets the same bits.
-// smem holds a float per warp. (The butterfly combine of lean_layer_stats made rms_norm_modulate spill 16 bytes
+// smem holds a float per warp. row_group_sum<1>(v, blockDim.x, smem) computes the same with a row division and
+// a second barrier, which the one-row block does not need. (The butterfly combine of lean_layer_stats made rms_norm_modulate spill 16 bytes
 // under the register cap and lose 8%: results/h200/tuning/ln-shfl-*.)
 __device__ __forceinline__ float block_sum(float v, float* smem) {
   float s[1] = {v};

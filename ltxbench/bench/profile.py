@@ -115,8 +115,9 @@ def profile_configs(module, configs: list[str], inject, run, device, traces: dic
                     torch.cuda.synchronize(device)
             traces[name].parent.mkdir(parents=True, exist_ok=True)
             prof.export_chrome_trace(str(traces[name]))
-            res = summarize(collect(prof.events(), cuda), top)
-            res["timeline"] = device_timeline(prof.events()) if cuda else None
+            events = prof.events()
+            res = summarize(collect(events, cuda), top)
+            res["timeline"] = device_timeline(events) if cuda else None
         res["injection"], res["trace"] = injection, str(traces[name])
         results[name] = res
         log(f"{name}: {res['total_ms']:.2f} ms profiled, trace {traces[name]}")

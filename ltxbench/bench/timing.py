@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 from ltxbench.results.schema import stats_from_samples
 
-# GPU sleep after each L2 flush of do_bench: ~200 us at 2 GHz, on top of the flush's own ~70 us (50 us left
-# torch.compile'd fused add + RMSNorm still partly host-bound at 1x1024x2048: results/h200/micro-norms-headroom-50us).
+# GPU sleep after each L2 flush of do_bench: ~200 us at 2 GHz, on top of the flush's own ~70 us. With 50 us the
+# compiled fused add + RMSNorm was still partly host-bound at 1x1024x2048 (results/h200/micro-norms-headroom-50us).
 HOST_HEADROOM_CYCLES = 400_000
 
 
