@@ -70,3 +70,19 @@ def test_fused_projection_compiles_without_graph_breaks():
     with torch.no_grad():
         explained = torch._dynamo.explain(project)(torch.randn(4, 5))
     assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_compiled_projection_falls_back_when_a_layer_gets_a_new_parameter():
+    """Compiled, the fused path reads no parameter of the layers (each would be a guard per call): a replaced one is
+    seen through the registration hook's `intact` flag, which the graph guards on, and a moved model through the
+    input's dtype."""
+    layers = _layers()
+    fused = fuse_linears(layers)
+    project = torch.compile(lambda x: fused_linear(x, layers, fused), fullgraph=True, backend="eager")
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        torch.testing.assert_close(project(x), torch.cat([lin(x) for lin in layers], dim=-1))
+        assert project(x.double()) is None
+        layers[2].weight = torch.nn.Parameter(torch.zeros(4, 5))
+        assert not fused.intact and project(x) is None
+    torch._dynamo.reset()

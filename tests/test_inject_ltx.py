@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
+from ltxbench.inject import ORIGINAL_CLASS
 from ltxbench.inject.ltx import FUSED_ATTR, FusedLTXAttnProcessor, apply_kernels
 from ltxbench.models.ltx import component_configs
 
@@ -123,8 +124,13 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     assert {"VAE RMSNorm"} <= skipped
     assert all(isinstance(b.attn1.processor, FusedLTXAttnProcessor) for b in model.transformer_blocks)
     assert report.as_dict()["applied"] is True
+    from diffusers.models.transformers.transformer_ltx import LTXVideoTransformerBlock
+
+    assert type(model.transformer_blocks[0]) is not LTXVideoTransformerBlock  # patched through a subclass
     report.revert()
     assert "forward" not in vars(model.rope) and "forward" not in vars(model)
+    assert not any(ORIGINAL_CLASS in vars(type(m)) for m in model.modules())
+    assert type(model.transformer_blocks[0]) is LTXVideoTransformerBlock
     for block, (p1, p2) in zip(model.transformer_blocks, processors, strict=True):
         assert "forward" not in vars(block) and block.attn1.processor is p1 and block.attn2.processor is p2
         assert not hasattr(block.attn1, FUSED_ATTR) and "forward" not in vars(block.ff.net[0])

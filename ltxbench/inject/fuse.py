@@ -9,15 +9,40 @@ original layers. Inference only: callers run the original path when gradients ar
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn.functional as F
 
 
 class FusedWeights:
-    """The concatenated weight (sum(out), in) and bias, plus the Parameters made views of them."""
+    """The concatenated weight (sum(out), in) and bias, the layers, and the Parameters made views of them.
+    `intact` turns False when one of the layers is given a new weight or bias (setattr, load_state_dict(assign=
+    True)): a flag that a compiled graph guards on for the price of one comparison."""
 
-    def __init__(self, weight, bias, params):
-        self.weight, self.bias, self.params = weight, bias, params
+    def __init__(self, weight, bias, linears, params):
+        self.weight, self.bias, self.linears, self.params = weight, bias, tuple(linears), params
+        self.intact = True
+
+
+_FUSED_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # nn.Linear -> the FusedWeights it is part of
+_registration_hook = None
+
+
+def _on_parameter_registered(module, name, param):
+    fused = _FUSED_OF.get(module)
+    if fused is not None and name in ("weight", "bias"):
+        fused.intact = False
+
+
+def _track(linears, fused: FusedWeights) -> None:
+    """Watch `linears` for replaced parameters (one process-wide registration hook, installed on first use)."""
+    global _registration_hook
+    if _registration_hook is None:
+        _registration_hook = torch.nn.modules.module.register_module_parameter_registration_hook(
+            _on_parameter_registered)
+    for lin in linears:
+        _FUSED_OF[lin] = fused
 
 
 def fuse_linears(linears) -> FusedWeights | str:
@@ -46,16 +71,22 @@ def fuse_linears(linears) -> FusedWeights | str:
             fused.append(cat)
             views.append(made)
     params = [p for per_layer in zip(*views, strict=True) for p in per_layer]  # w1, b1, w2, b2, ...
-    return FusedWeights(fused[0], fused[1], params)
+    result = FusedWeights(fused[0], fused[1], linears, params)
+    _track(linears, result)
+    return result
 
 
-def _intact(linears, fused: FusedWeights) -> bool:
+def _intact(x, linears, fused: FusedWeights) -> bool:
+    if torch.compiler.is_compiling():
+        # Dynamo cannot compare data pointers, and every parameter it reads costs a tensor guard per call (5 per
+        # llama layer: ~100 us of host time per call of a 32-layer model). So: the same layers, none given a new
+        # parameter since fusing (the registration hook), and the fused weight where the input is (`.to()` moves
+        # the layers' parameters, not it).
+        return (fused.intact and all(a is b for a, b in zip(linears, fused.linears, strict=True))
+                and fused.weight.device == x.device and fused.weight.dtype == x.dtype)
     params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
     if len(params) != len(fused.params) or any(p is not q for p, q in zip(params, fused.params, strict=True)):
         return False  # parameters replaced (load_state_dict(assign=True), a user's setattr)
-    if torch.compiler.is_compiling():
-        # dynamo cannot compare data pointers; identity + device/dtype catch `.to()`, the usual way views break
-        return all(p.device == fused.weight.device and p.dtype == fused.weight.dtype for p in params)
     weight_at, bias_at = fused.weight.data_ptr(), fused.bias.data_ptr() if fused.bias is not None else 0
     rows_w = fused.weight.stride(0) * fused.weight.element_size()
     rows_b = fused.bias.element_size() if fused.bias is not None else 0
@@ -69,7 +100,7 @@ def _intact(linears, fused: FusedWeights) -> bool:
 
 def fused_linear(x, linears, fused: FusedWeights | None):
     """x @ [W_1 | W_2 | ...]^T + [b_1 | ...] as one GEMM, or None when it cannot stand for the layers."""
-    if fused is None or not _intact(linears, fused):
+    if fused is None or not _intact(x, linears, fused):
         return None
     if torch.is_grad_enabled() and any(p.requires_grad for p in fused.params):
         return None

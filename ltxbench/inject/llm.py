@@ -25,12 +25,11 @@ token's own row, with no position load to wait for): one small copy per forward,
 from __future__ import annotations
 
 import inspect
-import types
 
 import torch
 
 from ltxbench.errors import EnvironmentProblem
-from ltxbench.inject import InjectionReport, set_attr
+from ltxbench.inject import ORIGINAL_CLASS, InjectionReport, original_class, patch_forward
 from ltxbench.inject.fuse import fuse_linears, fused_linear
 from ltxbench.ops import get_provider
 
@@ -74,7 +73,7 @@ def _eps(norm) -> float:
 def _norm_forward(ops):
     def forward(self, hidden_states):
         if self.weight.dtype != hidden_states.dtype:  # transformers promotes to the weight's dtype; ops don't
-            return type(self).forward(self, hidden_states)
+            return original_class(self).forward(self, hidden_states)
         return ops.rms_norm(hidden_states, self.weight, _eps(self), cast_before_weight=True)
 
     return forward
@@ -138,7 +137,7 @@ def _mlp_forward(ops):
     def forward(self, x):
         act = _gate_up_swiglu(ops, self, x)
         if act is None:
-            return type(self).forward(self, x)  # the original math
+            return original_class(self).forward(self, x)  # the original math
         return self.down_proj(act)
 
     return forward
@@ -183,8 +182,10 @@ def _sliding_kwarg(cls):
     return None
 
 
-def _attn_forward(ops, cache: dict, sliding, eager):
-    """XAttention.forward (llama/mistral/qwen2/qwen3, transformers 5.x) with the RoPE through ops.rope_1d."""
+def _attn_forward(ops, cache: dict, sliding, eager, qk_norm: bool):
+    """XAttention.forward (llama/mistral/qwen2/qwen3, transformers 5.x) with the RoPE through ops.rope_1d.
+    `qk_norm` (Qwen3's per-head q/k RMSNorm) is known per class: `hasattr(self, "q_norm")` in the forward made every
+    compiled call raise and catch an AttributeError per layer to check its guard."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
@@ -197,7 +198,7 @@ def _attn_forward(ops, cache: dict, sliding, eager):
         else:
             query_states, key_states, value_states = (p(hidden_states) for p in projections)
         query_states, key_states = query_states.view(hidden_shape), key_states.view(hidden_shape)
-        if hasattr(self, "q_norm"):  # Qwen3: per-head RMSNorm before RoPE
+        if qk_norm:  # Qwen3: per-head RMSNorm before RoPE
             query_states, key_states = self.q_norm(query_states), self.k_norm(key_states)
         query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)
         value_states = value_states.view(hidden_shape).transpose(1, 2)
@@ -234,17 +235,20 @@ def _check_provider(model, provider: str):
     return ops
 
 
-def _patch(report, rule, module, forward, name: str, prefix: str, needs: tuple = ()) -> bool:
-    """Patch module.forward unless its class is not the expected one, its source differs, or a hook owns it."""
+def _patch(report, rule, module, forward, name: str, prefix: str, classes: dict, needs: tuple = ()) -> bool:
+    """Patch module's forward unless its class is not the expected one, its source differs, a hook owns it or it
+    is patched already."""
     cls = type(module)
-    if cls.__name__ != f"{prefix}{name}":
+    if ORIGINAL_CLASS in vars(cls):
+        report.skip(rule, f"{cls.__name__} is patched by ltxbench already: left as is")
+    elif cls.__name__ != f"{prefix}{name}":
         report.skip(rule, f"{cls.__name__} is not {prefix}{name}: its math is not verified")
     elif "forward" in vars(module):
         report.skip(rule, f"{cls.__name__}.forward is already wrapped by a hook (offload, compile): left as is")
     elif needs and not _matches(cls, needs):
         report.skip(rule, f"{cls.__name__}.forward differs from the transformers 5.x code this rule reproduces")
     else:
-        set_attr(report, rule, module, "forward", types.MethodType(forward, module))
+        patch_forward(report, rule, module, forward, classes)
         return True
     return False
 
@@ -263,29 +267,31 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
         return report
     base = getattr(model, "model", model)
     norm_forward, layer_forward, mlp_forward = _norm_forward(ops), _layer_forward(ops), _mlp_forward(ops)
+    classes: dict = {}  # (class, forward) -> its patched subclass
     norms_ok = {}
     for name, module in base.named_modules():
         if type(module).__name__.endswith("RMSNorm"):
-            norms_ok[name] = _patch(report, RULE_NORM, module, norm_forward, "RMSNorm", prefix)
+            norms_ok[name] = _patch(report, RULE_NORM, module, norm_forward, "RMSNorm", prefix, classes)
     rope_cache: dict = {}
+    attn_forwards: dict = {}  # attention class -> its forward (one patched subclass per class)
     for index, layer in enumerate(base.layers):
         if not norms_ok.get(f"layers.{index}.post_attention_layernorm"):
             report.skip(RULE_LAYER, f"layers.{index}: post_attention_layernorm not verified")
         else:
-            _patch(report, RULE_LAYER, layer, layer_forward, "DecoderLayer", prefix, LAYER_SOURCE)
+            _patch(report, RULE_LAYER, layer, layer_forward, "DecoderLayer", prefix, classes, LAYER_SOURCE)
         mlp = layer.mlp
         if type(mlp).__name__ != f"{prefix}MLP" or not _matches(type(mlp), MLP_SOURCE):
             report.skip(RULE_MLP, f"layers.{index}: {type(mlp).__name__} is not the verified {prefix}MLP")
         elif not _silu(mlp):
             report.skip(RULE_MLP, f"layers.{index}: activation {type(mlp.act_fn).__name__} is not silu")
-        elif "forward" in vars(mlp):
-            report.skip(RULE_MLP, f"layers.{index}: mlp.forward is already wrapped by a hook: left as is")
+        elif "forward" in vars(mlp) or ORIGINAL_CLASS in vars(type(mlp)):
+            report.skip(RULE_MLP, f"layers.{index}: mlp.forward is already wrapped (a hook, ltxbench): left as is")
         elif isinstance(fused := fuse_linears((mlp.gate_proj, mlp.up_proj)), str):
             report.skip(RULE_MLP, f"layers.{index}: gate_proj/up_proj: {fused}")
         else:
             setattr(mlp, FUSED_ATTR, fused)
-            mlp.forward = types.MethodType(mlp_forward, mlp)
-            report.patched(RULE_MLP, lambda m=mlp: [vars(m).pop(key) for key in ("forward", FUSED_ATTR)])
+            report.on_revert(lambda m=mlp: vars(m).pop(FUSED_ATTR))
+            patch_forward(report, RULE_MLP, mlp, mlp_forward, classes)
         attn = layer.self_attn
         sliding = _sliding_kwarg(type(attn))
         if sliding is None:
@@ -294,9 +300,11 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
                                                                and norms_ok.get(f"layers.{index}.self_attn.k_norm")):
             report.skip(RULE_ROPE, f"layers.{index}: q_norm/k_norm not verified")
         else:
-            eager = inspect.getmodule(type(attn)).eager_attention_forward
-            if _patch(report, RULE_ROPE, attn, _attn_forward(ops, rope_cache, sliding, eager), "Attention", prefix,
-                      ATTN_SOURCE):
+            if type(attn) not in attn_forwards:
+                eager = inspect.getmodule(type(attn)).eager_attention_forward
+                qk_norm = getattr(attn, "q_norm", None) is not None
+                attn_forwards[type(attn)] = _attn_forward(ops, rope_cache, sliding, eager, qk_norm)
+            if _patch(report, RULE_ROPE, attn, attn_forwards[type(attn)], "Attention", prefix, classes, ATTN_SOURCE):
                 _fuse_qkv(report, attn, index)
     return report
 

@@ -16,12 +16,10 @@ token (B, S, D, image-to-video / condition pipelines) both go through the kernel
 
 from __future__ import annotations
 
-import types
-
 import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
-from ltxbench.inject import InjectionReport, set_attr
+from ltxbench.inject import InjectionReport, original_class, patch_forward, set_attr
 from ltxbench.inject.fuse import fuse_linears, fused_linear
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
@@ -131,8 +129,8 @@ def _fused_block_forward(ops):
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
         ada = _ada(self, temb, hidden_states.size(0))
         if ada[0].dtype != hidden_states.dtype:  # mixed precision: the kernels take one dtype; run the original
-            return type(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
-                                      encoder_attention_mask)
+            return original_class(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                                encoder_attention_mask)
         norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], self.norm1.eps)
         hidden_states, ff = _attention_and_ff(ops, self, hidden_states, norm, ada, encoder_hidden_states,
                                               encoder_attention_mask, image_rotary_emb)
@@ -150,9 +148,9 @@ def _fused_model_forward(ops):
                 height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
                 return_dict=True):
         if torch.is_grad_enabled() and self.gradient_checkpointing:
-            return type(self).forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask,
-                                      num_frames, height, width, rope_interpolation_scale, video_coords,
-                                      attention_kwargs, return_dict)
+            return original_class(self).forward(self, hidden_states, encoder_hidden_states, timestep,
+                                                encoder_attention_mask, num_frames, height, width,
+                                                rope_interpolation_scale, video_coords, attention_kwargs, return_dict)
         image_rotary_emb = self.rope(hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords)
         if encoder_attention_mask is not None and encoder_attention_mask.ndim == 2:
             encoder_attention_mask = ((1 - encoder_attention_mask.to(hidden_states.dtype)) * -10000.0).unsqueeze(1)
@@ -253,9 +251,9 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         _build.load()  # build failures surface here (exit 4), not in the middle of a denoising step
         ops.register_inductor_fallbacks()  # so that torch.compile of the patched model finishes (see there)
     report = InjectionReport(provider)
+    classes: dict = {}  # (class, forward) -> its patched subclass
     if rope_from_coords:
-        set_attr(report, "rope: angles from coordinates", transformer.rope, "forward",
-                 types.MethodType(_rope_from_coords, transformer.rope))
+        patch_forward(report, "rope: angles from coordinates", transformer.rope, _rope_from_coords, classes)
     dtype = transformer.proj_in.weight.dtype
     uniform = all(b.scale_shift_table.dtype == dtype for b in transformer.transformer_blocks)
     if "forward" in vars(transformer):
@@ -265,15 +263,15 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         report.skip("model forward (block chain + final layer_norm_modulate)",
                     "modulation tables and activations differ in dtype: the kernels take one dtype")
     elif len(transformer.transformer_blocks) and all(_plain_norms(b) for b in transformer.transformer_blocks):
-        set_attr(report, "model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate",
-                 transformer, "forward", types.MethodType(_fused_model_forward(ops), transformer))
+        patch_forward(report, "model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate",
+                      transformer, _fused_model_forward(ops), classes)
     block_forward = _fused_block_forward(ops)
     for index, block in enumerate(transformer.transformer_blocks):
         if not _plain_norms(block):
             report.skip(f"transformer_blocks.{index}", "norm1/norm2 carry a weight: not the LTX block math")
             continue
-        set_attr(report, "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate", block, "forward",
-                 types.MethodType(block_forward, block))
+        patch_forward(report, "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate", block,
+                      block_forward, classes)
         for name, rule in (("attn1", "attn1: qk_rms_norm_rope"), ("attn2", "attn2: rms_norm q, k")):
             attn = getattr(block, name)
             set_attr(report, rule, attn, "processor", FusedLTXAttnProcessor(ops, attn.processor))
@@ -288,7 +286,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         for index, block in enumerate(transformer.transformer_blocks):
             act = block.ff.net[0]
             if isinstance(act, GELU) and act.approximate == "tanh" and act.proj.bias is not None:
-                set_attr(report, rule, act, "forward", types.MethodType(gelu_forward, act))
+                patch_forward(report, rule, act, gelu_forward, classes)
             else:
                 report.skip(rule, f"transformer_blocks.{index}.ff: not a biased GELU(approximate='tanh')")
     else:
