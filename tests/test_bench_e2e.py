@@ -55,6 +55,7 @@ def test_select_configs_maps_the_original_flags():
     (["--configs", "baseline", "--no-optimized-kernels"], "--configs cannot be combined"),
     (["--configs", "turbo"], "turbo"),
     (["--repeats", "0"], "--repeats 0"),
+    (["--rounds", "0"], "--rounds 0"),
     (["--phase", "vae"], "--phase"),
 ])
 def test_bad_arguments_exit_2(extra, needle, tmp_path):
@@ -157,6 +158,28 @@ def test_summarize_compile_time_is_first_warmup_minus_steady_median():
     assert e2e.summarize("baseline", its, warmup=1, compiled=False)["compile_s"] is None
 
 
+def test_rounds_alternate_the_order_and_pool_the_samples():
+    """A B, B A, A B: each config timed in every round, its samples pooled; compile time from the first round."""
+    import torch
+
+    from ltxbench.inject import InjectionReport
+
+    order, totals = [], iter(range(100, 1000, 10))
+
+    def run(config):
+        order.append(config)
+        return {"total_ms": float(next(totals)), "step_ms": [1.0, 2.0]}
+
+    results = e2e.run_configs(torch.nn.Linear(2, 2), ["baseline", "optimized"], lambda: InjectionReport("reference"),
+                              run, warmup=1, repeats=2, device=torch.device("cpu"), log=lambda _: None, rounds=3)
+    per_config = [order[i] for i in range(0, len(order), 3)]  # 1 warmup + 2 repeats each
+    assert per_config == ["baseline", "optimized", "optimized", "baseline", "baseline", "optimized"]
+    assert list(results) == ["baseline", "optimized"]
+    assert results["baseline"]["total_ms"] == [110.0, 120.0, 200.0, 210.0, 230.0, 240.0]
+    assert results["optimized"]["step_ms"] == [1.0, 2.0] * 6
+    assert results["baseline"]["first_iteration_ms"] == 100.0
+
+
 # --- llama-tiny ---------------------------------------------------------------------------------------
 
 def test_llama_tiny_baseline(tmp_path, captured):
@@ -186,6 +209,17 @@ def test_llama_tiny_optimized_runs_the_llm_injection_and_reverts_it(tmp_path, ca
     assert _by(doc["records"], "decode_step", "optimized")["derived"]["speedup_vs_baseline"] > 0
     model = captured["target"]
     assert all("forward" not in vars(layer) for layer in model.model.layers)  # reverted after the run
+    assert all(type(layer).__name__ == "LlamaDecoderLayer" and "_ltxbench_original_class" not in vars(type(layer))
+               for layer in model.model.layers)
+
+
+def test_rounds_are_recorded_and_multiply_the_samples(tmp_path):
+    out = tmp_path / "llm-rounds.json"
+    result = runner.invoke(app, [*LLAMA, "--configs", "baseline", "--rounds", "2", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    decode = _by(_records(out), "decode_step", "baseline")
+    assert decode["stats"]["n"] == 2 * 2 * (8 - 1) and decode["params"]["rounds"] == 2
+    assert "round 2/2" in result.output
 
 
 def test_llama_tiny_compile_configs_decode_through_generates_own_compile(tmp_path, captured, compile_calls,

@@ -48,9 +48,10 @@ def select_configs(configs: str | None, optimized: bool | None, compile_: bool, 
 
 
 def record_params(args: dict, drop: tuple[str, ...]) -> dict:
-    """The run arguments that describe every record: `args` less `drop`; compile_mode only when not the default,
-    so that default-mode records match older files (bench e2e and profile)."""
-    return {k: v for k, v in args.items() if k not in drop and not (k == "compile_mode" and v == "default")}
+    """The run arguments that describe every record: `args` less `drop`; compile_mode and rounds only when not
+    the default, so that default records match older files (bench e2e and profile)."""
+    defaults = {"compile_mode": "default", "rounds": 1}
+    return {k: v for k, v in args.items() if k not in drop and not (k in defaults and v == defaults[k])}
 
 
 def compile_module(module, mode: str = "default") -> None:
@@ -172,39 +173,55 @@ def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: N
             embeds = _encode(pipe, args, device)
     return run_configs(pipe.transformer, configs, lambda: apply_kernels(pipe, provider),
                        lambda _config: run_once(pipe, args, embeds), args["warmup"], args["repeats"], device, log,
-                       args.get("compile_mode", "default"))
+                       args.get("compile_mode", "default"), args.get("rounds", 1))
 
 
 def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: int, device, log,
-                compile_mode: str = "default") -> dict:
+                compile_mode: str = "default", rounds: int = 1) -> dict:
     """Every configuration on the one model, each from a clean state: warmups, then timed repeats (peak memory
     reset between them); run(config) does one iteration. {config: summary} with peak_memory_bytes and the
-    injection report."""
+    injection report.
+
+    rounds > 1 runs the whole set again in alternating order (A B, B A, A B, ...) and pools the timed samples, so
+    that a drift of the host or the GPU during the run does not favour the configuration measured first (an
+    H100 host ran compiled Llama decode 12% slower in a second A B pair than in the first:
+    results/h100/tuning/decode-probe-guards.log). Compile time and the injection report are the first round's."""
     import torch
 
     cuda = device.type == "cuda"
-    results = {}
-    for name in configs:
-        with configuration(module, name, inject, compile_mode) as injection:
-            iterations = []
-            for i in range(warmup + repeats):
-                if i == warmup and cuda:
-                    torch.cuda.synchronize(device)
-                    torch.cuda.reset_peak_memory_stats(device)
-                log(_progress(name, i, warmup, repeats))
-                iterations.append(run(name))
-            summary = summarize(name, iterations, warmup, name.endswith("compile"))
-            summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
-            summary["injection"] = injection
-        results[name] = summary
-        # One line per finished configuration, so that a run cut short still shows what it measured.
-        steps, compile_s = summary.get("step_ms"), summary.get("compile_s")
-        log(f"{name}: done — " + (f"median step {statistics.median(steps):.2f} ms, " if steps else "")
-            + f"median total {statistics.median(summary['total_ms']):.1f} ms"
-            + (f", compile {compile_s:.1f} s" if compile_s is not None else ""))
-        if cuda:
-            torch.cuda.empty_cache()
+    results: dict = {name: None for name in configs}
+    for round_index in range(rounds):
+        for name in configs if round_index % 2 == 0 else configs[::-1]:
+            with configuration(module, name, inject, compile_mode) as injection:
+                iterations = []
+                for i in range(warmup + repeats):
+                    if i == warmup and cuda:
+                        torch.cuda.synchronize(device)
+                        torch.cuda.reset_peak_memory_stats(device)
+                    log(_progress(name, i, warmup, repeats) + (f" (round {round_index + 1}/{rounds})"
+                                                               if rounds > 1 else ""))
+                    iterations.append(run(name))
+                summary = summarize(name, iterations, warmup, name.endswith("compile"))
+                summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
+                summary["injection"] = injection
+            results[name] = summary if results[name] is None else pool_rounds(results[name], summary)
+            # One line per finished configuration, so that a run cut short still shows what it measured.
+            steps, compile_s = summary.get("step_ms"), summary.get("compile_s")
+            log(f"{name}: done — " + (f"median step {statistics.median(steps):.2f} ms, " if steps else "")
+                + f"median total {statistics.median(summary['total_ms']):.1f} ms"
+                + (f", compile {compile_s:.1f} s" if compile_s is not None else ""))
+            if cuda:
+                torch.cuda.empty_cache()
     return results
+
+
+def pool_rounds(first: dict, later: dict) -> dict:
+    """One configuration's summaries of two rounds as one: the samples (lists) concatenated, the peak memory the
+    larger, everything else (compile time, first iteration, injection report) the first round's."""
+    pooled = {key: first[key] + later[key] if isinstance(first[key], list) else first[key] for key in first}
+    if first.get("peak_memory_bytes") is not None:
+        pooled["peak_memory_bytes"] = max(first["peak_memory_bytes"], later["peak_memory_bytes"])
+    return pooled
 
 
 def _speedups(results: dict, name: str, key: str) -> dict:

@@ -160,7 +160,8 @@ def run_llm(model, configs: list[str], args: dict, provider: str, log=lambda s: 
     try:
         return run_configs(model, configs, lambda: _inject(model, provider),
                            lambda config: run_once(model, args, ids, compiled=config.endswith("compile")),
-                           args["warmup"], args["repeats"], device, log, args.get("compile_mode", "default"))
+                           args["warmup"], args["repeats"], device, log, args.get("compile_mode", "default"),
+                           args.get("rounds", 1))
     finally:
         vars(model).pop("_compiled_call", None)  # generate()'s compiled step (transformers caches it here)
 

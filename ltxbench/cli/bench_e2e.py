@@ -44,6 +44,8 @@ def e2e_command(
     batch_size: int = typer.Option(1, "--batch-size", help="Videos per prompt (LTX) / sequences (LLM)."),
     warmup_iterations: int = typer.Option(2, "--warmup-iterations", help="Untimed iterations per config."),
     repeats: int = typer.Option(3, "--repeats", help="Timed iterations per config (median reported)."),
+    rounds: int = typer.Option(1, "--rounds", help="Run the configs this many times in alternating order (A B, "
+                               "B A, ...) and pool the samples, so that drift during the run favours no config."),
     phase: str = typer.Option("all", "--phase", help="all (encode + denoise + decode) | transformer (loop only)."),
     device: str = typer.Option("cuda", "--device", help="cuda | cpu."),
     kernel_provider: str = typer.Option(None, "--kernel-provider",
@@ -77,7 +79,7 @@ def e2e_command(
     chosen = select_configs(configs, use_optimized_kernels, compile_, "baseline,optimized,compile,optimized+compile")
     if not llm:
         validate_video_args(num_frames, height, width, steps)
-    for flag, value, low in (("--batch-size", batch_size, 1), ("--repeats", repeats, 1),
+    for flag, value, low in (("--batch-size", batch_size, 1), ("--repeats", repeats, 1), ("--rounds", rounds, 1),
                              ("--warmup-iterations", warmup_iterations, 0), ("--new-tokens", new_tokens, 1)):
         if value < low:
             raise UsageError(f"{flag} {value} must be at least {low}")
@@ -102,7 +104,7 @@ def e2e_command(
         raise NoCudaDevice("`ltxbench bench e2e --device cuda`")
     args = {"model": model, "weights": weights, "configs": chosen, "device": device, "dtype": dtype,
             "kernel_provider": provider, "seed": seed, "warmup": warmup_iterations, "repeats": repeats,
-            "batch_size": batch_size, "compile_mode": compile_mode, "family": "llm" if llm else "ltx"}
+            "rounds": rounds, "batch_size": batch_size, "compile_mode": compile_mode, "family": "llm" if llm else "ltx"}
     if llm:
         args.update(prompt_lengths=lengths, new_tokens=new_tokens, decode_compile_mode=decode_compile_mode)
     else:
