@@ -144,15 +144,19 @@ def profile_ltx(pipe, configs, args: dict, provider: str, traces: dict, top: int
 
 def llm_iteration(model, ids, new_tokens: int, cuda: bool) -> None:
     """Prefill `ids` (cache on, last logits only), then `new_tokens` greedy single-token decode steps."""
+    import inspect
+
     import torch
 
+    # the KV cache's name in the forward and its output: `past_key_values` in transformers 5.17, `cache` in 5.24
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
         with phase("prefill", cuda):
             out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
         with phase("decode", cuda):
             for _ in range(new_tokens):
                 token = out.logits[:, -1:].argmax(-1)
-                out = model(input_ids=token, past_key_values=out.past_key_values, use_cache=True)
+                out = model(input_ids=token, use_cache=True, **{name: getattr(out, name)})
 
 
 def profile_llm(model, configs, args: dict, provider: str, traces: dict, top: int, log=lambda s: None) -> dict:

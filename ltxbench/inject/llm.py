@@ -42,12 +42,16 @@ RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE)
 FUSED_ATTR = "_ltxbench_gate_up"  # FusedWeights: [gate | up] (2I, H), gate/up weights are views of it
 QKV_ATTR = "_ltxbench_qkv"  # FusedWeights: [q | k | v], q/k/v projection weights (and biases) are views of it
 
-# Source fragments of the transformers 5.x forwards reproduced below: a release that rewrites them is skipped.
+# Source fragments of the transformers 5.x forwards reproduced below (a tuple: one of them): a release that rewrites
+# them is skipped. The KV cache argument is `past_key_values` in transformers 5.17 and `cache` in 5.24, whose update
+# also takes the forward's kwargs; the patched forwards accept either name.
+CACHE_UPDATE = "past_key_values.update(key_states, value_states, self.layer_idx)"
+CACHE_UPDATE_KWARGS = "cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)"
 LAYER_SOURCE = ("residual = hidden_states", "hidden_states = self.input_layernorm(hidden_states)",
                 "hidden_states = residual + hidden_states", "self.post_attention_layernorm(hidden_states)",
                 "hidden_states = self.mlp(hidden_states)")
 ATTN_SOURCE = ("query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)",
-               "past_key_values.update(key_states, value_states, self.layer_idx)",
+               (CACHE_UPDATE, CACHE_UPDATE_KWARGS),
                "ALL_ATTENTION_FUNCTIONS.get_interface", "scaling=self.scaling", "self.o_proj(attn_output)")
 MLP_SOURCE = ("self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",)
 
@@ -61,7 +65,8 @@ def _source(cls) -> str:
 
 def _matches(cls, fragments) -> bool:
     src = _source(cls)
-    return all(f in src for f in fragments)
+    alternatives = [(f,) if isinstance(f, str) else f for f in fragments]
+    return all(any(f in src for f in either) for either in alternatives)
 
 
 def _eps(norm) -> float:
@@ -82,16 +87,17 @@ def _norm_forward(ops):
 # ---- decoder layer ------------------------------------------------------------------------------------
 
 def _layer_forward(ops):
-    """XDecoderLayer.forward (same signature, returns the hidden states tensor) with the attention residual
-    and post_attention_layernorm fused."""
+    """XDecoderLayer.forward (returns the hidden states tensor) with the attention residual and
+    post_attention_layernorm fused. Arguments after hidden_states by keyword, as the models pass them; the KV
+    cache goes on to the attention in `kwargs` under the name the caller used (`past_key_values` or `cache`)."""
 
-    def forward(self, hidden_states, attention_mask=None, position_ids=None, past_key_values=None, use_cache=False,
+    def forward(self, hidden_states, *, attention_mask=None, position_ids=None, use_cache=False,
                 position_embeddings=None, **kwargs):
         residual = hidden_states
         hidden_states = self.input_layernorm(hidden_states)
         hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
-                                          position_ids=position_ids, past_key_values=past_key_values,
-                                          use_cache=use_cache, position_embeddings=position_embeddings, **kwargs)
+                                          position_ids=position_ids, use_cache=use_cache,
+                                          position_embeddings=position_embeddings, **kwargs)
         post = self.post_attention_layernorm
         if post.weight.dtype == hidden_states.dtype == residual.dtype:
             hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, post.weight, _eps(post),
@@ -182,13 +188,18 @@ def _sliding_kwarg(cls):
     return None
 
 
-def _attn_forward(ops, cache: dict, sliding, eager, qk_norm: bool):
+def _attn_forward(ops, rope_cache: dict, sliding, eager, qk_norm: bool, new_cache_api: bool):
     """XAttention.forward (llama/mistral/qwen2/qwen3, transformers 5.x) with the RoPE through ops.rope_1d.
     `qk_norm` (Qwen3's per-head q/k RMSNorm) is known per class: `hasattr(self, "q_norm")` in the forward made every
-    compiled call raise and catch an AttributeError per layer to check its guard."""
+    compiled call raise and catch an AttributeError per layer to check its guard. `new_cache_api`: the class takes
+    the KV cache as `cache` and passes its kwargs to the cache's update (transformers 5.24)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None, **kwargs):
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        kv_cache = kwargs.pop("past_key_values", None)  # 5.17's name; 5.24 still takes it (deprecated)
+        if new_cache_api:  # `cache` wins when both are given, as in transformers' renaming decorator
+            by_new_name = kwargs.pop("cache", None)
+            kv_cache = kv_cache if by_new_name is None else by_new_name
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
         projections = (self.q_proj, self.k_proj, self.v_proj)
@@ -203,11 +214,14 @@ def _attn_forward(ops, cache: dict, sliding, eager, qk_norm: bool):
         query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)
         value_states = value_states.view(hidden_shape).transpose(1, 2)
 
-        cos_table, sin_table, positions = _rope_tables(cache, *position_embeddings)
+        cos_table, sin_table, positions = _rope_tables(rope_cache, *position_embeddings)
         query_states, key_states = ops.rope_1d(query_states, key_states, cos_table, sin_table, positions)
 
-        if past_key_values is not None:
-            key_states, value_states = past_key_values.update(key_states, value_states, self.layer_idx)
+        if kv_cache is not None:
+            if new_cache_api:
+                key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
+            else:
+                key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx)
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
         attn_output, attn_weights = attention_interface(
             self, query_states, key_states, value_states, attention_mask,
@@ -303,7 +317,8 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
             if type(attn) not in attn_forwards:
                 eager = inspect.getmodule(type(attn)).eager_attention_forward
                 qk_norm = getattr(attn, "q_norm", None) is not None
-                attn_forwards[type(attn)] = _attn_forward(ops, rope_cache, sliding, eager, qk_norm)
+                new_cache_api = CACHE_UPDATE_KWARGS in _source(type(attn))
+                attn_forwards[type(attn)] = _attn_forward(ops, rope_cache, sliding, eager, qk_norm, new_cache_api)
             if _patch(report, RULE_ROPE, attn, attn_forwards[type(attn)], "Attention", prefix, classes, ATTN_SOURCE):
                 _fuse_qkv(report, attn, index)
     return report
