@@ -86,3 +86,39 @@ def test_compiled_projection_falls_back_when_a_layer_gets_a_new_parameter():
         layers[2].weight = torch.nn.Parameter(torch.zeros(4, 5))
         assert not fused.intact and project(x) is None
     torch._dynamo.reset()
+
+
+def test_compiled_projection_falls_back_when_a_layer_is_replaced_in_its_parent():
+    """A layer swapped for another module in its parent (setattr, as peft's LoRA wrapping does) is seen through the
+    module registration hook; while no fused set has lost anything, a graph guards on one process-wide flag."""
+    from ltxbench.inject import fuse
+
+    parent = torch.nn.Module()
+    parent.a, parent.b = _layers(outs=(6, 4))
+    fused = fuse_linears((parent.a, parent.b))
+    project = torch.compile(lambda x: fused_linear(x, (parent.a, parent.b), fused), fullgraph=True, backend="eager")
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        assert project(x) is not None
+        parent.a = parent.a  # the same module again: nothing lost
+        assert fused.intact
+        parent.b = torch.nn.Linear(5, 4)
+        assert not fused.intact and fuse._any_broken and project(x) is None
+    torch._dynamo.reset()
+
+
+def test_fusing_again_after_a_revert_breaks_nothing():
+    """apply, revert, apply (the e2e configurations in one process): the second fusion replaces the layers'
+    parameters with new views, which must not count as a user's replacement (it would cost every later compiled
+    call the per-set guards)."""
+    from ltxbench.inject import fuse
+
+    layers = _layers()
+    first = fuse_linears(layers)
+    fuse.release(first)
+    before = fuse._any_broken
+    second = fuse_linears(layers)
+    assert first.intact and second.intact and fuse._any_broken == before
+    fuse.release(second)
+    layers[0].weight = torch.nn.Parameter(torch.zeros(6, 5))  # released: not watched any more
+    assert second.intact

@@ -18,7 +18,8 @@ import torch.nn.functional as F
 class FusedWeights:
     """The concatenated weight (sum(out), in) and bias, the layers, and the Parameters made views of them.
     `intact` turns False when one of the layers is given a new weight or bias (setattr, load_state_dict(assign=
-    True)): a flag that a compiled graph guards on for the price of one comparison."""
+    True)) or is itself replaced in its parent module (setattr, peft's LoRA wrapping), seen by torch's global
+    registration hooks."""
 
     def __init__(self, weight, bias, linears, params):
         self.weight, self.bias, self.linears, self.params = weight, bias, tuple(linears), params
@@ -26,21 +27,45 @@ class FusedWeights:
 
 
 _FUSED_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # nn.Linear -> the FusedWeights it is part of
-_registration_hook = None
+_hooks: list = []
+# Process-wide: has any fused set lost a layer or a parameter? While none has, a compiled graph guards on this one
+# flag instead of one per fused set (each guard runs on every call: host time of a CUDA-graph decode step).
+_any_broken = False
+
+
+def _broken(fused: FusedWeights) -> None:
+    global _any_broken
+    fused.intact = False
+    _any_broken = True
 
 
 def _on_parameter_registered(module, name, param):
     fused = _FUSED_OF.get(module)
     if fused is not None and name in ("weight", "bias"):
-        fused.intact = False
+        _broken(fused)
+
+
+def _on_module_registered(parent, name, module):
+    old = parent._modules.get(name)  # the hook runs before the assignment
+    fused = _FUSED_OF.get(old) if old is not None else None
+    if fused is not None and module is not old:
+        _broken(fused)
+
+
+def release(fused: FusedWeights) -> None:
+    """Stop watching the layers of `fused` (on revert): replacing their parameters later is none of our business."""
+    for lin in fused.linears:
+        if _FUSED_OF.get(lin) is fused:
+            del _FUSED_OF[lin]
 
 
 def _track(linears, fused: FusedWeights) -> None:
-    """Watch `linears` for replaced parameters (one process-wide registration hook, installed on first use)."""
-    global _registration_hook
-    if _registration_hook is None:
-        _registration_hook = torch.nn.modules.module.register_module_parameter_registration_hook(
-            _on_parameter_registered)
+    """Watch `linears` for replaced parameters or replacement in their parent (process-wide hooks, installed on
+    first use)."""
+    if not _hooks:
+        registration = torch.nn.modules.module
+        _hooks.append(registration.register_module_parameter_registration_hook(_on_parameter_registered))
+        _hooks.append(registration.register_module_module_registration_hook(_on_module_registered))
     for lin in linears:
         _FUSED_OF[lin] = fused
 
@@ -55,6 +80,8 @@ def fuse_linears(linears) -> FusedWeights | str:
     if any(lin.in_features != first.in_features or lin.weight.dtype != first.weight.dtype
            or lin.weight.device != first.weight.device for lin in linears):
         return "the projections differ in input width, dtype or device"
+    for lin in linears:  # fused again (apply, revert, apply): the new views must not count as a replacement
+        _FUSED_OF.pop(lin, None)
     fused, views = [], []
     with torch.no_grad():
         for name in ("weight", "bias"):
@@ -78,12 +105,12 @@ def fuse_linears(linears) -> FusedWeights | str:
 
 def _intact(x, linears, fused: FusedWeights) -> bool:
     if torch.compiler.is_compiling():
-        # Dynamo cannot compare data pointers, and every parameter it reads costs a tensor guard per call (5 per
-        # llama layer: ~100 us of host time per call of a 32-layer model). So: the same layers, none given a new
-        # parameter since fusing (the registration hook), and the fused weight where the input is (`.to()` moves
-        # the layers' parameters, not it).
-        return (fused.intact and all(a is b for a, b in zip(linears, fused.linears, strict=True))
-                and fused.weight.device == x.device and fused.weight.dtype == x.dtype)
+        # Dynamo cannot compare data pointers, and every object it reads costs a guard per call (a parameter: a
+        # tensor guard). So: no layer or parameter replaced since fusing (the registration hooks; checked per set only
+        # once some set has lost one), and the fused weight where the input is (`.to()` moves the layers'
+        # parameters, not it; free: the graph guards on the fused weight's device and dtype anyway).
+        same = not _any_broken or (fused.intact and all(a is b for a, b in zip(linears, fused.linears, strict=True)))
+        return same and fused.weight.device == x.device and fused.weight.dtype == x.dtype
     params = [p for lin in linears for p in (lin.weight, lin.bias) if p is not None]
     if len(params) != len(fused.params) or any(p is not q for p, q in zip(params, fused.params, strict=True)):
         return False  # parameters replaced (load_state_dict(assign=True), a user's setattr)

@@ -30,7 +30,7 @@ import torch
 
 from ltxbench.errors import EnvironmentProblem
 from ltxbench.inject import ORIGINAL_CLASS, InjectionReport, original_class, patch_forward
-from ltxbench.inject.fuse import fuse_linears, fused_linear
+from ltxbench.inject.fuse import fuse_linears, fused_linear, release
 from ltxbench.ops import get_provider
 
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
@@ -304,7 +304,7 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
             report.skip(RULE_MLP, f"layers.{index}: gate_proj/up_proj: {fused}")
         else:
             setattr(mlp, FUSED_ATTR, fused)
-            report.on_revert(lambda m=mlp: vars(m).pop(FUSED_ATTR))
+            report.on_revert(lambda m=mlp: release(vars(m).pop(FUSED_ATTR)))
             patch_forward(report, RULE_MLP, mlp, mlp_forward, classes)
         attn = layer.self_attn
         sliding = _sliding_kwarg(type(attn))
@@ -332,5 +332,5 @@ def _fuse_qkv(report, attn, index: int) -> None:
         report.skip(RULE_ROPE, f"layers.{index}: q/k/v kept as three GEMMs: {fused}")
         return
     setattr(attn, QKV_ATTR, fused)
-    report.on_revert(lambda: vars(attn).pop(QKV_ATTR, None))
+    report.on_revert(lambda: release(vars(attn).pop(QKV_ATTR)))
 

@@ -20,7 +20,7 @@ import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject import InjectionReport, original_class, patch_forward, set_attr
-from ltxbench.inject.fuse import fuse_linears, fused_linear
+from ltxbench.inject.fuse import fuse_linears, fused_linear, release
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
 
@@ -210,6 +210,7 @@ def _fuse_projections(report, attn, names, rule):
         report.skip(rule, fused)
         return
     set_attr(report, rule, attn, FUSED_ATTR, (names, fused))
+    report.on_revert(lambda: release(fused))
 
 
 def _transformer_of(target):
