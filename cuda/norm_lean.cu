@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
       const int j = threadIdx.x + i * blockDim.x;
       valid[i] = j < nvec;
       if (!valid[i]) continue;
-      raw[i] = load_raw_h<T, VEC, ARITY, true>(r, static_cast<int64_t>(j) * VEC);  // L2 evict_last: load_raw_keep
+      raw[i] = load_raw_h<T, VEC, ARITY, !kLayer>(r, static_cast<int64_t>(j) * VEC);  // see load_raw_keep
       if constexpr (AFF == Affine::Weight) w[i] = load_raw<T, VEC>(static_cast<const T*>(p.weight) + j * VEC);
     }
     T* out = static_cast<T*>(p.out) + row * p.D;

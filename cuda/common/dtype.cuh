@@ -42,10 +42,12 @@ template <typename T, int N> __device__ __forceinline__ Vec<T, N> load_raw(const
 // One vector loaded with an L2 evict_last policy (what Triton emits for eviction_policy='evict_last'): the row
 // inputs (x, a, gate) of the lean row kernels. On the H100 with do_bench's flushed (dirty) L2, bf16: RMSNorm
 // 1x1024x2048 7.8 -> 6.4 us, 2x1024x2048 11.0 -> 8.4, RMSNorm + modulation 1x1024x2048 8.1 -> 6.5, fused add +
-// RMSNorm 8192x4096 95.1 -> 93.9, geomean over 53 row-op shapes 0.944 (results/h100/tuning/l2-hint-*). The hint on
-// the scale/shift loads too cost the modulated norms 2-3%; the L1 qualifier changes nothing. Why it shortens a
-// kernel that reads each line once is not established: the kernel's own time moved (CUPTI, 1x1024x2048 after a
-// flush: 4.6 -> 3.1 us), not its launch.
+// RMSNorm 8192x4096 95.1 -> 93.9, geomean over 53 row-op shapes 0.944 (results/h100/tuning/l2-hint-*); H200:
+// RMSNorm 1x1024x2048 6.8 -> 5.9 us, fused add + RMSNorm 8192x4096 71.0 -> 67.5, geomean 0.959, but the LayerNorm +
+// modulation kernel (issue-bound there) 40.0 -> 41.2 and 75.2 -> 78.5 at the LTX shapes, so LayerNorm rows load
+// without it (results/h200/tuning/l2-hint-*). The hint on the scale/shift loads too cost the modulated norms 2-3%;
+// the L1 qualifier changes nothing. Why it shortens a kernel that reads each line once is not established: the
+// kernel's own time moved (CUPTI, 1x1024x2048 after a flush: 4.6 -> 3.1 us), not its launch.
 template <typename T, int N> __device__ __forceinline__ Vec<T, N> load_raw_keep(const T* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return load_raw<T, N>(p);  // cache policies are sm_80+
