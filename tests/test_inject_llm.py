@@ -401,3 +401,17 @@ def test_the_kv_cache_is_found_under_both_of_its_names():
                 rope = model.model.rotary_emb(torch.zeros(1, 6), torch.arange(6)[None])
                 model.model.layers[0](model.model.embed_tokens(ids), **{name: cache}, position_embeddings=rope)
                 assert cache.get_seq_length() == 6, name
+
+
+def test_qkv_fusion_needs_projections_of_the_gqa_widths():
+    """The fused q/k/v output is split by widths derived from head_dim and num_key_value_groups (no guard per
+    projection): projections of other widths are not fused, and the report says so."""
+    model = build("llama")
+    attn = model.model.layers[0].self_attn
+    widths = [p.out_features for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
+    assert llm._qkv_widths(attn, sum(widths)) == widths and widths[0] == 2 * widths[1]  # the tiny config's GQA
+    attn.v_proj = torch.nn.Linear(attn.v_proj.in_features, 2 * widths[2], bias=False)
+    with llm.apply_kernels(model, "reference") as report:
+        assert any(target == llm.RULE_ROPE and reason.startswith("layers.0: q/k/v kept as three GEMMs")
+                   for target, reason in report.skipped)
+        assert llm.QKV_ATTR not in vars(attn) and llm.QKV_ATTR in vars(model.model.layers[1].self_attn)

@@ -205,7 +205,7 @@ def _attn_forward(ops, rope_cache: dict, sliding, eager, qk_norm: bool, new_cach
         projections = (self.q_proj, self.k_proj, self.v_proj)
         qkv = fused_linear(hidden_states, projections, vars(self).get(QKV_ATTR))
         if qkv is not None:  # one GEMM; q, k, v are column slices of its output
-            query_states, key_states, value_states = qkv.split([p.out_features for p in projections], dim=-1)
+            query_states, key_states, value_states = qkv.split(_qkv_widths(self, qkv.shape[-1]), dim=-1)
         else:
             query_states, key_states, value_states = (p(hidden_states) for p in projections)
         query_states, key_states = query_states.view(hidden_shape), key_states.view(hidden_shape)
@@ -324,9 +324,24 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
     return report
 
 
+def _qkv_widths(attn, width: int) -> list[int]:
+    """[q, k, v] widths of a fused projection `width` wide, from head_dim and num_key_value_groups, which a compiled
+    graph guards on anyway (q is `groups` times as wide as k and v): reading each projection's out_features cost
+    three more guards per layer, checked on every call. _fuse_qkv fuses only projections of these widths."""
+    groups, head_dim = attn.num_key_value_groups, attn.head_dim
+    kv = width // (head_dim * (groups + 2)) * head_dim
+    return [kv * groups, kv, kv]
+
+
 def _fuse_qkv(report, attn, index: int) -> None:
     """Give the patched attention one [q | k | v] weight (the projections become views of it); when the
     projections cannot be fused the forward keeps the three GEMMs, and the report says why."""
+    widths = [p.out_features for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
+    if not (isinstance(getattr(attn, "num_key_value_groups", None), int) and isinstance(attn.head_dim, int)
+            and _qkv_widths(attn, sum(widths)) == widths):
+        report.skip(RULE_ROPE, f"layers.{index}: q/k/v kept as three GEMMs: widths {widths} are not heads x head_dim "
+                               "with num_key_value_groups query heads per key/value head")
+        return
     fused = fuse_linears((attn.q_proj, attn.k_proj, attn.v_proj))
     if isinstance(fused, str):
         report.skip(RULE_ROPE, f"layers.{index}: q/k/v kept as three GEMMs: {fused}")
