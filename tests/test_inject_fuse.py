@@ -122,3 +122,6 @@ def test_fusing_again_after_a_revert_breaks_nothing():
     fuse.release(second)
     layers[0].weight = torch.nn.Parameter(torch.zeros(6, 5))  # released: not watched any more
     assert second.intact
+    third = fuse_linears(layers)
+    fuse_linears(layers)  # fused again while `third` still stands for them: its weights are no longer theirs
+    assert not third.intact

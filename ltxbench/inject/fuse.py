@@ -80,8 +80,6 @@ def fuse_linears(linears) -> FusedWeights | str:
     if any(lin.in_features != first.in_features or lin.weight.dtype != first.weight.dtype
            or lin.weight.device != first.weight.device for lin in linears):
         return "the projections differ in input width, dtype or device"
-    for lin in linears:  # fused again (apply, revert, apply): the new views must not count as a replacement
-        _FUSED_OF.pop(lin, None)
     fused, views = [], []
     with torch.no_grad():
         for name in ("weight", "bias"):
