@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kMaxCachedThreads) row_op_cached(RowOpParams p
     for (int i = 0; i < MAXV; ++i) {  // every load of the row first, so that all are in flight together
       const int64_t j = lane + static_cast<int64_t>(i) * tpr;
       valid[i] = active && j < nvec;
-      if (valid[i]) raw[i] = load_raw_h<T, VEC, ARITY>(r, j * VEC);
+      if (valid[i]) raw[i] = load_raw_h<T, VEC, ARITY, true>(r, j * VEC);
     }
     float h[MAXV][VEC];
     float s1[1] = {0.f};

@@ -40,7 +40,9 @@ template <typename T, int N> __device__ __forceinline__ Vec<T, N> load_raw(const
 }
 
 // One vector loaded with an L2 evict_last policy (what Triton emits for eviction_policy='evict_last'): the row
-// inputs (x, a, gate) of the lean row kernels. On the H100 with do_bench's flushed (dirty) L2, bf16: RMSNorm
+// inputs (x, a, gate) of the row kernels, the activations' inputs, q/k of rope_3d and rope_1d (not the fused q/k
+// norm + RoPE, 1.5-2.9% slower with it; the others 0.5-2% faster, swiglu decode 6%: results/h100/tuning/
+// l2-hint-more-*). On the H100 with do_bench's flushed (dirty) L2, bf16: RMSNorm
 // 1x1024x2048 7.8 -> 6.4 us, 2x1024x2048 11.0 -> 8.4, RMSNorm + modulation 1x1024x2048 8.1 -> 6.5, fused add +
 // RMSNorm 8192x4096 95.1 -> 93.9, geomean over 53 row-op shapes 0.944 (results/h100/tuning/l2-hint-*); H200:
 // RMSNorm 1x1024x2048 6.8 -> 5.9 us, fused add + RMSNorm 8192x4096 71.0 -> 67.5, geomean 0.959, but the LayerNorm +
@@ -68,6 +70,12 @@ template <typename T, int N> __device__ __forceinline__ Vec<T, N> load_raw_keep(
 #endif
 }
 
+// load_raw_keep where KEEP, else load_raw: for kernels whose instantiations differ in whether the hint pays.
+template <typename T, int N, bool KEEP> __device__ __forceinline__ Vec<T, N> load_raw_if_keep(const T* p) {
+  if constexpr (KEEP) return load_raw_keep<T, N>(p);
+  else return load_raw<T, N>(p);
+}
+
 template <typename T, int N> __device__ __forceinline__ void to_floats(const Vec<T, N>& raw, float (&out)[N]) {
 #pragma unroll
   for (int k = 0; k < N; ++k) out[k] = to_float<T>(raw.v[k]);
@@ -91,6 +99,10 @@ template <typename T, int N> __device__ __forceinline__ void widen(const Vec<T, 
 
 template <typename T, int N> __device__ __forceinline__ void load_vec(const T* p, float (&out)[N]) {
   to_floats<T, N>(load_raw<T, N>(p), out);
+}
+
+template <typename T, int N> __device__ __forceinline__ void load_vec_keep(const T* p, float (&out)[N]) {
+  to_floats<T, N>(load_raw_keep<T, N>(p), out);
 }
 
 // N floats rounded to T, packed as one vector.

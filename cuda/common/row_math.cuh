@@ -40,11 +40,10 @@ template <typename T, int VEC> struct RawH {
 // KEEP: loads with the L2 evict_last policy (load_raw_keep).
 template <typename T, int VEC, int ARITY, bool KEEP = false>
 __device__ __forceinline__ RawH<T, VEC> load_raw_h(const RowPtrs<T>& r, int64_t col) {
-  const auto load = [](const T* p) { return KEEP ? load_raw_keep<T, VEC>(p) : load_raw<T, VEC>(p); };
   RawH<T, VEC> raw;
-  raw.x = load(r.x + col);
-  if constexpr (ARITY >= 2) raw.a = load(r.a + col);
-  if constexpr (ARITY >= 3) raw.gate = load(r.gate + col);
+  raw.x = load_raw_if_keep<T, VEC, KEEP>(r.x + col);
+  if constexpr (ARITY >= 2) raw.a = load_raw_if_keep<T, VEC, KEEP>(r.a + col);
+  if constexpr (ARITY >= 3) raw.gate = load_raw_if_keep<T, VEC, KEEP>(r.gate + col);
   return raw;
 }
 
