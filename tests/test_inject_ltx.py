@@ -7,7 +7,7 @@ import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject import ORIGINAL_CLASS
-from ltxbench.inject.ltx import FUSED_ATTR, FusedLTXAttnProcessor, apply_kernels
+from ltxbench.inject.ltx import ATTN_FORWARD_RULE, FUSED_ATTR, FusedLTXAttnProcessor, apply_kernels
 from ltxbench.models.ltx import component_configs
 
 BLOCK_RULE = "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"
@@ -119,18 +119,20 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     assert dict(report.rules) == {"rope: angles from coordinates": 1, MODEL_RULE: 1, BLOCK_RULE: 28,
                                   "attn1: qk_rms_norm_rope": 28, "attn2: rms_norm q, k": 28,
                                   "attn1: one q/k/v GEMM": 28, "attn2: one k/v GEMM": 28,
-                                  "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28}
+                                  "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28,
+                                  ATTN_FORWARD_RULE: 56}
     skipped = {t for t, _ in report.skipped}
     assert {"VAE RMSNorm"} <= skipped
     assert all(isinstance(b.attn1.processor, FusedLTXAttnProcessor) for b in model.transformer_blocks)
     assert report.as_dict()["applied"] is True
-    from diffusers.models.transformers.transformer_ltx import LTXVideoTransformerBlock
+    from diffusers.models.transformers.transformer_ltx import LTXAttention, LTXVideoTransformerBlock
 
     assert type(model.transformer_blocks[0]) is not LTXVideoTransformerBlock  # patched through a subclass
     report.revert()
     assert "forward" not in vars(model.rope) and "forward" not in vars(model)
     assert not any(ORIGINAL_CLASS in vars(type(m)) for m in model.modules())
     assert type(model.transformer_blocks[0]) is LTXVideoTransformerBlock
+    assert type(model.transformer_blocks[0].attn1) is LTXAttention
     for block, (p1, p2) in zip(model.transformer_blocks, processors, strict=True):
         assert "forward" not in vars(block) and block.attn1.processor is p1 and block.attn2.processor is p2
         assert not hasattr(block.attn1, FUSED_ATTR) and "forward" not in vars(block.ff.net[0])
@@ -143,6 +145,40 @@ def test_a_hooked_model_forward_is_left_alone_and_reported():
     with apply_kernels(model, "reference") as report:
         assert model.forward is hooked and MODEL_RULE not in report.rules and report.rules[BLOCK_RULE] == 2
         assert any("already wrapped" in reason for _, reason in report.skipped)
+
+
+def test_attention_forward_skips_the_signature_check_but_extra_kwargs_take_the_original_path(monkeypatch):
+    import inspect
+
+    model = _transformer()
+    attn = model.transformer_blocks[0].attn1
+    h = torch.randn(2, 12, model.config.num_attention_heads * model.config.attention_head_dim)
+    calls = []
+    real = inspect.signature
+    monkeypatch.setattr(inspect, "signature", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with torch.no_grad(), apply_kernels(model, "reference"):
+        plain = attn(h)
+        assert not calls  # diffusers' forward inspects the processor on every call; ours does not
+        with_extra = attn(h, unknown_kwarg=1)  # the original forward: filtered out, with diffusers' warning
+        assert calls
+    torch.testing.assert_close(with_extra, plain)
+    with torch.no_grad():
+        torch.testing.assert_close(attn(h), plain, atol=2e-5, rtol=1e-5)
+
+
+def test_an_attention_whose_forward_is_not_the_processor_shim_keeps_it():
+    from diffusers.models.transformers.transformer_ltx import LTXAttention
+
+    class Custom(LTXAttention):
+        def forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+            return 2 * super().forward(hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+
+    model = _transformer()
+    model.transformer_blocks[0].attn1.__class__ = Custom
+    with apply_kernels(model, "reference") as report:
+        assert report.rules[ATTN_FORWARD_RULE] == 3  # the other three attentions of the two blocks
+        assert any(t == "transformer_blocks.0.attn1 forward" for t, _ in report.skipped)
+        assert type(model.transformer_blocks[0].attn1) is Custom
 
 
 def test_processor_keeps_attention_backend_and_parallel_config():

@@ -108,10 +108,14 @@ def swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
     return _lib().swiglu(x, gate_half)
 
 
-@torch.library.custom_op("ltxbench::linear_gelu_tanh", mutates_args=(), device_types="cuda")
-def _linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+def _addmm_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
     return out.view(*x.shape[:-1], weight.shape[0])
+
+
+@torch.library.custom_op("ltxbench::linear_gelu_tanh", mutates_args=(), device_types="cuda")
+def _linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    return _addmm_gelu_tanh(x, weight, bias)
 
 
 @_linear_gelu_tanh.register_fake
@@ -131,7 +135,11 @@ def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     if bias.dim() != 1 or bias.shape[0] != weight.shape[0] or x.shape[-1] != weight.shape[1]:
         raise ValueError(f"linear_gelu_tanh: x {tuple(x.shape)}, weight {tuple(weight.shape)} and bias "
                          f"{tuple(bias.shape)} do not form x @ weight.T + bias")
-    return _linear_gelu_tanh(x, weight, bias)
+    if torch.compiler.is_compiling():
+        return _linear_gelu_tanh(x, weight, bias)
+    # Eager: torch's binding directly. The custom op's Python dispatch cost ~100 us of host time per call (H100
+    # host, cProfile, results/h100/tuning/host-ltx-*), where the patched LTX step is host-bound.
+    return _addmm_gelu_tanh(x, weight, bias)
 
 
 # AdaLN names of the earlier seed API, kept as thin aliases with their formulas spelled out.
