@@ -16,6 +16,8 @@ token (B, S, D, image-to-video / condition pipelines) both go through the kernel
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
@@ -119,8 +121,10 @@ def _attention_forward(self, hidden_states, encoder_hidden_states=None, attentio
     return self.processor(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
 
 
+@functools.cache
 def _forward_only_calls_processor(cls) -> bool:
-    """Is `cls.forward` diffusers' shim (filter kwargs, call the processor) that _attention_forward reproduces?"""
+    """Is `cls.forward` diffusers' shim (filter kwargs, call the processor) that _attention_forward reproduces?
+    (Read once per class: 56 attentions share it.)"""
     import inspect
 
     try:
