@@ -289,18 +289,27 @@ def test_linear_gelu_tanh_is_the_tanh_gelu_of_the_projection(dtype):
         assert tanh_err < 1e-4 < erf_gap, (tanh_err, erf_gap)
 
 
-def test_linear_gelu_tanh_is_an_op_with_a_fake_for_compile():
+@pytest.mark.parametrize("compiling", [False, True])
+def test_linear_gelu_tanh_is_an_op_with_a_fake_for_compile_and_a_direct_call_outside(monkeypatch, compiling):
+    """Inside torch.compile the op (opaque to inductor, with its fake); outside, torch's binding directly (the custom
+    op's Python dispatch was host time the eager LTX step could not spare)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ltxbench import ops
 
+    through_op = []
+    real_op = ops._linear_gelu_tanh
+    monkeypatch.setattr(ops, "_linear_gelu_tanh", lambda *a: through_op.append(1) or real_op(*a))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     with FakeTensorMode():
         x = torch.empty(2, 5, 8, device="cuda", dtype=torch.bfloat16)
         w, b = torch.empty(24, 8, device="cuda", dtype=torch.bfloat16), torch.empty(24, device="cuda",
                                                                                    dtype=torch.bfloat16)
         out = ops.linear_gelu_tanh(x, w, b)
-    assert out.shape == (2, 5, 24) and out.dtype == torch.bfloat16 and out.device.type == "cuda"
-    assert hasattr(torch.ops.ltxbench, "linear_gelu_tanh")
+        by_op = torch.ops.ltxbench.linear_gelu_tanh(x, w, b)  # the fake, whatever the mode
+    assert bool(through_op) == compiling
+    for t in (out, by_op):
+        assert t.shape == (2, 5, 24) and t.dtype == torch.bfloat16 and t.device.type == "cuda"
 
 
 @pytest.mark.gpu
