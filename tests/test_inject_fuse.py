@@ -3,6 +3,7 @@ whenever the layers stop sharing the fused weight."""
 
 import pytest
 import torch
+import torch.nn.utils.parametrize
 
 from ltxbench.inject.fuse import fuse_linears, fused_linear
 
@@ -46,6 +47,21 @@ def test_layers_that_stop_sharing_the_weight_get_none():
     with torch.no_grad():
         assert fused_linear(x, layers, fused) is None
     assert fused_linear(x, _layers(), None) is None
+    layers = _layers()
+    fused = fuse_linears(layers)
+    with torch.no_grad():
+        layers[1].weight.data = layers[1].weight.data.clone()  # the same Parameter, its storage moved
+        assert fused_linear(x, layers, fused) is None
+
+    class Doubled(torch.nn.Module):
+        def forward(self, w):
+            return 2 * w
+
+    layers = _layers()
+    fused = fuse_linears(layers)
+    torch.nn.utils.parametrize.register_parametrization(layers[0], "weight", Doubled())
+    with torch.no_grad():
+        assert fused_linear(x, layers, fused) is None  # weight is now computed: the fused copy would ignore it
 
 
 def test_training_needs_the_original_layers():
