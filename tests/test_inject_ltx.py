@@ -166,6 +166,24 @@ def test_attention_forward_skips_the_signature_check_but_extra_kwargs_take_the_o
         torch.testing.assert_close(attn(h), plain, atol=2e-5, rtol=1e-5)
 
 
+def test_attn2_mask_is_prepared_once_per_forward(monkeypatch):
+    from diffusers.models.transformers.transformer_ltx import LTXAttention
+
+    model = _transformer(num_layers=3)
+    inputs = _inputs(model)  # a padded prompt: a real additive mask
+    calls = []
+    prepare = LTXAttention.prepare_attention_mask
+    monkeypatch.setattr(LTXAttention, "prepare_attention_mask", lambda *a, **k: calls.append(1) or prepare(*a, **k))
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        assert len(calls) == 3  # diffusers: once per block
+        calls.clear()
+        with apply_kernels(model, "reference"):
+            got = model(**inputs)[0]
+        assert len(calls) == 1
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+
+
 def test_an_attention_whose_forward_is_not_the_processor_shim_keeps_it():
     from diffusers.models.transformers.transformer_ltx import LTXAttention
 

@@ -88,7 +88,7 @@ class FusedLTXAttnProcessor:
         batch_size, sequence_length, _ = (
             hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
         )
-        if attention_mask is not None:
+        if attention_mask is not None and attention_mask.ndim != 4:  # 4-D: prepared once per forward (_attn2_mask)
             attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
             attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
         query, key, value = _projections(attn, hidden_states, encoder_hidden_states)
@@ -132,6 +132,19 @@ def _forward_only_calls_processor(cls) -> bool:
     except (OSError, TypeError):
         return False
     return _PROCESSOR_CALL in source and source.count("self.processor(") == 1
+
+
+def _attn2_mask(blocks, mask, encoder_hidden_states):
+    """attn2's additive mask prepared once for all blocks, (B, heads, 1, L) as each processor would make it, when every
+    attn2 runs our processor (which takes a 4-D mask as prepared) with one head count; else the mask as given.
+    Per block it was diffusers' prepare_attention_mask and a repeat_interleave kernel, 28 times the same."""
+    attns = [block.attn2 for block in blocks]
+    if mask is None or mask.ndim != 3 or not all(
+            isinstance(a.processor, FusedLTXAttnProcessor) and a.heads == attns[0].heads for a in attns):
+        return mask
+    batch_size, length = encoder_hidden_states.shape[:2]
+    prepared = attns[0].prepare_attention_mask(mask, length, batch_size)
+    return prepared.view(batch_size, attns[0].heads, -1, prepared.shape[-1])
 
 
 def _ada(block, temb, batch_size):
@@ -194,6 +207,7 @@ def _fused_model_forward(ops):
         encoder_hidden_states = encoder_hidden_states.view(batch_size, -1, hidden_states.size(-1))
 
         blocks = self.transformer_blocks
+        encoder_attention_mask = _attn2_mask(blocks, encoder_attention_mask, encoder_hidden_states)
         ada = _ada(blocks[0], temb, batch_size)
         norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], blocks[0].norm1.eps)
         for index, block in enumerate(blocks):
