@@ -3,6 +3,8 @@ returns an InjectionReport: what was patched, per rule, and what was left alone 
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -44,6 +46,20 @@ class InjectionReport:
     def as_dict(self) -> dict:
         return {"applied": bool(self.rules), "provider": self.provider, "rules": dict(self.rules),
                 "skipped": [{"target": t, "reason": r} for t, r in self.skipped]}
+
+
+def forward_source(cls) -> str:
+    """The source of `cls.forward` ("" when it cannot be read), which the rules compare with the code they reproduce.
+    Read once per function: every layer of a model shares its class's."""
+    return _source_of(cls.forward)
+
+
+@functools.cache
+def _source_of(function) -> str:
+    try:
+        return inspect.getsource(function)
+    except (OSError, TypeError):
+        return ""
 
 
 ORIGINAL_CLASS = "_ltxbench_original_class"  # on a patched subclass: the class it stands in for

@@ -29,7 +29,7 @@ import inspect
 import torch
 
 from ltxbench.errors import EnvironmentProblem
-from ltxbench.inject import ORIGINAL_CLASS, InjectionReport, original_class, patch_forward
+from ltxbench.inject import ORIGINAL_CLASS, InjectionReport, forward_source, original_class, patch_forward
 from ltxbench.inject.fuse import fuse_linears, fused_linear, release
 from ltxbench.ops import get_provider
 
@@ -56,15 +56,8 @@ ATTN_SOURCE = ("query_states, key_states = apply_rotary_pos_emb(query_states, ke
 MLP_SOURCE = ("self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",)
 
 
-def _source(cls) -> str:
-    try:
-        return inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return ""
-
-
 def _matches(cls, fragments) -> bool:
-    src = _source(cls)
+    src = forward_source(cls)
     alternatives = [(f,) if isinstance(f, str) else f for f in fragments]
     return all(any(f in src for f in either) for either in alternatives)
 
@@ -178,7 +171,7 @@ def _rope_tables(cache: dict, cos, sin):
 
 def _sliding_kwarg(cls):
     """How the original forward passes sliding_window to the attention interface: a getter, or None to not pass it."""
-    src = _source(cls)
+    src = forward_source(cls)
     if "sliding_window=self.sliding_window" in src:
         return lambda attn: {"sliding_window": attn.sliding_window}
     if 'sliding_window=getattr(self.config, "sliding_window", None)' in src:
@@ -317,7 +310,7 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
             if type(attn) not in attn_forwards:
                 eager = inspect.getmodule(type(attn)).eager_attention_forward
                 qk_norm = getattr(attn, "q_norm", None) is not None
-                new_cache_api = CACHE_UPDATE_KWARGS in _source(type(attn))
+                new_cache_api = CACHE_UPDATE_KWARGS in forward_source(type(attn))
                 attn_forwards[type(attn)] = _attn_forward(ops, rope_cache, sliding, eager, qk_norm, new_cache_api)
             if _patch(report, RULE_ROPE, attn, attn_forwards[type(attn)], "Attention", prefix, classes, ATTN_SOURCE):
                 _fuse_qkv(report, attn, index)

@@ -16,12 +16,10 @@ token (B, S, D, image-to-video / condition pipelines) both go through the kernel
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
-from ltxbench.inject import InjectionReport, original_class, patch_forward, set_attr
+from ltxbench.inject import InjectionReport, forward_source, original_class, patch_forward, set_attr
 from ltxbench.inject.fuse import fuse_linears, fused_linear, release
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
@@ -121,16 +119,9 @@ def _attention_forward(self, hidden_states, encoder_hidden_states=None, attentio
     return self.processor(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
 
 
-@functools.cache
 def _forward_only_calls_processor(cls) -> bool:
-    """Is `cls.forward` diffusers' shim (filter kwargs, call the processor) that _attention_forward reproduces?
-    (Read once per class: 56 attentions share it.)"""
-    import inspect
-
-    try:
-        source = inspect.getsource(cls.forward)
-    except (OSError, TypeError):
-        return False
+    """Is `cls.forward` diffusers' shim (filter kwargs, call the processor) that _attention_forward reproduces?"""
+    source = forward_source(cls)
     return _PROCESSOR_CALL in source and source.count("self.processor(") == 1
 
 
