@@ -7,7 +7,7 @@ import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject import ORIGINAL_CLASS
-from ltxbench.inject.ltx import ATTN_FORWARD_RULE, FUSED_ATTR, FusedLTXAttnProcessor, apply_kernels
+from ltxbench.inject.ltx import ATTN2_RULES, ATTN_FORWARD_RULE, FUSED_ATTR, FusedLTXAttnProcessor, apply_kernels
 from ltxbench.models.ltx import component_configs
 
 BLOCK_RULE = "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"
@@ -52,6 +52,7 @@ FEATURES = {  # apply_kernels keyword sets: the defaults, each optional part off
     "rope-tables": {"rope_from_coords": False},
     "no-fusion": {"fuse_projections": False, "gelu_epilogue": False},
     "gelu-kernel": {"gelu_epilogue": False, "gelu_tanh": True},
+    "sdpa-cross-attention": {"cross_attention": False},
 }
 
 
@@ -65,12 +66,44 @@ def test_reference_provider_matches_unpatched_transformer(features):
         with apply_kernels(model, "reference", **kwargs) as report:
             assert report.rules.get("ff: gelu_tanh", 0) == (2 if kwargs.get("gelu_tanh") else 0)
             assert report.rules.get("attn1: one q/k/v GEMM", 0) == (2 if kwargs.get("fuse_projections", 1) else 0)
+            assert report.rules[ATTN2_RULES[kwargs.get("cross_attention", True)]] == 2
             got = model(**inputs)[0]
         assert not report.active
         assert not any(hasattr(b.attn1, FUSED_ATTR) for b in model.transformer_blocks)
         after = model(**inputs)[0]
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
     assert torch.equal(after, expected)
+
+
+def test_cross_attention_kernel_only_where_diffusers_runs_its_default_backend(monkeypatch):
+    """attn2 goes through ops.cross_attention with diffusers' default (native) backend; a backend chosen for the
+    model or globally, or context parallelism, keeps dispatch_attention_fn. attn1 never uses it."""
+    from diffusers.models.attention_dispatch import attention_backend
+
+    from ltxbench.ops import reference
+
+    model = _transformer()
+    inputs = _inputs(model)
+    calls, original = [], reference.cross_attention
+    monkeypatch.setattr(reference, "cross_attention", lambda *a: calls.append(a[3]) or original(*a))
+
+    def attn2_masks(backend=None):
+        calls.clear()
+        with torch.no_grad(), apply_kernels(model, "reference"):
+            for block in model.transformer_blocks:
+                block.attn2.processor._attention_backend = backend
+            model(**inputs)
+        return list(calls)
+
+    default = attn2_masks()
+    assert len(default) == 2 and all(m.shape == (2, 2, 1, 7) for m in default)  # one per block, (B, heads, 1, L)
+    assert attn2_masks("native") == []
+    with attention_backend("_native_math"):
+        assert attn2_masks() == []
+    processor = FusedLTXAttnProcessor(reference, model.transformer_blocks[0].attn2.processor, cross_attention=True)
+    assert processor._runs_own_cross_attention()
+    processor._parallel_config = object()
+    assert not processor._runs_own_cross_attention()
 
 
 def test_fused_projections_are_used_and_keep_one_copy_of_the_weights(monkeypatch):
@@ -117,7 +150,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     processors = [(b.attn1.processor, b.attn2.processor) for b in model.transformer_blocks]
     report = apply_kernels(model, "reference")
     assert dict(report.rules) == {"rope: angles from coordinates": 1, MODEL_RULE: 1, BLOCK_RULE: 28,
-                                  "attn1: qk_rms_norm_rope": 28, "attn2: rms_norm q, k": 28,
+                                  "attn1: qk_rms_norm_rope": 28, ATTN2_RULES[True]: 28,
                                   "attn1: one q/k/v GEMM": 28, "attn2: one k/v GEMM": 28,
                                   "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28,
                                   ATTN_FORWARD_RULE: 56}

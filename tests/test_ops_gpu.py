@@ -257,3 +257,49 @@ def test_rope_3d_matches_diffusers_ltx_on_2b_and_13b_dims():
             for got in (ops.rope_3d(q, k, cos, sin), ops.rope_3d(q, k, grid=grid, freqs=freqs)):
                 for g, e in zip(got, expected, strict=True):
                     torch.testing.assert_close(g, e, atol=1e-2, rtol=1.6e-2)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("hd", [64, 128, 40])
+def test_cross_attention_keys_masked_out_chunk_by_chunk(dtype, hd):
+    """-inf keys: a whole first 64-key chunk masked for some rows (the running max starts at -inf), 200 keys
+    over four chunks with a ragged tail, and a row whose every key is masked (NaN, as softmax over -inf gives)."""
+    from ltxbench import ops
+
+    gen = torch.Generator("cuda").manual_seed(hd)
+    b, s, h, keys = 2, 37, 3, 200
+    dt = DTYPES[dtype]
+    q, k, v = (torch.randn(b, n, h, hd, device="cuda", generator=gen).to(dt) for n in (s, keys, keys))
+    mask = torch.zeros(b, h, 1, keys, device="cuda")
+    mask[0, :, :, :130] = float("-inf")   # batch 0: only keys 130.. count
+    mask[1, 1, :, 5:] = float("-inf")      # batch 1, head 1: keys 0-4 only
+    mask[1, 2] = float("-inf")             # batch 1, head 2: nothing left
+    got = ops.cross_attention(q, k, v, mask)
+    want = reference.cross_attention(q, k, v, mask)
+    assert got[1, :, 2].isnan().all() and want[1, :, 2].isnan().all()
+    atol, rtol = SPECS["cross_attention"].tolerance(dt)
+    keep = torch.ones(h, dtype=torch.bool)
+    keep[2] = False
+    torch.testing.assert_close(got[0], want[0], atol=atol, rtol=rtol)
+    torch.testing.assert_close(got[1][:, keep], want[1][:, keep], atol=atol, rtol=rtol)
+
+
+def test_cross_attention_bad_arguments_name_the_argument():
+    from ltxbench import ops
+
+    q = torch.randn(2, 5, 4, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(2, 7, 4, 64, device="cuda", dtype=torch.bfloat16)
+    cases = [
+        (lambda: ops.cross_attention(q[0], kv, kv), r"q, k and v must be 4-D"),
+        (lambda: ops.cross_attention(q, kv[:, :, :2], kv), r"k has shape"),
+        (lambda: ops.cross_attention(q, kv, kv[:, :3]), r"v has shape"),
+        (lambda: ops.cross_attention(q, kv, kv.half()), r"v has dtype"),
+        (lambda: ops.cross_attention(q, kv, kv, torch.zeros(2, 4, 5, 7, device="cuda")), r"mask must be additive"),
+        (lambda: ops.cross_attention(q, kv, kv, torch.zeros(2, 1, 1, 7, device="cuda").half()), r"mask must be"),
+        (lambda: ops.cross_attention(q, kv[:, :0], kv[:, :0]), r"at least one key"),
+        (lambda: ops.cross_attention(torch.randn(1, 2, 1, 300, device="cuda"), torch.randn(1, 3, 1, 300, device="cuda"),
+                                     torch.randn(1, 3, 1, 300, device="cuda")), r"head_dim must be <= 256"),
+    ]
+    for call, pattern in cases:
+        with pytest.raises(RuntimeError, match=pattern):
+            call()

@@ -99,3 +99,31 @@ struct ActParams {
 cudaError_t launch_act(const ActParams& p, DType dtype, cudaStream_t stream);
 
 }  // namespace ltxbench
+
+namespace ltxbench {
+
+// softmax(q k^T * scale + mask) v per (batch, head): q (B, S, H, hd), k and v (B, L, H, hd) with any strides
+// (last dim contiguous), mask additive per key, broadcast over queries: (B|1, H|1, 1, L), fp32 or q's dtype,
+// element strides mask_sb / mask_sh (0 to broadcast). out is dense (B, S, H, hd). The tensor-core path
+// (xattn_uses_tensor_cores) needs q's strides even and 4-byte aligned, k's and v's multiples of 8 elements and
+// 16-byte aligned: the caller copies inputs that are not.
+struct XAttnParams {
+  int64_t B = 0, S = 0, L = 0, H = 0, hd = 0;
+  const void* q = nullptr;
+  int64_t q_sb = 0, q_ss = 0, q_sh = 0;
+  const void* k = nullptr;
+  int64_t k_sb = 0, k_sl = 0, k_sh = 0;
+  const void* v = nullptr;
+  int64_t v_sb = 0, v_sl = 0, v_sh = 0;
+  const void* mask = nullptr;
+  bool mask_f32 = false;
+  int64_t mask_sb = 0, mask_sh = 0;
+  float scale = 1.f;
+  void* out = nullptr;
+};
+
+bool xattn_uses_tensor_cores(int64_t hd, DType dtype, int compute_capability_major);
+cudaError_t launch_cross_attention(const XAttnParams& p, DType dtype, int compute_capability_major,
+                                   cudaStream_t stream);
+
+}  // namespace ltxbench

@@ -5,12 +5,14 @@ Per block (HANDBOOK §2 has the math):
   attn1: norm_q/norm_k + apply_rotary_emb on q, k   → qk_rms_norm_rope (angles from the grid, no fp32 tables)
   h + attn1 * gate_msa                              → gated_residual
   attn2: norm_q/norm_k (q and k differ in length)   → rms_norm each
+  attn2: SDPA over the text tokens (additive mask)  → cross_attention (short-key tensor-core kernel)
   h + attn2; norm2(h) * (1 + scale_mlp) + shift_mlp → add_rms_norm_modulate
   h + ff * gate_mlp                                 → gated_residual, or with the next block's norm1:
                                                       add_rms_norm_modulate (model forward, chained blocks)
 Model: norm_out (no-affine LayerNorm) + final modulation → layer_norm_modulate.
 The replacement processor keeps `_attention_backend`/`_parallel_config` and calls dispatch_attention_fn,
-so attention backends and context parallelism behave as before. Modulation per batch (B, 1, D) or per
+so attention backends and context parallelism behave as before (our cross-attention kernel runs only where
+diffusers would run its default backend). Modulation per batch (B, 1, D) or per
 token (B, S, D, image-to-video / condition pipelines) both go through the kernels' broadcast strides.
 """
 
@@ -72,13 +74,24 @@ def _projections(attn, hidden_states, encoder_hidden_states):
 
 class FusedLTXAttnProcessor:
     """LTXVideoAttnProcessor with fused projections (one GEMM) and the q/k RMSNorm (+ RoPE) as one kernel.
-    Attention backend: left to diffusers/torch (on the H100 torch's default order already picks cuDNN, the
-    fastest measured for both attentions; forcing it with sdpa_kernel cost CPU time, notes/kernel-tuning.md)."""
+    Self-attention: left to diffusers/torch (torch's default order picks cuDNN, the fastest measured; forcing it
+    with sdpa_kernel cost CPU time, notes/kernel-tuning.md). Cross-attention (cross_attention=True): our
+    short-key kernel `ops.cross_attention` when diffusers would run its default backend, else diffusers'."""
 
-    def __init__(self, ops, original):
+    def __init__(self, ops, original, cross_attention: bool = False):
         self.ops = ops
+        self.cross_attention = cross_attention
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
+
+    def _runs_own_cross_attention(self) -> bool:
+        """ops.cross_attention replaces diffusers' attention only where diffusers would run its default (native
+        SDPA) backend: no backend chosen for this processor or globally, no context parallelism."""
+        if not self.cross_attention or self._attention_backend is not None or self._parallel_config is not None:
+            return False
+        from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+        return _AttentionBackendRegistry._active_backend == AttentionBackendName.NATIVE
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -97,6 +110,10 @@ class FusedLTXAttnProcessor:
             query = self.ops.rms_norm(query, attn.norm_q.weight, _eps(attn.norm_q))
             key = self.ops.rms_norm(key, attn.norm_k.weight, _eps(attn.norm_k))
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
+        per_key_mask = attention_mask is None or attention_mask.size(2) == 1  # (B, heads, 1, L): one value per key
+        if encoder_hidden_states is not None and per_key_mask and self._runs_own_cross_attention():
+            hidden_states = self.ops.cross_attention(query, key, value, attention_mask)
+            return attn.to_out[1](attn.to_out[0](hidden_states.flatten(2, 3)))
         hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
                                               is_causal=False, backend=self._attention_backend,
                                               parallel_config=self._parallel_config)
@@ -262,8 +279,11 @@ def _plain_norms(block) -> bool:
     return getattr(block.norm1, "weight", None) is None and getattr(block.norm2, "weight", None) is None
 
 
+ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
+
+
 def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True, fuse_projections: bool = True,
-                  gelu_epilogue: bool = True, gelu_tanh: bool = False) -> InjectionReport:
+                  gelu_epilogue: bool = True, gelu_tanh: bool = False, cross_attention: bool = True) -> InjectionReport:
     """Patch an LTX pipeline's transformer (or the transformer itself) in place; returns the report, whose
     `revert()` (or use as a context manager) restores the original forwards and processors.
 
@@ -272,7 +292,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     fuse_projections: attn1's q/k/v and attn2's k/v as one GEMM each (the Linear weights become views of the
     concatenation: one copy in memory). gelu_epilogue: the feed-forward up-projection and its GELU(tanh) as
     one cuBLASLt GEMM with a GELU epilogue; else gelu_tanh=True routes the activation alone through
-    `ops.gelu_tanh` (torch's own GELU measured faster, see GELU_MEASURED).
+    `ops.gelu_tanh` (torch's own GELU measured faster, see GELU_MEASURED). cross_attention: attn2's attention
+    through `ops.cross_attention` instead of SDPA, where diffusers would run its default (native) backend.
     """
     transformer = _transformer_of(target)
     ops = get_provider(provider)
@@ -308,9 +329,10 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             continue
         patch_forward(report, "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate", block,
                       block_forward, classes)
-        for name, rule in (("attn1", "attn1: qk_rms_norm_rope"), ("attn2", "attn2: rms_norm q, k")):
+        for name, rule in (("attn1", "attn1: qk_rms_norm_rope"), ("attn2", ATTN2_RULES[cross_attention])):
             attn = getattr(block, name)
-            set_attr(report, rule, attn, "processor", FusedLTXAttnProcessor(ops, attn.processor))
+            processor = FusedLTXAttnProcessor(ops, attn.processor, cross_attention=name == "attn2" and cross_attention)
+            set_attr(report, rule, attn, "processor", processor)
             if _forward_only_calls_processor(original_class(attn)):
                 patch_forward(report, ATTN_FORWARD_RULE, attn, _attention_forward, classes)
             else:

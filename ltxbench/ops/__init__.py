@@ -108,6 +108,16 @@ def swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
     return _lib().swiglu(x, gate_half)
 
 
+def cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """`softmax(q kᵀ · scale + mask) v` per (batch, head) for q (B, S, H, hd) over k, v (B, L, H, hd) — the
+    projections' own (B, tokens, heads, head_dim) layout, any strides — with an additive per-key mask
+    broadcast over the queries, (B|1, H|1, 1, L), fp32 or q's dtype; scale defaults to hd^-½. Returns a dense
+    (B, S, H, hd) tensor. Built for LTX-Video's cross-attention (thousands of video tokens over ≤ 128 text
+    tokens): 16-bit inputs with hd 64 or 128 run on the tensor cores (P rounded to q's dtype for the P·V
+    product, as flash-attention and cuDNN do); fp32 and other head dims run a scalar fp32 kernel."""
+    return _lib().cross_attention(q, k, v, mask, scale)
+
+
 def _addmm_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
     return out.view(*x.shape[:-1], weight.shape[0])

@@ -143,3 +143,14 @@ def llama_swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
     first, second = x.chunk(2, dim=-1)
     value, gate = (second, first) if gate_half == 0 else (first, second)
     return F.silu(gate) * value
+
+
+def sdpa_cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                         scale: float | None = None) -> Tensor:
+    """diffusers' native attention backend (what LTXVideoAttnProcessor's attn2 runs): SDPA on (B, H, S, hd)
+    views with the additive mask, torch's own backend choice (cuDNN on Hopper for 16-bit inputs)."""
+    if mask is not None:
+        mask = mask.to(q.dtype)  # SDPA takes a float mask in the query's dtype only
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
+                                         scale=scale)
+    return out.transpose(1, 2)

@@ -92,3 +92,10 @@ def _geglu(x, gate_half=1, approximate=False):
 @register_fake("ltxbench::swiglu")
 def _swiglu(x, gate_half=0):
     return _half_width(x)
+
+
+@register_fake("ltxbench::cross_attention")
+def _cross_attention(q, k, v, mask=None, scale=None):
+    torch._check(q.dim() == 4 and k.dim() == 4 and v.shape == k.shape,
+                 lambda: "cross_attention: q (B, S, H, hd), k and v (B, L, H, hd)")
+    return _like(q)

@@ -176,6 +176,30 @@ def inputs_swiglu(shape, dtype, device, gen, variant):
     return {"x": 2 * _randn((b, s, 2 * d), dtype, device, gen), "gate_half": 1 if variant == "gate-second" else 0}
 
 
+# (head_dim, keys, mask) per variant; "ltx" is LTX-2B's attn2: 128 text tokens, 0 / -10000 per key as the pipeline
+# builds it from the text mask, repeated over the heads (B, H, 1, L) as diffusers prepares it.
+XATTN_VARIANTS = {"ltx": (64, 128, "text"), "no-mask": (64, 77, None), "hd128": (128, 83, "text-f32-shared"),
+                  "odd-head-dim": (40, 19, "bias")}
+XATTN_TEST_SHAPES = ((1, 1, 64), (2, 7, 64), (1, 83, 128), (2, 130, 256), (1, 769, 64), (3, 5, 192), (2, 300, 2048))
+
+
+def inputs_cross_attention(shape, dtype, device, gen, variant):
+    """(B, S, D) → q (B, S, H, hd) with H = ⌈D / hd⌉ over k, v (B, L, H, hd), and the variant's mask."""
+    b, s, d = shape
+    hd, length, kind = XATTN_VARIANTS[variant]
+    h = -(-d // hd)
+    q, k, v = (_randn((b, n, h, hd), dtype, device, gen) for n in (s, length, length))
+    mask = None
+    if kind in ("text", "text-f32-shared"):
+        valid = torch.arange(length)[None, :] < torch.randint(1, length + 1, (b, 1), generator=gen)
+        mask = ((~valid).float() * -10000.0)[:, None, None, :]
+        mask = mask.expand(b, h, 1, length).contiguous().to(dtype) if kind == "text" else mask
+        mask = mask.to(device)
+    elif kind == "bias":  # any additive bias, one per (head, key), shared by the batch
+        mask = _randn((1, h, 1, length), dtype, device, gen)
+    return {"q": q, "k": k, "v": v, "mask": mask, "scale": None}
+
+
 def io_bytes(inputs: dict, written: int) -> int:
     """Minimum traffic: every tensor input read once (at its real, un-broadcast size) + `written` bytes."""
     return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor)) + written
@@ -331,6 +355,15 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("silu_and_mul", "swiglu_fused"), bench_shapes={**LLM_MLP_SHAPES},
         inject_targets=("LlamaMLP act(gate) * up",),
         written=lambda inp: _nbytes(inp["x"]) // 2,
+    ),
+    KernelSpec(
+        name="cross_attention", summary="softmax(q kᵀ / √hd + mask) v, q (B, S, H, hd) over a short k, v",
+        make_inputs=inputs_cross_attention, variants=tuple(XATTN_VARIANTS), n_outputs=1,
+        baselines={"eager": eager.sdpa_cross_attention},
+        aliases=("xattn", "attn2"), test_shapes=XATTN_TEST_SHAPES,
+        bench_shapes={**LTX_SHAPES},
+        inject_targets=("LTXAttention attn2 (text cross-attention)",),
+        written=lambda inp: _nbytes(inp["q"]),
     ),
 )}
 
