@@ -2,19 +2,22 @@
 // (2 x 32 heads x 2688-8064 video tokens over <= 128 text tokens, head dim 64; 13B: head dim 128).
 //
 // 16-bit inputs with head dim 64 or 128 (sm_80+) run on the tensor cores (mma.sync m16n8k16, fp32 accumulators),
-// flash-attention style: one block = 8 warps x 16 queries of one (batch, head); keys in chunks of 64 staged in
-// shared memory with the mask; running max and sum per query row (exp2 of log2-scaled scores); P rounded to the
-// input dtype for the P.V product, as cuDNN and flash-attention do. Everything else (fp32, other head dims, pre-
+// flash-attention style: blocks of 8 warps per (batch, head) hold up to 128 keys and the mask in shared memory,
+// each warp takes 16-query tiles in turn; scores in steps of 64 keys with a running max and sum per query row
+// (exp2 of log2-scaled scores); P rounded to the input dtype for the P.V product, as cuDNN and flash-attention do. Everything else (fp32, other head dims, pre-
 // Ampere) runs the scalar kernel: one warp per query row, fp32 math throughout.
 #include "common/dtype.cuh"
 #include "common/params.h"
+
+#include <algorithm>
 
 namespace ltxbench {
 namespace {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kWarps = 8;          // warps per block of the tensor-core kernel, 16 query rows each
-constexpr int kKeyChunk = 64;      // keys staged in shared memory at a time
+constexpr int kKeyChunk = 64;      // keys per S = Q K^T step (32 score registers per thread)
+constexpr int kResident = 128;     // keys held in shared memory at a time
 constexpr int kScalarWarps = 4;    // query rows per block of the scalar kernel
 
 template <typename T> __device__ __forceinline__ float mask_value(const void* mask, int64_t i, bool f32) {
@@ -24,6 +27,14 @@ template <typename T> __device__ __forceinline__ float mask_value(const void* ma
 // ---- tensor-core kernel ---------------------------------------------------------------------------------
 
 __device__ __forceinline__ uint32_t ld_u32(const void* p) { return __ldg(static_cast<const unsigned int*>(p)); }
+
+// 2^x on the MUFU unit, subnormal results flushed to 0 (x <= 0 here: scores minus the running max). exp2f adds a
+// compare and two multiplies around the same instruction to keep subnormals, which P in 16 bits cannot hold anyway.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   if constexpr (std::is_same_v<T, __half>) {
@@ -65,145 +76,176 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 
 // Shared-memory rows padded by 8 elements (16 bytes): rows 4 banks apart, so the fragment loads of 8 key rows
 // (plain 32-bit loads for K, ldmatrix for V) touch 32 distinct banks.
-template <typename T, int HD> struct ChunkSmem {
-  T k[kKeyChunk][HD + 8];
-  T v[kKeyChunk][HD + 8];
-  float mask[kKeyChunk];  // log2-scaled additive mask; -inf past the last key
+template <typename T, int HD> struct KeySmem {
+  T k[kResident][HD + 8];
+  T v[kResident][HD + 8];
+  float mask[kResident];  // log2-scaled additive mask; -inf past the last key
 };
 
+// Keys key0 .. key0 + kResident (zeros and a -inf mask past L) into shared memory: every load issued before the
+// first store.
 template <typename T, int HD>
-__global__ void __launch_bounds__(kWarps * 32) xattn_mma_kernel(XAttnParams p) {
+__device__ __forceinline__ void stage_keys(KeySmem<T, HD>& sm, const T* k, const T* v, const XAttnParams& p,
+                                           int64_t b, int64_t h, int64_t key0) {
+  constexpr int kVecs = HD / 8, kPer = kResident * kVecs / (kWarps * 32);
+  int4 kv[kPer], vv[kPer];
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kWarps * 32, r = i / kVecs, col = (i % kVecs) * 8;
+    kv[j] = vv[j] = make_int4(0, 0, 0, 0);
+    if (key0 + r < p.L) {
+      kv[j] = __ldg(reinterpret_cast<const int4*>(k + (key0 + r) * p.k_sl + col));
+      vv[j] = __ldg(reinterpret_cast<const int4*>(v + (key0 + r) * p.v_sl + col));
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int i = threadIdx.x + j * kWarps * 32, r = i / kVecs, col = (i % kVecs) * 8;
+    *reinterpret_cast<int4*>(&sm.k[r][col]) = kv[j];
+    *reinterpret_cast<int4*>(&sm.v[r][col]) = vv[j];
+  }
+  for (int r = threadIdx.x; r < kResident; r += kWarps * 32) {
+    float mv = -INFINITY;
+    if (key0 + r < p.L) {
+      mv = p.mask ? mask_value<T>(p.mask, b * p.mask_sb + h * p.mask_sh + key0 + r, p.mask_f32) * kLog2e : 0.f;
+    }
+    sm.mask[r] = mv;
+  }
+}
+
+// Grid (ctas per (b, h), H, B). Each warp takes 16-query tiles of its (b, h) in turn. With L <= kResident every
+// key stays in shared memory for all of a block's tiles and the warps run without barriers; longer key sequences
+// are staged kResident keys at a time for every tile.
+// Two blocks per SM at head dim 64 (128 registers; 136 uncapped would leave one), one at 128 (217 registers).
+template <typename T, int HD>
+__global__ void __launch_bounds__(kWarps * 32, HD == 64 ? 2 : 1) xattn_mma_kernel(XAttnParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
     __trap();  // the host runs the scalar kernel below sm_80
 #else
-    __shared__ __align__(16) ChunkSmem<T, HD> sm;
+    extern __shared__ __align__(16) unsigned char smem_raw[];
+    KeySmem<T, HD>& sm = *reinterpret_cast<KeySmem<T, HD>*>(smem_raw);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;  // fragment row group and column pair
     const int64_t b = blockIdx.z, h = blockIdx.y;
-    const int64_t row0 = static_cast<int64_t>(blockIdx.x) * (kWarps * 16) + warp * 16;
     const T* q = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
     const T* k = static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh;
     const T* v = static_cast<const T*>(p.v) + b * p.v_sb + h * p.v_sh;
-
-    // Q fragments (A operand, rows row0 + g and row0 + g + 8), straight from global memory.
-    uint32_t qa[HD / 16][4];
-    const bool in_a = row0 + g < p.S, in_b = row0 + g + 8 < p.S;
-#pragma unroll
-    for (int kk = 0; kk < HD / 16; ++kk) {
-      const int col = kk * 16 + 2 * c;
-      const T* ra = q + (row0 + g) * p.q_ss + col;
-      const T* rb = q + (row0 + g + 8) * p.q_ss + col;
-      qa[kk][0] = in_a ? ld_u32(ra) : 0u;
-      qa[kk][1] = in_b ? ld_u32(rb) : 0u;
-      qa[kk][2] = in_a ? ld_u32(ra + 8) : 0u;
-      qa[kk][3] = in_b ? ld_u32(rb + 8) : 0u;
-    }
-
-    float o[HD / 8][4];
-#pragma unroll
-    for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
-    float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // l: this thread's share of the row sum
-    const float scale = p.scale * kLog2e;
-
-    for (int64_t key0 = 0; key0 < p.L; key0 += kKeyChunk) {
-      __syncthreads();  // the previous chunk is consumed
-      constexpr int kVecs = HD / 8;  // 16-byte vectors per row
-      for (int i = threadIdx.x; i < kKeyChunk * kVecs; i += kWarps * 32) {
-        const int r = i / kVecs, col = (i % kVecs) * 8;
-        int4 kv = make_int4(0, 0, 0, 0), vv = make_int4(0, 0, 0, 0);
-        if (key0 + r < p.L) {
-          kv = __ldg(reinterpret_cast<const int4*>(k + (key0 + r) * p.k_sl + col));
-          vv = __ldg(reinterpret_cast<const int4*>(v + (key0 + r) * p.v_sl + col));
-        }
-        *reinterpret_cast<int4*>(&sm.k[r][col]) = kv;
-        *reinterpret_cast<int4*>(&sm.v[r][col]) = vv;
-      }
-      for (int r = threadIdx.x; r < kKeyChunk; r += kWarps * 32) {
-        float mv = -INFINITY;
-        if (key0 + r < p.L) {
-          mv = p.mask ? mask_value<T>(p.mask, b * p.mask_sb + h * p.mask_sh + key0 + r, p.mask_f32) * kLog2e : 0.f;
-        }
-        sm.mask[r] = mv;
-      }
-      __syncthreads();
-
-      // S = Q K^T for 64 keys: 8 tiles of 8 keys, c0/c1 row g, c2/c3 row g + 8, keys 8 nt + 2c (+1).
-      float s[kKeyChunk / 8][4];
-#pragma unroll
-      for (int nt = 0; nt < kKeyChunk / 8; ++nt) {
-        s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-#pragma unroll
-        for (int kk = 0; kk < HD / 16; ++kk) {
-          const uint32_t b0 = *reinterpret_cast<const uint32_t*>(&sm.k[nt * 8 + g][kk * 16 + 2 * c]);
-          const uint32_t b1 = *reinterpret_cast<const uint32_t*>(&sm.k[nt * 8 + g][kk * 16 + 8 + 2 * c]);
-          mma16816<T>(s[nt], qa[kk], b0, b1);
-        }
-      }
-      float mx_a = -INFINITY, mx_b = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < kKeyChunk / 8; ++nt) {
-        const float k0 = sm.mask[nt * 8 + 2 * c], k1 = sm.mask[nt * 8 + 2 * c + 1];
-        s[nt][0] = fmaf(s[nt][0], scale, k0), s[nt][1] = fmaf(s[nt][1], scale, k1);
-        s[nt][2] = fmaf(s[nt][2], scale, k0), s[nt][3] = fmaf(s[nt][3], scale, k1);
-        mx_a = fmaxf(mx_a, fmaxf(s[nt][0], s[nt][1]));
-        mx_b = fmaxf(mx_b, fmaxf(s[nt][2], s[nt][3]));
-      }
-#pragma unroll
-      for (int off = 1; off <= 2; off <<= 1) {  // the 4 threads of a row
-        mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
-        mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
-      }
-      const float new_a = fmaxf(m_a, mx_a), new_b = fmaxf(m_b, mx_b);
-      // A row whose keys so far are all -inf subtracts 0 (not -inf - -inf = NaN); its sum stays 0.
-      const float base_a = new_a == -INFINITY ? 0.f : new_a, base_b = new_b == -INFINITY ? 0.f : new_b;
-      const float corr_a = exp2f(m_a - base_a), corr_b = exp2f(m_b - base_b);
-      m_a = new_a, m_b = new_b;
-      float sum_a = 0.f, sum_b = 0.f;
-#pragma unroll
-      for (int nt = 0; nt < kKeyChunk / 8; ++nt) {
-        s[nt][0] = exp2f(s[nt][0] - base_a), s[nt][1] = exp2f(s[nt][1] - base_a);
-        s[nt][2] = exp2f(s[nt][2] - base_b), s[nt][3] = exp2f(s[nt][3] - base_b);
-        sum_a += s[nt][0] + s[nt][1];
-        sum_b += s[nt][2] + s[nt][3];
-      }
-      l_a = l_a * corr_a + sum_a, l_b = l_b * corr_b + sum_b;
-#pragma unroll
-      for (int i = 0; i < HD / 8; ++i) o[i][0] *= corr_a, o[i][1] *= corr_a, o[i][2] *= corr_b, o[i][3] *= corr_b;
-
-      // O += P V: P's accumulator layout of two adjacent key tiles is the A operand of one 16-key step.
-#pragma unroll
-      for (int ks = 0; ks < kKeyChunk / 16; ++ks) {
-        const uint32_t pa[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]), pack2<T>(s[2 * ks][2], s[2 * ks][3]),
-                                pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
-                                pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-        // Matrices (keys 0-7 | 8-15) x (channels dn | dn + 8): thread t addresses row t % 8 of matrix t / 8.
-        const int key = ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7);
-#pragma unroll
-        for (int dn = 0; dn < HD / 8; dn += 2) {
-          uint32_t vb[4];
-          ldmatrix_x4_trans(vb, &sm.v[key][(dn + (lane >> 4)) * 8]);
-          mma16816<T>(o[dn], pa, vb[0], vb[1]);
-          mma16816<T>(o[dn + 1], pa, vb[2], vb[3]);
-        }
-      }
-    }
-
-#pragma unroll
-    for (int off = 1; off <= 2; off <<= 1) {
-      l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
-      l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
-    }
-    const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;  // 0/0 = NaN for a fully masked row, as torch's math
     T* out = static_cast<T*>(p.out) + (b * p.S * p.H + h) * HD;
     const int64_t out_ss = p.H * HD;
+    const float scale = p.scale * kLog2e;
+    const bool resident = p.L <= kResident;
+    const int64_t tiles = (p.S + 15) / 16, warps_per_bh = static_cast<int64_t>(gridDim.x) * kWarps;
+    const int64_t iters = (tiles + warps_per_bh - 1) / warps_per_bh;  // the same for every warp of the grid
+    if (resident) {
+      stage_keys(sm, k, v, p, b, h, 0);
+      __syncthreads();
+    }
+
+    for (int64_t it = 0; it < iters; ++it) {
+      const int64_t row0 = (it * warps_per_bh + blockIdx.x * kWarps + warp) * 16;  // past S: computes, stores nothing
+      // Q fragments (A operand, rows row0 + g and row0 + g + 8), straight from global memory.
+      uint32_t qa[HD / 16][4];
+      const bool in_a = row0 + g < p.S, in_b = row0 + g + 8 < p.S;
 #pragma unroll
-    for (int dn = 0; dn < HD / 8; ++dn) {
-      const int col = dn * 8 + 2 * c;
-      if (in_a) *reinterpret_cast<uint32_t*>(out + (row0 + g) * out_ss + col) = pack2<T>(o[dn][0] * inv_a, o[dn][1] * inv_a);
-      if (in_b) *reinterpret_cast<uint32_t*>(out + (row0 + g + 8) * out_ss + col) = pack2<T>(o[dn][2] * inv_b, o[dn][3] * inv_b);
+      for (int kk = 0; kk < HD / 16; ++kk) {
+        const int col = kk * 16 + 2 * c;
+        const T* ra = q + (row0 + g) * p.q_ss + col;
+        const T* rb = q + (row0 + g + 8) * p.q_ss + col;
+        qa[kk][0] = in_a ? ld_u32(ra) : 0u;
+        qa[kk][1] = in_b ? ld_u32(rb) : 0u;
+        qa[kk][2] = in_a ? ld_u32(ra + 8) : 0u;
+        qa[kk][3] = in_b ? ld_u32(rb + 8) : 0u;
+      }
+      float o[HD / 8][4];
+#pragma unroll
+      for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+      float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // l: this thread's share of the row sum
+
+      for (int64_t key0 = 0; key0 < p.L; key0 += kResident) {
+        if (!resident) {
+          __syncthreads();  // every warp is done with the previous keys
+          stage_keys(sm, k, v, p, b, h, key0);
+          __syncthreads();
+        }
+        for (int c0 = 0; c0 < kResident && key0 + c0 < p.L; c0 += kKeyChunk) {
+          // S = Q K^T for 64 keys: 8 tiles of 8 keys, c0/c1 row g, c2/c3 row g + 8, keys 8 nt + 2c (+1).
+          float s[kKeyChunk / 8][4];
+#pragma unroll
+          for (int nt = 0; nt < kKeyChunk / 8; ++nt) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
+            const T* krow = sm.k[c0 + nt * 8 + g];
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; ++kk) {
+              const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + kk * 16 + 2 * c);
+              const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + kk * 16 + 8 + 2 * c);
+              mma16816<T>(s[nt], qa[kk], b0, b1);
+            }
+          }
+          float mx_a = -INFINITY, mx_b = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < kKeyChunk / 8; ++nt) {
+            const float k0 = sm.mask[c0 + nt * 8 + 2 * c], k1 = sm.mask[c0 + nt * 8 + 2 * c + 1];
+            s[nt][0] = fmaf(s[nt][0], scale, k0), s[nt][1] = fmaf(s[nt][1], scale, k1);
+            s[nt][2] = fmaf(s[nt][2], scale, k0), s[nt][3] = fmaf(s[nt][3], scale, k1);
+            mx_a = fmaxf(mx_a, fmaxf(s[nt][0], s[nt][1]));
+            mx_b = fmaxf(mx_b, fmaxf(s[nt][2], s[nt][3]));
+          }
+#pragma unroll
+          for (int off = 1; off <= 2; off <<= 1) {  // the 4 threads of a row
+            mx_a = fmaxf(mx_a, __shfl_xor_sync(0xffffffffu, mx_a, off));
+            mx_b = fmaxf(mx_b, __shfl_xor_sync(0xffffffffu, mx_b, off));
+          }
+          const float new_a = fmaxf(m_a, mx_a), new_b = fmaxf(m_b, mx_b);
+          // A row whose keys so far are all -inf subtracts 0 (not -inf - -inf = NaN); its sum stays 0.
+          const float base_a = new_a == -INFINITY ? 0.f : new_a, base_b = new_b == -INFINITY ? 0.f : new_b;
+          const float corr_a = exp2_ftz(m_a - base_a), corr_b = exp2_ftz(m_b - base_b);
+          m_a = new_a, m_b = new_b;
+          float sum_a = 0.f, sum_b = 0.f;
+#pragma unroll
+          for (int nt = 0; nt < kKeyChunk / 8; ++nt) {
+            s[nt][0] = exp2_ftz(s[nt][0] - base_a), s[nt][1] = exp2_ftz(s[nt][1] - base_a);
+            s[nt][2] = exp2_ftz(s[nt][2] - base_b), s[nt][3] = exp2_ftz(s[nt][3] - base_b);
+            sum_a += s[nt][0] + s[nt][1];
+            sum_b += s[nt][2] + s[nt][3];
+          }
+          l_a = l_a * corr_a + sum_a, l_b = l_b * corr_b + sum_b;
+#pragma unroll
+          for (int i = 0; i < HD / 8; ++i) o[i][0] *= corr_a, o[i][1] *= corr_a, o[i][2] *= corr_b, o[i][3] *= corr_b;
+
+          // O += P V: P's accumulator layout of two adjacent key tiles is the A operand of one 16-key step.
+#pragma unroll
+          for (int ks = 0; ks < kKeyChunk / 16; ++ks) {
+            const uint32_t pa[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]), pack2<T>(s[2 * ks][2], s[2 * ks][3]),
+                                    pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
+                                    pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
+            // Matrices (keys 0-7 | 8-15) x (channels dn | dn + 8): thread t addresses row t % 8 of matrix t / 8.
+            const T* vrow = sm.v[c0 + ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)];
+#pragma unroll
+            for (int dn = 0; dn < HD / 8; dn += 2) {
+              uint32_t vb[4];
+              ldmatrix_x4_trans(vb, vrow + (dn + (lane >> 4)) * 8);
+              mma16816<T>(o[dn], pa, vb[0], vb[1]);
+              mma16816<T>(o[dn + 1], pa, vb[2], vb[3]);
+            }
+          }
+        }
+      }
+
+#pragma unroll
+      for (int off = 1; off <= 2; off <<= 1) {
+        l_a += __shfl_xor_sync(0xffffffffu, l_a, off);
+        l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
+      }
+      const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;  // 0/0 = NaN for a fully masked row, as torch's math
+#pragma unroll
+      for (int dn = 0; dn < HD / 8; ++dn) {
+        const int col = dn * 8 + 2 * c;
+        if (in_a) *reinterpret_cast<uint32_t*>(out + (row0 + g) * out_ss + col) = pack2<T>(o[dn][0] * inv_a, o[dn][1] * inv_a);
+        if (in_b) *reinterpret_cast<uint32_t*>(out + (row0 + g + 8) * out_ss + col) = pack2<T>(o[dn][2] * inv_b, o[dn][3] * inv_b);
+      }
     }
 #endif
   }
@@ -286,9 +328,20 @@ template <typename T> cudaError_t launch_scalar_for(const XAttnParams& p, cudaSt
 }
 
 template <typename T, int HD> cudaError_t launch_mma(const XAttnParams& p, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((p.S + kWarps * 16 - 1) / (kWarps * 16)), static_cast<unsigned>(p.H),
-                  static_cast<unsigned>(p.B));
-  xattn_mma_kernel<T, HD><<<grid, kWarps * 32, 0, stream>>>(p);
+  // Blocks per (b, h): as many as fit on the GPU at once over all (b, h), at most one per 128 queries.
+  static int resident_blocks = [] {
+    const int bytes = sizeof(KeySmem<T, HD>);
+    cudaFuncSetAttribute(xattn_mma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    int device = 0, sms = 0, per_sm = 0;
+    cudaGetDevice(&device);
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, xattn_mma_kernel<T, HD>, kWarps * 32, bytes);
+    return sms * (per_sm > 0 ? per_sm : 1);
+  }();
+  const int64_t per_bh = std::max<int64_t>(1, std::min<int64_t>((p.S + kWarps * 16 - 1) / (kWarps * 16),
+                                                                 resident_blocks / (p.B * p.H)));
+  const dim3 grid(static_cast<unsigned>(per_bh), static_cast<unsigned>(p.H), static_cast<unsigned>(p.B));
+  xattn_mma_kernel<T, HD><<<grid, kWarps * 32, sizeof(KeySmem<T, HD>), stream>>>(p);
   return cudaGetLastError();
 }
 

@@ -52,7 +52,7 @@ FEATURES = {  # apply_kernels keyword sets: the defaults, each optional part off
     "rope-tables": {"rope_from_coords": False},
     "no-fusion": {"fuse_projections": False, "gelu_epilogue": False},
     "gelu-kernel": {"gelu_epilogue": False, "gelu_tanh": True},
-    "sdpa-cross-attention": {"cross_attention": False},
+    "cross-attention-kernel": {"cross_attention": True},
 }
 
 
@@ -66,7 +66,7 @@ def test_reference_provider_matches_unpatched_transformer(features):
         with apply_kernels(model, "reference", **kwargs) as report:
             assert report.rules.get("ff: gelu_tanh", 0) == (2 if kwargs.get("gelu_tanh") else 0)
             assert report.rules.get("attn1: one q/k/v GEMM", 0) == (2 if kwargs.get("fuse_projections", 1) else 0)
-            assert report.rules[ATTN2_RULES[kwargs.get("cross_attention", True)]] == 2
+            assert report.rules[ATTN2_RULES[kwargs.get("cross_attention", False)]] == 2  # tiny: head dim 32
             got = model(**inputs)[0]
         assert not report.active
         assert not any(hasattr(b.attn1, FUSED_ATTR) for b in model.transformer_blocks)
@@ -89,7 +89,7 @@ def test_cross_attention_kernel_only_where_diffusers_runs_its_default_backend(mo
 
     def attn2_masks(backend=None):
         calls.clear()
-        with torch.no_grad(), apply_kernels(model, "reference"):
+        with torch.no_grad(), apply_kernels(model, "reference", cross_attention=True):
             for block in model.transformer_blocks:
                 block.attn2.processor._attention_backend = backend
             model(**inputs)
@@ -104,6 +104,14 @@ def test_cross_attention_kernel_only_where_diffusers_runs_its_default_backend(mo
     assert processor._runs_own_cross_attention()
     processor._parallel_config = object()
     assert not processor._runs_own_cross_attention()
+
+
+def test_cross_attention_by_default_only_at_the_head_dims_where_it_won():
+    two_b, thirteen_b = _transformer("ltx-2b", device="meta"), _transformer("ltx-13b", device="meta")
+    assert apply_kernels(two_b, "reference").rules[ATTN2_RULES[False]] == 28  # head dim 64: SDPA (cuDNN) stays
+    assert apply_kernels(thirteen_b, "reference").rules[ATTN2_RULES[True]] == 48  # head dim 128
+    assert apply_kernels(_transformer("ltx-2b", device="meta"), "reference",
+                         cross_attention=True).rules[ATTN2_RULES[True]] == 28
 
 
 def test_fused_projections_are_used_and_keep_one_copy_of_the_weights(monkeypatch):
@@ -150,7 +158,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     processors = [(b.attn1.processor, b.attn2.processor) for b in model.transformer_blocks]
     report = apply_kernels(model, "reference")
     assert dict(report.rules) == {"rope: angles from coordinates": 1, MODEL_RULE: 1, BLOCK_RULE: 28,
-                                  "attn1: qk_rms_norm_rope": 28, ATTN2_RULES[True]: 28,
+                                  "attn1: qk_rms_norm_rope": 28, ATTN2_RULES[False]: 28,
                                   "attn1: one q/k/v GEMM": 28, "attn2: one k/v GEMM": 28,
                                   "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28,
                                   ATTN_FORWARD_RULE: 56}

@@ -280,10 +280,15 @@ def _plain_norms(block) -> bool:
 
 
 ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
+# Head dims where ops.cross_attention beat SDPA (cuDNN) for LTX's attn2, bf16, H200 (results/h200/tuning/micro-xattn-*):
+# hd 128 (13B, 2x8064 tokens over 128 keys) 204 vs 241 us; at hd 64 (2B) cuDNN stays ahead (45.7 vs 42.2 us at 49
+# frames, 109 vs 107 at 161), so there cross_attention=None keeps SDPA.
+CROSS_ATTENTION_HEAD_DIMS = (128,)
 
 
 def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True, fuse_projections: bool = True,
-                  gelu_epilogue: bool = True, gelu_tanh: bool = False, cross_attention: bool = True) -> InjectionReport:
+                  gelu_epilogue: bool = True, gelu_tanh: bool = False,
+                  cross_attention: bool | None = None) -> InjectionReport:
     """Patch an LTX pipeline's transformer (or the transformer itself) in place; returns the report, whose
     `revert()` (or use as a context manager) restores the original forwards and processors.
 
@@ -293,7 +298,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     concatenation: one copy in memory). gelu_epilogue: the feed-forward up-projection and its GELU(tanh) as
     one cuBLASLt GEMM with a GELU epilogue; else gelu_tanh=True routes the activation alone through
     `ops.gelu_tanh` (torch's own GELU measured faster, see GELU_MEASURED). cross_attention: attn2's attention
-    through `ops.cross_attention` instead of SDPA, where diffusers would run its default (native) backend.
+    through `ops.cross_attention` instead of SDPA, where diffusers would run its default (native) backend; None
+    (the default) does so at the head dims where it measured faster (CROSS_ATTENTION_HEAD_DIMS).
     """
     transformer = _transformer_of(target)
     ops = get_provider(provider)
@@ -329,9 +335,12 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             continue
         patch_forward(report, "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate", block,
                       block_forward, classes)
-        for name, rule in (("attn1", "attn1: qk_rms_norm_rope"), ("attn2", ATTN2_RULES[cross_attention])):
+        own = cross_attention
+        if own is None:
+            own = block.attn2.to_q.out_features // block.attn2.heads in CROSS_ATTENTION_HEAD_DIMS
+        for name, rule in (("attn1", "attn1: qk_rms_norm_rope"), ("attn2", ATTN2_RULES[own])):
             attn = getattr(block, name)
-            processor = FusedLTXAttnProcessor(ops, attn.processor, cross_attention=name == "attn2" and cross_attention)
+            processor = FusedLTXAttnProcessor(ops, attn.processor, cross_attention=name == "attn2" and own)
             set_attr(report, rule, attn, "processor", processor)
             if _forward_only_calls_processor(original_class(attn)):
                 patch_forward(report, ATTN_FORWARD_RULE, attn, _attention_forward, classes)
