@@ -153,7 +153,7 @@ def sdpa_cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = 
         mask = mask.to(q.dtype)  # SDPA takes a float mask in the query's dtype only
     # SDPA's memory-efficient kernel faulted (misaligned address) on fp32 views 8 bytes past a 16-byte boundary
     # (torch 2.11, H200, tests/test_ops_gpu.py::test_strided_inputs[misaligned-fp32]): such inputs are copied.
-    q, k, v = (t if t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v))
+    q, k, v, mask = (t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v, mask))
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                          scale=scale)
     return out.transpose(1, 2)
