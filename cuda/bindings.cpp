@@ -421,7 +421,6 @@ Tensor geglu(const Tensor& x, int64_t gate_half, bool approximate) {
 }
 Tensor swiglu(const Tensor& x, int64_t gate_half) { return activation(x, true, gate_half, 2, "swiglu"); }
 
-
 // ---- attention ----------------------------------------------------------------------------------------
 
 // Is t laid out for `elems`-element loads: data pointer and every stride but the last multiples of that?
@@ -464,7 +463,7 @@ Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
                 num(H), "|1, 1, ", num(L), "), got ", shape(mask->sizes()));
     m = unit_last_stride(*mask);
   }
-  int major = compute_capability_major(q_in.get_device());
+  const int major = compute_capability_major(q_in.get_device());
   const bool mma = xattn_uses_tensor_cores(hd, dt, major);
   auto prepared = [&](const Tensor& t, int64_t elems) {
     const Tensor u = unit_last_stride(t);
