@@ -26,8 +26,6 @@ template <typename T> __device__ __forceinline__ float mask_value(const void* ma
 
 // ---- tensor-core kernel ---------------------------------------------------------------------------------
 
-__device__ __forceinline__ uint32_t ld_u32(const void* p) { return __ldg(static_cast<const unsigned int*>(p)); }
-
 // 2^x on the MUFU unit, subnormal results flushed to 0 (x <= 0 here: scores minus the running max). exp2f adds a
 // compare and two multiplies around the same instruction to keep subnormals, which P in 16 bits cannot hold anyway.
 __device__ __forceinline__ float exp2_ftz(float x) {
@@ -64,22 +62,46 @@ template <typename T> __device__ __forceinline__ void mma16816(float (&d)[4], co
 #endif
 }
 
-// Four 8x8 b16 matrices from shared memory, transposed: thread t gets element (2 (t % 4) + j, t / 4) of each.
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* row_address) {
+// Four 8x8 b16 matrices from shared memory; lane t addresses row t % 8 of matrix t / 8 and receives element
+// (t / 4, 2 (t % 4) + j) of each (.trans: element (2 (t % 4) + j, t / 4)).
+template <bool TRANS> __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* row_address) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const uint32_t a = static_cast<uint32_t>(__cvta_generic_to_shared(row_address));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
+  if constexpr (TRANS) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a));
+  }
 #endif
 }
 
-// Shared-memory rows padded by 8 elements (16 bytes): rows 4 banks apart, so the fragment loads of 8 key rows
-// (plain 32-bit loads for K, ldmatrix for V) touch 32 distinct banks.
+// 16 bytes global -> shared without registers; src_bytes 0 writes zeros (rows past S).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, int src_bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(src_bytes));
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;");
+#endif
+}
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;" ::"n"(N));
+#endif
+}
+
+// Shared-memory rows padded by 8 elements (16 bytes): rows 4 banks apart, so 8 rows of one ldmatrix phase (or of
+// the quad-wise fragment stores) touch 32 distinct banks.
 template <typename T, int HD> struct KeySmem {
   T k[kResident][HD + 8];
   T v[kResident][HD + 8];
-  float mask[kResident];  // log2-scaled additive mask; -inf past the last key
+  float mask[kResident];      // log2-scaled additive mask; -inf past the last key
+  T q[kWarps][2][16][HD + 8];  // per warp: this tile's Q (then its O, for coalesced stores) and the next tile's Q
 };
 
 // Keys key0 .. key0 + kResident (zeros and a -inf mask past L) into shared memory: every load issued before the
@@ -113,10 +135,26 @@ __device__ __forceinline__ void stage_keys(KeySmem<T, HD>& sm, const T* k, const
   }
 }
 
-// Grid (ctas per (b, h), H, B). Each warp takes 16-query tiles of its (b, h) in turn. With L <= kResident every
-// key stays in shared memory for all of a block's tiles and the warps run without barriers; longer key sequences
-// are staged kResident keys at a time for every tile.
-// Two blocks per SM at head dim 64 (128 registers; 136 uncapped would leave one), one at 128 (217 registers).
+// One warp's 16 query rows row0 .. row0 + 15 into its shared buffer (cp.async, one commit group; zeros past S).
+template <typename T, int HD>
+__device__ __forceinline__ void prefetch_q(T (&dst)[16][HD + 8], const T* q, int64_t q_ss, int64_t row0, int64_t S,
+                                           int lane) {
+#pragma unroll
+  for (int i = lane; i < 16 * (HD / 8); i += 32) {
+    const int r = i / (HD / 8), col = (i % (HD / 8)) * 8;
+    const bool in = row0 + r < S;
+    cp_async16(&dst[r][col], in ? q + (row0 + r) * q_ss + col : q, in ? 16 : 0);
+  }
+  cp_async_commit();
+}
+
+// Grid (ctas per (b, h), H, B). Each warp takes the 16-query tiles blockIdx.x * kWarps + warp + n * warps_per_bh of
+// its (b, h). With L <= kResident every key stays in shared memory for all of a block's tiles and the warps run
+// without barriers (a warp leaves when its tiles are done); longer key sequences are staged kResident keys at a
+// time, with barriers, so there every warp runs the same number of tiles (those past S compute and store nothing).
+// The next tile's Q is fetched by cp.async while this one computes; Q and K fragments come from shared memory by
+// ldmatrix, and O leaves through the warp's Q buffer as 16-byte row chunks.
+// Two blocks per SM at head dim 64 (128 registers), one at 128.
 template <typename T, int HD>
 __global__ void __launch_bounds__(kWarps * 32, HD == 64 ? 2 : 1) xattn_mma_kernel(XAttnParams p) {
   if constexpr (unsupported_here<T>()) {
@@ -129,6 +167,7 @@ __global__ void __launch_bounds__(kWarps * 32, HD == 64 ? 2 : 1) xattn_mma_kerne
     KeySmem<T, HD>& sm = *reinterpret_cast<KeySmem<T, HD>*>(smem_raw);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, c = lane & 3;  // fragment row group and column pair
+    const int mrow = lane & 7, mat = lane >> 3;  // the row and matrix this lane addresses in ldmatrix
     const int64_t b = blockIdx.z, h = blockIdx.y;
     const T* q = static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh;
     const T* k = static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh;
@@ -138,27 +177,27 @@ __global__ void __launch_bounds__(kWarps * 32, HD == 64 ? 2 : 1) xattn_mma_kerne
     const float scale = p.scale * kLog2e;
     const bool resident = p.L <= kResident;
     const int64_t tiles = (p.S + 15) / 16, warps_per_bh = static_cast<int64_t>(gridDim.x) * kWarps;
-    const int64_t iters = (tiles + warps_per_bh - 1) / warps_per_bh;  // the same for every warp of the grid
+    const int64_t first = blockIdx.x * kWarps + warp;
+    // Resident keys: this warp's own tile count; staged keys: the grid's largest, so that every warp meets every barrier.
+    const int64_t iters = resident ? (first < tiles ? (tiles - first + warps_per_bh - 1) / warps_per_bh : 0)
+                                   : (tiles + warps_per_bh - 1) / warps_per_bh;
+    T (*qbuf)[16][HD + 8] = sm.q[warp];
+    if (iters > 0) prefetch_q<T, HD>(qbuf[0], q, p.q_ss, first * 16, p.S, lane);
     if (resident) {
       stage_keys(sm, k, v, p, b, h, 0);
       __syncthreads();
     }
 
     for (int64_t it = 0; it < iters; ++it) {
-      const int64_t row0 = (it * warps_per_bh + blockIdx.x * kWarps + warp) * 16;  // past S: computes, stores nothing
-      // Q fragments (A operand, rows row0 + g and row0 + g + 8), straight from global memory.
-      uint32_t qa[HD / 16][4];
-      const bool in_a = row0 + g < p.S, in_b = row0 + g + 8 < p.S;
-#pragma unroll
-      for (int kk = 0; kk < HD / 16; ++kk) {
-        const int col = kk * 16 + 2 * c;
-        const T* ra = q + (row0 + g) * p.q_ss + col;
-        const T* rb = q + (row0 + g + 8) * p.q_ss + col;
-        qa[kk][0] = in_a ? ld_u32(ra) : 0u;
-        qa[kk][1] = in_b ? ld_u32(rb) : 0u;
-        qa[kk][2] = in_a ? ld_u32(ra + 8) : 0u;
-        qa[kk][3] = in_b ? ld_u32(rb + 8) : 0u;
+      const int buf = static_cast<int>(it & 1);
+      const int64_t row0 = (first + it * warps_per_bh) * 16;  // past S (staged keys only): computes, stores nothing
+      if (it + 1 < iters) {
+        prefetch_q<T, HD>(qbuf[buf ^ 1], q, p.q_ss, row0 + warps_per_bh * 16, p.S, lane);
+        cp_async_wait<1>();
+      } else {
+        cp_async_wait<0>();
       }
+      __syncwarp();
       float o[HD / 8][4];
 #pragma unroll
       for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -171,25 +210,30 @@ __global__ void __launch_bounds__(kWarps * 32, HD == 64 ? 2 : 1) xattn_mma_kerne
           __syncthreads();
         }
         for (int c0 = 0; c0 < kResident && key0 + c0 < p.L; c0 += kKeyChunk) {
-          // S = Q K^T for 64 keys: 8 tiles of 8 keys, c0/c1 row g, c2/c3 row g + 8, keys 8 nt + 2c (+1).
+          // S = Q K^T for 64 keys: 8 tiles of 8 keys, s[nt][0..1] row g, [2..3] row g + 8, keys 8 nt + 2c (+1).
           float s[kKeyChunk / 8][4];
 #pragma unroll
-          for (int nt = 0; nt < kKeyChunk / 8; ++nt) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-            const T* krow = sm.k[c0 + nt * 8 + g];
+          for (int nt = 0; nt < kKeyChunk / 8; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; ++kk) {
-              const uint32_t b0 = *reinterpret_cast<const uint32_t*>(krow + kk * 16 + 2 * c);
-              const uint32_t b1 = *reinterpret_cast<const uint32_t*>(krow + kk * 16 + 8 + 2 * c);
-              mma16816<T>(s[nt], qa[kk], b0, b1);
+          for (int kk = 0; kk < HD / 16; ++kk) {
+            // A: rows (0-7 | 8-15) x channels (kk*16 | +8), the order of mma's a0..a3.
+            uint32_t qa[4];
+            ldmatrix_x4<false>(qa, &qbuf[buf][mrow + (mat & 1) * 8][kk * 16 + (mat >> 1) * 8]);
+#pragma unroll
+            for (int nt = 0; nt < kKeyChunk / 8; nt += 2) {
+              // B of key tiles nt and nt + 1: matrices (nt lo | nt hi | nt+1 lo | nt+1 hi) of K's [key][channel] rows.
+              uint32_t kb[4];
+              ldmatrix_x4<false>(kb, &sm.k[c0 + (nt + (mat >> 1)) * 8 + mrow][kk * 16 + (mat & 1) * 8]);
+              mma16816<T>(s[nt], qa, kb[0], kb[1]);
+              mma16816<T>(s[nt + 1], qa, kb[2], kb[3]);
             }
           }
           float mx_a = -INFINITY, mx_b = -INFINITY;
 #pragma unroll
           for (int nt = 0; nt < kKeyChunk / 8; ++nt) {
-            const float k0 = sm.mask[c0 + nt * 8 + 2 * c], k1 = sm.mask[c0 + nt * 8 + 2 * c + 1];
-            s[nt][0] = fmaf(s[nt][0], scale, k0), s[nt][1] = fmaf(s[nt][1], scale, k1);
-            s[nt][2] = fmaf(s[nt][2], scale, k0), s[nt][3] = fmaf(s[nt][3], scale, k1);
+            const float2 km = *reinterpret_cast<const float2*>(&sm.mask[c0 + nt * 8 + 2 * c]);
+            s[nt][0] = fmaf(s[nt][0], scale, km.x), s[nt][1] = fmaf(s[nt][1], scale, km.y);
+            s[nt][2] = fmaf(s[nt][2], scale, km.x), s[nt][3] = fmaf(s[nt][3], scale, km.y);
             mx_a = fmaxf(mx_a, fmaxf(s[nt][0], s[nt][1]));
             mx_b = fmaxf(mx_b, fmaxf(s[nt][2], s[nt][3]));
           }
@@ -221,12 +265,12 @@ __global__ void __launch_bounds__(kWarps * 32, HD == 64 ? 2 : 1) xattn_mma_kerne
             const uint32_t pa[4] = {pack2<T>(s[2 * ks][0], s[2 * ks][1]), pack2<T>(s[2 * ks][2], s[2 * ks][3]),
                                     pack2<T>(s[2 * ks + 1][0], s[2 * ks + 1][1]),
                                     pack2<T>(s[2 * ks + 1][2], s[2 * ks + 1][3])};
-            // Matrices (keys 0-7 | 8-15) x (channels dn | dn + 8): thread t addresses row t % 8 of matrix t / 8.
-            const T* vrow = sm.v[c0 + ks * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)];
+            // Matrices (keys 0-7 | 8-15) x (channels dn | dn + 8), transposed.
+            const T* vrow = sm.v[c0 + ks * 16 + (mat & 1) * 8 + mrow];
 #pragma unroll
             for (int dn = 0; dn < HD / 8; dn += 2) {
               uint32_t vb[4];
-              ldmatrix_x4_trans(vb, vrow + (dn + (lane >> 4)) * 8);
+              ldmatrix_x4<true>(vb, vrow + (dn + (mat >> 1)) * 8);
               mma16816<T>(o[dn], pa, vb[0], vb[1]);
               mma16816<T>(o[dn + 1], pa, vb[2], vb[3]);
             }
@@ -240,12 +284,21 @@ __global__ void __launch_bounds__(kWarps * 32, HD == 64 ? 2 : 1) xattn_mma_kerne
         l_b += __shfl_xor_sync(0xffffffffu, l_b, off);
       }
       const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;  // 0/0 = NaN for a fully masked row, as torch's math
+      // O through this tile's Q buffer (its Q is no longer needed), then out as 16-byte chunks of whole rows.
+      __syncwarp();
 #pragma unroll
       for (int dn = 0; dn < HD / 8; ++dn) {
-        const int col = dn * 8 + 2 * c;
-        if (in_a) *reinterpret_cast<uint32_t*>(out + (row0 + g) * out_ss + col) = pack2<T>(o[dn][0] * inv_a, o[dn][1] * inv_a);
-        if (in_b) *reinterpret_cast<uint32_t*>(out + (row0 + g + 8) * out_ss + col) = pack2<T>(o[dn][2] * inv_b, o[dn][3] * inv_b);
+        *reinterpret_cast<uint32_t*>(&qbuf[buf][g][dn * 8 + 2 * c]) = pack2<T>(o[dn][0] * inv_a, o[dn][1] * inv_a);
+        *reinterpret_cast<uint32_t*>(&qbuf[buf][g + 8][dn * 8 + 2 * c]) = pack2<T>(o[dn][2] * inv_b, o[dn][3] * inv_b);
       }
+      __syncwarp();
+#pragma unroll
+      for (int i = lane; i < 16 * (HD / 8); i += 32) {
+        const int r = i / (HD / 8), col = (i % (HD / 8)) * 8;
+        if (row0 + r < p.S)
+          *reinterpret_cast<int4*>(out + (row0 + r) * out_ss + col) = *reinterpret_cast<const int4*>(&qbuf[buf][r][col]);
+      }
+      __syncwarp();  // the buffer takes the tile after next's Q
     }
 #endif
   }

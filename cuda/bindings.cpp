@@ -469,7 +469,7 @@ Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
     const Tensor u = unit_last_stride(t);
     return !mma || aligned_for(u, elems) ? u : u.clone(at::MemoryFormat::Contiguous);
   };
-  const Tensor q = prepared(q_in, 2), k = prepared(k_in, 8), v = prepared(v_in, 8);
+  const Tensor q = prepared(q_in, 8), k = prepared(k_in, 8), v = prepared(v_in, 8);
   XAttnParams p;
   p.B = B, p.S = S, p.L = L, p.H = H, p.hd = hd;
   p.q = q.data_ptr(), p.q_sb = q.stride(0), p.q_ss = q.stride(1), p.q_sh = q.stride(2);

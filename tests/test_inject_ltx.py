@@ -108,10 +108,13 @@ def test_cross_attention_kernel_only_where_diffusers_runs_its_default_backend(mo
 
 def test_cross_attention_by_default_only_at_the_head_dims_where_it_won():
     two_b, thirteen_b = _transformer("ltx-2b", device="meta"), _transformer("ltx-13b", device="meta")
-    assert apply_kernels(two_b, "reference").rules[ATTN2_RULES[False]] == 28  # head dim 64: SDPA (cuDNN) stays
+    assert apply_kernels(two_b, "reference").rules[ATTN2_RULES[True]] == 28  # head dim 64
     assert apply_kernels(thirteen_b, "reference").rules[ATTN2_RULES[True]] == 48  # head dim 128
+    tiny = _transformer(device="meta")  # head dim 32: the scalar path, slower than SDPA, so SDPA stays
+    assert apply_kernels(tiny, "reference").rules[ATTN2_RULES[False]] == 2
+    assert apply_kernels(_transformer(device="meta"), "reference", cross_attention=True).rules[ATTN2_RULES[True]] == 2
     assert apply_kernels(_transformer("ltx-2b", device="meta"), "reference",
-                         cross_attention=True).rules[ATTN2_RULES[True]] == 28
+                         cross_attention=False).rules[ATTN2_RULES[False]] == 28
 
 
 def test_fused_projections_are_used_and_keep_one_copy_of_the_weights(monkeypatch):
@@ -158,7 +161,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     processors = [(b.attn1.processor, b.attn2.processor) for b in model.transformer_blocks]
     report = apply_kernels(model, "reference")
     assert dict(report.rules) == {"rope: angles from coordinates": 1, MODEL_RULE: 1, BLOCK_RULE: 28,
-                                  "attn1: qk_rms_norm_rope": 28, ATTN2_RULES[False]: 28,
+                                  "attn1: qk_rms_norm_rope": 28, ATTN2_RULES[True]: 28,
                                   "attn1: one q/k/v GEMM": 28, "attn2: one k/v GEMM": 28,
                                   "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28,
                                   ATTN_FORWARD_RULE: 56}

@@ -280,10 +280,10 @@ def _plain_norms(block) -> bool:
 
 
 ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
-# Head dims where ops.cross_attention beat SDPA (cuDNN) for attn2, bf16 (results/{h200,h100}/micro-xattn*-fcc7bea):
-# hd 128 (13B, 2x8064 tokens over 128 keys) 202.8 vs 241.5 us on the H200, 202.5 vs 242.2 on the H100; at hd 64 (2B)
-# cuDNN is ahead at 49 frames (45.3 vs 42.9 us) and level at 161 (106.4 vs 107.6), so there None keeps SDPA.
-CROSS_ATTENTION_HEAD_DIMS = (128,)
+# Head dims where ops.cross_attention beat SDPA (cuDNN) for attn2, bf16, H200 (results/h200/micro-xattn*-PENDING):
+# hd 64 (2B) 36.9 vs 42.7 us at 49 frames, 84.3 vs 107.4 at 161; hd 128 (13B, 161 frames) 155.3 vs 242.6. Other head
+# dims run the kernel's scalar path, far slower than SDPA: there None keeps SDPA.
+CROSS_ATTENTION_HEAD_DIMS = (64, 128)
 
 
 def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True, fuse_projections: bool = True,
