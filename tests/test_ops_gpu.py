@@ -284,6 +284,25 @@ def test_cross_attention_keys_masked_out_chunk_by_chunk(dtype, hd):
     torch.testing.assert_close(got[1][:, keep], want[1][:, keep], atol=atol, rtol=rtol)
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("hd, heads", [(64, 128), (128, 64)])
+@pytest.mark.parametrize("keys", [77, 200])
+def test_cross_attention_warps_that_take_many_query_tiles(dtype, hd, heads, keys):
+    """More (batch, head) pairs than resident blocks: each warp loops over several 16-query tiles (the next tile's Q
+    prefetched while one computes), warps of one block run different tile counts (63 tiles over 8 warps), the last
+    tile is ragged (1000 = 62 x 16 + 8); keys resident (77) or staged in two passes (200)."""
+    from ltxbench import ops
+
+    gen = torch.Generator("cuda").manual_seed(keys + hd)
+    b, s, dt = 3, 1000, DTYPES[dtype]
+    q, k, v = (torch.randn(b, n, heads, hd, device="cuda", generator=gen).to(dt) for n in (s, keys, keys))
+    mask = torch.zeros(b, 1, 1, keys, device="cuda")
+    mask[1, :, :, keys // 3:] = -10000.0
+    got = ops.cross_attention(q, k, v, mask)
+    atol, rtol = SPECS["cross_attention"].tolerance(dt)
+    torch.testing.assert_close(got, reference.cross_attention(q, k, v, mask), atol=atol, rtol=rtol)
+
+
 def test_cross_attention_bad_arguments_name_the_argument():
     from ltxbench import ops
 
