@@ -282,7 +282,7 @@ def _plain_norms(block) -> bool:
 ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
 # Head dims where ops.cross_attention beat SDPA (cuDNN) for attn2, bf16, H200 (results/h200/micro-xattn*-6f3727d):
 # hd 64 (2B) 36.9 vs 42.7 us at 49 frames, 84.3 vs 107.4 at 161; hd 128 (13B, 161 frames) 155.3 vs 242.6. Other head
-# dims run the kernel's scalar path, far slower than SDPA: there None keeps SDPA.
+# dims take the kernel's scalar fp32 path, never measured faster than SDPA: there None keeps SDPA.
 CROSS_ATTENTION_HEAD_DIMS = (64, 128)
 
 
