@@ -4,8 +4,8 @@
 // 16-bit inputs with head dim 64 or 128 (sm_80+) run on the tensor cores (mma.sync m16n8k16, fp32 accumulators),
 // flash-attention style: blocks of 8 warps per (batch, head) hold up to 128 keys and the mask in shared memory,
 // each warp takes 16-query tiles in turn; scores in steps of 64 keys with a running max and sum per query row
-// (exp2 of log2-scaled scores); P rounded to the input dtype for the P.V product, as cuDNN and flash-attention do. Everything else (fp32, other head dims, pre-
-// Ampere) runs the scalar kernel: one warp per query row, fp32 math throughout.
+// (exp2 of log2-scaled scores); P rounded to the input dtype for the P.V product, as cuDNN and flash-attention do.
+// Everything else (fp32, other head dims, pre-Ampere) runs the scalar kernel: one warp per query row, fp32 math.
 #include "common/dtype.cuh"
 #include "common/params.h"
 

@@ -98,15 +98,11 @@ struct ActParams {
 
 cudaError_t launch_act(const ActParams& p, DType dtype, cudaStream_t stream);
 
-}  // namespace ltxbench
-
-namespace ltxbench {
-
 // softmax(q k^T * scale + mask) v per (batch, head): q (B, S, H, hd), k and v (B, L, H, hd) with any strides
 // (last dim contiguous), mask additive per key, broadcast over queries: (B|1, H|1, 1, L), fp32 or q's dtype,
 // element strides mask_sb / mask_sh (0 to broadcast). out is dense (B, S, H, hd). The tensor-core path
-// (xattn_uses_tensor_cores) needs q's strides even and 4-byte aligned, k's and v's multiples of 8 elements and
-// 16-byte aligned: the caller copies inputs that are not.
+// (xattn_uses_tensor_cores) moves q, k and v in 16-byte pieces (cp.async, int4): their strides must be multiples
+// of 8 elements and their data 16-byte aligned; the caller copies inputs that are not.
 struct XAttnParams {
   int64_t B = 0, S = 0, L = 0, H = 0, hd = 0;
   const void* q = nullptr;
