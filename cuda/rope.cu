@@ -102,8 +102,8 @@ __global__ void rope3d_kernel(Rope3dParams p) {
 // RMSNorm of q and k over D (weights wq, wk), then the 3-D RoPE: one read and one write of each.
 // Rows are cached in registers (MAXV vectors per thread), q and k reduced together.
 // From the grid: two blocks of 512 (four of 256) per SM, 71 -> 64 registers with 8 bytes of spill, H100 bf16
-// 2x8064x2048 102.5 -> 99.6 us, fp16 113.5 -> 99.1 (results/h100/tuning/qk-rope-minblocks.log). With tables the
-// same cap spills 100-170 bytes.
+// 2x8064x2048 103.0 -> 99.7 us (results/h100/tuning/qk-rope-6f3727d-vpt2-*.json -> qk-rope-5b38667-*.json). With
+// tables the same cap spills 100-170 bytes.
 template <typename T, int VEC, int MAXV, bool FROM_GRID>
 __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1) qk_norm_rope_kernel(Rope3dParams p, int tpr) {
   if constexpr (unsupported_here<T>()) {
