@@ -13,13 +13,36 @@ from ltxbench.results.schema import stats_from_samples
 HOST_HEADROOM_CYCLES = 400_000
 
 
+_libcuda = None
+
+
+def reset_persisting_l2() -> None:
+    """Demote every L2 line held under the evict_last (persisting) policy to normal (cuCtxResetPersistingL2Cache,
+    effective when it returns: call it with the GPU idle). A memset cannot evict such lines: loads with
+    `createpolicy ... evict_last` (ours, Triton's eviction_policy='evict_last', inductor's reductions) leave
+    their input in L2 across do_bench's flush. H100, ncu after a 256 MB memset: our RMSNorm re-read its
+    1x1024x2048 input entirely from L2 (0 DRAM bytes, 4.7 us against 5.9 after a reset), and a plain-load
+    kernel after it found 22% of a 2x2688x2048 input there (results/h100/tuning/l2-persist-ncu.csv)."""
+    global _libcuda
+    import ctypes
+
+    if _libcuda is None:
+        _libcuda = ctypes.CDLL("libcuda.so.1")
+    status = _libcuda.cuCtxResetPersistingL2Cache()
+    if status != 0:
+        raise RuntimeError(f"cuCtxResetPersistingL2Cache failed with CUresult {status}")
+
+
 @contextlib.contextmanager
 def host_headroom(cycles: int = HOST_HEADROOM_CYCLES):
-    """Within it, triton's L2 flush before each timed call is followed by a GPU sleep of `cycles`, so the host
-    has enqueued the call before the GPU reaches the call's start event. A provider's host overhead (Python,
-    dispatch, dynamo guards) then never counts as GPU time; without it, calls whose host path outlasts the flush
-    (a torch.compile'd function, or any call when the host stalls) time host overhead at small shapes: bimodal
-    samples, H100 RMSNorm 1x1024x2048 under torch.compile p20 5.3 us, p80 41.4 (results/h100/micro-2026-11-23g)."""
+    """Within it, triton's L2 flush before each timed call (1) starts from an idle GPU with no persisting L2
+    lines (reset_persisting_l2), so every call and every provider reads its inputs from DRAM, and (2) is
+    followed by a GPU sleep of `cycles`, so the host has enqueued the call before the GPU reaches the call's
+    start event. Without (1) a provider timed after an evict_last kernel on the same input read part of it
+    from L2: F.rms_norm 1x1024x2048 6.88 us against 8.99 on an input that kernel never read (results/h100/
+    tuning/l2-persist-bias.log). Without (2) a provider's host overhead (Python, dispatch, dynamo guards)
+    counted as GPU time at small shapes: bimodal samples, H100 RMSNorm 1x1024x2048 under torch.compile p20
+    5.3 us, p80 41.4 (results/h100/micro-2026-11-23g)."""
     import torch
     from triton import runtime
 
@@ -28,6 +51,8 @@ def host_headroom(cycles: int = HOST_HEADROOM_CYCLES):
     flush = driver.clear_cache
 
     def flush_then_sleep(cache):
+        torch.cuda.synchronize()
+        reset_persisting_l2()
         flush(cache)
         torch.cuda._sleep(cycles)
 
@@ -46,8 +71,8 @@ def time_cuda(fn: Callable[[], object], *, warmup_ms: float = 25, rep_ms: float 
     """Milliseconds per call as stats {median, p20, p80, min, max, n}, warmup excluded.
 
     do_bench: triton.testing.do_bench (CUDA events around each call, L2 flushed before each, all samples
-    returned), with host_headroom. cudagraph: triton's do_bench_cudagraph, which removes launch overhead (L2
-    not flushed).
+    returned), with host_headroom (persisting L2 lines reset before each flush, a GPU sleep after it).
+    cudagraph: triton's do_bench_cudagraph, which removes launch overhead (L2 not flushed).
     """
     from triton.testing import do_bench, do_bench_cudagraph
 

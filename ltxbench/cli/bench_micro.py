@@ -113,7 +113,8 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
     config = {"kernels": sorted({c.kernel for c in cases}), "dtypes": dtypes, "shapes": shapes,
               "providers": providers, "timer": timer, "variant": variant, "copy_peak_gbps": copy["gbps"],
               "copy_bytes": copy["bytes"],
-              "host_headroom_cycles": HOST_HEADROOM_CYCLES if timer == "do_bench" else 0}
+              "host_headroom_cycles": HOST_HEADROOM_CYCLES if timer == "do_bench" else 0,
+              "l2_persisting_reset": timer == "do_bench"}
     doc = make_result("micro", argv, config, seed, started, utc_now(), records)
     json_path, csv_path = write_result(doc, output, force)
 
