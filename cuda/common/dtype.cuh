@@ -40,16 +40,13 @@ template <typename T, int N> __device__ __forceinline__ Vec<T, N> load_raw(const
 }
 
 // One vector loaded with an L2 evict_last policy (what Triton emits for eviction_policy='evict_last'): the row
-// inputs (x, a, gate) of the row kernels, the activations' inputs, q/k of rope_3d and rope_1d (not the fused q/k
-// norm + RoPE, 1.5-2.9% slower with it; the others 0.5-2% faster, swiglu decode 6%: results/h100/tuning/
-// l2-hint-more-*). On the H100 with do_bench's flushed (dirty) L2, bf16: RMSNorm
-// 1x1024x2048 7.8 -> 6.4 us, 2x1024x2048 11.0 -> 8.4, RMSNorm + modulation 1x1024x2048 8.1 -> 6.5, fused add +
-// RMSNorm 8192x4096 95.1 -> 93.9, geomean over 53 row-op shapes 0.944 (results/h100/tuning/l2-hint-*); H200:
-// RMSNorm 1x1024x2048 6.8 -> 5.9 us, fused add + RMSNorm 8192x4096 71.0 -> 67.5, geomean 0.959, but the LayerNorm +
-// modulation kernel (issue-bound there) 40.0 -> 41.2 and 75.2 -> 78.5 at the LTX shapes, so LayerNorm rows load
-// without it (results/h200/tuning/l2-hint-*). The hint on the scale/shift loads too cost the modulated norms 2-3%;
-// the L1 qualifier changes nothing. Why it shortens a kernel that reads each line once is not established: the
-// kernel's own time moved (CUPTI, 1x1024x2048 after a flush: 4.6 -> 3.1 us), not its launch.
+// inputs (x, a, gate) of the row kernels, the activations' inputs, q/k of rope_3d and rope_1d. Measured with
+// bench micro's timer resetting persisting L2 lines before each flush (H200, results/h200/tuning/load-policy-ab):
+// plain, evict-first and read-only-path (__ldg) loads instead are 2.2% / 4.3% / 3.2% slower (geomean over 47
+// row-op and SwiGLU shapes). Left without it, slower with it: LayerNorm rows (1.1-4.5% at the LTX shapes), the
+// exact-GELU GEGLU (2%), the fused q/k norm + RoPE (16-19%; results/h200/tuning/load-policy-ab-more). Lines loaded
+// so survive a memset of the whole L2: the earlier A/Bs (results/*/tuning/l2-hint-*), timed before that reset,
+// partly measured L2 reads (RMSNorm 1x1024x2048 "7.8 -> 6.4 us"; results/h100/tuning/l2-persist-ncu.csv).
 template <typename T, int N> __device__ __forceinline__ Vec<T, N> load_raw_keep(const T* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return load_raw<T, N>(p);  // cache policies are sm_80+
