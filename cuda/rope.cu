@@ -35,7 +35,10 @@ template <typename T> __device__ __forceinline__ void angle_sincos(float x, floa
 }
 
 // cos/sin of channels [col, col + VEC) of token (b, s): from the precomputed tables, or from the grid.
-template <typename T, int VEC, bool FROM_GRID>
+// AXIS_BY_SELECT: a pair's grid axis picked by selects rather than by indexing g3 (a run-time index puts g3 in
+// local memory): rope_3d 5-8% faster (H200, 2x2688 to 2x8064 tokens), the fused q/k norm + RoPE 1-3% slower
+// (results/h200/tuning/qk-ab/).
+template <typename T, int VEC, bool FROM_GRID, bool AXIS_BY_SELECT = false>
 __device__ __forceinline__ void ltx_angles(const Rope3dParams& p, int64_t b, int64_t s, int64_t col,
                                            float (&c)[VEC], float (&sn)[VEC]) {
   if constexpr (FROM_GRID) {
@@ -50,7 +53,9 @@ __device__ __forceinline__ void ltx_angles(const Rope3dParams& p, int64_t b, int
       if (ch >= pad) {
         const int pair = (ch - pad) >> 1;
         const int f = pair / 3;
-        const float t = g3[pair - 3 * f] * 2.f - 1.f;  // same two roundings as diffusers: grid*2-1, freqs*t
+        const int axis = pair - 3 * f;
+        const float gv = AXIS_BY_SELECT ? (axis == 0 ? g3[0] : axis == 1 ? g3[1] : g3[2]) : g3[axis];
+        const float t = gv * 2.f - 1.f;  // same two roundings as diffusers: grid*2-1, freqs*t
         angle_sincos<T>(__fmul_rn(__ldg(p.freqs + f), t), &sv, &cv);
       }
       c[m] = c[m + 1] = cv;
@@ -88,7 +93,7 @@ __global__ void rope3d_kernel(Rope3dParams p) {
       const Vec<T, VEC> rq = load_raw_keep<T, VEC>(at_row<T>(p.q, b, s) + col);
       const Vec<T, VEC> rk = load_raw_keep<T, VEC>(at_row<T>(p.k, b, s) + col);
       float c[VEC], sn[VEC], q[VEC], k[VEC];
-      ltx_angles<T, VEC, FROM_GRID>(p, b, s, col, c, sn);
+      ltx_angles<T, VEC, FROM_GRID, true>(p, b, s, col, c, sn);
       to_floats<T, VEC>(rq, q);
       to_floats<T, VEC>(rk, k);
       rotate_interleaved<VEC>(q, c, sn);
@@ -101,9 +106,10 @@ __global__ void rope3d_kernel(Rope3dParams p) {
 
 // RMSNorm of q and k over D (weights wq, wk), then the 3-D RoPE: one read and one write of each.
 // Rows are cached in registers (MAXV vectors per thread), q and k reduced together.
-// From the grid: two blocks of 512 (four of 256) per SM, 71 -> 64 registers with 8 bytes of spill, H100 bf16
-// 2x8064x2048 103.0 -> 99.7 us (results/h100/tuning/qk-rope-6f3727d-vpt2-*.json -> qk-rope-5b38667-*.json). With
-// tables the same cap spills 100-170 bytes.
+// From the grid: two blocks of 512 (four of 256) per SM, 71 -> 64 registers, H100 bf16 2x8064x2048 103.0 -> 99.7
+// us (results/h100/tuning/qk-rope-6f3727d-vpt2-*.json -> qk-rope-5b38667-*.json); the 8 bytes it then spilled went
+// when q and k stayed packed across the reduction: H200 bf16 2.4-2.9% faster at the LTX shapes, fp16 -0.3 to +1.4%
+// (results/h200/tuning/qk-ab/). With tables the same cap spills 100-170 bytes.
 template <typename T, int VEC, int MAXV, bool FROM_GRID>
 __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1) qk_norm_rope_kernel(Rope3dParams p, int tpr) {
   if constexpr (unsupported_here<T>()) {
@@ -136,15 +142,17 @@ __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1) qk_norm_rop
     for (int i = 0; i < MAXV; ++i) {
       if (valid[i]) ltx_angles<T, VEC, FROM_GRID>(p, b, s, (lane + static_cast<int64_t>(i) * tpr) * VEC, c[i], sn[i]);
     }
-    float q[MAXV][VEC], k[MAXV][VEC];
+    // q and k stay packed in T across the reduction and are widened twice (for the sums, then for the output):
+    // float copies of both rows beside the angles spilled under the register cap.
     float sums[2] = {0.f, 0.f};
 #pragma unroll
     for (int i = 0; i < MAXV; ++i) {
       if (!valid[i]) continue;
-      to_floats<T, VEC>(rq[i], q[i]);
-      to_floats<T, VEC>(rk[i], k[i]);
+      float q[VEC], k[VEC];
+      widen<T, VEC>(rq[i], q);
+      widen<T, VEC>(rk[i], k);
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) sums[0] += q[i][e] * q[i][e], sums[1] += k[i][e] * k[i][e];
+      for (int e = 0; e < VEC; ++e) sums[0] += q[e] * q[e], sums[1] += k[e] * k[e];
     }
     row_group_sum<2>(sums, tpr, smem);
     const float D = static_cast<float>(p.D);
@@ -153,15 +161,17 @@ __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1) qk_norm_rop
     for (int i = 0; i < MAXV; ++i) {
       if (!valid[i]) continue;
       const int64_t col = (lane + static_cast<int64_t>(i) * tpr) * VEC;
-      float wq[VEC], wk[VEC];
+      float q[VEC], k[VEC], wq[VEC], wk[VEC];
+      widen<T, VEC>(rq[i], q);
+      widen<T, VEC>(rk[i], k);
       load_vec<T, VEC>(static_cast<const T*>(p.wq) + col, wq);
       load_vec<T, VEC>(static_cast<const T*>(p.wk) + col, wk);
 #pragma unroll
-      for (int e = 0; e < VEC; ++e) q[i][e] *= rq_std * wq[e], k[i][e] *= rk_std * wk[e];
-      rotate_interleaved<VEC>(q[i], c[i], sn[i]);
-      rotate_interleaved<VEC>(k[i], c[i], sn[i]);
-      store_vec<T, VEC>(static_cast<T*>(p.q_out) + token * p.D + col, q[i]);
-      store_vec<T, VEC>(static_cast<T*>(p.k_out) + token * p.D + col, k[i]);
+      for (int e = 0; e < VEC; ++e) q[e] *= rq_std * wq[e], k[e] *= rk_std * wk[e];
+      rotate_interleaved<VEC>(q, c[i], sn[i]);
+      rotate_interleaved<VEC>(k, c[i], sn[i]);
+      store_vec<T, VEC>(static_cast<T*>(p.q_out) + token * p.D + col, q);
+      store_vec<T, VEC>(static_cast<T*>(p.k_out) + token * p.D + col, k);
     }
   }
 }
