@@ -4,6 +4,7 @@ bandwidth ceiling measured in the same process (the 100% line of `bench micro`).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
 
 from ltxbench.results.schema import stats_from_samples
@@ -13,7 +14,11 @@ from ltxbench.results.schema import stats_from_samples
 HOST_HEADROOM_CYCLES = 400_000
 
 
-_libcuda = None
+@functools.cache
+def _libcuda():
+    import ctypes
+
+    return ctypes.CDLL("libcuda.so.1")
 
 
 def reset_persisting_l2() -> None:
@@ -23,12 +28,7 @@ def reset_persisting_l2() -> None:
     their input in L2 across do_bench's flush. H100, ncu after a 256 MB memset: our RMSNorm re-read its
     1x1024x2048 input entirely from L2 (0 DRAM bytes, 4.7 us against 5.9 after a reset), and a plain-load
     kernel after it found 22% of a 2x2688x2048 input there (results/h100/tuning/l2-persist-ncu.csv)."""
-    global _libcuda
-    import ctypes
-
-    if _libcuda is None:
-        _libcuda = ctypes.CDLL("libcuda.so.1")
-    status = _libcuda.cuCtxResetPersistingL2Cache()
+    status = _libcuda().cuCtxResetPersistingL2Cache()
     if status != 0:
         raise RuntimeError(f"cuCtxResetPersistingL2Cache failed with CUresult {status}")
 
