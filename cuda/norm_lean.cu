@@ -24,16 +24,21 @@ constexpr int kOneInputMinBlocks = 0;  // Turing: 1024 threads per SM leave no r
 #else
 constexpr int kOneInputMinBlocks = 3;
 #endif
-template <typename T> constexpr int lean_min_blocks(int arity) {
+template <typename T> __host__ __device__ constexpr int lean_min_blocks(int arity) {
   return arity == 1 && !std::is_same_v<T, __half> ? kOneInputMinBlocks : 0;
 }
 
 // What follows the normalization: nothing, the (D,) weight, or AdaLN's * (1 + scale) + shift.
 enum class Affine : int { None, Weight, Modulate };
 
-// A row's statistics from its mean and its sum of squares around it (1 / D rounded once on the host).
+// A row's statistics from its mean and its sum of squares around it (1 / D rounded once on the host). 16-bit
+// outputs take rsqrtf (MUFU, <= 2 ulp of fp32, far below their rounding) instead of the IEEE sqrt and division,
+// ~25 instructions per thread of a few hundred; fp32 outputs keep the IEEE form (row_math.cuh, rms_stats).
+template <typename T, bool FAST = true>
 __device__ __forceinline__ RowStats row_stats(float mean, float sum_sq, float inv_d, float eps) {
-  return RowStats{mean, 1.f / sqrtf(fmaf(sum_sq, inv_d, eps))};
+  const float var = fmaf(sum_sq, inv_d, eps);
+  if constexpr (FAST && sizeof(T) == 2) return RowStats{mean, rsqrtf(var)};
+  else return RowStats{mean, 1.f / sqrtf(var)};
 }
 
 // LayerNorm statistics of a row held in registers by whole warps: each warp's mean from a warp sum, refined
@@ -44,16 +49,25 @@ __device__ __forceinline__ RowStats row_stats(float mean, float sum_sq, float in
 // tuning/ln-warp-*, before the refinement), as fast as a shifted single pass. The warps' triples are combined by
 // butterfly shuffles rather than a loop over shared memory in every thread: 2x8064x4096 86.5 -> 75.6 us,
 // 2x8064x2048 43.2 -> 39.5 (tuning/ln-shfl-*). smem: 3 floats per warp.
-template <int VEC, int VPT>
+// FULL: every thread holds VPT valid vectors, so each warp holds 32 * VPT * VEC values (a power of two) and
+// the divisions by the count are exact multiplications.
+template <typename T, int VEC, int VPT, bool FULL, bool FAST>
 __device__ __forceinline__ RowStats lean_layer_stats(const float (&h)[VPT][VEC], const bool (&valid)[VPT],
                                                      float sum, float* smem, float inv_d, float eps) {
-  int count = 0;  // values held by this warp, exact
+  int count = 32 * VPT * VEC;  // values held by this warp, exact
+  if constexpr (!FULL) {
+    count = 0;
 #pragma unroll
-  for (int i = 0; i < VPT; ++i) count += VEC * __popc(__ballot_sync(0xffffffffu, valid[i]));
+    for (int i = 0; i < VPT; ++i) count += VEC * __popc(__ballot_sync(0xffffffffu, valid[i]));
+  }
   float s[1] = {sum};
   warp_sum<1>(s);
   const float n = static_cast<float>(count);
-  const float first = count > 0 ? __fdividef(s[0], n) : 0.f;
+  const auto per_value = [&](float total) {
+    if constexpr (FULL) return total * (1.f / (32 * VPT * VEC));
+    else return count > 0 ? __fdividef(total, n) : 0.f;
+  };
+  const float first = per_value(s[0]);
   float dq[2] = {0.f, 0.f};  // Σd and Σd² with d = h - first
 #pragma unroll
   for (int i = 0; i < VPT; ++i) {
@@ -66,11 +80,11 @@ __device__ __forceinline__ RowStats lean_layer_stats(const float (&h)[VPT][VEC],
     }
   }
   warp_sum<2>(dq);
-  const float correction = count > 0 ? __fdividef(dq[0], n) : 0.f;
+  const float correction = per_value(dq[0]);
   const float warp_mean = first + correction;
   const float warp_m2 = fmaxf(dq[1] - dq[0] * correction, 0.f);
   const int warps = blockDim.x >> 5;
-  if (warps == 1) return row_stats(warp_mean, warp_m2, inv_d, eps);
+  if (warps == 1) return row_stats<T, FAST>(warp_mean, warp_m2, inv_d, eps);
   const int lane = threadIdx.x & 31;
   if (lane == 0) {
     float* slot = smem + 3 * (threadIdx.x >> 5);
@@ -80,7 +94,8 @@ __device__ __forceinline__ RowStats lean_layer_stats(const float (&h)[VPT][VEC],
   }
   __syncthreads();
   // Lane w of every warp takes warp w's triple and butterfly shuffles combine them: every thread gets the same
-  // bits, with no serial loop over shared memory.
+  // bits, with no serial loop over shared memory. (Shuffling over only `warps` lanes, a runtime width, compiles
+  // to a loop that issues more instructions than the five unrolled levels.)
   const float base = smem[1];  // warp 0's mean: deviations from it stay small where Σ n_w mean_w would round
   float nw = 0.f, mw = base, m2w = 0.f;
   if (lane < warps) {
@@ -94,13 +109,13 @@ __device__ __forceinline__ RowStats lean_layer_stats(const float (&h)[VPT][VEC],
   const float d = mw - mean;
   float m2[1] = {fmaf(nw * d, d, m2w)};  // Σ M2_w + n_w (mean_w - mean)²: every term non-negative
   warp_sum<1>(m2);
-  return row_stats(mean, m2[0], inv_d, eps);
+  return row_stats<T, FAST>(mean, m2[0], inv_d, eps);
 }
 
 // The sum of one value per thread over the block (one row, whole warps); every thread gets the same bits.
 // smem holds a float per warp. row_group_sum<1>(v, blockDim.x, smem) computes the same with a row division and
-// a second barrier, which the one-row block does not need. (The butterfly combine of lean_layer_stats made rms_norm_modulate spill 16 bytes
-// under the register cap and lose 8%: results/h200/tuning/ln-shfl-*.)
+// a second barrier, which the one-row block does not need. (The butterfly combine of lean_layer_stats made
+// rms_norm_modulate spill 16 bytes under the register cap and lose 8%: results/h200/tuning/ln-shfl-*.)
 __device__ __forceinline__ float block_sum(float v, float* smem) {
   float s[1] = {v};
   warp_sum<1>(s);
@@ -118,13 +133,22 @@ __device__ __forceinline__ float block_sum(float v, float* smem) {
 // throughput 76-86%, DRAM 48-64%; results/h200/tuning/ncu-*), so the norm kind is fixed at compile time and the
 // modulation folded into one factor per channel, every instruction per element counting: rms_norm_modulate
 // 2x8064x4096 75.3 -> 70.5 us, layer_norm_modulate 86.5 -> 82.1 (tuning/row-fold-*).
-template <typename T, int VEC, int VPT, int ARITY, Affine AFF, NormKind NORM>
+// FULL (LayerNorm rows only, where the per-thread statistics work dominates): D = VPT x VEC x blockDim.x, so no
+// thread checks its vectors' bounds or counts the warp's values. With rsqrtf, ~20% fewer instructions per thread
+// (sm_90 SASS): H200 layer_norm_modulate 2x8064x4096 bf16 75.36 -> 72.42 us, fp16 87.62 -> 72.99; 1x1024x2048 to
+// 2x4096x3072 1-4% faster in bf16, fp16 within +-2% below 2x4096x3072 (results/h200/tuning/ln-full-ab/final).
+template <typename T, int VEC, int VPT, int ARITY, Affine AFF, NormKind NORM, bool FULL = false>
 __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) row_op_lean(RowOpParams p, float inv_d) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
     constexpr bool kMod = AFF == Affine::Modulate;
     constexpr bool kLayer = NORM == NormKind::Layer;
+    // One-input rows under the 40-register cap (FULL LayerNorm rows aside) keep the IEEE rstd and a run-time
+    // h_out test: rsqrtf and the compile-time test spilled 4-8 bytes there, bf16 rms_norm_modulate 1.5-3.7%
+    // slower (H200, results/h200/tuning/ln-full-ab/first). Elsewhere they save instructions: fp16
+    // rms_norm_modulate 2.5-11.5% faster at 2x2688x2048 and up (ln-full-ab/final).
+    constexpr bool kTight = lean_min_blocks<T>(ARITY) > 0 && !(kLayer && FULL);
     __shared__ float smem[3 * kLeanMaxThreads / 32];
     const int64_t b = blockIdx.y, s = blockIdx.x;
     const int64_t row = b * p.S + s;
@@ -142,20 +166,21 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {  // every load of the row, the weight's included, before any arithmetic
       const int j = threadIdx.x + i * blockDim.x;
-      valid[i] = j < nvec;
+      valid[i] = FULL || j < nvec;
       if (!valid[i]) continue;
       raw[i] = load_raw_h<T, VEC, ARITY, !kLayer>(r, static_cast<int64_t>(j) * VEC);  // see load_raw_keep
       if constexpr (AFF == Affine::Weight) w[i] = load_raw<T, VEC>(static_cast<const T*>(p.weight) + j * VEC);
     }
     T* out = static_cast<T*>(p.out) + row * p.D;
-    T* h_out = p.h_out ? static_cast<T*>(p.h_out) + row * p.D : nullptr;
+    // Without a residual h is x and no op asks for h_out.
+    T* h_out = (kTight || ARITY >= 2) && p.h_out ? static_cast<T*>(p.h_out) + row * p.D : nullptr;
     float h[VPT][VEC];
     float s1 = 0.f;  // Σh for LayerNorm (its mean), Σh² for RMSNorm
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (!valid[i]) continue;
       combine_h<T, VEC, ARITY>(raw[i], h[i]);
-      if (h_out) store_vec<T, VEC>(h_out + (threadIdx.x + i * blockDim.x) * VEC, h[i]);
+      if ((kTight || ARITY >= 2) && h_out) store_vec<T, VEC>(h_out + (threadIdx.x + i * blockDim.x) * VEC, h[i]);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         if constexpr (kLayer) s1 += h[i][k];
@@ -164,11 +189,11 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
     }
     float mean = 0.f, rstd = 1.f;
     if constexpr (kLayer) {
-      const RowStats st = lean_layer_stats<VEC, VPT>(h, valid, s1, smem, inv_d, p.eps);
+      const RowStats st = lean_layer_stats<T, VEC, VPT, FULL, !kTight>(h, valid, s1, smem, inv_d, p.eps);
       mean = st.mean;
       rstd = st.rstd;
     } else if constexpr (NORM == NormKind::RMS) {
-      rstd = row_stats(0.f, block_sum(s1, smem), inv_d, p.eps).rstd;
+      rstd = row_stats<T, !kTight>(0.f, block_sum(s1, smem), inv_d, p.eps).rstd;
     }
     // scale/shift after the reduction: loaded with x they cost registers, and occupancy, that the wait for
     // them (L1/L2 hits: one (D,) pair per batch) does not repay (results/h200/tuning/mod-lean-*).
@@ -206,11 +231,11 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
   }
 }
 
-template <typename T, int VPT, int ARITY, Affine AFF, NormKind NORM = NormKind::RMS>
+template <typename T, int VPT, int ARITY, Affine AFF, NormKind NORM = NormKind::RMS, bool FULL = false>
 cudaError_t launch_lean(const RowOpParams& p, int threads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
   const float inv_d = static_cast<float>(1.0 / static_cast<double>(p.D));
-  row_op_lean<T, vec_width<T>(), VPT, ARITY, AFF, NORM><<<grid, threads, 0, stream>>>(p, inv_d);
+  row_op_lean<T, vec_width<T>(), VPT, ARITY, AFF, NORM, FULL><<<grid, threads, 0, stream>>>(p, inv_d);
   return cudaGetLastError();
 }
 
@@ -222,7 +247,11 @@ cudaError_t launch_arity(const RowOpParams& p, int threads, cudaStream_t stream)
 }
 
 template <typename T, int VPT> cudaError_t launch_vpt(const RowOpParams& p, int threads, cudaStream_t stream) {
-  if (p.norm == NormKind::Layer) return launch_lean<T, VPT, 1, Affine::Modulate, NormKind::Layer>(p, threads, stream);
+  if (p.norm == NormKind::Layer) {
+    if (p.D == static_cast<int64_t>(VPT) * vec_width<T>() * threads)
+      return launch_lean<T, VPT, 1, Affine::Modulate, NormKind::Layer, true>(p, threads, stream);
+    return launch_lean<T, VPT, 1, Affine::Modulate, NormKind::Layer>(p, threads, stream);
+  }
   if (p.norm == NormKind::None) return launch_lean<T, VPT, 3, Affine::None, NormKind::None>(p, threads, stream);
   if (p.scale.ptr) return launch_arity<T, VPT, Affine::Modulate>(p, threads, stream);
   if (p.weight) return launch_arity<T, VPT, Affine::Weight>(p, threads, stream);

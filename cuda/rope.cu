@@ -111,7 +111,8 @@ __global__ void rope3d_kernel(Rope3dParams p) {
 // when q and k stayed packed across the reduction: H200 bf16 2.4-2.9% faster at the LTX shapes, fp16 -0.3 to +1.4%
 // (results/h200/tuning/qk-ab/). With tables the same cap spills 100-170 bytes.
 template <typename T, int VEC, int MAXV, bool FROM_GRID>
-__global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1) qk_norm_rope_kernel(Rope3dParams p, int tpr) {
+__global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1)
+    qk_norm_rope_kernel(Rope3dParams p, int tpr, float inv_d) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
@@ -155,8 +156,17 @@ __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1) qk_norm_rop
       for (int e = 0; e < VEC; ++e) sums[0] += q[e] * q[e], sums[1] += k[e] * k[e];
     }
     row_group_sum<2>(sums, tpr, smem);
-    const float D = static_cast<float>(p.D);
-    const float rq_std = 1.f / sqrtf(sums[0] / D + p.eps), rk_std = 1.f / sqrtf(sums[1] / D + p.eps);
+    // 16-bit outputs: rsqrtf (MUFU, <= 2 ulp of fp32, as torch.rsqrt in the model's own RMSNorm) on the mean
+    // from 1 / D rounded once on the host; fp32 keeps the IEEE division and sqrt. The two IEEE pairs cost ~60
+    // instructions per thread in a kernel that issues ~28 per element: H200 bf16 2x2688 / 2x8064 x2048 / 2x8064x4096
+    // 33.41 / 82.37 / 159.68 -> 32.32 / 80.22 / 154.66 us, fp16 5-6% faster (results/h200/tuning/ln-full-ab/qk).
+    float rq_std, rk_std;
+    if constexpr (sizeof(T) == 2) {
+      rq_std = rsqrtf(fmaf(sums[0], inv_d, p.eps)), rk_std = rsqrtf(fmaf(sums[1], inv_d, p.eps));
+    } else {
+      const float D = static_cast<float>(p.D);
+      rq_std = 1.f / sqrtf(sums[0] / D + p.eps), rk_std = 1.f / sqrtf(sums[1] / D + p.eps);
+    }
 #pragma unroll
     for (int i = 0; i < MAXV; ++i) {
       if (!valid[i]) continue;
@@ -326,7 +336,8 @@ cudaError_t launch_3d_with(const Rope3dParams& p, cudaStream_t stream) {
   const int rows_per_block = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
   const int64_t blocks = (p.B * p.S + rows_per_block - 1) / rows_per_block;
   qk_norm_rope_kernel<T, VEC, MAXV, FROM_GRID>
-      <<<static_cast<unsigned>(blocks), rows_per_block * tpr, 0, stream>>>(p, tpr);
+      <<<static_cast<unsigned>(blocks), rows_per_block * tpr, 0, stream>>>(
+          p, tpr, static_cast<float>(1.0 / static_cast<double>(p.D)));
   return cudaGetLastError();
 }
 
