@@ -34,7 +34,7 @@ enum class Affine : int { None, Weight, Modulate };
 // A row's statistics from its mean and its sum of squares around it (1 / D rounded once on the host). 16-bit
 // outputs take rsqrtf (MUFU, <= 2 ulp of fp32, far below their rounding) instead of the IEEE sqrt and division,
 // ~25 instructions per thread of a few hundred; fp32 outputs keep the IEEE form (row_math.cuh, rms_stats).
-template <typename T, bool FAST = true>
+template <typename T, bool FAST>
 __device__ __forceinline__ RowStats row_stats(float mean, float sum_sq, float inv_d, float eps) {
   const float var = fmaf(sum_sq, inv_d, eps);
   if constexpr (FAST && sizeof(T) == 2) return RowStats{mean, rsqrtf(var)};
@@ -149,6 +149,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
     // slower (H200, results/h200/tuning/ln-full-ab/first). Elsewhere they save instructions: fp16
     // rms_norm_modulate 2.5-11.5% faster at 2x2688x2048 and up (ln-full-ab/final).
     constexpr bool kTight = lean_min_blocks<T>(ARITY) > 0 && !(kLayer && FULL);
+    constexpr bool kMayStoreH = kTight || ARITY >= 2;  // without a residual h is x and no op asks for h_out
     __shared__ float smem[3 * kLeanMaxThreads / 32];
     const int64_t b = blockIdx.y, s = blockIdx.x;
     const int64_t row = b * p.S + s;
@@ -172,15 +173,14 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
       if constexpr (AFF == Affine::Weight) w[i] = load_raw<T, VEC>(static_cast<const T*>(p.weight) + j * VEC);
     }
     T* out = static_cast<T*>(p.out) + row * p.D;
-    // Without a residual h is x and no op asks for h_out.
-    T* h_out = (kTight || ARITY >= 2) && p.h_out ? static_cast<T*>(p.h_out) + row * p.D : nullptr;
+    T* h_out = kMayStoreH && p.h_out ? static_cast<T*>(p.h_out) + row * p.D : nullptr;
     float h[VPT][VEC];
     float s1 = 0.f;  // Σh for LayerNorm (its mean), Σh² for RMSNorm
 #pragma unroll
     for (int i = 0; i < VPT; ++i) {
       if (!valid[i]) continue;
       combine_h<T, VEC, ARITY>(raw[i], h[i]);
-      if ((kTight || ARITY >= 2) && h_out) store_vec<T, VEC>(h_out + (threadIdx.x + i * blockDim.x) * VEC, h[i]);
+      if (h_out) store_vec<T, VEC>(h_out + (threadIdx.x + i * blockDim.x) * VEC, h[i]);
 #pragma unroll
       for (int k = 0; k < VEC; ++k) {
         if constexpr (kLayer) s1 += h[i][k];
@@ -234,8 +234,7 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
 template <typename T, int VPT, int ARITY, Affine AFF, NormKind NORM = NormKind::RMS, bool FULL = false>
 cudaError_t launch_lean(const RowOpParams& p, int threads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
-  const float inv_d = static_cast<float>(1.0 / static_cast<double>(p.D));
-  row_op_lean<T, vec_width<T>(), VPT, ARITY, AFF, NORM, FULL><<<grid, threads, 0, stream>>>(p, inv_d);
+  row_op_lean<T, vec_width<T>(), VPT, ARITY, AFF, NORM, FULL><<<grid, threads, 0, stream>>>(p, inverse_count(p.D));
   return cudaGetLastError();
 }
 

@@ -337,7 +337,7 @@ cudaError_t launch_3d_with(const Rope3dParams& p, cudaStream_t stream) {
   const int64_t blocks = (p.B * p.S + rows_per_block - 1) / rows_per_block;
   qk_norm_rope_kernel<T, VEC, MAXV, FROM_GRID>
       <<<static_cast<unsigned>(blocks), rows_per_block * tpr, 0, stream>>>(
-          p, tpr, static_cast<float>(1.0 / static_cast<double>(p.D)));
+          p, tpr, inverse_count(p.D));
   return cudaGetLastError();
 }
 

@@ -3,6 +3,9 @@
 
 namespace ltxbench {
 
+// 1 / n rounded to float once, on the host, so that a row's mean is one multiply instead of a division.
+inline float inverse_count(int64_t n) { return static_cast<float>(1.0 / static_cast<double>(n)); }
+
 // Sums of N floats over aligned groups of `width` lanes (a power of two up to 32), by xor butterfly: every lane
 // of a group ends with the same bits.
 template <int N> __device__ __forceinline__ void lane_group_sum(float (&v)[N], int width) {
