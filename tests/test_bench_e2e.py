@@ -140,6 +140,23 @@ def test_ltx_tiny_phase_transformer_and_compile_flag(tmp_path, captured, compile
     assert all(r["params"]["compile_mode"] == "reduce-overhead" for r in _records(out2))
 
 
+def test_cross_kv_cache_flag_reaches_the_injection_and_is_recorded_only_when_off(tmp_path, captured):
+    runs = {}
+    for flag in ("--cross-kv-cache", "--no-cross-kv-cache"):
+        out = tmp_path / f"{flag}.json"
+        result = runner.invoke(app, [*TINY, "--phase", "transformer", "--configs", "optimized", flag,
+                                     "--output", str(out)])
+        assert result.exit_code == 0, result.output
+        runs[flag] = json.loads(out.read_text())
+    on, off = runs["--cross-kv-cache"], runs["--no-cross-kv-cache"]
+    rule = "model: attn2 keys/values and caption projection once per prompt (cross_kv cache)"
+    assert on["run"]["config"]["injection"]["optimized"]["rules"][rule] == 1
+    assert rule not in off["run"]["config"]["injection"]["optimized"]["rules"]
+    assert all("cross_kv_cache" not in r["params"] for r in on["records"])  # default: params as in older files
+    assert all(r["params"]["cross_kv_cache"] is False for r in off["records"])
+    assert "--no-cross-kv-cache" in off["run"]["argv"] and "--cross-kv-cache" in on["run"]["argv"]
+
+
 def test_unknown_compile_mode_is_a_usage_error(tmp_path):
     result = runner.invoke(app, [*TINY, "--compile", "--compile-mode", "fastest", "--output", str(tmp_path / "x.json")])
     assert result.exit_code == 2

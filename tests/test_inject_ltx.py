@@ -7,7 +7,15 @@ import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject import ORIGINAL_CLASS
-from ltxbench.inject.ltx import ATTN2_RULES, ATTN_FORWARD_RULE, FUSED_ATTR, FusedLTXAttnProcessor, apply_kernels
+from ltxbench.inject.ltx import (
+    ATTN2_RULES,
+    ATTN_FORWARD_RULE,
+    CROSS_KV_RULE,
+    FUSED_ATTR,
+    FusedLTXAttnProcessor,
+    apply_kernels,
+)
+from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
 from ltxbench.models.ltx import component_configs
 
 BLOCK_RULE = "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"
@@ -164,7 +172,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
                                   "attn1: qk_rms_norm_rope": 28, ATTN2_RULES[True]: 28,
                                   "attn1: one q/k/v GEMM": 28, "attn2: one k/v GEMM": 28,
                                   "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28,
-                                  ATTN_FORWARD_RULE: 56}
+                                  ATTN_FORWARD_RULE: 56, CROSS_KV_RULE: 1}
     skipped = {t for t, _ in report.skipped}
     assert {"VAE RMSNorm"} <= skipped
     assert all(isinstance(b.attn1.processor, FusedLTXAttnProcessor) for b in model.transformer_blocks)
@@ -173,7 +181,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
 
     assert type(model.transformer_blocks[0]) is not LTXVideoTransformerBlock  # patched through a subclass
     report.revert()
-    assert "forward" not in vars(model.rope) and "forward" not in vars(model)
+    assert "forward" not in vars(model.rope) and "forward" not in vars(model) and CACHE_ATTR not in vars(model)
     assert not any(ORIGINAL_CLASS in vars(type(m)) for m in model.modules())
     assert type(model.transformer_blocks[0]) is LTXVideoTransformerBlock
     assert type(model.transformer_blocks[0].attn1) is LTXAttention

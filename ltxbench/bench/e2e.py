@@ -48,9 +48,9 @@ def select_configs(configs: str | None, optimized: bool | None, compile_: bool, 
 
 
 def record_params(args: dict, drop: tuple[str, ...]) -> dict:
-    """The run arguments that describe every record: `args` less `drop`; compile_mode and rounds only when not
-    the default, so that default records match older files (bench e2e and profile)."""
-    defaults = {"compile_mode": "default", "rounds": 1}
+    """The run arguments that describe every record: `args` less `drop`; compile_mode, rounds and cross_kv_cache
+    only when not the default, so that default records match older files (bench e2e and profile)."""
+    defaults = {"compile_mode": "default", "rounds": 1, "cross_kv_cache": True}
     return {k: v for k, v in args.items() if k not in drop and not (k in defaults and v == defaults[k])}
 
 
@@ -171,7 +171,8 @@ def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: N
     if args["phase"] == "transformer":
         with torch.no_grad():
             embeds = _encode(pipe, args, device)
-    return run_configs(pipe.transformer, configs, lambda: apply_kernels(pipe, provider),
+    cache = args.get("cross_kv_cache", True)
+    return run_configs(pipe.transformer, configs, lambda: apply_kernels(pipe, provider, cross_kv_cache=cache),
                        lambda _config: run_once(pipe, args, embeds), args["warmup"], args["repeats"], device, log,
                        args.get("compile_mode", "default"), args.get("rounds", 1))
 

@@ -47,6 +47,9 @@ def e2e_command(
     rounds: int = typer.Option(1, "--rounds", help="Run the configs this many times in alternating order (A B, "
                                "B A, ...) and pool the samples, so that drift during the run favours no config."),
     phase: str = typer.Option("all", "--phase", help="all (encode + denoise + decode) | transformer (loop only)."),
+    cross_kv_cache: bool = typer.Option(True, "--cross-kv-cache/--no-cross-kv-cache",
+                                        help="LTX optimized configs: attn2's keys/values once per prompt (exact), or "
+                                             "every step as the model does."),
     device: str = typer.Option("cuda", "--device", help="cuda | cpu."),
     kernel_provider: str = typer.Option(None, "--kernel-provider",
                                         help="cuda | reference (default: cuda on cuda, reference on cpu)."),
@@ -109,7 +112,7 @@ def e2e_command(
         args.update(prompt_lengths=lengths, new_tokens=new_tokens, decode_compile_mode=decode_compile_mode)
     else:
         args.update(num_frames=num_frames, height=height, width=width, steps=steps, phase=phase,
-                    guidance_scale=guidance_scale, frame_rate=25)
+                    guidance_scale=guidance_scale, frame_rate=25, cross_kv_cache=cross_kv_cache)
     _run(args, output, force, plot)
 
 
@@ -117,8 +120,13 @@ def _argv(args: dict, output, force: bool, plot) -> list[str]:
     argv = ["ltxbench", "bench", "e2e", "--configs", ",".join(args["configs"])]
     skip = {"configs", "family", "frame_rate", "warmup"}
     for key, value in args.items():
-        if key not in skip:
-            argv += [f"--{key.replace('_', '-')}", ",".join(map(str, value)) if isinstance(value, list) else str(value)]
+        if key in skip:
+            continue
+        flag = f"--{key.replace('_', '-')}"
+        if isinstance(value, bool):
+            argv.append(flag if value else flag.replace("--", "--no-", 1))
+        else:
+            argv += [flag, ",".join(map(str, value)) if isinstance(value, list) else str(value)]
     argv += ["--warmup-iterations", str(args["warmup"])]
     argv += (["--output", str(output)] if output else []) + (["--plot", str(plot)] if plot else [])
     return argv + (["--force"] if force else [])

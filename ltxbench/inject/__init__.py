@@ -70,18 +70,23 @@ def original_class(module) -> type:
     return getattr(type(module), ORIGINAL_CLASS, type(module))
 
 
-def patch_forward(report: InjectionReport, rule: str, module, forward, classes: dict) -> None:
+def patch_forward(report: InjectionReport, rule: str, module, forward, classes: dict, call=None) -> None:
     """Run `forward` as `module`'s forward through a subclass of its class that defines it (same name; one
-    subclass per (class, forward), kept in `classes`), until revert. Not an instance attribute: dynamo inlines a
-    module whose forward lives on its class as it does the original, while an instance-level forward cost every
+    subclass per (class, forward, call), kept in `classes`), until revert. Not an instance attribute: dynamo inlines
+    a module whose forward lives on its class as it does the original, while an instance-level forward cost every
     call of a compiled model about 100 more guards per patched module (its hook dicts, `__call__` lookups; a
-    32-layer llama-tiny on a CPU: 716 instead of 446 us of host time per call, notes/kernel-tuning.md)."""
+    32-layer llama-tiny on a CPU: 716 instead of 446 us of host time per call, notes/kernel-tuning.md).
+    call: also the subclass's `__call__`, which runs before nn.Module.compile()'s compiled forward (eager work
+    whose result the forward takes as an argument)."""
     cls = type(module)
-    patched = classes.get((cls, forward))
+    patched = classes.get((cls, forward, call))
     if patched is None:
-        patched = type(cls.__name__, (cls,), {"forward": forward, ORIGINAL_CLASS: cls, "__module__": cls.__module__,
-                                              "__qualname__": cls.__qualname__})
-        classes[(cls, forward)] = patched
+        members = {"forward": forward, ORIGINAL_CLASS: cls, "__module__": cls.__module__,
+                   "__qualname__": cls.__qualname__}
+        if call is not None:
+            members["__call__"] = call
+        patched = type(cls.__name__, (cls,), members)
+        classes[(cls, forward, call)] = patched
     module.__class__ = patched
 
     def undo():

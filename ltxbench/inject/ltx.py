@@ -18,11 +18,14 @@ token (B, S, D, image-to-video / condition pipelines) both go through the kernel
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject import InjectionReport, forward_source, original_class, patch_forward, set_attr
 from ltxbench.inject.fuse import fuse_linears, fused_linear, release
+from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache, cache_sources, cached_call
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
 
@@ -64,19 +67,31 @@ def _projections(attn, hidden_states, encoder_hidden_states):
         if qkv is not None:
             return qkv.split([attn.to_q.out_features, attn.to_k.out_features, attn.to_v.out_features], dim=-1)
     source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
-    query = attn.to_q(hidden_states)
+    return (attn.to_q(hidden_states), *_key_value(attn, source))
+
+
+def _key_value(attn, source):
+    """key, value of `source`: one GEMM when to_k/to_v were fused (alone) at injection, else the two layers."""
+    names, fused = getattr(attn, FUSED_ATTR, ((), None))
     if names == ("to_k", "to_v"):
         kv = fused_linear(source, (attn.to_k, attn.to_v), fused)
         if kv is not None:
-            return (query, *kv.split([attn.to_k.out_features, attn.to_v.out_features], dim=-1))
-    return query, attn.to_k(source), attn.to_v(source)
+            return kv.split([attn.to_k.out_features, attn.to_v.out_features], dim=-1)
+    return attn.to_k(source), attn.to_v(source)
+
+
+def _cross_key_value(ops, attn, encoder_hidden_states):
+    """attn2's key (after norm_k) and value: what a cross_kv entry holds per block."""
+    key, value = _key_value(attn, encoder_hidden_states)
+    return ops.rms_norm(key, attn.norm_k.weight, _eps(attn.norm_k)), value
 
 
 class FusedLTXAttnProcessor:
     """LTXVideoAttnProcessor with fused projections (one GEMM) and the q/k RMSNorm (+ RoPE) as one kernel.
     Self-attention: left to diffusers/torch (torch's default order picks cuDNN, the fastest measured; forcing it
     with sdpa_kernel cost CPU time, notes/kernel-tuning.md). Cross-attention (cross_attention=True): our
-    short-key kernel `ops.cross_attention` when diffusers would run its default backend, else diffusers'."""
+    short-key kernel `ops.cross_attention` when diffusers would run its default backend, else diffusers'.
+    cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (ltx_cross_kv)."""
 
     def __init__(self, ops, original, cross_attention: bool = False):
         self.ops = ops
@@ -93,7 +108,8 @@ class FusedLTXAttnProcessor:
 
         return _AttentionBackendRegistry._active_backend == AttentionBackendName.NATIVE
 
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
+                 cross_kv=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         batch_size, sequence_length, _ = (
@@ -102,13 +118,17 @@ class FusedLTXAttnProcessor:
         if attention_mask is not None and attention_mask.ndim != 4:  # 4-D: prepared once per forward (_attn2_mask)
             attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
             attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
-        query, key, value = _projections(attn, hidden_states, encoder_hidden_states)
+        if cross_kv is not None and encoder_hidden_states is not None:
+            query, (key, value) = attn.to_q(hidden_states), cross_kv
+        else:
+            query, key, value = _projections(attn, hidden_states, encoder_hidden_states)
         if image_rotary_emb is not None:  # self-attention: q and k have the same shape
             query, key = self.ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
                                                    _eps(attn.norm_q), **_rope_kwargs(image_rotary_emb))
         else:
             query = self.ops.rms_norm(query, attn.norm_q.weight, _eps(attn.norm_q))
-            key = self.ops.rms_norm(key, attn.norm_k.weight, _eps(attn.norm_k))
+            if cross_kv is None:
+                key = self.ops.rms_norm(key, attn.norm_k.weight, _eps(attn.norm_k))
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
         per_key_mask = attention_mask is None or attention_mask.size(2) == 1  # (B, heads, 1, L): one value per key
         if encoder_hidden_states is not None and per_key_mask and self._runs_own_cross_attention():
@@ -126,14 +146,17 @@ _PROCESSOR_CALL = "self.processor(self, hidden_states, encoder_hidden_states, at
 
 
 def _attention_forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
-                       **kwargs):
+                       cross_kv=None, **kwargs):
     """LTXAttention.forward without its per-call `inspect.signature(self.processor.__call__)`, which only filters
     extra kwargs: host time that, with 56 attention calls per step, left the patched eager model host-bound on an
-    H100 (results/h100/tuning/host-ltx-*). Extra kwargs still take the original path (its filter and warning)."""
-    if kwargs:
+    H100 (results/h100/tuning/host-ltx-*). Extra kwargs still take the original path (its filter and warning).
+    cross_kv comes only from our model forward, which passes it only while every attn2 runs our processor."""
+    if cross_kv is not None:
+        kwargs["cross_kv"] = cross_kv
+    if kwargs.keys() - {"cross_kv"}:
         return original_class(self).forward(self, hidden_states, encoder_hidden_states, attention_mask,
                                             image_rotary_emb, **kwargs)
-    return self.processor(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+    return self.processor(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb, **kwargs)
 
 
 def _forward_only_calls_processor(cls) -> bool:
@@ -162,14 +185,16 @@ def _ada(block, temb, batch_size):
 
 
 def _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_states, encoder_attention_mask,
-                      image_rotary_emb):
+                      image_rotary_emb, cross_kv=None):
     """A block from its modulated norm1 on: attn1, gated residual, attn2 + residual + modulated norm2, ff.
-    Returns (hidden_states, ff output); the caller adds `ff * gate_mlp` (alone or fused with the next norm1)."""
+    Returns (hidden_states, ff output); the caller adds `ff * gate_mlp` (alone or fused with the next norm1).
+    cross_kv: attn2's (key, value) from the cache (ltx_cross_kv), or None."""
     _, _, gate_msa, shift_mlp, scale_mlp, _ = ada
     attn = block.attn1(hidden_states=norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
     hidden_states = ops.gated_residual(hidden_states, attn, gate_msa)
+    kv = {} if cross_kv is None else {"cross_kv": cross_kv}
     attn = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
-                       attention_mask=encoder_attention_mask)
+                       attention_mask=encoder_attention_mask, **kv)
     norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, attn, None, scale_mlp, shift_mlp, block.norm2.eps)
     return hidden_states, block.ff(norm)
 
@@ -193,11 +218,12 @@ def _fused_block_forward(ops):
 def _fused_model_forward(ops):
     """LTXVideoTransformer3DModel.forward with the block loop chained: block i's `h + ff * gate_mlp` and block
     i+1's `norm1(h) * (1 + scale_msa) + shift_msa` become one add_rms_norm_modulate, and the final
-    norm_out + modulation one layer_norm_modulate. rope and proj_out are still called as modules (hooks)."""
+    norm_out + modulation one layer_norm_modulate. rope and proj_out are still called as modules (hooks).
+    cross_kv (from ltx_cross_kv.cached_call): the projected prompt and every attn2's key and value, already computed."""
 
     def forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
                 height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
-                return_dict=True):
+                return_dict=True, cross_kv=None):
         if torch.is_grad_enabled() and self.gradient_checkpointing:
             return original_class(self).forward(self, hidden_states, encoder_hidden_states, timestep,
                                                 encoder_attention_mask, num_frames, height, width,
@@ -211,17 +237,20 @@ def _fused_model_forward(ops):
                                                   hidden_dtype=hidden_states.dtype)
         temb = temb.view(batch_size, -1, temb.size(-1))
         embedded_timestep = embedded_timestep.view(batch_size, -1, embedded_timestep.size(-1))
-        encoder_hidden_states = self.caption_projection(encoder_hidden_states)
-        encoder_hidden_states = encoder_hidden_states.view(batch_size, -1, hidden_states.size(-1))
-
         blocks = self.transformer_blocks
+        if cross_kv is None:
+            encoder_hidden_states = self.caption_projection(encoder_hidden_states)
+            encoder_hidden_states = encoder_hidden_states.view(batch_size, -1, hidden_states.size(-1))
+            block_kv = [None] * len(blocks)
+        else:
+            encoder_hidden_states, block_kv = cross_kv
         encoder_attention_mask = _attn2_mask(blocks, encoder_attention_mask, encoder_hidden_states)
         ada = _ada(blocks[0], temb, batch_size)
         norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], blocks[0].norm1.eps)
         for index, block in enumerate(blocks):
             gate_mlp = ada[5]
             hidden_states, ff = _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_states,
-                                                  encoder_attention_mask, image_rotary_emb)
+                                                  encoder_attention_mask, image_rotary_emb, block_kv[index])
             if index + 1 < len(blocks):
                 ada = _ada(blocks[index + 1], temb, batch_size)
                 norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, ff, gate_mlp, ada[1], ada[0],
@@ -242,6 +271,17 @@ def _fused_model_forward(ops):
     except ImportError:  # diffusers releases before the decorator scale LoRA elsewhere
         return forward
     return apply_lora_scale("attention_kwargs")(forward)
+
+
+def _cross_kv_builder(ops):
+    """build(model, prompt embeddings) for CrossKVCache: caption_projection, then every attn2's key and value."""
+
+    def build(model, encoder_hidden_states):
+        prompt = model.caption_projection(encoder_hidden_states)
+        prompt = prompt.view(encoder_hidden_states.size(0), -1, prompt.size(-1))
+        return prompt, [_cross_key_value(ops, block.attn2, prompt) for block in model.transformer_blocks]
+
+    return build
 
 
 def _gelu_forward(ops, epilogue: bool):
@@ -279,6 +319,7 @@ def _plain_norms(block) -> bool:
     return getattr(block.norm1, "weight", None) is None and getattr(block.norm2, "weight", None) is None
 
 
+CROSS_KV_RULE = "model: attn2 keys/values and caption projection once per prompt (cross_kv cache)"
 ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
 # Head dims where ops.cross_attention beat SDPA (cuDNN) for attn2, bf16, H200 (results/h200/micro-xattn*-6f3727d):
 # hd 64 (2B) 36.9 vs 42.7 us at 49 frames, 84.3 vs 107.4 at 161; hd 128 (13B, 161 frames) 155.3 vs 242.6. Other head
@@ -288,7 +329,7 @@ CROSS_ATTENTION_HEAD_DIMS = (64, 128)
 
 def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True, fuse_projections: bool = True,
                   gelu_epilogue: bool = True, gelu_tanh: bool = False,
-                  cross_attention: bool | None = None) -> InjectionReport:
+                  cross_attention: bool | None = None, cross_kv_cache: bool = True) -> InjectionReport:
     """Patch an LTX pipeline's transformer (or the transformer itself) in place; returns the report, whose
     `revert()` (or use as a context manager) restores the original forwards and processors.
 
@@ -299,7 +340,9 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     one cuBLASLt GEMM with a GELU epilogue; else gelu_tanh=True routes the activation alone through
     `ops.gelu_tanh` (torch's own GELU measured faster, see GELU_MEASURED). cross_attention: attn2's attention
     through `ops.cross_attention` instead of SDPA, where diffusers would run its default (native) backend; None
-    (the default) does so at the head dims where it measured faster (CROSS_ATTENTION_HEAD_DIMS).
+    (the default) does so at the head dims where it measured faster (CROSS_ATTENTION_HEAD_DIMS). cross_kv_cache:
+    attn2's keys and values (and the caption projection) computed once per prompt, not once per step
+    (ltx_cross_kv; needs the chained model forward).
     """
     transformer = _transformer_of(target)
     ops = get_provider(provider)
@@ -326,8 +369,16 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         report.skip("model forward (block chain + final layer_norm_modulate)",
                     "modulation tables and activations differ in dtype: the kernels take one dtype")
     elif len(transformer.transformer_blocks) and all(_plain_norms(b) for b in transformer.transformer_blocks):
+        call = None
+        if cross_kv_cache:
+            cache = CrossKVCache(_cross_kv_builder(ops),
+                                 functools.partial(cache_sources, processor_type=FusedLTXAttnProcessor))
+            set_attr(report, CROSS_KV_RULE, transformer, CACHE_ATTR, cache)
+            call = cached_call
+        else:
+            report.skip(CROSS_KV_RULE, "turned off (cross_kv_cache=False): every step computes attn2's keys/values")
         patch_forward(report, "model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate",
-                      transformer, _fused_model_forward(ops), classes)
+                      transformer, _fused_model_forward(ops), classes, call=call)
     block_forward = _fused_block_forward(ops)
     for index, block in enumerate(transformer.transformer_blocks):
         if not _plain_norms(block):

@@ -1,0 +1,151 @@
+"""attn2's keys/values computed once per prompt (ltx_cross_kv): reused while nothing they depend on changed,
+rebuilt or skipped when it did, and exactly what every step would compute (CPU, reference provider)."""
+
+import pytest
+import torch
+
+from ltxbench.inject.ltx import CROSS_KV_RULE, apply_kernels
+from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
+from tests.test_inject_ltx import _inputs, _transformer
+
+
+def _cache(model):
+    return vars(model)[CACHE_ATTR]
+
+
+def _run(model, inputs, **changes):
+    return model(**{**inputs, **changes})[0]
+
+
+def test_steps_with_one_prompt_compute_its_keys_values_once_and_match_every_step_computing_them():
+    model = _transformer()
+    inputs = _inputs(model)
+    projections = []
+    model.caption_projection.register_forward_hook(lambda *_: projections.append(1))
+    with torch.no_grad():
+        expected = _run(model, inputs)
+        with apply_kernels(model, "reference", cross_kv_cache=False) as report:
+            assert CROSS_KV_RULE not in report.rules and CACHE_ATTR not in vars(model)
+            uncached = [_run(model, inputs, timestep=torch.tensor([t, 20.0])) for t in (500.0, 400.0)]
+        projections.clear()
+        with apply_kernels(model, "reference") as report:
+            assert report.rules[CROSS_KV_RULE] == 1
+            first = _run(model, inputs)
+            cached = [_run(model, inputs, timestep=torch.tensor([t, 20.0])) for t in (500.0, 400.0)]
+            cache = _cache(model)
+            assert (cache.builds, cache.hits) == (1, 2)
+        assert CACHE_ATTR not in vars(model)
+    assert projections == [1]  # the caption projection ran once for three steps
+    torch.testing.assert_close(first, expected, atol=2e-5, rtol=1e-5)
+    for got, want in zip(cached, uncached, strict=True):
+        assert torch.equal(got, want)  # the same ops on the same inputs, only fewer times
+    assert not torch.equal(cached[0], cached[1])  # the steps differ (timestep): the comparison can fail
+
+
+@pytest.mark.parametrize("change", ["new prompt tensor", "prompt in place", "to_k in place", "norm_k in place",
+                                    "caption projection in place", "to_v replaced"])
+def test_a_changed_prompt_or_weight_rebuilds_the_entry(change):
+    model = _transformer()
+    inputs = _inputs(model)
+    attn2 = model.transformer_blocks[1].attn2
+    with torch.no_grad():
+        with apply_kernels(model, "reference"):
+            before = _run(model, inputs)
+            if change == "new prompt tensor":
+                inputs["encoder_hidden_states"] = inputs["encoder_hidden_states"] * 2
+            elif change == "prompt in place":
+                inputs["encoder_hidden_states"].mul_(2)
+            elif change == "to_k in place":
+                attn2.to_k.weight.add_(0.5)  # a view of the fused k/v weight
+            elif change == "norm_k in place":
+                attn2.norm_k.weight.mul_(3)
+            elif change == "caption projection in place":
+                model.caption_projection.linear_2.bias.add_(1)
+            else:
+                attn2.to_v.weight = torch.nn.Parameter(attn2.to_v.weight + 0.5)
+            after = _run(model, inputs)
+            assert _cache(model).builds == 2
+        expected = _run(model, inputs)
+    assert not torch.equal(after, before)  # the change matters, so a stale entry would be seen
+    torch.testing.assert_close(after, expected, atol=2e-5, rtol=1e-5)
+
+
+def test_no_entry_where_a_change_could_go_unseen():
+    """A module wrapper (LoRA), a forward pre-hook, an offload hook's forward, inference tensors and autograd all
+    compute every step; the results stay the unpatched model's."""
+    model = _transformer()
+    inputs = _inputs(model)
+    with torch.no_grad():
+        expected = _run(model, inputs)
+        with apply_kernels(model, "reference"):
+            cache = _cache(model)
+
+            def check(run):
+                got = run()
+                assert cache.entry is None and cache.builds == 0
+                torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+
+            handle = model.register_forward_pre_hook(lambda module, args: None)
+            check(lambda: _run(model, inputs))
+            handle.remove()
+            model.forward = model.forward  # what accelerate's add_hook_to_module leaves
+            check(lambda: _run(model, inputs))
+            del model.forward
+            with torch.inference_mode():
+                check(lambda: _run(model, {**inputs, "encoder_hidden_states": inputs["encoder_hidden_states"].clone()}))
+            with torch.enable_grad():
+                check(lambda: _run(model, inputs).detach())
+            attn2 = model.transformer_blocks[0].attn2
+            linear = attn2.to_k
+            attn2.to_k = torch.nn.Sequential(linear)  # a wrapper around the same weights
+            check(lambda: _run(model, inputs))
+            attn2.to_k = linear
+            assert _run(model, inputs) is not None and cache.builds == 1  # back to plain layers: cached again
+
+
+def test_compiled_forward_takes_the_entry_as_an_input_without_recompiling():
+    """nn.Module.compile(): the lookup runs in __call__, before the compiled forward, which gets the entry as an
+    argument: one graph, no graph break, no recompile as steps reuse it. Traced from __call__ (torch.compile(model),
+    dynamo.explain) there is no cache and still no graph break."""
+    from torch._dynamo.testing import CompileCounter
+
+    model = _transformer()
+    inputs = _inputs(model)
+    counter = CompileCounter()
+    with torch.no_grad():
+        expected = [_run(model, inputs, timestep=torch.tensor([t, 20.0])) for t in (500.0, 400.0)]
+        with apply_kernels(model, "reference"):
+            torch._dynamo.reset()
+            model.compile(backend=counter)
+            try:
+                got = [_run(model, inputs, timestep=torch.tensor([t, 20.0])) for t in (500.0, 400.0)]
+            finally:
+                model._compiled_call_impl = None
+            assert (counter.frame_count, _cache(model).builds, _cache(model).hits) == (1, 1, 1)
+            torch._dynamo.reset()
+            explained = torch._dynamo.explain(model)(**inputs)
+            assert explained.graph_break_count == 0 and _cache(model).builds == 1
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+def test_cuda_kernels_with_the_cache_under_module_compile_match_the_unpatched_model():
+    """The optimized+compile configuration of `bench e2e`: cuda provider, nn.Module.compile() (inductor), two steps
+    with one prompt on a two-layer 2B-width model in bf16, against the unpatched eager model."""
+    model = _transformer("ltx-2b", num_layers=2, device="cuda", dtype=torch.bfloat16)
+    inputs = _inputs(model, "cuda", torch.bfloat16, frames=3, height=8, width=12)
+    steps = [torch.tensor([t, 20.0], device="cuda") for t in (500.0, 400.0)]
+    with torch.no_grad():
+        expected = [_run(model, inputs, timestep=t).float() for t in steps]
+        with apply_kernels(model, "cuda"):
+            torch._dynamo.reset()
+            model.compile()
+            try:
+                got = [_run(model, inputs, timestep=t).float() for t in steps]
+            finally:
+                model._compiled_call_impl = None
+                torch._dynamo.reset()
+            assert (_cache(model).builds, _cache(model).hits) == (1, 1)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item() >= 0.999
