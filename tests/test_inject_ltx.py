@@ -164,6 +164,20 @@ def test_per_token_modulation_of_image_to_video_blocks():
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
 
+def test_per_token_timesteps_through_the_chained_model_forward():
+    """Condition pipelines pass a timestep per token (B, S): the model forward's modulation goes block by block."""
+    model = _transformer()
+    inputs = _inputs(model)
+    tokens = inputs["hidden_states"].shape[1]
+    inputs["timestep"] = torch.linspace(0.0, 900.0, 2 * tokens).reshape(2, tokens)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        with apply_kernels(model, "reference") as report:
+            assert report.rules[MODEL_RULE] == 1
+            got = model(**inputs)[0]
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+
+
 def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     model = _transformer("ltx-2b", device="meta")
     processors = [(b.attn1.processor, b.attn2.processor) for b in model.transformer_blocks]
