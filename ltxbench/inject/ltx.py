@@ -184,17 +184,6 @@ def _ada(block, temb, batch_size):
     return (table[None, None].to(temb.device) + temb.reshape(batch_size, temb.size(1), table.shape[0], -1)).unbind(2)
 
 
-def _block_adas(blocks, temb, batch_size):
-    """_ada of every block. With one modulation per sample (text-to-video: temb (B, 1, 6D)) all blocks' in one
-    stack + add (N x B x 6D values: 1.4 MB for LTX-2B with CFG) instead of a small kernel per block; per token
-    (image-to-video: temb (B, S, 6D)) that would be N x the (B, S, 6D) tensor, so block by block."""
-    if temb.size(1) != 1:
-        return [_ada(block, temb, batch_size) for block in blocks]
-    tables = torch.stack([block.scale_shift_table for block in blocks]).to(temb.device)  # (N, 6, D)
-    ada = tables[:, None, None] + temb.reshape(1, batch_size, 1, tables.shape[1], -1)  # (N, B, 1, 6, D)
-    return [per_block.unbind(2) for per_block in ada.unbind(0)]
-
-
 def _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_states, encoder_attention_mask,
                       image_rotary_emb, cross_kv=None):
     """A block from its modulated norm1 on: attn1, gated residual, attn2 + residual + modulated norm2, ff.
@@ -256,15 +245,14 @@ def _fused_model_forward(ops):
         else:
             encoder_hidden_states, block_kv = cross_kv
         encoder_attention_mask = _attn2_mask(blocks, encoder_attention_mask, encoder_hidden_states)
-        adas = _block_adas(blocks, temb, batch_size)
-        ada = adas[0]
+        ada = _ada(blocks[0], temb, batch_size)
         norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], blocks[0].norm1.eps)
         for index, block in enumerate(blocks):
             gate_mlp = ada[5]
             hidden_states, ff = _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_states,
                                                   encoder_attention_mask, image_rotary_emb, block_kv[index])
             if index + 1 < len(blocks):
-                ada = adas[index + 1]
+                ada = _ada(blocks[index + 1], temb, batch_size)
                 norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, ff, gate_mlp, ada[1], ada[0],
                                                                 blocks[index + 1].norm1.eps)
             else:
