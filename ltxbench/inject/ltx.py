@@ -9,11 +9,9 @@ Per block (HANDBOOK §2 has the math):
   h + attn2; norm2(h) * (1 + scale_mlp) + shift_mlp → add_rms_norm_modulate
   h + ff * gate_mlp                                 → gated_residual, or with the next block's norm1:
                                                       add_rms_norm_modulate (model forward, chained blocks)
-Model: norm_out (no-affine LayerNorm) + final modulation → layer_norm_modulate.
-The replacement processor keeps `_attention_backend`/`_parallel_config` and calls dispatch_attention_fn,
-so attention backends and context parallelism behave as before (our cross-attention kernel runs only where
-diffusers would run its default backend). Modulation per batch (B, 1, D) or per
-token (B, S, D, image-to-video / condition pipelines) both go through the kernels' broadcast strides.
+Model: norm_out (no-affine LayerNorm) + final modulation → layer_norm_modulate; attn2's keys/values once per
+prompt (ltx_cross_kv.py). The attention processor and forward are in ltx_attention.py. Modulation per batch
+(B, 1, D) or per token (B, S, D, image-to-video / condition pipelines) both go through the kernels' broadcast strides.
 """
 
 from __future__ import annotations
@@ -23,8 +21,17 @@ import functools
 import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
-from ltxbench.inject import InjectionReport, forward_source, original_class, patch_forward, set_attr
-from ltxbench.inject.fuse import fuse_linears, fused_linear, release
+from ltxbench.inject import InjectionReport, original_class, patch_forward, set_attr
+from ltxbench.inject.fuse import fuse_linears, release
+from ltxbench.inject.ltx_attention import (
+    ATTN_FORWARD_RULE,
+    FUSED_ATTR,
+    FusedLTXAttnProcessor,
+    attention_forward,
+    attn2_mask,
+    cross_key_value,
+    forward_only_calls_processor,
+)
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache, cache_sources, cached_call
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
@@ -42,140 +49,6 @@ def _rope_from_coords(rope, hidden_states, num_frames=None, height=None, width=N
     grid = ltx_rope_grid(rope, hidden_states.size(0), num_frames, height, width, rope_interpolation_scale,
                          video_coords, device=hidden_states.device)
     return grid, ltx_rope_freqs(rope.dim, rope.theta, device=hidden_states.device)
-
-
-def _rope_kwargs(image_rotary_emb) -> dict:
-    first, second = image_rotary_emb
-    if second.dim() == 1:  # (grid, freqs) from _rope_from_coords; cos/sin tables are (B, S, D)
-        return {"grid": first, "freqs": second}
-    return {"cos": first, "sin": second}
-
-
-def _eps(norm) -> float:
-    return norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
-
-
-FUSED_ATTR = "_ltxbench_fused_projections"  # (names, FusedWeights): attn1 to_q/to_k/to_v, attn2 to_k/to_v
-
-
-def _projections(attn, hidden_states, encoder_hidden_states):
-    """query, key, value: one GEMM for to_q/to_k/to_v (self-attention) or to_k/to_v (cross-attention) when
-    the weights were fused at injection, else the three Linear layers."""
-    names, fused = getattr(attn, FUSED_ATTR, ((), None))
-    if encoder_hidden_states is None and names == ("to_q", "to_k", "to_v"):
-        qkv = fused_linear(hidden_states, (attn.to_q, attn.to_k, attn.to_v), fused)
-        if qkv is not None:
-            return qkv.split([attn.to_q.out_features, attn.to_k.out_features, attn.to_v.out_features], dim=-1)
-    source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
-    return (attn.to_q(hidden_states), *_key_value(attn, source))
-
-
-def _key_value(attn, source):
-    """key, value of `source`: one GEMM when to_k/to_v were fused (alone) at injection, else the two layers."""
-    names, fused = getattr(attn, FUSED_ATTR, ((), None))
-    if names == ("to_k", "to_v"):
-        kv = fused_linear(source, (attn.to_k, attn.to_v), fused)
-        if kv is not None:
-            return kv.split([attn.to_k.out_features, attn.to_v.out_features], dim=-1)
-    return attn.to_k(source), attn.to_v(source)
-
-
-def _cross_key_value(ops, attn, encoder_hidden_states):
-    """attn2's key (after norm_k) and value: what a cross_kv entry holds per block."""
-    key, value = _key_value(attn, encoder_hidden_states)
-    return ops.rms_norm(key, attn.norm_k.weight, _eps(attn.norm_k)), value
-
-
-class FusedLTXAttnProcessor:
-    """LTXVideoAttnProcessor with fused projections (one GEMM) and the q/k RMSNorm (+ RoPE) as one kernel.
-    Self-attention: left to diffusers/torch (torch's default order picks cuDNN, the fastest measured; forcing it
-    with sdpa_kernel cost CPU time, notes/kernel-tuning.md). Cross-attention (cross_attention=True): our
-    short-key kernel `ops.cross_attention` when diffusers would run its default backend, else diffusers'.
-    cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (ltx_cross_kv)."""
-
-    def __init__(self, ops, original, cross_attention: bool = False):
-        self.ops = ops
-        self.cross_attention = cross_attention
-        self._attention_backend = getattr(original, "_attention_backend", None)
-        self._parallel_config = getattr(original, "_parallel_config", None)
-
-    def _runs_own_cross_attention(self) -> bool:
-        """ops.cross_attention replaces diffusers' attention only where diffusers would run its default (native
-        SDPA) backend: no backend chosen for this processor or globally, no context parallelism."""
-        if not self.cross_attention or self._attention_backend is not None or self._parallel_config is not None:
-            return False
-        from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
-
-        return _AttentionBackendRegistry._active_backend == AttentionBackendName.NATIVE
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
-                 cross_kv=None):
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
-        batch_size, sequence_length, _ = (
-            hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
-        )
-        if attention_mask is not None and attention_mask.ndim != 4:  # 4-D: prepared once per forward (_attn2_mask)
-            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
-            attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
-        if cross_kv is not None and encoder_hidden_states is not None:
-            query, (key, value) = attn.to_q(hidden_states), cross_kv
-        else:
-            query, key, value = _projections(attn, hidden_states, encoder_hidden_states)
-        if image_rotary_emb is not None:  # self-attention: q and k have the same shape
-            query, key = self.ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
-                                                   _eps(attn.norm_q), **_rope_kwargs(image_rotary_emb))
-        else:
-            query = self.ops.rms_norm(query, attn.norm_q.weight, _eps(attn.norm_q))
-            if cross_kv is None:
-                key = self.ops.rms_norm(key, attn.norm_k.weight, _eps(attn.norm_k))
-        query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-        per_key_mask = attention_mask is None or attention_mask.size(2) == 1  # (B, heads, 1, L): one value per key
-        if encoder_hidden_states is not None and per_key_mask and self._runs_own_cross_attention():
-            hidden_states = self.ops.cross_attention(query, key, value, attention_mask)
-            return attn.to_out[1](attn.to_out[0](hidden_states.flatten(2, 3)))
-        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
-                                              is_causal=False, backend=self._attention_backend,
-                                              parallel_config=self._parallel_config)
-        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-        return attn.to_out[1](attn.to_out[0](hidden_states))
-
-
-ATTN_FORWARD_RULE = "attn1/attn2: forward calls the processor without inspecting its signature"
-_PROCESSOR_CALL = "self.processor(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb"
-
-
-def _attention_forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
-                       cross_kv=None, **kwargs):
-    """LTXAttention.forward without its per-call `inspect.signature(self.processor.__call__)`, which only filters
-    extra kwargs: host time that, with 56 attention calls per step, left the patched eager model host-bound on an
-    H100 (results/h100/tuning/host-ltx-*). Extra kwargs still take the original path (its filter and warning).
-    cross_kv comes only from our model forward, which passes it only while every attn2 runs our processor."""
-    if cross_kv is not None:
-        kwargs["cross_kv"] = cross_kv
-    if kwargs.keys() - {"cross_kv"}:
-        return original_class(self).forward(self, hidden_states, encoder_hidden_states, attention_mask,
-                                            image_rotary_emb, **kwargs)
-    return self.processor(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb, **kwargs)
-
-
-def _forward_only_calls_processor(cls) -> bool:
-    """Is `cls.forward` diffusers' shim (filter kwargs, call the processor) that _attention_forward reproduces?"""
-    source = forward_source(cls)
-    return _PROCESSOR_CALL in source and source.count("self.processor(") == 1
-
-
-def _attn2_mask(blocks, mask, encoder_hidden_states):
-    """attn2's additive mask prepared once for all blocks, (B, heads, 1, L) as each processor would make it, when every
-    attn2 runs our processor (which takes a 4-D mask as prepared) with one head count; else the mask as given.
-    Per block it was diffusers' prepare_attention_mask and a repeat_interleave kernel, 28 times the same."""
-    attns = [block.attn2 for block in blocks]
-    if mask is None or mask.ndim != 3 or not all(
-            isinstance(a.processor, FusedLTXAttnProcessor) and a.heads == attns[0].heads for a in attns):
-        return mask
-    batch_size, length = encoder_hidden_states.shape[:2]
-    prepared = attns[0].prepare_attention_mask(mask, length, batch_size)
-    return prepared.view(batch_size, attns[0].heads, -1, prepared.shape[-1])
 
 
 def _ada(block, temb, batch_size):
@@ -244,7 +117,7 @@ def _fused_model_forward(ops):
             block_kv = [None] * len(blocks)
         else:
             encoder_hidden_states, block_kv = cross_kv
-        encoder_attention_mask = _attn2_mask(blocks, encoder_attention_mask, encoder_hidden_states)
+        encoder_attention_mask = attn2_mask(blocks, encoder_attention_mask, encoder_hidden_states)
         ada = _ada(blocks[0], temb, batch_size)
         norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], blocks[0].norm1.eps)
         for index, block in enumerate(blocks):
@@ -279,7 +152,7 @@ def _cross_kv_builder(ops):
     def build(model, encoder_hidden_states):
         prompt = model.caption_projection(encoder_hidden_states)
         prompt = prompt.view(encoder_hidden_states.size(0), -1, prompt.size(-1))
-        return prompt, [_cross_key_value(ops, block.attn2, prompt) for block in model.transformer_blocks]
+        return prompt, [cross_key_value(ops, block.attn2, prompt) for block in model.transformer_blocks]
 
     return build
 
@@ -393,8 +266,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             attn = getattr(block, name)
             processor = FusedLTXAttnProcessor(ops, attn.processor, cross_attention=name == "attn2" and own)
             set_attr(report, rule, attn, "processor", processor)
-            if _forward_only_calls_processor(original_class(attn)):
-                patch_forward(report, ATTN_FORWARD_RULE, attn, _attention_forward, classes)
+            if forward_only_calls_processor(original_class(attn)):
+                patch_forward(report, ATTN_FORWARD_RULE, attn, attention_forward, classes)
             else:
                 report.skip(f"transformer_blocks.{index}.{name} forward", "not diffusers' processor shim: left as is")
         if fuse_projections:

@@ -1,0 +1,147 @@
+"""LTX-Video's attention under injection: the replacement processor (fused projections, the q/k RMSNorm + RoPE
+kernel, our cross-attention kernel) and the attention forward that calls it without diffusers' per-call signature
+check. The processor keeps `_attention_backend`/`_parallel_config` and calls dispatch_attention_fn, so attention
+backends and context parallelism behave as before; our cross-attention kernel runs only where diffusers would run its
+default backend. Rules and the rest of the block: ltx.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ltxbench.inject import forward_source, original_class
+from ltxbench.inject.fuse import fused_linear
+
+
+def _rope_kwargs(image_rotary_emb) -> dict:
+    first, second = image_rotary_emb
+    if second.dim() == 1:  # (grid, freqs) from _rope_from_coords; cos/sin tables are (B, S, D)
+        return {"grid": first, "freqs": second}
+    return {"cos": first, "sin": second}
+
+
+def eps_of(norm) -> float:
+    return norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
+
+
+FUSED_ATTR = "_ltxbench_fused_projections"  # (names, FusedWeights): attn1 to_q/to_k/to_v, attn2 to_k/to_v
+
+
+def _projections(attn, hidden_states, encoder_hidden_states):
+    """query, key, value: one GEMM for to_q/to_k/to_v (self-attention) or to_k/to_v (cross-attention) when
+    the weights were fused at injection, else the three Linear layers."""
+    names, fused = getattr(attn, FUSED_ATTR, ((), None))
+    if encoder_hidden_states is None and names == ("to_q", "to_k", "to_v"):
+        qkv = fused_linear(hidden_states, (attn.to_q, attn.to_k, attn.to_v), fused)
+        if qkv is not None:
+            return qkv.split([attn.to_q.out_features, attn.to_k.out_features, attn.to_v.out_features], dim=-1)
+    source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
+    return (attn.to_q(hidden_states), *_key_value(attn, source))
+
+
+def _key_value(attn, source):
+    """key, value of `source`: one GEMM when to_k/to_v were fused (alone) at injection, else the two layers."""
+    names, fused = getattr(attn, FUSED_ATTR, ((), None))
+    if names == ("to_k", "to_v"):
+        kv = fused_linear(source, (attn.to_k, attn.to_v), fused)
+        if kv is not None:
+            return kv.split([attn.to_k.out_features, attn.to_v.out_features], dim=-1)
+    return attn.to_k(source), attn.to_v(source)
+
+
+def cross_key_value(ops, attn, encoder_hidden_states):
+    """attn2's key (after norm_k) and value: what a cross_kv entry holds per block."""
+    key, value = _key_value(attn, encoder_hidden_states)
+    return ops.rms_norm(key, attn.norm_k.weight, eps_of(attn.norm_k)), value
+
+
+class FusedLTXAttnProcessor:
+    """LTXVideoAttnProcessor with fused projections (one GEMM) and the q/k RMSNorm (+ RoPE) as one kernel.
+    Self-attention: left to diffusers/torch (torch's default order picks cuDNN, the fastest measured; forcing it
+    with sdpa_kernel cost CPU time, notes/kernel-tuning.md). Cross-attention (cross_attention=True): our
+    short-key kernel `ops.cross_attention` when diffusers would run its default backend, else diffusers'.
+    cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (ltx_cross_kv)."""
+
+    def __init__(self, ops, original, cross_attention: bool = False):
+        self.ops = ops
+        self.cross_attention = cross_attention
+        self._attention_backend = getattr(original, "_attention_backend", None)
+        self._parallel_config = getattr(original, "_parallel_config", None)
+
+    def _runs_own_cross_attention(self) -> bool:
+        """ops.cross_attention replaces diffusers' attention only where diffusers would run its default (native
+        SDPA) backend: no backend chosen for this processor or globally, no context parallelism."""
+        if not self.cross_attention or self._attention_backend is not None or self._parallel_config is not None:
+            return False
+        from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+        return _AttentionBackendRegistry._active_backend == AttentionBackendName.NATIVE
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
+                 cross_kv=None):
+        from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+        batch_size, sequence_length, _ = (
+            hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
+        )
+        if attention_mask is not None and attention_mask.ndim != 4:  # 4-D: prepared once per forward (attn2_mask)
+            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
+            attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
+        if cross_kv is not None and encoder_hidden_states is not None:
+            query, (key, value) = attn.to_q(hidden_states), cross_kv
+        else:
+            query, key, value = _projections(attn, hidden_states, encoder_hidden_states)
+        if image_rotary_emb is not None:  # self-attention: q and k have the same shape
+            query, key = self.ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
+                                                   eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb))
+        else:
+            query = self.ops.rms_norm(query, attn.norm_q.weight, eps_of(attn.norm_q))
+            if cross_kv is None:
+                key = self.ops.rms_norm(key, attn.norm_k.weight, eps_of(attn.norm_k))
+        query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
+        per_key_mask = attention_mask is None or attention_mask.size(2) == 1  # (B, heads, 1, L): one value per key
+        if encoder_hidden_states is not None and per_key_mask and self._runs_own_cross_attention():
+            hidden_states = self.ops.cross_attention(query, key, value, attention_mask)
+            return attn.to_out[1](attn.to_out[0](hidden_states.flatten(2, 3)))
+        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                              is_causal=False, backend=self._attention_backend,
+                                              parallel_config=self._parallel_config)
+        hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+        return attn.to_out[1](attn.to_out[0](hidden_states))
+
+
+ATTN_FORWARD_RULE = "attn1/attn2: forward calls the processor without inspecting its signature"
+_PROCESSOR_CALL = "self.processor(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb"
+
+
+def attention_forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
+                       cross_kv=None, **kwargs):
+    """LTXAttention.forward without its per-call `inspect.signature(self.processor.__call__)`, which only filters
+    extra kwargs: host time that, with 56 attention calls per step, left the patched eager model host-bound on an
+    H100 (results/h100/tuning/host-ltx-*). Extra kwargs still take the original path (its filter and warning).
+    cross_kv comes only from our model forward, which passes it only while every attn2 runs our processor."""
+    if cross_kv is not None:
+        kwargs["cross_kv"] = cross_kv
+    if kwargs.keys() - {"cross_kv"}:
+        return original_class(self).forward(self, hidden_states, encoder_hidden_states, attention_mask,
+                                            image_rotary_emb, **kwargs)
+    return self.processor(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb, **kwargs)
+
+
+def forward_only_calls_processor(cls) -> bool:
+    """Is `cls.forward` diffusers' shim (filter kwargs, call the processor) that attention_forward reproduces?"""
+    source = forward_source(cls)
+    return _PROCESSOR_CALL in source and source.count("self.processor(") == 1
+
+
+def attn2_mask(blocks, mask, encoder_hidden_states):
+    """attn2's additive mask prepared once for all blocks, (B, heads, 1, L) as each processor would make it, when every
+    attn2 runs our processor (which takes a 4-D mask as prepared) with one head count; else the mask as given.
+    Per block it was diffusers' prepare_attention_mask and a repeat_interleave kernel, 28 times the same."""
+    attns = [block.attn2 for block in blocks]
+    if mask is None or mask.ndim != 3 or not all(
+            isinstance(a.processor, FusedLTXAttnProcessor) and a.heads == attns[0].heads for a in attns):
+        return mask
+    batch_size, length = encoder_hidden_states.shape[:2]
+    prepared = attns[0].prepare_attention_mask(mask, length, batch_size)
+    return prepared.view(batch_size, attns[0].heads, -1, prepared.shape[-1])
