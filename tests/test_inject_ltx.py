@@ -178,6 +178,17 @@ def test_per_token_timesteps_through_the_chained_model_forward():
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
 
 
+def test_rope_from_coords_hands_the_kernels_a_contiguous_grid():
+    """diffusers builds the grid as a transposed view; made contiguous once per forward, not copied per attn1 call."""
+    model = _transformer()
+    h = _inputs(model)["hidden_states"]
+    diffusers_grid = model.rope._prepare_video_coords(2, 3, 4, 6, (8 / 25, 32, 32), h.device)
+    with apply_kernels(model, "reference"):
+        grid, freqs = model.rope(h, 3, 4, 6, (8 / 25, 32, 32))
+    assert not diffusers_grid.is_contiguous()
+    assert grid.is_contiguous() and freqs.is_contiguous() and torch.equal(grid, diffusers_grid)
+
+
 def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     model = _transformer("ltx-2b", device="meta")
     processors = [(b.attn1.processor, b.attn2.processor) for b in model.transformer_blocks]

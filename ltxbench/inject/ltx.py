@@ -45,10 +45,12 @@ LEFT_ALONE = (
 def _rope_from_coords(rope, hidden_states, num_frames=None, height=None, width=None, rope_interpolation_scale=None,
                       video_coords=None):
     """LTXVideoRotaryPosEmbed.forward returning (grid (B, S, 3), freqs (D // 6,)) instead of fp32 (B, S, D)
-    cos/sin tables: the fused attention computes the angles in-kernel. Only our processors consume it."""
+    cos/sin tables: the fused attention computes the angles in-kernel. Only our processors consume it.
+    The grid made contiguous here, once per forward: diffusers builds it as a transposed view (last stride S),
+    which the q/k kernel's binding copied at each of the 28 attn1 calls (and inductor recomputed per call)."""
     grid = ltx_rope_grid(rope, hidden_states.size(0), num_frames, height, width, rope_interpolation_scale,
                          video_coords, device=hidden_states.device)
-    return grid, ltx_rope_freqs(rope.dim, rope.theta, device=hidden_states.device)
+    return grid.contiguous(), ltx_rope_freqs(rope.dim, rope.theta, device=hidden_states.device)
 
 
 def _ada(block, temb, batch_size):
