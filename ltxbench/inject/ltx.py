@@ -28,11 +28,11 @@ from ltxbench.inject.ltx_attention import (
     FUSED_ATTR,
     FusedLTXAttnProcessor,
     attention_forward,
-    attn2_mask,
     cross_key_value,
     forward_only_calls_processor,
 )
-from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache, cache_sources, cached_call
+from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache, cache_sources
+from ltxbench.inject.ltx_step import block_modulation, modulation_of, step_call, step_inputs
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
 
@@ -51,12 +51,6 @@ def _rope_from_coords(rope, hidden_states, num_frames=None, height=None, width=N
     grid = ltx_rope_grid(rope, hidden_states.size(0), num_frames, height, width, rope_interpolation_scale,
                          video_coords, device=hidden_states.device)
     return grid.contiguous(), ltx_rope_freqs(rope.dim, rope.theta, device=hidden_states.device)
-
-
-def _ada(block, temb, batch_size):
-    """(shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp), each (B, 1|S, D), as the block computes."""
-    table = block.scale_shift_table
-    return (table[None, None].to(temb.device) + temb.reshape(batch_size, temb.size(1), table.shape[0], -1)).unbind(2)
 
 
 def _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_states, encoder_attention_mask,
@@ -78,7 +72,7 @@ def _fused_block_forward(ops):
     """LTXVideoTransformerBlock.forward with the norms, modulations and residuals fused through `ops`."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
-        ada = _ada(self, temb, hidden_states.size(0))
+        ada = block_modulation(self, temb, hidden_states.size(0))
         if ada[0].dtype != hidden_states.dtype:  # mixed precision: the kernels take one dtype; run the original
             return original_class(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                                 encoder_attention_mask)
@@ -93,48 +87,35 @@ def _fused_block_forward(ops):
 def _fused_model_forward(ops):
     """LTXVideoTransformer3DModel.forward with the block loop chained: block i's `h + ff * gate_mlp` and block
     i+1's `norm1(h) * (1 + scale_msa) + shift_msa` become one add_rms_norm_modulate, and the final
-    norm_out + modulation one layer_norm_modulate. rope and proj_out are still called as modules (hooks).
-    cross_kv (from ltx_cross_kv.cached_call): the projected prompt and every attn2's key and value, already computed."""
+    norm_out + modulation one layer_norm_modulate. rope, proj_in and proj_out are still called as modules (hooks).
+    step: what comes before the block loop (ltx_step.StepInputs), built by the model's __call__; else built here."""
 
     def forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
                 height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
-                return_dict=True, cross_kv=None):
+                return_dict=True, step=None):
         if torch.is_grad_enabled() and self.gradient_checkpointing:
             return original_class(self).forward(self, hidden_states, encoder_hidden_states, timestep,
                                                 encoder_attention_mask, num_frames, height, width,
                                                 rope_interpolation_scale, video_coords, attention_kwargs, return_dict)
-        image_rotary_emb = self.rope(hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords)
-        if encoder_attention_mask is not None and encoder_attention_mask.ndim == 2:
-            encoder_attention_mask = ((1 - encoder_attention_mask.to(hidden_states.dtype)) * -10000.0).unsqueeze(1)
-        batch_size = hidden_states.size(0)
-        hidden_states = self.proj_in(hidden_states)
-        temb, embedded_timestep = self.time_embed(timestep.flatten(), batch_size=batch_size,
-                                                  hidden_dtype=hidden_states.dtype)
-        temb = temb.view(batch_size, -1, temb.size(-1))
-        embedded_timestep = embedded_timestep.view(batch_size, -1, embedded_timestep.size(-1))
+        if step is None:
+            step = step_inputs(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask,
+                               num_frames, height, width, rope_interpolation_scale, video_coords)
         blocks = self.transformer_blocks
-        if cross_kv is None:
-            encoder_hidden_states = self.caption_projection(encoder_hidden_states)
-            encoder_hidden_states = encoder_hidden_states.view(batch_size, -1, hidden_states.size(-1))
-            block_kv = [None] * len(blocks)
-        else:
-            encoder_hidden_states, block_kv = cross_kv
-        encoder_attention_mask = attn2_mask(blocks, encoder_attention_mask, encoder_hidden_states)
-        ada = _ada(blocks[0], temb, batch_size)
+        hidden_states = step.hidden_states
+        ada = modulation_of(step, blocks, 0)
         norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], blocks[0].norm1.eps)
         for index, block in enumerate(blocks):
             gate_mlp = ada[5]
-            hidden_states, ff = _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_states,
-                                                  encoder_attention_mask, image_rotary_emb, block_kv[index])
+            hidden_states, ff = _attention_and_ff(ops, block, hidden_states, norm, ada, step.prompt, step.mask,
+                                                  step.rope, step.block_kv[index])
             if index + 1 < len(blocks):
-                ada = _ada(blocks[index + 1], temb, batch_size)
+                ada = modulation_of(step, blocks, index + 1)
                 norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, ff, gate_mlp, ada[1], ada[0],
                                                                 blocks[index + 1].norm1.eps)
             else:
                 hidden_states = ops.gated_residual(hidden_states, ff, gate_mlp)
 
-        shift_scale = self.scale_shift_table[None, None] + embedded_timestep[:, :, None]
-        hidden_states = ops.layer_norm_modulate(hidden_states, shift_scale[:, :, 1], shift_scale[:, :, 0],
+        hidden_states = ops.layer_norm_modulate(hidden_states, step.final[:, :, 1], step.final[:, :, 0],
                                                 self.norm_out.eps)
         output = self.proj_out(hidden_states)
         return (output,) if not return_dict else Transformer2DModelOutput(sample=output)
@@ -244,16 +225,14 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         report.skip("model forward (block chain + final layer_norm_modulate)",
                     "modulation tables and activations differ in dtype: the kernels take one dtype")
     elif len(transformer.transformer_blocks) and all(_plain_norms(b) for b in transformer.transformer_blocks):
-        call = None
         if cross_kv_cache:
             cache = CrossKVCache(_cross_kv_builder(ops),
                                  functools.partial(cache_sources, processor_type=FusedLTXAttnProcessor))
             set_attr(report, CROSS_KV_RULE, transformer, CACHE_ATTR, cache)
-            call = cached_call
         else:
             report.skip(CROSS_KV_RULE, "turned off (cross_kv_cache=False): every step computes attn2's keys/values")
         patch_forward(report, "model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate",
-                      transformer, _fused_model_forward(ops), classes, call=call)
+                      transformer, _fused_model_forward(ops), classes, call=step_call)
     block_forward = _fused_block_forward(ops)
     for index, block in enumerate(transformer.transformer_blocks):
         if not _plain_norms(block):

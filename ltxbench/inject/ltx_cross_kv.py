@@ -2,19 +2,16 @@
 
 attn2 attends to the prompt: its keys and values (caption_projection, then every block's to_k/to_v GEMM and
 norm_k) depend only on the prompt embeddings and the weights, and diffusers' LTX pipelines pass the same
-prompt_embeds tensor to every step (built once, before the loop). The patched model's `__call__` looks them up here
-and hands them to the forward as `cross_kv`; the forward then skips caption_projection and, per block, the k/v GEMM
+prompt_embeds tensor to every step (built once, before the loop). The patched model's `__call__` (ltx_step.step_call)
+takes them from here into the step's inputs; the forward then skips caption_projection and, per block, the k/v GEMM
 and norm_k. The same ops on the same inputs, so the step's result does not change; what goes is their time.
-`__call__` runs before nn.Module.compile()'s compiled forward, so under compile the entry is a graph input (no
-graph break). Inside a trace (torch.compile(model), dynamo.explain) there is no cache: the forward computes.
 
 An entry is reused only while every tensor it came from is the same object at the same address and version
 (in-place updates bump the version): the prompt embeddings, caption_projection's parameters, each attn2's
-to_k/to_v/norm_k parameters. And only while those layers are plain nn.Linear / nn.RMSNorm (a LoRA wrapper changes
-the function, not the weights), every attn2 runs our processor, no forward pre-hook or hook wrapper (offload) sits on
-the model, and no gradient is wanted. The entry keeps the embeddings alive, so a new tensor cannot take over their
-identity. It holds the projected prompt and every block's k/v (2B, CFG, 128 tokens: 3 MB per block) until the next
-prompt, `CrossKVCache.clear()` or the injection's revert.
+to_k/to_v/norm_k parameters; and only while those layers are plain nn.Linear / nn.RMSNorm (a LoRA wrapper changes
+the function, not the weights) and every attn2 runs our processor. The entry keeps the embeddings alive, so a new
+tensor cannot take over their identity. It holds the projected prompt and every block's k/v (2B, CFG, 128 tokens:
+3 MB per block) until the next prompt, `CrossKVCache.clear()` or the injection's revert.
 """
 
 from __future__ import annotations
@@ -55,28 +52,11 @@ class CrossKVCache:
         return self.entry
 
 
-def cached_call(self, *args, **kwargs):
-    """`__call__` of the patched LTX model: attn2's keys and values from the cache, passed to forward as cross_kv."""
-    cache = None if torch.compiler.is_compiling() else vars(self).get(CACHE_ATTR)  # (a trace: no cache)
-    if cache is not None and "cross_kv" not in kwargs:
-        prompt = kwargs["encoder_hidden_states"] if "encoder_hidden_states" in kwargs else (
-            args[1] if len(args) > 1 else None)
-        entry = cache.get(self, prompt)
-        if entry is not None:
-            kwargs["cross_kv"] = entry
-    return torch.nn.Module.__call__(self, *args, **kwargs)
-
-
 def cache_sources(model, encoder_hidden_states, processor_type) -> list | None:
-    """The tensors attn2's keys and values are computed from, or None when they must not be cached (see above)."""
-    from torch.nn.modules import module as nn_module
-
-    if (not isinstance(encoder_hidden_states, torch.Tensor) or encoder_hidden_states.is_inference()
-            or model._forward_pre_hooks or nn_module._global_forward_pre_hooks or "forward" in vars(model)):
-        # Inference tensors have no version counter (an in-place change would go unseen); a pre-hook could change
-        # the prompt; an instance-level forward is a hook's wrapper (accelerate's offload moves the weights to the
-        # GPU inside it, after __call__ would have used them).
-        return None
+    """The tensors attn2's keys and values are computed from, or None when they must not be cached (see above;
+    the caller, ltx_step.step_call, has already ruled out autograd, pre-hooks and hook wrappers)."""
+    if not isinstance(encoder_hidden_states, torch.Tensor) or encoder_hidden_states.is_inference():
+        return None  # inference tensors have no version counter: an in-place change would go unseen
     projection = model.caption_projection
     linears = [getattr(projection, "linear_1", None), getattr(projection, "linear_2", None)]
     norms = []
@@ -88,7 +68,4 @@ def cache_sources(model, encoder_hidden_states, processor_type) -> list | None:
         norms.append(attn.norm_k)
     if any(type(m) is not torch.nn.Linear for m in linears) or any(type(m) is not torch.nn.RMSNorm for m in norms):
         return None
-    params = [p for m in (*linears, *norms) for p in m._parameters.values() if p is not None]
-    if torch.is_grad_enabled() and any(p.requires_grad for p in params):
-        return None
-    return [encoder_hidden_states, *params]
+    return [encoder_hidden_states, *(p for m in (*linears, *norms) for p in m._parameters.values() if p is not None)]

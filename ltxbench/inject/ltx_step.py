@@ -1,0 +1,95 @@
+"""What an LTX transformer step computes before its blocks, computed before the (compiled) forward runs.
+
+StepInputs is everything the patched model forward needs ahead of its block loop: RoPE, attn2's mask, proj_in, the
+timestep embedding, every block's modulation (scale_shift_table + temb, one stack for all blocks), the final
+modulation and attn2's prompt side. The patched model's `__call__` (step_call) builds it eagerly and passes it to the
+forward as `step`; under nn.Module.compile() it arrives as graph inputs. Why: built inside the graph, inductor
+recomputed the small pointwise ones (modulation slices, the mask, the RoPE freqs) in a kernel of their own at each use,
+about 8 per block, ~250 kernels of ~1 us per step, each with its launch gap (notes/kernel-tuning.md, eighteenth
+session); graph inputs are realized once. The prompt side comes from the CrossKVCache (ltx_cross_kv, once per prompt)
+when it applies. Traced from `__call__` (torch.compile(model), dynamo.explain) the forward builds StepInputs itself.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ltxbench.inject.ltx_attention import attn2_mask
+from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
+
+FORWARD_ARGS = ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "num_frames", "height",
+                "width", "rope_interpolation_scale", "video_coords")  # LTXVideoTransformer3DModel.forward's, in order
+
+
+class StepInputs(NamedTuple):
+    hidden_states: torch.Tensor   # after proj_in
+    rope: tuple                   # (grid, freqs) from our rope, or diffusers' (cos, sin)
+    mask: torch.Tensor | None     # attn2's additive mask as the processors take it
+    adas: torch.Tensor | None     # (blocks, B, 1, 6, D): every block's modulation; None when temb is per token
+    temb: torch.Tensor            # (B, 1|S, 6D)
+    final: torch.Tensor           # (B, 1|S, 2, D): norm_out's shift and scale
+    prompt: torch.Tensor          # the caption-projected prompt
+    block_kv: list                # per block: attn2's (key, value) from the cache, or None
+
+
+def block_modulation(block, temb, batch_size):
+    """(shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp), each (B, 1|S, D), as the block computes."""
+    table = block.scale_shift_table
+    return (table[None, None].to(temb.device) + temb.reshape(batch_size, temb.size(1), table.shape[0], -1)).unbind(2)
+
+
+def modulation_of(step: StepInputs, blocks, index: int):
+    """Block `index`'s six modulation tensors: views of the stacked ones, or computed from temb (per token)."""
+    if step.adas is not None:
+        return step.adas[index].unbind(2)
+    return block_modulation(blocks[index], step.temb, step.hidden_states.size(0))
+
+
+def step_inputs(model, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
+                height=None, width=None, rope_interpolation_scale=None, video_coords=None,
+                prompt_entry=None) -> StepInputs:
+    """The original forward's code up to its block loop, with the modulation of every block stacked (per-sample
+    temb: N x B x 6D values, 1.4 MB for LTX-2B with CFG; per token it would be N times (B, S, 6D), so not then).
+    prompt_entry: (projected prompt, per-block (key, value)) from the cache, else computed here."""
+    rope = model.rope(hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords)
+    if encoder_attention_mask is not None and encoder_attention_mask.ndim == 2:
+        encoder_attention_mask = ((1 - encoder_attention_mask.to(hidden_states.dtype)) * -10000.0).unsqueeze(1)
+    batch_size = hidden_states.size(0)
+    hidden_states = model.proj_in(hidden_states)
+    temb, embedded_timestep = model.time_embed(timestep.flatten(), batch_size=batch_size,
+                                               hidden_dtype=hidden_states.dtype)
+    temb = temb.view(batch_size, -1, temb.size(-1))
+    embedded_timestep = embedded_timestep.view(batch_size, -1, embedded_timestep.size(-1))
+    blocks = model.transformer_blocks
+    if prompt_entry is None:
+        prompt = model.caption_projection(encoder_hidden_states).view(batch_size, -1, hidden_states.size(-1))
+        block_kv = [None] * len(blocks)
+    else:
+        prompt, block_kv = prompt_entry
+    adas = None
+    if temb.size(1) == 1:
+        tables = torch.stack([block.scale_shift_table for block in blocks]).to(temb.device)  # (N, 6, D)
+        adas = tables[:, None, None] + temb.reshape(1, batch_size, 1, tables.shape[1], -1)
+    final = model.scale_shift_table[None, None] + embedded_timestep[:, :, None]
+    return StepInputs(hidden_states, rope, attn2_mask(blocks, encoder_attention_mask, prompt), adas, temb, final,
+                      prompt, block_kv)
+
+
+def step_call(self, *args, **kwargs):
+    """`__call__` of the patched LTX model: StepInputs built here, eagerly, and passed to forward as `step`. Not inside
+    a trace, not with autograd, and not where a forward pre-hook or a hook's forward wrapper (accelerate's offload
+    moves the weights to the GPU inside it) could change what the step computes: there the forward builds it."""
+    from torch.nn.modules import module as nn_module
+
+    if (torch.compiler.is_compiling() or "step" in kwargs or len(args) > len(FORWARD_ARGS)
+            or torch.is_grad_enabled() or self._forward_pre_hooks or nn_module._global_forward_pre_hooks
+            or "forward" in vars(self)):
+        return torch.nn.Module.__call__(self, *args, **kwargs)
+    bound = dict(zip(FORWARD_ARGS, args, strict=False))  # len(args) <= len(FORWARD_ARGS), checked above
+    bound.update((name, kwargs.pop(name)) for name in FORWARD_ARGS if name in kwargs)
+    cache = vars(self).get(CACHE_ATTR)
+    entry = cache.get(self, bound.get("encoder_hidden_states")) if cache is not None else None
+    step = step_inputs(self, **bound, prompt_entry=entry)
+    return torch.nn.Module.__call__(self, **bound, **kwargs, step=step)
