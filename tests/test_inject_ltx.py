@@ -12,6 +12,7 @@ from ltxbench.inject.ltx import (
     ATTN_FORWARD_RULE,
     CROSS_KV_RULE,
     FUSED_ATTR,
+    MODEL_RULE,
     FusedLTXAttnProcessor,
     apply_kernels,
 )
@@ -19,7 +20,6 @@ from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
 from ltxbench.models.ltx import component_configs
 
 BLOCK_RULE = "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"
-MODEL_RULE = "model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate"
 
 
 def _transformer(model="ltx-tiny", num_layers=None, device="cpu", dtype=torch.float32):

@@ -175,6 +175,8 @@ def _plain_norms(block) -> bool:
     return getattr(block.norm1, "weight", None) is None and getattr(block.norm2, "weight", None) is None
 
 
+MODEL_RULE = ("model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate; what precedes the "
+              "blocks built before the (compiled) forward (ltx_step)")
 CROSS_KV_RULE = "model: attn2 keys/values and caption projection once per prompt (cross_kv cache)"
 ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
 # Head dims where ops.cross_attention beat SDPA (cuDNN) for attn2, bf16, H200 (results/h200/micro-xattn*-6f3727d):
@@ -231,8 +233,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             set_attr(report, CROSS_KV_RULE, transformer, CACHE_ATTR, cache)
         else:
             report.skip(CROSS_KV_RULE, "turned off (cross_kv_cache=False): every step computes attn2's keys/values")
-        patch_forward(report, "model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate",
-                      transformer, _fused_model_forward(ops), classes, call=step_call)
+        patch_forward(report, MODEL_RULE, transformer, _fused_model_forward(ops), classes, call=step_call)
     block_forward = _fused_block_forward(ops)
     for index, block in enumerate(transformer.transformer_blocks):
         if not _plain_norms(block):
