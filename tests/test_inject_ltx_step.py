@@ -50,3 +50,19 @@ def test_positional_and_keyword_calls_build_the_same_step():
             mixed = model(*positional[:2], timestep=positional[2], encoder_attention_mask=positional[3], **inputs)[0]
     torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
     assert torch.equal(mixed, got)
+
+
+def test_a_lora_scale_leaves_the_step_inputs_to_the_forward():
+    """attention_kwargs["scale"] is applied to LoRA layers by the forward's decorator, around the forward only:
+    a step built before it would run proj_in, time_embed and the caption projection unscaled."""
+    from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
+
+    model = _transformer()
+    inputs = _inputs(model)
+    with torch.no_grad(), apply_kernels(model, "reference"):
+        cache = vars(model)[CACHE_ATTR]
+        scaled = model(**inputs, attention_kwargs={"scale": 0.5})[0]
+        assert cache.builds == 0  # the forward built the step: no cache entry came from __call__
+        plain = model(**inputs, attention_kwargs={})[0]
+        assert cache.builds == 1
+    torch.testing.assert_close(scaled, plain)  # no LoRA layers here: the scale changes nothing

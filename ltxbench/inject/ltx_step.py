@@ -80,13 +80,14 @@ def step_inputs(model, hidden_states, encoder_hidden_states, timestep, encoder_a
 
 def step_call(self, *args, **kwargs):
     """`__call__` of the patched LTX model: StepInputs built here, eagerly, and passed to forward as `step`. Not inside
-    a trace, not with autograd, and not where a forward pre-hook or a hook's forward wrapper (accelerate's offload
-    moves the weights to the GPU inside it) could change what the step computes: there the forward builds it."""
+    a trace, not with autograd, and not where a forward pre-hook, a hook's forward wrapper (accelerate's offload
+    moves the weights to the GPU inside it) or a LoRA scale (attention_kwargs["scale"], applied by the forward's
+    decorator) could change what the step computes: there the forward builds it."""
     from torch.nn.modules import module as nn_module
 
     if (torch.compiler.is_compiling() or "step" in kwargs or len(args) > len(FORWARD_ARGS)
             or torch.is_grad_enabled() or self._forward_pre_hooks or nn_module._global_forward_pre_hooks
-            or "forward" in vars(self)):
+            or "forward" in vars(self) or "scale" in (kwargs.get("attention_kwargs") or {})):
         return torch.nn.Module.__call__(self, *args, **kwargs)
     bound = dict(zip(FORWARD_ARGS, args, strict=False))  # len(args) <= len(FORWARD_ARGS), checked above
     bound.update((name, kwargs.pop(name)) for name in FORWARD_ARGS if name in kwargs)
