@@ -9,8 +9,9 @@ Per block (HANDBOOK §2 has the math):
   h + attn2; norm2(h) * (1 + scale_mlp) + shift_mlp → add_rms_norm_modulate
   h + ff * gate_mlp                                 → gated_residual, or with the next block's norm1:
                                                       add_rms_norm_modulate (model forward, chained blocks)
-Model: norm_out (no-affine LayerNorm) + final modulation → layer_norm_modulate; attn2's keys/values once per
-prompt (ltx_cross_kv.py). The attention processor and forward are in ltx_attention.py. Modulation per batch
+Model: norm_out (no-affine LayerNorm) + final modulation → layer_norm_modulate; what precedes the blocks built
+before the (compiled) forward (ltx_step.py); attn2's keys/values once per prompt (ltx_cross_kv.py). The attention
+processor and forward are in ltx_attention.py. Modulation per batch
 (B, 1, D) or per token (B, S, D, image-to-video / condition pipelines) both go through the kernels' broadcast strides.
 """
 
