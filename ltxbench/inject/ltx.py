@@ -33,7 +33,7 @@ from ltxbench.inject.ltx_attention import (
     forward_only_calls_processor,
 )
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache, cache_sources
-from ltxbench.inject.ltx_step import block_modulation, modulation_of, step_call, step_inputs
+from ltxbench.inject.ltx_step import block_modulation, modulation_of, projected_prompt, step_call, step_inputs
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
 
@@ -134,8 +134,7 @@ def _cross_kv_builder(ops):
     """build(model, prompt embeddings) for CrossKVCache: caption_projection, then every attn2's key and value."""
 
     def build(model, encoder_hidden_states):
-        prompt = model.caption_projection(encoder_hidden_states)
-        prompt = prompt.view(encoder_hidden_states.size(0), -1, prompt.size(-1))
+        prompt = projected_prompt(model, encoder_hidden_states, encoder_hidden_states.size(0))
         return prompt, [cross_key_value(ops, block.attn2, prompt) for block in model.transformer_blocks]
 
     return build

@@ -87,16 +87,16 @@ class FusedLTXAttnProcessor:
         if attention_mask is not None and attention_mask.ndim != 4:  # 4-D: prepared once per forward (attn2_mask)
             attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
             attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
-        if cross_kv is not None and encoder_hidden_states is not None:
-            query, (key, value) = attn.to_q(hidden_states), cross_kv
+        if encoder_hidden_states is not None and image_rotary_emb is None:  # cross-attention
+            query = self.ops.rms_norm(attn.to_q(hidden_states), attn.norm_q.weight, eps_of(attn.norm_q))
+            key, value = cross_kv if cross_kv is not None else cross_key_value(self.ops, attn, encoder_hidden_states)
         else:
             query, key, value = _projections(attn, hidden_states, encoder_hidden_states)
-        if image_rotary_emb is not None:  # self-attention: q and k have the same shape
-            query, key = self.ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
-                                                   eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb))
-        else:
-            query = self.ops.rms_norm(query, attn.norm_q.weight, eps_of(attn.norm_q))
-            if cross_kv is None:
+            if image_rotary_emb is not None:  # self-attention: q and k have the same shape
+                query, key = self.ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
+                                                       eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb))
+            else:
+                query = self.ops.rms_norm(query, attn.norm_q.weight, eps_of(attn.norm_q))
                 key = self.ops.rms_norm(key, attn.norm_k.weight, eps_of(attn.norm_k))
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
         per_key_mask = attention_mask is None or attention_mask.size(2) == 1  # (B, heads, 1, L): one value per key

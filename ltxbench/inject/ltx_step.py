@@ -41,6 +41,12 @@ def block_modulation(block, temb, batch_size):
     return (table[None, None].to(temb.device) + temb.reshape(batch_size, temb.size(1), table.shape[0], -1)).unbind(2)
 
 
+def projected_prompt(model, encoder_hidden_states, batch_size):
+    """caption_projection of the prompt, shaped (B, L, D) as the original forward shapes it."""
+    prompt = model.caption_projection(encoder_hidden_states)
+    return prompt.view(batch_size, -1, prompt.size(-1))
+
+
 def modulation_of(step: StepInputs, blocks, index: int):
     """Block `index`'s six modulation tensors: views of the stacked ones, or computed from temb (per token)."""
     if step.adas is not None:
@@ -65,7 +71,7 @@ def step_inputs(model, hidden_states, encoder_hidden_states, timestep, encoder_a
     embedded_timestep = embedded_timestep.view(batch_size, -1, embedded_timestep.size(-1))
     blocks = model.transformer_blocks
     if prompt_entry is None:
-        prompt = model.caption_projection(encoder_hidden_states).view(batch_size, -1, hidden_states.size(-1))
+        prompt = projected_prompt(model, encoder_hidden_states, batch_size)
         block_kv = [None] * len(blocks)
     else:
         prompt, block_kv = prompt_entry
