@@ -5,8 +5,8 @@ timestep embedding, every block's modulation (scale_shift_table + temb, one stac
 modulation and attn2's prompt side. The patched model's `__call__` (step_call) builds it eagerly and passes it to the
 forward as `step`; under nn.Module.compile() it arrives as graph inputs. Why: built inside the graph, inductor
 recomputed the small pointwise ones (modulation slices, the mask, the RoPE freqs) in a kernel of their own at their
-uses (~60 kernels of ~1 us per 49-frame step, each with its launch gap; H100 optimized+compile 40.57 -> 40.17 ms,
-notes/kernel-tuning.md, eighteenth session); graph inputs are realized once. The prompt side comes from the
+uses (~60 kernels of ~1 us per 49-frame step, each with its launch gap; H100 optimized+compile 40.62 / 40.51 ->
+40.11 ms, notes/kernel-tuning.md, eighteenth session); graph inputs are realized once. The prompt side comes from the
 CrossKVCache (ltx_cross_kv, once per prompt) when it applies. Traced from `__call__` (torch.compile(model),
 dynamo.explain) the forward builds StepInputs itself.
 """
