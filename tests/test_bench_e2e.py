@@ -157,6 +157,23 @@ def test_cross_kv_cache_flag_reaches_the_injection_and_is_recorded_only_when_off
     assert "--no-cross-kv-cache" in off["run"]["argv"] and "--cross-kv-cache" in on["run"]["argv"]
 
 
+def test_tuned_gemm_flag_reaches_the_injection_and_is_recorded_only_when_off(tmp_path, captured):
+    runs = {}
+    for flag in ("--tuned-gemm", "--no-tuned-gemm"):
+        out = tmp_path / f"{flag}.json"
+        result = runner.invoke(app, [*TINY, "--phase", "transformer", "--configs", "optimized", flag,
+                                     "--output", str(out)])
+        assert result.exit_code == 0, result.output
+        runs[flag] = json.loads(out.read_text())
+    on, off = runs["--tuned-gemm"], runs["--no-tuned-gemm"]
+    rule = "linear: cuBLASLt GEMM, algorithm chosen by timing (ops.linear)"
+    assert on["run"]["config"]["injection"]["optimized"]["rules"][rule] > 0
+    assert rule not in off["run"]["config"]["injection"]["optimized"]["rules"]
+    assert all("tuned_gemm" not in r["params"] for r in on["records"])
+    assert all(r["params"]["tuned_gemm"] is False for r in off["records"])
+    assert "--no-tuned-gemm" in off["run"]["argv"] and "--tuned-gemm" in on["run"]["argv"]
+
+
 def test_unknown_compile_mode_is_a_usage_error(tmp_path):
     result = runner.invoke(app, [*TINY, "--compile", "--compile-mode", "fastest", "--output", str(tmp_path / "x.json")])
     assert result.exit_code == 2

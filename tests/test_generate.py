@@ -250,13 +250,15 @@ def test_generate_end_to_end_tiny(tmp_path):
     assert injection["applied"] is True and injection["provider"] == "reference"  # the CPU default
     assert injection["rules"]["block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"] == 2
     assert doc["run"]["argv"][:2] == ["ltxbench", "generate"] and "--weights" in doc["run"]["argv"]
+    assert config["gemm_search"] is False and "--gemm-search" not in doc["run"]["argv"]  # off unless asked
 
     # The same path again: refused without --force (exit 2), nothing touched; accepted with it.
     before = out.stat().st_mtime_ns
     again = runner.invoke(app, args)
     assert again.exit_code == 2, again.output
     assert "already exists" in again.output and out.stat().st_mtime_ns == before
-    forced = runner.invoke(app, [*args, "--force", "--no-optimized-kernels"])
+    forced = runner.invoke(app, [*args, "--force", "--no-optimized-kernels", "--gemm-search"])
     assert forced.exit_code == 0, forced.output
+    assert "--gemm-search" in load_result(out.with_suffix(".json"))["run"]["argv"]
     assert load_result(out.with_suffix(".json"))["injection"] == {
         "applied": False, "reason": "disabled by --no-optimized-kernels"}

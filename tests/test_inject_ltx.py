@@ -13,6 +13,7 @@ from ltxbench.inject.ltx import (
     CROSS_KV_RULE,
     FUSED_ATTR,
     MODEL_RULE,
+    TUNED_GEMM_RULE,
     FusedLTXAttnProcessor,
     apply_kernels,
 )
@@ -61,6 +62,7 @@ FEATURES = {  # apply_kernels keyword sets: the defaults, each optional part off
     "no-fusion": {"fuse_projections": False, "gelu_epilogue": False},
     "gelu-kernel": {"gelu_epilogue": False, "gelu_tanh": True},
     "cross-attention-kernel": {"cross_attention": True},
+    "torch-gemms": {"tuned_gemm": False},
 }
 
 
@@ -139,6 +141,59 @@ def test_fused_projections_are_used_and_keep_one_copy_of_the_weights(monkeypatch
     assert calls == []  # every q/k/v of attn1 and k/v of attn2 came from the fused GEMMs
 
 
+@pytest.mark.parametrize("fuse", [True, False])
+def test_the_blocks_gemms_go_through_ops_linear_unless_turned_off(monkeypatch, fuse):
+    """tuned_gemm: every projection of a block step runs ops.linear (the provider's): fused q/k/v (or the three
+    layers), attn2's q, both out-projections, the feed-forward's up (GELU epilogue) and down; attn2's k/v come from
+    the cross_kv cache. Off: none does, and the processor keeps torch's linear."""
+    from ltxbench.ops import reference
+
+    model = _transformer()
+    inputs = _inputs(model)
+    real, calls = reference.linear, []
+    monkeypatch.setattr(reference, "linear", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        with apply_kernels(model, "reference", fuse_projections=fuse) as report:
+            got = model(**inputs)[0]
+        per_block = 6 if fuse else 8
+        assert len(calls) == per_block * len(model.transformer_blocks), calls
+        assert report.rules[TUNED_GEMM_RULE] == (4 if fuse else 7) * len(model.transformer_blocks)
+        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+        calls.clear()
+        with apply_kernels(model, "reference", fuse_projections=fuse, tuned_gemm=False) as report:
+            model(**inputs)
+            assert model.transformer_blocks[0].attn1.processor.linear is torch.nn.functional.linear
+        assert calls == [] and TUNED_GEMM_RULE not in report.rules
+
+
+def test_tuned_gemms_leave_wrapped_layers_and_autograd_to_torch(monkeypatch):
+    """A Linear subclass (a LoRA-style wrapper with its own math) keeps its forward, reported; with gradients wanted
+    the patched layers run torch's linear (ops.linear has no backward)."""
+    from ltxbench.ops import reference
+
+    class ScaledLinear(torch.nn.Linear):
+        def forward(self, x):
+            return 2 * super().forward(x)
+
+    model = _transformer()
+    block = model.transformer_blocks[0]
+    old = block.ff.net[2]
+    block.ff.net[2] = ScaledLinear(old.in_features, old.out_features)
+    calls = []
+    real = reference.linear
+    monkeypatch.setattr(reference, "linear", lambda *a, **k: calls.append(1) or real(*a, **k))
+    with apply_kernels(model, "reference") as report:
+        assert type(block.ff.net[2]) is ScaledLinear
+        assert any(t == TUNED_GEMM_RULE and "ScaledLinear" in r for t, r in report.skipped)
+        x = torch.randn(2, 5, block.attn1.to_out[0].in_features)
+        out = block.attn1.to_out[0](x)  # patched, parameters require grad, grad mode on
+        assert out.requires_grad and calls == []
+        with torch.no_grad():
+            block.attn1.to_out[0](x)
+        assert calls == [1]
+
+
 def test_injected_transformer_compiles_without_graph_breaks():
     """The optimized+compile configuration: dynamo sees the whole patched forward as one graph."""
     model = _transformer()
@@ -197,7 +252,8 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
                                   "attn1: qk_rms_norm_rope": 28, ATTN2_RULES[True]: 28,
                                   "attn1: one q/k/v GEMM": 28, "attn2: one k/v GEMM": 28,
                                   "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28,
-                                  ATTN_FORWARD_RULE: 56, CROSS_KV_RULE: 1}
+                                  ATTN_FORWARD_RULE: 56, CROSS_KV_RULE: 1,
+                                  TUNED_GEMM_RULE: 28 * 4}  # attn1/attn2 to_out, attn2 to_q, ff down
     skipped = {t for t, _ in report.skipped}
     assert {"VAE RMSNorm"} <= skipped
     assert all(isinstance(b.attn1.processor, FusedLTXAttnProcessor) for b in model.transformer_blocks)
@@ -210,6 +266,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     assert not any(ORIGINAL_CLASS in vars(type(m)) for m in model.modules())
     assert type(model.transformer_blocks[0]) is LTXVideoTransformerBlock
     assert type(model.transformer_blocks[0].attn1) is LTXAttention
+    assert type(model.transformer_blocks[0].ff.net[2]) is torch.nn.Linear
     for block, (p1, p2) in zip(model.transformer_blocks, processors, strict=True):
         assert "forward" not in vars(block) and block.attn1.processor is p1 and block.attn2.processor is p2
         assert not hasattr(block.attn1, FUSED_ATTR) and "forward" not in vars(block.ff.net[0])

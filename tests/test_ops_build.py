@@ -89,6 +89,34 @@ def test_missing_nvcc_is_a_build_error_with_a_hint(monkeypatch):
     assert err.value.exit_code == 4 and "nvcc" in err.value.message and "CUDA_HOME" in err.value.hint
 
 
+def test_missing_cublaslt_is_a_build_error_with_a_hint(monkeypatch, tmp_path):
+    import nvidia
+
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))  # a "toolkit" without cuBLAS
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(nvidia, "__path__", [str(tmp_path / "no-wheels")])
+    (tmp_path / "no-wheels").mkdir()
+    with pytest.raises(BuildError) as err:
+        _build._cublaslt(tmp_path)
+    assert err.value.exit_code == 4 and "cuBLASLt" in err.value.message and "nvidia-cublas" in err.value.hint
+
+
+def test_cublaslt_headers_are_taken_alone_not_the_wheels_cuda_runtime(tmp_path):
+    includes, ldflags = _build._cublaslt(tmp_path)
+    assert sorted(p.name for p in Path(includes[0]).iterdir()) == ["cublasLt.h", "cublas_api.h"]
+    assert any(f.startswith("-l:libcublasLt.so") for f in ldflags) and any("rpath" in f for f in ldflags)
+
+
+def test_gemm_settings_ops_without_a_gpu(built_ops):
+    from ltxbench import ops
+
+    previous = ops.gemm_tuning(False)
+    try:
+        assert ops.gemm_tuning(False) is False and ops.gemm_choices() == []  # nothing ran on this machine
+    finally:
+        ops.gemm_tuning(previous)
+
+
 def test_build_after_torch_compile_finds_the_toolkit(monkeypatch):
     """inductor can import cpp_extension before our first build, freezing its CUDA_HOME at nvcc's grandparent
     guess (/usr/local for a /usr/local/bin/nvcc link, without CUDA headers): the build must correct it."""
@@ -127,7 +155,10 @@ def test_every_op_gets_an_explicit_inductor_fallback(built_ops):
     ops.register_inductor_fallbacks()
     names = {n.partition("::")[2].partition(".")[0] for n in torch._C._dispatch_get_all_op_names()
              if n.startswith("ltxbench::")}
-    assert {"rms_norm", "qk_rms_norm_rope", "add_rms_norm_modulate", "linear_gelu_tanh"} <= names
-    for name in names:
+    assert {"rms_norm", "qk_rms_norm_rope", "add_rms_norm_modulate", "linear_gelu_tanh", "linear"} <= names
+    settings = {"gemm_tuning", "gemm_choices"}  # no tensors in or out: never in a graph, no lowering
+    for name in names - settings:
         assert getattr(torch.ops.ltxbench, name).default in lowering.lowerings, name
+    for name in settings:
+        assert getattr(torch.ops.ltxbench, name).default not in lowering.lowerings, name
     assert ops.register_inductor_fallbacks() == 0  # idempotent

@@ -2,6 +2,8 @@
 // Plain C++ and the CUDA runtime API only: keeps nvcc translation units free of torch headers.
 #pragma once
 #include <cstdint>
+#include <string>
+#include <vector>
 #include <cuda_runtime_api.h>
 
 namespace ltxbench {
@@ -121,5 +123,36 @@ struct XAttnParams {
 bool xattn_uses_tensor_cores(int64_t hd, DType dtype, int compute_capability_major);
 cudaError_t launch_cross_attention(const XAttnParams& p, DType dtype, int compute_capability_major,
                                    cudaStream_t stream);
+
+}  // namespace ltxbench
+
+namespace ltxbench {
+
+// out (tokens, n) = act(x (tokens, k) @ w (n, k)^T + bias (n)) on cuBLASLt, row-major with leading dims
+// ldx, ldw, ldout (elements), fp32 accumulation; act 0 = none, 1 = GELU tanh (needs bias). The algorithm per
+// problem (shape, dtype, leading dims, alignment, device) is picked once and kept: with tuning on and the stream
+// not capturing a graph, by timing cuBLASLt's heuristic candidates and the tile / cluster / option variants of
+// its first choice on these very operands; otherwise the heuristic's first choice (what torch runs).
+struct GemmParams {
+  int64_t tokens = 0, n = 0, k = 0;
+  const void* x = nullptr;
+  int64_t ldx = 0;
+  const void* w = nullptr;
+  int64_t ldw = 0;
+  const void* bias = nullptr;
+  void* out = nullptr;
+  int64_t ldout = 0;
+  int act = 0;
+  void* workspace = nullptr;  // kGemmWorkspaceBytes, from the caller's allocator
+};
+
+constexpr size_t kGemmWorkspaceBytes = size_t(4) << 20;
+
+// 0 on success, else a cublasStatus_t / cudaError_t code; gemm_error_string says which.
+int launch_gemm(const GemmParams& p, DType dtype, int device, cudaStream_t stream);
+const char* gemm_error_string(int code);
+bool gemm_set_tuning(bool enabled);  // returns the previous setting; on by default
+// One line per problem seen in this process: its shape, the heuristic's and the chosen algorithm's times.
+std::vector<std::string> gemm_table();
 
 }  // namespace ltxbench

@@ -48,9 +48,9 @@ def select_configs(configs: str | None, optimized: bool | None, compile_: bool, 
 
 
 def record_params(args: dict, drop: tuple[str, ...]) -> dict:
-    """The run arguments that describe every record: `args` less `drop`; compile_mode, rounds and cross_kv_cache
-    only when not the default, so that default records match older files (bench e2e and profile)."""
-    defaults = {"compile_mode": "default", "rounds": 1, "cross_kv_cache": True}
+    """The run arguments that describe every record: `args` less `drop`; compile_mode, rounds, cross_kv_cache and
+    tuned_gemm only when not the default, so that default records match older files (bench e2e and profile)."""
+    defaults = {"compile_mode": "default", "rounds": 1, "cross_kv_cache": True, "tuned_gemm": True}
     return {k: v for k, v in args.items() if k not in drop and not (k in defaults and v == defaults[k])}
 
 
@@ -171,10 +171,20 @@ def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: N
     if args["phase"] == "transformer":
         with torch.no_grad():
             embeds = _encode(pipe, args, device)
-    cache = args.get("cross_kv_cache", True)
-    return run_configs(pipe.transformer, configs, lambda: apply_kernels(pipe, provider, cross_kv_cache=cache),
-                       lambda _config: run_once(pipe, args, embeds), args["warmup"], args["repeats"], device, log,
-                       args.get("compile_mode", "default"), args.get("rounds", 1))
+    cache, tuned = args.get("cross_kv_cache", True), args.get("tuned_gemm", True)
+    results = run_configs(pipe.transformer, configs,
+                          lambda: apply_kernels(pipe, provider, cross_kv_cache=cache, tuned_gemm=tuned),
+                          lambda _config: run_once(pipe, args, embeds), args["warmup"], args["repeats"], device, log,
+                          args.get("compile_mode", "default"), args.get("rounds", 1))
+    if provider == "cuda" and tuned and any(name.startswith("optimized") for name in results):
+        from ltxbench import ops
+
+        # What ops.linear chose per shape, with the heuristic's time beside it (process-wide: every config's GEMMs).
+        choices = ops.gemm_choices()
+        for name, res in results.items():
+            if name.startswith("optimized"):
+                res["injection"]["gemm_choices"] = choices
+    return results
 
 
 def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: int, device, log,

@@ -50,6 +50,9 @@ def e2e_command(
     cross_kv_cache: bool = typer.Option(True, "--cross-kv-cache/--no-cross-kv-cache",
                                         help="LTX optimized configs: attn2's keys/values once per prompt (exact), or "
                                              "every step as the model does."),
+    tuned_gemm: bool = typer.Option(True, "--tuned-gemm/--no-tuned-gemm",
+                                    help="LTX optimized configs: the blocks' projections on cuBLASLt with the "
+                                         "algorithm per shape chosen by timing (first call), or torch's linear."),
     device: str = typer.Option("cuda", "--device", help="cuda | cpu."),
     kernel_provider: str = typer.Option(None, "--kernel-provider",
                                         help="cuda | reference (default: cuda on cuda, reference on cpu)."),
@@ -112,7 +115,8 @@ def e2e_command(
         args.update(prompt_lengths=lengths, new_tokens=new_tokens, decode_compile_mode=decode_compile_mode)
     else:
         args.update(num_frames=num_frames, height=height, width=width, steps=steps, phase=phase,
-                    guidance_scale=guidance_scale, frame_rate=25, cross_kv_cache=cross_kv_cache)
+                    guidance_scale=guidance_scale, frame_rate=25, cross_kv_cache=cross_kv_cache,
+                    tuned_gemm=tuned_gemm)
     _run(args, output, force, plot)
 
 

@@ -119,10 +119,11 @@ def _intact(x, linears, fused: FusedWeights) -> bool:
             and tuple(p.data_ptr() for p in params) == fused.ptrs)
 
 
-def fused_linear(x, linears, fused: FusedWeights | None):
-    """x @ [W_1 | W_2 | ...]^T + [b_1 | ...] as one GEMM, or None when it cannot stand for the layers."""
+def fused_linear(x, linears, fused: FusedWeights | None, linear=F.linear):
+    """x @ [W_1 | W_2 | ...]^T + [b_1 | ...] as one GEMM (`linear(x, weight, bias)`: torch's, or ops.linear), or None
+    when it cannot stand for the layers."""
     if fused is None or not _intact(x, linears, fused):
         return None
     if torch.is_grad_enabled() and any(p.requires_grad for p in fused.params):
         return None
-    return F.linear(x, fused.weight, fused.bias)
+    return linear(x, fused.weight, fused.bias)

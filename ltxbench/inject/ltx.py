@@ -140,16 +140,47 @@ def _cross_kv_builder(ops):
     return build
 
 
-def _gelu_forward(ops, epilogue: bool):
-    """diffusers GELU(approximate="tanh").forward as ONE GEMM with a GELU epilogue (`ops.linear_gelu_tanh`), or
-    as proj + `ops.gelu_tanh`."""
+def _gelu_forward(ops, epilogue: bool, tuned_gemm: bool):
+    """diffusers GELU(approximate="tanh").forward as ONE GEMM with a GELU epilogue (`ops.linear` when tuned_gemm,
+    else torch's cuBLASLt binding `ops.linear_gelu_tanh`), or as proj + `ops.gelu_tanh`."""
 
     def forward(self, hidden_states):
+        if epilogue and tuned_gemm and not _needs_autograd(hidden_states, self.proj):
+            return ops.linear(hidden_states, self.proj.weight, self.proj.bias, "gelu_tanh")
         if epilogue:
             return ops.linear_gelu_tanh(hidden_states, self.proj.weight, self.proj.bias)
         return ops.gelu_tanh(self.proj(hidden_states))
 
     return forward
+
+
+def _needs_autograd(x, layer) -> bool:
+    """ops.linear has no backward: with gradients wanted, torch's own linear runs (inference is what we speed up)."""
+    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
+
+
+def _linear_forward(ops):
+    """nn.Linear.forward through ops.linear (cuBLASLt with a measured algorithm choice)."""
+
+    def forward(self, input):
+        if _needs_autograd(input, self):
+            return torch.nn.functional.linear(input, self.weight, self.bias)
+        return ops.linear(input, self.weight, self.bias)
+
+    return forward
+
+
+TUNED_GEMM_RULE = "linear: cuBLASLt GEMM, algorithm chosen by timing (ops.linear)"
+
+
+def _tuned_linears(block, fused: bool, epilogue: bool) -> list:
+    """The block's nn.Linear layers that run as themselves (not through a fused weight or the GELU epilogue)."""
+    layers = [block.attn1.to_out[0], block.attn2.to_q, block.attn2.to_out[0], block.ff.net[2]]
+    if not fused:
+        layers += [block.attn1.to_q, block.attn1.to_k, block.attn1.to_v]
+    if not epilogue and hasattr(block.ff.net[0], "proj"):
+        layers.append(block.ff.net[0].proj)
+    return layers
 
 
 def _fuse_projections(report, attn, names, rule):
@@ -187,7 +218,8 @@ CROSS_ATTENTION_HEAD_DIMS = (64, 128)
 
 def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True, fuse_projections: bool = True,
                   gelu_epilogue: bool = True, gelu_tanh: bool = False,
-                  cross_attention: bool | None = None, cross_kv_cache: bool = True) -> InjectionReport:
+                  cross_attention: bool | None = None, cross_kv_cache: bool = True,
+                  tuned_gemm: bool = True) -> InjectionReport:
     """Patch an LTX pipeline's transformer (or the transformer itself) in place; returns the report, whose
     `revert()` (or use as a context manager) restores the original forwards and processors.
 
@@ -200,7 +232,10 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     through `ops.cross_attention` instead of SDPA, where diffusers would run its default (native) backend; None
     (the default) does so at the head dims where it measured faster (CROSS_ATTENTION_HEAD_DIMS). cross_kv_cache:
     attn2's keys and values (and the caption projection) computed once per prompt, not once per step
-    (ltx_cross_kv; needs the chained model forward).
+    (ltx_cross_kv; needs the chained model forward). tuned_gemm: the blocks' projections (fused q/k/v, attn2's q,
+    both out-projections, the feed-forward's two) through `ops.linear`, cuBLASLt with the algorithm per shape
+    chosen by timing on its first call (notes/kernel-tuning.md); else torch's linear (cuBLASLt's heuristic pick).
+    The attn2 k/v projections run once per prompt with the cache, so they stay torch's.
     """
     transformer = _transformer_of(target)
     ops = get_provider(provider)
@@ -235,6 +270,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             report.skip(CROSS_KV_RULE, "turned off (cross_kv_cache=False): every step computes attn2's keys/values")
         patch_forward(report, MODEL_RULE, transformer, _fused_model_forward(ops), classes, call=step_call)
     block_forward = _fused_block_forward(ops)
+    linear_forward = _linear_forward(ops)
     for index, block in enumerate(transformer.transformer_blocks):
         if not _plain_norms(block):
             report.skip(f"transformer_blocks.{index}", "norm1/norm2 carry a weight: not the LTX block math")
@@ -246,7 +282,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             own = block.attn2.to_q.out_features // block.attn2.heads in CROSS_ATTENTION_HEAD_DIMS
         for name, rule in (("attn1", "attn1: qk_rms_norm_rope"), ("attn2", ATTN2_RULES[own])):
             attn = getattr(block, name)
-            processor = FusedLTXAttnProcessor(ops, attn.processor, cross_attention=name == "attn2" and own)
+            processor = FusedLTXAttnProcessor(ops, attn.processor, cross_attention=name == "attn2" and own,
+                                              tuned_gemm=tuned_gemm)
             set_attr(report, rule, attn, "processor", processor)
             if forward_only_calls_processor(original_class(attn)):
                 patch_forward(report, ATTN_FORWARD_RULE, attn, attention_forward, classes)
@@ -255,11 +292,18 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         if fuse_projections:
             _fuse_projections(report, block.attn1, ("to_q", "to_k", "to_v"), "attn1: one q/k/v GEMM")
             _fuse_projections(report, block.attn2, ("to_k", "to_v"), "attn2: one k/v GEMM")
+        if tuned_gemm:
+            for layer in _tuned_linears(block, fuse_projections, gelu_epilogue):
+                if type(layer) is torch.nn.Linear:
+                    patch_forward(report, TUNED_GEMM_RULE, layer, linear_forward, classes)
+                else:
+                    report.skip(TUNED_GEMM_RULE, f"transformer_blocks.{index}: a {type(layer).__name__}, not a "
+                                                 "plain nn.Linear (a wrapper's own math is kept)")
     if gelu_epilogue or gelu_tanh:
         from diffusers.models.activations import GELU
 
         rule = "ff: up-projection + GELU-tanh as one GEMM (epilogue)" if gelu_epilogue else "ff: gelu_tanh"
-        gelu_forward = _gelu_forward(ops, gelu_epilogue)
+        gelu_forward = _gelu_forward(ops, gelu_epilogue, tuned_gemm)
         for index, block in enumerate(transformer.transformer_blocks):
             act = block.ff.net[0]
             if isinstance(act, GELU) and act.approximate == "tanh" and act.proj.bias is not None:

@@ -27,12 +27,12 @@ def eps_of(norm) -> float:
 FUSED_ATTR = "_ltxbench_fused_projections"  # (names, FusedWeights): attn1 to_q/to_k/to_v, attn2 to_k/to_v
 
 
-def _projections(attn, hidden_states, encoder_hidden_states):
-    """query, key, value: one GEMM for to_q/to_k/to_v (self-attention) or to_k/to_v (cross-attention) when
-    the weights were fused at injection, else the three Linear layers."""
+def _projections(attn, hidden_states, encoder_hidden_states, linear):
+    """query, key, value: one GEMM (`linear`) for to_q/to_k/to_v (self-attention) or to_k/to_v (cross-attention)
+    when the weights were fused at injection, else the three Linear layers."""
     names, fused = getattr(attn, FUSED_ATTR, ((), None))
     if encoder_hidden_states is None and names == ("to_q", "to_k", "to_v"):
-        qkv = fused_linear(hidden_states, (attn.to_q, attn.to_k, attn.to_v), fused)
+        qkv = fused_linear(hidden_states, (attn.to_q, attn.to_k, attn.to_v), fused, linear)
         if qkv is not None:
             return qkv.split([attn.to_q.out_features, attn.to_k.out_features, attn.to_v.out_features], dim=-1)
     source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
@@ -60,11 +60,13 @@ class FusedLTXAttnProcessor:
     Self-attention: left to diffusers/torch (torch's default order picks cuDNN, the fastest measured; forcing it
     with sdpa_kernel cost CPU time, notes/kernel-tuning.md). Cross-attention (cross_attention=True): our
     short-key kernel `ops.cross_attention` when diffusers would run its default backend, else diffusers'.
-    cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (ltx_cross_kv)."""
+    cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (ltx_cross_kv).
+    tuned_gemm: the fused q/k/v GEMM through ops.linear (cuBLASLt, algorithm chosen by timing), else torch's."""
 
-    def __init__(self, ops, original, cross_attention: bool = False):
+    def __init__(self, ops, original, cross_attention: bool = False, tuned_gemm: bool = False):
         self.ops = ops
         self.cross_attention = cross_attention
+        self.linear = ops.linear if tuned_gemm else torch.nn.functional.linear
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
 
@@ -91,7 +93,7 @@ class FusedLTXAttnProcessor:
             query = self.ops.rms_norm(attn.to_q(hidden_states), attn.norm_q.weight, eps_of(attn.norm_q))
             key, value = cross_kv if cross_kv is not None else cross_key_value(self.ops, attn, encoder_hidden_states)
         else:
-            query, key, value = _projections(attn, hidden_states, encoder_hidden_states)
+            query, key, value = _projections(attn, hidden_states, encoder_hidden_states, self.linear)
             if image_rotary_emb is not None:  # self-attention: q and k have the same shape
                 query, key = self.ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
                                                        eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb))

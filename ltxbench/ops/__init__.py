@@ -118,6 +118,27 @@ def cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     return _lib().cross_attention(q, k, v, mask, scale)
 
 
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none") -> Tensor:
+    """`act(x @ weight.T + bias)` for x (..., K), weight (N, K), bias (N,) or None; activation "none" or
+    "gelu_tanh" (cuBLASLt's epilogue: bias and GELU applied to the fp32 accumulator, rounded once). cuBLASLt,
+    with the algorithm of each problem (shape, dtype, leading dims, alignment) chosen by timing on its first call:
+    the heuristic's list and the tile / cluster / option variants of its first choice, kept only if > 1% faster
+    than that choice (what torch runs). The search takes ~1-15 s per problem of >= 20 us and runs once per
+    process; `gemm_tuning(False)` turns it off, `gemm_choices()` lists what was chosen, with both timings."""
+    return _lib().linear(x, weight, bias, activation)
+
+
+def gemm_tuning(enabled: bool) -> bool:
+    """Turn `linear`'s algorithm search on or off for later problems (on by default); returns the old setting.
+    Off, a new problem runs cuBLASLt's heuristic first choice, as torch does."""
+    return _lib().gemm_tuning(enabled)
+
+
+def gemm_choices() -> list[str]:
+    """One line per `linear` problem seen in this process: shape, dtype, heuristic and chosen times."""
+    return list(_lib().gemm_choices())
+
+
 def _addmm_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     out = torch._addmm_activation(bias, x.reshape(-1, x.shape[-1]), weight.t(), use_gelu=True)
     return out.view(*x.shape[:-1], weight.shape[0])
@@ -185,6 +206,8 @@ def register_inductor_fallbacks() -> int:
             continue
         name, _, overload = rest.partition(".")
         op = getattr(getattr(torch.ops.ltxbench, name), overload or "default")
+        if not any(isinstance(r.type, torch.TensorType) for r in op._schema.returns):
+            continue  # settings ops (gemm_tuning, gemm_choices) never appear in a graph
         if op in lowering.lowerings:
             continue
         constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))

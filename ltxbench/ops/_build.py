@@ -27,7 +27,9 @@ def sources() -> list[Path]:
             f"CUDA sources not found under {SOURCES_DIR}",
             hint="install ltxbench from a source checkout (pip install -e .) or set LTXBENCH_CUDA_SRC",
         )
-    return [SOURCES_DIR / "bindings.cpp", *sorted(SOURCES_DIR.glob("*.cu"))]
+    # Host-only sources (cuBLASLt plumbing) are .cpp files: g++ builds them, without nvcc's front end.
+    host = sorted(p for p in SOURCES_DIR.glob("*.cpp") if p.name != "bindings.cpp")
+    return [SOURCES_DIR / "bindings.cpp", *host, *sorted(SOURCES_DIR.glob("*.cu"))]
 
 
 def arch_list() -> str:
@@ -97,6 +99,34 @@ def _check_toolchain() -> None:
         )
 
 
+def _cublaslt(build_dir: Path) -> tuple[list[str], list[str]]:
+    """Include dir and linker flags for cuBLASLt (gemm.cu): the toolkit's copy, else the one the CUDA wheels of
+    torch ship (nvidia/*/include, nvidia/*/lib, as on pip installs: no unversioned .so there). Only the two
+    cuBLAS headers are taken (copied into the build dir): the wheel's include dir also holds a CUDA runtime whose
+    headers must not shadow the toolkit nvcc belongs to."""
+    roots = [Path(h) for h in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH")) if h]
+    try:
+        import nvidia  # namespace package of the nvidia-* wheels torch depends on
+
+        roots += [p for base in nvidia.__path__ for p in sorted(Path(base).iterdir()) if p.is_dir()]
+    except ImportError:
+        pass
+    for root in roots:
+        header = root / "include" / "cublasLt.h"
+        libs = [lib for sub in ("lib64", "lib") for lib in sorted((root / sub).glob("libcublasLt.so*"))]
+        if header.is_file() and libs:
+            lib = next((x for x in libs if x.name == "libcublasLt.so"), libs[-1])
+            include = build_dir / "cublaslt_include"
+            include.mkdir(exist_ok=True)
+            for name in ("cublasLt.h", "cublas_api.h"):
+                shutil.copyfile(header.parent / name, include / name)
+            return [str(include)], [f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}"]
+    raise BuildError(
+        "cuBLASLt (cublasLt.h and libcublasLt.so) not found in the CUDA toolkit or torch's nvidia wheels",
+        hint="install the CUDA toolkit's cuBLAS, or the nvidia-cublas wheel that matches torch's CUDA",
+    )
+
+
 def load(verbose: bool | None = None) -> dict:
     """Build (if needed) and load the extension once per process; return where and how long it took."""
     global _loaded
@@ -112,12 +142,14 @@ def load(verbose: bool | None = None) -> dict:
 
     from torch.utils import cpp_extension
 
+    blas_includes, blas_ldflags = _cublaslt(build_dir)
     start = time.perf_counter()
     try:
         path = cpp_extension.load(
             name=EXTENSION_NAME,
             sources=[str(s) for s in sources()],
-            extra_include_paths=[str(SOURCES_DIR)],
+            extra_include_paths=[str(SOURCES_DIR), *blas_includes],
+            extra_ldflags=blas_ldflags,
             extra_cflags=["-O3"],
             extra_cuda_cflags=["-O3", "-lineinfo"],
             build_directory=str(build_dir),

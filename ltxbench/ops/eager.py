@@ -157,3 +157,9 @@ def sdpa_cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = 
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                          scale=scale)
     return out.transpose(1, 2)
+
+
+def torch_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none") -> Tensor:
+    """nn.Linear (torch's addmm: cuBLASLt's heuristic algorithm), then diffusers' GELU(approximate="tanh")."""
+    out = F.linear(x, weight, bias)
+    return F.gelu(out, approximate="tanh") if activation == "gelu_tanh" else out

@@ -99,3 +99,10 @@ def _cross_attention(q, k, v, mask=None, scale=None):
     torch._check(q.dim() == 4 and k.dim() == 4 and v.shape == k.shape,
                  lambda: "cross_attention: q (B, S, H, hd), k and v (B, L, H, hd)")
     return _like(q)
+
+
+@register_fake("ltxbench::linear")
+def _linear(x, weight, bias=None, activation="none"):
+    torch._check(weight.dim() == 2 and weight.shape[1] == x.shape[-1],
+                 lambda: "linear: weight must be (out_features, in_features)")
+    return torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)

@@ -203,3 +203,13 @@ def cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
 def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """The unfused `gelu_tanh(x @ weight.T + bias)` (the projection in x's dtype, as nn.Linear computes it)."""
     return F.gelu(F.linear(x, weight, bias), approximate="tanh")
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none") -> Tensor:
+    """act(x @ weight.T + bias) with the products, the bias and the activation in fp32 (float64 for float64
+    inputs), rounded once: what cuBLASLt's fp32-accumulating GEMM with an epilogue computes."""
+    acc = _acc(x)
+    out = F.linear(x.to(acc), weight.to(acc), None if bias is None else bias.to(acc))
+    if activation == "gelu_tanh":
+        out = F.gelu(out, approximate="tanh")
+    return out.to(x.dtype)

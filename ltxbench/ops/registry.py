@@ -200,6 +200,25 @@ def inputs_cross_attention(shape, dtype, device, gen, variant):
     return {"q": q, "k": k, "v": v, "mask": mask, "scale": None}
 
 
+# linear: (B, S, K) tokens of width K, or (B, S, K, N); without N, an odd-ish out width per variant.
+LINEAR_OUT = {"bias": 96, "gelu-tanh": 136, "no-bias": 83}
+LTX_LINEAR_SHAPES = {"ltx2b-49f-attn-out": (2, 2688, 2048, 2048), "ltx2b-49f-qkv": (2, 2688, 2048, 6144),
+                     "ltx2b-49f-ff-up": (2, 2688, 2048, 8192), "ltx2b-49f-ff-down": (2, 2688, 8192, 2048),
+                     "ltx2b-161f-ff-up": (2, 8064, 2048, 8192)}
+
+
+def inputs_linear(shape, dtype, device, gen, variant):
+    """x (B, S, K) and an nn.Linear's weight (N, K) / bias (N) at its default init scale (uniform ±1/√K)."""
+    b, s, k, *rest = shape
+    n = rest[0] if rest else LINEAR_OUT[variant]
+    bound = max(k, 1) ** -0.5
+    weight = (2 * torch.rand((n, k), generator=gen) - 1) * bound
+    bias = None if variant == "no-bias" else (2 * torch.rand((n,), generator=gen) - 1) * bound
+    return {"x": _randn((b, s, k), dtype, device, gen), "weight": weight.to(device=device, dtype=dtype),
+            "bias": None if bias is None else bias.to(device=device, dtype=dtype),
+            "activation": "gelu_tanh" if variant == "gelu-tanh" else "none"}
+
+
 def io_bytes(inputs: dict, written: int) -> int:
     """Minimum traffic: every tensor input read once (at its real, un-broadcast size) + `written` bytes."""
     return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor)) + written
@@ -364,6 +383,16 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         bench_shapes={**LTX_SHAPES},
         inject_targets=("LTXAttention attn2 (text cross-attention)",),
         written=lambda inp: _nbytes(inp["q"]),
+    ),
+    KernelSpec(
+        name="linear", summary="act(x @ weight.T + bias) on cuBLASLt, algorithm chosen by timing per problem",
+        make_inputs=inputs_linear, variants=tuple(LINEAR_OUT), n_outputs=1,
+        baselines={"eager": eager.torch_linear},
+        aliases=("gemm", "matmul_bias", "linear_gelu"),
+        bench_shapes={**LTX_LINEAR_SHAPES},
+        inject_targets=("LTX attention projections (qkv, q, out)", "LTX FeedForward up + GELU-tanh, down"),
+        written=lambda inp: inp["x"].numel() // max(inp["x"].shape[-1], 1) * inp["weight"].shape[0]
+        * inp["x"].element_size(),
     ),
 )}
 
