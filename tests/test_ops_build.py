@@ -105,6 +105,9 @@ def test_cublaslt_headers_are_taken_alone_not_the_wheels_cuda_runtime(tmp_path):
     includes, ldflags = _build._cublaslt(tmp_path)
     assert sorted(p.name for p in Path(includes[0]).iterdir()) == ["cublasLt.h", "cublas_api.h"]
     assert any(f.startswith("-l:libcublasLt.so") for f in ldflags) and any("rpath" in f for f in ldflags)
+    stamps = [p.stat().st_mtime_ns for p in sorted(Path(includes[0]).iterdir())]
+    _build._cublaslt(tmp_path)  # the next process's load: same headers, untouched (else ninja rebuilds gemm.cpp)
+    assert [p.stat().st_mtime_ns for p in sorted(Path(includes[0]).iterdir())] == stamps
 
 
 def test_gemm_settings_ops_without_a_gpu(built_ops):

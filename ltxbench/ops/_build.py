@@ -119,7 +119,10 @@ def _cublaslt(build_dir: Path) -> tuple[list[str], list[str]]:
             include = build_dir / "cublaslt_include"
             include.mkdir(exist_ok=True)
             for name in ("cublasLt.h", "cublas_api.h"):
-                shutil.copyfile(header.parent / name, include / name)
+                source, copy = header.parent / name, include / name
+                # Rewritten only when different: a fresh mtime would make ninja rebuild gemm.cpp at every load.
+                if not copy.is_file() or copy.read_bytes() != source.read_bytes():
+                    shutil.copyfile(source, copy)
             return [str(include)], [f"-L{lib.parent}", f"-l:{lib.name}", f"-Wl,-rpath,{lib.parent}"]
     raise BuildError(
         "cuBLASLt (cublasLt.h and libcublasLt.so) not found in the CUDA toolkit or torch's nvidia wheels",

@@ -7,6 +7,7 @@ and the host-library formulas it replaces (its baselines).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -391,8 +392,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("gemm", "matmul_bias", "linear_gelu"),
         bench_shapes={**LTX_LINEAR_SHAPES},
         inject_targets=("LTX attention projections (qkv, q, out)", "LTX FeedForward up + GELU-tanh, down"),
-        written=lambda inp: inp["x"].numel() // max(inp["x"].shape[-1], 1) * inp["weight"].shape[0]
-        * inp["x"].element_size(),
+        written=lambda inp: math.prod(inp["x"].shape[:-1]) * inp["weight"].shape[0] * inp["x"].element_size(),
     ),
 )}
 
