@@ -548,6 +548,15 @@ bool gemm_tuning(bool enabled) { return gemm_set_tuning(enabled); }
 
 std::vector<std::string> gemm_choices() { return gemm_table(); }
 
+std::vector<std::string> gemm_export_choices(int64_t device) { return gemm_export(int(device)); }
+
+int64_t gemm_import_choices(int64_t device, const std::vector<std::string>& records) {
+  TORCH_CHECK(device >= 0 && device < c10::cuda::device_count(), "ltxbench.gemm_import: device must be a CUDA "
+              "device index, got ", num(device));
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  return gemm_import(int(device), records);
+}
+
 }  // namespace
 }  // namespace ltxbench
 
@@ -578,6 +587,8 @@ TORCH_LIBRARY(ltxbench, m) {
   // Process-wide settings of linear's algorithm choice: no tensors, so one kernel for every dispatch key.
   m.def("gemm_tuning(bool enabled) -> bool", &ltxbench::gemm_tuning);
   m.def("gemm_choices() -> str[]", &ltxbench::gemm_choices);
+  m.def("gemm_export(int device) -> str[]", &ltxbench::gemm_export_choices);
+  m.def("gemm_import(int device, str[] records) -> int", &ltxbench::gemm_import_choices);
 }
 
 // The same entry points serve CUDA and CPU tensors: on CPU their first check names the argument that

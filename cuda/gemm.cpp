@@ -8,7 +8,8 @@
 // one short sample each, within a time budget), re-times the fastest few against the heuristic's first choice,
 // interleaved (stage 2: medians over rounds), and keeps the winner only if it beats that choice by > 1%. Later
 // calls go straight to the kept algorithm. While a graph is being captured (no timing possible) and with tuning
-// off, the heuristic's first choice runs, exactly what torch would run.
+// off, the heuristic's first choice runs, exactly what torch would run. gemm_export / gemm_import carry the choices
+// to a later process (records checked against this cuBLASLt version and by cublasLtMatmulAlgoCheck on load).
 #include "common/params.h"
 
 #include <cublasLt.h>
@@ -18,7 +19,10 @@
 #include <chrono>
 #include <cstdio>
 #include <map>
+#include <memory>
+#include <type_traits>
 #include <mutex>
+#include <sstream>
 #include <tuple>
 #include <vector>
 
@@ -33,6 +37,7 @@ constexpr float kMinSearchUs = 20.f;  // below: launch cost dominates, and the s
 constexpr int kCudaErrorBase = 1000;                         // launch_gemm's codes: cuBLAS status, or this + cudaError_t
 constexpr uint16_t kClusters[] = {0, 2, 3, 5};               // auto, 1x1x1, 2x1x1, 1x2x1
 constexpr int kMaxOption = 7;
+constexpr const char* kRecordTag = "ltxgemm1";                // format of gemm_export's records
 
 struct Key {
   int device, dtype, act, align;
@@ -47,7 +52,8 @@ struct Key {
 struct Entry {
   cublasLtMatmulAlgo_t algo{};
   bool searched = false;  // false: the heuristic's choice, kept until a call may time candidates
-  std::string line;
+  bool cached = false;    // loaded by gemm_import (not exported again)
+  std::string summary;    // how it was chosen, with the timings
 };
 
 std::mutex g_mutex;
@@ -76,9 +82,7 @@ int alignment(const GemmParams& p, DType dt) {
 struct Descs {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  cublasLtMatmulPreference_t pref = nullptr;
   ~Descs() {
-    if (pref) cublasLtMatmulPreferenceDestroy(pref);
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
     if (c) cublasLtMatrixLayoutDestroy(c);
@@ -89,28 +93,43 @@ struct Descs {
 #define LTX_BLAS(expr) do { const cublasStatus_t s_ = (expr); if (s_ != CUBLAS_STATUS_SUCCESS) return int(s_); } while (0)
 #define LTX_CUDA(expr) do { const cudaError_t e_ = (expr); if (e_ != cudaSuccess) return kCudaErrorBase + int(e_); } while (0)
 
-int make_descs(const GemmParams& p, DType dt, int align, Descs& d) {
+// bias: the pointer for a launch; nullptr to describe a problem only (cublasLtMatmulAlgoCheck of a stored record).
+int make_descs(const Key& key, const void* bias, Descs& d) {
   LTX_BLAS(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F));  // fp32 stays fp32: no TF32
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   LTX_BLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   LTX_BLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  const cublasLtEpilogue_t epi = p.act == 1 ? CUBLASLT_EPILOGUE_GELU_BIAS
-                                 : p.bias   ? CUBLASLT_EPILOGUE_BIAS
-                                            : CUBLASLT_EPILOGUE_DEFAULT;
+  const cublasLtEpilogue_t epi = key.act == 1 ? CUBLASLT_EPILOGUE_GELU_BIAS
+                                 : key.bias   ? CUBLASLT_EPILOGUE_BIAS
+                                              : CUBLASLT_EPILOGUE_DEFAULT;
   LTX_BLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi));
-  if (p.bias) LTX_BLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof p.bias));
-  const cudaDataType_t t = cuda_type(dt);
-  LTX_BLAS(cublasLtMatrixLayoutCreate(&d.a, t, p.k, p.n, p.ldw));
-  LTX_BLAS(cublasLtMatrixLayoutCreate(&d.b, t, p.k, p.tokens, p.ldx));
-  LTX_BLAS(cublasLtMatrixLayoutCreate(&d.c, t, p.n, p.tokens, p.ldout));
-  LTX_BLAS(cublasLtMatmulPreferenceCreate(&d.pref));
+  if (bias) LTX_BLAS(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+  const cudaDataType_t t = cuda_type(DType(key.dtype));
+  LTX_BLAS(cublasLtMatrixLayoutCreate(&d.a, t, key.k, key.n, key.ldw));
+  LTX_BLAS(cublasLtMatrixLayoutCreate(&d.b, t, key.k, key.tokens, key.ldx));
+  LTX_BLAS(cublasLtMatrixLayoutCreate(&d.c, t, key.n, key.tokens, key.ldout));
+  return 0;
+}
+
+// The heuristic's list (successful entries only), for the workspace and alignment this binding provides.
+int heuristic_list(cublasLtHandle_t h, const Descs& d, int align, std::vector<cublasLtMatmulHeuristicResult_t>& out) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  LTX_BLAS(cublasLtMatmulPreferenceCreate(&pref));
+  std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>, decltype(&cublasLtMatmulPreferenceDestroy)>
+      owner(pref, &cublasLtMatmulPreferenceDestroy);
   const size_t ws = kGemmWorkspaceBytes;
-  LTX_BLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  LTX_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   const uint32_t al = uint32_t(align);
   for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
                     CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES})
-    LTX_BLAS(cublasLtMatmulPreferenceSetAttribute(d.pref, attr, &al, sizeof al));
-  return 0;
+    LTX_BLAS(cublasLtMatmulPreferenceSetAttribute(pref, attr, &al, sizeof al));
+  out.assign(8, {});  // cuBLASLt returned 8 at most (H100, cu13.0)
+  int returned = 0;
+  LTX_BLAS(cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, pref, int(out.size()), out.data(), &returned));
+  out.resize(size_t(std::max(returned, 0)));
+  out.erase(std::remove_if(out.begin(), out.end(), [](const auto& r) { return r.state != CUBLAS_STATUS_SUCCESS; }),
+            out.end());
+  return out.empty() ? int(CUBLAS_STATUS_NOT_SUPPORTED) : 0;
 }
 
 cublasStatus_t matmul(cublasLtHandle_t h, const Descs& d, const cublasLtMatmulAlgo_t& algo, const GemmParams& p,
@@ -178,7 +197,9 @@ std::vector<float> time_algos(cublasLtHandle_t h, const Descs& d, const GemmPara
     }
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() > budget_s) break;
   }
-  cudaGetLastError();  // a candidate's failed launch must not surface at the caller's next CUDA call
+  // A candidate's failed launch must not surface at the caller's next CUDA call; search() ran only with no error
+  // pending, so whatever this clears came from the candidates.
+  cudaGetLastError();
   for (auto& e : ev) cudaEventDestroy(e);
   return us;
 }
@@ -200,6 +221,10 @@ std::string describe(const cublasLtMatmulAlgo_t& algo) {
 int search(cublasLtHandle_t h, const Descs& d, const GemmParams& p, DType dt, cudaStream_t stream,
            const std::vector<cublasLtMatmulHeuristicResult_t>& heuristic, Entry& entry, std::string& summary) {
   const auto start = std::chrono::steady_clock::now();
+  if (cudaPeekAtLastError() != cudaSuccess) {  // someone else's error: leave it for them, search at a later call
+    summary = "heuristic's choice (a CUDA error was pending: not searched)";
+    return 0;
+  }
   const float first_us = time_algos(h, d, p, stream, {heuristic.front().algo}, 1, 1e9)[0];
   if (first_us <= 0.f) return int(CUBLAS_STATUS_EXECUTION_FAILED);
   entry.searched = true;
@@ -239,11 +264,13 @@ int search(cublasLtHandle_t h, const Descs& d, const GemmParams& p, DType dt, cu
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
+  std::vector<float> medians;
+  for (const auto& r : rounds) medians.push_back(median(r));
   size_t best = 0;
-  const float heuristic_us = median(rounds[0]);
+  const float heuristic_us = medians[0];
   float best_us = heuristic_us;
   for (size_t i = 1; i < finalists.size(); ++i)
-    if (median(rounds[i]) < best_us) best = i, best_us = median(rounds[i]);
+    if (medians[i] < best_us) best = i, best_us = medians[i];
   if (best != 0 && best_us > (1.f - kMinGain) * heuristic_us) best = 0, best_us = heuristic_us;
   entry.algo = finalists[best];
   const size_t sampled = size_t(std::count_if(sample.begin(), sample.end(), [](float t) { return t > 0.f; }));
@@ -255,46 +282,48 @@ int search(cublasLtHandle_t h, const Descs& d, const GemmParams& p, DType dt, cu
   return 0;
 }
 
+// "bf16 x@w.T+b tokens 5376 n 2048 k 2048 (ld 2048/2048/2048, align 16, device 0): " + how it was chosen.
+std::string describe(const Key& key, const Entry& entry) {
+  char head[192];
+  std::snprintf(head, sizeof head, "%s %s tokens %lld n %lld k %lld (ld %lld/%lld/%lld, align %d, device %d): ",
+                type_name(DType(key.dtype)), key.act == 1 ? "gelu_tanh(x@w.T+b)" : key.bias ? "x@w.T+b" : "x@w.T",
+                (long long)key.tokens, (long long)key.n, (long long)key.k, (long long)key.ldx, (long long)key.ldw,
+                (long long)key.ldout, key.align, key.device);
+  return head + entry.summary + (entry.cached ? " [from cache]" : "");
+}
+
+cublasLtHandle_t handle_for(int device) {  // g_mutex held; the caller's current device is `device`
+  auto& handle = g_handles[device];
+  if (!handle && cublasLtCreate(&handle) != CUBLAS_STATUS_SUCCESS) handle = nullptr;
+  return handle;
+}
+
 }  // namespace
 
 int launch_gemm(const GemmParams& p, DType dt, int device, cudaStream_t stream) {
   const int align = alignment(p, dt);
   const Key key{device, int(dt), p.act, align, p.bias != nullptr, p.tokens, p.n, p.k, p.ldx, p.ldw, p.ldout};
   Descs d;
-  if (const int err = make_descs(p, dt, align, d)) return err;
+  if (const int err = make_descs(key, p.bias, d)) return err;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LTX_CUDA(cudaStreamIsCapturing(stream, &capture));
   cublasLtHandle_t h = nullptr;
   cublasLtMatmulAlgo_t algo{};
   {
     std::lock_guard<std::mutex> lock(g_mutex);
-    auto& handle = g_handles[device];
-    if (!handle) LTX_BLAS(cublasLtCreate(&handle));
-    h = handle;
+    h = handle_for(device);
+    if (!h) return int(CUBLAS_STATUS_NOT_INITIALIZED);
     auto found = g_table.find(key);
     const bool can_search = g_tuning && capture == cudaStreamCaptureStatusNone;
     if (found == g_table.end() || (!found->second.searched && can_search)) {
-      std::vector<cublasLtMatmulHeuristicResult_t> heuristic(8);  // cuBLASLt returned 8 at most (H100, cu13.0)
-      int returned = 0;
-      LTX_BLAS(cublasLtMatmulAlgoGetHeuristic(h, d.op, d.a, d.b, d.c, d.c, d.pref, int(heuristic.size()),
-                                              heuristic.data(), &returned));
-      heuristic.resize(size_t(std::max(returned, 0)));
-      heuristic.erase(std::remove_if(heuristic.begin(), heuristic.end(),
-                                     [](const auto& r) { return r.state != CUBLAS_STATUS_SUCCESS; }),
-                      heuristic.end());
-      if (heuristic.empty()) return int(CUBLAS_STATUS_NOT_SUPPORTED);
+      std::vector<cublasLtMatmulHeuristicResult_t> heuristic;
+      if (const int err = heuristic_list(h, d, align, heuristic)) return err;
       Entry entry;
       entry.algo = heuristic.front().algo;
-      std::string summary = capture != cudaStreamCaptureStatusNone ? "heuristic's choice (captured before tuning)"
-                                                                    : "heuristic's choice (tuning off)";
+      entry.summary = capture != cudaStreamCaptureStatusNone ? "heuristic's choice (captured before tuning)"
+                                                             : "heuristic's choice (tuning off)";
       if (can_search)
-        if (const int err = search(h, d, p, dt, stream, heuristic, entry, summary)) return err;
-      char head[192];
-      std::snprintf(head, sizeof head, "%s %s tokens %lld n %lld k %lld (ld %lld/%lld/%lld, align %d, device %d): ",
-                    type_name(dt), p.act == 1 ? "gelu_tanh(x@w.T+b)" : p.bias ? "x@w.T+b" : "x@w.T",
-                    (long long)p.tokens, (long long)p.n, (long long)p.k, (long long)p.ldx, (long long)p.ldw,
-                    (long long)p.ldout, align, device);
-      entry.line = head + summary;
+        if (const int err = search(h, d, p, dt, stream, heuristic, entry, entry.summary)) return err;
       found = g_table.insert_or_assign(key, entry).first;
     }
     algo = found->second.algo;
@@ -318,8 +347,67 @@ bool gemm_set_tuning(bool enabled) {
 std::vector<std::string> gemm_table() {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::vector<std::string> lines;
-  for (const auto& [key, entry] : g_table) lines.push_back(entry.line);
+  for (const auto& [key, entry] : g_table) lines.push_back(describe(key, entry));
   return lines;
+}
+
+// "ltxgemm1 <cuBLASLt version> <dtype act align bias tokens n k ldx ldw ldout> <8 algo words>\t<summary>" for
+// every problem searched in this process; the device is the caller's to record (records are stored per GPU model).
+std::vector<std::string> gemm_export(int device) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<std::string> records;
+  for (const auto& [key, entry] : g_table) {
+    if (key.device != device || !entry.searched || entry.cached) continue;
+    std::ostringstream r;
+    r << kRecordTag << ' ' << cublasLtGetVersion() << ' ' << key.dtype << ' ' << key.act << ' ' << key.align << ' '
+      << int(key.bias) << ' ' << key.tokens << ' ' << key.n << ' ' << key.k << ' ' << key.ldx << ' ' << key.ldw << ' '
+      << key.ldout;
+    for (uint64_t word : entry.algo.data) r << ' ' << word;
+    r << '\t' << entry.summary;
+    records.push_back(r.str());
+  }
+  return records;
+}
+
+// Records of gemm_export for `device` (the current device): each kept unless malformed, from another cuBLASLt
+// version, for a problem already searched in this process, or refused by cublasLtMatmulAlgoCheck. Returns how
+// many were kept; they run like searched choices, with tuning on or off.
+int gemm_import(int device, const std::vector<std::string>& records) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  cublasLtHandle_t h = handle_for(device);
+  if (!h) return 0;
+  int kept = 0;
+  for (const std::string& record : records) {
+    const size_t tab = record.find('\t');
+    std::istringstream in(record.substr(0, tab));
+    std::string tag;
+    size_t version = 0;
+    Key key{};
+    int bias = 0;
+    cublasLtMatmulAlgo_t algo{};
+    in >> tag >> version >> key.dtype >> key.act >> key.align >> bias >> key.tokens >> key.n >> key.k >> key.ldx >>
+        key.ldw >> key.ldout;
+    for (uint64_t& word : algo.data) in >> word;
+    key.device = device, key.bias = bias != 0;
+    std::string rest;
+    if (!in || (in >> rest) || tag != kRecordTag || version != cublasLtGetVersion() || key.dtype < 0 || key.dtype > 2 ||
+        key.act < 0 || key.act > 1 || key.tokens <= 0 || key.n <= 0 || key.k <= 0)
+      continue;
+    const auto found = g_table.find(key);
+    if (found != g_table.end() && found->second.searched) continue;
+    Descs d;
+    cublasLtMatmulHeuristicResult_t check{};
+    if (make_descs(key, nullptr, d) != 0 ||
+        cublasLtMatmulAlgoCheck(h, d.op, d.a, d.b, d.c, d.c, &algo, &check) != CUBLAS_STATUS_SUCCESS ||
+        check.workspaceSize > kGemmWorkspaceBytes)
+      continue;
+    Entry entry;
+    entry.algo = algo, entry.searched = true, entry.cached = true;
+    entry.summary = tab == std::string::npos ? std::string("(no summary)") : record.substr(tab + 1);
+    g_table.insert_or_assign(key, entry);
+    ++kept;
+  }
+  return kept;
 }
 
 }  // namespace ltxbench

@@ -284,3 +284,50 @@ def test_llm_configs_shipped():
     llama = json.loads((LLM_CONFIGS / "llama-3-8b.json").read_text())
     assert (llama["hidden_size"], llama["num_hidden_layers"], llama["num_key_value_heads"],
             llama["intermediate_size"], llama["vocab_size"], llama["rope_theta"]) == (4096, 32, 8, 14336, 128256, 5e5)
+
+
+@pytest.mark.parametrize("provider,tuned,searched", [("cuda", True, True), ("cuda", False, False),
+                                                     ("reference", True, False)])
+def test_the_gemm_search_is_one_untimed_step_before_the_configurations(monkeypatch, provider, tuned, searched):
+    """With our kernels and tuned GEMMs, ops.linear's search (or the load of stored choices) runs in one untimed
+    eager step before the first configuration, so that no configuration's warmup (compile time) absorbs it."""
+    import ltxbench.inject.ltx as ltx_inject
+    import ltxbench.ops
+
+    events = []
+
+    class Pipe:
+        _execution_device = "cpu"
+        transformer = object()
+
+        def set_progress_bar_config(self, **_):
+            pass
+
+    class Report:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *_):
+            events.append("revert")
+
+    def configs(*_args, **_kwargs):
+        events.append("configs")
+        return {"baseline": {"injection": {"applied": False}}, "optimized": {"injection": {"applied": True}}}
+
+    monkeypatch.setattr(e2e, "_encode", lambda *_: "embeds")
+    monkeypatch.setattr(e2e, "run_once", lambda pipe, args, embeds=None: events.append(("step", args["steps"], embeds)))
+    monkeypatch.setattr(ltx_inject, "apply_kernels", lambda pipe, prov, **kw: events.append(("inject", prov, kw))
+                        or Report())
+    monkeypatch.setattr(e2e, "run_configs", configs)
+    monkeypatch.setattr(ltxbench.ops, "gemm_choices", lambda: ["bf16 x@w.T ... tuned"])
+    args = {"phase": "transformer", "steps": 10, "tuned_gemm": tuned, "cross_kv_cache": False, "warmup": 1,
+            "repeats": 1}
+    results = e2e.run_ltx(Pipe(), ["baseline", "optimized"], args, provider)
+    if not searched:
+        assert events == ["configs"] and "gemm_search_s" not in results["optimized"]["injection"]
+        return
+    assert events == [("inject", "cuda", {"cross_kv_cache": False, "tuned_gemm": True}), ("step", 1, "embeds"),
+                      "revert", "configs"]
+    assert results["optimized"]["injection"]["gemm_search_s"] >= 0
+    assert results["optimized"]["injection"]["gemm_choices"] == ["bf16 x@w.T ... tuned"]
+    assert "gemm_choices" not in results["baseline"]["injection"]

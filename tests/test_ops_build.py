@@ -118,6 +118,9 @@ def test_gemm_settings_ops_without_a_gpu(built_ops):
         assert ops.gemm_tuning(False) is False and ops.gemm_choices() == []  # nothing ran on this machine
     finally:
         ops.gemm_tuning(previous)
+    assert torch.ops.ltxbench.gemm_export(0) == []
+    with pytest.raises(RuntimeError, match="gemm_import: device must be a CUDA device index, got 0"):
+        torch.ops.ltxbench.gemm_import(0, ["ltxgemm1 1"])  # no GPU here: no device 0
 
 
 def test_build_after_torch_compile_finds_the_toolkit(monkeypatch):
@@ -159,7 +162,7 @@ def test_every_op_gets_an_explicit_inductor_fallback(built_ops):
     names = {n.partition("::")[2].partition(".")[0] for n in torch._C._dispatch_get_all_op_names()
              if n.startswith("ltxbench::")}
     assert {"rms_norm", "qk_rms_norm_rope", "add_rms_norm_modulate", "linear_gelu_tanh", "linear"} <= names
-    settings = {"gemm_tuning", "gemm_choices"}  # no tensors in or out: never in a graph, no lowering
+    settings = {"gemm_tuning", "gemm_choices", "gemm_export", "gemm_import"}  # no tensors: never in a graph
     for name in names - settings:
         assert getattr(torch.ops.ltxbench, name).default in lowering.lowerings, name
     for name in settings:

@@ -384,3 +384,38 @@ def test_linear_inside_a_cuda_graph_runs_the_kept_algorithm_or_the_heuristic():
     spec.fn(**fresh)  # eager now: searched
     line = [c for c in ops.gemm_choices() if "n 2560 k 2048" in c]
     assert len(line) == 1 and "sampled" in line[0]
+
+
+def test_linear_choices_travel_between_processes_as_checked_records():
+    """gemm_export writes the searched choices as text; gemm_import keeps a record only if it is well formed, of this
+    cuBLASLt version, for a problem not yet searched, and accepted by cublasLtMatmulAlgoCheck; a kept record then
+    runs that problem (correct result, listed as from the cache) and is not exported again."""
+    from ltxbench import ops
+
+    lib = torch.ops.ltxbench
+    device = torch.cuda.current_device()
+    spec = SPECS["linear"]
+    inputs = spec.make_inputs((1, 3072, 2048, 2048), torch.bfloat16, "cuda", _gen(7), "bias")
+    spec.fn(**inputs)  # searched here
+    mine = [r for r in lib.gemm_export(device) if " 3072 2048 2048 " in r.split("\t")[0]]
+    assert len(mine) == 1 and mine[0].startswith("ltxgemm1 ")
+    fields, summary = mine[0].split("\t")[0].split(), mine[0].split("\t")[1]
+    assert len(fields) == 12 + 8 and "heuristic" in summary
+
+    def record(**changes):
+        out = list(fields)
+        for index, value in changes.items():
+            out[int(index[1:])] = str(value)
+        return " ".join(out) + "\t" + summary
+
+    moved = record(f6=3000)  # the same algorithm for 3000 tokens: a problem this process has not seen
+    rejected = [record(f1=1, f6=3001), record(f0="ltxgemm0", f6=3002), "ltxgemm1 12", record(f6=-5),
+                record(f19="x", f6=3003)]
+    assert lib.gemm_import(device, rejected) == 0
+    assert lib.gemm_import(device, [mine[0]]) == 0  # searched in this process already
+    assert lib.gemm_import(device, [moved]) == 1
+    fresh = spec.make_inputs((1, 3000, 2048, 2048), torch.bfloat16, "cuda", _gen(8), "bias")
+    _check(spec, fresh, torch.bfloat16)
+    line = [c for c in ops.gemm_choices() if "tokens 3000 n 2048 k 2048" in c]
+    assert len(line) == 1 and line[0].endswith("[from cache]")
+    assert not [r for r in lib.gemm_export(device) if " 3000 2048 2048 " in r.split("\t")[0]]

@@ -154,5 +154,8 @@ const char* gemm_error_string(int code);
 bool gemm_set_tuning(bool enabled);  // returns the previous setting; on by default
 // One line per problem seen in this process: its shape, the heuristic's and the chosen algorithm's times.
 std::vector<std::string> gemm_table();
+// The searched choices for `device` as text records, and records loaded back (returns how many were kept).
+std::vector<std::string> gemm_export(int device);
+int gemm_import(int device, const std::vector<std::string>& records);
 
 }  // namespace ltxbench

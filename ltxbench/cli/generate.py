@@ -42,7 +42,9 @@ def generate_command(
     gemm_search: bool = typer.Option(False, "--gemm-search/--no-gemm-search",
                                      help="With our kernels: time cuBLASLt's algorithms for each projection shape on "
                                           "its first use (10-40 s in step 0 for LTX-2B on an H100, then ~6% less "
-                                          "step time); off, the projections run cuBLASLt's heuristic pick, as torch."),
+                                          "step time) and store them for this GPU model; off, the projections run "
+                                          "stored choices (from bench e2e or an earlier --gemm-search), else "
+                                          "cuBLASLt's heuristic pick, as torch."),
     attention_backend: str = typer.Option(None, "--attention-backend",
                                           help="diffusers attention backend, e.g. native, _native_cudnn."),
     cpu_offload: bool = typer.Option(False, "--cpu-offload", help="enable_model_cpu_offload (after injection)."),

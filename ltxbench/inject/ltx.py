@@ -234,7 +234,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     attn2's keys and values (and the caption projection) computed once per prompt, not once per step
     (ltx_cross_kv; needs the chained model forward). tuned_gemm: the blocks' projections (fused q/k/v, attn2's q,
     both out-projections, the feed-forward's two) through `ops.linear`, cuBLASLt with the algorithm per shape
-    chosen by timing on its first call (notes/kernel-tuning.md); else torch's linear (cuBLASLt's heuristic pick).
+    chosen by timing on its first call (notes/kernel-tuning.md) or stored by an earlier process on this GPU model
+    (ops.load_gemm_choices); else torch's linear (cuBLASLt's heuristic pick).
     The attn2 k/v projections run once per prompt with the cache, so they stay torch's.
     """
     transformer = _transformer_of(target)
@@ -249,6 +250,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
 
         _build.load()  # build failures surface here (exit 4), not in the middle of a denoising step
         ops.register_inductor_fallbacks()  # so that torch.compile of the patched model finishes (see there)
+        if tuned_gemm:
+            ops.load_gemm_choices(device)  # earlier processes' searches on this GPU model (ops.gemm_cache)
     report = InjectionReport(provider)
     classes: dict = {}  # (class, forward) -> its patched subclass
     if rope_from_coords:

@@ -124,7 +124,8 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     with the algorithm of each problem (shape, dtype, leading dims, alignment) chosen by timing on its first call:
     the heuristic's list and the tile / cluster / option variants of its first choice, kept only if > 1% faster
     than that choice (what torch runs). The search takes ~1-15 s per problem of >= 20 us and runs once per
-    process; `gemm_tuning(False)` turns it off, `gemm_choices()` lists what was chosen, with both timings."""
+    process, or once per GPU model with `load_gemm_choices()`; `gemm_tuning(False)` turns it off, `gemm_choices()`
+    lists what was chosen, with both timings."""
     return _lib().linear(x, weight, bias, activation)
 
 
@@ -137,6 +138,21 @@ def gemm_tuning(enabled: bool) -> bool:
 def gemm_choices() -> list[str]:
     """One line per `linear` problem seen in this process: shape, dtype, heuristic and chosen times."""
     return list(_lib().gemm_choices())
+
+
+def load_gemm_choices(device=None) -> int:
+    """Load `linear`'s GEMM choices stored by earlier processes on this GPU model (ops.gemm_cache); returns how
+    many were kept. From then on, this process's new choices are saved at exit."""
+    from ltxbench.ops import gemm_cache
+
+    return gemm_cache.load(device)
+
+
+def save_gemm_choices(device=None):
+    """Merge this process's searched GEMM choices into the GPU model's file now; returns its path or None."""
+    from ltxbench.ops import gemm_cache
+
+    return gemm_cache.save(device)
 
 
 def _addmm_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -207,7 +223,7 @@ def register_inductor_fallbacks() -> int:
         name, _, overload = rest.partition(".")
         op = getattr(getattr(torch.ops.ltxbench, name), overload or "default")
         if not any(isinstance(r.type, torch.TensorType) for r in op._schema.returns):
-            continue  # settings ops (gemm_tuning, gemm_choices) never appear in a graph
+            continue  # settings ops (gemm_tuning, gemm_choices, gemm_export/import) never appear in a graph
         if op in lowering.lowerings:
             continue
         constraint = lowering.tag_to_layout_constraint(get_layout_constraint_tag(op, with_default=True))
