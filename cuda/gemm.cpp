@@ -17,12 +17,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <type_traits>
 #include <mutex>
-#include <sstream>
 #include <tuple>
 #include <vector>
 
@@ -298,6 +300,24 @@ cublasLtHandle_t handle_for(int device) {  // g_mutex held; the caller's current
   return handle;
 }
 
+// "<kRecordTag> n0 n1 ... n18": exactly 19 unsigned decimal integers after the tag, nothing else.
+bool parse_record(const std::string& head, uint64_t (&numbers)[19]) {
+  const size_t tag = std::strlen(kRecordTag);
+  if (head.compare(0, tag, kRecordTag) != 0) return false;
+  const char* cursor = head.c_str() + tag;
+  for (uint64_t& number : numbers) {
+    if (*cursor != ' ') return false;
+    while (*cursor == ' ') ++cursor;
+    if (*cursor < '0' || *cursor > '9') return false;  // no sign, no junk
+    char* end = nullptr;
+    errno = 0;
+    number = std::strtoull(cursor, &end, 10);
+    if (errno != 0) return false;
+    cursor = end;
+  }
+  return *cursor == '\0';
+}
+
 }  // namespace
 
 int launch_gemm(const GemmParams& p, DType dt, int device, cudaStream_t stream) {
@@ -358,13 +378,14 @@ std::vector<std::string> gemm_export(int device) {
   std::vector<std::string> records;
   for (const auto& [key, entry] : g_table) {
     if (key.device != device || !entry.searched || entry.cached) continue;
-    std::ostringstream r;
-    r << kRecordTag << ' ' << cublasLtGetVersion() << ' ' << key.dtype << ' ' << key.act << ' ' << key.align << ' '
-      << int(key.bias) << ' ' << key.tokens << ' ' << key.n << ' ' << key.k << ' ' << key.ldx << ' ' << key.ldw << ' '
-      << key.ldout;
-    for (uint64_t word : entry.algo.data) r << ' ' << word;
-    r << '\t' << entry.summary;
-    records.push_back(r.str());
+    char buf[512];
+    int used = std::snprintf(buf, sizeof buf, "%s %zu %d %d %d %d %lld %lld %lld %lld %lld %lld", kRecordTag,
+                             cublasLtGetVersion(), key.dtype, key.act, key.align, int(key.bias), (long long)key.tokens,
+                             (long long)key.n, (long long)key.k, (long long)key.ldx, (long long)key.ldw,
+                             (long long)key.ldout);
+    for (uint64_t word : entry.algo.data)
+      used += std::snprintf(buf + used, sizeof buf - size_t(used), " %llu", (unsigned long long)word);
+    records.push_back(std::string(buf) + '\t' + entry.summary);
   }
   return records;
 }
@@ -379,20 +400,17 @@ int gemm_import(int device, const std::vector<std::string>& records) {
   int kept = 0;
   for (const std::string& record : records) {
     const size_t tab = record.find('\t');
-    std::istringstream in(record.substr(0, tab));
-    std::string tag;
-    size_t version = 0;
-    Key key{};
-    int bias = 0;
-    cublasLtMatmulAlgo_t algo{};
-    in >> tag >> version >> key.dtype >> key.act >> key.align >> bias >> key.tokens >> key.n >> key.k >> key.ldx >>
-        key.ldw >> key.ldout;
-    for (uint64_t& word : algo.data) in >> word;
-    key.device = device, key.bias = bias != 0;
-    std::string rest;
-    if (!in || (in >> rest) || tag != kRecordTag || version != cublasLtGetVersion() || key.dtype < 0 || key.dtype > 2 ||
-        key.act < 0 || key.act > 1 || key.tokens <= 0 || key.n <= 0 || key.k <= 0)
+    uint64_t numbers[19];  // cuBLASLt version, 10 key fields, 8 algorithm words
+    if (!parse_record(record.substr(0, tab), numbers) || numbers[0] != cublasLtGetVersion() || numbers[1] > 2 ||
+        numbers[2] > 1 || numbers[4] > 1 || numbers[5] == 0 || numbers[6] == 0 || numbers[7] == 0)
       continue;
+    Key key{};
+    key.device = device, key.dtype = int(numbers[1]), key.act = int(numbers[2]), key.align = int(numbers[3]);
+    key.bias = numbers[4] != 0, key.tokens = int64_t(numbers[5]), key.n = int64_t(numbers[6]);
+    key.k = int64_t(numbers[7]), key.ldx = int64_t(numbers[8]), key.ldw = int64_t(numbers[9]);
+    key.ldout = int64_t(numbers[10]);
+    cublasLtMatmulAlgo_t algo{};
+    std::copy(numbers + 11, numbers + 19, algo.data);
     const auto found = g_table.find(key);
     if (found != g_table.end() && found->second.searched) continue;
     Descs d;
