@@ -326,7 +326,7 @@ def test_the_gemm_search_is_one_untimed_step_before_the_configurations(monkeypat
     if not searched:
         assert events == ["configs"] and "gemm_search_s" not in results["optimized"]["injection"]
         return
-    assert events == [("inject", "cuda", {"cross_kv_cache": False, "tuned_gemm": True}), ("step", 1, "embeds"),
+    assert events == [("inject", "cuda", {"cross_kv_cache": False, "tuned_gemm": True}), ("step", 2, "embeds"),
                       "revert", "configs"]
     assert results["optimized"]["injection"]["gemm_search_s"] >= 0
     assert results["optimized"]["injection"]["gemm_choices"] == ["bf16 x@w.T ... tuned"]
