@@ -36,6 +36,10 @@ constexpr size_t kFinalists = 8;
 constexpr int kFinalRounds = 5;
 constexpr float kMinGain = 0.01f;
 constexpr float kMinSearchUs = 20.f;  // below: launch cost dominates, and the search would outlast any saving
+// Below ~1.6 us of tensor-core work at 600 TFLOP/s: never searched, not even timed. One timed launch of a tiny GEMM
+// on an idle stream measures host latency, which had sent 1-token test problems into 15-s searches (H100).
+constexpr double kMinSearchFlop = 1e9;
+constexpr int kFirstReps = 5;  // back-to-back runs for the first time: a queue, so host latency is not timed
 constexpr int kCudaErrorBase = 1000;                         // launch_gemm's codes: cuBLAS status, or this + cudaError_t
 constexpr uint16_t kClusters[] = {0, 2, 3, 5};               // auto, 1x1x1, 2x1x1, 1x2x1
 constexpr int kMaxOption = 7;
@@ -227,7 +231,12 @@ int search(cublasLtHandle_t h, const Descs& d, const GemmParams& p, DType dt, cu
     summary = "heuristic's choice (a CUDA error was pending: not searched)";
     return 0;
   }
-  const float first_us = time_algos(h, d, p, stream, {heuristic.front().algo}, 1, 1e9)[0];
+  if (2.0 * double(p.tokens) * double(p.n) * double(p.k) < kMinSearchFlop) {
+    entry.searched = true;
+    summary = "heuristic's choice (under 1 GFLOP: not searched)";
+    return 0;
+  }
+  const float first_us = time_algos(h, d, p, stream, {heuristic.front().algo}, kFirstReps, 1e9)[0];
   if (first_us <= 0.f) return int(CUBLAS_STATUS_EXECUTION_FAILED);
   entry.searched = true;
   if (dt == DType::F32) {  // no tensor cores, none of the tile variants the search is for

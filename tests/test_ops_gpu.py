@@ -419,3 +419,15 @@ def test_linear_choices_travel_between_processes_as_checked_records():
     line = [c for c in ops.gemm_choices() if "tokens 3000 n 2048 k 2048" in c]
     assert len(line) == 1 and line[0].endswith("[from cache]")
     assert not [r for r in lib.gemm_export(device) if " 3000 2048 2048 " in r.split("\t")[0]]
+
+
+def test_linear_does_not_search_problems_under_a_gflop():
+    """A tiny GEMM is neither searched nor timed: timing one launch on an idle stream measures host latency, which
+    had sent 1-token problems into 15-second searches."""
+    from ltxbench import ops
+
+    spec = SPECS["linear"]
+    inputs = spec.make_inputs((1, 3, 1000), torch.bfloat16, "cuda", _gen(9), "no-bias")
+    _check(spec, inputs, torch.bfloat16)
+    line = [c for c in ops.gemm_choices() if "tokens 3 n 83 k 1000" in c]
+    assert len(line) == 1 and line[0].endswith("heuristic's choice (under 1 GFLOP: not searched)")
