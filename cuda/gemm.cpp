@@ -7,9 +7,10 @@
 // alignment, device), the first call times the heuristic's list and those variants on its own operands (stage 1:
 // one short sample each, within a time budget), re-times the fastest few against the heuristic's first choice,
 // interleaved (stage 2: medians over rounds), and keeps the winner only if it beats that choice by > 1%. Later
-// calls go straight to the kept algorithm. While a graph is being captured (no timing possible) and with tuning
-// off, the heuristic's first choice runs, exactly what torch would run. gemm_export / gemm_import carry the choices
-// to a later process (records checked against this cuBLASLt version and by cublasLtMatmulAlgoCheck on load).
+// calls go straight to the kept algorithm. Problems under 1 GFLOP or 20 us are not searched. While a graph is being
+// captured (no timing possible) and with tuning off, the heuristic's first choice runs, exactly what torch would
+// run. gemm_export / gemm_import carry the choices to a later process (records checked against this cuBLASLt
+// version and by cublasLtMatmulAlgoCheck on load).
 #include "common/params.h"
 
 #include <cublasLt.h>

@@ -123,7 +123,7 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     "gelu_tanh" (cuBLASLt's epilogue: bias and GELU applied to the fp32 accumulator, rounded once). cuBLASLt,
     with the algorithm of each problem (shape, dtype, leading dims, alignment) chosen by timing on its first call:
     the heuristic's list and the tile / cluster / option variants of its first choice, kept only if > 1% faster
-    than that choice (what torch runs). The search takes ~1-15 s per problem of >= 20 us and runs once per
+    than that choice (what torch runs). The search takes ~1-15 s per problem of >= 1 GFLOP and >= 20 us, once per
     process, or once per GPU model with `load_gemm_choices()`; `gemm_tuning(False)` turns it off, `gemm_choices()`
     lists what was chosen, with both timings."""
     return _lib().linear(x, weight, bias, activation)
