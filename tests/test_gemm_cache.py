@@ -65,6 +65,9 @@ def test_records_merge_by_problem_and_the_newer_one_wins(tmp_path):
     assert doc["schema"] == gemm_cache.SCHEMA and doc["version"] == gemm_cache.VERSION and doc["device"] == "gpu"
     assert sorted(doc["records"]) == sorted([_record(algo="9 9 9 9 9 9 9 9"), _record(other)])
     assert gemm_cache.record_key(_record()) == KEY
+    upgraded = KEY.replace(" 130100 ", " 130200 ")  # a new cuBLASLt: the old version's records go
+    gemm_cache.write_records(path, "gpu", [_record(upgraded)])
+    assert json.loads(path.read_text())["records"] == [_record(upgraded)]
     assert not list(tmp_path.glob(".*tmp"))  # written through a temporary file, renamed
 
 

@@ -47,6 +47,11 @@ def record_key(record: str) -> str:
     return " ".join(record.split("\t", 1)[0].split()[:_KEY_FIELDS])
 
 
+def _version(record: str) -> str:
+    fields = record.split()
+    return fields[1] if len(fields) > 1 else ""
+
+
 def read_records(path: Path) -> list[str]:
     """The records of one file; [] when it is missing, and a warning when it is not ours or not readable."""
     try:
@@ -63,8 +68,10 @@ def read_records(path: Path) -> list[str]:
 
 
 def write_records(path: Path, device_name: str, records: list[str]) -> None:
-    """Merge `records` into the file at `path` (a record replaces the stored one of the same problem)."""
-    merged = {record_key(r): r for r in read_records(path)}
+    """Merge `records` into the file at `path`: a record replaces the stored one of the same problem, and stored
+    records of another cuBLASLt version than the new ones are dropped (the extension would refuse them anyway)."""
+    versions = {_version(r) for r in records}
+    merged = {record_key(r): r for r in read_records(path) if not versions or _version(r) in versions}
     merged.update({record_key(r): r for r in records})
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"schema": SCHEMA, "version": VERSION, "device": device_name, "records": sorted(merged.values())}
