@@ -192,6 +192,11 @@ def test_tuned_gemms_leave_wrapped_layers_and_autograd_to_torch(monkeypatch):
         with torch.no_grad():
             block.attn1.to_out[0](x)
         assert calls == [1]
+        # The fused q/k/v GEMM too: an input that wants a gradient (frozen weights) goes to torch's linear.
+        model.requires_grad_(False)
+        xq = torch.randn(2, 5, block.attn1.to_q.in_features, requires_grad=True)
+        qkv = block.attn1.processor.linear(xq, block.attn1.to_q.weight, block.attn1.to_q.bias)
+        assert qkv.requires_grad and calls == [1]
 
 
 def test_injected_transformer_compiles_without_graph_breaks():

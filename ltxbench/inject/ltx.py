@@ -31,6 +31,8 @@ from ltxbench.inject.ltx_attention import (
     attention_forward,
     cross_key_value,
     forward_only_calls_processor,
+    needs_autograd,
+    tuned_linear,
 )
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache, cache_sources
 from ltxbench.inject.ltx_step import block_modulation, modulation_of, projected_prompt, step_call, step_inputs
@@ -145,7 +147,7 @@ def _gelu_forward(ops, epilogue: bool, tuned_gemm: bool):
     else torch's cuBLASLt binding `ops.linear_gelu_tanh`), or as proj + `ops.gelu_tanh`."""
 
     def forward(self, hidden_states):
-        if epilogue and tuned_gemm and not _needs_autograd(hidden_states, self.proj):
+        if epilogue and tuned_gemm and not needs_autograd(hidden_states, self.proj.weight, self.proj.bias):
             return ops.linear(hidden_states, self.proj.weight, self.proj.bias, "gelu_tanh")
         if epilogue:
             return ops.linear_gelu_tanh(hidden_states, self.proj.weight, self.proj.bias)
@@ -154,18 +156,12 @@ def _gelu_forward(ops, epilogue: bool, tuned_gemm: bool):
     return forward
 
 
-def _needs_autograd(x, layer) -> bool:
-    """ops.linear has no backward: with gradients wanted, torch's own linear runs (inference is what we speed up)."""
-    return torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in layer.parameters()))
-
-
 def _linear_forward(ops):
     """nn.Linear.forward through ops.linear (cuBLASLt with a measured algorithm choice)."""
+    linear = tuned_linear(ops)
 
     def forward(self, input):
-        if _needs_autograd(input, self):
-            return torch.nn.functional.linear(input, self.weight, self.bias)
-        return ops.linear(input, self.weight, self.bias)
+        return linear(input, self.weight, self.bias)
 
     return forward
 

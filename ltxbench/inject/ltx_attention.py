@@ -20,6 +20,23 @@ def _rope_kwargs(image_rotary_emb) -> dict:
     return {"cos": first, "sin": second}
 
 
+def needs_autograd(*tensors) -> bool:
+    """ops.linear has no backward: with gradients wanted, torch's own linear runs (inference is what we speed up)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def tuned_linear(ops):
+    """linear(x, weight, bias): ops.linear (cuBLASLt, algorithm chosen by timing), or torch's when a gradient is
+    wanted through any of the three."""
+
+    def linear(x, weight, bias=None):
+        if needs_autograd(x, weight, bias):
+            return torch.nn.functional.linear(x, weight, bias)
+        return ops.linear(x, weight, bias)
+
+    return linear
+
+
 def eps_of(norm) -> float:
     return norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
 
@@ -61,12 +78,13 @@ class FusedLTXAttnProcessor:
     with sdpa_kernel cost CPU time, notes/kernel-tuning.md). Cross-attention (cross_attention=True): our
     short-key kernel `ops.cross_attention` when diffusers would run its default backend, else diffusers'.
     cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (ltx_cross_kv).
-    tuned_gemm: the fused q/k/v GEMM through ops.linear (cuBLASLt, algorithm chosen by timing), else torch's."""
+    tuned_gemm: the fused q/k/v GEMM through ops.linear (cuBLASLt, algorithm chosen by timing; torch's when a
+    gradient is wanted), else torch's."""
 
     def __init__(self, ops, original, cross_attention: bool = False, tuned_gemm: bool = False):
         self.ops = ops
         self.cross_attention = cross_attention
-        self.linear = ops.linear if tuned_gemm else torch.nn.functional.linear
+        self.linear = tuned_linear(ops) if tuned_gemm else torch.nn.functional.linear
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
 
