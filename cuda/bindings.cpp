@@ -488,7 +488,7 @@ Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
   return out;
 }
 
-// out = act(x @ weight.T + bias) on cuBLASLt with a measured algorithm choice (gemm.cu). x (..., K) with any
+// out = act(x @ weight.T + bias) on cuBLASLt with a measured algorithm choice (gemm.cpp). x (..., K) with any
 // leading dims; weight (N, K); bias (N) optional; activation "none" or "gelu_tanh".
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const std::optional<Tensor>& bias,
               const std::string& activation) {

@@ -171,13 +171,16 @@ def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: N
     if args["phase"] == "transformer":
         with torch.no_grad():
             embeds = _encode(pipe, args, device)
-    cache, tuned = args.get("cross_kv_cache", True), args.get("tuned_gemm", True)
+    tuned = args.get("tuned_gemm", True)
+
+    def inject():
+        return apply_kernels(pipe, provider, cross_kv_cache=args.get("cross_kv_cache", True), tuned_gemm=tuned)
+
     search_gemms = provider == "cuda" and tuned and any(name.startswith("optimized") for name in configs)
-    search_s = _search_gemms(pipe, args, embeds, cache, log) if search_gemms else None
-    results = run_configs(pipe.transformer, configs,
-                          lambda: apply_kernels(pipe, provider, cross_kv_cache=cache, tuned_gemm=tuned),
-                          lambda _config: run_once(pipe, args, embeds), args["warmup"], args["repeats"], device, log,
-                          args.get("compile_mode", "default"), args.get("rounds", 1))
+    search_s = _search_gemms(pipe, args, embeds, inject, log) if search_gemms else None
+    results = run_configs(pipe.transformer, configs, inject, lambda _config: run_once(pipe, args, embeds),
+                          args["warmup"], args["repeats"], device, log, args.get("compile_mode", "default"),
+                          args.get("rounds", 1))
     if search_gemms:
         from ltxbench import ops
 
@@ -189,17 +192,15 @@ def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: N
     return results
 
 
-def _search_gemms(pipe, args: dict, embeds, cross_kv_cache: bool, log) -> float:
-    """Two untimed denoising steps of the patched model, eager, before any configuration: ops.linear's algorithm
-    search (or the load of stored choices) happens here, not in a configuration's first warmup, where it would be
-    counted as compile time. Returns its seconds."""
+def _search_gemms(pipe, args: dict, embeds, inject, log) -> float:
+    """Two untimed denoising steps of the patched model (inject(): the optimized configs' injection), eager, before
+    any configuration: ops.linear's algorithm search (or the load of stored choices) happens here, not in a
+    configuration's first warmup, where it would be counted as compile time. Returns its seconds."""
     import time
-
-    from ltxbench.inject.ltx import apply_kernels
 
     log("optimized: choosing the GEMM algorithms (untimed, two steps)")
     start = time.perf_counter()
-    with apply_kernels(pipe, "cuda", cross_kv_cache=cross_kv_cache, tuned_gemm=True):
+    with inject():
         run_once(pipe, {**args, "steps": 2}, embeds)  # the flow-match scheduler fails at 1 step (diffusers 0.42)
     return time.perf_counter() - start
 

@@ -41,7 +41,7 @@ def generate_command(
     compile_: bool = typer.Option(False, "--compile", help="torch.compile the transformer (step 0 includes it)."),
     gemm_search: bool = typer.Option(False, "--gemm-search/--no-gemm-search",
                                      help="With our kernels: time cuBLASLt's algorithms for each projection shape on "
-                                          "its first use (10-40 s in step 0 for LTX-2B on an H100, then ~6% less "
+                                          "its first use (10-55 s in step 0 for LTX-2B on an H100, then ~6% less "
                                           "step time) and store them for this GPU model; off, the projections run "
                                           "stored choices (from bench e2e or an earlier --gemm-search), else "
                                           "cuBLASLt's heuristic pick, as torch."),

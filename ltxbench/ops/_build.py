@@ -100,7 +100,7 @@ def _check_toolchain() -> None:
 
 
 def _cublaslt(build_dir: Path) -> tuple[list[str], list[str]]:
-    """Include dir and linker flags for cuBLASLt (gemm.cu): the toolkit's copy, else the one the CUDA wheels of
+    """Include dir and linker flags for cuBLASLt (gemm.cpp): the toolkit's copy, else the one the CUDA wheels of
     torch ship (nvidia/*/include, nvidia/*/lib, as on pip installs: no unversioned .so there). Only the two
     cuBLAS headers are taken (copied into the build dir): the wheel's include dir also holds a CUDA runtime whose
     headers must not shadow the toolkit nvcc belongs to."""

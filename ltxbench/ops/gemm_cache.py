@@ -1,6 +1,6 @@
 """`ops.linear`'s GEMM choices kept across processes: one JSON file per GPU model.
 
-The search (cuda/gemm.cpp) costs 10-40 s per process for LTX-2B; its choices depend only on the GPU, the
+The search (cuda/gemm.cpp) costs 10-55 s per process for LTX-2B (H100, H200); its choices depend only on the GPU, the
 problem and the cuBLASLt version. `load` hands the stored records to the extension, which keeps each one only
 if it is from this cuBLASLt version and `cublasLtMatmulAlgoCheck` accepts it on this GPU; the first `load` of a
 process registers `save` to run at exit, which merges the process's searched choices into the file (written to
