@@ -488,10 +488,10 @@ Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
   return out;
 }
 
-// out = act(x @ weight.T + bias) on cuBLASLt with a measured algorithm choice (gemm.cpp). x (..., K) with any
-// leading dims; weight (N, K); bias (N) optional; activation "none" or "gelu_tanh".
+// out = act(x @ weight.T + bias) + residual on cuBLASLt with a measured algorithm choice (gemm.cpp). x (..., K) with
+// any leading dims; weight (N, K); bias (N) and residual (..., N) optional; activation "none" or "gelu_tanh".
 Tensor linear(const Tensor& x_in, const Tensor& weight_in, const std::optional<Tensor>& bias,
-              const std::string& activation) {
+              const std::string& activation, const std::optional<Tensor>& residual_in) {
   const char* op = "linear";
   const DType dt = check_primary(x_in, op, "x");
   check_same(weight_in, x_in, op, "weight");
@@ -509,12 +509,20 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const std::optional<T
   std::vector<int64_t> out_sizes(x_in.sizes().begin(), x_in.sizes().end());
   out_sizes.back() = N;
   const bool gelu = activation == "gelu_tanh";
+  if (residual_in) {
+    check_same(*residual_in, x_in, op, "residual");
+    TORCH_CHECK(residual_in->sizes() == at::IntArrayRef(out_sizes), "ltxbench.linear: residual must have the "
+                "output's shape ", shape(out_sizes), ", got ", shape(residual_in->sizes()));
+    TORCH_CHECK(!gelu, "ltxbench.linear: residual takes activation 'none' (cuBLASLt would add it before the GELU)");
+  }
   int64_t tokens = 1;
   for (int64_t i = 0; i + 1 < x_in.dim(); ++i) tokens *= x_in.size(i);
   if (x_in.numel() == 0 && K > 0) return at::empty(out_sizes, x_in.options());
-  if (K == 0 || N == 0) {  // no products to sum: the bias (or zeros), through the activation
+  if (K == 0 || N == 0) {  // no products to sum: the bias (or zeros), through the activation, plus the residual
     Tensor out = bias ? bias->expand({tokens, N}).contiguous() : at::zeros({tokens, N}, x_in.options());
-    return (gelu ? at::gelu(out, "tanh") : out).view(out_sizes);
+    if (gelu) out = at::gelu(out, "tanh");
+    if (residual_in) out = (out.to(at::kFloat) + residual_in->reshape({tokens, N}).to(at::kFloat)).to(out.scalar_type());
+    return out.view(out_sizes);
   }
   // cuBLASLt reads rows with unit stride along K at a uniform row pitch; anything else is copied here.
   auto rows = [K](const Tensor& t) {
@@ -523,6 +531,8 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const std::optional<T
   const Tensor x = rows(x_in.reshape({-1, K}));
   const Tensor w = rows(weight_in);
   const Tensor b = bias ? bias->contiguous() : Tensor();
+  // The residual is read through out's layout (rows of N at pitch N): any other layout is copied here.
+  const Tensor residual = residual_in ? residual_in->reshape({tokens, N}).contiguous() : Tensor();
   Tensor out = at::empty({tokens, N}, x_in.options());
   Tensor workspace = at::empty({static_cast<int64_t>(kGemmWorkspaceBytes)}, x_in.options().dtype(at::kByte));
   GemmParams p;
@@ -531,6 +541,7 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const std::optional<T
   p.w = w.data_ptr(), p.ldw = w.stride(0);
   p.bias = bias ? b.data_ptr() : nullptr;
   p.out = out.data_ptr(), p.ldout = N;
+  p.residual = residual_in ? residual.data_ptr() : nullptr;
   // fp32: the GELU runs after the GEMM (torch's tanh GELU in place); cuBLASLt's epilogue GELU is within 16-bit
   // rounding but not within fp32's tolerance of the exact tanh form (GPU tests, H100).
   const bool epilogue_gelu = gelu && dt != DType::F32;
@@ -583,7 +594,7 @@ TORCH_LIBRARY(ltxbench, m) {
   m.def("geglu(Tensor x, int gate_half=1, bool approximate=False) -> Tensor");
   m.def("swiglu(Tensor x, int gate_half=0) -> Tensor");
   m.def("cross_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, float? scale=None) -> Tensor");
-  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, str activation='none') -> Tensor");
+  m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, str activation='none', Tensor? residual=None) -> Tensor");
   // Process-wide settings of linear's algorithm choice: no tensors, so one kernel for every dispatch key.
   m.def("gemm_tuning(bool enabled) -> bool", &ltxbench::gemm_tuning);
   m.def("gemm_choices() -> str[]", &ltxbench::gemm_choices);

@@ -44,15 +44,16 @@ constexpr int kFirstReps = 5;  // back-to-back runs for the first time: a queue,
 constexpr int kCudaErrorBase = 1000;                         // launch_gemm's codes: cuBLAS status, or this + cudaError_t
 constexpr uint16_t kClusters[] = {0, 2, 3, 5};               // auto, 1x1x1, 2x1x1, 1x2x1
 constexpr int kMaxOption = 7;
-constexpr const char* kRecordTag = "ltxgemm1";                // format of gemm_export's records
+constexpr const char* kRecordTag = "ltxgemm2";                // format of gemm_export's records (2: + residual)
+constexpr int kRecordNumbers = 20;                           // cuBLASLt version, 11 key fields, 8 algorithm words
 
 struct Key {
   int device, dtype, act, align;
-  bool bias;
+  bool bias, residual;  // residual: beta = 1 with C = the residual (the epilogue reads it: timed apart)
   int64_t tokens, n, k, ldx, ldw, ldout;
   bool operator<(const Key& o) const {
-    return std::tie(device, dtype, act, align, bias, tokens, n, k, ldx, ldw, ldout) <
-           std::tie(o.device, o.dtype, o.act, o.align, o.bias, o.tokens, o.n, o.k, o.ldx, o.ldw, o.ldout);
+    return std::tie(device, dtype, act, align, bias, residual, tokens, n, k, ldx, ldw, ldout) <
+           std::tie(o.device, o.dtype, o.act, o.align, o.bias, o.residual, o.tokens, o.n, o.k, o.ldx, o.ldw, o.ldout);
   }
 };
 
@@ -79,13 +80,14 @@ int alignment(const GemmParams& p, DType dt) {
   uint64_t bits = 16;
   auto fold = [&](uint64_t v) { bits |= v; };
   fold(reinterpret_cast<uintptr_t>(p.x)), fold(reinterpret_cast<uintptr_t>(p.w));
-  fold(reinterpret_cast<uintptr_t>(p.out));
+  fold(reinterpret_cast<uintptr_t>(p.out)), fold(reinterpret_cast<uintptr_t>(p.residual));
   for (int64_t ld : {p.ldx, p.ldw, p.ldout}) fold(uint64_t(ld) * elem_bytes(dt));
   return int(bits & (~bits + 1));
 }
 
 // Descriptors of one problem in cuBLASLt's column-major terms, where row-major out is out^T (n x tokens, pitch
-// ldout) = op(A) B with A = w as stored (k x n, pitch ldw) and transposed, B = x as stored (k x tokens, pitch ldx).
+// ldout) = op(A) B (+ C) with A = w as stored (k x n, pitch ldw) and transposed, B = x as stored (k x tokens, pitch
+// ldx), and C, the residual, laid out as out (one layout `c` for both).
 struct Descs {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
@@ -142,8 +144,9 @@ int heuristic_list(cublasLtHandle_t h, const Descs& d, int align, std::vector<cu
 cublasStatus_t matmul(cublasLtHandle_t h, const Descs& d, const cublasLtMatmulAlgo_t& algo, const GemmParams& p,
                       cudaStream_t stream) {
   const float one = 1.f, zero = 0.f;
-  return cublasLtMatmul(h, d.op, &one, p.w, d.a, p.x, d.b, &zero, p.out, d.c, p.out, d.c, &algo, p.workspace,
-                        kGemmWorkspaceBytes, stream);
+  const void* c = p.residual ? p.residual : p.out;  // with beta 0 cuBLASLt does not read C
+  return cublasLtMatmul(h, d.op, &one, p.w, d.a, p.x, d.b, p.residual ? &one : &zero, c, d.c, p.out, d.c, &algo,
+                        p.workspace, kGemmWorkspaceBytes, stream);
 }
 
 // The heuristic's list, then its first algorithm's tile x cluster x option variants that cuBLASLt accepts.
@@ -297,8 +300,11 @@ int search(cublasLtHandle_t h, const Descs& d, const GemmParams& p, DType dt, cu
 // "bf16 x@w.T+b tokens 5376 n 2048 k 2048 (ld 2048/2048/2048, align 16, device 0): " + how it was chosen.
 std::string describe(const Key& key, const Entry& entry) {
   char head[192];
+  const char* formula = key.act == 1 ? "gelu_tanh(x@w.T+b)"
+                        : key.residual ? (key.bias ? "x@w.T+b+residual" : "x@w.T+residual")
+                                       : (key.bias ? "x@w.T+b" : "x@w.T");
   std::snprintf(head, sizeof head, "%s %s tokens %lld n %lld k %lld (ld %lld/%lld/%lld, align %d, device %d): ",
-                type_name(DType(key.dtype)), key.act == 1 ? "gelu_tanh(x@w.T+b)" : key.bias ? "x@w.T+b" : "x@w.T",
+                type_name(DType(key.dtype)), formula,
                 (long long)key.tokens, (long long)key.n, (long long)key.k, (long long)key.ldx, (long long)key.ldw,
                 (long long)key.ldout, key.align, key.device);
   return head + entry.summary + (entry.cached ? " [from cache]" : "");
@@ -310,8 +316,8 @@ cublasLtHandle_t handle_for(int device) {  // g_mutex held; the caller's current
   return handle;
 }
 
-// "<kRecordTag> n0 n1 ... n18": exactly 19 unsigned decimal integers after the tag, nothing else.
-bool parse_record(const std::string& head, uint64_t (&numbers)[19]) {
+// "<kRecordTag> n0 n1 ... n19": exactly kRecordNumbers unsigned decimal integers after the tag, nothing else.
+bool parse_record(const std::string& head, uint64_t (&numbers)[kRecordNumbers]) {
   const size_t tag = std::strlen(kRecordTag);
   if (head.compare(0, tag, kRecordTag) != 0) return false;
   const char* cursor = head.c_str() + tag;
@@ -332,7 +338,8 @@ bool parse_record(const std::string& head, uint64_t (&numbers)[19]) {
 
 int launch_gemm(const GemmParams& p, DType dt, int device, cudaStream_t stream) {
   const int align = alignment(p, dt);
-  const Key key{device, int(dt), p.act, align, p.bias != nullptr, p.tokens, p.n, p.k, p.ldx, p.ldw, p.ldout};
+  const Key key{device,  int(dt), p.act, align, p.bias != nullptr, p.residual != nullptr,
+                p.tokens, p.n,     p.k,   p.ldx, p.ldw,             p.ldout};
   Descs d;
   if (const int err = make_descs(key, p.bias, d)) return err;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -381,7 +388,7 @@ std::vector<std::string> gemm_table() {
   return lines;
 }
 
-// "ltxgemm1 <cuBLASLt version> <dtype act align bias tokens n k ldx ldw ldout> <8 algo words>\t<summary>" for
+// "ltxgemm2 <cuBLASLt version> <dtype act align bias residual tokens n k ldx ldw ldout> <8 algo words>\t<summary>" for
 // every problem searched in this process; the device is the caller's to record (records are stored per GPU model).
 std::vector<std::string> gemm_export(int device) {
   std::lock_guard<std::mutex> lock(g_mutex);
@@ -389,8 +396,9 @@ std::vector<std::string> gemm_export(int device) {
   for (const auto& [key, entry] : g_table) {
     if (key.device != device || !entry.searched || entry.cached) continue;
     char buf[512];
-    int used = std::snprintf(buf, sizeof buf, "%s %zu %d %d %d %d %lld %lld %lld %lld %lld %lld", kRecordTag,
-                             cublasLtGetVersion(), key.dtype, key.act, key.align, int(key.bias), (long long)key.tokens,
+    int used = std::snprintf(buf, sizeof buf, "%s %zu %d %d %d %d %d %lld %lld %lld %lld %lld %lld", kRecordTag,
+                             cublasLtGetVersion(), key.dtype, key.act, key.align, int(key.bias), int(key.residual),
+                             (long long)key.tokens,
                              (long long)key.n, (long long)key.k, (long long)key.ldx, (long long)key.ldw,
                              (long long)key.ldout);
     for (uint64_t word : entry.algo.data)
@@ -410,17 +418,18 @@ int gemm_import(int device, const std::vector<std::string>& records) {
   int kept = 0;
   for (const std::string& record : records) {
     const size_t tab = record.find('\t');
-    uint64_t numbers[19];  // cuBLASLt version, 10 key fields, 8 algorithm words
+    uint64_t numbers[kRecordNumbers];  // cuBLASLt version, 11 key fields, 8 algorithm words
     if (!parse_record(record.substr(0, tab), numbers) || numbers[0] != cublasLtGetVersion() || numbers[1] > 2 ||
-        numbers[2] > 1 || numbers[4] > 1 || numbers[5] == 0 || numbers[6] == 0 || numbers[7] == 0)
+        numbers[2] > 1 || numbers[4] > 1 || numbers[5] > 1 || (numbers[2] == 1 && numbers[5] == 1) ||
+        numbers[6] == 0 || numbers[7] == 0 || numbers[8] == 0)
       continue;
     Key key{};
     key.device = device, key.dtype = int(numbers[1]), key.act = int(numbers[2]), key.align = int(numbers[3]);
-    key.bias = numbers[4] != 0, key.tokens = int64_t(numbers[5]), key.n = int64_t(numbers[6]);
-    key.k = int64_t(numbers[7]), key.ldx = int64_t(numbers[8]), key.ldw = int64_t(numbers[9]);
-    key.ldout = int64_t(numbers[10]);
+    key.bias = numbers[4] != 0, key.residual = numbers[5] != 0, key.tokens = int64_t(numbers[6]);
+    key.n = int64_t(numbers[7]), key.k = int64_t(numbers[8]), key.ldx = int64_t(numbers[9]);
+    key.ldw = int64_t(numbers[10]), key.ldout = int64_t(numbers[11]);
     cublasLtMatmulAlgo_t algo{};
-    std::copy(numbers + 11, numbers + 19, algo.data);
+    std::copy(numbers + 12, numbers + kRecordNumbers, algo.data);
     const auto found = g_table.find(key);
     if (found != g_table.end() && found->second.searched) continue;
     Descs d;

@@ -11,7 +11,7 @@ import torch
 import ltxbench.ops
 from ltxbench.ops import gemm_cache
 
-KEY = "ltxgemm1 130100 2 1 16 1 5376 8192 2048 2048 2048 8192"
+KEY = "ltxgemm2 130100 2 1 16 1 0 5376 8192 2048 2048 2048 8192"
 
 
 def _record(key: str = KEY, algo: str = "1 2 3 4 5 6 7 8", summary: str = "heuristic 263.7 us, tuned 230.8 us") -> str:
@@ -26,7 +26,7 @@ class FakeLib:
 
     def gemm_import(self, device, records):
         self.imported.append((device, list(records)))
-        return sum(all(w.isdigit() for w in r.split("\t")[0].split()[12:]) for r in records)
+        return sum(all(w.isdigit() for w in r.split("\t")[0].split()[13:]) for r in records)
 
     def gemm_export(self, device):
         return list(self.exported)
@@ -68,6 +68,13 @@ def test_records_merge_by_problem_and_the_newer_one_wins(tmp_path):
     upgraded = KEY.replace(" 130100 ", " 130200 ")  # a new cuBLASLt: the old version's records go
     gemm_cache.write_records(path, "gpu", [_record(upgraded)])
     assert json.loads(path.read_text())["records"] == [_record(upgraded)]
+    residual = upgraded.replace(" 16 1 0 ", " 16 1 1 ")  # the same GEMM with a residual: a problem of its own
+    assert gemm_cache.record_key(_record(residual)) != gemm_cache.record_key(_record(upgraded))
+    gemm_cache.write_records(path, "gpu", [_record(residual)])
+    assert len(json.loads(path.read_text())["records"]) == 2
+    reformatted = upgraded.replace("ltxgemm2", "ltxgemm3")  # a new record format: the old format's records go
+    gemm_cache.write_records(path, "gpu", [_record(reformatted)])
+    assert json.loads(path.read_text())["records"] == [_record(reformatted)]
     assert not list(tmp_path.glob(".*tmp"))  # written through a temporary file, renamed
 
 

@@ -13,6 +13,7 @@ from ltxbench.inject.ltx import (
     CROSS_KV_RULE,
     FUSED_ATTR,
     MODEL_RULE,
+    RESIDUAL_RULE,
     TUNED_GEMM_RULE,
     FusedLTXAttnProcessor,
     apply_kernels,
@@ -145,26 +146,59 @@ def test_fused_projections_are_used_and_keep_one_copy_of_the_weights(monkeypatch
 def test_the_blocks_gemms_go_through_ops_linear_unless_turned_off(monkeypatch, fuse):
     """tuned_gemm: every projection of a block step runs ops.linear (the provider's): fused q/k/v (or the three
     layers), attn2's q, both out-projections, the feed-forward's up (GELU epilogue) and down; attn2's k/v come from
-    the cross_kv cache. Off: none does, and the processor keeps torch's linear."""
+    the cross_kv cache; attn2's out-projection adds the residual stream in its GEMM. Off: none does, and the
+    processor keeps torch's linear."""
     from ltxbench.ops import reference
 
     model = _transformer()
     inputs = _inputs(model)
     real, calls = reference.linear, []
-    monkeypatch.setattr(reference, "linear", lambda *a, **k: calls.append(a[1].shape) or real(*a, **k))
+
+    def spy(*args, **kwargs):
+        calls.append((args[1].shape, len(args) > 4 and args[4] is not None))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(reference, "linear", spy)
     with torch.no_grad():
         expected = model(**inputs)[0]
         with apply_kernels(model, "reference", fuse_projections=fuse) as report:
             got = model(**inputs)[0]
-        per_block = 6 if fuse else 8
-        assert len(calls) == per_block * len(model.transformer_blocks), calls
+        per_block, blocks = 6 if fuse else 8, len(model.transformer_blocks)
+        assert len(calls) == per_block * blocks, calls
+        assert sum(residual for _, residual in calls) == blocks and report.rules[RESIDUAL_RULE] == blocks
         assert report.rules[TUNED_GEMM_RULE] == (4 if fuse else 7) * len(model.transformer_blocks)
         torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
         calls.clear()
         with apply_kernels(model, "reference", fuse_projections=fuse, tuned_gemm=False) as report:
             model(**inputs)
             assert model.transformer_blocks[0].attn1.processor.linear is torch.nn.functional.linear
-        assert calls == [] and TUNED_GEMM_RULE not in report.rules
+        assert calls == [] and TUNED_GEMM_RULE not in report.rules and RESIDUAL_RULE not in report.rules
+
+
+def test_attn2_takes_the_residual_into_its_gemm_only_where_that_is_the_same_math(monkeypatch):
+    """The residual goes into the out-projection's GEMM only through our processor and forward, with a plain Linear
+    and no active dropout; with a gradient wanted the processor adds it with torch (ops.linear has no backward)."""
+    from ltxbench.inject.ltx_attention import attention_forward, takes_residual
+
+    model = _transformer()
+    attn2 = model.transformer_blocks[0].attn2
+    assert not takes_residual(attn2)  # diffusers' processor
+    with apply_kernels(model, "reference"):
+        assert takes_residual(attn2)
+        attn2.to_out[1].p = 0.5
+        attn2.to_out[1].train()  # active dropout comes before the residual add: not the GEMM's beta = 1
+        assert not takes_residual(attn2)
+        attn2.to_out[1].eval()
+        assert takes_residual(attn2)
+        attn2.forward = attention_forward.__get__(attn2)  # an instance-level wrapper (hooks): left to itself
+        assert not takes_residual(attn2)
+        del attn2.forward
+        h, text = torch.randn(2, 5, attn2.query_dim, requires_grad=True), torch.randn(2, 3, attn2.cross_attention_dim)
+        got = attn2(h, encoder_hidden_states=text, residual=h)
+        assert got.requires_grad
+        torch.testing.assert_close(got, h + attn2(h, encoder_hidden_states=text))
+    with apply_kernels(model, "reference", tuned_gemm=False):
+        assert not takes_residual(attn2)
 
 
 def test_tuned_gemms_leave_wrapped_layers_and_autograd_to_torch(monkeypatch):
@@ -257,7 +291,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
                                   "attn1: qk_rms_norm_rope": 28, ATTN2_RULES[True]: 28,
                                   "attn1: one q/k/v GEMM": 28, "attn2: one k/v GEMM": 28,
                                   "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28,
-                                  ATTN_FORWARD_RULE: 56, CROSS_KV_RULE: 1,
+                                  ATTN_FORWARD_RULE: 56, CROSS_KV_RULE: 1, RESIDUAL_RULE: 28,
                                   TUNED_GEMM_RULE: 28 * 4}  # attn1/attn2 to_out, attn2 to_q, ff down
     skipped = {t for t, _ in report.skipped}
     assert {"VAE RMSNorm"} <= skipped
@@ -414,7 +448,7 @@ def test_injection_stays_active_under_accelerate_offload_hooks(monkeypatch):
         add_hook_to_module(model, ModelHook())
         model(**inputs)
         remove_hook_from_module(model)
-    assert len(calls) == 2 * len(model.transformer_blocks) - 1  # attn2 residual per block + chained ff residuals
+    assert len(calls) == len(model.transformer_blocks) - 1  # the chained ff residuals (attn2's is in its GEMM)
 
 
 def test_linear_gelu_tanh_refuses_cpu_tensors_and_mismatched_shapes():

@@ -181,6 +181,9 @@ def test_bad_arguments_name_the_argument():
         (lambda: ops.linear(x, w.float()), r"linear: weight has dtype Float"),
         (lambda: ops.linear(x, w.cpu()), r"linear: weight is on cpu"),
         (lambda: ops.linear(x, w, None, "relu"), r"linear: activation must be"),
+        (lambda: ops.linear(x, w, None, "none", x), r"linear: residual must have the output's shape \(2, 4, 8\)"),
+        (lambda: ops.linear(x, w, w[:, 0], "gelu_tanh", x[..., :8]), r"linear: residual takes activation 'none'"),
+        (lambda: ops.linear(x, w, None, "none", x[..., :8].float()), r"linear: residual has dtype Float"),
     ]
     for call, pattern in cases:
         with pytest.raises(RuntimeError, match=pattern):
@@ -336,7 +339,8 @@ def test_cross_attention_bad_arguments_name_the_argument():
 
 # LTX-2B-sized problems (>= 20 us: the algorithm search runs), as the injected model calls them.
 TUNED_PROBLEMS = [((2, 1344, 2048), 2048, "bias", torch.bfloat16), ((2, 1344, 2048), 8192, "gelu-tanh", torch.bfloat16),
-                  ((1, 3000, 1024), 3000, "no-bias", torch.float16), ((1, 1000, 1536), 1024, "bias", torch.float32)]
+                  ((1, 3000, 1024), 3000, "no-bias", torch.float16), ((1, 1000, 1536), 1024, "bias", torch.float32),
+                  ((2, 1344, 2048), 2048, "residual", torch.bfloat16)]
 
 
 @pytest.mark.parametrize("shape,n,variant,dtype", TUNED_PROBLEMS, ids=lambda v: str(v))
@@ -358,6 +362,25 @@ def test_linear_after_the_algorithm_search_matches_the_reference(shape, n, varia
     else:
         assert "heuristic" in new[0] and ("tuned" in new[0] or "kept it" in new[0]) and "sampled" in new[0]
     assert torch.equal(spec.fn(**inputs), spec.fn(**inputs))
+
+
+@pytest.mark.parametrize("how", ["row-padded", "transposed", "last-dim-strided", "misaligned"])
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+def test_linear_residual_in_any_layout_and_as_a_problem_of_its_own(how, dtype):
+    """The residual is added by the GEMM (beta = 1) whatever its strides or alignment (copied to the output's
+    layout when they differ), and a GEMM with a residual is chosen apart from the same GEMM without one (its
+    epilogue reads another 2 bytes per output)."""
+    from ltxbench import ops
+
+    spec = SPECS["linear"]
+    for shape in ((2, 7, 256, 40), (3, 5, 86, 83), (1, 1, 1, 1)):
+        inputs = spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(11), "residual")
+        _check(spec, {**inputs, "residual": _restride(inputs["residual"], how)}, DTYPES[dtype])
+    inputs = spec.make_inputs((2, 1500, 1024, 1536), torch.bfloat16, "cuda", _gen(12), "residual")
+    _check(spec, inputs, torch.bfloat16)
+    _check(spec, {**inputs, "residual": None}, torch.bfloat16)
+    lines = [c for c in ops.gemm_choices() if "tokens 3000 n 1536 k 1024" in c]
+    assert sorted(line.split(" tokens")[0] for line in lines) == ["bf16 x@w.T+b", "bf16 x@w.T+b+residual"]
 
 
 def test_linear_inside_a_cuda_graph_runs_the_kept_algorithm_or_the_heuristic():
@@ -398,9 +421,9 @@ def test_linear_choices_travel_between_processes_as_checked_records():
     inputs = spec.make_inputs((1, 3072, 2048, 2048), torch.bfloat16, "cuda", _gen(7), "bias")
     spec.fn(**inputs)  # searched here
     mine = [r for r in lib.gemm_export(device) if " 3072 2048 2048 " in r.split("\t")[0]]
-    assert len(mine) == 1 and mine[0].startswith("ltxgemm1 ")
+    assert len(mine) == 1 and mine[0].startswith("ltxgemm2 ")
     fields, summary = mine[0].split("\t")[0].split(), mine[0].split("\t")[1]
-    assert len(fields) == 12 + 8 and "heuristic" in summary
+    assert len(fields) == 13 + 8 and fields[6] == "0" and "heuristic" in summary  # field 6: with a residual
 
     def record(**changes):
         out = list(fields)
@@ -408,9 +431,9 @@ def test_linear_choices_travel_between_processes_as_checked_records():
             out[int(index[1:])] = str(value)
         return " ".join(out) + "\t" + summary
 
-    moved = record(f6=3000)  # the same algorithm for 3000 tokens: a problem this process has not seen
-    rejected = [record(f1=1, f6=3001), record(f0="ltxgemm0", f6=3002), "ltxgemm1 12", record(f6=-5),
-                record(f19="x", f6=3003)]
+    moved = record(f7=3000)  # the same algorithm for 3000 tokens: a problem this process has not seen
+    rejected = [record(f1=1, f7=3001), record(f0="ltxgemm1", f7=3002), "ltxgemm2 12", record(f7=-5),
+                record(f20="x", f7=3003), record(f3=1, f6=1, f7=3004)]  # the last: GELU with a residual
     assert lib.gemm_import(device, rejected) == 0
     assert lib.gemm_import(device, [mine[0]]) == 0  # searched in this process already
     assert lib.gemm_import(device, [moved]) == 1

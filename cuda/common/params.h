@@ -128,11 +128,13 @@ cudaError_t launch_cross_attention(const XAttnParams& p, DType dtype, int comput
 
 namespace ltxbench {
 
-// out (tokens, n) = act(x (tokens, k) @ w (n, k)^T + bias (n)) on cuBLASLt, row-major with leading dims
-// ldx, ldw, ldout (elements), fp32 accumulation; act 0 = none, 1 = GELU tanh (needs bias). The algorithm per
-// problem (shape, dtype, leading dims, alignment, device) is picked once and kept: with tuning on and the stream
-// not capturing a graph, by timing cuBLASLt's heuristic candidates and the tile / cluster / option variants of
-// its first choice on these very operands; otherwise the heuristic's first choice (what torch runs).
+// out (tokens, n) = act(x (tokens, k) @ w (n, k)^T + bias (n)) + residual (tokens, n) on cuBLASLt, row-major with
+// leading dims ldx, ldw, ldout (elements; the residual's rows at ldout too), fp32 accumulation; bias and residual
+// optional, the residual added to the fp32 accumulator (beta = 1) before the one rounding; act 0 = none, 1 = GELU
+// tanh (needs bias and no residual: cuBLASLt would add the residual before the GELU). The algorithm per problem
+// (shape, dtype, epilogue, residual or not, leading dims, alignment, device) is picked once and kept: with tuning on
+// and the stream not capturing a graph, by timing cuBLASLt's heuristic candidates and the tile / cluster / option
+// variants of its first choice on these very operands; otherwise the heuristic's first choice (what torch runs).
 struct GemmParams {
   int64_t tokens = 0, n = 0, k = 0;
   const void* x = nullptr;
@@ -142,6 +144,7 @@ struct GemmParams {
   const void* bias = nullptr;
   void* out = nullptr;
   int64_t ldout = 0;
+  const void* residual = nullptr;
   int act = 0;
   void* workspace = nullptr;  // kGemmWorkspaceBytes, from the caller's allocator
 };

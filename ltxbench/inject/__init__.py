@@ -21,6 +21,10 @@ class InjectionReport:
         self.rules[rule] += 1
         self._undo.append(undo)
 
+    def note(self, rule: str) -> None:
+        """Count `rule` for a module whose patch (already counted under another rule) carries it out."""
+        self.rules[rule] += 1
+
     def on_revert(self, undo: Callable[[], None]) -> None:
         """Run `undo` on revert without counting a patch (state that belongs to a patch already counted)."""
         self._undo.append(undo)

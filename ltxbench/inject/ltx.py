@@ -6,7 +6,8 @@ Per block (HANDBOOK §2 has the math):
   h + attn1 * gate_msa                              → gated_residual
   attn2: norm_q/norm_k (q and k differ in length)   → rms_norm each
   attn2: SDPA over the text tokens (additive mask)  → cross_attention (short-key tensor-core kernel)
-  h + attn2; norm2(h) * (1 + scale_mlp) + shift_mlp → add_rms_norm_modulate
+  h + attn2; norm2(h) * (1 + scale_mlp) + shift_mlp → the out-projection's GEMM adds h (ops.linear, beta = 1;
+                                                      tuned GEMMs) + rms_norm_modulate, else add_rms_norm_modulate
   h + ff * gate_mlp                                 → gated_residual, or with the next block's norm1:
                                                       add_rms_norm_modulate (model forward, chained blocks)
 Model: norm_out (no-affine LayerNorm) + final modulation → layer_norm_modulate; what precedes the blocks built
@@ -32,6 +33,7 @@ from ltxbench.inject.ltx_attention import (
     cross_key_value,
     forward_only_calls_processor,
     needs_autograd,
+    takes_residual,
     tuned_linear,
 )
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache, cache_sources
@@ -65,6 +67,11 @@ def _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_state
     attn = block.attn1(hidden_states=norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
     hidden_states = ops.gated_residual(hidden_states, attn, gate_msa)
     kv = {} if cross_kv is None else {"cross_kv": cross_kv}
+    if takes_residual(block.attn2):  # h + attn2(h) from the out-projection's GEMM (beta = 1): no add pass
+        hidden_states = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
+                                    attention_mask=encoder_attention_mask, residual=hidden_states, **kv)
+        norm = ops.rms_norm_modulate(hidden_states, None, scale_mlp, shift_mlp, block.norm2.eps)
+        return hidden_states, block.ff(norm)
     attn = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
                        attention_mask=encoder_attention_mask, **kv)
     norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, attn, None, scale_mlp, shift_mlp, block.norm2.eps)
@@ -205,6 +212,7 @@ def _plain_norms(block) -> bool:
 MODEL_RULE = ("model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate; what precedes the "
               "blocks built before the (compiled) forward (ltx_step)")
 CROSS_KV_RULE = "model: attn2 keys/values and caption projection once per prompt (cross_kv cache)"
+RESIDUAL_RULE = "attn2: out-projection + residual add as one GEMM (ops.linear, beta = 1)"
 ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
 # Head dims where ops.cross_attention beat SDPA (cuDNN) for attn2, bf16, H200 (results/h200/micro-xattn*-6f3727d):
 # hd 64 (2B) 36.9 vs 42.7 us at 49 frames, 84.3 vs 107.4 at 161; hd 128 (13B, 161 frames) 155.3 vs 242.6. Other head
@@ -284,6 +292,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             processor = FusedLTXAttnProcessor(ops, attn.processor, cross_attention=name == "attn2" and own,
                                               tuned_gemm=tuned_gemm)
             set_attr(report, rule, attn, "processor", processor)
+            if name == "attn2" and processor.fuses_residual(attn):
+                report.note(RESIDUAL_RULE)
             if forward_only_calls_processor(original_class(attn)):
                 patch_forward(report, ATTN_FORWARD_RULE, attn, attention_forward, classes)
             else:

@@ -79,11 +79,13 @@ class FusedLTXAttnProcessor:
     short-key kernel `ops.cross_attention` when diffusers would run its default backend, else diffusers'.
     cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (ltx_cross_kv).
     tuned_gemm: the fused q/k/v GEMM through ops.linear (cuBLASLt, algorithm chosen by timing; torch's when a
-    gradient is wanted), else torch's."""
+    gradient is wanted), else torch's; and `residual` (the block's hidden states) taken into the out-projection's
+    GEMM (see fuses_residual), which returns `residual + to_out(attention)`."""
 
     def __init__(self, ops, original, cross_attention: bool = False, tuned_gemm: bool = False):
         self.ops = ops
         self.cross_attention = cross_attention
+        self.tuned_gemm = tuned_gemm
         self.linear = tuned_linear(ops) if tuned_gemm else torch.nn.functional.linear
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
@@ -97,8 +99,23 @@ class FusedLTXAttnProcessor:
 
         return _AttentionBackendRegistry._active_backend == AttentionBackendName.NATIVE
 
+    def fuses_residual(self, attn) -> bool:
+        """Can the out-projection add a residual in its GEMM (ops.linear with beta = 1)? With tuned GEMMs, a plain
+        nn.Linear and its dropout inactive: the add then costs no pass over memory of its own."""
+        project, dropout = attn.to_out[0], attn.to_out[1]
+        return (self.tuned_gemm and original_class(project) is torch.nn.Linear and isinstance(dropout, torch.nn.Dropout)
+                and not (dropout.training and dropout.p > 0))
+
+    def _output(self, attn, hidden_states, residual):
+        project = attn.to_out[0]
+        if residual is None:
+            return attn.to_out[1](project(hidden_states))
+        if self.fuses_residual(attn) and not needs_autograd(hidden_states, project.weight, project.bias, residual):
+            return self.ops.linear(hidden_states, project.weight, project.bias, "none", residual)
+        return residual + attn.to_out[1](project(hidden_states))
+
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
-                 cross_kv=None):
+                 cross_kv=None, residual=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         batch_size, sequence_length, _ = (
@@ -122,12 +139,12 @@ class FusedLTXAttnProcessor:
         per_key_mask = attention_mask is None or attention_mask.size(2) == 1  # (B, heads, 1, L): one value per key
         if encoder_hidden_states is not None and per_key_mask and self._runs_own_cross_attention():
             hidden_states = self.ops.cross_attention(query, key, value, attention_mask)
-            return attn.to_out[1](attn.to_out[0](hidden_states.flatten(2, 3)))
+            return self._output(attn, hidden_states.flatten(2, 3), residual)
         hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
                                               is_causal=False, backend=self._attention_backend,
                                               parallel_config=self._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-        return attn.to_out[1](attn.to_out[0](hidden_states))
+        return self._output(attn, hidden_states, residual)
 
 
 ATTN_FORWARD_RULE = "attn1/attn2: forward calls the processor without inspecting its signature"
@@ -139,13 +156,22 @@ def attention_forward(self, hidden_states, encoder_hidden_states=None, attention
     """LTXAttention.forward without its per-call `inspect.signature(self.processor.__call__)`, which only filters
     extra kwargs: host time that, with 56 attention calls per step, left the patched eager model host-bound on an
     H100 (results/h100/tuning/host-ltx-*). Extra kwargs still take the original path (its filter and warning).
-    cross_kv comes only from our model forward, which passes it only while every attn2 runs our processor."""
+    cross_kv comes only from our model forward, which passes it only while every attn2 runs our processor;
+    residual only from our block code, after takes_residual."""
     if cross_kv is not None:
         kwargs["cross_kv"] = cross_kv
-    if kwargs.keys() - {"cross_kv"}:
+    if kwargs.keys() - {"cross_kv", "residual"}:
         return original_class(self).forward(self, hidden_states, encoder_hidden_states, attention_mask,
                                             image_rotary_emb, **kwargs)
     return self.processor(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb, **kwargs)
+
+
+def takes_residual(attn) -> bool:
+    """Does `attn(..., residual=h)` return `h + attn(...)` with the add inside the out-projection's GEMM? Only our
+    processor, reached through attention_forward, knows the kwarg (diffusers' forward would drop it, with a warning)."""
+    processor = getattr(attn, "processor", None)
+    return (isinstance(processor, FusedLTXAttnProcessor) and processor.fuses_residual(attn)
+            and type(attn).forward is attention_forward and "forward" not in vars(attn))
 
 
 def forward_only_calls_processor(cls) -> bool:

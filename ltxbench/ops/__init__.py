@@ -118,15 +118,18 @@ def cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     return _lib().cross_attention(q, k, v, mask, scale)
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none") -> Tensor:
-    """`act(x @ weight.T + bias)` for x (..., K), weight (N, K), bias (N,) or None; activation "none" or
-    "gelu_tanh" (cuBLASLt's epilogue: bias and GELU applied to the fp32 accumulator, rounded once). cuBLASLt,
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none",
+           residual: Tensor | None = None) -> Tensor:
+    """`act(x @ weight.T + bias) + residual` for x (..., K), weight (N, K), bias (N,) or None; activation "none" or
+    "gelu_tanh" (cuBLASLt's epilogue: bias and GELU applied to the fp32 accumulator, rounded once); residual
+    (..., N) or None, added to the fp32 accumulator by the GEMM (beta = 1: a residual connection without its own
+    pass over memory), activation "none" only. cuBLASLt,
     with the algorithm of each problem (shape, dtype, leading dims, alignment) chosen by timing on its first call:
     the heuristic's list and the tile / cluster / option variants of its first choice, kept only if > 1% faster
     than that choice (what torch runs). The search takes ~1-15 s per problem of >= 1 GFLOP and >= 20 us, once per
     process, or once per GPU model with `load_gemm_choices()`; `gemm_tuning(False)` turns it off, `gemm_choices()`
     lists what was chosen, with both timings."""
-    return _lib().linear(x, weight, bias, activation)
+    return _lib().linear(x, weight, bias, activation, residual)
 
 
 def gemm_tuning(enabled: bool) -> bool:

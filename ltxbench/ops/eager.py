@@ -159,7 +159,10 @@ def sdpa_cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = 
     return out.transpose(1, 2)
 
 
-def torch_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none") -> Tensor:
-    """nn.Linear (torch's addmm: cuBLASLt's heuristic algorithm), then diffusers' GELU(approximate="tanh")."""
+def torch_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none",
+                 residual: Tensor | None = None) -> Tensor:
+    """nn.Linear (torch's addmm: cuBLASLt's heuristic algorithm), then diffusers' GELU(approximate="tanh"), then
+    the residual add as the LTX block writes it (`hidden_states + attn_output`)."""
     out = F.linear(x, weight, bias)
-    return F.gelu(out, approximate="tanh") if activation == "gelu_tanh" else out
+    out = F.gelu(out, approximate="tanh") if activation == "gelu_tanh" else out
+    return out if residual is None else residual + out

@@ -102,7 +102,9 @@ def _cross_attention(q, k, v, mask=None, scale=None):
 
 
 @register_fake("ltxbench::linear")
-def _linear(x, weight, bias=None, activation="none"):
+def _linear(x, weight, bias=None, activation="none", residual=None):
     torch._check(weight.dim() == 2 and weight.shape[1] == x.shape[-1],
                  lambda: "linear: weight must be (out_features, in_features)")
+    torch._check(residual is None or residual.shape == (*x.shape[:-1], weight.shape[0]),
+                 lambda: "linear: residual must have the output's shape")
     return torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 SCHEMA = "ltxbench.gemm-choices"
 VERSION = 1
-_KEY_FIELDS = 12  # tag, cuBLASLt version, dtype, act, align, bias, tokens, n, k, ldx, ldw, ldout
+_KEY_FIELDS = 13  # tag, cuBLASLt version, dtype, act, align, bias, residual, tokens, n, k, ldx, ldw, ldout
 _saving: set[int] = set()  # devices whose choices are saved at exit
 
 
@@ -47,9 +47,9 @@ def record_key(record: str) -> str:
     return " ".join(record.split("\t", 1)[0].split()[:_KEY_FIELDS])
 
 
-def _version(record: str) -> str:
-    fields = record.split()
-    return fields[1] if len(fields) > 1 else ""
+def _version(record: str) -> tuple[str, ...]:
+    """(record format tag, cuBLASLt version): the extension refuses records that differ from its own in either."""
+    return tuple(record.split()[:2])
 
 
 def read_records(path: Path) -> list[str]:
@@ -69,7 +69,7 @@ def read_records(path: Path) -> list[str]:
 
 def write_records(path: Path, device_name: str, records: list[str]) -> None:
     """Merge `records` into the file at `path`: a record replaces the stored one of the same problem, and stored
-    records of another cuBLASLt version than the new ones are dropped (the extension would refuse them anyway)."""
+    records of another format or cuBLASLt version than the new ones are dropped (the extension would refuse them)."""
     versions = {_version(r) for r in records}
     merged = {record_key(r): r for r in read_records(path) if not versions or _version(r) in versions}
     merged.update({record_key(r): r for r in records})

@@ -205,11 +205,15 @@ def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return F.gelu(F.linear(x, weight, bias), approximate="tanh")
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none") -> Tensor:
-    """act(x @ weight.T + bias) with the products, the bias and the activation in fp32 (float64 for float64
-    inputs), rounded once: what cuBLASLt's fp32-accumulating GEMM with an epilogue computes."""
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none",
+           residual: Tensor | None = None) -> Tensor:
+    """act(x @ weight.T + bias) + residual with the products, the bias, the activation and the residual in fp32
+    (float64 for float64 inputs), rounded once: what cuBLASLt's fp32-accumulating GEMM with an epilogue (and
+    beta = 1 for the residual) computes."""
     acc = _acc(x)
     out = F.linear(x.to(acc), weight.to(acc), None if bias is None else bias.to(acc))
     if activation == "gelu_tanh":
         out = F.gelu(out, approximate="tanh")
+    if residual is not None:
+        out = out + residual.to(acc)
     return out.to(x.dtype)

@@ -202,22 +202,26 @@ def inputs_cross_attention(shape, dtype, device, gen, variant):
 
 
 # linear: (B, S, K) tokens of width K, or (B, S, K, N); without N, an odd-ish out width per variant.
-LINEAR_OUT = {"bias": 96, "gelu-tanh": 136, "no-bias": 83}
+LINEAR_OUT = {"bias": 96, "gelu-tanh": 136, "no-bias": 83, "residual": 104}
 LTX_LINEAR_SHAPES = {"ltx2b-49f-attn-out": (2, 2688, 2048, 2048), "ltx2b-49f-qkv": (2, 2688, 2048, 6144),
                      "ltx2b-49f-ff-up": (2, 2688, 2048, 8192), "ltx2b-49f-ff-down": (2, 2688, 8192, 2048),
                      "ltx2b-161f-ff-up": (2, 8064, 2048, 8192)}
 
 
 def inputs_linear(shape, dtype, device, gen, variant):
-    """x (B, S, K) and an nn.Linear's weight (N, K) / bias (N) at its default init scale (uniform ±1/√K)."""
+    """x (B, S, K) and an nn.Linear's weight (N, K) / bias (N) at its default init scale (uniform ±1/√K);
+    variant "residual" adds a residual stream (B, S, N) of unit scale, as the LTX block's hidden states."""
     b, s, k, *rest = shape
     n = rest[0] if rest else LINEAR_OUT[variant]
     bound = max(k, 1) ** -0.5
     weight = (2 * torch.rand((n, k), generator=gen) - 1) * bound
     bias = None if variant == "no-bias" else (2 * torch.rand((n,), generator=gen) - 1) * bound
-    return {"x": _randn((b, s, k), dtype, device, gen), "weight": weight.to(device=device, dtype=dtype),
-            "bias": None if bias is None else bias.to(device=device, dtype=dtype),
-            "activation": "gelu_tanh" if variant == "gelu-tanh" else "none"}
+    inputs = {"x": _randn((b, s, k), dtype, device, gen), "weight": weight.to(device=device, dtype=dtype),
+              "bias": None if bias is None else bias.to(device=device, dtype=dtype),
+              "activation": "gelu_tanh" if variant == "gelu-tanh" else "none"}
+    if variant == "residual":
+        inputs["residual"] = _randn((b, s, n), dtype, device, gen)
+    return inputs
 
 
 def io_bytes(inputs: dict, written: int) -> int:
@@ -386,7 +390,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         written=lambda inp: _nbytes(inp["q"]),
     ),
     KernelSpec(
-        name="linear", summary="act(x @ weight.T + bias) on cuBLASLt, algorithm chosen by timing per problem",
+        name="linear", summary="act(x @ weight.T + bias) [+ residual] on cuBLASLt, algorithm chosen by timing per problem",
         make_inputs=inputs_linear, variants=tuple(LINEAR_OUT), n_outputs=1,
         baselines={"eager": eager.torch_linear},
         aliases=("gemm", "matmul_bias", "linear_gelu"),
