@@ -390,7 +390,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         written=lambda inp: _nbytes(inp["q"]),
     ),
     KernelSpec(
-        name="linear", summary="act(x @ weight.T + bias) [+ residual] on cuBLASLt, algorithm chosen by timing per problem",
+        name="linear", summary="act(x @ weight.T + bias) [+ residual] on cuBLASLt, algorithm chosen by timing",
         make_inputs=inputs_linear, variants=tuple(LINEAR_OUT), n_outputs=1,
         baselines={"eager": eager.torch_linear},
         aliases=("gemm", "matmul_bias", "linear_gelu"),
