@@ -12,7 +12,6 @@ from ltxbench.inject.ltx import (
     ATTN_FORWARD_RULE,
     CROSS_KV_RULE,
     FUSED_ATTR,
-    GATED_OUT_RULE,
     MODEL_RULE,
     RESIDUAL_RULE,
     TUNED_GEMM_RULE,
@@ -234,62 +233,13 @@ def test_tuned_gemms_leave_wrapped_layers_and_autograd_to_torch(monkeypatch):
         assert qkv.requires_grad and calls == [1]
 
 
-@pytest.mark.parametrize("timestep", ["per-sample", "one for the batch"])
-def test_injected_transformer_compiles_without_graph_breaks(timestep):
-    """The optimized+compile configuration: dynamo sees the whole patched forward as one graph (with gate_msa
-    folded into attn1's out-projections too, traced from __call__)."""
+def test_injected_transformer_compiles_without_graph_breaks():
+    """The optimized+compile configuration: dynamo sees the whole patched forward as one graph."""
     model = _transformer()
     inputs = _inputs(model)
-    if timestep == "one for the batch":
-        inputs["timestep"] = torch.tensor(500.0).expand(2)
     with torch.no_grad(), apply_kernels(model, "reference"):
         explained = torch._dynamo.explain(model)(**inputs)
     assert explained.graph_break_count == 0, explained.break_reasons
-
-
-def test_one_timestep_is_known_from_strides_not_values():
-    from ltxbench.inject.ltx_step import one_timestep
-
-    assert one_timestep(torch.tensor(3.0)) and one_timestep(torch.tensor([3.0]))
-    assert one_timestep(torch.tensor(3.0).expand(2)) and one_timestep(torch.tensor([[3.0]]).expand(2, 1))
-    assert not one_timestep(torch.tensor([3.0, 3.0]))  # equal values, but telling would need a device read
-    assert not one_timestep(torch.tensor([3.0]).expand(2, 5).contiguous())
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_one_timestep_for_the_batch_folds_gate_msa_into_attn1s_out_projection(monkeypatch, dtype):
-    """With the pipeline's `t.expand(batch)`, attn1's out-projection runs with gate_msa folded into its weight and
-    adds the residual in its GEMM (beta = 1): two residual GEMMs per block, no gated_residual pass for attn1; the
-    result is the unpatched model's (the folded weight rounded once to the model dtype). A timestep per sample keeps
-    the pass."""
-    from ltxbench.ops import reference
-
-    model = _transformer(dtype=dtype)
-    inputs = _inputs(model, dtype=dtype)
-    inputs["timestep"] = torch.tensor(500.0).expand(2)
-    calls, passes = [], []
-    real_linear, real_gated = reference.linear, reference.gated_residual
-    monkeypatch.setattr(reference, "linear", lambda *a, **k: calls.append(len(a) > 4 and a[4] is not None)
-                        or real_linear(*a, **k))
-    monkeypatch.setattr(reference, "gated_residual", lambda *a, **k: passes.append(1) or real_gated(*a, **k))
-    blocks = len(model.transformer_blocks)
-    per_sample = {**inputs, "timestep": torch.tensor([500.0, 20.0])}  # one per sample: attn1's gate stays a pass
-    with torch.no_grad():
-        expected, expected_per_sample = model(**inputs)[0], model(**per_sample)[0]
-        with apply_kernels(model, "reference") as report:
-            assert report.rules[GATED_OUT_RULE] == blocks
-            got = model(**inputs)[0]
-            # gated_residual only for the last block's ff (the others' go with the next norm1)
-            assert sum(calls) == 2 * blocks and len(passes) == 1 and len(calls) == 6 * blocks
-            calls.clear(), passes.clear()
-            got_per_sample = model(**per_sample)[0]
-            assert sum(calls) == blocks and len(passes) == blocks + 1
-    tol = {"atol": 2e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 6e-2, "rtol": 3e-2}
-    torch.testing.assert_close(got, expected, **tol)
-    torch.testing.assert_close(got_per_sample, expected_per_sample, **tol)
-    if dtype == torch.bfloat16:
-        cosine = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
-        assert cosine > 0.9999
 
 
 def test_per_token_modulation_of_image_to_video_blocks():
@@ -341,7 +291,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
                                   "attn1: qk_rms_norm_rope": 28, ATTN2_RULES[True]: 28,
                                   "attn1: one q/k/v GEMM": 28, "attn2: one k/v GEMM": 28,
                                   "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28,
-                                  ATTN_FORWARD_RULE: 56, CROSS_KV_RULE: 1, RESIDUAL_RULE: 28, GATED_OUT_RULE: 28,
+                                  ATTN_FORWARD_RULE: 56, CROSS_KV_RULE: 1, RESIDUAL_RULE: 28,
                                   TUNED_GEMM_RULE: 28 * 4}  # attn1/attn2 to_out, attn2 to_q, ff down
     skipped = {t for t, _ in report.skipped}
     assert {"VAE RMSNorm"} <= skipped
@@ -439,12 +389,10 @@ def test_cuda_provider_refuses_a_cpu_model_and_non_ltx_targets():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("rope_from_coords,timestep", [(True, "per-sample"), (False, "per-sample"), (True, "one")])
-def test_cuda_provider_on_a_two_layer_2b_width_model(rope_from_coords, timestep):
+@pytest.mark.parametrize("rope_from_coords", [True, False])
+def test_cuda_provider_on_a_two_layer_2b_width_model(rope_from_coords):
     model = _transformer("ltx-2b", num_layers=2, device="cuda", dtype=torch.bfloat16)
     inputs = _inputs(model, "cuda", torch.bfloat16, frames=3, height=8, width=12)
-    if timestep == "one":  # gate_msa folded into attn1's out-projection (ltx_step.gated_outputs)
-        inputs["timestep"] = torch.tensor(500.0, device="cuda").expand(2)
     with torch.no_grad():
         expected = model(**inputs)[0].float()
         with apply_kernels(model, "cuda", rope_from_coords=rope_from_coords):

@@ -3,9 +3,7 @@
 Per block (HANDBOOK §2 has the math):
   norm1(h) * (1 + scale_msa) + shift_msa            → rms_norm_modulate
   attn1: norm_q/norm_k + apply_rotary_emb on q, k   → qk_rms_norm_rope (angles from the grid, no fp32 tables)
-  h + attn1 * gate_msa                              → gated_residual, or with one timestep for the batch (CFG):
-                                                      gate_msa folded into attn1's out-projection weights, which
-                                                      add h in their GEMM (ltx_step.gated_outputs)
+  h + attn1 * gate_msa                              → gated_residual
   attn2: norm_q/norm_k (q and k differ in length)   → rms_norm each
   attn2: SDPA over the text tokens (additive mask)  → cross_attention (short-key tensor-core kernel)
   h + attn2; norm2(h) * (1 + scale_mlp) + shift_mlp → the out-projection's GEMM adds h (ops.linear, beta = 1;
@@ -61,18 +59,13 @@ def _rope_from_coords(rope, hidden_states, num_frames=None, height=None, width=N
 
 
 def _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_states, encoder_attention_mask,
-                      image_rotary_emb, cross_kv=None, gated_out=None):
+                      image_rotary_emb, cross_kv=None):
     """A block from its modulated norm1 on: attn1, gated residual, attn2 + residual + modulated norm2, ff.
     Returns (hidden_states, ff output); the caller adds `ff * gate_mlp` (alone or fused with the next norm1).
-    cross_kv: attn2's (key, value) from the cache (ltx_cross_kv), or None. gated_out: attn1's out-projection with
-    gate_msa folded in (ltx_step.gated_outputs), which then adds the residual in its GEMM; or None."""
+    cross_kv: attn2's (key, value) from the cache (ltx_cross_kv), or None."""
     _, _, gate_msa, shift_mlp, scale_mlp, _ = ada
-    if gated_out is not None:  # h + gate * attn1 as one GEMM (beta = 1): no gated-residual pass
-        hidden_states = block.attn1(hidden_states=norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb,
-                                    residual=hidden_states, out_projection=gated_out)
-    else:
-        attn = block.attn1(hidden_states=norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
-        hidden_states = ops.gated_residual(hidden_states, attn, gate_msa)
+    attn = block.attn1(hidden_states=norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
+    hidden_states = ops.gated_residual(hidden_states, attn, gate_msa)
     kv = {} if cross_kv is None else {"cross_kv": cross_kv}
     if takes_residual(block.attn2):  # h + attn2(h) from the out-projection's GEMM (beta = 1): no add pass
         hidden_states = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
@@ -124,8 +117,7 @@ def _fused_model_forward(ops):
         for index, block in enumerate(blocks):
             gate_mlp = ada[5]
             hidden_states, ff = _attention_and_ff(ops, block, hidden_states, norm, ada, step.prompt, step.mask,
-                                                  step.rope, step.block_kv[index],
-                                                  None if step.gated_out is None else step.gated_out[index])
+                                                  step.rope, step.block_kv[index])
             if index + 1 < len(blocks):
                 ada = modulation_of(step, blocks, index + 1)
                 norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, ff, gate_mlp, ada[1], ada[0],
@@ -221,8 +213,6 @@ MODEL_RULE = ("model: ff residual + next norm1 (add_rms_norm_modulate), final la
               "blocks built before the (compiled) forward (ltx_step)")
 CROSS_KV_RULE = "model: attn2 keys/values and caption projection once per prompt (cross_kv cache)"
 RESIDUAL_RULE = "attn2: out-projection + residual add as one GEMM (ops.linear, beta = 1)"
-GATED_OUT_RULE = ("attn1: gate_msa folded into the out-projection, + residual add as one GEMM (ops.linear, beta = 1;"
-                  " steps with one timestep for the batch)")
 ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
 # Head dims where ops.cross_attention beat SDPA (cuDNN) for attn2, bf16, H200 (results/h200/micro-xattn*-6f3727d):
 # hd 64 (2B) 36.9 vs 42.7 us at 49 frames, 84.3 vs 107.4 at 161; hd 128 (13B, 161 frames) 155.3 vs 242.6. Other head
@@ -288,7 +278,6 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         patch_forward(report, MODEL_RULE, transformer, _fused_model_forward(ops), classes, call=step_call)
     block_forward = _fused_block_forward(ops)
     linear_forward = _linear_forward(ops)
-    chained = MODEL_RULE in report.rules
     for index, block in enumerate(transformer.transformer_blocks):
         if not _plain_norms(block):
             report.skip(f"transformer_blocks.{index}", "norm1/norm2 carry a weight: not the LTX block math")
@@ -303,8 +292,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             processor = FusedLTXAttnProcessor(ops, attn.processor, cross_attention=name == "attn2" and own,
                                               tuned_gemm=tuned_gemm)
             set_attr(report, rule, attn, "processor", processor)
-            if processor.fuses_residual(attn) and (name == "attn2" or chained):  # attn1's: StepInputs from __call__
-                report.note(RESIDUAL_RULE if name == "attn2" else GATED_OUT_RULE)
+            if name == "attn2" and processor.fuses_residual(attn):
+                report.note(RESIDUAL_RULE)
             if forward_only_calls_processor(original_class(attn)):
                 patch_forward(report, ATTN_FORWARD_RULE, attn, attention_forward, classes)
             else:

@@ -80,9 +80,7 @@ class FusedLTXAttnProcessor:
     cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (ltx_cross_kv).
     tuned_gemm: the fused q/k/v GEMM through ops.linear (cuBLASLt, algorithm chosen by timing; torch's when a
     gradient is wanted), else torch's; and `residual` (the block's hidden states) taken into the out-projection's
-    GEMM (see fuses_residual), which returns `residual + to_out(attention)`, or with `out_projection` (weight,
-    bias) given, `residual + attention @ weight.T + bias`: to_out[0] with a per-channel factor folded in (ltx_step's
-    gated out-projections)."""
+    GEMM (see fuses_residual), which returns `residual + to_out(attention)`."""
 
     def __init__(self, ops, original, cross_attention: bool = False, tuned_gemm: bool = False):
         self.ops = ops
@@ -108,19 +106,16 @@ class FusedLTXAttnProcessor:
         return (self.tuned_gemm and original_class(project) is torch.nn.Linear and isinstance(dropout, torch.nn.Dropout)
                 and not (dropout.training and dropout.p > 0))
 
-    def _output(self, attn, hidden_states, residual, out_projection=None):
+    def _output(self, attn, hidden_states, residual):
         project = attn.to_out[0]
         if residual is None:
             return attn.to_out[1](project(hidden_states))
-        weight, bias = out_projection or (project.weight, project.bias)
-        if self.fuses_residual(attn) and not needs_autograd(hidden_states, weight, bias, residual):
-            return self.ops.linear(hidden_states, weight, bias, "none", residual)
-        if out_projection is not None:  # only given where fuses_residual held: no dropout to apply
-            return residual + torch.nn.functional.linear(hidden_states, weight, bias)
+        if self.fuses_residual(attn) and not needs_autograd(hidden_states, project.weight, project.bias, residual):
+            return self.ops.linear(hidden_states, project.weight, project.bias, "none", residual)
         return residual + attn.to_out[1](project(hidden_states))
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
-                 cross_kv=None, residual=None, out_projection=None):
+                 cross_kv=None, residual=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         batch_size, sequence_length, _ = (
@@ -144,12 +139,12 @@ class FusedLTXAttnProcessor:
         per_key_mask = attention_mask is None or attention_mask.size(2) == 1  # (B, heads, 1, L): one value per key
         if encoder_hidden_states is not None and per_key_mask and self._runs_own_cross_attention():
             hidden_states = self.ops.cross_attention(query, key, value, attention_mask)
-            return self._output(attn, hidden_states.flatten(2, 3), residual, out_projection)
+            return self._output(attn, hidden_states.flatten(2, 3), residual)
         hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
                                               is_causal=False, backend=self._attention_backend,
                                               parallel_config=self._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-        return self._output(attn, hidden_states, residual, out_projection)
+        return self._output(attn, hidden_states, residual)
 
 
 ATTN_FORWARD_RULE = "attn1/attn2: forward calls the processor without inspecting its signature"
@@ -162,10 +157,10 @@ def attention_forward(self, hidden_states, encoder_hidden_states=None, attention
     extra kwargs: host time that, with 56 attention calls per step, left the patched eager model host-bound on an
     H100 (results/h100/tuning/host-ltx-*). Extra kwargs still take the original path (its filter and warning).
     cross_kv comes only from our model forward, which passes it only while every attn2 runs our processor;
-    residual and out_projection only from our block code, after takes_residual."""
+    residual only from our block code, after takes_residual."""
     if cross_kv is not None:
         kwargs["cross_kv"] = cross_kv
-    if kwargs.keys() - {"cross_kv", "residual", "out_projection"}:
+    if kwargs.keys() - {"cross_kv", "residual"}:
         return original_class(self).forward(self, hidden_states, encoder_hidden_states, attention_mask,
                                             image_rotary_emb, **kwargs)
     return self.processor(self, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb, **kwargs)

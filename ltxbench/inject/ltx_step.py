@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import torch
 
-from ltxbench.inject.ltx_attention import attn2_mask, takes_residual
+from ltxbench.inject.ltx_attention import attn2_mask
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
 
 FORWARD_ARGS = ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "num_frames", "height",
@@ -33,7 +33,6 @@ class StepInputs(NamedTuple):
     final: torch.Tensor           # (B, 1|S, 2, D): norm_out's shift and scale
     prompt: torch.Tensor          # the caption-projected prompt
     block_kv: list                # per block: attn2's (key, value) from the cache, or None
-    gated_out: list | None = None  # per block: attn1's out-projection (weight, bias) times gate_msa, see gated_outputs
 
 
 def block_modulation(block, temb, batch_size):
@@ -53,30 +52,6 @@ def modulation_of(step: StepInputs, blocks, index: int):
     if step.adas is not None:
         return step.adas[index].unbind(2)
     return block_modulation(blocks[index], step.temb, step.hidden_states.size(0))
-
-
-def one_timestep(timestep) -> bool:
-    """Is `timestep` one value for the whole batch, known without reading it (no device sync)? A single value, or one
-    broadcast over the batch (stride 0): LTX pipelines pass `t.expand(batch)`, the same t for both halves of CFG."""
-    return timestep.numel() == 1 or all(stride == 0 for size, stride in zip(timestep.shape, timestep.stride(),
-                                                                             strict=True) if size > 1)
-
-
-def gated_outputs(blocks, adas) -> list | None:
-    """Per block, attn1's out-projection with gate_msa folded in: (weight * gate[:, None], bias * gate), so that
-    `h + gate * (a @ W.T + b)` is one GEMM adding h (beta = 1) instead of a GEMM and a gated-residual pass over
-    (B, S, D) — LTX-2B 161 frames: 28 passes of 198 MB per step for 28 products of 8 MB. Only with one gate for the
-    whole batch (`adas` computed from one timestep) and where every attn1 takes the residual into its GEMM; None
-    otherwise. The product is rounded to the weights' dtype once (one rounding of a value the unfolded path rounds
-    as the GEMM's output instead)."""
-    if adas is None or not all(takes_residual(block.attn1) for block in blocks):
-        return None
-    out = []
-    for block, ada in zip(blocks, adas, strict=True):
-        gate = ada[0, 0, 2]  # (D,): every sample's gate_msa
-        project = block.attn1.to_out[0]
-        out.append((project.weight * gate[:, None], None if project.bias is None else project.bias * gate))
-    return out
 
 
 def step_inputs(model, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
@@ -105,9 +80,8 @@ def step_inputs(model, hidden_states, encoder_hidden_states, timestep, encoder_a
         tables = torch.stack([block.scale_shift_table for block in blocks]).to(temb.device)  # (N, 6, D)
         adas = tables[:, None, None] + temb.reshape(1, batch_size, 1, tables.shape[1], -1)
     final = model.scale_shift_table[None, None] + embedded_timestep[:, :, None]
-    gated_out = gated_outputs(blocks, adas) if one_timestep(timestep) else None
     return StepInputs(hidden_states, rope, attn2_mask(blocks, encoder_attention_mask, prompt), adas, temb, final,
-                      prompt, block_kv, gated_out)
+                      prompt, block_kv)
 
 
 def step_call(self, *args, **kwargs):
