@@ -120,7 +120,7 @@ def test_gemm_settings_ops_without_a_gpu(built_ops):
         ops.gemm_tuning(previous)
     assert torch.ops.ltxbench.gemm_export(0) == []
     with pytest.raises(RuntimeError, match="gemm_import: device must be a CUDA device index, got 0"):
-        torch.ops.ltxbench.gemm_import(0, ["ltxgemm1 1"])  # no GPU here: no device 0
+        torch.ops.ltxbench.gemm_import(0, ["ltxgemm2 1"])  # no GPU here: no device 0
 
 
 def test_build_after_torch_compile_finds_the_toolkit(monkeypatch):
