@@ -206,7 +206,7 @@ def _search_gemms(pipe, args: dict, embeds, inject, log) -> float:
 
 
 def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: int, device, log,
-                compile_mode: str = "default", rounds: int = 1) -> dict:
+                compile_mode: str = "default", rounds: int = 1, monitor=None) -> dict:
     """Every configuration on the one model, each from a clean state: warmups, then timed repeats (peak memory
     reset between them); run(config) does one iteration. {config: summary} with peak_memory_bytes and the
     injection report.
@@ -214,40 +214,57 @@ def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: i
     rounds > 1 runs the whole set again in alternating order (A B, B A, A B, ...) and pools the timed samples, so
     that a drift of the host or the GPU during the run does not favour the configuration measured first (an
     H100 host ran compiled Llama decode 12% slower in a second A B pair than in the first:
-    results/h100/tuning/decode-probe-guards.log). Compile time and the injection report are the first round's."""
+    results/h100/tuning/decode-probe-guards.log). Compile time and the injection report are the first round's.
+    On CUDA the GPU's SM clock, power and temperature are sampled during the timed repeats (gpu_monitor; summary
+    key gpu_samples, absent where NVML cannot be read); monitor(device) makes the monitor (tests pass a fake)."""
     import torch
 
+    from ltxbench.bench import gpu_monitor
+
     cuda = device.type == "cuda"
+    monitor = monitor or gpu_monitor.open_monitor
     results: dict = {name: None for name in configs}
     for round_index in range(rounds):
         for name in configs if round_index % 2 == 0 else configs[::-1]:
-            with configuration(module, name, inject, compile_mode) as injection:
-                iterations = []
+            with configuration(module, name, inject, compile_mode) as injection, contextlib.ExitStack() as timed:
+                iterations, sampler = [], None
                 for i in range(warmup + repeats):
-                    if i == warmup and cuda:
-                        torch.cuda.synchronize(device)
-                        torch.cuda.reset_peak_memory_stats(device)
+                    if i == warmup:
+                        if cuda:
+                            torch.cuda.synchronize(device)
+                            torch.cuda.reset_peak_memory_stats(device)
+                        sampler = monitor(device)
+                        if sampler is not None:
+                            timed.enter_context(sampler)
                     log(_progress(name, i, warmup, repeats) + (f" (round {round_index + 1}/{rounds})"
                                                                if rounds > 1 else ""))
                     iterations.append(run(name))
+                timed.close()  # the sampling ends with the repeats
                 summary = summarize(name, iterations, warmup, name.endswith("compile"))
                 summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
                 summary["injection"] = injection
+                if sampler is not None:
+                    summary["gpu_samples"] = sampler.samples
             results[name] = summary if results[name] is None else pool_rounds(results[name], summary)
             # One line per finished configuration, so that a run cut short still shows what it measured.
             steps, compile_s = summary.get("step_ms"), summary.get("compile_s")
             log(f"{name}: done — " + (f"median step {statistics.median(steps):.2f} ms, " if steps else "")
                 + f"median total {statistics.median(summary['total_ms']):.1f} ms"
-                + (f", compile {compile_s:.1f} s" if compile_s is not None else ""))
+                + (f", compile {compile_s:.1f} s" if compile_s is not None else "")
+                + gpu_monitor.describe(gpu_monitor.summarize(summary.get("gpu_samples"))))
             if cuda:
                 torch.cuda.empty_cache()
     return results
 
 
 def pool_rounds(first: dict, later: dict) -> dict:
-    """One configuration's summaries of two rounds as one: the samples (lists) concatenated, the peak memory the
-    larger, everything else (compile time, first iteration, injection report) the first round's."""
+    """One configuration's summaries of two rounds as one: the samples (lists, and the GPU monitor's lists)
+    concatenated, the peak memory the larger, everything else (compile time, first iteration, injection report) the
+    first round's."""
     pooled = {key: first[key] + later[key] if isinstance(first[key], list) else first[key] for key in first}
+    if "gpu_samples" in first and "gpu_samples" in later:
+        pooled["gpu_samples"] = {name: first["gpu_samples"][name] + later["gpu_samples"][name]
+                                 for name in first["gpu_samples"]}
     if first.get("peak_memory_bytes") is not None:
         pooled["peak_memory_bytes"] = max(first["peak_memory_bytes"], later["peak_memory_bytes"])
     return pooled
@@ -264,12 +281,15 @@ def _speedups(results: dict, name: str, key: str) -> dict:
 
 
 def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
-    """text_encode / denoise_step / vae_decode / total (+ compile) records per configuration (provider = config)."""
+    """text_encode / denoise_step / vae_decode / total (+ compile) records per configuration (provider = config);
+    the timed phases carry the GPU clock, power and temperature of their repeats (gpu_* in derived) when sampled."""
+    from ltxbench.bench.gpu_monitor import summarize as gpu_summary
     from ltxbench.results.schema import make_record, stats_from_samples
 
     records = []
     for name, res in results.items():
-        common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"]}
+        common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
+                  **gpu_summary(res.get("gpu_samples"))}
         for record_name, key in (("text_encode", "text_encode_ms"), ("denoise_step", "step_ms"),
                                  ("vae_decode", "vae_decode_ms"), ("total", "total_ms")):
             if key not in res:

@@ -171,11 +171,13 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
     """prefill (one per prompt length), decode_step (tokens/s derived), generate, compile records per config.
     The decode records of the compile configs carry decode_compile_mode (how generate() compiled the step)."""
     from ltxbench.bench.e2e import _speedups
+    from ltxbench.bench.gpu_monitor import summarize as gpu_summary
     from ltxbench.results.schema import make_record, stats_from_samples
 
     records = []
     for name, res in results.items():
-        common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"]}
+        common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
+                  **gpu_summary(res.get("gpu_samples"))}
         for length in prompt_lengths:
             key = f"prefill_{length}_ms"
             records.append(make_record("prefill", name, dtype, {**params, "prompt_len": length}, "time", "ms",
