@@ -130,3 +130,17 @@ def test_run_configs_samples_the_timed_repeats_and_records_carry_the_summary():
     timed = [r for r in records if r["name"] in ("denoise_step", "total")]
     assert timed and all(r["derived"]["gpu_samples"] == 4 and r["derived"]["gpu_sm_mhz_min"] == 1860.0
                          for r in timed)
+
+
+@pytest.mark.gpu
+def test_the_real_gpu_is_sampled_with_plausible_readings():
+    monitor = gpu_monitor.open_monitor("cuda")
+    assert monitor is not None, "NVML (libnvidia-ml.so.1) or the device's PCI address not found"
+    x = torch.randn(4096, 4096, device="cuda")
+    with monitor:
+        for _ in range(20):
+            x = x @ x.T / 4096
+        torch.cuda.synchronize()
+    summary = gpu_monitor.summarize(monitor.samples)
+    assert 100 <= summary["gpu_sm_mhz_min"] <= summary["gpu_sm_mhz_median"] <= 5000
+    assert 10 <= summary["gpu_power_w_median"] <= 2000 and 0 < summary["gpu_temp_c_max"] < 120
