@@ -521,7 +521,8 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const std::optional<T
   if (K == 0 || N == 0) {  // no products to sum: the bias (or zeros), through the activation, plus the residual
     Tensor out = bias ? bias->expand({tokens, N}).contiguous() : at::zeros({tokens, N}, x_in.options());
     if (gelu) out = at::gelu(out, "tanh");
-    if (residual_in) out = (out.to(at::kFloat) + residual_in->reshape({tokens, N}).to(at::kFloat)).to(out.scalar_type());
+    if (residual_in)
+      out = (out.to(at::kFloat) + residual_in->reshape({tokens, N}).to(at::kFloat)).to(out.scalar_type());
     return out.view(out_sizes);
   }
   // cuBLASLt reads rows with unit stride along K at a uniform row pitch; anything else is copied here.

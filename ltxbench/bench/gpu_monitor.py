@@ -1,6 +1,7 @@
 """The GPU's SM clock, power draw and temperature, sampled while a benchmark's timed iterations run, so that a result
-says under which clocks it was measured. An H100 at its 700 W cap lowers its SM clock under GEMM- and attention-heavy
-LTX steps; two runs that differ by 1% may differ by clock, not by code (notes/kernel-tuning.md, twenty-first session).
+says under which clocks it was measured. A GPU at its power cap (700 W on the H100) lowers its SM clock, so two runs
+that differ by 1-2% may differ by clock rather than by code; whether that is what moves the H100's 161-frame LTX step
+between processes had not been measured when this was written (notes/kernel-tuning.md, twenty-first session).
 
 NVML is read through ctypes from the driver's own libnvidia-ml.so.1 (no Python package needed). Where it cannot be
 loaded, or the device is not found, `open_monitor` returns None and the benchmark runs unmonitored: the samples are
