@@ -67,14 +67,17 @@ def _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_state
     attn = block.attn1(hidden_states=norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
     hidden_states = ops.gated_residual(hidden_states, attn, gate_msa)
     kv = {} if cross_kv is None else {"cross_kv": cross_kv}
-    if takes_residual(block.attn2):  # h + attn2(h) from the out-projection's GEMM (beta = 1): no add pass
-        hidden_states = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
-                                    attention_mask=encoder_attention_mask, residual=hidden_states, **kv)
-        norm = ops.rms_norm_modulate(hidden_states, None, scale_mlp, shift_mlp, block.norm2.eps)
-        return hidden_states, block.ff(norm)
+    in_gemm = takes_residual(block.attn2)  # h + attn2(h) from the out-projection's GEMM (beta = 1): no add pass
+    if in_gemm:
+        kv["residual"] = hidden_states
     attn = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
                        attention_mask=encoder_attention_mask, **kv)
-    norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, attn, None, scale_mlp, shift_mlp, block.norm2.eps)
+    if in_gemm:
+        hidden_states = attn
+        norm = ops.rms_norm_modulate(hidden_states, None, scale_mlp, shift_mlp, block.norm2.eps)
+    else:
+        norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, attn, None, scale_mlp, shift_mlp,
+                                                        block.norm2.eps)
     return hidden_states, block.ff(norm)
 
 

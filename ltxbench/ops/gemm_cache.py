@@ -47,7 +47,7 @@ def record_key(record: str) -> str:
     return " ".join(record.split("\t", 1)[0].split()[:_KEY_FIELDS])
 
 
-def _version(record: str) -> tuple[str, ...]:
+def _format_and_version(record: str) -> tuple[str, ...]:
     """(record format tag, cuBLASLt version): the extension refuses records that differ from its own in either."""
     return tuple(record.split()[:2])
 
@@ -70,8 +70,8 @@ def read_records(path: Path) -> list[str]:
 def write_records(path: Path, device_name: str, records: list[str]) -> None:
     """Merge `records` into the file at `path`: a record replaces the stored one of the same problem, and stored
     records of another format or cuBLASLt version than the new ones are dropped (the extension would refuse them)."""
-    versions = {_version(r) for r in records}
-    merged = {record_key(r): r for r in read_records(path) if not versions or _version(r) in versions}
+    versions = {_format_and_version(r) for r in records}
+    merged = {record_key(r): r for r in read_records(path) if not versions or _format_and_version(r) in versions}
     merged.update({record_key(r): r for r in records})
     path.parent.mkdir(parents=True, exist_ok=True)
     doc = {"schema": SCHEMA, "version": VERSION, "device": device_name, "records": sorted(merged.values())}
