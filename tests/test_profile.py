@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from ltxbench.bench import profile
+from ltxbench.bench import gpu_monitor, profile
 from ltxbench.bench.profile_families import FAMILIES, RULES, classify
 from ltxbench.cli import app
 
@@ -201,3 +202,32 @@ def test_bad_arguments_exit_2(extra, needle, tmp_path):
     assert result.exit_code == 2, result.output
     assert needle in result.output
     assert not (tmp_path / "r.json").exists()
+
+
+def test_the_profiled_run_is_sampled_and_the_gpu_fields_reach_the_idle_record(tmp_path):
+    """profile_configs opens the monitor after the warmup, around the profiled run only; on a GPU run the summary
+    joins the timeline:idle record."""
+    runs, opened = [], []
+
+    def monitor(device):
+        assert len(runs) == 1, "opened before the warmup ended"
+        opened.append(device)
+        return gpu_monitor.GpuMonitor(lambda: (1635.0, 688.0, 62.0, 0x4), interval_s=10.0)
+
+    lines = []
+    results = profile.profile_configs(torch.nn.Linear(2, 2), ["baseline"], lambda: None, lambda: runs.append(1),
+                                      torch.device("cpu"), {"baseline": tmp_path / "trace.json"}, 5, lines.append,
+                                      monitor=monitor)
+    assert len(runs) == 2 and len(opened) == 1
+    gpu = results["baseline"]["gpu"]
+    assert gpu["gpu_sm_mhz_median"] == 1635.0 and gpu["gpu_power_capped_share"] == 1.0 and gpu["gpu_samples"] == 2
+    assert "SM 1635 MHz" in lines[-1]
+    fams = {f: {"ms": 0.0, "calls": 0, "share": 0.0} for f in FAMILIES}
+    res = {"c": {"families": fams, "total_ms": 1.0, "kernels": [], "gpu": gpu,
+                 "timeline": {"span_ms": 2.0, "busy_ms": 1.5, "idle_ms": 0.5}}}
+    idle = next(r for r in profile.build_records(res, {}, "bf16") if r["name"] == "timeline:idle")
+    assert idle["derived"]["gpu_sm_mhz_median"] == 1635.0 and idle["derived"]["busy_ms"] == 1.5
+    console = Console(record=True, width=200)
+    console.print(profile.render_families(res, "kernel time"))
+    row = console.export_text().strip().splitlines()[-2]
+    assert "SM clock MHz" in row and "1635" in row and "100" in row

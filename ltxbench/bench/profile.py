@@ -91,13 +91,20 @@ def summarize(table: dict, top: int) -> dict:
 
 
 def profile_configs(module, configs: list[str], inject, run, device, traces: dict, top: int, log,
-                    compile_mode: str = "default") -> dict:
-    """Every configuration on the one model: warmup, one profiled run, chrome trace, summary (+ injection)."""
+                    compile_mode: str = "default", monitor=None) -> dict:
+    """Every configuration on the one model: warmup, one profiled run, chrome trace, summary (+ injection).
+
+    On CUDA the GPU's SM clock and power are sampled during the profiled run (res["gpu"], gpu_monitor's fields, also
+    in the timeline:idle record; {} where NVML cannot be read; monitor(device) makes the monitor). The profiler's
+    own launch overhead leaves the GPU idle between kernels, so the kernel times it reads may come from higher
+    clocks than a timed run at the power cap gets."""
     import torch
 
+    from ltxbench.bench import gpu_monitor
     from ltxbench.bench.e2e import configuration
 
     cuda = device.type == "cuda"
+    monitor = monitor or gpu_monitor.open_monitor
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -109,7 +116,8 @@ def profile_configs(module, configs: list[str], inject, run, device, traces: dic
             if cuda:
                 torch.cuda.synchronize(device)
             log(f"{name}: profiling")
-            with torch.profiler.profile(activities=activities) as prof:
+            sampler = monitor(device)  # None off CUDA or without NVML
+            with torch.profiler.profile(activities=activities) as prof, (sampler or contextlib.nullcontext()):
                 run()
                 if cuda:
                     torch.cuda.synchronize(device)
@@ -118,9 +126,10 @@ def profile_configs(module, configs: list[str], inject, run, device, traces: dic
             events = prof.events()
             res = summarize(collect(events, cuda), top)
             res["timeline"] = device_timeline(events) if cuda else None
+            res["gpu"] = gpu_monitor.summarize(sampler.samples if sampler else None)
         res["injection"], res["trace"] = injection, str(traces[name])
         results[name] = res
-        log(f"{name}: {res['total_ms']:.2f} ms profiled, trace {traces[name]}")
+        log(f"{name}: {res['total_ms']:.2f} ms profiled{gpu_monitor.describe(res['gpu'])}, trace {traces[name]}")
     return results
 
 
@@ -189,7 +198,8 @@ def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
             tl = res["timeline"]
             records.append(make_record("timeline:idle", config, dtype, params, "time", "ms", "lower",
                                        _point(tl["idle_ms"]), derived={"span_ms": tl["span_ms"],
-                                                                      "busy_ms": tl["busy_ms"]}))
+                                                                      "busy_ms": tl["busy_ms"],
+                                                                      **res.get("gpu", {})}))
         for k in res["kernels"]:
             records.append(make_record(f"kernel:{k['name']}", config, dtype, params, "time", "ms", "lower",
                                        _point(k["ms"]), derived={"share": k["share"], "calls": k["calls"],
@@ -221,6 +231,13 @@ def render_families(results: dict, unit: str):
             tl = res.get("timeline") or {"idle_ms": 0.0, "span_ms": 0.0}
             cells += [f"{tl['idle_ms']:.3f}", f"{100 * tl['idle_ms'] / tl['span_ms']:.1f}" if tl["span_ms"] else "-"]
         table.add_row("idle between kernels (% of span)", *cells)
+    if any(res.get("gpu") for res in results.values()):  # the clock the kernel times were read at
+        cells = []
+        for res in results.values():
+            gpu = res.get("gpu") or {}
+            cells += [f"{gpu['gpu_sm_mhz_median']:.0f}", f"{100 * gpu['gpu_power_capped_share']:.0f}"] if gpu \
+                else ["-", "-"]
+        table.add_row("SM clock MHz (% of samples power-capped)", *cells)
     return table
 
 
