@@ -5,8 +5,6 @@
 // flash-attention style: blocks of 8 warps per (batch, head) hold up to 128 keys and the mask in shared memory,
 // each warp takes 16-query tiles in turn; scores in steps of 64 keys with a running max and sum per query row
 // (exp2 of log2-scaled scores); P rounded to the input dtype for the P.V product, as cuDNN and flash-attention do.
-// An optional per-query factor of the scores (q_scale) lets a caller apply q's RMSNorm here instead of in a pass of
-// its own: with norm_q's weight folded into the keys, 1/rms(q) per query row is all that is left of it.
 // Everything else (fp32, other head dims, pre-Ampere) runs the scalar kernel: one warp per query row, fp32 math.
 #include "common/dtype.cuh"
 #include "common/params.h"
@@ -95,15 +93,6 @@ template <int N> __device__ __forceinline__ void cp_async_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   asm volatile("cp.async.wait_group %0;" ::"n"(N));
 #endif
-}
-
-// Eight elements at a 16-byte aligned address times f, rounded back to T.
-template <typename T> __device__ __forceinline__ void scale8(T* at, float f) {
-  int4 chunk = *reinterpret_cast<const int4*>(at);
-  T* e = reinterpret_cast<T*>(&chunk);
-#pragma unroll
-  for (int j = 0; j < 8; ++j) e[j] = from_float<T>(to_float<T>(e[j]) * f);
-  *reinterpret_cast<int4*>(at) = chunk;
 }
 
 // Shared-memory rows padded by 8 elements (16 bytes): rows 4 banks apart, so 8 rows of one ldmatrix phase (or of
@@ -213,17 +202,6 @@ __global__ void __launch_bounds__(kWarps * 32, HD == 64 ? 2 : 1) xattn_mma_kerne
 #pragma unroll
       for (int i = 0; i < HD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
       float m_a = -INFINITY, m_b = -INFINITY, l_a = 0.f, l_b = 0.f;  // l: this thread's share of the row sum
-      if (p.q_scale != nullptr) {
-        // Each Q row times its factor, in shared memory, rounded to T as a norm of q before the attention would
-        // be. Not in the scores: two more live registers there spill 48 bytes at head dim 64.
-        const float* qs = p.q_scale + b * p.q_scale_sb;
-#pragma unroll
-        for (int i = lane; i < 16 * (HD / 8); i += 32) {
-          const int r = i / (HD / 8), col = (i % (HD / 8)) * 8;
-          if (row0 + r < p.S) scale8(&qbuf[buf][r][col], qs[(row0 + r) * p.q_scale_ss]);
-        }
-        __syncwarp();
-      }
 
       for (int64_t key0 = 0; key0 < p.L; key0 += kResident) {
         if (!resident) {
@@ -349,7 +327,6 @@ __global__ void __launch_bounds__(kScalarWarps * 32) xattn_scalar_kernel(XAttnPa
       qv[i] = d < p.hd ? to_float<T>(q[d]) : 0.f;
       acc[i] = 0.f;
     }
-    const float scale = p.q_scale ? p.scale * p.q_scale[b * p.q_scale_sb + s * p.q_scale_ss] : p.scale;
     float m = -INFINITY, l = 0.f;
     for (int64_t j = 0; j < p.L; ++j) {
       float dot = 0.f;
@@ -360,7 +337,7 @@ __global__ void __launch_bounds__(kScalarWarps * 32) xattn_scalar_kernel(XAttnPa
       }
 #pragma unroll
       for (int off = 16; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
-      const float score = dot * scale + (p.mask ? mask_value<T>(p.mask, b * p.mask_sb + h * p.mask_sh + j, p.mask_f32) : 0.f);
+      const float score = dot * p.scale + (p.mask ? mask_value<T>(p.mask, b * p.mask_sb + h * p.mask_sh + j, p.mask_f32) : 0.f);
       const float m_new = fmaxf(m, score);
       const float base = m_new == -INFINITY ? 0.f : m_new;
       const float corr = expf(m - base), pj = expf(score - base);

@@ -432,7 +432,7 @@ bool aligned_for(const Tensor& t, int64_t elems) {
 }
 
 Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const std::optional<Tensor>& mask,
-                       std::optional<double> scale, const std::optional<Tensor>& q_scale) {
+                       std::optional<double> scale) {
   const char* op = "cross_attention";
   const DType dt = check_primary(q_in, op, "q");
   check_same(k_in, q_in, op, "k");
@@ -463,15 +463,6 @@ Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
                 num(H), "|1, 1, ", num(L), "), got ", shape(mask->sizes()));
     m = unit_last_stride(*mask);
   }
-  if (q_scale) {
-    TORCH_CHECK(q_scale->device() == q_in.device(), "ltxbench.", op, ": q_scale is on ", dev(*q_scale),
-                " but q is on ", dev(q_in));
-    TORCH_CHECK(q_scale->scalar_type() == at::kFloat, "ltxbench.", op, ": q_scale must be float32, got ",
-                dtype_name(*q_scale));
-    TORCH_CHECK(q_scale->dim() == 2 && q_scale->size(0) == B && q_scale->size(1) == S, "ltxbench.", op,
-                ": q_scale must be one factor per query, shape (B, S) = (", num(B), ", ", num(S), "), got ",
-                shape(q_scale->sizes()));
-  }
   const int major = compute_capability_major(q_in.get_device());
   const bool mma = xattn_uses_tensor_cores(hd, dt, major);
   auto prepared = [&](const Tensor& t, int64_t elems) {
@@ -489,10 +480,6 @@ Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
     p.mask_sb = row_stride(m, 0), p.mask_sh = row_stride(m, 1);
   }
   p.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(hd)));
-  if (q_scale) {
-    p.q_scale = q_scale->data_ptr<float>();
-    p.q_scale_sb = row_stride(*q_scale, 0), p.q_scale_ss = row_stride(*q_scale, 1);
-  }
   p.out = out.data_ptr();
   const c10::cuda::CUDAGuard guard(q.device());
   const cudaError_t err =
@@ -607,9 +594,7 @@ TORCH_LIBRARY(ltxbench, m) {
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("geglu(Tensor x, int gate_half=1, bool approximate=False) -> Tensor");
   m.def("swiglu(Tensor x, int gate_half=0) -> Tensor");
-  m.def(
-      "cross_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, float? scale=None, Tensor? q_scale=None)"
-      " -> Tensor");
+  m.def("cross_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, float? scale=None) -> Tensor");
   m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, str activation='none', Tensor? residual=None) -> Tensor");
   // Process-wide settings of linear's algorithm choice: no tensors, so one kernel for every dispatch key.
   m.def("gemm_tuning(bool enabled) -> bool", &ltxbench::gemm_tuning);

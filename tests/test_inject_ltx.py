@@ -117,40 +117,6 @@ def test_cross_attention_kernel_only_where_diffusers_runs_its_default_backend(mo
     assert not processor._runs_own_cross_attention()
 
 
-def test_attn2_norm_q_is_folded_into_our_cross_attention(monkeypatch):
-    """With our cross-attention kernel, attn2's q is never normalized on its own: norm_q's weight goes into the keys
-    and 1/rms(q) per query is the kernel's q_scale. A norm_q that is not a plain nn.RMSNorm is applied as it is."""
-    from ltxbench.ops import reference
-
-    model = _transformer()
-    inputs = _inputs(model)
-    for block in model.transformer_blocks:  # a weight that is not all ones, so that a lost fold shows
-        block.attn2.norm_q.weight.data.uniform_(0.5, 1.5)
-    scales, normed, xattn, rms_norm = [], [], reference.cross_attention, reference.rms_norm
-    monkeypatch.setattr(reference, "cross_attention", lambda *a: scales.append(a[5]) or xattn(*a))
-    monkeypatch.setattr(reference, "rms_norm", lambda x, *a: normed.append(x.shape) or rms_norm(x, *a))
-    with torch.no_grad():
-        expected = model(**inputs)[0]
-        with apply_kernels(model, "reference", cross_attention=True):
-            got = model(**inputs)[0]
-    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
-    tokens = inputs["hidden_states"].shape[1]
-    assert len(scales) == 2 and all(q is not None and q.shape == (2, tokens) for q in scales)
-    assert not [shape for shape in normed if shape[1] == tokens and shape[-1] == model.inner_dim]  # no q norm pass
-
-    class Norm(torch.nn.RMSNorm):  # a subclass: its forward may differ, so no fold
-        pass
-
-    for block in model.transformer_blocks:
-        old = block.attn2.norm_q
-        block.attn2.norm_q = Norm(old.normalized_shape, old.eps).requires_grad_(False)
-        block.attn2.norm_q.weight.copy_(old.weight)
-    scales.clear()
-    with torch.no_grad(), apply_kernels(model, "reference", cross_attention=True):
-        torch.testing.assert_close(model(**inputs)[0], expected, atol=2e-5, rtol=1e-5)
-    assert len(scales) == 2 and all(q is None for q in scales)
-
-
 def test_cross_attention_by_default_only_at_the_head_dims_where_it_won():
     two_b, thirteen_b = _transformer("ltx-2b", device="meta"), _transformer("ltx-13b", device="meta")
     assert apply_kernels(two_b, "reference").rules[ATTN2_RULES[True]] == 28  # head dim 64

@@ -117,8 +117,6 @@ struct XAttnParams {
   bool mask_f32 = false;
   int64_t mask_sb = 0, mask_sh = 0;
   float scale = 1.f;
-  const float* q_scale = nullptr;  // optional (B, S) per-query factor of the scores, e.g. q's RMSNorm 1/rms
-  int64_t q_scale_sb = 0, q_scale_ss = 0;
   void* out = nullptr;
 };
 

@@ -72,15 +72,6 @@ def cross_key_value(ops, attn, encoder_hidden_states):
     return ops.rms_norm(key, attn.norm_k.weight, eps_of(attn.norm_k)), value
 
 
-def _norm_q_folded(norm_q, query, key):
-    """attn2's norm_q without its own pass over q: (query, key * norm_q.weight, 1/rms(query) per row). Per head,
-    q_n · k = (q · (w ⊙ k)) / rms(q), so cross_attention takes the weight in the keys (L = 128 rows, not thousands)
-    and 1 / rms(q) as its per-query factor of the scores; the (B, S, D) normalized q is never written."""
-    rms = torch.linalg.vector_norm(query, dim=-1, dtype=torch.float32)  # fp32 sum of squares, q read once
-    q_scale = torch.rsqrt(rms.square_().mul_(1.0 / query.shape[-1]).add_(eps_of(norm_q)))
-    return query, key if norm_q.weight is None else key * norm_q.weight, q_scale
-
-
 class FusedLTXAttnProcessor:
     """LTXVideoAttnProcessor with fused projections (one GEMM) and the q/k RMSNorm (+ RoPE) as one kernel.
     Self-attention: left to diffusers/torch (torch's default order picks cuDNN, the fastest measured; forcing it
@@ -133,16 +124,9 @@ class FusedLTXAttnProcessor:
         if attention_mask is not None and attention_mask.ndim != 4:  # 4-D: prepared once per forward (attn2_mask)
             attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
             attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
-        per_key_mask = attention_mask is None or attention_mask.size(2) == 1  # (B, heads, 1, L): one value per key
-        own_cross = encoder_hidden_states is not None and per_key_mask and self._runs_own_cross_attention()
-        q_scale = None
         if encoder_hidden_states is not None and image_rotary_emb is None:  # cross-attention
-            query = attn.to_q(hidden_states)
+            query = self.ops.rms_norm(attn.to_q(hidden_states), attn.norm_q.weight, eps_of(attn.norm_q))
             key, value = cross_kv if cross_kv is not None else cross_key_value(self.ops, attn, encoder_hidden_states)
-            if own_cross and original_class(attn.norm_q) is torch.nn.RMSNorm:
-                query, key, q_scale = _norm_q_folded(attn.norm_q, query, key)
-            else:
-                query = self.ops.rms_norm(query, attn.norm_q.weight, eps_of(attn.norm_q))
         else:
             query, key, value = _projections(attn, hidden_states, encoder_hidden_states, self.linear)
             if image_rotary_emb is not None:  # self-attention: q and k have the same shape
@@ -152,8 +136,9 @@ class FusedLTXAttnProcessor:
                 query = self.ops.rms_norm(query, attn.norm_q.weight, eps_of(attn.norm_q))
                 key = self.ops.rms_norm(key, attn.norm_k.weight, eps_of(attn.norm_k))
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-        if own_cross:
-            hidden_states = self.ops.cross_attention(query, key, value, attention_mask, None, q_scale)
+        per_key_mask = attention_mask is None or attention_mask.size(2) == 1  # (B, heads, 1, L): one value per key
+        if encoder_hidden_states is not None and per_key_mask and self._runs_own_cross_attention():
+            hidden_states = self.ops.cross_attention(query, key, value, attention_mask)
             return self._output(attn, hidden_states.flatten(2, 3), residual)
         hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
                                               is_causal=False, backend=self._attention_backend,

@@ -108,17 +108,14 @@ def swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
     return _lib().swiglu(x, gate_half)
 
 
-def cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None,
-                    q_scale: Tensor | None = None) -> Tensor:
-    """`softmax(q kᵀ · scale · q_scale + mask) v` per (batch, head) for q (B, S, H, hd) over k, v (B, L, H, hd) — the
+def cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """`softmax(q kᵀ · scale + mask) v` per (batch, head) for q (B, S, H, hd) over k, v (B, L, H, hd) — the
     projections' own (B, tokens, heads, head_dim) layout, any strides — with an additive per-key mask
     broadcast over the queries, (B|1, H|1, 1, L), fp32 or q's dtype; scale defaults to hd^-½. Returns a dense
     (B, S, H, hd) tensor. Built for LTX-Video's cross-attention (thousands of video tokens over ≤ 128 text
     tokens): 16-bit inputs with hd 64 or 128 run on the tensor cores (P rounded to q's dtype for the P·V
-    product, as flash-attention and cuDNN do); fp32 and other head dims run a scalar fp32 kernel.
-    q_scale: an optional float32 (B, S) factor per query row of the scores; with an RMSNorm's weight folded into
-    k, q_scale = 1/rms(q) applies that norm to q here rather than in a pass over q of its own."""
-    return _lib().cross_attention(q, k, v, mask, scale, q_scale)
+    product, as flash-attention and cuDNN do); fp32 and other head dims run a scalar fp32 kernel."""
+    return _lib().cross_attention(q, k, v, mask, scale)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none",

@@ -146,12 +146,9 @@ def llama_swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
 
 
 def sdpa_cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
-                         scale: float | None = None, q_scale: Tensor | None = None) -> Tensor:
+                         scale: float | None = None) -> Tensor:
     """diffusers' native attention backend (what LTXVideoAttnProcessor's attn2 runs): SDPA on (B, H, S, hd)
-    views with the additive mask, torch's own backend choice (cuDNN on Hopper for 16-bit inputs). q_scale: q's
-    rows scaled first, in fp32 and rounded to q's dtype, as a norm of q before the attention would."""
-    if q_scale is not None:
-        q = (q.float() * q_scale[:, :, None, None]).to(q.dtype)
+    views with the additive mask, torch's own backend choice (cuDNN on Hopper for 16-bit inputs)."""
     if mask is not None:
         mask = mask.to(q.dtype)  # SDPA takes a float mask in the query's dtype only
     # SDPA's memory-efficient kernel faulted (misaligned address) on fp32 views 8 bytes past a 16-byte boundary

@@ -95,11 +95,9 @@ def _swiglu(x, gate_half=0):
 
 
 @register_fake("ltxbench::cross_attention")
-def _cross_attention(q, k, v, mask=None, scale=None, q_scale=None):
+def _cross_attention(q, k, v, mask=None, scale=None):
     torch._check(q.dim() == 4 and k.dim() == 4 and v.shape == k.shape,
                  lambda: "cross_attention: q (B, S, H, hd), k and v (B, L, H, hd)")
-    torch._check(q_scale is None or q_scale.shape == q.shape[:2],
-                 lambda: "cross_attention: q_scale must be (B, S), one factor per query")
     return _like(q)
 
 

@@ -190,15 +190,11 @@ def swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
     return (value * F.silu(gate)).to(x.dtype)
 
 
-def cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None,
-                    q_scale: Tensor | None = None) -> Tensor:
-    """softmax(q kᵀ · scale · q_scale + mask) v in fp32 (float64 for float64 inputs); q (B, S, H, hd), k/v
-    (B, L, H, hd), q_scale (B, S) or None."""
+def cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None, scale: float | None = None) -> Tensor:
+    """softmax(q kᵀ · scale + mask) v in fp32 (float64 for float64 inputs); q (B, S, H, hd), k/v (B, L, H, hd)."""
     acc = _acc(q)
     qh, kh, vh = (t.to(acc).transpose(1, 2) for t in (q, k, v))
     scores = qh @ kh.transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
-    if q_scale is not None:
-        scores = scores * q_scale.to(acc)[:, None, :, None]
     if mask is not None:
         scores = scores + mask.to(acc)
     return (scores.softmax(-1) @ vh).transpose(1, 2).to(q.dtype).clone(memory_format=torch.contiguous_format)

@@ -180,9 +180,7 @@ def inputs_swiglu(shape, dtype, device, gen, variant):
 # (head_dim, keys, mask) per variant; "ltx" is LTX-2B's attn2: 128 text tokens, 0 / -10000 per key as the pipeline
 # builds it from the text mask, repeated over the heads (B, H, 1, L) as diffusers prepares it.
 XATTN_VARIANTS = {"ltx": (64, 128, "text"), "no-mask": (64, 77, None), "hd128": (128, 83, "text-f32-shared"),
-                  "odd-head-dim": (40, 19, "bias"), "q-rstd": (64, 128, "text")}
-# Variants with a per-query factor of the scores (q_scale): how the LTX injection applies attn2's norm_q.
-XATTN_Q_SCALED = ("q-rstd",)
+                  "odd-head-dim": (40, 19, "bias")}
 XATTN_TEST_SHAPES = ((1, 1, 64), (2, 7, 64), (1, 83, 128), (2, 130, 256), (1, 769, 64), (3, 5, 192), (2, 300, 2048))
 
 
@@ -200,10 +198,7 @@ def inputs_cross_attention(shape, dtype, device, gen, variant):
         mask = mask.to(device)
     elif kind == "bias":  # any additive bias, one per (head, key), shared by the batch
         mask = _randn((1, h, 1, length), dtype, device, gen)
-    q_scale = None
-    if variant in XATTN_Q_SCALED:  # 1/rms-like factors, 0.5-2
-        q_scale = torch.exp2(torch.rand((b, s), generator=gen) * 2 - 1).to(device)
-    return {"q": q, "k": k, "v": v, "mask": mask, "scale": None, "q_scale": q_scale}
+    return {"q": q, "k": k, "v": v, "mask": mask, "scale": None}
 
 
 # linear: (B, S, K) tokens of width K, or (B, S, K, N); without N, an odd-ish out width per variant.
