@@ -229,7 +229,8 @@ std::string describe(const cublasLtMatmulAlgo_t& algo) {
 
 // Stage 1 over every candidate, stage 2 over the finalists and the heuristic's first choice (index 0).
 int search(cublasLtHandle_t h, const Descs& d, const GemmParams& p, DType dt, cudaStream_t stream,
-           const std::vector<cublasLtMatmulHeuristicResult_t>& heuristic, Entry& entry, std::string& summary) {
+           const std::vector<cublasLtMatmulHeuristicResult_t>& heuristic, Entry& entry) {
+  std::string& summary = entry.summary;
   const auto start = std::chrono::steady_clock::now();
   if (cudaPeekAtLastError() != cudaSuccess) {  // someone else's error: leave it for them, search at a later call
     summary = "heuristic's choice (a CUDA error was pending: not searched)";
@@ -360,7 +361,7 @@ int launch_gemm(const GemmParams& p, DType dt, int device, cudaStream_t stream) 
       entry.summary = capture != cudaStreamCaptureStatusNone ? "heuristic's choice (captured before tuning)"
                                                              : "heuristic's choice (tuning off)";
       if (can_search)
-        if (const int err = search(h, d, p, dt, stream, heuristic, entry, entry.summary)) return err;
+        if (const int err = search(h, d, p, dt, stream, heuristic, entry)) return err;
       found = g_table.insert_or_assign(key, entry).first;
     }
     algo = found->second.algo;

@@ -38,10 +38,6 @@ struct RowOpParams {
 
 cudaError_t launch_row_op(const RowOpParams& p, DType dtype, cudaStream_t stream);
 
-}  // namespace ltxbench
-
-namespace ltxbench {
-
 // LTX-Video's 3-D RoPE over the whole inner dim D (interleaved pairs 2i, 2i+1), for q and k together.
 // The angles come either from precomputed fp32 cos/sin (B|1, S, D) or, computed in-kernel, from the
 // fractional grid (B|1, S, 3) and the base frequencies freqs[D / 6]: channel c >= pad = D % 6 has
@@ -123,10 +119,6 @@ struct XAttnParams {
 bool xattn_uses_tensor_cores(int64_t hd, DType dtype, int compute_capability_major);
 cudaError_t launch_cross_attention(const XAttnParams& p, DType dtype, int compute_capability_major,
                                    cudaStream_t stream);
-
-}  // namespace ltxbench
-
-namespace ltxbench {
 
 // out (tokens, n) = act(x (tokens, k) @ w (n, k)^T + bias (n)) + residual (tokens, n) on cuBLASLt, row-major with
 // leading dims ldx, ldw, ldout (elements; the residual's rows at ldout too), fp32 accumulation; bias and residual
