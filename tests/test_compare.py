@@ -291,3 +291,27 @@ def test_help_has_examples():
     assert result.exit_code == 0
     assert "--threshold" in result.output and "--allow-env-mismatch" in result.output
     assert "Examples" in result.output
+
+
+def test_a_change_at_another_sm_clock_is_flagged_not_excused(base):
+    """bench e2e records carry the SM clock of their timed repeats: a regression measured at a clearly lower clock
+    still fails (exit 1), with a warning naming both clocks; within 2% or without clocks, no warning."""
+    def with_clock(doc, mhz):
+        doc = copy.deepcopy(doc)
+        for rec in doc["records"]:
+            rec.setdefault("derived", {})["gpu_sm_mhz_median"] = mhz
+        return doc
+
+    slower = with_clock(base, 1650.0)
+    _scale(_find(slower, "eager"), 1.2)
+    report = compare(with_clock(base, 1980.0), slower, 0.05)
+    assert report.exit_code == 1 and [r.provider for r in report.regressions] == ["eager"]
+    clock = [w for w in report.warnings if "SM clock" in w]
+    assert len(clock) == 1 and "rms_norm/eager" in clock[0] and "1980 MHz" in clock[0] and "1650 MHz" in clock[0]
+    assert report.regressions[0].to_dict()["new_sm_mhz"] == 1650.0
+    near = with_clock(base, 1960.0)
+    _scale(_find(near, "eager"), 1.2)
+    assert not [w for w in compare(with_clock(base, 1980.0), near, 0.05).warnings if "SM clock" in w]
+    unclocked = copy.deepcopy(base)
+    _scale(_find(unclocked, "eager"), 1.2)
+    assert not [w for w in compare(base, unclocked, 0.05).warnings if "SM clock" in w]

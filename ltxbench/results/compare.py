@@ -14,6 +14,9 @@ from ltxbench.errors import IncomparableResults, UsageError
 from ltxbench.results.schema import record_key
 
 DEFAULT_THRESHOLD = "5%"
+# A changed record whose runs' median SM clocks (derived.gpu_sm_mhz_median, bench e2e's GPU monitor) differ by more
+# than this gets a warning: a GPU at its power cap runs a denser step at a lower clock, and machines differ.
+CLOCK_WARNING = 0.02
 
 
 def parse_threshold(text: str) -> float:
@@ -61,6 +64,8 @@ class Row:
     base_p80: float | None
     change: float | None  # (new - base) / |base|; None when base is 0
     verdict: str  # "regression" | "improvement" | "noise" (beyond threshold, inside the base spread) | "unchanged"
+    base_sm_mhz: float | None = None  # median SM clock of each run, where it was sampled
+    new_sm_mhz: float | None = None
 
     def to_dict(self) -> dict:
         return {
@@ -68,6 +73,7 @@ class Row:
             "metric": self.metric, "unit": self.unit, "better": self.better, "base_median": self.base,
             "new_median": self.new, "base_p20": self.base_p20, "base_p80": self.base_p80,
             "change_pct": None if self.change is None else self.change * 100, "verdict": self.verdict,
+            "base_sm_mhz": self.base_sm_mhz, "new_sm_mhz": self.new_sm_mhz,
         }
 
 
@@ -164,6 +170,22 @@ def _check_env(base_doc: dict, new_doc: dict, allow_env_mismatch: bool, report: 
         report.warnings.append(f"torch versions differ: base {base_torch}, new {new_torch}")
 
 
+def _clock(rec: dict) -> float | None:
+    derived = rec.get("derived") if isinstance(rec.get("derived"), dict) else {}
+    return _num(derived.get("gpu_sm_mhz_median"))
+
+
+def _warn_of_clock(row: Row, report: ComparisonReport) -> None:
+    """A regression or improvement measured at clearly different SM clocks says so (the verdict stands)."""
+    base, new = row.base_sm_mhz, row.new_sm_mhz
+    if row.verdict not in ("regression", "improvement") or not base or new is None:
+        return
+    if abs(new - base) / base > CLOCK_WARNING:
+        report.warnings.append(
+            f"{row.name}/{row.provider}: the GPU's SM clock was {base:.0f} MHz in base and {new:.0f} MHz in new "
+            f"({100 * (new - base) / base:+.1f}%): part of this {row.verdict} may be the clock, not the code")
+
+
 def compare(base_doc: dict, new_doc: dict, threshold: float, allow_env_mismatch: bool = False) -> ComparisonReport:
     """Match records by record_key and classify each; raises IncomparableResults on kind/GPU mismatch."""
     report = ComparisonReport(
@@ -187,7 +209,9 @@ def compare(base_doc: dict, new_doc: dict, threshold: float, allow_env_mismatch:
         p20, p80 = _num(b["stats"].get("p20")), _num(b["stats"].get("p80"))
         row = Row(b["name"], b["provider"], b["dtype"], b["params"], b["metric"], b.get("unit") or "", b["better"],
                   bm, nm, p20, p80, (nm - bm) / abs(bm) if bm else None, _verdict(b["better"], bm, nm, p20, p80,
-                                                                                   threshold))
+                                                                                   threshold),
+                  _clock(b), _clock(n))
+        _warn_of_clock(row, report)
         {"regression": report.regressions, "improvement": report.improvements, "noise": report.noise,
          "unchanged": report.unchanged}[row.verdict].append(row)
     if report.skipped:
