@@ -8,9 +8,11 @@ import time
 
 import pytest
 import torch
+from rich.console import Console
 
 from ltxbench.bench import gpu_monitor
 from ltxbench.bench.e2e import build_records, run_configs
+from ltxbench.bench.e2e_report import render_table
 
 
 def test_the_monitor_samples_on_a_thread_until_it_exits():
@@ -130,6 +132,12 @@ def test_run_configs_samples_the_timed_repeats_and_records_carry_the_summary():
     timed = [r for r in records if r["name"] in ("denoise_step", "total")]
     assert timed and all(r["derived"]["gpu_samples"] == 4 and r["derived"]["gpu_sm_mhz_min"] == 1860.0
                          for r in timed)
+    console = Console(record=True, width=250)
+    console.print(render_table(records))
+    text = console.export_text()
+    assert "SM MHz (capped)" in text and "1875 (100%)" in text  # median of 1890, 1880, 1870, 1860
+    console.print(render_table([{**r, "derived": {}} for r in records]))
+    assert console.export_text().count("SM MHz") == 0  # unsampled runs: no column
 
 
 @pytest.mark.gpu

@@ -29,6 +29,10 @@ def render_table(records, title: str = "ltxbench bench e2e"):
     for col in ("it/s" if "denoise_step" in phases else "tok/s", "vs baseline", "vs compile", "compile s",
                 "peak GiB"):
         table.add_column(col, justify="right")
+    # The GPU's clock during the timed repeats, where it was sampled: at the power cap, a denser step runs slower.
+    clocked = any("gpu_sm_mhz_median" in rec.get("derived", {}) for row in rows.values() for rec in row.values())
+    if clocked:
+        table.add_column("SM MHz (capped)", justify="right")
     for config, row in rows.items():
         main = row.get("total") or row.get("generate")
         derived = (main or {}).get("derived", {})
@@ -37,9 +41,14 @@ def render_table(records, title: str = "ltxbench bench e2e"):
             "tokens_per_s"))
         peak = derived.get("peak_memory_bytes")
         cells = [_fmt(row[p]["stats"]["median"]) if p in row else "-" for p in phases]
+        clock = []
+        if clocked:
+            gpu = (step or main or {}).get("derived", {})
+            clock = [f"{gpu['gpu_sm_mhz_median']:.0f} ({100 * gpu['gpu_power_capped_share']:.0f}%)"
+                     if "gpu_sm_mhz_median" in gpu else "-"]
         table.add_row(config, *cells, _fmt(rate, ".2f"), _fmt(derived.get("speedup_vs_baseline"), ".2f", "x"),
                       _fmt(derived.get("speedup_vs_compile"), ".2f", "x"), _fmt(derived.get("compile_s"), ".1f"),
-                      _fmt(peak / 2**30 if peak is not None else None, ".2f"))
+                      _fmt(peak / 2**30 if peak is not None else None, ".2f"), *clock)
     return table
 
 
