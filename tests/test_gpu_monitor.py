@@ -4,6 +4,7 @@ library (units, the clock-reason bits), the summary and log line, and run_config
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 
 import pytest
@@ -26,7 +27,33 @@ def test_the_monitor_samples_on_a_thread_until_it_exits():
     samples = monitor.samples
     assert samples["sm_mhz"][:3] == [1980.0, 1755.0, 1605.0] and len(samples["sm_mhz"]) >= 6  # + one at exit
     assert samples["power_capped"][:4] == [0, 1, 1, 1] and samples["thermal_capped"][:4] == [0, 0, 1, 0]
-    assert {len(v) for v in samples.values()} == {len(samples["sm_mhz"])}
+    assert {len(samples[name]) for name in gpu_monitor.FIELDS} == {len(samples["sm_mhz"])}
+    assert samples["window_energy_j"] == samples["window_s"] == []  # no energy counter given
+
+
+def test_the_energy_counter_is_read_at_both_ends_of_each_window():
+    counter = iter([1000.0, 1012.5, 2000.0, 2030.0])
+    monitor = gpu_monitor.GpuMonitor(lambda: (1755.0, 650.0, 60.0, 0x4), interval_s=10.0,
+                                     energy=lambda: next(counter))
+    for _ in range(2):
+        with monitor:
+            time.sleep(0.02)
+    assert monitor.samples["window_energy_j"] == [12.5, 30.0]
+    assert len(monitor.samples["window_s"]) == 2 and all(0.015 < s < 5 for s in monitor.samples["window_s"])
+
+
+def test_an_energy_counter_that_fails_leaves_the_window_out():
+    def unsupported():
+        raise OSError("energy (nvmlReturn_t 3)")
+
+    with gpu_monitor.GpuMonitor(lambda: (1755.0, 650.0, 60.0, 0x4), interval_s=10.0, energy=unsupported) as monitor:
+        pass
+    assert len(monitor.samples["sm_mhz"]) == 2 and math.isnan(monitor.samples["window_energy_j"][0])
+    assert "gpu_energy_j" not in gpu_monitor.summarize(monitor.samples, iterations=3)
+    # pooled with a round whose counter worked, the run still reports no energy rather than half of it
+    pooled = {name: values + values for name, values in monitor.samples.items()}
+    pooled["window_energy_j"][1], pooled["window_s"][1] = 10.0, 1.0
+    assert "gpu_energy_j" not in gpu_monitor.summarize(pooled, iterations=6)
 
 
 def test_a_failing_source_stops_the_sampling_quietly():
@@ -67,12 +94,16 @@ class FakeNvmlLibrary:
     def nvmlDeviceGetTemperature(self, device, sensor, out):
         return self._put(out, 63)
 
+    def nvmlDeviceGetTotalEnergyConsumption(self, device, out):
+        return self._put(out, 123_456_789)  # millijoules
+
 
 @pytest.mark.parametrize("reasons_name", ["nvmlDeviceGetCurrentClocksEventReasons",
                                           "nvmlDeviceGetCurrentClocksThrottleReasons"])
 def test_nvml_readings_in_their_units(monkeypatch, reasons_name):
     monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeNvmlLibrary(reasons_name))
-    assert gpu_monitor.Nvml("00000000:65:00.0").sample() == (1755.0, 699.5, 63.0, 0x4)
+    nvml = gpu_monitor.Nvml("00000000:65:00.0")
+    assert nvml.sample() == (1755.0, 699.5, 63.0, 0x4) and nvml.energy_j() == 123_456.789
 
 
 def test_no_nvml_or_no_such_device_means_no_monitor(monkeypatch):
@@ -101,6 +132,11 @@ def test_summary_and_log_line():
                        "gpu_thermal_capped_share": 1 / 3, "gpu_samples": 3}
     assert gpu_monitor.describe(summary) == ", SM 1755 MHz (min 1605), 699 W, 66 C, power-capped 67%"
     assert gpu_monitor.summarize(None) == {} and gpu_monitor.describe({}) == ""
+    # two windows of 2 s and 1 s holding 6 iterations: 1950 J over 3 s
+    metered = gpu_monitor.summarize({**samples, "window_energy_j": [1300.0, 650.0], "window_s": [2.0, 1.0]}, 6)
+    assert metered == {**summary, "gpu_energy_j": 1950.0, "gpu_power_w_mean": 650.0,
+                       "gpu_energy_j_per_iteration": 325.0}
+    assert gpu_monitor.describe(metered).endswith("power-capped 67%, 325.0 J per iteration (mean 650 W)")
 
 
 def test_run_configs_samples_the_timed_repeats_and_records_carry_the_summary():
@@ -116,7 +152,9 @@ def test_run_configs_samples_the_timed_repeats_and_records_carry_the_summary():
             clock[0] -= 10
             return clock[0], 650.0, 60.0, 0x4
 
-        return gpu_monitor.GpuMonitor(source, interval_s=10.0)  # one sample at entry, one at exit
+        joules = iter([0.0, 13.0])  # 13 J over each window of two repeats
+
+        return gpu_monitor.GpuMonitor(source, interval_s=10.0, energy=lambda: next(joules))  # samples at entry, exit
 
     def run(name):
         runs.append(name)
@@ -127,17 +165,23 @@ def test_run_configs_samples_the_timed_repeats_and_records_carry_the_summary():
                           lines.append, rounds=2, monitor=monitor)
     samples = results["baseline"]["gpu_samples"]
     assert len(opened) == 2 and len(samples["sm_mhz"]) == 4 and samples["power_capped"] == [1, 1, 1, 1]
-    assert "SM " in lines[-1] and "power-capped 100%" in lines[-1]
+    assert "SM " in lines[-1] and "power-capped 100%" in lines[-1] and "6.5 J per iteration" in lines[-1]
     records = build_records(results, {"model": "test"}, "fp32")
     timed = [r for r in records if r["name"] in ("denoise_step", "total")]
     assert timed and all(r["derived"]["gpu_samples"] == 4 and r["derived"]["gpu_sm_mhz_min"] == 1860.0
-                         for r in timed)
+                         and r["derived"]["gpu_energy_j_per_iteration"] == 26.0 / 4 for r in timed)
+    step = next(r for r in records if r["name"] == "denoise_step")["derived"]
+    window_s = sum(samples["window_s"])
+    assert step["gpu_power_w_mean"] == pytest.approx(26.0 / window_s)
+    assert step["gpu_energy_j_per_step"] == pytest.approx(26.0 / window_s * 5.0 / 1e3)  # mean power x median step
     console = Console(record=True, width=250)
     console.print(render_table(records))
     text = console.export_text()
     assert "SM MHz (capped)" in text and "1875 (100%)" in text  # median of 1890, 1880, 1870, 1860
+    assert "J/step" in text and f"{step['gpu_energy_j_per_step']:.1f}" in text
     console.print(render_table([{**r, "derived": {}} for r in records]))
-    assert console.export_text().count("SM MHz") == 0  # unsampled runs: no column
+    text = console.export_text()
+    assert text.count("SM MHz") == 0 and text.count("J/step") == 0  # unsampled runs: no columns
 
 
 @pytest.mark.gpu
@@ -146,9 +190,10 @@ def test_the_real_gpu_is_sampled_with_plausible_readings():
     assert monitor is not None, "NVML (libnvidia-ml.so.1) or the device's PCI address not found"
     x = torch.randn(4096, 4096, device="cuda")
     with monitor:
-        for _ in range(20):
+        for _ in range(200):  # ~0.5 s: several updates of NVML's energy counter
             x = x @ x.T / 4096
         torch.cuda.synchronize()
-    summary = gpu_monitor.summarize(monitor.samples)
+    summary = gpu_monitor.summarize(monitor.samples, iterations=200)
     assert 100 <= summary["gpu_sm_mhz_min"] <= summary["gpu_sm_mhz_median"] <= 5000
     assert 10 <= summary["gpu_power_w_median"] <= 2000 and 0 < summary["gpu_temp_c_max"] < 120
+    assert 10 <= summary["gpu_power_w_mean"] <= 2000 and summary["gpu_energy_j_per_iteration"] > 0

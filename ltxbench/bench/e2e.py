@@ -251,7 +251,7 @@ def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: i
             log(f"{name}: done — " + (f"median step {statistics.median(steps):.2f} ms, " if steps else "")
                 + f"median total {statistics.median(summary['total_ms']):.1f} ms"
                 + (f", compile {compile_s:.1f} s" if compile_s is not None else "")
-                + gpu_monitor.describe(gpu_monitor.summarize(summary.get("gpu_samples"))))
+                + gpu_monitor.describe(gpu_monitor.summarize(summary.get("gpu_samples"), repeats)))
             if cuda:
                 torch.cuda.empty_cache()
     return results
@@ -282,14 +282,15 @@ def _speedups(results: dict, name: str, key: str) -> dict:
 
 def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
     """text_encode / denoise_step / vae_decode / total (+ compile) records per configuration (provider = config);
-    the timed phases carry the GPU clock, power and temperature of their repeats (gpu_* in derived) when sampled."""
+    the timed phases carry the GPU clock, power, temperature and energy of their repeats (gpu_* in derived) when
+    sampled."""
     from ltxbench.bench.gpu_monitor import summarize as gpu_summary
     from ltxbench.results.schema import make_record, stats_from_samples
 
     records = []
     for name, res in results.items():
         common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
-                  **gpu_summary(res.get("gpu_samples"))}
+                  **gpu_summary(res.get("gpu_samples"), len(res["total_ms"]))}
         for record_name, key in (("text_encode", "text_encode_ms"), ("denoise_step", "step_ms"),
                                  ("vae_decode", "vae_decode_ms"), ("total", "total_ms")):
             if key not in res:
@@ -299,6 +300,8 @@ def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
                 median = statistics.median(res[key])
                 derived["transformer_it_s"] = 1e3 / median if median > 0 else None
                 derived["denoise_total_ms"] = sum(res[key]) / max(1, len(res["total_ms"]))
+                if "gpu_power_w_mean" in common:  # an estimate: the timed window's mean power over a median step
+                    derived["gpu_energy_j_per_step"] = common["gpu_power_w_mean"] * median / 1e3
             records.append(make_record(record_name, name, dtype, params, "time", "ms", "lower",
                                        stats_from_samples(res[key]), derived=derived))
         if res["compile_s"] is not None:

@@ -177,7 +177,7 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
     records = []
     for name, res in results.items():
         common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
-                  **gpu_summary(res.get("gpu_samples"))}
+                  **gpu_summary(res.get("gpu_samples"), len(res["generate_ms"]))}
         for length in prompt_lengths:
             key = f"prefill_{length}_ms"
             records.append(make_record("prefill", name, dtype, {**params, "prompt_len": length}, "time", "ms",

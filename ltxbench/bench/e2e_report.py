@@ -33,6 +33,10 @@ def render_table(records, title: str = "ltxbench bench e2e"):
     clocked = any("gpu_sm_mhz_median" in rec.get("derived", {}) for row in rows.values() for rec in row.values())
     if clocked:
         table.add_column("SM MHz (capped)", justify="right")
+    # Joules per denoising step where the energy counter was read: what a change saves when the clock is capped.
+    metered = any("gpu_energy_j_per_step" in row.get("denoise_step", {}).get("derived", {}) for row in rows.values())
+    if metered:
+        table.add_column("J/step", justify="right")
     for config, row in rows.items():
         main = row.get("total") or row.get("generate")
         derived = (main or {}).get("derived", {})
@@ -41,14 +45,16 @@ def render_table(records, title: str = "ltxbench bench e2e"):
             "tokens_per_s"))
         peak = derived.get("peak_memory_bytes")
         cells = [_fmt(row[p]["stats"]["median"]) if p in row else "-" for p in phases]
-        clock = []
+        gpu_cells = []
         if clocked:
             gpu = (step or main or {}).get("derived", {})
-            clock = [f"{gpu['gpu_sm_mhz_median']:.0f} ({100 * gpu['gpu_power_capped_share']:.0f}%)"
+            gpu_cells = [f"{gpu['gpu_sm_mhz_median']:.0f} ({100 * gpu['gpu_power_capped_share']:.0f}%)"
                      if "gpu_sm_mhz_median" in gpu else "-"]
+        if metered:
+            gpu_cells.append(_fmt((step or {}).get("derived", {}).get("gpu_energy_j_per_step"), ".1f"))
         table.add_row(config, *cells, _fmt(rate, ".2f"), _fmt(derived.get("speedup_vs_baseline"), ".2f", "x"),
                       _fmt(derived.get("speedup_vs_compile"), ".2f", "x"), _fmt(derived.get("compile_s"), ".1f"),
-                      _fmt(peak / 2**30 if peak is not None else None, ".2f"), *clock)
+                      _fmt(peak / 2**30 if peak is not None else None, ".2f"), *gpu_cells)
     return table
 
 
