@@ -143,6 +143,8 @@ def test_ltx_tiny_phase_transformer_and_compile_flag(tmp_path, captured, compile
 @pytest.mark.parametrize("option,rule", [
     ("cross-kv-cache", "model: attn2 keys/values and caption projection once per prompt (cross_kv cache)"),
     ("tuned-gemm", "linear: cuBLASLt GEMM, algorithm chosen by timing (ops.linear)"),
+    ("pair-cfg-halves", "model: block 0's attn1 once for classifier-free guidance's identical halves (checked per "
+                        "step)"),
 ])
 def test_injection_flags_reach_the_injection_and_are_recorded_only_when_off(tmp_path, captured, option, rule):
     runs = {}
@@ -326,7 +328,8 @@ def test_the_gemm_search_is_one_untimed_step_before_the_configurations(monkeypat
     if not searched:
         assert events == ["configs"] and "gemm_search_s" not in results["optimized"]["injection"]
         return
-    assert events == [("inject", "cuda", {"cross_kv_cache": False, "tuned_gemm": True}), ("step", 2, "embeds"),
+    assert events == [("inject", "cuda", {"cross_kv_cache": False, "tuned_gemm": True, "pair_cfg_halves": True}),
+                      ("step", 2, "embeds"),
                       "revert", "configs"]
     assert results["optimized"]["injection"]["gemm_search_s"] >= 0
     assert results["optimized"]["injection"]["gemm_choices"] == ["bf16 x@w.T ... tuned"]

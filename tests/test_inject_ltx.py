@@ -13,11 +13,13 @@ from ltxbench.inject.ltx import (
     CROSS_KV_RULE,
     FUSED_ATTR,
     MODEL_RULE,
+    PAIRED_RULE,
     RESIDUAL_RULE,
     TUNED_GEMM_RULE,
     FusedLTXAttnProcessor,
     apply_kernels,
 )
+from ltxbench.inject.ltx_cfg import PAIRED_ATTR
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
 from ltxbench.models.ltx import component_configs
 
@@ -291,7 +293,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
                                   "attn1: qk_rms_norm_rope": 28, ATTN2_RULES[True]: 28,
                                   "attn1: one q/k/v GEMM": 28, "attn2: one k/v GEMM": 28,
                                   "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28,
-                                  ATTN_FORWARD_RULE: 56, CROSS_KV_RULE: 1, RESIDUAL_RULE: 28,
+                                  ATTN_FORWARD_RULE: 56, CROSS_KV_RULE: 1, RESIDUAL_RULE: 28, PAIRED_RULE: 1,
                                   TUNED_GEMM_RULE: 28 * 4}  # attn1/attn2 to_out, attn2 to_q, ff down
     skipped = {t for t, _ in report.skipped}
     assert {"VAE RMSNorm"} <= skipped
@@ -302,6 +304,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     assert type(model.transformer_blocks[0]) is not LTXVideoTransformerBlock  # patched through a subclass
     report.revert()
     assert "forward" not in vars(model.rope) and "forward" not in vars(model) and CACHE_ATTR not in vars(model)
+    assert PAIRED_ATTR not in vars(model)
     assert not any(ORIGINAL_CLASS in vars(type(m)) for m in model.modules())
     assert type(model.transformer_blocks[0]) is LTXVideoTransformerBlock
     assert type(model.transformer_blocks[0].attn1) is LTXAttention

@@ -48,9 +48,11 @@ def select_configs(configs: str | None, optimized: bool | None, compile_: bool, 
 
 
 def record_params(args: dict, drop: tuple[str, ...]) -> dict:
-    """The run arguments that describe every record: `args` less `drop`; compile_mode, rounds, cross_kv_cache and
-    tuned_gemm only when not the default, so that default records match older files (bench e2e and profile)."""
-    defaults = {"compile_mode": "default", "rounds": 1, "cross_kv_cache": True, "tuned_gemm": True}
+    """The run arguments that describe every record: `args` less `drop`; compile_mode, rounds, cross_kv_cache,
+    tuned_gemm and pair_cfg_halves only when not the default, so that default records match older files (bench e2e
+    and profile)."""
+    defaults = {"compile_mode": "default", "rounds": 1, "cross_kv_cache": True, "tuned_gemm": True,
+                "pair_cfg_halves": True}
     return {k: v for k, v in args.items() if k not in drop and not (k in defaults and v == defaults[k])}
 
 
@@ -174,7 +176,8 @@ def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: N
     tuned = args.get("tuned_gemm", True)
 
     def inject():
-        return apply_kernels(pipe, provider, cross_kv_cache=args.get("cross_kv_cache", True), tuned_gemm=tuned)
+        return apply_kernels(pipe, provider, cross_kv_cache=args.get("cross_kv_cache", True), tuned_gemm=tuned,
+                             pair_cfg_halves=args.get("pair_cfg_halves", True))
 
     search_gemms = provider == "cuda" and tuned and any(name.startswith("optimized") for name in configs)
     search_s = _search_gemms(pipe, args, embeds, inject, log) if search_gemms else None

@@ -53,6 +53,10 @@ def e2e_command(
     tuned_gemm: bool = typer.Option(True, "--tuned-gemm/--no-tuned-gemm",
                                     help="LTX optimized configs: the blocks' projections on cuBLASLt with the "
                                          "algorithm per shape chosen by timing (first call), or torch's linear."),
+    pair_cfg_halves: bool = typer.Option(True, "--pair-cfg-halves/--no-pair-cfg-halves",
+                                         help="LTX optimized configs: block 0's attn1 once for classifier-free "
+                                              "guidance's two identical halves (exact; checked every step), or "
+                                              "on both."),
     device: str = typer.Option("cuda", "--device", help="cuda | cpu."),
     kernel_provider: str = typer.Option(None, "--kernel-provider",
                                         help="cuda | reference (default: cuda on cuda, reference on cpu)."),
@@ -116,7 +120,7 @@ def e2e_command(
     else:
         args.update(num_frames=num_frames, height=height, width=width, steps=steps, phase=phase,
                     guidance_scale=guidance_scale, frame_rate=25, cross_kv_cache=cross_kv_cache,
-                    tuned_gemm=tuned_gemm)
+                    tuned_gemm=tuned_gemm, pair_cfg_halves=pair_cfg_halves)
     _run(args, output, force, plot)
 
 

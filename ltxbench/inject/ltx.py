@@ -11,8 +11,9 @@ Per block (HANDBOOK §2 has the math):
   h + ff * gate_mlp                                 → gated_residual, or with the next block's norm1:
                                                       add_rms_norm_modulate (model forward, chained blocks)
 Model: norm_out (no-affine LayerNorm) + final modulation → layer_norm_modulate; what precedes the blocks built
-before the (compiled) forward (ltx_step.py); attn2's keys/values once per prompt (ltx_cross_kv.py). The attention
-processor and forward are in ltx_attention.py. Modulation per batch
+before the (compiled) forward (ltx_step.py); attn2's keys/values once per prompt (ltx_cross_kv.py); block 0's attn1
+once for classifier-free guidance's identical halves (ltx_cfg.py). The patched block and model forwards are in
+ltx_forward.py, the attention processor and forward in ltx_attention.py. Modulation per batch
 (B, 1, D) or per token (B, S, D, image-to-video / condition pipelines) both go through the kernels' broadcast strides.
 """
 
@@ -33,11 +34,12 @@ from ltxbench.inject.ltx_attention import (
     cross_key_value,
     forward_only_calls_processor,
     needs_autograd,
-    takes_residual,
     tuned_linear,
 )
+from ltxbench.inject.ltx_cfg import PAIRED_ATTR
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache, cache_sources
-from ltxbench.inject.ltx_step import block_modulation, modulation_of, projected_prompt, step_call, step_inputs
+from ltxbench.inject.ltx_forward import fused_block_forward, fused_model_forward
+from ltxbench.inject.ltx_step import projected_prompt, step_call
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
 
@@ -56,90 +58,6 @@ def _rope_from_coords(rope, hidden_states, num_frames=None, height=None, width=N
     grid = ltx_rope_grid(rope, hidden_states.size(0), num_frames, height, width, rope_interpolation_scale,
                          video_coords, device=hidden_states.device)
     return grid.contiguous(), ltx_rope_freqs(rope.dim, rope.theta, device=hidden_states.device)
-
-
-def _attention_and_ff(ops, block, hidden_states, norm, ada, encoder_hidden_states, encoder_attention_mask,
-                      image_rotary_emb, cross_kv=None):
-    """A block from its modulated norm1 on: attn1, gated residual, attn2 + residual + modulated norm2, ff.
-    Returns (hidden_states, ff output); the caller adds `ff * gate_mlp` (alone or fused with the next norm1).
-    cross_kv: attn2's (key, value) from the cache (ltx_cross_kv), or None."""
-    _, _, gate_msa, shift_mlp, scale_mlp, _ = ada
-    attn = block.attn1(hidden_states=norm, encoder_hidden_states=None, image_rotary_emb=image_rotary_emb)
-    hidden_states = ops.gated_residual(hidden_states, attn, gate_msa)
-    kv = {} if cross_kv is None else {"cross_kv": cross_kv}
-    in_gemm = takes_residual(block.attn2)  # h + attn2(h) from the out-projection's GEMM (beta = 1): no add pass
-    if in_gemm:
-        kv["residual"] = hidden_states
-    attn = block.attn2(hidden_states, encoder_hidden_states=encoder_hidden_states, image_rotary_emb=None,
-                       attention_mask=encoder_attention_mask, **kv)
-    if in_gemm:
-        hidden_states = attn
-        norm = ops.rms_norm_modulate(hidden_states, None, scale_mlp, shift_mlp, block.norm2.eps)
-    else:
-        norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, attn, None, scale_mlp, shift_mlp,
-                                                        block.norm2.eps)
-    return hidden_states, block.ff(norm)
-
-
-def _fused_block_forward(ops):
-    """LTXVideoTransformerBlock.forward with the norms, modulations and residuals fused through `ops`."""
-
-    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
-        ada = block_modulation(self, temb, hidden_states.size(0))
-        if ada[0].dtype != hidden_states.dtype:  # mixed precision: the kernels take one dtype; run the original
-            return original_class(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
-                                                encoder_attention_mask)
-        norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], self.norm1.eps)
-        hidden_states, ff = _attention_and_ff(ops, self, hidden_states, norm, ada, encoder_hidden_states,
-                                              encoder_attention_mask, image_rotary_emb)
-        return ops.gated_residual(hidden_states, ff, ada[5])
-
-    return forward
-
-
-def _fused_model_forward(ops):
-    """LTXVideoTransformer3DModel.forward with the block loop chained: block i's `h + ff * gate_mlp` and block
-    i+1's `norm1(h) * (1 + scale_msa) + shift_msa` become one add_rms_norm_modulate, and the final
-    norm_out + modulation one layer_norm_modulate. rope, proj_in and proj_out are still called as modules (hooks).
-    step: what comes before the block loop (ltx_step.StepInputs), built by the model's __call__; else built here."""
-
-    def forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
-                height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
-                return_dict=True, step=None):
-        if torch.is_grad_enabled() and self.gradient_checkpointing:
-            return original_class(self).forward(self, hidden_states, encoder_hidden_states, timestep,
-                                                encoder_attention_mask, num_frames, height, width,
-                                                rope_interpolation_scale, video_coords, attention_kwargs, return_dict)
-        if step is None:
-            step = step_inputs(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask,
-                               num_frames, height, width, rope_interpolation_scale, video_coords)
-        blocks = self.transformer_blocks
-        hidden_states = step.hidden_states
-        ada = modulation_of(step, blocks, 0)
-        norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], blocks[0].norm1.eps)
-        for index, block in enumerate(blocks):
-            gate_mlp = ada[5]
-            hidden_states, ff = _attention_and_ff(ops, block, hidden_states, norm, ada, step.prompt, step.mask,
-                                                  step.rope, step.block_kv[index])
-            if index + 1 < len(blocks):
-                ada = modulation_of(step, blocks, index + 1)
-                norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, ff, gate_mlp, ada[1], ada[0],
-                                                                blocks[index + 1].norm1.eps)
-            else:
-                hidden_states = ops.gated_residual(hidden_states, ff, gate_mlp)
-
-        hidden_states = ops.layer_norm_modulate(hidden_states, step.final[:, :, 1], step.final[:, :, 0],
-                                                self.norm_out.eps)
-        output = self.proj_out(hidden_states)
-        return (output,) if not return_dict else Transformer2DModelOutput(sample=output)
-
-    from diffusers.models.modeling_outputs import Transformer2DModelOutput
-
-    try:  # keep LoRA scaling through attention_kwargs, as the original forward is decorated
-        from diffusers.utils import apply_lora_scale
-    except ImportError:  # diffusers releases before the decorator scale LoRA elsewhere
-        return forward
-    return apply_lora_scale("attention_kwargs")(forward)
 
 
 def _cross_kv_builder(ops):
@@ -216,6 +134,7 @@ MODEL_RULE = ("model: ff residual + next norm1 (add_rms_norm_modulate), final la
               "blocks built before the (compiled) forward (ltx_step)")
 CROSS_KV_RULE = "model: attn2 keys/values and caption projection once per prompt (cross_kv cache)"
 RESIDUAL_RULE = "attn2: out-projection + residual add as one GEMM (ops.linear, beta = 1)"
+PAIRED_RULE = "model: block 0's attn1 once for classifier-free guidance's identical halves (checked per step)"
 ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
 # Head dims where ops.cross_attention beat SDPA (cuDNN) for attn2, bf16, H200 (results/h200/micro-xattn*-6f3727d):
 # hd 64 (2B) 36.9 vs 42.7 us at 49 frames, 84.3 vs 107.4 at 161; hd 128 (13B, 161 frames) 155.3 vs 242.6. Other head
@@ -226,7 +145,7 @@ CROSS_ATTENTION_HEAD_DIMS = (64, 128)
 def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True, fuse_projections: bool = True,
                   gelu_epilogue: bool = True, gelu_tanh: bool = False,
                   cross_attention: bool | None = None, cross_kv_cache: bool = True,
-                  tuned_gemm: bool = True) -> InjectionReport:
+                  tuned_gemm: bool = True, pair_cfg_halves: bool = True) -> InjectionReport:
     """Patch an LTX pipeline's transformer (or the transformer itself) in place; returns the report, whose
     `revert()` (or use as a context manager) restores the original forwards and processors.
 
@@ -243,7 +162,9 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     both out-projections, the feed-forward's two) through `ops.linear`, cuBLASLt with the algorithm per shape
     chosen by timing on its first call (notes/kernel-tuning.md) or stored by an earlier process on this GPU model
     (ops.load_gemm_choices); else torch's linear (cuBLASLt's heuristic pick).
-    The attn2 k/v projections run once per prompt with the cache, so they stay torch's.
+    The attn2 k/v projections run once per prompt with the cache, so they stay torch's. pair_cfg_halves: where
+    a step's batch is two identical halves (classifier-free guidance), block 0's norm1, attn1 and gated residual
+    run on one half (ltx_cfg; one host synchronization per step for the check; needs the chained model forward).
     """
     transformer = _transformer_of(target)
     ops = get_provider(provider)
@@ -278,8 +199,12 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             set_attr(report, CROSS_KV_RULE, transformer, CACHE_ATTR, cache)
         else:
             report.skip(CROSS_KV_RULE, "turned off (cross_kv_cache=False): every step computes attn2's keys/values")
-        patch_forward(report, MODEL_RULE, transformer, _fused_model_forward(ops), classes, call=step_call)
-    block_forward = _fused_block_forward(ops)
+        if pair_cfg_halves:
+            set_attr(report, PAIRED_RULE, transformer, PAIRED_ATTR, True)
+        else:
+            report.skip(PAIRED_RULE, "turned off (pair_cfg_halves=False): both halves run block 0's attn1")
+        patch_forward(report, MODEL_RULE, transformer, fused_model_forward(ops), classes, call=step_call)
+    block_forward = fused_block_forward(ops)
     linear_forward = _linear_forward(ops)
     for index, block in enumerate(transformer.transformer_blocks):
         if not _plain_norms(block):

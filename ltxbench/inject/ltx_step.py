@@ -2,7 +2,8 @@
 
 StepInputs is everything the patched model forward needs ahead of its block loop: RoPE, attn2's mask, proj_in, the
 timestep embedding, every block's modulation (scale_shift_table + temb, one stack for all blocks), the final
-modulation and attn2's prompt side. The patched model's `__call__` (step_call) builds it eagerly and passes it to the
+modulation, attn2's prompt side, and whether the batch is classifier-free guidance's two identical halves (ltx_cfg).
+The patched model's `__call__` (step_call) builds it eagerly and passes it to the
 forward as `step`; under nn.Module.compile() it arrives as graph inputs. Why: built inside the graph, inductor
 recomputed the small pointwise ones (modulation slices, the mask, the RoPE freqs) in a kernel of their own at their
 uses (~60 kernels of ~1 us per 49-frame step, each with its launch gap; H100 optimized+compile 40.62 / 40.51 ->
@@ -18,6 +19,7 @@ from typing import NamedTuple
 import torch
 
 from ltxbench.inject.ltx_attention import attn2_mask
+from ltxbench.inject.ltx_cfg import PAIRED_ATTR, identical_halves
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
 
 FORWARD_ARGS = ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "num_frames", "height",
@@ -33,6 +35,7 @@ class StepInputs(NamedTuple):
     final: torch.Tensor           # (B, 1|S, 2, D): norm_out's shift and scale
     prompt: torch.Tensor          # the caption-projected prompt
     block_kv: list                # per block: attn2's (key, value) from the cache, or None
+    paired: bool = False          # the batch is two identical halves: block 0's attn1 runs on one (ltx_cfg)
 
 
 def block_modulation(block, temb, batch_size):
@@ -56,10 +59,11 @@ def modulation_of(step: StepInputs, blocks, index: int):
 
 def step_inputs(model, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
                 height=None, width=None, rope_interpolation_scale=None, video_coords=None,
-                prompt_entry=None) -> StepInputs:
+                prompt_entry=None, paired: bool = False) -> StepInputs:
     """The original forward's code up to its block loop, with the modulation of every block stacked (per-sample
     temb: N x B x 6D values, 1.4 MB for LTX-2B with CFG; per token it would be N times (B, S, 6D), so not then).
-    prompt_entry: (projected prompt, per-block (key, value)) from the cache, else computed here."""
+    prompt_entry: (projected prompt, per-block (key, value)) from the cache, else computed here. paired: the caller
+    found the batch's halves identical (ltx_cfg.identical_halves)."""
     rope = model.rope(hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords)
     if encoder_attention_mask is not None and encoder_attention_mask.ndim == 2:
         encoder_attention_mask = ((1 - encoder_attention_mask.to(hidden_states.dtype)) * -10000.0).unsqueeze(1)
@@ -81,7 +85,7 @@ def step_inputs(model, hidden_states, encoder_hidden_states, timestep, encoder_a
         adas = tables[:, None, None] + temb.reshape(1, batch_size, 1, tables.shape[1], -1)
     final = model.scale_shift_table[None, None] + embedded_timestep[:, :, None]
     return StepInputs(hidden_states, rope, attn2_mask(blocks, encoder_attention_mask, prompt), adas, temb, final,
-                      prompt, block_kv)
+                      prompt, block_kv, paired)
 
 
 def step_call(self, *args, **kwargs):
@@ -99,5 +103,7 @@ def step_call(self, *args, **kwargs):
     bound.update((name, kwargs.pop(name)) for name in FORWARD_ARGS if name in kwargs)
     cache = vars(self).get(CACHE_ATTR)
     entry = cache.get(self, bound.get("encoder_hidden_states")) if cache is not None else None
-    step = step_inputs(self, **bound, prompt_entry=entry)
+    paired = vars(self).get(PAIRED_ATTR, False) and identical_halves(
+        bound.get("hidden_states"), bound.get("timestep"), bound.get("video_coords"))
+    step = step_inputs(self, **bound, prompt_entry=entry, paired=paired)
     return torch.nn.Module.__call__(self, **bound, **kwargs, step=step)

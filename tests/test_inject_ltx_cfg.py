@@ -1,0 +1,157 @@
+"""Classifier-free guidance's identical halves (ltx_cfg): block 0's attn1 on one half where, and only where, the
+step's batch is two copies of the same samples (CPU, reference provider)."""
+
+import pytest
+import torch
+from torch._dynamo.testing import EagerAndRecordGraphs
+
+from ltxbench.inject.ltx import PAIRED_RULE, apply_kernels
+from ltxbench.inject.ltx_cfg import first_half, identical_halves
+from tests.test_inject_ltx import _inputs, _transformer
+
+
+def _cfg_inputs(model):
+    """What diffusers' LTX pipeline passes with guidance: cat([latents] * 2), t.expand(2), two different prompts."""
+    inputs = _inputs(model)
+    latents = inputs["hidden_states"][:1]
+    inputs["hidden_states"] = torch.cat([latents] * 2)
+    inputs["timestep"] = torch.tensor(700.0).expand(2)
+    return inputs
+
+
+def _attn1_batches(model) -> list[list[int]]:
+    """Per block, the batch size of every attn1 call (forward pre-hooks on the attention modules)."""
+    seen = [[] for _ in model.transformer_blocks]
+    for index, block in enumerate(model.transformer_blocks):
+        block.attn1.register_forward_pre_hook(
+            lambda _m, args, kwargs, index=index: seen[index].append(kwargs["hidden_states"].size(0)),
+            with_kwargs=True)
+    return seen
+
+
+def test_identical_halves_compares_every_input_that_reaches_attn1():
+    x = torch.randn(3, 5, 4)
+    pair = torch.cat([x, x])
+    t = torch.tensor([3.0, 3.0, 3.0, 3.0, 3.0, 3.0])
+    assert identical_halves(pair, t) and identical_halves(pair, torch.tensor(3.0).expand(6))
+    assert identical_halves(pair, torch.tensor(3.0)) and identical_halves(pair, t[:1])  # one timestep for all
+    assert not identical_halves(torch.cat([x, x + 1e-6]), t)
+    assert not identical_halves(pair, torch.tensor([1.0, 2.0, 3.0, 1.0, 2.0, 4.0]))
+    per_token = torch.rand(3, 5)
+    assert identical_halves(pair, torch.cat([per_token, per_token]))  # image-to-video: a timestep per token
+    coords = torch.rand(3, 3, 5)
+    assert identical_halves(pair, t, torch.cat([coords, coords]))
+    assert not identical_halves(pair, t, torch.cat([coords, coords.flip(0)]))
+    assert not identical_halves(torch.cat([x, x, x[:1]]), torch.ones(7))  # odd batch
+    assert not identical_halves(x[:1], torch.ones(1)) and not identical_halves(pair, torch.ones(4))  # no halves
+
+
+def test_first_half_slices_what_has_the_batch_and_leaves_the_rest():
+    grid, freqs, cos = torch.rand(4, 6, 3), torch.rand(5), torch.rand(4, 6, 8)
+    half_grid, same_freqs = first_half((grid, freqs), 4)
+    assert torch.equal(half_grid, grid[:2]) and same_freqs is freqs
+    assert first_half((cos, cos), 4)[1].shape == (2, 6, 8)
+
+
+@pytest.mark.parametrize("rope_from_coords", [True, False])
+def test_guided_batch_runs_block_0_attn1_on_one_half_with_the_same_result(rope_from_coords):
+    model = _transformer(num_layers=2)
+    inputs = _cfg_inputs(model)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        seen = _attn1_batches(model)
+        with apply_kernels(model, "reference", rope_from_coords=rope_from_coords) as report:
+            got = model(**inputs)[0]
+        with apply_kernels(model, "reference", rope_from_coords=rope_from_coords, pair_cfg_halves=False):
+            unpaired = model(**inputs)[0]
+    assert PAIRED_RULE in dict(report.rules)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got, unpaired, atol=2e-5, rtol=1e-5)
+    assert not torch.equal(got[0], got[1])  # the prompts still make the halves differ
+    assert seen == [[1, 2], [2, 2]]  # paired, then turned off
+
+
+def test_halves_that_differ_run_the_whole_batch():
+    model = _transformer(num_layers=2)
+    inputs = _cfg_inputs(model)
+    inputs["hidden_states"] = inputs["hidden_states"].clone()
+    inputs["hidden_states"][1, 0, 0] += 0.5
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        seen = _attn1_batches(model)
+        with apply_kernels(model, "reference"):
+            got = model(**inputs)[0]
+            inputs["timestep"] = torch.tensor([700.0, 650.0])
+            inputs["hidden_states"][1, 0, 0] -= 0.5  # same latents, different timesteps
+            model(**inputs)
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+    assert seen[0] == [2, 2]
+
+
+def test_turned_off_it_is_reported_and_compiled_forwards_specialize_on_the_check():
+    model = _transformer(num_layers=2)
+    with apply_kernels(model, "reference", pair_cfg_halves=False) as report:
+        assert PAIRED_RULE in {rule for rule, _ in report.skipped}
+    paired, unpaired = _cfg_inputs(model), _inputs(model)
+    with torch.no_grad():
+        expected = [model(**paired)[0], model(**unpaired)[0]]
+        with apply_kernels(model, "reference"):
+            torch._dynamo.reset()
+            recorded = EagerAndRecordGraphs()
+            model.compile(backend=recorded, fullgraph=True)
+            try:
+                got = [model(**paired)[0], model(**unpaired)[0], model(**paired)[0]]
+            finally:
+                model._compiled_call_impl = None
+                torch._dynamo.reset()
+    for result, reference in zip(got, expected + expected[:1], strict=True):
+        torch.testing.assert_close(result, reference, atol=2e-5, rtol=1e-5)
+    assert len(recorded.graphs) == 2  # one per answer of the check, each reused
+
+
+def test_a_guided_pipeline_pairs_every_step():
+    from ltxbench.models.ltx import build_pipeline
+
+    pipe = build_pipeline("ltx-tiny", "random", "cpu", "fp32")
+    pipe.set_progress_bar_config(disable=True)
+
+    def latents():
+        return pipe(prompt_embeds=embeds, prompt_attention_mask=mask, negative_prompt_embeds=-embeds,
+                    negative_prompt_attention_mask=mask, num_frames=9, height=64, width=64, num_inference_steps=3,
+                    guidance_scale=3.0, generator=torch.Generator().manual_seed(0), output_type="latent").frames
+
+    channels = pipe.transformer.config.caption_channels
+    embeds, mask = torch.randn(1, 8, channels, generator=torch.Generator().manual_seed(1)), torch.ones(1, 8)
+    with torch.no_grad():
+        expected = latents()
+        seen = _attn1_batches(pipe.transformer)
+        with apply_kernels(pipe, "reference"):
+            got = latents()
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert seen[0] == [1, 1, 1] and seen[1] == [2, 2, 2]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rope_from_coords", [True, False])
+def test_cuda_kernels_pair_the_halves_eagerly_and_under_module_compile(rope_from_coords):
+    model = _transformer("ltx-2b", num_layers=2, device="cuda", dtype=torch.bfloat16)
+    inputs = _inputs(model, "cuda", torch.bfloat16, frames=3, height=8, width=12)
+    inputs["hidden_states"] = torch.cat([inputs["hidden_states"][:1]] * 2)
+    inputs["timestep"] = torch.tensor(700.0, device="cuda").expand(2)
+    with torch.no_grad():
+        expected = model(**inputs)[0].float()
+        seen = _attn1_batches(model)
+        with apply_kernels(model, "cuda", rope_from_coords=rope_from_coords):
+            got = model(**inputs)[0].float()
+            assert seen[0] == [1] and seen[1] == [2]
+            for block in model.transformer_blocks:  # no Python side effects in the compiled graph
+                block.attn1._forward_pre_hooks.clear()
+            model.compile()
+            try:
+                compiled = model(**inputs)[0].float()
+            finally:
+                model._compiled_call_impl = None
+                torch._dynamo.reset()
+    for result in (got, compiled):
+        cos = torch.nn.functional.cosine_similarity(result.flatten(), expected.flatten(), dim=0).item()
+        assert cos >= 0.999, cos
