@@ -1,0 +1,27 @@
+#!/bin/bash
+# Dev driver written in the twenty-third session (no device time was left to run it then). Two calls on one warm
+# machine (H100 or H200; the output names say which GPU ran them through `nvidia-smi` in the log):
+#   bash results/h100/tuning/s23/gpu_s23.sh a   GPU tests of the session's changes (energy counter, CFG halves,
+#                                               the 2B pipeline numerics), then all four configurations at 161 frames
+#   bash results/h100/tuning/s23/gpu_s23.sh b   the CFG-halves A/B at 161 frames (--no-pair-cfg-halves, same
+#                                               machine, GEMM choices reused), then all four configurations at 49
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 LTXBENCH_CACHE=/tmp/ltxcache
+t0=$(date +%s)
+nvidia-smi --query-gpu=name,temperature.gpu,clocks.max.sm,power.limit --format=csv,noheader | tee $OUT/gpu-$1.txt
+e2e() {  # frames, configs, output stem, extra flags
+  left=$(( 590 - ($(date +%s) - t0) ))
+  timeout $left python3 -m ltxbench bench e2e --model ltx-2b --weights random --num-frames $1 --steps 10 \
+    --phase transformer --configs $2 --output $OUT/$3.json $4 > $OUT/$3.log 2>&1
+  grep -E "done|Error|error" $OUT/$3.log | tail -5; echo "$3 $(( $(date +%s) - t0 )) s"
+}
+if [ "$1" = a ]; then
+  timeout 240 python3 -m pytest -q -rf --tb=short -m gpu tests/test_gpu_monitor.py tests/test_inject_ltx_cfg.py \
+    "tests/test_inject_ltx.py::test_full_2b_random_pipeline_latents_after_10_steps_and_decoded_frames_match_unpatched" \
+    -s > $OUT/gpu-tests-s23.log 2>&1
+  grep -E "cosine|passed|failed" $OUT/gpu-tests-s23.log | tail -3
+  e2e 161 baseline,optimized,compile,optimized+compile e2e-ltx-2b-161f
+else
+  e2e 161 optimized,optimized+compile e2e-ltx-2b-161f-unpaired --no-pair-cfg-halves
+  e2e 49 baseline,optimized,compile,optimized+compile e2e-ltx-2b-49f
+fi
+echo "all done $(( $(date +%s) - t0 )) s"
