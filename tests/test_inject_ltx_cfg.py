@@ -53,10 +53,14 @@ def test_first_half_slices_what_has_the_batch_and_leaves_the_rest():
     assert first_half((cos, cos), 4)[1].shape == (2, 6, 8)
 
 
-@pytest.mark.parametrize("rope_from_coords", [True, False])
-def test_guided_batch_runs_block_0_attn1_on_one_half_with_the_same_result(rope_from_coords):
+@pytest.mark.parametrize("rope_from_coords,per_token", [(True, False), (False, False), (True, True)])
+def test_guided_batch_runs_block_0_attn1_on_one_half_with_the_same_result(rope_from_coords, per_token):
+    """per_token: the image-to-video pipeline's timestep, one per token (B, S) and the same in both halves."""
     model = _transformer(num_layers=2)
     inputs = _cfg_inputs(model)
+    if per_token:
+        tokens = inputs["hidden_states"].shape[1]
+        inputs["timestep"] = torch.linspace(0.0, 900.0, tokens).expand(2, tokens)
     with torch.no_grad():
         expected = model(**inputs)[0]
         seen = _attn1_batches(model)
