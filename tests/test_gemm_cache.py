@@ -36,6 +36,7 @@ class FakeLib:
 def fake(monkeypatch, tmp_path):
     lib = FakeLib()
     monkeypatch.setenv("LTXBENCH_GEMM_CACHE", str(tmp_path / "choices"))
+    monkeypatch.setattr(gemm_cache, "SHIPPED", tmp_path / "shipped")  # not the package's own files
     monkeypatch.setattr(ltxbench.ops, "_lib", lambda: lib)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda index: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -111,3 +112,26 @@ def test_save_writes_nothing_without_searched_choices_or_when_off(fake, monkeypa
     assert fake.imported == []
     with pytest.raises(ValueError, match="per CUDA device"):
         gemm_cache.load("cpu")
+
+
+def test_shipped_choices_fill_in_what_the_users_file_lacks(fake, tmp_path, monkeypatch):
+    name = "NVIDIA H100 80GB HBM3"
+    other = KEY.replace(" 5376 ", " 16128 ")
+    gemm_cache.write_records(gemm_cache.SHIPPED / gemm_cache.file_name(name), name,
+                             [_record(algo="9 9 9 9 9 9 9 9"), _record(other)])
+    assert ltxbench.ops.load_gemm_choices() == 2  # a fresh machine: both shipped records
+    assert sorted(fake.imported[-1][1]) == sorted([_record(algo="9 9 9 9 9 9 9 9"), _record(other)])
+    gemm_cache.write_records(gemm_cache.cache_file(name), name, [_record()])  # the user's own search of KEY
+    ltxbench.ops.load_gemm_choices()
+    assert fake.imported[-1][1] == [_record(), _record(other)]  # the user's record wins, the other fills in
+    monkeypatch.setenv("LTXBENCH_GEMM_CACHE", "off")
+    assert gemm_cache.stored_records(name) == [] and ltxbench.ops.load_gemm_choices() == 0
+
+
+def test_the_package_ships_its_choice_files_as_package_data():
+    import tomllib
+    from pathlib import Path
+
+    pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert "ops/gemm_choices/*.json" in pyproject["tool"]["setuptools"]["package-data"]["ltxbench"]
+    assert gemm_cache.SHIPPED == Path(ltxbench.ops.__file__).parent / "gemm_choices"

@@ -7,7 +7,10 @@ process registers `save` to run at exit, which merges the process's searched cho
 a temporary file and renamed, so a reader never sees half a file).
 
 Where: `<build cache>/gemm-choices/<GPU name>.json`; LTXBENCH_GEMM_CACHE=<dir> puts the files elsewhere,
-LTXBENCH_GEMM_CACHE=off turns loading and saving off (every process searches again).
+LTXBENCH_GEMM_CACHE=off turns loading and saving off (every process searches again). Choices the project's own runs
+searched ship with the package (`ltxbench/ops/gemm_choices/<GPU name>.json`, copied from a device run's cache): `load`
+adds those of their problems the user's file lacks, so a fresh machine with the same GPU model and cuBLASLt version
+skips the search (the extension's checks apply to them as to any record; the user's own search takes precedence).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ SCHEMA = "ltxbench.gemm-choices"
 VERSION = 1
 _KEY_FIELDS = 13  # tag, cuBLASLt version, dtype, act, align, bias, residual, tokens, n, k, ldx, ldw, ldout
 _saving: set[int] = set()  # devices whose choices are saved at exit
+SHIPPED = Path(__file__).with_name("gemm_choices")  # the project's searched choices, per GPU model (package data)
 
 
 def directory() -> Path | None:
@@ -37,9 +41,24 @@ def directory() -> Path | None:
     return _build.cache_dir() / "gemm-choices"
 
 
+def file_name(device_name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", device_name).strip("-") + ".json"
+
+
 def cache_file(device_name: str) -> Path | None:
     folder = directory()
-    return None if folder is None else folder / (re.sub(r"[^A-Za-z0-9._-]+", "-", device_name).strip("-") + ".json")
+    return None if folder is None else folder / file_name(device_name)
+
+
+def stored_records(device_name: str) -> list[str]:
+    """The user's records for a GPU model, then the shipped ones of the problems the user's file lacks; [] when
+    LTXBENCH_GEMM_CACHE=off."""
+    path = cache_file(device_name)
+    if path is None:
+        return []
+    records = read_records(path)
+    own = {record_key(r) for r in records}
+    return records + [r for r in read_records(SHIPPED / file_name(device_name)) if record_key(r) not in own]
 
 
 def record_key(record: str) -> str:
@@ -92,17 +111,18 @@ def _device_index(device) -> int:
 
 
 def load(device=None) -> int:
-    """Load the stored choices for `device` (default: the current CUDA device); returns how many were kept.
+    """Load the stored choices for `device` (default: the current CUDA device; the user's and the shipped ones,
+    stored_records); returns how many the extension kept.
     Registers `save(device)` to run at the process's exit."""
     import torch
 
     from ltxbench.ops import _lib
 
     index = _device_index(device)
-    path = cache_file(torch.cuda.get_device_name(index))
-    if path is None:
+    name = torch.cuda.get_device_name(index)
+    if cache_file(name) is None:
         return 0
-    kept = int(_lib().gemm_import(index, read_records(path)))
+    kept = int(_lib().gemm_import(index, stored_records(name)))
     if index not in _saving:
         _saving.add(index)
         atexit.register(_save_quietly, index)

@@ -7,7 +7,7 @@
 #                                               machine, GEMM choices reused), then all four configurations at 49
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/dev/null; export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 LTXBENCH_CACHE=/tmp/ltxcache
 t0=$(date +%s)
-nvidia-smi --query-gpu=name,temperature.gpu,clocks.max.sm,power.limit --format=csv,noheader | tee $OUT/gpu-$1.txt
+nvidia-smi --query-gpu=name,temperature.gpu,clocks.max.sm,power.limit --format=csv,noheader
 e2e() {  # frames, configs, output stem, extra flags
   left=$(( 590 - ($(date +%s) - t0) ))
   timeout $left python3 -m ltxbench bench e2e --model ltx-2b --weights random --num-frames $1 --steps 10 \
@@ -24,4 +24,6 @@ else
   e2e 161 optimized,optimized+compile e2e-ltx-2b-161f-unpaired --no-pair-cfg-halves
   e2e 49 baseline,optimized,compile,optimized+compile e2e-ltx-2b-49f
 fi
+# The GEMM choices this machine searched, to ship in ltxbench/ops/gemm_choices/ (a fresh machine then skips the search)
+cp /tmp/ltxcache/gemm-choices/*.json $OUT/ 2>/dev/null; ls /tmp/ltxcache/gemm-choices/
 echo "all done $(( $(date +%s) - t0 )) s"
