@@ -135,3 +135,14 @@ def test_the_package_ships_its_choice_files_as_package_data():
     pyproject = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
     assert "ops/gemm_choices/*.json" in pyproject["tool"]["setuptools"]["package-data"]["ltxbench"]
     assert gemm_cache.SHIPPED == Path(ltxbench.ops.__file__).parent / "gemm_choices"
+
+
+def test_every_shipped_choice_file_is_ours_and_named_after_its_gpu():
+    files = sorted(gemm_cache.SHIPPED.glob("*.json"))
+    assert files, "no shipped GEMM choices"
+    for path in files:
+        doc = json.loads(path.read_text())
+        records = gemm_cache.read_records(path)
+        assert doc["schema"] == gemm_cache.SCHEMA and gemm_cache.file_name(doc["device"]) == path.name
+        assert records and len({gemm_cache.record_key(r) for r in records}) == len(records)
+        assert all(r.startswith("ltxgemm2 ") and len(r.split("\t")[0].split()) > 13 for r in records)
