@@ -6,7 +6,7 @@ import torch
 from torch._dynamo.testing import EagerAndRecordGraphs
 
 from ltxbench.inject.ltx import PAIRED_RULE, apply_kernels
-from ltxbench.inject.ltx_cfg import first_half, identical_halves
+from ltxbench.inject.ltx_cfg import Answer, HalvesCheck, compare_halves, first_half, identical_halves
 from tests.test_inject_ltx import _inputs, _transformer
 
 
@@ -92,6 +92,38 @@ def test_halves_that_differ_run_the_whole_batch():
     assert seen[0] == [2, 2]
 
 
+def test_a_step_runs_by_the_last_answer_and_again_on_the_whole_batch_when_its_own_differs():
+    """The answer is read one step late (no wait before the step): CFG, then different halves (ran paired, so
+    again unpaired), then CFG (runs unpaired by the last answer), then CFG (paired)."""
+    model = _transformer(num_layers=2)
+    guided = _cfg_inputs(model)
+    other = dict(guided, hidden_states=guided["hidden_states"].clone())
+    other["hidden_states"][1] += 0.25
+    calls = [guided, other, guided, guided]
+    with torch.no_grad():
+        expected = [model(**inputs)[0] for inputs in calls]
+        seen = _attn1_batches(model)
+        with apply_kernels(model, "reference"):
+            got = [model(**inputs)[0] for inputs in calls]
+    for result, reference in zip(got, expected, strict=True):
+        torch.testing.assert_close(result, reference, atol=2e-5, rtol=1e-5)
+    assert seen[0] == [1, 1, 2, 2, 1] and seen[1] == [2] * 5  # the second call ran twice
+
+
+def test_the_check_answers_from_the_structure_where_it_can_and_else_on_the_device():
+    x = torch.randn(2, 3, 4)
+    assert compare_halves(x, torch.tensor(1.0).expand(4), None) is False  # the timestep has another batch
+    assert compare_halves(x[:1], torch.ones(1)) is False and compare_halves(x, torch.tensor(5.0)) is not False
+    pending = compare_halves(torch.cat([x, x]), torch.ones(4))
+    assert isinstance(pending, torch.Tensor) and pending.shape == () and bool(pending)
+    check = HalvesCheck()
+    assert check.guess(Answer(pending)) and check.last is None  # the first step: its own answer
+    assert not check.settle(Answer(pending), ran_paired=True) and check.last is True
+    assert check.guess(Answer(torch.tensor(False))) is True  # a later step: the last answer, not its own
+    assert check.settle(Answer(torch.tensor(False)), ran_paired=True)  # ran paired on different halves: again
+    assert check.guess(Answer(False)) is False and check.guess(Answer(torch.tensor(True))) is False
+
+
 def test_turned_off_it_is_reported_and_compiled_forwards_specialize_on_the_check():
     model = _transformer(num_layers=2)
     with apply_kernels(model, "reference", pair_cfg_halves=False) as report:
@@ -159,3 +191,16 @@ def test_cuda_kernels_pair_the_halves_eagerly_and_under_module_compile(rope_from
     for result in (got, compiled):
         cos = torch.nn.functional.cosine_similarity(result.flatten(), expected.flatten(), dim=0).item()
         assert cos >= 0.999, cos
+
+
+@pytest.mark.gpu
+def test_the_device_check_enqueues_without_a_synchronization_and_reads_back_its_answer():
+    x = torch.randn(2, 2688, 128, device="cuda", dtype=torch.bfloat16)
+    pair, t = torch.cat([x, x]), torch.tensor(700.0, device="cuda").expand(4)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any synchronizing call in the check raises
+    try:
+        answers = [Answer(compare_halves(pair, t)), Answer(compare_halves(torch.cat([x, x + 1]), t))]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert [a.get() for a in answers] == [True, False]

@@ -36,7 +36,7 @@ from ltxbench.inject.ltx_attention import (
     needs_autograd,
     tuned_linear,
 )
-from ltxbench.inject.ltx_cfg import PAIRED_ATTR
+from ltxbench.inject.ltx_cfg import PAIRED_ATTR, HalvesCheck
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache, cache_sources
 from ltxbench.inject.ltx_forward import fused_block_forward, fused_model_forward
 from ltxbench.inject.ltx_step import projected_prompt, step_call
@@ -200,7 +200,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         else:
             report.skip(CROSS_KV_RULE, "turned off (cross_kv_cache=False): every step computes attn2's keys/values")
         if pair_cfg_halves:
-            set_attr(report, PAIRED_RULE, transformer, PAIRED_ATTR, True)
+            set_attr(report, PAIRED_RULE, transformer, PAIRED_ATTR, HalvesCheck())
         else:
             report.skip(PAIRED_RULE, "turned off (pair_cfg_halves=False): both halves run block 0's attn1")
         patch_forward(report, MODEL_RULE, transformer, fused_model_forward(ops), classes, call=step_call)

@@ -8,19 +8,24 @@ Computing them on one half and repeating the result is the same math; what goes 
 frames: ~1.7 ms of a ~158 ms H100 step by the profile's per-block kernel times, most of it attention; an estimate).
 
 Nothing structural tells a model forward that its batch is two copies, so the patched model's `__call__`
-(ltx_step.step_call) compares the halves of its inputs (hidden states, timestep, video coordinates) on the device
-before each step. The comparison returns to the host (one synchronization per step, on ~4 MB at 161 frames), outside
-any compiled graph; the compiled forward specializes on the answer. Only the chained model forward applies it.
+(ltx_step.step_call) compares the halves of its inputs (hidden states, timestep, video coordinates) on the device.
+Waiting for that answer before the step would drain the GPU once per step while the host then enqueues the step
+(H200, 49 frames: 0.4 ms idle eager, 1.3 ms compiled, where dynamo's guards run first; the twenty-fourth session's
+profile). So the answer is read one step late: a step runs as the previous step's answer says (the first step waits
+for its own), and once it is enqueued the host reads its own answer, long since computed; where a step ran paired on
+halves that turn out to differ, it runs again on the whole batch. The compiled forward specializes on the answer;
+only the chained model forward applies it.
 """
 
 from __future__ import annotations
 
 import torch
 
-PAIRED_ATTR = "_ltxbench_pair_cfg_halves"  # on the patched LTX model: True where step_call checks for the halves
+PAIRED_ATTR = "_ltxbench_pair_cfg_halves"  # on the patched LTX model: its HalvesCheck
 
 
-def _halves_equal(tensor, batch: int) -> bool:
+def _halves_equal(tensor, batch: int):
+    """True / False where the structure answers, else a 0-dim bool tensor on the tensor's device."""
     if tensor is None or (isinstance(tensor, torch.Tensor) and (tensor.ndim == 0 or tensor.size(0) == 1)):
         return True  # absent, or one value for the whole batch
     if not isinstance(tensor, torch.Tensor) or tensor.size(0) != batch:
@@ -28,17 +33,64 @@ def _halves_equal(tensor, batch: int) -> bool:
     if tensor.stride(0) == 0:  # an expanded tensor (the pipeline's t.expand(B)): equal without reading it
         return True
     half = batch // 2
-    return torch.equal(tensor[:half], tensor[half:])
+    return (tensor[:half] == tensor[half:]).all()  # NaN != NaN, as torch.equal
 
 
-def identical_halves(hidden_states, timestep, video_coords=None) -> bool:
-    """True when the batch is two copies of the same samples: the first half of each input equals the second."""
+def compare_halves(hidden_states, timestep, video_coords=None):
+    """Whether the batch is two copies of the same samples (the first half of each input equals the second): a bool,
+    or a 0-dim bool tensor on the inputs' device computed without waiting for it."""
     if not isinstance(hidden_states, torch.Tensor) or hidden_states.ndim == 0:
         return False
     batch = hidden_states.size(0)
     if batch < 2 or batch % 2:
         return False
-    return all(_halves_equal(t, batch) for t in (hidden_states, timestep, video_coords))
+    answers = [_halves_equal(t, batch) for t in (hidden_states, timestep, video_coords)]
+    if any(a is False for a in answers):
+        return False
+    pending = [a for a in answers if a is not True]
+    return True if not pending else torch.stack([a.to(pending[0].device) for a in pending]).all()
+
+
+def identical_halves(hidden_states, timestep, video_coords=None) -> bool:
+    """compare_halves, waited for."""
+    return bool(compare_halves(hidden_states, timestep, video_coords))
+
+
+class Answer:
+    """compare_halves' answer on its way to the host: copied to pinned memory behind the comparison, so that
+    asking for it later waits for the comparison only, not for the work enqueued after it."""
+
+    def __init__(self, answer):
+        self.known = not isinstance(answer, torch.Tensor)  # the inputs' structure answered: nothing to wait for
+        self._value, self._event = answer, None
+        if isinstance(answer, torch.Tensor) and answer.is_cuda:
+            self._value = torch.empty((), dtype=torch.bool, pin_memory=True)
+            self._value.copy_(answer, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def get(self) -> bool:
+        if self._event is not None:
+            self._event.synchronize()
+        return bool(self._value)
+
+
+class HalvesCheck:
+    """Per patched model: the last step's answer, which the next step runs by (None before the first step)."""
+
+    def __init__(self):
+        self.last: bool | None = None
+
+    def guess(self, answer: Answer) -> bool:
+        """How to run this step: as its own answer where the structure gave it or at the first step (waited for),
+        else as the last step's."""
+        return answer.get() if answer.known or self.last is None else self.last
+
+    def settle(self, answer: Answer, ran_paired: bool) -> bool:
+        """This step's answer, remembered for the next one; True where the step must run again on the whole batch
+        (it ran paired on halves that differ)."""
+        self.last = answer.get()
+        return ran_paired and not self.last
 
 
 def first_half(values, batch: int):

@@ -19,7 +19,7 @@ from typing import NamedTuple
 import torch
 
 from ltxbench.inject.ltx_attention import attn2_mask
-from ltxbench.inject.ltx_cfg import PAIRED_ATTR, identical_halves
+from ltxbench.inject.ltx_cfg import PAIRED_ATTR, Answer, compare_halves
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
 
 FORWARD_ARGS = ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "num_frames", "height",
@@ -103,7 +103,11 @@ def step_call(self, *args, **kwargs):
     bound.update((name, kwargs.pop(name)) for name in FORWARD_ARGS if name in kwargs)
     cache = vars(self).get(CACHE_ATTR)
     entry = cache.get(self, bound.get("encoder_hidden_states")) if cache is not None else None
-    paired = vars(self).get(PAIRED_ATTR, False) and identical_halves(
-        bound.get("hidden_states"), bound.get("timestep"), bound.get("video_coords"))
-    step = step_inputs(self, **bound, prompt_entry=entry, paired=paired)
-    return torch.nn.Module.__call__(self, **bound, **kwargs, step=step)
+    check = vars(self).get(PAIRED_ATTR)  # ltx_cfg.HalvesCheck: the step runs by the last step's answer
+    answer = check and Answer(compare_halves(bound.get("hidden_states"), bound.get("timestep"),
+                                             bound.get("video_coords")))
+    step = step_inputs(self, **bound, prompt_entry=entry, paired=bool(check) and check.guess(answer))
+    output = torch.nn.Module.__call__(self, **bound, **kwargs, step=step)
+    if check and check.settle(answer, step.paired):  # ran paired on halves that differ: again, on the whole batch
+        output = torch.nn.Module.__call__(self, **bound, **kwargs, step=step._replace(paired=False))
+    return output
