@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ltxbench.errors import EnvironmentProblem
-from ltxbench.inject import llm
+from ltxbench.inject import llm, llm_attention
 from ltxbench.ops import reference
 
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -106,7 +106,7 @@ def test_patched_logits_match_and_revert_is_exact(model_type, spy):
     assert gate.untyped_storage().nbytes() == fused_weight.numel() * fused_weight.element_size()  # one copy
 
     attn = model.model.layers[0].self_attn
-    qkv = getattr(attn, llm.QKV_ATTR)
+    qkv = getattr(attn, llm_attention.QKV_ATTR)
     assert attn.q_proj.weight.data_ptr() == qkv.weight.data_ptr()
     assert attn.v_proj.weight.data_ptr() == qkv.weight[-attn.v_proj.out_features:].data_ptr()
     assert (qkv.bias is not None) == (model_type == "qwen2")  # qwen2's q/k/v carry biases: fused as well
@@ -116,7 +116,7 @@ def test_patched_logits_match_and_revert_is_exact(model_type, spy):
     assert not report.active and not any("forward" in vars(m) for m in model.modules())
     assert type(attn) is transformers_class(model_type, "Attention")
     assert type(mlp) is transformers_class(model_type, "MLP")
-    assert not hasattr(mlp, llm.FUSED_ATTR) and not hasattr(attn, llm.QKV_ATTR)
+    assert not hasattr(mlp, llm.FUSED_ATTR) and not hasattr(attn, llm_attention.QKV_ATTR)
     spy.clear()
     with torch.no_grad():
         after = model(ids).logits
@@ -163,7 +163,7 @@ def test_qkv_that_cannot_fuse_keep_three_gemms(spy):
     with torch.no_grad():
         before = model(ids).logits
     with llm.apply_kernels(model, "reference") as report:
-        assert report.rules[llm.RULE_ROPE] == 2 and not hasattr(attn, llm.QKV_ATTR)
+        assert report.rules[llm.RULE_ROPE] == 2 and not hasattr(attn, llm_attention.QKV_ATTR)
         assert any("layers.1: q/k/v kept as three GEMMs: only some" in reason for _, reason in report.skipped)
         with torch.no_grad():
             patched = model(ids).logits
@@ -409,9 +409,10 @@ def test_qkv_fusion_needs_projections_of_the_gqa_widths():
     model = build("llama")
     attn = model.model.layers[0].self_attn
     widths = [p.out_features for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
-    assert llm._qkv_widths(attn, sum(widths)) == widths and widths[0] == 2 * widths[1]  # the tiny config's GQA
+    assert llm_attention.qkv_widths(attn, sum(widths)) == widths and widths[0] == 2 * widths[1]  # the tiny config's GQA
     attn.v_proj = torch.nn.Linear(attn.v_proj.in_features, 2 * widths[2], bias=False)
     with llm.apply_kernels(model, "reference") as report:
         assert any(target == llm.RULE_ROPE and reason.startswith("layers.0: q/k/v kept as three GEMMs")
                    for target, reason in report.skipped)
-        assert llm.QKV_ATTR not in vars(attn) and llm.QKV_ATTR in vars(model.model.layers[1].self_attn)
+        qkv = llm_attention.QKV_ATTR
+        assert qkv not in vars(attn) and qkv in vars(model.model.layers[1].self_attn)

@@ -6,7 +6,7 @@ Rules (HANDBOOK §2 has the math):
                  `residual + mlp`                               → down_proj GEMM accumulating into the residual
                                                                   (addmm_, beta 1: no separate add kernel)
   MLP: gate_proj and up_proj as ONE [gate | up] projection      → F.linear + ops.swiglu + down_proj
-  attention: q_proj/k_proj/v_proj as ONE projection; apply_rotary_pos_emb → ops.rope_1d
+  attention: q_proj/k_proj/v_proj as ONE projection; apply_rotary_pos_emb → ops.rope_1d   (llm_attention.py)
 Anything else (gemma's `1 + weight` norm, unknown classes, forwards already wrapped by hooks, forwards whose
 source differs from the code reproduced here) is skipped with a reason, never patched. Inference only: a
 forward that would need gradients through the fused MLP weight runs the original forward instead.
@@ -31,28 +31,28 @@ import torch
 from ltxbench.errors import EnvironmentProblem
 from ltxbench.inject import ORIGINAL_CLASS, InjectionReport, forward_source, original_class, patch_forward
 from ltxbench.inject.fuse import fuse_linears, fused_linear, release
+from ltxbench.inject.llm_attention import (
+    ATTN_SOURCE,
+    CACHE_UPDATE_KWARGS,
+    RULE_ROPE,
+    attn_forward,
+    fuse_qkv,
+    sliding_kwarg,
+)
 from ltxbench.ops import get_provider
 
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
 RULE_NORM = "rms_norm"
 RULE_LAYER = "decoder layer: residual + post_attention_layernorm (fused_add_rms_norm)"
 RULE_MLP = "mlp: fused gate_up projection + swiglu"
-RULE_ROPE = "attention: one q/k/v GEMM + rope_1d"
 RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE)
 FUSED_ATTR = "_ltxbench_gate_up"  # FusedWeights: [gate | up] (2I, H), gate/up weights are views of it
-QKV_ATTR = "_ltxbench_qkv"  # FusedWeights: [q | k | v], q/k/v projection weights (and biases) are views of it
 
-# Source fragments of the transformers 5.x forwards reproduced below (a tuple: one of them): a release that rewrites
-# them is skipped. The KV cache argument is `past_key_values` in transformers 5.17 and `cache` in 5.24, whose update
-# also takes the forward's kwargs; the patched forwards accept either name.
-CACHE_UPDATE = "past_key_values.update(key_states, value_states, self.layer_idx)"
-CACHE_UPDATE_KWARGS = "cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)"
+# Source fragments of the transformers 5.x forwards reproduced here (a tuple: one of them): a release that rewrites
+# them is skipped (the attention's: llm_attention).
 LAYER_SOURCE = ("residual = hidden_states", "hidden_states = self.input_layernorm(hidden_states)",
                 "hidden_states = residual + hidden_states", "self.post_attention_layernorm(hidden_states)",
                 "hidden_states = self.mlp(hidden_states)")
-ATTN_SOURCE = ("query_states, key_states = apply_rotary_pos_emb(query_states, key_states, cos, sin)",
-               (CACHE_UPDATE, CACHE_UPDATE_KWARGS),
-               "ALL_ATTENTION_FUNCTIONS.get_interface", "scaling=self.scaling", "self.o_proj(attn_output)")
 MLP_SOURCE = ("self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",)
 
 
@@ -148,84 +148,6 @@ def _silu(mlp) -> bool:
     return isinstance(mlp.act_fn, (SiLUActivation, torch.nn.SiLU))
 
 
-# ---- attention + RoPE ---------------------------------------------------------------------------------
-
-def _tables_of(cos, sin):
-    """transformers' per-token cos/sin (B|1, S, hd) as rope_1d's per-token tables (rows, hd/2): no positions."""
-    half = cos.shape[-1] // 2
-    rows, seq = cos.shape[0], cos.shape[1]
-    table = [t[..., :half].to(torch.float32).reshape(rows * seq, half).contiguous() for t in (cos, sin)]
-    return (*table, None)
-
-
-def _rope_tables(cache: dict, cos, sin):
-    """(cos (B*S, hd/2) fp32, sin, no positions) from the model's position_embeddings, once per forward
-    in eager mode. Inside a compiled graph there is no cache: a Python dict holding tensors made dynamo guard on
-    its contents and recompile, and the graph output its tables to store them."""
-    if torch.compiler.is_compiling():
-        return _tables_of(cos, sin)
-    if cache.get("cos") is not cos or cache.get("sin") is not sin:
-        cache.update(cos=cos, sin=sin, tables=_tables_of(cos, sin))
-    return cache["tables"]
-
-
-def _sliding_kwarg(cls):
-    """How the original forward passes sliding_window to the attention interface: a getter, or None to not pass it."""
-    src = forward_source(cls)
-    if "sliding_window=self.sliding_window" in src:
-        return lambda attn: {"sliding_window": attn.sliding_window}
-    if 'sliding_window=getattr(self.config, "sliding_window", None)' in src:
-        return lambda attn: {"sliding_window": getattr(attn.config, "sliding_window", None)}
-    if "sliding_window" not in src:
-        return lambda attn: {}
-    return None
-
-
-def _attn_forward(ops, rope_cache: dict, sliding, eager, qk_norm: bool, new_cache_api: bool):
-    """XAttention.forward (llama/mistral/qwen2/qwen3, transformers 5.x) with the RoPE through ops.rope_1d.
-    `qk_norm` (Qwen3's per-head q/k RMSNorm) is known per class: `hasattr(self, "q_norm")` in the forward made every
-    compiled call raise and catch an AttributeError per layer to check its guard. `new_cache_api`: the class takes
-    the KV cache as `cache` and passes its kwargs to the cache's update (transformers 5.24)."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
-        kv_cache = kwargs.pop("past_key_values", None)  # 5.17's name; 5.24 still takes it (deprecated)
-        if new_cache_api:  # `cache` wins when both are given, as in transformers' renaming decorator
-            by_new_name = kwargs.pop("cache", None)
-            kv_cache = kv_cache if by_new_name is None else by_new_name
-        input_shape = hidden_states.shape[:-1]
-        hidden_shape = (*input_shape, -1, self.head_dim)
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        qkv = fused_linear(hidden_states, projections, vars(self).get(QKV_ATTR))
-        if qkv is not None:  # one GEMM; q, k, v are column slices of its output
-            query_states, key_states, value_states = qkv.split(_qkv_widths(self, qkv.shape[-1]), dim=-1)
-        else:
-            query_states, key_states, value_states = (p(hidden_states) for p in projections)
-        query_states, key_states = query_states.view(hidden_shape), key_states.view(hidden_shape)
-        if qk_norm:  # Qwen3: per-head RMSNorm before RoPE
-            query_states, key_states = self.q_norm(query_states), self.k_norm(key_states)
-        query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)
-        value_states = value_states.view(hidden_shape).transpose(1, 2)
-
-        cos_table, sin_table, positions = _rope_tables(rope_cache, *position_embeddings)
-        query_states, key_states = ops.rope_1d(query_states, key_states, cos_table, sin_table, positions)
-
-        if kv_cache is not None:
-            if new_cache_api:
-                key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
-            else:
-                key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx)
-        attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
-        attn_output, attn_weights = attention_interface(
-            self, query_states, key_states, value_states, attention_mask,
-            dropout=0.0 if not self.training else self.attention_dropout, scaling=self.scaling,
-            **sliding(self), **kwargs)
-        attn_output = attn_output.reshape(*input_shape, -1).contiguous()
-        return self.o_proj(attn_output), attn_weights
-
-    return forward
-
-
 # ---- entry point --------------------------------------------------------------------------------------
 
 def _check_provider(model, provider: str):
@@ -300,7 +222,7 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
             report.on_revert(lambda m=mlp: release(vars(m).pop(FUSED_ATTR)))
             patch_forward(report, RULE_MLP, mlp, mlp_forward, classes)
         attn = layer.self_attn
-        sliding = _sliding_kwarg(type(attn))
+        sliding = sliding_kwarg(type(attn))
         if sliding is None:
             report.skip(RULE_ROPE, f"layers.{index}: {type(attn).__name__} passes sliding_window in an unknown way")
         elif getattr(attn, "q_norm", None) is not None and not (norms_ok.get(f"layers.{index}.self_attn.q_norm")
@@ -311,34 +233,7 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
                 eager = inspect.getmodule(type(attn)).eager_attention_forward
                 qk_norm = getattr(attn, "q_norm", None) is not None
                 new_cache_api = CACHE_UPDATE_KWARGS in forward_source(type(attn))
-                attn_forwards[type(attn)] = _attn_forward(ops, rope_cache, sliding, eager, qk_norm, new_cache_api)
+                attn_forwards[type(attn)] = attn_forward(ops, rope_cache, sliding, eager, qk_norm, new_cache_api)
             if _patch(report, RULE_ROPE, attn, attn_forwards[type(attn)], "Attention", prefix, classes, ATTN_SOURCE):
-                _fuse_qkv(report, attn, index)
+                fuse_qkv(report, attn, index)
     return report
-
-
-def _qkv_widths(attn, width: int) -> list[int]:
-    """[q, k, v] widths of a fused projection `width` wide, from head_dim and num_key_value_groups, which a compiled
-    graph guards on anyway (q is `groups` times as wide as k and v): reading each projection's out_features cost
-    three more guards per layer, checked on every call. _fuse_qkv fuses only projections of these widths."""
-    groups, head_dim = attn.num_key_value_groups, attn.head_dim
-    kv = width // (head_dim * (groups + 2)) * head_dim
-    return [kv * groups, kv, kv]
-
-
-def _fuse_qkv(report, attn, index: int) -> None:
-    """Give the patched attention one [q | k | v] weight (the projections become views of it); when the
-    projections cannot be fused the forward keeps the three GEMMs, and the report says why."""
-    widths = [p.out_features for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
-    if not (isinstance(getattr(attn, "num_key_value_groups", None), int) and isinstance(attn.head_dim, int)
-            and _qkv_widths(attn, sum(widths)) == widths):
-        report.skip(RULE_ROPE, f"layers.{index}: q/k/v kept as three GEMMs: widths {widths} are not heads x head_dim "
-                               "with num_key_value_groups query heads per key/value head")
-        return
-    fused = fuse_linears((attn.q_proj, attn.k_proj, attn.v_proj))
-    if isinstance(fused, str):
-        report.skip(RULE_ROPE, f"layers.{index}: q/k/v kept as three GEMMs: {fused}")
-        return
-    setattr(attn, QKV_ATTR, fused)
-    report.on_revert(lambda: release(vars(attn).pop(QKV_ATTR)))
-
