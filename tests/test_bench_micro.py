@@ -154,11 +154,12 @@ def _results(cuda_check=True):
 
 def _records(cuda_check=True, peak=2000.0):
     copy = {"bytes": 2 << 30, "ms": _stats(1.0), "gbps": peak}
-    return [micro.copy_record(copy), *micro.build_records([CASE], _results(cuda_check), {CASE: NBYTES}, peak)]
+    records = micro_report.build_records([CASE], _results(cuda_check), {CASE: NBYTES}, peak)
+    return [micro_report.copy_record(copy), *records]
 
 
 def test_gbps_pct_and_speedup_arithmetic():
-    assert micro.gbps(10**9, 1.0) == pytest.approx(1000.0)
+    assert micro_report.gbps(10**9, 1.0) == pytest.approx(1000.0)
     records = _records()
     by = {r["provider"]: r for r in records if r["name"] == "rms_norm"}
     assert list(by) == list(CASE.providers)
@@ -182,15 +183,15 @@ def test_gbps_pct_and_speedup_arithmetic():
     na = by["liger"]
     assert na["derived"] == {"status": "n/a", "reason": "liger_kernel is not importable"}
     assert math.isnan(na["stats"]["median"]) and na["stats"]["n"] == 0 and na["check"] is None
-    assert micro.speedups({"cuda": 1.0}) == {} and micro.speedups({"eager": 1.0}) == {}
+    assert micro_report.speedups({"cuda": 1.0}) == {} and micro_report.speedups({"eager": 1.0}) == {}
 
 
 def test_failed_checks_only_cuda():
-    assert micro.failed_checks(_records()) == []
+    assert micro_report.failed_checks(_records()) == []
     results = _results(cuda_check=False)
     results[(CASE, "eager")].check = {"max_abs_err": 1.0, "atol": 0.0, "rtol": 0.0, "passed": False}
-    records = micro.build_records([CASE], results, {CASE: NBYTES}, 2000.0)
-    failures = micro.failed_checks(records)
+    records = micro_report.build_records([CASE], results, {CASE: NBYTES}, 2000.0)
+    failures = micro_report.failed_checks(records)
     assert len(failures) == 1 and "rms_norm" in failures[0] and "0.5" in failures[0]
 
 
@@ -253,7 +254,7 @@ def test_run_cases_interleaves_checks_and_marks_na(monkeypatch):
         assert results[(case, "F.rms_norm")].stats is None
         liger = results[(case, "liger")]
         assert liger.stats is None and liger.reason  # not installed here, or cannot run on CPU tensors
-    records = micro.build_records(cases, results, nbytes, None)
+    records = micro_report.build_records(cases, results, nbytes, None)
     assert [r["derived"]["status"] for r in records] == ["ok", "n/a", "n/a"] * 2
     assert "pct_of_copy_peak" not in records[0]["derived"]
 

@@ -2,7 +2,8 @@
 
 The pieces are separable so that the CPU tests reach all but the timing: `plan` (which kernel, shape,
 dtype and providers; pure), `run_cases` (inputs once per case, providers interleaved per shape, checked
-against the fp32 reference, then timed), `build_records` (GB/s, % of the copy peak, speedups; pure).
+against the fp32 reference, then timed); micro_report turns the timings into records (GB/s, % of the copy
+peak, speedups; pure) and renders them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from ltxbench.ops.registry import (
     KernelSpec,
     get_spec,
 )
-from ltxbench.results.schema import STATS_KEYS, make_record
+from ltxbench.results.schema import STATS_KEYS
 
 DTYPE_NAMES = ("bf16", "fp16", "fp32")
 TIMERS = ("do_bench", "cudagraph")
@@ -267,68 +268,3 @@ def run_cases(cases, *, timer: str = "do_bench", seed: int = 0, device: str = "c
             if nbytes[case]:
                 results[(case, SAME_SIZE_COPY)] = _same_size_copy(nbytes[case], device, time_fn)
     return results, nbytes
-
-
-# --- records -----------------------------------------------------------------------------------------
-
-def gbps(nbytes: int, median_ms: float) -> float:
-    return nbytes / (median_ms * 1e-3) / 1e9
-
-
-def speedups(medians: dict) -> dict:
-    """cuda's speedup (baseline time / cuda time) over each baseline and over the fastest one."""
-    cuda = medians.get("cuda")
-    base = {p: t for p, t in medians.items() if p != "cuda" and t and t > 0}
-    if not cuda or not base:
-        return {}
-    out = {f"speedup_vs_{p}": t / cuda for p, t in base.items()}
-    best = min(base, key=base.get)
-    out.update(best_baseline=best, speedup_vs_best=base[best] / cuda)
-    return out
-
-
-def copy_record(copy: dict) -> dict:
-    return make_record("copy", "torch", "uint8", {"bytes": copy["bytes"]}, "time", "ms", "lower", copy["ms"],
-                       derived={"gbps": copy["gbps"]})
-
-
-def build_records(cases, results: dict, nbytes: dict, copy_peak_gbps: float | None) -> list[dict]:
-    """One record per (case, provider), n/a ones included; pure (no GPU), so tests can feed it timings."""
-    records = []
-    for case in cases:
-        ms = {p: results[(case, p)].stats["median"] for p in case.providers
-              if (case, p) in results and results[(case, p)].stats}
-        params = {"shape": list(case.shape), "shape_name": case.shape_name, "variant": case.variant,
-                  "bytes": nbytes.get(case)}
-        copy = results.get((case, SAME_SIZE_COPY))
-        copy_ms = copy.stats["median"] if copy is not None and copy.stats else None
-        for p in case.providers:
-            m = results.get((case, p)) or Measurement(reason="not measured")
-            if m.stats is None:
-                derived = {"status": "n/a", "reason": m.reason}
-                records.append(make_record(case.kernel, p, case.dtype, params, "time", "ms", "lower", NA_STATS,
-                                           derived=derived, check=m.check))
-                continue
-            derived = {"status": "ok"}
-            if nbytes.get(case):
-                derived["gbps"] = gbps(nbytes[case], m.stats["median"])
-                if copy_peak_gbps:
-                    derived["pct_of_copy_peak"] = 100 * derived["gbps"] / copy_peak_gbps
-            if copy_ms:
-                derived["same_size_copy_ms"] = copy_ms
-                derived["pct_of_same_size_copy"] = 100 * copy_ms / m.stats["median"]
-            if p == "cuda":
-                derived.update(speedups(ms))
-            records.append(make_record(case.kernel, p, case.dtype, params, "time", "ms", "lower", m.stats,
-                                       derived=derived, check=m.check))
-    return records
-
-
-def failed_checks(records) -> list[str]:
-    """The `cuda` records whose correctness check failed (exit code 1)."""
-    def g(v):
-        return f"{v:.3g}" if isinstance(v, float) else str(v)
-
-    return [f"{r['name']} {r['params'].get('shape_name')} {r['dtype']} (max abs err {g(r['check'].get('max_abs_err'))}"
-            f", atol {g(r['check'].get('atol'))}, rtol {g(r['check'].get('rtol'))})"
-            for r in records if r["provider"] == "cuda" and r.get("check") and r["check"].get("passed") is False]

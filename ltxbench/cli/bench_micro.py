@@ -106,7 +106,7 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
     copy = copy_bandwidth_gbps(timer=timer)
     results, nbytes = micro.run_cases(cases, timer=timer, seed=seed,
                                       log=lambda s: log.print(f"measuring {s}", markup=False))
-    records = [micro.copy_record(copy), *micro.build_records(cases, results, nbytes, copy["gbps"])]
+    records = [micro_report.copy_record(copy), *micro_report.build_records(cases, results, nbytes, copy["gbps"])]
     argv = ["ltxbench", "bench", "micro", *(kernels or ["all"]), "--dtype", ",".join(dtypes), "--shapes", shapes,
             "--providers", ",".join(providers), "--timer", timer, "--seed", str(seed)]
     argv += ["--variant", variant] if variant else []
@@ -125,7 +125,7 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
     if plot is not None:
         micro_report.plot(records, plot)
         console.print(f"wrote {plot}", markup=False)
-    failures = micro.failed_checks(records)
+    failures = micro_report.failed_checks(records)
     if failures:
         more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
         raise CheckFailed(f"cuda kernel outside tolerance: {failures[0]}{more}",
