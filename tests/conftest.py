@@ -2,6 +2,11 @@ import os
 
 import pytest
 
+# The stored GEMM choices (the user's file and the ones the package ships, ltxbench.ops.gemm_cache) stay out of the
+# tests: a GPU test that searches a problem must find it unsearched whatever ran on the machine before, and no test
+# writes its problems into the user's file. tests/test_gemm_cache.py sets the variable per test.
+os.environ["LTXBENCH_GEMM_CACHE"] = "off"
+
 
 def _cuda_available() -> bool:
     try:

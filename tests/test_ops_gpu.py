@@ -337,10 +337,12 @@ def test_cross_attention_bad_arguments_name_the_argument():
             call()
 
 
-# LTX-2B-sized problems (>= 20 us: the algorithm search runs), as the injected model calls them.
-TUNED_PROBLEMS = [((2, 1344, 2048), 2048, "bias", torch.bfloat16), ((2, 1344, 2048), 8192, "gelu-tanh", torch.bfloat16),
+# LTX-2B-sized problems (>= 20 us: the algorithm search runs), as the injected model calls them, at token counts no
+# other test runs: the search happens once per problem and process, and the 2B pipeline test before this file runs
+# 2688-token GEMMs (block 0's attn1 on one CFG half).
+TUNED_PROBLEMS = [((2, 1340, 2048), 2048, "bias", torch.bfloat16), ((2, 1340, 2048), 8192, "gelu-tanh", torch.bfloat16),
                   ((1, 3000, 1024), 3000, "no-bias", torch.float16), ((1, 1000, 1536), 1024, "bias", torch.float32),
-                  ((2, 1344, 2048), 2048, "residual", torch.bfloat16)]
+                  ((2, 1340, 2048), 2048, "residual", torch.bfloat16)]
 
 
 @pytest.mark.parametrize("shape,n,variant,dtype", TUNED_PROBLEMS, ids=lambda v: str(v))
