@@ -174,8 +174,11 @@ def test_cuda_kernels_pair_the_halves_eagerly_and_under_module_compile(rope_from
     inputs = _inputs(model, "cuda", torch.bfloat16, frames=3, height=8, width=12)
     inputs["hidden_states"] = torch.cat([inputs["hidden_states"][:1]] * 2)
     inputs["timestep"] = torch.tensor(700.0, device="cuda").expand(2)
+    other = dict(inputs, hidden_states=inputs["hidden_states"].clone())
+    other["hidden_states"][1] += 0.25
     with torch.no_grad():
         expected = model(**inputs)[0].float()
+        expected_other = model(**other)[0].float()
         seen = _attn1_batches(model)
         with apply_kernels(model, "cuda", rope_from_coords=rope_from_coords):
             got = model(**inputs)[0].float()
@@ -185,9 +188,13 @@ def test_cuda_kernels_pair_the_halves_eagerly_and_under_module_compile(rope_from
             model.compile()
             try:
                 compiled = model(**inputs)[0].float()
+                # halves that differ after a paired step: run paired by the last answer, then again on the whole batch
+                differing = model(**other)[0].float()
             finally:
                 model._compiled_call_impl = None
                 torch._dynamo.reset()
+    cos = torch.nn.functional.cosine_similarity(differing.flatten(), expected_other.flatten(), dim=0).item()
+    assert cos >= 0.999, cos
     for result in (got, compiled):
         cos = torch.nn.functional.cosine_similarity(result.flatten(), expected.flatten(), dim=0).item()
         assert cos >= 0.999, cos
@@ -201,6 +208,7 @@ def test_the_device_check_enqueues_without_a_synchronization_and_reads_back_its_
     torch.cuda.set_sync_debug_mode("error")  # any synchronizing call in the check raises
     try:
         answers = [Answer(compare_halves(pair, t)), Answer(compare_halves(torch.cat([x, x + 1]), t))]
+        on_host = compare_halves(pair, torch.tensor([700.0, 700.0, 700.0, 650.0]))  # a CPU timestep: read now
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert [a.get() for a in answers] == [True, False]
+    assert [a.get() for a in answers] == [True, False] and on_host is False
