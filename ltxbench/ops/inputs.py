@@ -1,0 +1,179 @@
+"""Random inputs for each op, as its KernelSpec (registry.py) names them: (shape, dtype, device, generator,
+variant) -> the op's keyword arguments, at the scales the models feed them (unit activations, LayerNorm-sized
+modulation, nn.Linear's init), so that tests, `bench micro` and the sanitizer run every op on the same data."""
+
+from __future__ import annotations
+
+import torch
+
+
+def _randn(shape, dtype, device, gen):
+    return torch.randn(shape, generator=gen, dtype=torch.float32, device="cpu").to(device=device, dtype=dtype)
+
+
+def _modulation(b, s, d, dtype, device, gen, variant):
+    """scale, shift as the model produces them: per batch (B,1,D), per token (B,S,D), or LTX's
+    strided views from `(table + temb.reshape(B,T,6,D)).unbind(2)`."""
+    if variant == "ltx-unbind":
+        ada = 0.1 * _randn((b, 1, 6, d), dtype, device, gen)
+        return ada[:, :, 1], ada[:, :, 0]
+    t = s if variant == "per-token" else 1
+    return 0.1 * _randn((b, t, d), dtype, device, gen), 0.1 * _randn((b, t, d), dtype, device, gen)
+
+
+def _gate(b, s, d, dtype, device, gen, variant):
+    return _randn((b, s if variant == "per-token" else 1, d), dtype, device, gen)
+
+
+def _weight(d, dtype, device, gen):
+    return 1 + 0.1 * _randn((d,), dtype, device, gen)
+
+
+def inputs_rms_norm(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    w = None if variant == "no-weight" else _weight(d, dtype, device, gen)
+    return {"x": _randn(shape, dtype, device, gen), "weight": w, "eps": 1e-6,
+            "cast_before_weight": variant == "weight-llama-cast"}
+
+
+def inputs_fused_add(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    return {"x": _randn(shape, dtype, device, gen), "residual": _randn(shape, dtype, device, gen),
+            "weight": _weight(d, dtype, device, gen), "eps": 1e-6,
+            "cast_before_weight": variant == "llama-cast"}
+
+
+def inputs_rms_mod(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    scale, shift = _modulation(b, s, d, dtype, device, gen, variant)
+    weight = _weight(d, dtype, device, gen) if variant == "weight" else None  # per-batch modulation + a weight
+    return {"x": _randn(shape, dtype, device, gen), "weight": weight, "scale": scale, "shift": shift, "eps": 1e-6}
+
+
+def inputs_layer_mod(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    scale, shift = _modulation(b, s, d, dtype, device, gen, variant)
+    # An offset mean checks that the variance is computed around the mean, not from E[x²] - E[x]².
+    x = _randn(shape, dtype, device, gen) + 3
+    return {"x": x, "scale": scale, "shift": shift, "eps": 1e-6}
+
+
+def inputs_gated_residual(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    return {"h": _randn(shape, dtype, device, gen), "a": _randn(shape, dtype, device, gen),
+            "gate": _gate(b, s, d, dtype, device, gen, variant)}
+
+
+def inputs_add_rms_mod(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    gate = None if variant == "no-gate" else _gate(b, s, d, dtype, device, gen, "per-batch")
+    scale, shift = _modulation(b, s, d, dtype, device, gen, "per-batch")
+    return {"h": _randn(shape, dtype, device, gen), "a": _randn(shape, dtype, device, gen), "gate": gate,
+            "scale": scale, "shift": shift, "eps": 1e-6}
+
+
+def _ltx_grid(b, s, device, gen):
+    """A fractional (t, h, w) grid like the pipeline's (frame index * 8/20 ..., pixel / 2048)."""
+    t = torch.randint(0, 21, (b, s, 1), generator=gen) * 0.4
+    hw = torch.randint(0, 64, (b, s, 2), generator=gen) * (32 / 2048)
+    return torch.cat([t, hw], dim=-1).to(device=device, dtype=torch.float32)
+
+
+def _ltx_rope_source(b, s, d, device, gen, variant):
+    from ltxbench.ops.reference import ltx_cos_sin, ltx_rope_freqs
+
+    grid, freqs = _ltx_grid(b, s, device, gen), ltx_rope_freqs(d, device=device)
+    if variant == "coords":
+        return {"cos": None, "sin": None, "grid": grid, "freqs": freqs}
+    cos, sin = ltx_cos_sin(grid, freqs, d)
+    return {"cos": cos, "sin": sin, "grid": None, "freqs": None}
+
+
+def inputs_rope_3d(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    return {"q": _randn(shape, dtype, device, gen), "k": _randn(shape, dtype, device, gen),
+            **_ltx_rope_source(b, s, d, device, gen, variant)}
+
+
+def inputs_qk_norm_rope(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    return {"q": _randn(shape, dtype, device, gen), "k": _randn(shape, dtype, device, gen),
+            "wq": _weight(d, dtype, device, gen), "wk": _weight(d, dtype, device, gen), "eps": 1e-5,
+            **_ltx_rope_source(b, s, d, device, gen, variant)}
+
+
+def inputs_rope_1d(shape, dtype, device, gen, variant):
+    """(B, S, hidden) → q (B, Hq, S, hd) and GQA k (B, Hq/4, S, hd) as transposed views, like transformers;
+    positions offset by 7 as in decode with a KV cache; variant partial-rot rotates half the head dim;
+    variant per-token passes one table row per token and no positions (what the LLM injection runs)."""
+    b, s, d = shape
+    hd = 128 if d % 128 == 0 else (64 if d % 64 == 0 else d)
+    hq = d // hd
+    hk = max(1, hq // 4) if hq else 0
+    rot = hd // 2 if variant == "partial-rot" else hd
+    rot -= rot % 2
+    offset = 7
+    inv_freq = 1.0 / (500000.0 ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    angles = torch.arange(s + offset, dtype=torch.float32)[:, None] * inv_freq[None, :]
+    positions = (torch.arange(s) + offset).expand(b, s)
+    if variant == "per-token":
+        angles, positions = angles[positions].reshape(b * s, rot // 2), None
+    return {"q": _randn((b, s, hq, hd), dtype, device, gen).transpose(1, 2),
+            "k": _randn((b, s, hk, hd), dtype, device, gen).transpose(1, 2),
+            "cos": angles.cos().to(device), "sin": angles.sin().to(device),
+            "positions": None if positions is None else positions.to(device),
+            "interleaved": variant == "interleaved"}
+
+
+def inputs_gelu(shape, dtype, device, gen, variant):
+    return {"x": 2 * _randn(shape, dtype, device, gen)}
+
+
+def inputs_geglu(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    return {"x": 2 * _randn((b, s, 2 * d), dtype, device, gen), "gate_half": 0 if variant == "gate-first" else 1,
+            "approximate": variant == "tanh"}
+
+
+def inputs_swiglu(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    return {"x": 2 * _randn((b, s, 2 * d), dtype, device, gen), "gate_half": 1 if variant == "gate-second" else 0}
+
+
+# (head_dim, keys, mask) per variant; "ltx" is LTX-2B's attn2: 128 text tokens, 0 / -10000 per key as the pipeline
+# builds it from the text mask, repeated over the heads (B, H, 1, L) as diffusers prepares it.
+XATTN_VARIANTS = {"ltx": (64, 128, "text"), "no-mask": (64, 77, None), "hd128": (128, 83, "text-f32-shared"),
+                  "odd-head-dim": (40, 19, "bias")}
+def inputs_cross_attention(shape, dtype, device, gen, variant):
+    """(B, S, D) → q (B, S, H, hd) with H = ⌈D / hd⌉ over k, v (B, L, H, hd), and the variant's mask."""
+    b, s, d = shape
+    hd, length, kind = XATTN_VARIANTS[variant]
+    h = -(-d // hd)
+    q, k, v = (_randn((b, n, h, hd), dtype, device, gen) for n in (s, length, length))
+    mask = None
+    if kind in ("text", "text-f32-shared"):
+        valid = torch.arange(length)[None, :] < torch.randint(1, length + 1, (b, 1), generator=gen)
+        mask = ((~valid).float() * -10000.0)[:, None, None, :]
+        mask = mask.expand(b, h, 1, length).contiguous().to(dtype) if kind == "text" else mask
+        mask = mask.to(device)
+    elif kind == "bias":  # any additive bias, one per (head, key), shared by the batch
+        mask = _randn((1, h, 1, length), dtype, device, gen)
+    return {"q": q, "k": k, "v": v, "mask": mask, "scale": None}
+
+
+# linear: (B, S, K) tokens of width K, or (B, S, K, N); without N, an odd-ish out width per variant.
+LINEAR_OUT = {"bias": 96, "gelu-tanh": 136, "no-bias": 83, "residual": 104}
+def inputs_linear(shape, dtype, device, gen, variant):
+    """x (B, S, K) and an nn.Linear's weight (N, K) / bias (N) at its default init scale (uniform ±1/√K);
+    variant "residual" adds a residual stream (B, S, N) of unit scale, as the LTX block's hidden states."""
+    b, s, k, *rest = shape
+    n = rest[0] if rest else LINEAR_OUT[variant]
+    bound = max(k, 1) ** -0.5
+    weight = (2 * torch.rand((n, k), generator=gen) - 1) * bound
+    bias = None if variant == "no-bias" else (2 * torch.rand((n,), generator=gen) - 1) * bound
+    inputs = {"x": _randn((b, s, k), dtype, device, gen), "weight": weight.to(device=device, dtype=dtype),
+              "bias": None if bias is None else bias.to(device=device, dtype=dtype),
+              "activation": "gelu_tanh" if variant == "gelu-tanh" else "none"}
+    if variant == "residual":
+        inputs["residual"] = _randn((b, s, n), dtype, device, gen)
+    return inputs
