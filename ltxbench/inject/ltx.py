@@ -164,7 +164,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     (ops.load_gemm_choices); else torch's linear (cuBLASLt's heuristic pick).
     The attn2 k/v projections run once per prompt with the cache, so they stay torch's. pair_cfg_halves: where
     a step's batch is two identical halves (classifier-free guidance), block 0's norm1, attn1 and gated residual
-    run on one half (ltx_cfg; one host synchronization per step for the check; needs the chained model forward).
+    run on one half (ltx_cfg: checked on the device, the answer read one step late, so no synchronization
+    before a step; needs the chained model forward).
     """
     transformer = _transformer_of(target)
     ops = get_provider(provider)

@@ -69,7 +69,7 @@ class Answer:
             self._value = torch.empty((), dtype=torch.bool, pin_memory=True)
             self._value.copy_(answer, non_blocking=True)
             self._event = torch.cuda.Event()
-            self._event.record()
+            self._event.record(torch.cuda.current_stream(answer.device))  # the copy's stream: the answer's device
 
     def get(self) -> bool:
         if self._event is not None:
