@@ -53,11 +53,6 @@ def compare_halves(hidden_states, timestep, video_coords=None):
     return True if not pending else torch.stack(pending).all()
 
 
-def identical_halves(hidden_states, timestep, video_coords=None) -> bool:
-    """compare_halves, waited for."""
-    return bool(compare_halves(hidden_states, timestep, video_coords))
-
-
 class Answer:
     """compare_halves' answer on its way to the host: copied to pinned memory behind the comparison, so that
     asking for it later waits for the comparison only, not for the work enqueued after it."""

@@ -63,7 +63,7 @@ def step_inputs(model, hidden_states, encoder_hidden_states, timestep, encoder_a
     """The original forward's code up to its block loop, with the modulation of every block stacked (per-sample
     temb: N x B x 6D values, 1.4 MB for LTX-2B with CFG; per token it would be N times (B, S, 6D), so not then).
     prompt_entry: (projected prompt, per-block (key, value)) from the cache, else computed here. paired: the caller
-    found the batch's halves identical (ltx_cfg.identical_halves)."""
+    runs the step on the batch's identical halves (ltx_cfg.HalvesCheck)."""
     rope = model.rope(hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords)
     if encoder_attention_mask is not None and encoder_attention_mask.ndim == 2:
         encoder_attention_mask = ((1 - encoder_attention_mask.to(hidden_states.dtype)) * -10000.0).unsqueeze(1)
