@@ -30,13 +30,13 @@ std::string shape(at::IntArrayRef sizes) {
 std::string dev(const Tensor& t) { return t.device().str(); }
 const char* dtype_name(const Tensor& t) { return c10::toString(t.scalar_type()); }
 
-DType dtype_of(const Tensor& t, const char* op) {
+DType dtype_of(const Tensor& t, const char* op, const char* name) {
   switch (t.scalar_type()) {
     case at::kFloat: return DType::F32;
     case at::kHalf: return DType::F16;
     case at::kBFloat16: return DType::BF16;
     default:
-      TORCH_CHECK(false, "ltxbench.", op, ": x must be float32, float16 or bfloat16, got ", dtype_name(t));
+      TORCH_CHECK(false, "ltxbench.", op, ": ", name, " must be float32, float16 or bfloat16, got ", dtype_name(t));
   }
 }
 
@@ -49,16 +49,18 @@ int compute_capability_major(int device) {
 // The checks every op runs on its primary input: device, dtype, arch support.
 DType check_primary(const Tensor& x, const char* op, const char* name) {
   TORCH_CHECK(x.is_cuda(), "ltxbench.", op, ": ", name, " must be a CUDA tensor, got device ", dev(x));
-  const DType dt = dtype_of(x, op);
+  const DType dt = dtype_of(x, op, name);
   TORCH_CHECK(dt != DType::BF16 || compute_capability_major(x.get_device()) >= 8, "ltxbench.", op,
               ": bfloat16 needs compute capability >= 8.0 (Ampere); this GPU cannot run it, use float16");
   return dt;
 }
 
-void check_same(const Tensor& t, const Tensor& x, const char* op, const char* name) {
-  TORCH_CHECK(t.device() == x.device(), "ltxbench.", op, ": ", name, " is on ", dev(t), " but x is on ", dev(x));
-  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "ltxbench.", op, ": ", name, " has dtype ", dtype_name(t),
-              " but x has ", dtype_name(x), " (they must match)");
+// `t` (argument `name`) against the op's primary input `x` (argument `x_name`): same device and dtype.
+void check_same(const Tensor& t, const Tensor& x, const char* op, const char* name, const char* x_name = "x") {
+  TORCH_CHECK(t.device() == x.device(), "ltxbench.", op, ": ", name, " is on ", dev(t), " but ", x_name, " is on ",
+              dev(x));
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "ltxbench.", op, ": ", name, " has dtype ", dtype_name(t), " but ",
+              x_name, " has ", dtype_name(x), " (they must match)");
 }
 
 // Last dim made contiguous explicitly where it is not; other strides are passed to the kernel.
@@ -76,8 +78,9 @@ Tensor flat_rows(const Tensor& x) {
 }
 
 // A (B|1, S|1, D) modulation operand broadcast to x's (B, S, D) with stride 0 on size-1 dims.
-Rows3 broadcast_rows(const Tensor& t, const Tensor& x, const char* op, const char* name, Tensor& keep) {
-  check_same(t, x, op, name);
+Rows3 broadcast_rows(const Tensor& t, const Tensor& x, const char* op, const char* name, Tensor& keep,
+                     const char* x_name = "x") {
+  check_same(t, x, op, name, x_name);
   const auto B = x.size(0), S = x.size(1), D = x.size(2);
   TORCH_CHECK(t.dim() == 3 && (t.size(0) == B || t.size(0) == 1) && (t.size(1) == S || t.size(1) == 1) &&
                   t.size(2) == D,
@@ -159,14 +162,15 @@ struct Modulated {
   Tensor x, scale, shift, out;
 };
 
-Modulated modulated(const Tensor& x_in, const Tensor& scale, const Tensor& shift, double eps, const char* op) {
-  check_3d(x_in, op, "x");
+Modulated modulated(const Tensor& x_in, const Tensor& scale, const Tensor& shift, double eps, const char* op,
+                    const char* x_name = "x") {
+  check_3d(x_in, op, x_name);
   Modulated m;
   m.x = unit_last_stride(x_in);
   m.p.B = m.x.size(0), m.p.S = m.x.size(1), m.p.D = m.x.size(2);
   m.p.x = rows_of_3d(m.x);
-  m.p.scale = broadcast_rows(scale, m.x, op, "scale", m.scale);
-  m.p.shift = broadcast_rows(shift, m.x, op, "shift", m.shift);
+  m.p.scale = broadcast_rows(scale, m.x, op, "scale", m.scale, x_name);
+  m.p.shift = broadcast_rows(shift, m.x, op, "shift", m.shift, x_name);
   m.p.eps = static_cast<float>(eps);
   m.out = at::empty(m.x.sizes(), m.x.options());
   m.p.out = m.out.data_ptr();
@@ -198,11 +202,11 @@ Tensor layer_norm_modulate(const Tensor& x, const Tensor& scale, const Tensor& s
 // The residual branch a (same shape as h) and an optional (B|1, S|1, D) gate.
 Tensor attach_branch(RowOpParams& p, const Tensor& h, const Tensor& a, const std::optional<Tensor>& gate,
                      const char* op, Tensor& gate_keep) {
-  check_same(a, h, op, "a");
+  check_same(a, h, op, "a", "h");
   TORCH_CHECK(a.sizes() == h.sizes(), "ltxbench.", op, ": a has shape ", shape(a.sizes()), " but h has ", shape(h.sizes()));
   Tensor ar = unit_last_stride(a);
   p.a = rows_of_3d(ar);
-  if (gate) p.gate = broadcast_rows(*gate, h, op, "gate", gate_keep);
+  if (gate) p.gate = broadcast_rows(*gate, h, op, "gate", gate_keep, "h");
   return ar;
 }
 
@@ -228,7 +232,7 @@ std::tuple<Tensor, Tensor> add_rms_norm_modulate(const Tensor& h, const Tensor& 
                                                  const Tensor& shift, double eps) {
   const char* op = "add_rms_norm_modulate";
   const DType dt = check_primary(h, op, "h");
-  Modulated m = modulated(h, scale, shift, eps, op);
+  Modulated m = modulated(h, scale, shift, eps, op, "h");
   Tensor gate_keep;
   const Tensor ar = attach_branch(m.p, m.x, a, gate, op, gate_keep);
   Tensor h_out = at::empty(m.x.sizes(), m.x.options());
@@ -281,7 +285,7 @@ void attach_ltx_angles(Rope3dParams& p, const Tensor& q, const std::optional<Ten
 
 Rope3dParams rope_3d_params(const Tensor& q, const Tensor& k, const char* op, std::vector<Tensor>& keep) {
   check_3d(q, op, "q");
-  check_same(k, q, op, "k");
+  check_same(k, q, op, "k", "q");
   TORCH_CHECK(k.sizes() == q.sizes(), "ltxbench.", op, ": k has shape ", shape(k.sizes()), " but q has ",
               shape(q.sizes()));
   TORCH_CHECK(q.size(2) % 2 == 0, "ltxbench.", op, ": the inner dim D must be even (pairs), got ", num(q.size(2)));
@@ -325,7 +329,7 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope(const Tensor& q, const Tensor& k, co
   Rope3dParams p = rope_3d_params(q, k, op, keep);
   TORCH_CHECK(p.D <= 8192, "ltxbench.", op, ": the inner dim D must be <= 8192, got ", num(p.D));
   for (auto [w, name] : {std::pair{&wq, "wq"}, std::pair{&wk, "wk"}}) {
-    check_same(*w, q, op, name);
+    check_same(*w, q, op, name, "q");
     TORCH_CHECK(w->dim() == 1 && w->size(0) == p.D, "ltxbench.", op, ": ", name, " must have shape (", num(p.D),
                 ",), got ", shape(w->sizes()));
   }
@@ -342,7 +346,7 @@ std::tuple<Tensor, Tensor> rope_1d(const Tensor& q_in, const Tensor& k_in, const
                                    const std::optional<Tensor>& positions, bool interleaved) {
   const char* op = "rope_1d";
   const DType dt = check_primary(q_in, op, "q");
-  check_same(k_in, q_in, op, "k");
+  check_same(k_in, q_in, op, "k", "q");
   TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4, "ltxbench.", op,
               ": q and k must be 4-D (B, heads, S, head_dim), got ", shape(q_in.sizes()), " and ", shape(k_in.sizes()));
   const int64_t B = q_in.size(0), S = q_in.size(2), hd = q_in.size(3);
@@ -435,8 +439,8 @@ Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
                        std::optional<double> scale) {
   const char* op = "cross_attention";
   const DType dt = check_primary(q_in, op, "q");
-  check_same(k_in, q_in, op, "k");
-  check_same(v_in, q_in, op, "v");
+  check_same(k_in, q_in, op, "k", "q");
+  check_same(v_in, q_in, op, "v", "q");
   TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4, "ltxbench.", op,
               ": q, k and v must be 4-D (B, S|L, heads, head_dim), got ", shape(q_in.sizes()), ", ",
               shape(k_in.sizes()), " and ", shape(v_in.sizes()));

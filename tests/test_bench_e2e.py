@@ -57,6 +57,8 @@ def test_select_configs_maps_the_original_flags():
     (["--repeats", "0"], "--repeats 0"),
     (["--rounds", "0"], "--rounds 0"),
     (["--phase", "vae"], "--phase"),
+    (["--steps", "1"], "--steps 1 must be at least 2"),
+    (["--guidance-scale", "-1"], "--guidance-scale -1.0 must not be negative"),
 ])
 def test_bad_arguments_exit_2(extra, needle, tmp_path):
     out = tmp_path / "r.json"

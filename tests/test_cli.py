@@ -189,3 +189,46 @@ def test_help_is_fast():
         timings.append(time.perf_counter() - start)
         assert proc.returncode == 0, proc.stderr
     assert min(timings) < 0.5, f"`ltxbench --help` took {min(timings):.2f}s at best of 3 ({timings})"
+
+
+# --- outputs are checked before any work ---------------------------------------------------------
+
+TINY_LTX = ["--model", "ltx-tiny", "--weights", "random", "--device", "cpu", "--num-frames", "9", "--height", "64",
+            "--width", "64", "--steps", "2"]
+
+
+def _command(kind: str, out: Path) -> list[str]:
+    """A command that would run for a while on the CPU (bench micro: exit 4 at the CUDA check) if its outputs
+    were not checked first."""
+    return {"micro": ["bench", "micro", "rms_norm", "--shapes", "seed", "--output", str(out)],
+            "e2e": ["bench", "e2e", *TINY_LTX, "--kernel-provider", "reference", "--output", str(out)],
+            "generate": ["generate", "--prompt", "x", *TINY_LTX, "--output", str(out.with_suffix(".mp4"))],
+            "profile": ["profile", *TINY_LTX, "--output", str(out)]}[kind]
+
+
+@pytest.mark.parametrize("kind", ["micro", "e2e", "generate", "profile"])
+def test_an_output_under_a_file_is_a_usage_error_before_any_work(kind, tmp_path):
+    blocker = tmp_path / "results"
+    blocker.write_text("a file where a folder should be")
+    result = runner.invoke(app, _command(kind, blocker / "run.json"))
+    assert result.exit_code == 2, result.output
+    assert f"{blocker} is a file, not a folder" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
+
+
+@pytest.mark.parametrize("kind", ["micro", "e2e"])
+def test_an_existing_plot_is_refused_before_any_work_unless_forced(kind, tmp_path):
+    plot = tmp_path / "p.png"
+    plot.write_bytes(b"old plot")
+    result = runner.invoke(app, [*_command(kind, tmp_path / "run.json"), "--plot", str(plot)])
+    assert result.exit_code == 2, result.output
+    assert f"{plot} already exists" in result.output
+    assert plot.read_bytes() == b"old plot" and not (tmp_path / "run.json").exists()
+
+
+def test_generate_refuses_an_existing_csv_before_generating(tmp_path):
+    (tmp_path / "v.csv").write_text("old")
+    result = runner.invoke(app, _command("generate", tmp_path / "v.json"))
+    assert result.exit_code == 2, result.output
+    assert "v.csv already exists" in result.output
+    assert not (tmp_path / "v.mp4").exists() and (tmp_path / "v.csv").read_text() == "old"

@@ -230,7 +230,7 @@ def test_missing_or_malformed_file_is_incomparable(tmp_path):
     assert _invoke(str(FIXTURE), str(broken)).exit_code == 3
 
 
-def test_added_and_removed_records_are_listed_not_regressions(tmp_path, base):
+def test_added_and_removed_records_are_listed_and_a_removed_one_fails_unless_allowed(tmp_path, base):
     new = copy.deepcopy(base)
     new["records"] = [r for r in new["records"] if r["provider"] != "eager"]
     extra = copy.deepcopy(_find(new, "cuda"))
@@ -238,12 +238,51 @@ def test_added_and_removed_records_are_listed_not_regressions(tmp_path, base):
     new["records"].append(extra)
     path = _write(tmp_path, new)
     code, doc = _json(str(FIXTURE), path)
-    assert code == 0
+    assert code == 1 and doc["regressions"] == [] and doc["lost"] == 1
     assert [(r["name"], r["provider"]) for r in doc["removed"]] == [("rms_norm", "eager")]
     assert [(r["name"], r["provider"]) for r in doc["added"]] == [("rms_norm", "compile")]
     result = _invoke(str(FIXTURE), path)
+    assert result.exit_code == 1
     assert "removed: rms_norm eager" in result.output and "added: rms_norm compile" in result.output
-    assert "1 added, 1 removed" in result.output
+    assert "1 added, 1 removed" in result.output and "1 measurement(s)" in result.output
+    assert "--allow-missing" in result.output
+    assert _invoke(str(FIXTURE), path, "--allow-missing").exit_code == 0
+    added_only = copy.deepcopy(base)
+    added_only["records"].append(extra)
+    assert _invoke(str(FIXTURE), _write(tmp_path, added_only, "added.json")).exit_code == 0
+
+
+def test_a_measurement_that_became_n_a_fails_unless_allowed(tmp_path, base):
+    new = copy.deepcopy(base)
+    gone = _find(new, "cuda")
+    gone["stats"] = {k: None for k in gone["stats"]}
+    path = _write(tmp_path, new)
+    code, doc = _json(str(FIXTURE), path)
+    assert code == 1 and doc["lost"] == 1 and doc["regressions"] == []
+    assert _invoke(str(FIXTURE), path, "--allow-missing").exit_code == 0
+    # n/a in both files (the fixture's own n/a record) is not a loss: the same file against itself passes
+    assert _invoke(str(FIXTURE), str(FIXTURE)).exit_code == 0
+
+
+@pytest.mark.parametrize("corrupt", ["int-name", "nan-median", "string-median", "inf-p80"])
+def test_records_of_the_wrong_type_are_incomparable(tmp_path, base, corrupt):
+    new = copy.deepcopy(base)
+    rec = _find(new, "cuda")
+    field, value = {"int-name": ("name", 7), "nan-median": ("median", float("nan")),
+                    "string-median": ("median", "fast"), "inf-p80": ("p80", float("inf"))}[corrupt]
+    (rec if field == "name" else rec["stats"])[field] = value
+    path = tmp_path / "new.json"
+    path.write_text(json.dumps(new), encoding="utf-8")  # json.dumps writes NaN / Infinity, as a hand edit might
+    result = _invoke(str(FIXTURE), str(path))
+    assert result.exit_code == 3, result.output
+    assert ("'name' must be a string" if field == "name" else f"stats.{field}") in result.output
+
+
+def test_a_file_that_is_not_text_is_incomparable(tmp_path):
+    video = tmp_path / "v.mp4"
+    video.write_bytes(b"\x00\x00\x00\x18ftypmp42\xff\xfe\x80")
+    result = _invoke(str(video), str(FIXTURE))
+    assert result.exit_code == 3 and "not UTF-8" in result.output and "Traceback" not in result.output
 
 
 def test_duplicate_record_keys_are_incomparable(tmp_path, base):

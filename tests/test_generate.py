@@ -41,12 +41,14 @@ def test_bad_video_args_exit_2_naming_the_value(flag, value, tmp_path):
 
 
 def test_validate_video_args_accepts_valid_and_names_bad():
-    for frames, h, w, s in ((9, 64, 64, 1), (161, 512, 768, 50), (1, 32, 32, 1)):
+    for frames, h, w, s in ((9, 64, 64, 2), (161, 512, 768, 50), (1, 32, 32, 2)):
         ltx.validate_video_args(frames, h, w, s)
+    with pytest.raises(UsageError, match="--steps 1 must be at least 2"):
+        ltx.validate_video_args(9, 64, 64, 1)
     with pytest.raises(UsageError, match="--num-frames 162"):
         ltx.validate_video_args(162, 512, 768, 50)
     with pytest.raises(UsageError, match="--width 0"):
-        ltx.validate_video_args(9, 64, 0, 1)
+        ltx.validate_video_args(9, 64, 0, 2)
 
 
 def test_validation_happens_before_torch_is_imported():
@@ -91,7 +93,7 @@ def test_pretrained_uncached_hub_id_offline_exits_4_with_hint(tmp_path):
     env = _env(HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"))
     proc = subprocess.run(
         [sys.executable, "-m", "ltxbench", "generate", "--prompt", "x", "--device", "cpu", "--num-frames", "9",
-         "--height", "64", "--width", "64", "--steps", "1", "--output", str(tmp_path / "v.mp4")],
+         "--height", "64", "--width", "64", "--steps", "2", "--output", str(tmp_path / "v.mp4")],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert "'Lightricks/LTX-Video' are not available offline" in proc.stderr

@@ -5,10 +5,13 @@ fp32-math reference with the HANDBOOK tolerances and (b) against float64: the ke
 exceed twice the error of the host library's own eager formula in the same dtype.
 """
 
+import re
+
 import pytest
 import torch
 
 from ltxbench.ops import reference
+from ltxbench.ops.inputs import LAYOUTS, relayout, restride
 from ltxbench.ops.registry import DTYPES, SPECS
 
 pytestmark = pytest.mark.gpu
@@ -23,10 +26,10 @@ def _tuple(out):
     return out if isinstance(out, tuple) else (out,)
 
 
-def _poison_allocator(shape, dtype, n):
-    """Leave NaN-filled blocks of the output size in the caching allocator, so an element the kernel
+def _poison_allocator(shapes, dtype):
+    """Leave NaN-filled blocks of each output's size in the caching allocator, so an element the kernel
     forgets to write shows up as NaN instead of a plausible stale value."""
-    blocks = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for _ in range(n)]
+    blocks = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for shape in shapes]
     del blocks
 
 
@@ -37,9 +40,9 @@ def _f64(inputs):
 def _check(spec, inputs, dtype, fp32_tolerance=True):
     """fp32_tolerance=False keeps only the float64 comparison, for inputs whose answer fp32 itself cannot hold
     to the HANDBOOK tolerance (the fp32 reference is then as far off as the kernel may be)."""
-    _poison_allocator(next(iter(inputs.values())).shape, dtype, spec.n_outputs)
-    got = _tuple(spec.fn(**inputs))
     ref = _tuple(spec.reference(**inputs))
+    _poison_allocator([r.shape for r in ref], dtype)
+    got = _tuple(spec.fn(**inputs))
     ref64 = _tuple(spec.reference(**_f64(inputs)))
     eager = _tuple(spec.baselines["eager"](**inputs))
     atol, rtol = spec.tolerance(dtype)
@@ -67,51 +70,49 @@ def test_matches_reference(name, dtype, shape):
         _check(spec, spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(i), variant), DTYPES[dtype])
 
 
-def _restride(t, how):
-    if how == "row-padded":  # rows of a wider buffer: row stride > D
-        big = torch.empty(*t.shape[:-1], t.shape[-1] + 24, dtype=t.dtype, device=t.device)
-        big[..., : t.shape[-1]] = t
-        return big[..., : t.shape[-1]]
-    if how == "transposed":  # (B, S, D) view of an (S, B, D) buffer; (B, H, S, hd) of (S, H, B, hd)
-        dims = (0, 2) if t.dim() == 4 else (0, 1)
-        return t.transpose(*dims).contiguous().transpose(*dims)
-    if how == "last-dim-strided":  # last dim not contiguous: the op must copy explicitly, not misread
-        big = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype, device=t.device)
-        big[..., ::2] = t
-        return big[..., ::2]
-    if how == "misaligned":  # data pointer 2 elements past a 16-byte boundary: scalar path
-        flat = torch.empty(t.numel() + 2, dtype=t.dtype, device=t.device)
-        view = flat[2:].view(t.shape)
-        view.copy_(t)
-        return view
-    raise ValueError(how)
-
-
 @pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
-@pytest.mark.parametrize("how", ["row-padded", "transposed", "last-dim-strided", "misaligned"])
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("how", LAYOUTS)
 def test_strided_inputs(name, dtype, how):
+    """Every tensor argument of every variant (weights, tables, grids, positions, masks included) in the layout."""
     spec = SPECS[name]
-    for shape in ((2, 7, 256), (3, 5, 86)):
-        inputs = spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(), spec.variants[0])
-        inputs = {k: _restride(v, how) if isinstance(v, torch.Tensor) and v.dim() >= 3 and v.is_floating_point()
-                  else v for k, v in inputs.items()}
-        first = next(iter(inputs.values()))
-        assert not first.is_contiguous() or first.data_ptr() % 16 != 0
-        _check(spec, inputs, DTYPES[dtype])
+    for i, variant in enumerate(spec.variants):
+        for shape in ((2, 7, 256), (3, 5, 86)):
+            inputs = spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(i), variant)
+            inputs = relayout(inputs, how)
+            first = next(iter(inputs.values()))
+            assert not first.is_contiguous() or first.data_ptr() % 16 != 0
+            _check(spec, inputs, DTYPES[dtype])
 
 
 @pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("shape", [(0, 4, 64), (2, 0, 64), (2, 3, 0)], ids=str)
-def test_empty(name, shape):
+def test_empty(name, dtype, shape):
     spec = SPECS[name]
-    inputs = spec.make_inputs(shape, torch.bfloat16, "cuda", _gen(), spec.variants[0])
-    for g, r in zip(_tuple(spec.fn(**inputs)), _tuple(spec.reference(**inputs)), strict=True):
-        assert g.shape == r.shape
-        if r.numel():  # linear over K = 0 features: the bias alone, not an empty output
-            torch.testing.assert_close(g, r)
-        else:
-            assert g.numel() == 0
+    for i, variant in enumerate(spec.variants):
+        inputs = spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(i), variant)
+        for g, r in zip(_tuple(spec.fn(**inputs)), _tuple(spec.reference(**inputs)), strict=True):
+            assert g.shape == r.shape and g.dtype == r.dtype
+            if r.numel():  # linear over K = 0 features: the bias alone, not an empty output
+                torch.testing.assert_close(g, r)
+            else:
+                assert g.numel() == 0
+
+
+def _takes_eps(name):
+    spec = SPECS[name]
+    return "eps" in spec.make_inputs((1, 2, 64), torch.float32, "cpu", _gen(), spec.variants[0])
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if _takes_eps(n)])
+def test_eps_is_the_callers(name):
+    """eps = 0.5 moves every normalized value by a few % against the usual 1e-6: a kernel that ignored the
+    argument (or hard-coded its default) would fail even in bf16."""
+    spec = SPECS[name]
+    for i, variant in enumerate(spec.variants):
+        inputs = {**spec.make_inputs((2, 7, 256), torch.float32, "cuda", _gen(i), variant), "eps": 0.5}
+        _check(spec, inputs, torch.float32)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -190,6 +191,31 @@ def test_bad_arguments_name_the_argument():
             call()
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_bad_dtype_and_mismatch_name_the_ops_own_arguments(name):
+    """Each op names its own first argument (h, q, x) in the dtype error, and both arguments of a dtype mismatch,
+    in one line."""
+    spec = SPECS[name]
+    # The first variant with a second 16-bit tensor argument (the activations have none: one dtype case only).
+    for variant in spec.variants:
+        inputs = spec.make_inputs((2, 9, 256), torch.bfloat16, "cuda", _gen(), variant)
+        tensors = [k for k, v in inputs.items() if isinstance(v, torch.Tensor) and v.dtype == torch.bfloat16]
+        if len(tensors) > 1:
+            break
+    first, *others = tensors
+    head = rf"^ltxbench\.{name}: "
+    cases = [({first: inputs[first].int()}, head + rf"{first} must be float32, float16 or bfloat16, got Int$")]
+    if others:
+        cases.append(({others[0]: inputs[others[0]].half()},
+                      head + rf"{others[0]} has dtype Half but {first} has BFloat16 \(they must match\)$"))
+    assert len(cases) == 2 or name in ("gelu_tanh", "geglu", "swiglu"), tensors
+    for change, pattern in cases:
+        with pytest.raises(RuntimeError) as info:
+            spec.fn(**{**inputs, **change})
+        message = str(info.value).strip().splitlines()
+        assert len(message) == 1 and re.match(pattern, message[0]), str(info.value)
+
+
 def test_rope_1d_out_of_range_positions_poison_instead_of_reading_out_of_bounds():
     from ltxbench import ops
 
@@ -218,20 +244,22 @@ def test_rope_1d_per_token_tables_without_positions():
 
 @pytest.mark.parametrize("hd,rot", [(7, 6), (87, 86), (87, 42), (66, 64), (130, 128)])
 @pytest.mark.parametrize("interleaved", [False, True])
-def test_rope_1d_odd_head_dims_and_pass_through_tails(hd, rot, interleaved):
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+def test_rope_1d_odd_head_dims_and_pass_through_tails(hd, rot, interleaved, dtype):
     """Head dims off the vector width (odd, or an odd pass-through tail after the rotary part) take the narrow
     paths; every channel, the last one included, must match the reference."""
     from ltxbench import ops
 
     gen = torch.Generator("cuda").manual_seed(hd + rot)
-    q = torch.randn(2, 3, 5, hd, device="cuda", dtype=torch.bfloat16, generator=gen)
-    k = torch.randn(2, 1, 5, hd, device="cuda", dtype=torch.bfloat16, generator=gen)
+    q = torch.randn(2, 3, 5, hd, device="cuda", generator=gen).to(DTYPES[dtype])
+    k = torch.randn(2, 1, 5, hd, device="cuda", generator=gen).to(DTYPES[dtype])
     cos, sin = (torch.randn(9, rot // 2, device="cuda", generator=gen) for _ in range(2))
     positions = torch.arange(5, device="cuda").expand(2, 5) + 2
     got = ops.rope_1d(q, k, cos, sin, positions, interleaved)
     want = reference.rope_1d(q, k, cos, sin, positions, interleaved)
+    atol, rtol = SPECS["rope_1d"].tolerance(DTYPES[dtype])
     for g, w in zip(got, want, strict=True):
-        torch.testing.assert_close(g, w, atol=1e-2, rtol=1.6e-2)
+        torch.testing.assert_close(g, w, atol=atol, rtol=rtol)
         torch.testing.assert_close(g[..., rot:], w[..., rot:], atol=0, rtol=0)  # pass-through is a copy
 
 
@@ -366,7 +394,7 @@ def test_linear_after_the_algorithm_search_matches_the_reference(shape, n, varia
     assert torch.equal(spec.fn(**inputs), spec.fn(**inputs))
 
 
-@pytest.mark.parametrize("how", ["row-padded", "transposed", "last-dim-strided", "misaligned"])
+@pytest.mark.parametrize("how", LAYOUTS)
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 def test_linear_residual_in_any_layout_and_as_a_problem_of_its_own(how, dtype):
     """The residual is added by the GEMM (beta = 1) whatever its strides or alignment (copied to the output's
@@ -377,7 +405,7 @@ def test_linear_residual_in_any_layout_and_as_a_problem_of_its_own(how, dtype):
     spec = SPECS["linear"]
     for shape in ((2, 7, 256, 40), (3, 5, 86, 83), (1, 1, 1, 1)):
         inputs = spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(11), "residual")
-        _check(spec, {**inputs, "residual": _restride(inputs["residual"], how)}, DTYPES[dtype])
+        _check(spec, {**inputs, "residual": restride(inputs["residual"], how)}, DTYPES[dtype])
     inputs = spec.make_inputs((2, 1500, 1024, 1536), torch.bfloat16, "cuda", _gen(12), "residual")
     _check(spec, inputs, torch.bfloat16)
     _check(spec, {**inputs, "residual": None}, torch.bfloat16)

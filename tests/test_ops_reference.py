@@ -205,3 +205,26 @@ def test_activations_match_library_modules():
     gate, up = x.chunk(2, dim=-1)
     torch.testing.assert_close(reference.swiglu(x, gate_half=0), ACT2FN["silu"](gate) * up)
     assert not torch.allclose(reference.swiglu(x, gate_half=1), reference.swiglu(x, gate_half=0))
+
+
+def _as_f64(inputs):
+    return {k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_reference_equals_the_host_library_formula_in_float64_for_every_variant(name):
+    """The GPU tests hold every kernel to the reference; eager (the host library's formula: diffusers, transformers,
+    torch) only sizes their error budget. So the reference itself must be the library's math, for every variant: in
+    float64 both are exact up to rounding (largest difference seen 5e-7), while a wrong formula, a swapped gate half
+    or a dropped scale differs by O(0.01-1). (eager.hf_rope_1d's interleaved layout is built from the reference and
+    is checked against transformers separately, test_rope_1d_reference_matches_transformers_llama_rotary.)"""
+    spec = SPECS[name]
+    shapes = (spec.test_shapes[0], spec.test_shapes[len(spec.test_shapes) // 2], spec.test_shapes[-1])
+    for i, variant in enumerate(spec.variants):
+        for shape in shapes:
+            inputs = _as_f64(spec.make_inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(i), variant))
+            ref, lib = spec.reference(**inputs), spec.baselines["eager"](**inputs)
+            for r, e in zip(ref if isinstance(ref, tuple) else (ref,), lib if isinstance(lib, tuple) else (lib,),
+                            strict=True):
+                torch.testing.assert_close(r, e, atol=1e-6, rtol=1e-6,
+                                           msg=lambda m, v=variant, s=shape: f"{v} {s}: {m}")

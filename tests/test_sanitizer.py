@@ -21,7 +21,8 @@ def _sanitizer() -> str | None:
 
 
 # racecheck is slow: the shapes whose rows span several warps (the reductions through shared memory).
-@pytest.mark.parametrize("tool,extra", [("memcheck", []), ("racecheck", ["--dtypes", "bf16", "--min-width", "2048"])])
+@pytest.mark.parametrize("tool,extra", [("memcheck", []),
+                                        ("racecheck", ["--dtypes", "bf16", "--min-width", "2048", "--no-layouts"])])
 def test_sanitizer_clean(built_ops, tool, extra):
     exe = _sanitizer()
     if exe is None:

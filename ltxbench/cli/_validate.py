@@ -5,6 +5,7 @@ Only the standard library and ltxbench.errors here (the commands' help must stay
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 
@@ -54,6 +55,21 @@ def refuse_existing(paths, hint: str = OVERWRITE_HINT) -> None:
     for path in paths:
         if path.exists():
             raise UsageError(f"{path} already exists; not overwriting it", hint=hint)
+
+
+def check_outputs(paths, force: bool, hint: str = OVERWRITE_HINT) -> None:
+    """Before any work: every output's folder exists or can be made (no file in the way, writable), and unless
+    --force none of the outputs exists, so a finished run never fails at its last step."""
+    for path in paths:
+        for folder in path.parents:
+            if folder.exists():
+                if not folder.is_dir():
+                    raise UsageError(f"cannot write {path}: {folder} is a file, not a folder")
+                if not os.access(folder, os.W_OK | os.X_OK):
+                    raise UsageError(f"cannot write {path}: the folder {folder} is not writable")
+                break
+    if not force:
+        refuse_existing(paths, hint)
 
 
 def require_matplotlib() -> None:

@@ -74,10 +74,10 @@ def e2e_command(
 
     from ltxbench.bench.e2e import PHASES, select_configs
     from ltxbench.cli._validate import (
+        check_outputs,
         choice,
         compile_mode_choice,
         positive_ints,
-        refuse_existing,
         require_matplotlib,
         runtime,
     )
@@ -96,15 +96,19 @@ def e2e_command(
     if warmup_iterations == 0 and any(c.endswith("compile") for c in chosen):
         raise UsageError("--warmup-iterations 0 with a compile config would time compilation",
                          hint="use --warmup-iterations 1 or more")
+    if guidance_scale < 0:
+        raise UsageError(f"--guidance-scale {guidance_scale} must not be negative")
     lengths = positive_ints("--prompt-lengths", prompt_lengths)
     choice("--phase", phase, PHASES)
     compile_mode_choice(compile_mode)
     compile_mode_choice(decode_compile_mode, flag="--decode-compile-mode")
     choice("--weights", weights, ("pretrained", "random"))
     provider, dtype = runtime(device, kernel_provider, dtype)
-    if output is not None and not force:
+    outputs = [Path(plot)] if plot is not None else []
+    if output is not None:
         path = Path(output) if output.lower().endswith(".json") else Path(output + ".json")
-        refuse_existing((path, path.with_suffix(".csv")))
+        outputs += [path, path.with_suffix(".csv")]
+    check_outputs(outputs, force)
     if plot is not None:
         require_matplotlib()
 

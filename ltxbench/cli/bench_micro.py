@@ -57,8 +57,10 @@ def micro_command(
     Every provider runs on the same inputs, shape by shape, and is checked against the fp32 reference.
     """
 
+    from pathlib import Path
+
     from ltxbench.bench import micro
-    from ltxbench.cli._validate import refuse_existing, require_matplotlib
+    from ltxbench.cli._validate import check_outputs, require_matplotlib
     from ltxbench.errors import NoCudaDevice, UsageError
 
     specs = micro.resolve_kernels(kernels)
@@ -71,9 +73,7 @@ def micro_command(
     cases, notes = micro.plan(specs, dtypes, shapes, chosen, variant)
     if not cases:
         raise UsageError("nothing to measure: " + "; ".join(notes))
-    paths = _paths(output)
-    if paths and not force:
-        refuse_existing(paths)
+    check_outputs([*(_paths(output) or ()), *([Path(plot)] if plot is not None else [])], force)
     if plot is not None:
         require_matplotlib()
 

@@ -13,7 +13,8 @@ EXAMPLES = (
     "  ltxbench compare base.json new.json --threshold 3%\n\n"
     "  ltxbench compare base.json new.json --format markdown >> $GITHUB_STEP_SUMMARY\n\n"
     "  ltxbench compare base.json new.json --format json | jq '.regressions[].name'\n\n"
-    "Exit codes: 0 no regression, 1 regression, 2 bad arguments, "
+    "Exit codes: 0 no regression, 1 regression (or a measurement of BASE missing or n/a in NEW, unless "
+    "--allow-missing), 2 bad arguments, "
     "3 files unreadable, different schema, kind or GPU (see --allow-env-mismatch)."
 )
 
@@ -30,11 +31,14 @@ def compare_command(
     allow_env_mismatch: bool = typer.Option(
         False, "--allow-env-mismatch", help="Compare results from different GPUs (a different kind is never "
         "comparable)."),
+    allow_missing: bool = typer.Option(
+        False, "--allow-missing", help="Pass although measurements of BASE are missing or n/a in NEW (listed)."),
 ) -> None:
     """Compare two result files record by record; exit 1 if any measurement regressed.
 
     Records are matched by kernel, provider, dtype, parameters and metric; records in only one file are
-    listed as added/removed, and n/a records (no median) are skipped with a note.
+    listed as added/removed, and n/a records (no median) are skipped with a note. A measurement the base has and
+    the new file lacks fails the check (exit 1) unless --allow-missing: a benchmark that stopped running is not a pass.
     """
     from ltxbench.errors import RegressionDetected, UsageError
     from ltxbench.results.compare import compare, parse_threshold
@@ -43,7 +47,7 @@ def compare_command(
     if format_ not in FORMATS:
         raise UsageError(f"--format: unknown format {format_!r}; choose from {', '.join(FORMATS)}")
     t = parse_threshold(threshold)
-    report = compare(load_result(base), load_result(new), t, allow_env_mismatch)
+    report = compare(load_result(base), load_result(new), t, allow_env_mismatch, allow_missing)
     if format_ == "json":
         import json
         import sys
@@ -58,6 +62,9 @@ def compare_command(
     if report.regressions:
         raise RegressionDetected(f"{len(report.regressions)} record(s) regressed by more than {threshold}",
                                  hint=None)
+    if report.exit_code:
+        raise RegressionDetected(f"{len(report.lost)} measurement(s) of {base} missing or n/a in {new}",
+                                 hint="pass --allow-missing if they were dropped on purpose")
 
 
 def fmt_params(params: dict) -> str:

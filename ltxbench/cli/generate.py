@@ -54,7 +54,7 @@ def generate_command(
     dtype: str = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)."),
 ) -> None:
     """Generate a video with LTX-Video and time text encode, every denoising step and VAE decode."""
-    from ltxbench.cli._validate import choice, refuse_existing, runtime
+    from ltxbench.cli._validate import check_outputs, choice, runtime
     from ltxbench.errors import EnvironmentProblem, NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
 
@@ -73,8 +73,7 @@ def generate_command(
     if output.suffix.lower() != ".mp4":
         raise UsageError(f"--output {output} must end in .mp4 (the result JSON is written beside it)")
     json_path = output.with_suffix(".json")
-    if not force:
-        refuse_existing((output, json_path))
+    check_outputs((output, json_path, json_path.with_suffix(".csv")), force)
 
     import torch
 

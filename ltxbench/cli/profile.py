@@ -53,7 +53,7 @@ def profile_command(
 
     from ltxbench.bench.e2e import PHASES, parse_configs
     from ltxbench.bench.e2e_llm import is_llm
-    from ltxbench.cli._validate import choice, compile_mode_choice, refuse_existing, runtime
+    from ltxbench.cli._validate import check_outputs, choice, compile_mode_choice, runtime
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
     from ltxbench.results.io import default_path
@@ -78,9 +78,8 @@ def profile_command(
         json_path = json_path.with_name(json_path.name + ".json")
     traces_at = Path(trace_dir) if trace_dir is not None else json_path.parent
     traces = {c: traces_at / f"{json_path.stem}-{c.replace('+', '-')}.trace.json" for c in chosen}
-    if not force:
-        refuse_existing((json_path, json_path.with_suffix(".csv"), *traces.values()),
-                        hint="pass --force to overwrite, or choose another --output/--trace-dir")
+    check_outputs((json_path, json_path.with_suffix(".csv"), *traces.values()), force,
+                  hint="pass --force to overwrite, or choose another --output/--trace-dir")
 
     import torch
 

@@ -35,7 +35,7 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
 def validate_video_args(num_frames: int, height: int, width: int, steps: int) -> None:
-    """LTX needs frames = 8k+1, H and W multiples of 32, at least one step (UsageError naming the value)."""
+    """LTX needs frames = 8k+1, H and W multiples of 32, at least two steps (UsageError naming the value)."""
     if num_frames < 1 or (num_frames - 1) % 8:
         lo = max(1, (num_frames - 1) // 8 * 8 + 1)
         raise UsageError(f"--num-frames {num_frames} is not of the form 8k+1", hint=f"try {lo} or {lo + 8}")
@@ -43,8 +43,8 @@ def validate_video_args(num_frames: int, height: int, width: int, steps: int) ->
         if value < 32 or value % 32:
             lo = max(32, value // 32 * 32)
             raise UsageError(f"{flag} {value} is not a positive multiple of 32", hint=f"try {lo} or {lo + 32}")
-    if steps < 1:
-        raise UsageError(f"--steps {steps} must be at least 1")
+    if steps < 2:  # at one step diffusers' flow-match scheduler indexes past its sigmas (IndexError, diffusers 0.42)
+        raise UsageError(f"--steps {steps} must be at least 2 (the LTX pipelines' flow-match scheduler needs two)")
 
 
 def torch_dtype(name: str):

@@ -140,14 +140,17 @@ def inputs_swiglu(shape, dtype, device, gen, variant):
     return {"x": 2 * _randn((b, s, 2 * d), dtype, device, gen), "gate_half": 1 if variant == "gate-second" else 0}
 
 
-# (head_dim, keys, mask) per variant; "ltx" is LTX-2B's attn2: 128 text tokens, 0 / -10000 per key as the pipeline
-# builds it from the text mask, repeated over the heads (B, H, 1, L) as diffusers prepares it.
-XATTN_VARIANTS = {"ltx": (64, 128, "text"), "no-mask": (64, 77, None), "hd128": (128, 83, "text-f32-shared"),
-                  "odd-head-dim": (40, 19, "bias")}
+# (head_dim, keys, mask, scale) per variant; "ltx" is LTX-2B's attn2: 128 text tokens, 0 / -10000 per key as the
+# pipeline builds it from the text mask, repeated over the heads (B, H, 1, L) as diffusers prepares it. Head dims
+# other than 64 / 128 run the scalar kernel, whose per-lane register count comes from ceil(hd / 32): 33 (odd, 2
+# per lane), 80 (3) and 200 (7) cover its instantiations and an explicit scale.
+XATTN_VARIANTS = {"ltx": (64, 128, "text", None), "no-mask": (64, 77, None, None),
+                  "hd128": (128, 83, "text-f32-shared", None), "odd-head-dim": (33, 19, "bias", None),
+                  "hd80-scaled": (80, 9, "text", 0.1), "hd200": (200, 21, None, None)}
 def inputs_cross_attention(shape, dtype, device, gen, variant):
-    """(B, S, D) → q (B, S, H, hd) with H = ⌈D / hd⌉ over k, v (B, L, H, hd), and the variant's mask."""
+    """(B, S, D) → q (B, S, H, hd) with H = ⌈D / hd⌉ over k, v (B, L, H, hd), and the variant's mask and scale."""
     b, s, d = shape
-    hd, length, kind = XATTN_VARIANTS[variant]
+    hd, length, kind, scale = XATTN_VARIANTS[variant]
     h = -(-d // hd)
     q, k, v = (_randn((b, n, h, hd), dtype, device, gen) for n in (s, length, length))
     mask = None
@@ -158,11 +161,11 @@ def inputs_cross_attention(shape, dtype, device, gen, variant):
         mask = mask.to(device)
     elif kind == "bias":  # any additive bias, one per (head, key), shared by the batch
         mask = _randn((1, h, 1, length), dtype, device, gen)
-    return {"q": q, "k": k, "v": v, "mask": mask, "scale": None}
+    return {"q": q, "k": k, "v": v, "mask": mask, "scale": scale}
 
 
 # linear: (B, S, K) tokens of width K, or (B, S, K, N); without N, an odd-ish out width per variant.
-LINEAR_OUT = {"bias": 96, "gelu-tanh": 136, "no-bias": 83, "residual": 104}
+LINEAR_OUT = {"bias": 97, "gelu-tanh": 136, "no-bias": 83, "residual": 104}
 def inputs_linear(shape, dtype, device, gen, variant):
     """x (B, S, K) and an nn.Linear's weight (N, K) / bias (N) at its default init scale (uniform ±1/√K);
     variant "residual" adds a residual stream (B, S, N) of unit scale, as the LTX block's hidden states."""
@@ -177,3 +180,37 @@ def inputs_linear(shape, dtype, device, gen, variant):
     if variant == "residual":
         inputs["residual"] = _randn((b, s, n), dtype, device, gen)
     return inputs
+
+
+# Layouts the ops must accept besides contiguous: what the GPU tests and the sanitizer workload feed them.
+LAYOUTS = ("row-padded", "transposed", "last-dim-strided", "misaligned")
+# The least rank a tensor needs for each layout: row padding needs rows, the transposes swap two leading dims.
+_MIN_DIM = {"row-padded": 2, "transposed": 3, "last-dim-strided": 1, "misaligned": 1}
+
+
+def restride(t, how):
+    """t's values in layout `how` (one of LAYOUTS)."""
+    if how == "row-padded":  # rows of a wider buffer: row stride > D
+        big = torch.empty(*t.shape[:-1], t.shape[-1] + 24, dtype=t.dtype, device=t.device)
+        big[..., : t.shape[-1]] = t
+        return big[..., : t.shape[-1]]
+    if how == "transposed":  # (B, S, D) view of an (S, B, D) buffer; (B, H, S, hd) of (S, H, B, hd)
+        dims = (0, 2) if t.dim() == 4 else (0, 1)
+        return t.transpose(*dims).contiguous().transpose(*dims)
+    if how == "last-dim-strided":  # last dim not contiguous: the op must copy explicitly, not misread
+        big = torch.empty(*t.shape[:-1], t.shape[-1] * 2, dtype=t.dtype, device=t.device)
+        big[..., ::2] = t
+        return big[..., ::2]
+    if how == "misaligned":  # data pointer 2 elements past a 16-byte boundary: scalar path
+        flat = torch.empty(t.numel() + 2, dtype=t.dtype, device=t.device)
+        view = flat[2:].view(t.shape)
+        view.copy_(t)
+        return view
+    raise ValueError(how)
+
+
+def relayout(inputs: dict, how: str) -> dict:
+    """The same values with every tensor argument of enough rank (weights, tables, grids, positions, masks
+    included) in layout `how`: padded rows, swapped leading dims, a strided last dim, or a misaligned start."""
+    return {k: restride(v, how) if isinstance(v, torch.Tensor) and v.dim() >= _MIN_DIM[how] else v
+            for k, v in inputs.items()}

@@ -90,10 +90,16 @@ class ComparisonReport:
     removed: list[dict] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    allow_missing: bool = False
+
+    @property
+    def lost(self) -> list[dict]:
+        """Measurements the base has and the new file lacks: removed, or n/a in new only."""
+        return self.removed + [s for s in self.skipped if s.get("side") == "new"]
 
     @property
     def exit_code(self) -> int:
-        return 1 if self.regressions else 0
+        return 1 if self.regressions or (self.lost and not self.allow_missing) else 0
 
     @property
     def unchanged_count(self) -> int:
@@ -108,6 +114,8 @@ class ComparisonReport:
             "added": self.added,
             "removed": self.removed,
             "skipped": self.skipped,
+            "lost": len(self.lost),
+            "allow_missing": self.allow_missing,
             "threshold": self.threshold,
             "warnings": self.warnings,
             "env": {"base": self.base_env, "new": self.new_env},
@@ -186,10 +194,12 @@ def _warn_of_clock(row: Row, report: ComparisonReport) -> None:
             f"({100 * (new - base) / base:+.1f}%): part of this {row.verdict} may be the clock, not the code")
 
 
-def compare(base_doc: dict, new_doc: dict, threshold: float, allow_env_mismatch: bool = False) -> ComparisonReport:
-    """Match records by record_key and classify each; raises IncomparableResults on kind/GPU mismatch."""
+def compare(base_doc: dict, new_doc: dict, threshold: float, allow_env_mismatch: bool = False,
+            allow_missing: bool = False) -> ComparisonReport:
+    """Match records by record_key and classify each; raises IncomparableResults on kind/GPU mismatch. A measurement
+    the base has and new lacks (removed, or n/a in new only) fails the check unless allow_missing."""
     report = ComparisonReport(
-        threshold=threshold,
+        threshold=threshold, allow_missing=allow_missing,
         base_env={"kind": base_doc["kind"], "gpu": gpu_name(base_doc), "torch": torch_version(base_doc)},
         new_env={"kind": new_doc["kind"], "gpu": gpu_name(new_doc), "torch": torch_version(new_doc)},
     )
@@ -202,7 +212,7 @@ def compare(base_doc: dict, new_doc: dict, threshold: float, allow_env_mismatch:
         bm, nm = _num(b["stats"].get("median")), _num(n["stats"].get("median"))
         if bm is None or nm is None:
             side = "base and new" if bm is None and nm is None else ("base" if bm is None else "new")
-            report.skipped.append({**_ident(b), "reason": f"no median in {side} (n/a provider)"})
+            report.skipped.append({**_ident(b), "side": side, "reason": f"no median in {side} (n/a provider)"})
             continue
         if b["better"] != n["better"]:
             report.warnings.append(f"{b['name']}/{b['provider']}: `better` changed; using the base's {b['better']!r}")

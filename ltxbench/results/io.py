@@ -107,6 +107,9 @@ def load_result(path: str | Path) -> dict:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise IncomparableResults(f"cannot read result file {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise IncomparableResults(f"{path} is not a result file (not UTF-8 text: {exc.reason} at byte {exc.start})",
+                                  hint="compare takes the .json files that ltxbench writes") from exc
     try:
         doc = json.loads(text)
     except ValueError as exc:
@@ -114,9 +117,15 @@ def load_result(path: str | Path) -> dict:
             f"{path} is not valid JSON: {exc}", hint="was the file truncated or edited by hand?"
         ) from exc
     try:
-        return validate(doc)
+        validate(doc)
     except IncomparableResults as err:
         raise IncomparableResults(f"{path}: {err.message}", hint=err.hint) from err
+    for i, rec in enumerate(doc["records"]):  # ltxbench writes null, never NaN / Infinity (json reads both)
+        bad = [k for k, v in rec["stats"].items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad:
+            raise IncomparableResults(f"{path}: record {i} has stats.{bad[0]} = {rec['stats'][bad[0]]}: expected a "
+                                      "finite number or null", hint="was the file edited by hand?")
+    return doc
 
 
 def to_frame(doc: dict):

@@ -170,9 +170,15 @@ def _validate_record(rec, i: int) -> None:
         raise _bad(f"record {i} key 'params' must be an object")
     if not isinstance(rec["stats"], dict):
         raise _bad(f"record {i} key 'stats' must be an object")
+    for key in ("name", "provider", "dtype", "metric"):
+        if not isinstance(rec[key], str):
+            raise _bad(f"record {i} key {key!r} must be a string, got {type(rec[key]).__name__}")
     for key in STATS_KEYS:
         if key not in rec["stats"]:
             raise _bad(f"record {i} is missing the key 'stats.{key}'")
+        value = rec["stats"][key]  # null: an n/a provider; NaN before writing (dumps writes it as null)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise _bad(f"record {i} has stats.{key} = {value!r}: expected a number or null")
 
 
 def record_key(rec: dict) -> tuple:
