@@ -110,7 +110,7 @@ def test_ltx_tiny_baseline_and_optimized(tmp_path, captured):
         step = _by(records, "denoise_step", config)
         assert step["stats"]["n"] == 2 * 2 and step["unit"] == "ms" and step["better"] == "lower"
         assert step["derived"]["transformer_it_s"] > 0
-        assert "peak_memory_bytes" in step["derived"]
+        assert step["derived"]["peak_memory_bytes"] is None  # the CPU has no CUDA allocator to read
     assert "speedup_vs_baseline" in _by(records, "total", "optimized")["derived"]
     assert "speedup_vs_baseline" not in _by(records, "total", "baseline")["derived"]
     assert not [r for r in records if r["name"] == "compile"]

@@ -396,9 +396,12 @@ def test_micro_help_is_light():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_bench_help_lists_micro():
+def test_bench_help_lists_micro_and_e2e_as_commands():
     result = runner.invoke(app, ["bench", "--help"])
-    assert "micro" in result.output
+    assert result.exit_code == 0, result.output
+    commands = result.output.split("Commands:", 1)[1]
+    assert "\n  micro " in commands and "\n  e2e " in commands, result.output
+    assert "Examples:" in result.output
 
 
 @pytest.mark.gpu
@@ -484,6 +487,7 @@ def test_cli_end_to_end_on_cpu(tmp_path, monkeypatch, correct):
     assert doc["run"]["config"]["copy_peak_gbps"] == 2000.0 and doc["run"]["argv"][3] == "rms"
     assert doc["run"]["config"]["timer"] == "do_bench" and doc["run"]["config"]["host_headroom_cycles"] > 0
     assert doc["run"]["config"]["l2_persisting_reset"] is True
+    assert doc["run"]["seed"] == 0 and "--seed" in doc["run"]["argv"]
     # 1 copy record + 2 odd shapes x 3 providers, files written even when the check fails
     assert len(doc["records"]) == 1 + 2 * 3
     with open(tmp_path / "m.csv", newline="") as fh:
@@ -526,3 +530,34 @@ def test_host_headroom_resets_persisting_l2_before_each_flush_sleeps_after_and_r
     assert "clear_cache" not in vars(driver)
     driver.clear_cache("again")
     assert calls[-1] == ("flush", "again")
+
+
+def test_time_cuda_takes_every_sample_under_host_headroom_and_reports_the_median(monkeypatch):
+    """do_bench averages unless asked for all samples; the medians and percentiles must come from all of them,
+    and every timed call must run inside host_headroom (L2 reset + flush + GPU sleep)."""
+    import contextlib
+
+    import triton.testing
+
+    from ltxbench.bench import timing
+
+    seen = {}
+
+    @contextlib.contextmanager
+    def headroom():
+        seen["inside"] = True
+        yield
+        seen["inside"] = False
+
+    def fake_do_bench(fn, warmup, rep, return_mode):
+        assert seen.get("inside") is True
+        seen.update(warmup=warmup, rep=rep, return_mode=return_mode)
+        return [1.0, 2.0, 100.0, 3.0, 2.5]
+
+    monkeypatch.setattr(timing, "host_headroom", headroom)
+    monkeypatch.setattr(triton.testing, "do_bench", fake_do_bench)
+    stats = timing.time_cuda(lambda: None, warmup_ms=7, rep_ms=11)
+    assert seen == {"inside": False, "warmup": 7, "rep": 11, "return_mode": "all"}
+    assert stats["median"] == 2.5 and stats["n"] == 5 and stats["max"] == 100.0 and stats["min"] == 1.0
+    with pytest.raises(ValueError, match="unknown timer"):
+        timing.time_cuda(lambda: None, timer="wallclock")

@@ -42,7 +42,7 @@ def test_help_lists_commands():
 def test_bench_help():
     result = runner.invoke(app, ["bench", "--help"])
     assert result.exit_code == 0, result.output
-    assert "Usage:" in result.output and "bench" in result.output
+    assert "Usage:" in result.output and "\n  e2e " in result.output.split("Commands:", 1)[1]
 
 
 def test_env_help_has_examples():
@@ -232,3 +232,31 @@ def test_generate_refuses_an_existing_csv_before_generating(tmp_path):
     assert result.exit_code == 2, result.output
     assert "v.csv already exists" in result.output
     assert not (tmp_path / "v.mp4").exists() and (tmp_path / "v.csv").read_text() == "old"
+
+
+@pytest.mark.parametrize("kind", ["micro", "e2e", "profile"])
+def test_an_existing_result_is_refused_before_any_work(kind, tmp_path):
+    out = tmp_path / "run.json"
+    out.write_text("old result")
+    result = runner.invoke(app, _command(kind, out))
+    assert result.exit_code == 2, result.output
+    assert f"{out} already exists" in result.output and "--force" in result.output
+    assert out.read_text() == "old result" and not out.with_suffix(".csv").exists()
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_kernels_lists_every_op_and_never_compiles(as_json, tmp_path, monkeypatch):
+    from ltxbench.ops import _build
+    from ltxbench.ops.registry import SPECS
+
+    monkeypatch.setenv("LTXBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(_build, "load", lambda *a, **k: pytest.fail("`kernels` must not build the extension"))
+    result = runner.invoke(app, ["kernels", *(["--json"] if as_json else [])], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    if as_json:
+        doc = json.loads(result.output)
+        assert sorted(k["name"] for k in doc["kernels"]) == sorted(SPECS)
+        assert all(k["dtypes"] and k["variants"] for k in doc["kernels"]) and doc["build"]["built"] is False
+    else:
+        assert all(name in result.output for name in SPECS) and "not built" in result.output
+    assert not (tmp_path / "cache").exists()

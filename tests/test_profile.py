@@ -152,9 +152,17 @@ def test_ltx_tiny_baseline_and_optimized(tmp_path, captured):
     assert all("forward" not in vars(block) for block in transformer.transformer_blocks)
     assert all(type(b.attn1.processor).__name__ != "FusedLTXAttnProcessor" for b in transformer.transformer_blocks)
     assert (e2e._encode, e2e._denoise, ltx._decode) == originals
-    # no clobbering without --force
+    # no clobbering without --force: the result, and the traces alone (checked before anything runs)
     again = runner.invoke(app, [*TINY, "--output", str(out)])
     assert again.exit_code == 2 and "already exists" in again.output
+    traces = {p: p.read_bytes() for p in tmp_path.glob("prof-*.trace.json")}
+    out.unlink()
+    out.with_suffix(".csv").unlink()
+    captured.clear()
+    again = runner.invoke(app, [*TINY, "--output", str(out)])
+    assert again.exit_code == 2 and "trace.json already exists" in again.output, again.output
+    assert not captured and not out.exists()  # refused before the model was built
+    assert all(p.read_bytes() == data for p, data in traces.items())
 
 
 def test_llama_tiny_baseline(tmp_path, captured):

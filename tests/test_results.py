@@ -199,6 +199,7 @@ def test_publish_never_clobbers_a_file_created_after_the_check(tmp_path):
     with pytest.raises(UsageError):
         io._publish("mine\n", target, force=False)
     assert target.read_text() == "other run\n"
+    assert os.listdir(tmp_path) == ["race.json"]  # the failed publish removed its temp file
 
 
 def test_write_rejects_invalid_doc_before_touching_disk(tmp_path):
@@ -257,7 +258,7 @@ def test_nan_and_inf_become_null(tmp_path):
     assert loaded["records"][0]["derived"] == {"speedup": None, "gbps": None}
     assert loaded["records"][0]["stats"]["p80"] is None
     assert math.isnan(doc["records"][0]["derived"]["speedup"])  # caller's document not mutated
-    assert doc.keys() == original.keys()
+    assert json.dumps(doc, sort_keys=True) == json.dumps(original, sort_keys=True)
 
 
 def test_unserialisable_value_fails_clearly(tmp_path):
@@ -266,3 +267,12 @@ def test_unserialisable_value_fails_clearly(tmp_path):
     with pytest.raises(ValueError, match="JSON"):
         io.write_result(doc, tmp_path / "x.json")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_results_get_the_users_usual_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        json_path, csv_path = io.write_result(_doc(), tmp_path / "r.json")
+    finally:
+        os.umask(old)
+    assert (json_path.stat().st_mode & 0o777, csv_path.stat().st_mode & 0o777) == (0o644, 0o644)

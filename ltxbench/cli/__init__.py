@@ -82,6 +82,8 @@ app = typer.Typer(
 bench_app = typer.Typer(
     cls=TyperGroup,
     help="Benchmarks: micro (one kernel vs baselines) and e2e (whole models).",
+    epilog=("Examples:\n\n  ltxbench bench micro rmsnorm --shapes seed\n\n"
+            "  ltxbench bench e2e --model ltx-2b --weights random --num-frames 49 --steps 10 --phase transformer"),
     no_args_is_help=True,
     rich_markup_mode=None,
 )

@@ -43,7 +43,8 @@ def micro_command(
     providers: str = typer.Option(
         "all", "--providers", help="Comma-separated: cuda, eager, F.rms_norm, compile, liger, or all."),
     timer: str = typer.Option(
-        "do_bench", "--timer", help="do_bench (CUDA events, L2 flushed) or cudagraph (no launch overhead)."),
+        "do_bench", "--timer", help="do_bench (CUDA events, L2 flushed) or cudagraph (no launch overhead, "
+        "L2 not flushed: warm-cache numbers)."),
     variant: str | None = typer.Option(
         None, "--variant", help="Input variant (e.g. weight, per-token); default: each kernel's first."),
     seed: int = typer.Option(0, "--seed", help="Seed of the inputs (the same for every provider)."),

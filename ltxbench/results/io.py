@@ -50,6 +50,9 @@ def _publish(text: str, final: Path, force: bool) -> None:
     """Write text to a temp file in final's directory, fsync it, then link (no clobber) or replace it."""
     final.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    umask = os.umask(0)  # mkstemp makes the file 0600; a result is shared like any file the user writes
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
             fh.write(text)
