@@ -97,6 +97,23 @@ def test_halves_that_differ_run_the_whole_batch():
     assert seen[0] == [2, 2]
 
 
+def test_a_paired_step_whose_timesteps_differ_runs_again_on_the_whole_batch():
+    """The check compares the timestep halves too: after a guided step (answer: pair), a step with the same latents
+    but another timestep per half runs paired by that answer, then again on the whole batch, and returns exactly
+    what the unpatched model does."""
+    model = _transformer(num_layers=2)
+    guided = _cfg_inputs(model)
+    skewed = dict(guided, timestep=torch.tensor([700.0, 650.0]))
+    with torch.no_grad():
+        expected = model(**skewed)[0]
+        seen = _attn1_batches(model)
+        with apply_kernels(model, "reference"):
+            model(**guided)
+            got = model(**skewed)[0]
+    assert seen[0] == [1, 1, 2] and seen[1] == [2, 2, 2]  # the second step ran twice
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+
 def test_a_step_runs_by_the_last_answer_and_again_on_the_whole_batch_when_its_own_differs():
     """The answer is read one step late (no wait before the step): CFG, then different halves (ran paired, so
     again unpaired), then CFG (runs unpaired by the last answer), then CFG (paired)."""
@@ -118,7 +135,9 @@ def test_a_step_runs_by_the_last_answer_and_again_on_the_whole_batch_when_its_ow
 def test_the_check_answers_from_the_structure_where_it_can_and_else_on_the_device():
     x = torch.randn(2, 3, 4)
     assert compare_halves(x, torch.tensor(1.0).expand(4), None) is False  # the timestep has another batch
-    assert compare_halves(x[:1], torch.ones(1)) is False and compare_halves(x, torch.tensor(5.0)) is not False
+    assert compare_halves(x[:1], torch.ones(1)) is False
+    differs = compare_halves(x, torch.tensor(5.0))  # random halves: answered on the device, and the answer is no
+    assert isinstance(differs, torch.Tensor) and differs.shape == () and not bool(differs)
     pending = compare_halves(torch.cat([x, x]), torch.ones(4))
     assert isinstance(pending, torch.Tensor) and pending.shape == () and bool(pending)
     check = HalvesCheck()

@@ -59,10 +59,12 @@ def test_a_lora_scale_leaves_the_step_inputs_to_the_forward():
 
     model = _transformer()
     inputs = _inputs(model)
-    with torch.no_grad(), apply_kernels(model, "reference"):
-        cache = vars(model)[CACHE_ATTR]
-        scaled = model(**inputs, attention_kwargs={"scale": 0.5})[0]
-        assert cache.builds == 0  # the forward built the step: no cache entry came from __call__
-        plain = model(**inputs, attention_kwargs={})[0]
-        assert cache.builds == 1
-    torch.testing.assert_close(scaled, plain)  # no LoRA layers here: the scale changes nothing
+    with torch.no_grad():
+        expected = model(**inputs, attention_kwargs={"scale": 0.5})[0]
+        with apply_kernels(model, "reference"):
+            cache = vars(model)[CACHE_ATTR]
+            scaled = model(**inputs, attention_kwargs={"scale": 0.5})[0]
+            assert cache.builds == 0  # the forward built the step: no cache entry came from __call__
+            model(**inputs, attention_kwargs={})
+            assert cache.builds == 1
+    torch.testing.assert_close(scaled, expected, atol=1e-6, rtol=0)  # the unpatched model's answer

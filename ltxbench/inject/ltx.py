@@ -24,7 +24,7 @@ import functools
 import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
-from ltxbench.inject import InjectionReport, original_class, patch_forward, set_attr
+from ltxbench.inject import ORIGINAL_CLASS, InjectionReport, original_class, patch_forward, set_attr
 from ltxbench.inject.fuse import fuse_linears, release
 from ltxbench.inject.ltx_attention import (
     ATTN_FORWARD_RULE,
@@ -130,6 +130,13 @@ def _plain_norms(block) -> bool:
     return getattr(block.norm1, "weight", None) is None and getattr(block.norm2, "weight", None) is None
 
 
+def _patched_already(transformer) -> bool:
+    modules = [transformer, getattr(transformer, "rope", None), *transformer.transformer_blocks]
+    return any(m is not None and ORIGINAL_CLASS in vars(type(m)) for m in modules) or any(
+        isinstance(getattr(b, name).processor, FusedLTXAttnProcessor)
+        for b in transformer.transformer_blocks for name in ("attn1", "attn2"))
+
+
 MODEL_RULE = ("model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate; what precedes the "
               "blocks built before the (compiled) forward (ltx_step)")
 CROSS_KV_RULE = "model: attn2 keys/values and caption projection once per prompt (cross_kv cache)"
@@ -168,6 +175,10 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     before a step; needs the chained model forward).
     """
     transformer = _transformer_of(target)
+    if _patched_already(transformer):  # a second set of patches would stack, and reverting one would leave the other
+        report = InjectionReport(provider)
+        report.skip("transformer", "patched by ltxbench already: revert that injection's report first")
+        return report
     ops = get_provider(provider)
     if provider == "cuda":
         device = next(transformer.parameters()).device
