@@ -171,7 +171,7 @@ def test_the_blocks_gemms_go_through_ops_linear_unless_turned_off(monkeypatch, f
         assert len(calls) == per_block * blocks, calls
         assert sum(residual for _, residual in calls) == blocks and report.rules[RESIDUAL_RULE] == blocks
         assert report.rules[TUNED_GEMM_RULE] == (4 if fuse else 7) * len(model.transformer_blocks)
-        torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
         calls.clear()
         with apply_kernels(model, "reference", fuse_projections=fuse, tuned_gemm=False) as report:
             model(**inputs)
@@ -259,7 +259,7 @@ def test_per_token_modulation_of_image_to_video_blocks():
         expected = block(h, enc, temb, rope)
         with apply_kernels(model, "reference"):
             got = block(h, enc, temb, rope)
-    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
 
 
 def test_per_token_timesteps_through_the_chained_model_forward():
@@ -273,7 +273,7 @@ def test_per_token_timesteps_through_the_chained_model_forward():
         with apply_kernels(model, "reference") as report:
             assert report.rules[MODEL_RULE] == 1
             got = model(**inputs)[0]
-    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
 
 
 def test_rope_from_coords_hands_the_kernels_a_contiguous_grid():
@@ -341,7 +341,7 @@ def test_attention_forward_skips_the_signature_check_but_extra_kwargs_take_the_o
         assert calls
     torch.testing.assert_close(with_extra, plain)
     with torch.no_grad():
-        torch.testing.assert_close(attn(h), plain, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(attn(h), plain, atol=1e-6, rtol=0)
 
 
 def test_attn2_mask_is_prepared_once_per_forward(monkeypatch):
@@ -359,7 +359,7 @@ def test_attn2_mask_is_prepared_once_per_forward(monkeypatch):
         with apply_kernels(model, "reference"):
             got = model(**inputs)[0]
         assert len(calls) == 1
-    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
 
 
 def test_an_attention_whose_forward_is_not_the_processor_shim_keeps_it():

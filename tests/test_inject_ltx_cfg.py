@@ -74,8 +74,8 @@ def test_guided_batch_runs_block_0_attn1_on_one_half_with_the_same_result(rope_f
         with apply_kernels(model, "reference", rope_from_coords=rope_from_coords, pair_cfg_halves=False):
             unpaired = model(**inputs)[0]
     assert PAIRED_RULE in dict(report.rules)
-    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(got, unpaired, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+    torch.testing.assert_close(got, unpaired, atol=1e-6, rtol=0)
     assert not torch.equal(got[0], got[1])  # the prompts still make the halves differ
     assert seen == [[1, 2], [2, 2]]  # paired, then turned off
 
@@ -93,7 +93,7 @@ def test_halves_that_differ_run_the_whole_batch():
             inputs["timestep"] = torch.tensor([700.0, 650.0])
             inputs["hidden_states"][1, 0, 0] -= 0.5  # same latents, different timesteps
             model(**inputs)
-    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
     assert seen[0] == [2, 2]
 
 
@@ -128,7 +128,7 @@ def test_a_step_runs_by_the_last_answer_and_again_on_the_whole_batch_when_its_ow
         with apply_kernels(model, "reference"):
             got = [model(**inputs)[0] for inputs in calls]
     for result, reference in zip(got, expected, strict=True):
-        torch.testing.assert_close(result, reference, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(result, reference, atol=1e-6, rtol=0)
     assert seen[0] == [1, 1, 2, 2, 1] and seen[1] == [2] * 5  # the second call ran twice
 
 
@@ -165,7 +165,7 @@ def test_turned_off_it_is_reported_and_compiled_forwards_specialize_on_the_check
                 model._compiled_call_impl = None
                 torch._dynamo.reset()
     for result, reference in zip(got, expected + expected[:1], strict=True):
-        torch.testing.assert_close(result, reference, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(result, reference, atol=1e-6, rtol=0)
     assert len(recorded.graphs) == 2  # one per answer of the check, each reused
 
 

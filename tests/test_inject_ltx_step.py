@@ -29,7 +29,7 @@ def test_module_compile_graph_takes_the_step_inputs_and_traced_calls_build_them(
             traced = EagerAndRecordGraphs()
             torch.compile(model, backend=traced)(**inputs)
             torch._dynamo.reset()
-    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
     assert len(recorded.graphs) == 1 and len(traced.graphs) == 1
     in_compiled, in_traced = _graph_names(recorded.graphs), _graph_names(traced.graphs)
     # the timestep embedding and proj_in ran before the compiled forward; traced, they are in its graph
@@ -48,7 +48,7 @@ def test_positional_and_keyword_calls_build_the_same_step():
         with apply_kernels(model, "reference"):
             got = model(*positional, **inputs)[0]
             mixed = model(*positional[:2], timestep=positional[2], encoder_attention_mask=positional[3], **inputs)[0]
-    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
     assert torch.equal(mixed, got)
 
 
