@@ -119,15 +119,15 @@ def plan(specs, dtypes, shape_group: str, providers, variant: str | None = None)
             continue
         shapes = shapes_for(spec, shape_group)
         if not shapes:
-            notes.append(f"{spec.name}: no {shape_group} shapes; skipped")
+            notes.append(f"{spec.name}: no --shapes {shape_group} shapes; skipped")
             continue
         provs = providers_for(spec, providers)
         if not provs:
-            notes.append(f"{spec.name}: none of the providers {', '.join(providers)} applies; skipped")
+            notes.append(f"{spec.name}: none of the --providers {', '.join(providers)} applies; skipped")
             continue
         for dtype in dtypes:
             if dtype not in spec.dtypes:
-                notes.append(f"{spec.name}: no {dtype} kernel; skipped")
+                notes.append(f"{spec.name}: no --dtype {dtype} kernel; skipped")
                 continue
             cases += [Case(spec.name, name, tuple(shape), dtype, variant or spec.variants[0], provs)
                       for name, shape in shapes.items()]
