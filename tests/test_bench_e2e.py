@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from ltxbench.bench import e2e
+from ltxbench.bench import e2e, e2e_report
 from ltxbench.cli import app
 from ltxbench.errors import UsageError
 
@@ -197,12 +197,52 @@ def test_rounds_alternate_the_order_and_pool_the_samples():
 
     results = e2e.run_configs(torch.nn.Linear(2, 2), ["baseline", "optimized"], lambda: InjectionReport("reference"),
                               run, warmup=1, repeats=2, device=torch.device("cpu"), log=lambda _: None, rounds=3)
+    assert order.pop(0) == "baseline"  # the untimed first iteration of the process (100 ms): in no result
     per_config = [order[i] for i in range(0, len(order), 3)]  # 1 warmup + 2 repeats each
     assert per_config == ["baseline", "optimized", "optimized", "baseline", "baseline", "optimized"]
     assert list(results) == ["baseline", "optimized"]
-    assert results["baseline"]["total_ms"] == [110.0, 120.0, 200.0, 210.0, 230.0, 240.0]
+    assert results["baseline"]["total_ms"] == [120.0, 130.0, 210.0, 220.0, 240.0, 250.0]
     assert results["optimized"]["step_ms"] == [1.0, 2.0] * 6
-    assert results["baseline"]["first_iteration_ms"] == 100.0
+    assert results["baseline"]["first_iteration_ms"] == 110.0
+
+
+def test_every_configuration_starts_clean_after_one_untimed_unpatched_iteration(monkeypatch):
+    """Before any configuration, one iteration runs unpatched and uncompiled; each configuration resets dynamo
+    before and after, compiles with static shapes, and is undone (injection reverted, compiled call dropped)
+    before the next one runs."""
+    import torch
+
+    from ltxbench.inject import InjectionReport
+
+    module = torch.nn.Linear(2, 2)
+    events, compiled_kwargs = [], []
+    monkeypatch.setattr(torch._dynamo, "reset", lambda: events.append("reset"))
+    monkeypatch.setattr(module, "compile", lambda **kw: compiled_kwargs.append(kw) or setattr(
+        module, "_compiled_call_impl", lambda *a, **k: None))
+    active = []
+
+    def inject():
+        report = InjectionReport("reference")
+        active.append(True)
+        report._undo.append(active.pop)
+        return report
+
+    def run(config):
+        compiled = getattr(module, "_compiled_call_impl", None) is not None
+        events.append(f"{config}:{'injected' if active else 'plain'}:{'compiled' if compiled else 'eager'}")
+        return {"total_ms": 1.0, "step_ms": [1.0]}
+
+    results = e2e.run_configs(module, ["optimized+compile", "baseline"], inject, run, warmup=1, repeats=1,
+                              device=torch.device("cpu"), log=lambda _: None)
+    # inductor's on-disk cache outlives dynamo.reset(): each compile says how much of it it hit
+    assert results["optimized+compile"]["compile_cache"] == {"fxgraph_cache_hit": 0, "fxgraph_cache_miss": 0}
+    assert "compile_cache" not in results["baseline"]
+    compile_record = next(r for r in e2e_report.build_records(results, {}, "fp32") if r["name"] == "compile")
+    assert compile_record["derived"]["inductor_fxgraph_cache_hit"] == 0
+    assert events == ["baseline:plain:eager",
+                      "reset", *["optimized+compile:injected:compiled"] * 2, "reset",
+                      "reset", *["baseline:plain:eager"] * 2, "reset"]
+    assert compiled_kwargs == [{"mode": "default", "dynamic": False}] and not active
 
 
 # --- llama-tiny ---------------------------------------------------------------------------------------
@@ -269,8 +309,9 @@ def test_llama_tiny_compile_configs_decode_through_generates_own_compile(tmp_pat
                                  "--decode-compile-mode", "max-autotune-no-cudagraphs", "--output", str(out)])
     assert result.exit_code == 0, result.output
     assert [mode for _, mode in compile_calls] == ["max-autotune"]
-    assert calls[:3] == [(True, None, None)] * 3  # baseline: 1 warmup + 2 repeats, eager decode
-    assert calls[3:] == [(False, ("max-autotune-no-cudagraphs", True), None)] * 3
+    # the process's untimed first iteration, then baseline's 1 warmup + 2 repeats: eager decode
+    assert calls[:4] == [(True, None, None)] * 4
+    assert calls[4:] == [(False, ("max-autotune-no-cudagraphs", True), None)] * 3
     records = _records(out)
     assert _by(records, "decode_step", "compile")["params"]["decode_compile_mode"] == "max-autotune-no-cudagraphs"
     assert "decode_compile_mode" not in _by(records, "decode_step", "baseline")["params"]
@@ -336,3 +377,28 @@ def test_the_gemm_search_is_one_untimed_step_before_the_configurations(monkeypat
     assert results["optimized"]["injection"]["gemm_search_s"] >= 0
     assert results["optimized"]["injection"]["gemm_choices"] == ["bf16 x@w.T ... tuned"]
     assert "gemm_choices" not in results["baseline"]["injection"]
+
+
+def test_every_timed_iteration_is_a_new_generation_even_on_one_prompt_tensor(tmp_path, monkeypatch):
+    """--phase transformer reuses one set of prompt embeddings for every iteration, and without guidance the
+    pipeline passes that tensor on as it is: the optimized configs' attn2 key/value cache would then be built once
+    in warmup and reused by every timed repeat, where the baseline computes it every step. Each iteration starts a
+    new generation instead: one cache build per iteration."""
+    from ltxbench.inject import ltx_cross_kv
+
+    builds = []
+    original = ltx_cross_kv.CrossKVCache.get
+
+    def counting(self, model, encoder_hidden_states):
+        before = self.builds
+        entry = original(self, model, encoder_hidden_states)
+        if self.builds > before:
+            builds.append(1)
+        return entry
+
+    monkeypatch.setattr(ltx_cross_kv.CrossKVCache, "get", counting)
+    out = tmp_path / "t.json"
+    result = runner.invoke(app, [*TINY, "--phase", "transformer", "--guidance-scale", "1.0", "--configs", "optimized",
+                                 "--warmup-iterations", "1", "--repeats", "2", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert len(builds) == 1 + 2  # warmup + repeats: one build per iteration (the untimed first one is unpatched)

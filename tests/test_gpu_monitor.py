@@ -12,8 +12,8 @@ import torch
 from rich.console import Console
 
 from ltxbench.bench import gpu_monitor
-from ltxbench.bench.e2e import build_records, run_configs
-from ltxbench.bench.e2e_report import render_table
+from ltxbench.bench.e2e import run_configs
+from ltxbench.bench.e2e_report import build_records, render_table
 
 
 def test_the_monitor_samples_on_a_thread_until_it_exits():
@@ -145,7 +145,8 @@ def test_run_configs_samples_the_timed_repeats_and_records_carry_the_summary():
     runs, opened, clock = [], [], [1900.0]
 
     def monitor(device):
-        assert len(runs) == 1 + 3 * len(opened), "opened before the warmup ended or after a repeat"  # 1 + 2 per round
+        # the process's untimed first iteration, then per round 1 warmup before the monitor and 2 repeats after it
+        assert len(runs) == 2 + 3 * len(opened), "opened before the warmup ended or after a repeat"
         opened.append(device)
 
         def source():

@@ -409,6 +409,23 @@ def test_cuda_provider_on_a_two_layer_2b_width_model(rope_from_coords):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("cross_attention", [True, False])
+def test_cuda_provider_in_fp32_is_the_unpatched_math(cross_attention):
+    """In fp32 (no TF32 anywhere: cuBLASLt and torch's matmuls both run full fp32) the cuda kernels compute what the
+    unpatched model does to rounding, so an error the bf16 cosine checks cannot see (a wrong eps moves the output
+    by ~3e-6, a dropped gate or a swapped shift by O(1)) fails here."""
+    model = _transformer(num_layers=2, device="cuda", dtype=torch.float32)
+    inputs = _inputs(model, "cuda", torch.float32, frames=3, height=8, width=12)
+    assert not torch.backends.cuda.matmul.allow_tf32
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        with apply_kernels(model, "cuda", cross_attention=cross_attention) as report:
+            assert report.rules[ATTN2_RULES[cross_attention]] == 2
+            got = model(**inputs)[0]
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
 def test_full_2b_random_pipeline_latents_after_10_steps_and_decoded_frames_match_unpatched():
     """Issue numerics check: LTX-2B, random weights, bf16, 512x768, 49 frames, CFG, 10 steps, cuda provider:
     latents cosine >= 0.999 against the unpatched pipeline, and the PSNR of the VAE-decoded frames."""

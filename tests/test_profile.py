@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 
 import pytest
 import torch
@@ -103,15 +104,21 @@ def test_idle_row_and_record_only_for_gpu_runs():
     assert "idle between kernels" not in text(profile.render_families(cpu, "CPU self time"))
 
 
-def test_external_commands_only_when_tools_exist():
+def test_external_commands_only_when_tools_exist(monkeypatch):
     args = {"model": "ltx-2b", "weights": "random", "dtype": "bf16", "seed": 1, "batch_size": 1, "family": "ltx",
             "num_frames": 49, "height": 512, "width": 768, "phase": "transformer"}
     results = {"optimized": {"kernels": [{"name": "void ltxbench::row_op_cached<float>(int)"}]}}
     assert profile.external_commands(args, results, "/t", "p", lambda tool: None) == []
     lines = profile.external_commands(args, results, "/t", "p", lambda tool: f"/usr/bin/{tool}")
-    assert lines[0].startswith("nsys profile -t cuda,nvtx") and "--steps 1 --num-frames 49" in lines[0]
+    assert lines[0].startswith("nsys profile -t cuda,nvtx") and "--steps 2 --num-frames 49" in lines[0]
     assert "--configs optimized" in lines[0] and "--repeats 1 --warmup-iterations 1" in lines[0]
+    assert "--guidance-scale 3.0" in lines[0]
     assert lines[1].startswith("ncu ") and "regex:row_op_cached" in lines[1]
+    # the printed command is one `bench e2e` accepts: its checks pass, and it stops at the (hidden) GPU: exit 4
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    argv = shlex.split(lines[0])
+    result = runner.invoke(app, argv[argv.index("ltxbench") + 1:])
+    assert result.exit_code == 4, result.output
 
 
 def _check_doc(doc, configs):

@@ -1,11 +1,15 @@
 """`bench e2e` for LTX-Video: every configuration (baseline, optimized, compile, optimized+compile) on ONE
 pipeline, built once, with the same seed; each configuration starts clean and is undone afterwards.
 
-Per configuration: `torch._dynamo.reset()`, kernel injection (optimized*), `nn.Module.compile()` of the
-transformer (compile*), warmup iterations (excluded; the first one minus the steady median is the compile
-time), timed repeats, then the compile is dropped and the injection reverted. Phases are timed with CUDA
-events on CUDA (perf_counter elsewhere): text encode, every denoising step (ends at the step-end callback),
-VAE decode, total. `--phase transformer` times the denoising loop alone on precomputed prompt embeddings.
+Before any configuration, one untimed iteration of the unpatched eager model takes the process's one-time costs.
+Per configuration: `torch._dynamo.reset()`, kernel injection (optimized*), `nn.Module.compile(dynamic=False)` of
+the transformer (compile*), warmup iterations (excluded, at least one; the first one minus the steady median is
+the compile time, recorded with inductor's cache hits, since its on-disk cache outlives the reset), timed repeats,
+then the compile is dropped and the injection reverted. Every iteration is a new generation (the patched model
+forgets its cached prompt keys and CFG answer). Phases are timed with CUDA events on CUDA (perf_counter elsewhere):
+text encode, every denoising step (ends at the step-end callback; step 0 also holds the pipeline's setup before
+its loop, the same for every configuration), VAE decode, total. `--phase transformer` times the denoising loop
+alone on precomputed prompt embeddings.
 Only the standard library at top level (the CLI validates with CONFIG_NAMES/parse_configs before torch loads).
 """
 
@@ -58,8 +62,10 @@ def record_params(args: dict, drop: tuple[str, ...]) -> dict:
 
 def compile_module(module, mode: str = "default") -> None:
     """The compile step of a configuration (a function of its own so that tests can stub it on the CPU).
-    mode: torch.compile's; "reduce-overhead" replays CUDA graphs (what transformers uses for static-cache decode)."""
-    module.compile(mode=mode)
+    mode: torch.compile's; "reduce-overhead" replays CUDA graphs (what transformers uses for static-cache decode).
+    dynamic=False: every input shape gets its own static graph, as a user compiling for that shape would get; left
+    to dynamo, the second LLM prompt length turns both lengths into one graph with a symbolic length."""
+    module.compile(mode=mode, dynamic=False)
 
 
 @contextlib.contextmanager
@@ -129,9 +135,11 @@ def run_once(pipe, args: dict, embeds=None, phase=None) -> dict:
 
     import torch
 
+    from ltxbench.inject.ltx import new_generation
     from ltxbench.models.ltx import _Clock, _decode
 
     phase = phase or (lambda name: contextlib.nullcontext())
+    new_generation(pipe)  # each iteration is one generation: nothing kept from the last one (the patched configs)
     device = pipe._execution_device
     clock = _Clock(device)
     generator = torch.Generator("cpu").manual_seed(args["seed"])
@@ -227,12 +235,18 @@ def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: i
     cuda = device.type == "cuda"
     monitor = monitor or gpu_monitor.open_monitor
     results: dict = {name: None for name in configs}
+    # One untimed iteration of the unpatched eager model before any configuration: the process's one-time costs
+    # (cuBLAS / cuDNN handles, lazily loaded kernels, the allocator's first blocks, the first text-encoder and VAE
+    # calls) land here and not in whichever configuration runs first.
+    log("untimed first iteration (unpatched, eager)")
+    run("baseline")
     for round_index in range(rounds):
         for name in configs if round_index % 2 == 0 else configs[::-1]:
             with configuration(module, name, inject, compile_mode) as injection, contextlib.ExitStack() as timed:
-                iterations, sampler = [], None
+                iterations, sampler, cache_before = [], None, _inductor_cache_counts()
                 for i in range(warmup + repeats):
                     if i == warmup:
+                        compile_cache = {k: v - cache_before[k] for k, v in _inductor_cache_counts().items()}
                         if cuda:
                             torch.cuda.synchronize(device)
                             torch.cuda.reset_peak_memory_stats(device)
@@ -244,6 +258,8 @@ def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: i
                     iterations.append(run(name))
                 timed.close()  # the sampling ends with the repeats
                 summary = summarize(name, iterations, warmup, name.endswith("compile"))
+                if summary["compile_s"] is not None:  # inductor's on-disk caches outlive dynamo.reset(): say if hit
+                    summary["compile_cache"] = compile_cache
                 summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
                 summary["injection"] = injection
                 if sampler is not None:
@@ -253,11 +269,24 @@ def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: i
             steps, compile_s = summary.get("step_ms"), summary.get("compile_s")
             log(f"{name}: done — " + (f"median step {statistics.median(steps):.2f} ms, " if steps else "")
                 + f"median total {statistics.median(summary['total_ms']):.1f} ms"
-                + (f", compile {compile_s:.1f} s" if compile_s is not None else "")
+                + (f", compile {compile_s:.1f} s ({_describe_cache(summary['compile_cache'])})"
+                   if compile_s is not None else "")
                 + gpu_monitor.describe(gpu_monitor.summarize(summary.get("gpu_samples"), repeats)))
             if cuda:
                 torch.cuda.empty_cache()
     return results
+
+
+def _inductor_cache_counts() -> dict:
+    """Inductor's FX-graph cache hits and misses so far in this process: a compile that hit the on-disk cache
+    (written by an earlier configuration or run) takes a fraction of a cold one's time."""
+    from torch._dynamo.utils import counters
+
+    return {key: counters["inductor"][key] for key in ("fxgraph_cache_hit", "fxgraph_cache_miss")}
+
+
+def _describe_cache(counts: dict) -> str:
+    return f"inductor FX-graph cache: {counts['fxgraph_cache_hit']} hit, {counts['fxgraph_cache_miss']} missed"
 
 
 def pool_rounds(first: dict, later: dict) -> dict:
@@ -271,44 +300,3 @@ def pool_rounds(first: dict, later: dict) -> dict:
     if first.get("peak_memory_bytes") is not None:
         pooled["peak_memory_bytes"] = max(first["peak_memory_bytes"], later["peak_memory_bytes"])
     return pooled
-
-
-def _speedups(results: dict, name: str, key: str) -> dict:
-    """speedup_vs_baseline / speedup_vs_compile of config `name` for phase `key` (median over median)."""
-    out = {}
-    mine = statistics.median(results[name][key])
-    for ref in ("baseline", "compile"):
-        if ref in results and ref != name and key in results[ref] and mine > 0:
-            out[f"speedup_vs_{ref}"] = statistics.median(results[ref][key]) / mine
-    return out
-
-
-def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
-    """text_encode / denoise_step / vae_decode / total (+ compile) records per configuration (provider = config);
-    the timed phases carry the GPU clock, power, temperature and energy of their repeats (gpu_* in derived) when
-    sampled."""
-    from ltxbench.bench.gpu_monitor import summarize as gpu_summary
-    from ltxbench.results.schema import make_record, stats_from_samples
-
-    records = []
-    for name, res in results.items():
-        common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
-                  **gpu_summary(res.get("gpu_samples"), len(res["total_ms"]))}
-        for record_name, key in (("text_encode", "text_encode_ms"), ("denoise_step", "step_ms"),
-                                 ("vae_decode", "vae_decode_ms"), ("total", "total_ms")):
-            if key not in res:
-                continue
-            derived = {**common, **_speedups(results, name, key)}
-            if record_name == "denoise_step":
-                median = statistics.median(res[key])
-                derived["transformer_it_s"] = 1e3 / median if median > 0 else None
-                derived["denoise_total_ms"] = sum(res[key]) / max(1, len(res["total_ms"]))
-                if "gpu_power_w_mean" in common:  # an estimate: the timed window's mean power over a median step
-                    derived["gpu_energy_j_per_step"] = common["gpu_power_w_mean"] * median / 1e3
-            records.append(make_record(record_name, name, dtype, params, "time", "ms", "lower",
-                                       stats_from_samples(res[key]), derived=derived))
-        if res["compile_s"] is not None:
-            records.append(make_record("compile", name, dtype, params, "time", "s", "lower",
-                                       stats_from_samples([res["compile_s"]]),
-                                       derived={"first_iteration_ms": res["first_iteration_ms"]}))
-    return records

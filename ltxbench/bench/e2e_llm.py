@@ -170,7 +170,8 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
                   decode_compile_mode: str = DECODE_COMPILE_DEFAULT) -> list[dict]:
     """prefill (one per prompt length), decode_step (tokens/s derived), generate, compile records per config.
     The decode records of the compile configs carry decode_compile_mode (how generate() compiled the step)."""
-    from ltxbench.bench.e2e import _speedups
+    from ltxbench.bench.e2e_report import compile_derived
+    from ltxbench.bench.e2e_report import speedups as _speedups
     from ltxbench.bench.gpu_monitor import summarize as gpu_summary
     from ltxbench.results.schema import make_record, stats_from_samples
 
@@ -198,5 +199,5 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
         if res["compile_s"] is not None:
             records.append(make_record("compile", name, dtype, params, "time", "s", "lower",
                                        stats_from_samples([res["compile_s"]]),
-                                       derived={"first_iteration_ms": res["first_iteration_ms"]}))
+                                       derived=compile_derived(res)))
     return records

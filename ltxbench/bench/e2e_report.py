@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from collections import defaultdict
 
 
@@ -94,3 +95,50 @@ def plot(records, path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def compile_derived(res: dict) -> dict:
+    """The compile record's derived fields: the first iteration, and inductor's cache hits / misses in it."""
+    return {"first_iteration_ms": res["first_iteration_ms"],
+            **{f"inductor_{k}": v for k, v in res.get("compile_cache", {}).items()}}
+
+
+def speedups(results: dict, name: str, key: str) -> dict:
+    """speedup_vs_baseline / speedup_vs_compile of config `name` for phase `key` (median over median)."""
+    out = {}
+    mine = statistics.median(results[name][key])
+    for ref in ("baseline", "compile"):
+        if ref in results and ref != name and key in results[ref] and mine > 0:
+            out[f"speedup_vs_{ref}"] = statistics.median(results[ref][key]) / mine
+    return out
+
+
+def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
+    """text_encode / denoise_step / vae_decode / total (+ compile) records per configuration (provider = config);
+    the timed phases carry the GPU clock, power, temperature and energy of their repeats (gpu_* in derived) when
+    sampled."""
+    from ltxbench.bench.gpu_monitor import summarize as gpu_summary
+    from ltxbench.results.schema import make_record, stats_from_samples
+
+    records = []
+    for name, res in results.items():
+        common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
+                  **gpu_summary(res.get("gpu_samples"), len(res["total_ms"]))}
+        for record_name, key in (("text_encode", "text_encode_ms"), ("denoise_step", "step_ms"),
+                                 ("vae_decode", "vae_decode_ms"), ("total", "total_ms")):
+            if key not in res:
+                continue
+            derived = {**common, **speedups(results, name, key)}
+            if record_name == "denoise_step":
+                median = statistics.median(res[key])
+                derived["transformer_it_s"] = 1e3 / median if median > 0 else None
+                derived["denoise_total_ms"] = sum(res[key]) / max(1, len(res["total_ms"]))
+                if "gpu_power_w_mean" in common:  # an estimate: the timed window's mean power over a median step
+                    derived["gpu_energy_j_per_step"] = common["gpu_power_w_mean"] * median / 1e3
+            records.append(make_record(record_name, name, dtype, params, "time", "ms", "lower",
+                                       stats_from_samples(res[key]), derived=derived))
+        if res["compile_s"] is not None:
+            records.append(make_record("compile", name, dtype, params, "time", "s", "lower",
+                                       stats_from_samples([res["compile_s"]]),
+                                       derived=compile_derived(res)))
+    return records

@@ -262,7 +262,8 @@ def kernel_base(name: str) -> str:
 
 
 def external_commands(args: dict, results: dict, out_dir, stem: str, which) -> list[str]:
-    """nsys/ncu command lines (when those tools are on PATH) profiling one step of each configuration."""
+    """nsys/ncu command lines (when those tools are on PATH) profiling each configuration over the fewest steps
+    `bench e2e` takes (2: diffusers' flow-match scheduler needs two), with this run's guidance scale."""
     import shlex
 
     lines = []
@@ -274,8 +275,9 @@ def external_commands(args: dict, results: dict, out_dir, stem: str, which) -> l
         if args["family"] == "llm":
             argv += ["--prompt-lengths", str(args["prompt_length"]), "--new-tokens", str(args["new_tokens"])]
         else:
-            argv += ["--steps", "1", "--num-frames", str(args["num_frames"]), "--height", str(args["height"]),
-                     "--width", str(args["width"]), "--phase", args["phase"]]
+            argv += ["--steps", "2", "--num-frames", str(args["num_frames"]), "--height", str(args["height"]),
+                     "--width", str(args["width"]), "--phase", args["phase"],
+                     "--guidance-scale", str(args.get("guidance_scale", 3.0))]
         if config.startswith("optimized"):
             argv += ["--kernel-provider", "cuda"]
         tag = f"{out_dir}/{stem}-{config.replace('+', '-')}"
