@@ -7,8 +7,10 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl 2>/
 t0=$(date +%s)
 nvidia-smi --query-gpu=name,temperature.gpu,clocks.max.sm,power.limit --format=csv,noheader
 timeout 200 python3 -m pytest -q -rf --tb=short -m gpu tests/test_inject_ltx.py -k "fp32_is or two_layer" \
-  tests/test_bench_e2e.py tests/test_profile.py tests/test_gpu_monitor.py -p no:cacheprovider > $OUT/gpu-tests-e2e.log 2>&1
-tail -1 $OUT/gpu-tests-e2e.log; grep -E "^FAILED|Error" $OUT/gpu-tests-e2e.log | head -8; echo "tests $(( $(date +%s) - t0 )) s"
+  -p no:cacheprovider > $OUT/gpu-tests-e2e.log 2>&1
+timeout 200 python3 -m pytest -q -rf --tb=short tests/test_bench_e2e.py tests/test_profile.py tests/test_gpu_monitor.py \
+  -p no:cacheprovider >> $OUT/gpu-tests-e2e.log 2>&1
+grep -E "passed|failed" $OUT/gpu-tests-e2e.log; grep -E "^FAILED|Error" $OUT/gpu-tests-e2e.log | head -8; echo "tests $(( $(date +%s) - t0 )) s"
 timeout 150 python3 -m ltxbench bench e2e --model llama-tiny --weights random --prompt-lengths 64,256 --new-tokens 16 \
   --configs baseline,optimized,compile,optimized+compile --output $OUT/e2e-llama-tiny.json > $OUT/e2e-llama-tiny.log 2>&1
 grep -E "done|Error|error" $OUT/e2e-llama-tiny.log | tail -6; echo "llm $(( $(date +%s) - t0 )) s"
