@@ -103,6 +103,7 @@ def test_ltx_tiny_baseline_and_optimized(tmp_path, captured):
     assert doc["kind"] == "e2e" and out.with_suffix(".csv").is_file() and png.stat().st_size > 0
     assert doc["run"]["config"]["configs"] == ["baseline", "optimized"]
     assert doc["run"]["config"]["injection"]["optimized"]["applied"] is True
+    assert doc["run"]["config"]["timer"].startswith("time.perf_counter per phase (CPU)")
     records = doc["records"]
     for config in ("baseline", "optimized"):
         for name in ("text_encode", "vae_decode", "total"):

@@ -176,7 +176,10 @@ def _run(args: dict, output, force: bool, plot) -> None:
         results = e2e.run_ltx(target, args["configs"], args, args["kernel_provider"], log)
         records = e2e_report.build_records(results, params, args["dtype"])
     config = {**{k: v for k, v in args.items() if k != "warmup"}, "warmup_iterations": args["warmup"],
-              "output": output, "plot": plot, "injection": {name: res["injection"] for name, res in results.items()}}
+              "output": output, "plot": plot, "injection": {name: res["injection"] for name, res in results.items()},
+              "timer": "CUDA events per phase, medians of the timed repeats" if args["device"] == "cuda"
+              else "time.perf_counter per phase (CPU), medians of the timed repeats",
+              "untimed_first_iteration": True}
     doc = make_result("e2e", _argv(args, output, force, plot), config, args["seed"], started, utc_now(), records)
     json_path, csv_path = write_result(doc, output, force)
     console.print(e2e_report.render_table(records))
