@@ -114,6 +114,22 @@ def test_a_paired_step_whose_timesteps_differ_runs_again_on_the_whole_batch():
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
 
 
+def test_an_answer_the_structure_gives_is_not_overridden_by_the_last_step():
+    """A batch of one cannot be two halves: after a paired step, such a call runs as it is (no empty half, no
+    rerun), whatever the last answer was."""
+    model = _transformer(num_layers=2)
+    guided = _cfg_inputs(model)
+    single = {k: v[:1] if isinstance(v, torch.Tensor) and v.ndim and v.size(0) == 2 else v for k, v in guided.items()}
+    with torch.no_grad():
+        expected = model(**single)[0]
+        seen = _attn1_batches(model)
+        with apply_kernels(model, "reference"):
+            model(**guided)
+            got = model(**single)[0]
+    assert seen[0] == [1, 1] and seen[1] == [2, 1]
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+
 def test_a_step_runs_by_the_last_answer_and_again_on_the_whole_batch_when_its_own_differs():
     """The answer is read one step late (no wait before the step): CFG, then different halves (ran paired, so
     again unpaired), then CFG (runs unpaired by the last answer), then CFG (paired)."""
