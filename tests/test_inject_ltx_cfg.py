@@ -97,19 +97,26 @@ def test_halves_that_differ_run_the_whole_batch():
     assert seen[0] == [2, 2]
 
 
+def _after_a_paired_step(change):
+    """A 2-layer model's output for change(guided inputs), run right after a paired guided step, the unpatched
+    model's output for the same inputs, and the attn1 batch sizes per block during the patched calls."""
+    model = _transformer(num_layers=2)
+    guided = _cfg_inputs(model)
+    inputs = change(guided)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        seen = _attn1_batches(model)
+        with apply_kernels(model, "reference"):
+            model(**guided)
+            got = model(**inputs)[0]
+    return got, expected, seen
+
+
 def test_a_paired_step_whose_timesteps_differ_runs_again_on_the_whole_batch():
     """The check compares the timestep halves too: after a guided step (answer: pair), a step with the same latents
     but another timestep per half runs paired by that answer, then again on the whole batch, and returns exactly
     what the unpatched model does."""
-    model = _transformer(num_layers=2)
-    guided = _cfg_inputs(model)
-    skewed = dict(guided, timestep=torch.tensor([700.0, 650.0]))
-    with torch.no_grad():
-        expected = model(**skewed)[0]
-        seen = _attn1_batches(model)
-        with apply_kernels(model, "reference"):
-            model(**guided)
-            got = model(**skewed)[0]
+    got, expected, seen = _after_a_paired_step(lambda guided: dict(guided, timestep=torch.tensor([700.0, 650.0])))
     assert seen[0] == [1, 1, 2] and seen[1] == [2, 2, 2]  # the second step ran twice
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
 
@@ -117,15 +124,8 @@ def test_a_paired_step_whose_timesteps_differ_runs_again_on_the_whole_batch():
 def test_an_answer_the_structure_gives_is_not_overridden_by_the_last_step():
     """A batch of one cannot be two halves: after a paired step, such a call runs as it is (no empty half, no
     rerun), whatever the last answer was."""
-    model = _transformer(num_layers=2)
-    guided = _cfg_inputs(model)
-    single = {k: v[:1] if isinstance(v, torch.Tensor) and v.ndim and v.size(0) == 2 else v for k, v in guided.items()}
-    with torch.no_grad():
-        expected = model(**single)[0]
-        seen = _attn1_batches(model)
-        with apply_kernels(model, "reference"):
-            model(**guided)
-            got = model(**single)[0]
+    got, expected, seen = _after_a_paired_step(lambda guided: {
+        k: v[:1] if isinstance(v, torch.Tensor) and v.ndim and v.size(0) == 2 else v for k, v in guided.items()})
     assert seen[0] == [1, 1] and seen[1] == [2, 1]
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
 

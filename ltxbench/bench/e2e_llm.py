@@ -170,8 +170,7 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
                   decode_compile_mode: str = DECODE_COMPILE_DEFAULT) -> list[dict]:
     """prefill (one per prompt length), decode_step (tokens/s derived), generate, compile records per config.
     The decode records of the compile configs carry decode_compile_mode (how generate() compiled the step)."""
-    from ltxbench.bench.e2e_report import compile_derived
-    from ltxbench.bench.e2e_report import speedups as _speedups
+    from ltxbench.bench.e2e_report import compile_derived, speedups
     from ltxbench.bench.gpu_monitor import summarize as gpu_summary
     from ltxbench.results.schema import make_record, stats_from_samples
 
@@ -183,19 +182,19 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
             key = f"prefill_{length}_ms"
             records.append(make_record("prefill", name, dtype, {**params, "prompt_len": length}, "time", "ms",
                                        "lower", stats_from_samples(res[key]),
-                                       derived={**common, **_speedups(results, name, key)}))
+                                       derived={**common, **speedups(results, name, key)}))
         decode_params = {**params, "prompt_len": prompt_lengths[0], "new_tokens": new_tokens}
         if name.endswith("compile"):
             decode_params["decode_compile_mode"] = decode_compile_mode
         if res["step_ms"]:
             median = statistics.median(res["step_ms"])
-            derived = {**common, **_speedups(results, name, "step_ms"),
+            derived = {**common, **speedups(results, name, "step_ms"),
                        "tokens_per_s": 1e3 * params.get("batch_size", 1) / median if median > 0 else None}
             records.append(make_record("decode_step", name, dtype, decode_params, "time", "ms", "lower",
                                        stats_from_samples(res["step_ms"]), derived=derived))
         records.append(make_record("generate", name, dtype, decode_params, "time", "ms", "lower",
                                    stats_from_samples(res["generate_ms"]),
-                                   derived={**common, **_speedups(results, name, "generate_ms")}))
+                                   derived={**common, **speedups(results, name, "generate_ms")}))
         if res["compile_s"] is not None:
             records.append(make_record("compile", name, dtype, params, "time", "s", "lower",
                                        stats_from_samples([res["compile_s"]]),

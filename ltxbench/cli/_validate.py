@@ -72,6 +72,15 @@ def check_outputs(paths, force: bool, hint: str = OVERWRITE_HINT) -> None:
         refuse_existing(paths, hint)
 
 
+def result_outputs(output: str | None, plot: str | None) -> list:
+    """The files a benchmark writes for --output (JSON and CSV; none for the default, a fresh name) and --plot."""
+    from pathlib import Path
+
+    from ltxbench.results.io import result_paths
+
+    return [*(result_paths(output) if output is not None else ()), *([Path(plot)] if plot is not None else [])]
+
+
 def require_matplotlib() -> None:
     if importlib.util.find_spec("matplotlib") is None:
         raise EnvironmentProblem("--plot needs matplotlib, which is not installed",

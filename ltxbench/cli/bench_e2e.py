@@ -70,7 +70,6 @@ def e2e_command(
     plot: str = typer.Option(None, "--plot", help="Also draw the per-config phase split to this PNG."),
 ) -> None:
     """Time whole models per configuration: LTX phases (encode, each step, decode) or LLM prefill/decode."""
-    from pathlib import Path
 
     from ltxbench.bench.e2e import PHASES, select_configs
     from ltxbench.cli._validate import (
@@ -79,6 +78,7 @@ def e2e_command(
         compile_mode_choice,
         positive_ints,
         require_matplotlib,
+        result_outputs,
         runtime,
     )
     from ltxbench.errors import NoCudaDevice, UsageError
@@ -104,11 +104,7 @@ def e2e_command(
     compile_mode_choice(decode_compile_mode, flag="--decode-compile-mode")
     choice("--weights", weights, ("pretrained", "random"))
     provider, dtype = runtime(device, kernel_provider, dtype)
-    outputs = [Path(plot)] if plot is not None else []
-    if output is not None:
-        path = Path(output) if output.lower().endswith(".json") else Path(output + ".json")
-        outputs += [path, path.with_suffix(".csv")]
-    check_outputs(outputs, force)
+    check_outputs(result_outputs(output, plot), force)
     if plot is not None:
         require_matplotlib()
 

@@ -20,18 +20,6 @@ EXAMPLES = (
 )
 
 
-def _paths(output: str | None):
-    """The JSON and CSV paths write_result will use for --output (None: a fresh default name)."""
-    from pathlib import Path
-
-    if output is None:
-        return None
-    path = Path(output)
-    if path.suffix.lower() != ".json":
-        path = path.with_name(path.name + ".json")
-    return path, path.with_suffix(".csv")
-
-
 def micro_command(
     kernels: Annotated[list[str] | None, typer.Argument(
         metavar="KERNEL", show_default=False,
@@ -58,10 +46,8 @@ def micro_command(
     Every provider runs on the same inputs, shape by shape, and is checked against the fp32 reference.
     """
 
-    from pathlib import Path
-
     from ltxbench.bench import micro
-    from ltxbench.cli._validate import check_outputs, require_matplotlib
+    from ltxbench.cli._validate import check_outputs, require_matplotlib, result_outputs
     from ltxbench.errors import NoCudaDevice, UsageError
 
     specs = micro.resolve_kernels(kernels)
@@ -74,7 +60,7 @@ def micro_command(
     cases, notes = micro.plan(specs, dtypes, shapes, chosen, variant)
     if not cases:
         raise UsageError("nothing to measure: " + "; ".join(notes))
-    check_outputs([*(_paths(output) or ()), *([Path(plot)] if plot is not None else [])], force)
+    check_outputs(result_outputs(output, plot), force)
     if plot is not None:
         require_matplotlib()
 

@@ -56,7 +56,7 @@ def profile_command(
     from ltxbench.cli._validate import check_outputs, choice, compile_mode_choice, runtime
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
-    from ltxbench.results.io import default_path
+    from ltxbench.results.io import default_path, result_paths
 
     # --- validation: nothing heavy is imported before this passes ---------------------------------------
     llm = is_llm(model)
@@ -73,12 +73,10 @@ def profile_command(
                         "CUDA-graph replay returned, which the next replay overwrites; use default or "
                         "max-autotune-no-cudagraphs" if llm else None)
     provider, dtype = runtime(device, kernel_provider, dtype)
-    json_path = default_path("profile") if output is None else Path(output)
-    if json_path.suffix.lower() != ".json":
-        json_path = json_path.with_name(json_path.name + ".json")
+    json_path, csv_path = result_paths(default_path("profile") if output is None else output)
     traces_at = Path(trace_dir) if trace_dir is not None else json_path.parent
     traces = {c: traces_at / f"{json_path.stem}-{c.replace('+', '-')}.trace.json" for c in chosen}
-    check_outputs((json_path, json_path.with_suffix(".csv"), *traces.values()), force,
+    check_outputs((json_path, csv_path, *traces.values()), force,
                   hint="pass --force to overwrite, or choose another --output/--trace-dir")
 
     import torch

@@ -46,6 +46,15 @@ def default_path(kind: str, runs_dir: str | Path = DEFAULT_RUNS_DIR) -> Path:
     return Path(runs_dir) / f"{kind}-{stamp}-{secrets.token_hex(2)}.json"
 
 
+def result_paths(output: str | Path) -> tuple[Path, Path]:
+    """(JSON, CSV) that write_result writes for --output: `.json` appended where the name lacks it, the CSV beside.
+    The commands check these before they run anything."""
+    path = Path(output)
+    if path.suffix.lower() != ".json":
+        path = path.with_name(path.name + ".json")
+    return path, path.with_suffix(".csv")
+
+
 def _publish(text: str, final: Path, force: bool) -> None:
     """Write text to a temp file in final's directory, fsync it, then link (no clobber) or replace it."""
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -83,13 +92,7 @@ def write_result(
     validate(doc)
     text = dumps(doc)  # serialise before touching the disk: a bad document leaves nothing behind
     csv_text = _csv_text(doc)
-    if output is None:
-        path = default_path(doc["kind"], runs_dir)
-    else:
-        path = Path(output)
-        if path.suffix.lower() != ".json":
-            path = path.with_name(path.name + ".json")
-    csv_path = path.with_suffix(".csv")
+    path, csv_path = result_paths(default_path(doc["kind"], runs_dir) if output is None else output)
     if not force:
         for p in (path, csv_path):
             if p.exists():
