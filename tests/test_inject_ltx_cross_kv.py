@@ -1,10 +1,11 @@
-"""attn2's keys/values computed once per prompt (ltx_cross_kv): reused while nothing they depend on changed,
-rebuilt or skipped when it did, and exactly what every step would compute (CPU, reference provider)."""
+"""attn2's keys/values computed once per generation (ltx_cross_kv): kept only inside a generation, reused there while
+nothing they depend on changed, rebuilt or skipped when it did, and exactly what every step would compute (CPU,
+reference provider)."""
 
 import pytest
 import torch
 
-from ltxbench.inject.ltx import CROSS_KV_RULE, apply_kernels
+from ltxbench.inject.ltx import CROSS_KV_RULE, GENERATION_RULE, apply_kernels, generation
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
 from tests.test_inject_ltx import _inputs, _transformer
 
@@ -28,8 +29,9 @@ def test_steps_with_one_prompt_compute_its_keys_values_once_and_match_every_step
             assert CROSS_KV_RULE not in report.rules and CACHE_ATTR not in vars(model)
             uncached = [_run(model, inputs, timestep=torch.tensor([t, 20.0])) for t in (500.0, 400.0)]
         projections.clear()
-        with apply_kernels(model, "reference") as report:
+        with apply_kernels(model, "reference") as report, generation(model):
             assert report.rules[CROSS_KV_RULE] == 1
+            assert GENERATION_RULE in dict(report.skipped)  # given the transformer: the scope is the caller's
             first = _run(model, inputs)
             cached = [_run(model, inputs, timestep=torch.tensor([t, 20.0])) for t in (500.0, 400.0)]
             cache = _cache(model)
@@ -50,7 +52,7 @@ def test_a_changed_prompt_or_weight_rebuilds_the_entry(change):
     inputs = _inputs(model)
     attn2 = model.transformer_blocks[1].attn2
     with torch.no_grad():
-        with apply_kernels(model, "reference"):
+        with apply_kernels(model, "reference"), generation(model):
             before = _run(model, inputs)
             if change == "new prompt tensor":
                 inputs["encoder_hidden_states"] = inputs["encoder_hidden_states"] * 2
@@ -75,6 +77,46 @@ def test_a_changed_prompt_or_weight_rebuilds_the_entry(change):
     torch.testing.assert_close(after, expected, atol=1e-6, rtol=0)
 
 
+def test_outside_a_generation_every_step_computes_its_keys_values():
+    """The transformer called on its own, with no generation scope: nothing is kept from one call to the next, so a
+    weight written through `.data` (what PEFT's fuse_lora does; no version bump) is seen by the next call."""
+    model = _transformer()
+    inputs = _inputs(model)
+    to_k = model.transformer_blocks[0].attn2.to_k
+    with torch.no_grad(), apply_kernels(model, "reference"):
+        first = _run(model, inputs)
+        to_k.weight.data += 0.5
+        second = _run(model, inputs)
+        assert (_cache(model).builds, _cache(model).entry) == (0, None)
+    with torch.no_grad():
+        expected = _run(model, inputs)
+    assert not torch.equal(first, second)
+    torch.testing.assert_close(second, expected, atol=1e-6, rtol=0)
+
+
+def test_a_generation_forgets_its_entry_on_exit_and_on_an_error():
+    model = _transformer()
+    inputs = _inputs(model)
+    to_k = model.transformer_blocks[0].attn2.to_k
+    with torch.no_grad(), apply_kernels(model, "reference"):
+        cache = _cache(model)
+        with generation(model):
+            _run(model, inputs)
+            assert cache.entry is not None
+        assert (cache.entry, cache.generations) == (None, 0)
+        with pytest.raises(KeyboardInterrupt), generation(model):
+            _run(model, inputs)
+            raise KeyboardInterrupt  # a generation interrupted between steps
+        assert (cache.entry, cache.generations) == (None, 0)
+        to_k.weight.data.mul_(1.01)  # invisible to the identity/version check
+        with generation(model):
+            got = _run(model, inputs)
+        assert cache.builds == 3
+    with torch.no_grad():
+        expected = _run(model, inputs)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=0)
+
+
 def test_no_entry_where_a_change_could_go_unseen():
     """A module wrapper (LoRA), a forward pre-hook, an offload hook's forward, inference tensors and autograd all
     compute every step; the results stay the unpatched model's."""
@@ -82,7 +124,7 @@ def test_no_entry_where_a_change_could_go_unseen():
     inputs = _inputs(model)
     with torch.no_grad():
         expected = _run(model, inputs)
-        with apply_kernels(model, "reference"):
+        with apply_kernels(model, "reference"), generation(model):
             cache = _cache(model)
 
             def check(run):
@@ -134,7 +176,8 @@ def test_compiled_forward_takes_the_entry_as_an_input_without_recompiling():
             torch._dynamo.reset()
             model.compile(backend=counter)
             try:
-                got = [_run(model, inputs, timestep=torch.tensor([t, 20.0])) for t in (500.0, 400.0)]
+                with generation(model):
+                    got = [_run(model, inputs, timestep=torch.tensor([t, 20.0])) for t in (500.0, 400.0)]
             finally:
                 model._compiled_call_impl = None
             assert (counter.frame_count, _cache(model).builds, _cache(model).hits) == (1, 1, 1)
@@ -158,7 +201,8 @@ def test_cuda_kernels_with_the_cache_under_module_compile_match_the_unpatched_mo
             torch._dynamo.reset()
             model.compile()
             try:
-                got = [_run(model, inputs, timestep=t).float() for t in steps]
+                with generation(model):
+                    got = [_run(model, inputs, timestep=t).float() for t in steps]
             finally:
                 model._compiled_call_impl = None
                 torch._dynamo.reset()

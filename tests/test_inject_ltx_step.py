@@ -4,7 +4,7 @@ graph holds the block loop only; traced from __call__ the forward builds them it
 import torch
 from torch._dynamo.testing import EagerAndRecordGraphs
 
-from ltxbench.inject.ltx import apply_kernels
+from ltxbench.inject.ltx import apply_kernels, generation
 from tests.test_inject_ltx import _inputs, _transformer
 
 
@@ -61,7 +61,7 @@ def test_a_lora_scale_leaves_the_step_inputs_to_the_forward():
     inputs = _inputs(model)
     with torch.no_grad():
         expected = model(**inputs, attention_kwargs={"scale": 0.5})[0]
-        with apply_kernels(model, "reference"):
+        with apply_kernels(model, "reference"), generation(model):
             cache = vars(model)[CACHE_ATTR]
             scaled = model(**inputs, attention_kwargs={"scale": 0.5})[0]
             assert cache.builds == 0  # the forward built the step: no cache entry came from __call__

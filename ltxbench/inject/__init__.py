@@ -5,9 +5,17 @@ from __future__ import annotations
 
 import functools
 import inspect
+import types
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from ltxbench.errors import UsageError
+
+
+class RevertRefused(UsageError):
+    """revert() cannot restore the model: something installed after the injection still runs a patched forward.
+    Nothing was undone (the model stays patched and consistent)."""
 
 
 @dataclass
@@ -16,6 +24,7 @@ class InjectionReport:
     rules: Counter = field(default_factory=Counter)        # rule name -> modules patched
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (target, reason)
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    _blockers: list[Callable[[], str | None]] = field(default_factory=list, repr=False)
 
     def patched(self, rule: str, undo: Callable[[], None]) -> None:
         self.rules[rule] += 1
@@ -36,10 +45,22 @@ class InjectionReport:
     def active(self) -> bool:
         return bool(self._undo)
 
+    def blocked_by(self, check: Callable[[], str | None]) -> None:
+        """check() names what would keep a patch running after revert (None: nothing); revert refuses then."""
+        self._blockers.append(check)
+
     def revert(self) -> None:
-        """Undo every patch, newest first; the model is exactly as before `apply_kernels`."""
+        """Undo every patch, newest first; the model is exactly as before `apply_kernels`, hooks installed since
+        (accelerate's offload, diffusers' hook registry) included. Raises RevertRefused, undoing nothing, where a
+        wrapper of unknown kind installed after the injection holds a patched forward."""
+        reasons = [reason for check in self._blockers if (reason := check())]
+        if reasons:
+            raise RevertRefused(f"cannot revert the kernel injection: {reasons[0]}"
+                                + (f" (and {len(reasons) - 1} more)" if len(reasons) > 1 else ""),
+                                hint="remove that wrapper (or hook) first, then revert")
         while self._undo:
             self._undo.pop()()
+        self._blockers.clear()
 
     def __enter__(self) -> InjectionReport:
         return self
@@ -74,32 +95,102 @@ def original_class(module) -> type:
     return getattr(type(module), ORIGINAL_CLASS, type(module))
 
 
+def _subclass(cls, members: dict, classes: dict) -> type:
+    """The subclass of `cls` that defines `members` (same name and module as `cls`), made once per (cls, members)."""
+    key = (cls, *members.values())
+    patched = classes.get(key)
+    if patched is None:
+        patched = type(cls.__name__, (cls,), {**members, ORIGINAL_CLASS: cls, "__module__": cls.__module__,
+                                              "__qualname__": cls.__qualname__})
+        classes[key] = patched
+    return patched
+
+
 def patch_forward(report: InjectionReport, rule: str, module, forward, classes: dict, call=None) -> None:
     """Run `forward` as `module`'s forward through a subclass of its class that defines it (same name; one
     subclass per (class, forward, call), kept in `classes`), until revert. Not an instance attribute: dynamo inlines
     a module whose forward lives on its class as it does the original, while an instance-level forward cost every
     call of a compiled model about 100 more guards per patched module (its hook dicts, `__call__` lookups; a
-    32-layer llama-tiny on a CPU: 716 instead of 446 us of host time per call, notes/kernel-tuning.md).
+    32-layer llama-tiny on a CPU: 716 instead of 446 us of host time per call).
     call: also the subclass's `__call__`, which runs before nn.Module.compile()'s compiled forward (eager work
     whose result the forward takes as an argument)."""
     cls = type(module)
-    patched = classes.get((cls, forward, call))
-    if patched is None:
-        members = {"forward": forward, ORIGINAL_CLASS: cls, "__module__": cls.__module__,
-                   "__qualname__": cls.__qualname__}
-        if call is not None:
-            members["__call__"] = call
-        patched = type(cls.__name__, (cls,), members)
-        classes[(cls, forward, call)] = patched
-    module.__class__ = patched
+    module.__class__ = _subclass(cls, {"forward": forward} if call is None else {"forward": forward, "__call__": call},
+                                 classes)
+    installed = vars(type(module))["forward"]  # what a hook binds: a class hook (transformers' layers) may wrap it
 
     def undo():
         module.__class__ = cls
-        # a hook removed after injection (accelerate's remove_hook_from_module) leaves our forward bound on the instance
-        if getattr(vars(module).get("forward"), "__func__", None) is forward:
-            del module.forward
+        _rebind_hook_holders(module, installed, cls)
 
     report.patched(rule, undo)
+    report.blocked_by(lambda: _unknown_holder(module, installed))
+
+
+def patch_call(report: InjectionReport, rule: str, obj, call, classes: dict) -> None:
+    """Run `call` as `obj`'s `__call__` (a subclass of its class, as patch_forward does) until revert."""
+    cls = type(obj)
+    obj.__class__ = _subclass(cls, {"__call__": call}, classes)
+
+    def undo():
+        obj.__class__ = cls
+
+    report.patched(rule, undo)
+
+
+def _runs(function, forward) -> bool:
+    """`function` is `forward` bound to a module (what a hook captures as the module's forward)."""
+    return getattr(function, "__func__", None) is forward
+
+
+def _rebind_hook_holders(module, forward, cls) -> None:
+    """A hook installed after the injection captured the patched forward bound to `module`; point the holders we know
+    at the original forward (`cls.forward`): accelerate's `_old_forward` (CPU offload, device maps), diffusers'
+    HookRegistry function references (group offload, context parallelism, its caches), and the bound forward a hook
+    removed after the injection leaves on the instance."""
+    original = types.MethodType(cls.forward, module)
+    if _runs(vars(module).get("_old_forward"), forward):
+        module._old_forward = original
+    for ref in getattr(vars(module).get("_diffusers_hook"), "_fn_refs", ()):
+        for name in ("forward", "original_forward"):
+            if _runs(getattr(ref, name, None), forward):
+                setattr(ref, name, original)
+    if _runs(vars(module).get("forward"), forward):
+        del module.forward
+
+
+def _unknown_holder(module, forward) -> str | None:
+    """What would still run the patched forward after _rebind_hook_holders: a forward wrapper on the instance that
+    reaches it (through functools' __wrapped__, a partial's arguments or a closure cell) where no known holder is.
+    None where nothing does, as far as references can be followed."""
+    own = vars(module)
+    wrapper = own.get("forward")
+    if wrapper is None or _runs(wrapper, forward) or "_old_forward" in own or "_diffusers_hook" in own:
+        return None
+    seen, todo = set(), [wrapper]
+    while todo and len(seen) < 64:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if _runs(item, forward):
+            name = getattr(wrapper, "__qualname__", None) or type(wrapper).__name__
+            return (f"a {type(module).__name__}'s forward is wrapped by {name} (installed after the injection), "
+                    "which holds the patched forward")
+        if isinstance(item, functools.partial):
+            todo += [item.func, *item.args, *item.keywords.values()]
+        todo += [c.cell_contents for c in getattr(item, "__closure__", None) or () if _filled(c)]
+        if hasattr(item, "__wrapped__"):
+            todo.append(item.__wrapped__)
+    return None
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 (an empty cell raises)
+    except ValueError:
+        return False
+    return True
 
 
 def set_attr(report: InjectionReport, rule: str, obj, name: str, value) -> None:

@@ -113,7 +113,7 @@ def _intact(x, linears, fused: FusedWeights) -> bool:
     # Eager, on every call (56 per LTX step, whose host time is close to its GPU time): read the layers' parameter
     # dicts, not `lin.weight` (nn.Module.__getattr__; a parametrization's property would not be in the dict, so it
     # counts as replaced), and compare data pointers with those recorded when fusing (`.to()` and `param.data =`
-    # move a parameter without replacing it): 16.6 -> 2.6 us per call on a CPU (results/cpu/intact-check.json).
+    # move a parameter without replacing it): 16.6 -> 2.6 us per call on a CPU).
     params = [p for lin in linears for name in ("weight", "bias") if (p := lin._parameters.get(name)) is not None]
     return (len(params) == len(fused.params) and all(p is q for p, q in zip(params, fused.params, strict=True))
             and tuple(p.data_ptr() for p in params) == fused.ptrs)

@@ -1,6 +1,6 @@
 """Kernel injection into transformers' LLaMA-family decoders: llama, mistral, qwen2, qwen3 (transformers 5.x).
 
-Rules (HANDBOOK §2 has the math):
+Rules (docs/models.md has the math):
   RMSNorm (input/post-attention/final, Qwen3 q_norm/k_norm) → ops.rms_norm(cast_before_weight=True)
   decoder layer: `residual + attn` and post_attention_layernorm → ops.fused_add_rms_norm
                  `residual + mlp`                               → down_proj GEMM accumulating into the residual

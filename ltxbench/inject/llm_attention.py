@@ -30,13 +30,16 @@ def _tables_of(cos, sin):
     return (*table, None)
 
 
-def _rope_tables(cache: dict, cos, sin):
+def _rope_tables(cache: dict, cos, sin, first_layer: bool):
     """(cos (B*S, hd/2) fp32, sin, no positions) from the model's position_embeddings, once per forward
-    in eager mode. Inside a compiled graph there is no cache: a Python dict holding tensors made dynamo guard on
-    its contents and recompile, and the graph output its tables to store them."""
+    in eager mode: built by the first layer of every forward, reused by the others while cos/sin are the same
+    objects, so tables never outlive the forward whose cos/sin they came from (an in-place change of those between
+    forwards could not be seen: inference tensors have no version counter). Inside a compiled graph there is no
+    cache: a Python dict holding tensors made dynamo guard on its contents and recompile, and the graph output its
+    tables to store them."""
     if torch.compiler.is_compiling():
         return _tables_of(cos, sin)
-    if cache.get("cos") is not cos or cache.get("sin") is not sin:
+    if first_layer or cache.get("cos") is not cos or cache.get("sin") is not sin:
         cache.update(cos=cos, sin=sin, tables=_tables_of(cos, sin))
     return cache["tables"]
 
@@ -79,7 +82,7 @@ def attn_forward(ops, rope_cache: dict, sliding, eager, qk_norm: bool, new_cache
         query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)
         value_states = value_states.view(hidden_shape).transpose(1, 2)
 
-        cos_table, sin_table, positions = _rope_tables(rope_cache, *position_embeddings)
+        cos_table, sin_table, positions = _rope_tables(rope_cache, *position_embeddings, self.layer_idx == 0)
         query_states, key_states = ops.rope_1d(query_states, key_states, cos_table, sin_table, positions)
 
         if kv_cache is not None:

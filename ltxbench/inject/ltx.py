@@ -1,6 +1,6 @@
 """Kernel injection into diffusers' LTX-Video transformer (LTXVideoTransformer3DModel).
 
-Per block (HANDBOOK §2 has the math):
+Per block (docs/models.md has the math):
   norm1(h) * (1 + scale_msa) + shift_msa            → rms_norm_modulate
   attn1: norm_q/norm_k + apply_rotary_emb on q, k   → qk_rms_norm_rope (angles from the grid, no fp32 tables)
   h + attn1 * gate_msa                              → gated_residual
@@ -11,7 +11,7 @@ Per block (HANDBOOK §2 has the math):
   h + ff * gate_mlp                                 → gated_residual, or with the next block's norm1:
                                                       add_rms_norm_modulate (model forward, chained blocks)
 Model: norm_out (no-affine LayerNorm) + final modulation → layer_norm_modulate; what precedes the blocks built
-before the (compiled) forward (ltx_step.py); attn2's keys/values once per prompt (ltx_cross_kv.py); block 0's attn1
+before the (compiled) forward (ltx_step.py); attn2's keys/values once per generation (ltx_cross_kv.py); block 0's attn1
 once for classifier-free guidance's identical halves (ltx_cfg.py). The patched block and model forwards are in
 ltx_forward.py, the attention processor and forward in ltx_attention.py. Modulation per batch
 (B, 1, D) or per token (B, S, D, image-to-video / condition pipelines) both go through the kernels' broadcast strides.
@@ -19,12 +19,13 @@ ltx_forward.py, the attention processor and forward in ltx_attention.py. Modulat
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
-from ltxbench.inject import ORIGINAL_CLASS, InjectionReport, original_class, patch_forward, set_attr
+from ltxbench.inject import ORIGINAL_CLASS, InjectionReport, original_class, patch_call, patch_forward, set_attr
 from ltxbench.inject.fuse import fuse_linears, release
 from ltxbench.inject.ltx_attention import (
     ATTN_FORWARD_RULE,
@@ -131,15 +132,37 @@ def _plain_norms(block) -> bool:
 
 
 def new_generation(target) -> None:
-    """Forget what the patched model kept from earlier calls for the generation in progress: the cached attn2 keys
-    and values and the CFG check's last answer. A pipeline call that encodes its prompt gets a new cache entry
-    anyway; a benchmark that reuses one prompt tensor for every iteration calls this so that each timed
-    iteration pays what a fresh generation pays (one cache build, one waited-for first answer)."""
+    """Forget what the patched model kept from earlier calls: the cached attn2 keys and values and the CFG check's
+    last answer (`generation` does this on entry and exit)."""
     model = vars(getattr(target, "transformer", target))
     if CACHE_ATTR in model:
         model[CACHE_ATTR].clear()
     if PAIRED_ATTR in model:
         model[PAIRED_ATTR].last = None
+
+
+@contextlib.contextmanager
+def generation(target):
+    """One generation of the patched LTX model (`target`: the transformer or its pipeline): attn2's keys and values
+    are kept across its steps only inside this scope, and forgotten on entry and exit (an exception included), so
+    no weight change between generations can meet an old entry (ltx_cross_kv). A patched pipeline's call is one
+    generation; a caller that runs the transformer's steps itself wraps them in this to keep the cache."""
+    cache = vars(getattr(target, "transformer", target)).get(CACHE_ATTR)
+    new_generation(target)
+    if cache is not None:
+        cache.generations += 1
+    try:
+        yield
+    finally:
+        if cache is not None:
+            cache.generations -= 1
+        new_generation(target)
+
+
+def _generation_call(self, *args, **kwargs):
+    """`__call__` of the patched pipeline: its own call as one generation."""
+    with generation(self):
+        return original_class(self).__call__(self, *args, **kwargs)
 
 
 def _patched_already(transformer) -> bool:
@@ -151,7 +174,8 @@ def _patched_already(transformer) -> bool:
 
 MODEL_RULE = ("model: ff residual + next norm1 (add_rms_norm_modulate), final layer_norm_modulate; what precedes the "
               "blocks built before the (compiled) forward (ltx_step)")
-CROSS_KV_RULE = "model: attn2 keys/values and caption projection once per prompt (cross_kv cache)"
+CROSS_KV_RULE = "model: attn2 keys/values and caption projection once per generation (cross_kv cache)"
+GENERATION_RULE = "pipeline: each call one generation (what the model keeps across steps is forgotten after it)"
 RESIDUAL_RULE = "attn2: out-projection + residual add as one GEMM (ops.linear, beta = 1)"
 PAIRED_RULE = "model: block 0's attn1 once for classifier-free guidance's identical halves (checked per step)"
 ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
@@ -176,12 +200,13 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     `ops.gelu_tanh` (torch's own GELU measured faster, see GELU_MEASURED). cross_attention: attn2's attention
     through `ops.cross_attention` instead of SDPA, where diffusers would run its default (native) backend; None
     (the default) does so at the head dims where it measured faster (CROSS_ATTENTION_HEAD_DIMS). cross_kv_cache:
-    attn2's keys and values (and the caption projection) computed once per prompt, not once per step
-    (ltx_cross_kv; needs the chained model forward). tuned_gemm: the blocks' projections (fused q/k/v, attn2's q,
+    attn2's keys and values (and the caption projection) computed once per generation, not once per step
+    (ltx_cross_kv; needs the chained model forward; a generation is one call of the pipeline given here, or a
+    `generation(transformer)` scope). tuned_gemm: the blocks' projections (fused q/k/v, attn2's q,
     both out-projections, the feed-forward's two) through `ops.linear`, cuBLASLt with the algorithm per shape
-    chosen by timing on its first call (notes/kernel-tuning.md) or stored by an earlier process on this GPU model
-    (ops.load_gemm_choices); else torch's linear (cuBLASLt's heuristic pick).
-    The attn2 k/v projections run once per prompt with the cache, so they stay torch's. pair_cfg_halves: where
+    chosen by timing on its first call (docs/kernels.md#attention-and-gemm) or stored by an earlier process on this
+    GPU model (ops.load_gemm_choices); else torch's linear (cuBLASLt's heuristic pick).
+    The attn2 k/v projections run once per generation with the cache, so they stay torch's. pair_cfg_halves: where
     a step's batch is two identical halves (classifier-free guidance), block 0's norm1, attn1 and gated residual
     run on one half (ltx_cfg: checked on the device, the answer read one step late, so no synchronization
     before a step; needs the chained model forward).
@@ -221,6 +246,11 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             cache = CrossKVCache(_cross_kv_builder(ops),
                                  functools.partial(cache_sources, processor_type=FusedLTXAttnProcessor))
             set_attr(report, CROSS_KV_RULE, transformer, CACHE_ATTR, cache)
+            if target is transformer:
+                report.skip(GENERATION_RULE, "given the transformer, not its pipeline: attn2's keys/values are kept "
+                                             "across steps only inside ltxbench.inject.ltx.generation(transformer)")
+            else:
+                patch_call(report, GENERATION_RULE, target, _generation_call, classes)
         else:
             report.skip(CROSS_KV_RULE, "turned off (cross_kv_cache=False): every step computes attn2's keys/values")
         if pair_cfg_halves:

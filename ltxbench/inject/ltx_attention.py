@@ -75,7 +75,7 @@ def cross_key_value(ops, attn, encoder_hidden_states):
 class FusedLTXAttnProcessor:
     """LTXVideoAttnProcessor with fused projections (one GEMM) and the q/k RMSNorm (+ RoPE) as one kernel.
     Self-attention: left to diffusers/torch (torch's default order picks cuDNN, the fastest measured; forcing it
-    with sdpa_kernel cost CPU time, notes/kernel-tuning.md). Cross-attention (cross_attention=True): our
+    with sdpa_kernel cost CPU time). Cross-attention (cross_attention=True): our
     short-key kernel `ops.cross_attention` when diffusers would run its default backend, else diffusers'.
     cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (ltx_cross_kv).
     tuned_gemm: the fused q/k/v GEMM through ops.linear (cuBLASLt, algorithm chosen by timing; torch's when a
@@ -155,7 +155,7 @@ def attention_forward(self, hidden_states, encoder_hidden_states=None, attention
                        cross_kv=None, **kwargs):
     """LTXAttention.forward without its per-call `inspect.signature(self.processor.__call__)`, which only filters
     extra kwargs: host time that, with 56 attention calls per step, left the patched eager model host-bound on an
-    H100 (results/h100/tuning/host-ltx-*). Extra kwargs still take the original path (its filter and warning).
+    H100 (docs/tuning.md#step-level-work). Extra kwargs still take the original path (its filter and warning).
     cross_kv comes only from our model forward, which passes it only while every attn2 runs our processor;
     residual only from our block code, after takes_residual."""
     if cross_kv is not None:

@@ -1,4 +1,4 @@
-"""LTX-Video's cross-attention keys and values, computed once per prompt instead of once per denoising step.
+"""LTX-Video's cross-attention keys and values, computed once per generation instead of once per step.
 
 attn2 attends to the prompt: its keys and values (caption_projection, then every block's to_k/to_v GEMM and
 norm_k) depend only on the prompt embeddings and the weights, and diffusers' LTX pipelines pass the same
@@ -6,12 +6,16 @@ prompt_embeds tensor to every step (built once, before the loop). The patched mo
 takes them from here into the step's inputs; the forward then skips caption_projection and, per block, the k/v GEMM
 and norm_k. The same ops on the same inputs, so the step's result does not change; what goes is their time.
 
-An entry is reused only while every tensor it came from is the same object at the same address and version
-(in-place updates bump the version): the prompt embeddings, caption_projection's parameters, each attn2's
-to_k/to_v/norm_k parameters; and only while those layers are plain nn.Linear / nn.RMSNorm (a LoRA wrapper changes
-the function, not the weights) and every attn2 runs our processor. The entry keeps the embeddings alive, so a new
-tensor cannot take over their identity. It holds the projected prompt and every block's k/v (2B, CFG, 128 tokens:
-3 MB per block) until the next prompt, `CrossKVCache.clear()` or the injection's revert.
+An entry lives for one generation at most: the cache answers only inside `ltx.generation(model)`, which a patched
+pipeline's call enters (apply_kernels given the pipeline) and which clears the cache on entry and on exit, exceptions
+included. Outside one (the transformer called on its own) every step computes its keys and values, as the model does.
+So weights changed between generations in a way no check can see (PEFT's `fuse_lora` writes `weight.data`, which
+bumps no version counter) always meet a fresh entry. Within a generation an entry is also dropped when a tensor it
+came from is no longer the same object at the same address and version: the prompt embeddings, caption_projection's
+parameters, each attn2's to_k/to_v/norm_k parameters; and while those layers are not plain nn.Linear / nn.RMSNorm (a
+LoRA wrapper changes the function, not the weights) or an attn2 does not run our processor, nothing is cached. The
+entry keeps the embeddings alive, so a new tensor cannot take over their identity. It holds the projected prompt and
+every block's k/v (2B, CFG, 128 tokens: 3 MB per block).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ class CrossKVCache:
     def __init__(self, build: Callable, sources: Callable):
         self.build, self.sources = build, sources
         self.builds = self.hits = 0
+        self.generations = 0  # open ltx.generation scopes: the cache answers only inside one
         self.clear()
 
     def clear(self) -> None:
@@ -37,7 +42,7 @@ class CrossKVCache:
 
     def get(self, model, encoder_hidden_states):
         """The entry for this call (built if its sources changed), or None when this call must compute."""
-        sources = self.sources(model, encoder_hidden_states)
+        sources = self.sources(model, encoder_hidden_states) if self.generations else None
         if sources is None:
             self.clear()
             return None

@@ -1,5 +1,5 @@
 """The patched forwards of LTX-Video's transformer block and model (applied by ltx.apply_kernels; the block math is
-in HANDBOOK §2 and ltx.py's docstring). The model forward chains the blocks: block i's `h + ff * gate_mlp` and block
+in docs/models.md and ltx.py's docstring). The model forward chains the blocks: block i's `h + ff * gate_mlp` and block
 i+1's modulated norm1 are one add_rms_norm_modulate, and what precedes the block loop arrives as ltx_step.StepInputs.
 """
 

@@ -7,8 +7,8 @@ The patched model's `__call__` (step_call) builds it eagerly and passes it to th
 forward as `step`; under nn.Module.compile() it arrives as graph inputs. Why: built inside the graph, inductor
 recomputed the small pointwise ones (modulation slices, the mask, the RoPE freqs) in a kernel of their own at their
 uses (~60 kernels of ~1 us per 49-frame step, each with its launch gap; H100 optimized+compile 40.62 / 40.51 ->
-40.11 ms, notes/kernel-tuning.md, eighteenth session); graph inputs are realized once. The prompt side comes from the
-CrossKVCache (ltx_cross_kv, once per prompt) when it applies. Traced from `__call__` (torch.compile(model),
+40.11 ms, docs/tuning.md#step-level-work); graph inputs are realized once. The prompt side comes from the
+CrossKVCache (ltx_cross_kv, once per generation) when it applies. Traced from `__call__` (torch.compile(model),
 dynamo.explain) the forward builds StepInputs itself.
 """
 
