@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import errno
+from pathlib import Path
+
 
 class LtxbenchError(Exception):
     """Base class: a message for the user, an optional hint, and the exit code the CLI returns."""
@@ -57,3 +60,15 @@ class NoCudaDevice(EnvironmentProblem):
             hint="run on a machine with a GPU (check `nvidia-smi` and CUDA_VISIBLE_DEVICES), "
             "or use --device cpu / --kernel-provider reference where the command offers it",
         )
+
+
+# A full disk or a failing device is the machine's problem; any other refusal to write is the --output given.
+_MACHINE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO}
+
+
+def output_problem(path: str | Path, exc: OSError, flag: str = "--output") -> LtxbenchError:
+    """A write that failed late, as one line: exit 4 when the machine is out of space, else exit 2 naming `flag`."""
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno in _MACHINE_ERRNOS:
+        return EnvironmentProblem(f"cannot write {path}: {reason}", hint="free disk space, or choose another " + flag)
+    return UsageError(f"{flag} {path} cannot be written: {reason}", hint=f"choose another {flag} in a writable folder")

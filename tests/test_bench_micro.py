@@ -289,6 +289,15 @@ def _table_text(records) -> str:
     return console.export_text()
 
 
+def test_kernel_and_shape_names_stay_whole_in_a_narrow_console():
+    from rich.console import Console
+
+    console = Console(record=True, width=80, color_system=None)
+    console.print(micro_report.render_table(_records()))
+    lines = console.export_text().splitlines()
+    assert any("rms_norm" in ln and "ltx2b-161f-cfg" in ln for ln in lines), "\n".join(lines)
+
+
 def test_table_rendering():
     text = _table_text(_records())
     for fragment in ("rms_norm", "ltx2b-161f-cfg", "bf16", "cuda", "F.rms_norm", "compile", "liger",
@@ -429,7 +438,7 @@ def test_gpu_smoke_rmsnorm_seed(tmp_path):
 def test_gpu_timer_gives_no_provider_the_l2_lines_an_evict_last_kernel_left():
     """Our RMSNorm loads x with the L2 evict_last policy; a memset does not evict such lines, so without the
     timer's reset F.rms_norm timed next on the same x ran 6.9 us against 9.0 on an input ours never read (H100
-    1x1024x2048 bf16, results/h100/tuning/l2-persist-bias.log)."""
+    1x1024x2048 bf16, docs/tuning.md#measuring-method)."""
     import torch.nn.functional as F
 
     from ltxbench import ops

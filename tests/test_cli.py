@@ -119,6 +119,11 @@ def _policy_app() -> typer.Typer:
         raise RuntimeError("CUDA out of memory. Tried to allocate 20.00 GiB\nmore allocator details")
 
     @demo.command()
+    def host_oom():
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 28000000000 bytes. Error code 12 (Cannot allocate memory)")
+
+    @demo.command()
     def bug():
         raise ZeroDivisionError("a real bug")
 
@@ -129,7 +134,7 @@ def _policy_app() -> typer.Typer:
     ("command", "code", "fragment"),
     [("usage", 2, "--shapes must be one of"), ("incomparable", 3, "measured on H100"),
      ("environment", 4, "nvcc not found"), ("check", 1, "differs from reference"),
-     ("oom", 4, "out of GPU memory")],
+     ("oom", 4, "out of GPU memory"), ("host-oom", 4, "out of host memory")],
 )
 def test_exit_code_policy(command, code, fragment, monkeypatch):
     monkeypatch.delenv("LTXBENCH_DEBUG", raising=False)
@@ -148,12 +153,20 @@ def test_unclassified_exception_is_not_swallowed(monkeypatch):
     assert isinstance(result.exception, ZeroDivisionError)
 
 
-@pytest.mark.parametrize(("command", "exc"), [("usage", UsageError), ("check", CheckFailed),
-                                              ("oom", RuntimeError)])
-def test_debug_env_propagates(command, exc, monkeypatch):
+@pytest.mark.parametrize(("command", "code", "exc"), [("usage", 2, "UsageError"), ("check", 1, "CheckFailed"),
+                                                      ("environment", 4, "EnvironmentProblem"),
+                                                      ("oom", 4, "RuntimeError")])
+def test_debug_env_adds_the_traceback_and_keeps_the_exit_code(command, code, exc, monkeypatch):
     monkeypatch.setenv("LTXBENCH_DEBUG", "1")
-    with pytest.raises(exc):
-        runner.invoke(_policy_app(), [command], catch_exceptions=False)
+    result = runner.invoke(_policy_app(), [command])
+    assert result.exit_code == code, result.output
+    assert "Traceback (most recent call last)" in result.output and f"{exc}: " in result.output
+    assert result.output.rstrip().splitlines()[-2].startswith("error: ")  # the usual report follows it
+
+
+def test_debug_env_leaves_a_bug_a_bug(monkeypatch):
+    monkeypatch.setenv("LTXBENCH_DEBUG", "1")
+    assert isinstance(runner.invoke(_policy_app(), ["bug"]).exception, ZeroDivisionError)
 
 
 # --- start-up cost ---------------------------------------------------------------------------------
@@ -216,6 +229,15 @@ def test_an_output_under_a_file_is_a_usage_error_before_any_work(kind, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+@pytest.mark.parametrize("kind", ["micro", "e2e", "generate", "profile"])
+def test_an_output_folder_that_refuses_files_is_a_usage_error_before_any_work(kind):
+    """/proc passes os.access(W_OK) for root, but no file can be created there: found up front, not after the run."""
+    result = runner.invoke(app, _command(kind, Path("/proc/ltxbench-run.json")))
+    assert result.exit_code == 2, result.output
+    assert "the folder /proc is not writable" in result.output and "Traceback" not in result.output
+
+
 @pytest.mark.parametrize("kind", ["micro", "e2e"])
 def test_an_existing_plot_is_refused_before_any_work_unless_forced(kind, tmp_path):
     plot = tmp_path / "p.png"
@@ -260,3 +282,74 @@ def test_kernels_lists_every_op_and_never_compiles(as_json, tmp_path, monkeypatc
     else:
         assert all(name in result.output for name in SPECS) and "not built" in result.output
     assert not (tmp_path / "cache").exists()
+
+
+# --- build status and wide tables -----------------------------------------------------------------
+
+def _fake_build(home: Path, tag: str, arch: str | None) -> Path:
+    """A library in the build cache as a build for `tag` would leave it (BUILD_INFO only where `arch` is given)."""
+    import torch
+
+    from ltxbench.ops import _build
+
+    version = f"{torch.__version__.split('+')[0]}-cu{(torch.version.cuda or 'none').replace('.', '')}"
+    folder = home / ".cache" / "ltxbench" / f"{version}-{tag}"
+    folder.mkdir(parents=True)
+    (folder / f"{_build.EXTENSION_NAME}.so").write_bytes(b"")
+    if arch is not None:
+        (folder / _build.BUILD_INFO).write_text(json.dumps({"arch": arch}))
+    return folder
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU report")
+@pytest.mark.parametrize("recorded", [True, False])
+def test_env_reports_the_test_suites_build_in_its_own_cache_key(recorded, tmp_path, monkeypatch):
+    """After `make test` (TORCH_CUDA_ARCH_LIST=7.5;8.0;9.0) the library sits under sm75-80-90: `env` without the
+    variable must say it is built, and for which archs (from the build's record, or else from the folder's name)."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("LTXBENCH_CACHE", raising=False)
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    folder = _fake_build(tmp_path, "sm75-80-90", "7.5;8.0;9.0" if recorded else None)
+    result = runner.invoke(app, ["env"])
+    assert result.exit_code == 0, result.output
+    line = next(ln for ln in result.output.splitlines() if ln.startswith("kernels"))
+    assert f"built for 7.5;8.0;9.0 in {folder}" in line and "not built" not in line
+    doc = json.loads(runner.invoke(app, ["env", "--json"]).stdout)["build"]
+    assert doc["built"] is True and [b["arch"] for b in doc["builds"]] == ["7.5;8.0;9.0"]
+
+
+def test_env_says_which_archs_are_built_when_this_arch_is_not(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("LTXBENCH_CACHE", raising=False)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.6")
+    _fake_build(tmp_path, "sm75-80-90", "7.5;8.0;9.0")
+    result = runner.invoke(app, ["kernels"])
+    assert result.exit_code == 0, result.output
+    assert "not built for 8.6 yet" in result.output and "built for 7.5;8.0;9.0" in result.output
+
+
+def test_arch_lists_read_back_from_cache_folder_names():
+    from ltxbench.ops import _build
+
+    for archs in ("7.5;8.0;9.0", "9.0a", "10.0;12.0"):
+        assert _build._arch_list_of(_build._arch_tag(archs).removeprefix("sm")) == archs
+
+
+def test_tables_are_wide_where_the_output_is_not_a_terminal(monkeypatch):
+    """CI logs and pipes: Rich would render at 80 columns and cut the names (`base…`); COLUMNS still decides."""
+    from rich.table import Table
+
+    from ltxbench.cli import _console
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    out = _console.console()
+    table = Table()
+    for name in ("config", "text_encode ms", "denoise_step ms", "vae_decode ms", "total ms", "it/s", "vs baseline",
+                 "vs compile", "compile s", "peak GiB"):
+        table.add_column(name)
+    table.add_row("optimized+compile", *["1234.5"] * 9)
+    with out.capture() as captured:
+        out.print(table)
+    assert out.width == _console.PIPE_WIDTH and "optimized+compile" in captured.get() and "…" not in captured.get()
+    monkeypatch.setenv("COLUMNS", "100")
+    assert _console.console().width == 100

@@ -1,8 +1,11 @@
 """CPU + nvcc: the CUDA sources compile (for every arch in TORCH_CUDA_ARCH_LIST), the ops register with
 the schemas we document, and the fake implementations give the shapes/dtypes the references give."""
 
+import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,9 +20,31 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_only_bindings_includes_torch_headers():
-    for src in sorted((ROOT / "cuda").rglob("*")):
+    for src in sorted((ROOT / "ltxbench" / "cuda").rglob("*")):
         if src.suffix in {".cu", ".cuh", ".h"}:
             assert not re.search(r"#include\s*[<\"](torch|ATen|c10)/", src.read_text()), src
+
+
+def test_the_sources_are_package_data_and_the_override_still_works(monkeypatch, tmp_path):
+    import ltxbench
+
+    assert Path(str(_build.SOURCES_DIR)) == Path(ltxbench.__file__).parent / "cuda"
+    assert [p.name for p in _build.sources(_build.SOURCES_DIR)][:2] == ["bindings.cpp", "gemm.cpp"]
+    monkeypatch.setenv("LTXBENCH_CUDA_SRC", str(tmp_path))
+    assert _build._sources_dir() == tmp_path
+    with pytest.raises(BuildError, match=f"CUDA sources not found under {tmp_path} \\(from LTXBENCH_CUDA_SRC\\)"):
+        _build.sources(tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available() or not shutil.which("nvcc"), reason="checks the no-GPU build's log")
+def test_no_cuda_runtime_warning_on_a_cpu_build(tmp_path):
+    """cpp_extension warns "No CUDA runtime is found" on import without a GPU: noise where the CPU build is the
+    point (and it named nvcc's grandparent, /usr/local, while `env` shows the toolkit the build uses)."""
+    code = "import ltxbench.ops._build as b; import torch.utils.cpp_extension; b._check_toolchain()"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert "No CUDA runtime is found" not in proc.stderr, proc.stderr
 
 
 def test_build_module_is_the_only_caller_of_cpp_extension_load():
@@ -140,7 +165,7 @@ def test_compiler_error_is_reported_with_its_output(monkeypatch, tmp_path):
     if not (shutil.which("nvcc") or _build.cuda_home()):
         pytest.skip("no nvcc")
     src = tmp_path / "cuda"
-    shutil.copytree(ROOT / "cuda", src)
+    shutil.copytree(ROOT / "ltxbench" / "cuda", src)
     (src / "broken.cu").write_text("this is not CUDA;\n")
     monkeypatch.setattr(_build, "_loaded", None)
     monkeypatch.setattr(_build, "SOURCES_DIR", src)

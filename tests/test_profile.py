@@ -184,6 +184,27 @@ def test_llama_tiny_baseline(tmp_path, captured):
     assert {"prefill", "decode"} <= names
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's profiler log")
+def test_a_cpu_profile_keeps_the_profilers_gpu_probe_off_stderr(tmp_path):
+    """Kineto writes "gpuGetDeviceCount failed" (and its start/stop lines) to the process's stderr on a CPU; a fresh
+    process, as the profiler reads its log level once. llama-tiny without --weights: random, its only weights."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != "KINETO_LOG_LEVEL"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
+    proc = subprocess.run([sys.executable, "-m", "ltxbench", "profile", "--model", "llama-tiny", "--device", "cpu",
+                           "--configs", "baseline", "--prompt-length", "16", "--new-tokens", "3",
+                           "--output", str(tmp_path / "llm.json")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "gpuGetDeviceCount" not in proc.stderr and "profiler_start" not in proc.stderr, proc.stderr
+    assert json.loads((tmp_path / "llm.json").read_text())["run"]["config"]["weights"] == "random"
+
+
 def test_compile_mode_reaches_the_compile_configs(tmp_path, captured, compile_calls):
     out = tmp_path / "ro.json"
     result = runner.invoke(app, [*TINY, "--configs", "compile", "--compile-mode", "reduce-overhead",

@@ -24,7 +24,9 @@ def render_table(records, title: str = "ltxbench bench e2e"):
     rows = _by_config(records)
     phases = list(dict.fromkeys(k for row in rows.values() for k in row if k != "compile"))
     table = Table(title=title)
-    table.add_column("config")
+    # The configuration names stay whole whatever the width (commands print this table on a wide console when the
+    # output is not a terminal: ltxbench.cli._console).
+    table.add_column("config", no_wrap=True, min_width=max((len(c) for c in rows), default=6))
     for phase in phases:
         table.add_column(f"{phase} ms", justify="right")
     for col in ("it/s" if "denoise_step" in phases else "tok/s", "vs baseline", "vs compile", "compile s",

@@ -91,10 +91,15 @@ def render_table(records, title: str = "ltxbench bench micro"):
     table = Table(title=title, show_lines=True, box=box.SIMPLE_HEAD,
                   caption="µs: median · % of the copy peak (% of a copy of the same bytes)")
     providers = provider_columns(records)
+    rows = group_rows(records)
+    # Kernel and shape names stay whole whatever the width (the commands print on a wide console where the output
+    # is not a terminal: ltxbench.cli._console); the timing cells give way first.
+    widths = {"kernel": max((len(k) for k, _, _ in rows), default=6),
+              "shape": max((len(str(s)) for _, s, _ in rows), default=5)}
     for col in ("kernel", "shape", "dtype", *providers, "cuda speedup", "check"):
         table.add_column(col, justify="right" if col in providers else "left", overflow="fold",
-                         no_wrap=col not in ("cuda speedup", "check"))
-    for (kernel, shape_name, dtype), row in group_rows(records).items():
+                         no_wrap=col not in ("cuda speedup", "check"), min_width=widths.get(col))
+    for (kernel, shape_name, dtype), row in rows.items():
         check = check_cell(row)
         style = "bold red" if check.startswith("FAIL") else ""
         table.add_row(kernel, shape_name, dtype, *(cell(row.get(p)) for p in providers), speedup_cell(row),

@@ -24,6 +24,9 @@ def _classify(exc: BaseException) -> LtxbenchError | None:
             f"out of GPU memory: {text.splitlines()[0] if text else name}",
             hint="lower --num-frames/--height/--width/--batch-size, or try --cpu-offload",
         )
+    if isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in text:
+        return EnvironmentProblem(f"out of host memory: {text.splitlines()[0]}",
+                                  hint="lower --num-frames/--height/--width/--batch-size, or use --dtype bf16")
     if isinstance(exc, RuntimeError) and "no kernel image is available" in text:
         return EnvironmentProblem(
             "the CUDA kernels were not built for this GPU's architecture",
@@ -34,11 +37,23 @@ def _classify(exc: BaseException) -> LtxbenchError | None:
 
 def _report(err: LtxbenchError) -> None:
     from rich.console import Console
+    from rich.markup import escape
 
     console = Console(stderr=True, highlight=False, soft_wrap=True)
-    console.print(f"[bold red]error:[/] {err.message}", markup=True)
+    console.print(f"[bold red]error:[/] {escape(err.message)}", markup=True)  # messages may hold [brackets]
     if err.hint:
-        console.print(f"[dim]hint:[/] {err.hint}", markup=True)
+        console.print(f"[dim]hint:[/] {escape(err.hint)}", markup=True)
+
+
+def _debug() -> bool:
+    return os.environ.get("LTXBENCH_DEBUG") == "1"
+
+
+def _print_traceback() -> None:
+    """LTXBENCH_DEBUG=1: the traceback goes to stderr before the one-line report; the exit code stays the same."""
+    import traceback
+
+    traceback.print_exc()
 
 
 class PolicyGroup(TyperGroup):
@@ -46,16 +61,18 @@ class PolicyGroup(TyperGroup):
         try:
             return super().invoke(ctx)
         except LtxbenchError as err:
-            if os.environ.get("LTXBENCH_DEBUG") == "1":
-                raise
+            if _debug():
+                _print_traceback()
             _report(err)
             raise typer.Exit(err.exit_code) from None
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:  # noqa: BLE001 - classification point of the policy
             mapped = _classify(exc)
-            if mapped is None or os.environ.get("LTXBENCH_DEBUG") == "1":
-                raise
+            if mapped is None:
+                raise  # a bug: the full traceback, whatever LTXBENCH_DEBUG says
+            if _debug():
+                _print_traceback()
             _report(mapped)
             raise typer.Exit(mapped.exit_code) from None
 
@@ -92,7 +109,7 @@ app.add_typer(bench_app, name="bench")
 
 def _register() -> None:
     # Each module imports only typer and the standard library at top level.
-    from ltxbench.cli import bench_e2e, bench_micro, env, generate, kernels
+    from ltxbench.cli import bench_e2e, bench_micro, env, generate, kernels, report
     from ltxbench.cli import compare as compare_cli
     from ltxbench.cli import profile as profile_cli
 
@@ -101,6 +118,7 @@ def _register() -> None:
     app.command("generate", epilog=generate.EXAMPLES)(generate.generate_command)
     app.command("compare", epilog=compare_cli.EXAMPLES)(compare_cli.compare_command)
     app.command("profile", epilog=profile_cli.EXAMPLES)(profile_cli.profile_command)
+    app.command("report", epilog=report.EXAMPLES)(report.report_command)
     bench_app.command("micro", epilog=bench_micro.EXAMPLES)(bench_micro.micro_command)
     bench_app.command("e2e", epilog=bench_e2e.EXAMPLES)(bench_e2e.e2e_command)
 

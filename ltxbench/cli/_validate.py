@@ -65,11 +65,53 @@ def check_outputs(paths, force: bool, hint: str = OVERWRITE_HINT) -> None:
             if folder.exists():
                 if not folder.is_dir():
                     raise UsageError(f"cannot write {path}: {folder} is a file, not a folder")
-                if not os.access(folder, os.W_OK | os.X_OK):
+                if not os.access(folder, os.W_OK | os.X_OK) or not _can_create_in(folder):
                     raise UsageError(f"cannot write {path}: the folder {folder} is not writable")
                 break
     if not force:
         refuse_existing(paths, hint)
+
+
+def _can_create_in(folder) -> bool:
+    """Whether a file can really be created in `folder`: os.access says yes for root in /proc or on a read-only
+    mount, where the write then fails after the whole run."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder, prefix=".ltxbench-probe-"):
+            return True
+    except OSError:
+        return False
+
+
+def model_and_weights(model: str, weights: str | None) -> str:
+    """--weights for --model, before anything loads: a path that does not exist is a usage error; --weights defaults
+    to random for the presets that only exist with random weights (ltx-tiny, llama-tiny), else to pretrained, and
+    pretrained for such a preset is a usage error."""
+    from pathlib import Path
+
+    from ltxbench.bench.e2e_llm import LLM_PRESETS
+    from ltxbench.models.ltx import PRESETS, looks_like_path
+
+    path = Path(model).expanduser()
+    if (looks_like_path(model) or path.suffix == ".json") and not path.exists():
+        raise UsageError(f"--model {model}: no such {'file' if path.suffix == '.json' else 'directory'}",
+                         hint="--model takes a preset (see --help), a hub id (owner/name) or an existing path")
+    random_only = PRESETS.get(model, ("", "hub"))[1] is None or (model in LLM_PRESETS and LLM_PRESETS[model] is None)
+    if weights is None:
+        return "random" if random_only else "pretrained"
+    choice("--weights", weights, ("pretrained", "random"))
+    if random_only and weights == "pretrained":
+        raise UsageError(f"--model {model} has no pretrained weights: it only exists with random weights",
+                         hint="pass --weights random, or leave --weights out")
+    return weights
+
+
+def prompt_text(flag: str, text: str | None) -> str | None:
+    """A prompt that says something: an empty or blank one is a usage error, never a silent empty conditioning."""
+    if text is not None and not text.strip():
+        raise UsageError(f"{flag} is empty", hint=f"give {flag} some text, e.g. {flag} \"a red fox in the snow\"")
+    return text
 
 
 def result_outputs(output: str | None, plot: str | None) -> list:

@@ -76,11 +76,12 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
 
     from ltxbench.bench import micro, micro_report
     from ltxbench.bench.timing import HOST_HEADROOM_CYCLES, copy_bandwidth_gbps
+    from ltxbench.cli._console import console as wide_console
     from ltxbench.errors import CheckFailed
     from ltxbench.results.io import write_result
     from ltxbench.results.schema import make_result, utc_now
 
-    console, log = Console(highlight=False), Console(stderr=True, highlight=False)
+    console, log = wide_console(), Console(stderr=True, highlight=False)
     for note in notes:
         log.print(f"note: {note}", markup=False)
     if "cuda" in providers:

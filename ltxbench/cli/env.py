@@ -44,8 +44,9 @@ def _fmt(value) -> str:
 
 
 def _print_table(env: dict, build: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from ltxbench.cli._console import console
 
     table = Table(show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold")
@@ -70,13 +71,9 @@ def _print_table(env: dict, build: dict) -> None:
     table.add_row("nvcc", nvcc_text)
     table.add_row("CUDA_HOME", _fmt(env.get("cuda_home")))
 
-    if build.get("built"):
-        kernels = f"built for {_fmt(build.get('arch'))} in {_fmt(build.get('library') or build.get('path'))}"
-    elif build.get("reason"):
-        kernels = f"not built: {build['reason']}"
-    else:
-        kernels = f"not built yet (arch {_fmt(build.get('arch'))}, cache {_fmt(build.get('build_dir'))})"
-    table.add_row("kernels", kernels)
+    from ltxbench.ops._build import describe
+
+    table.add_row("kernels", describe(build))
 
     git = env.get("git")
     if isinstance(git, dict):
@@ -85,4 +82,4 @@ def _print_table(env: dict, build: dict) -> None:
         git_text = _fmt(git) if git else "not a git checkout"
     table.add_row("git", git_text)
 
-    Console(highlight=False, soft_wrap=True).print(table)
+    console().print(table)

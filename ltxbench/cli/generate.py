@@ -6,6 +6,7 @@ arguments have been validated (exit 2 never waits for a model).
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import typer
@@ -27,7 +28,7 @@ def generate_command(
     num_frames: int = typer.Option(161, "--num-frames", help="Frames, 8k+1."),
     height: int = typer.Option(512, "--height", help="Height in pixels, a multiple of 32."),
     width: int = typer.Option(768, "--width", help="Width in pixels, a multiple of 32."),
-    steps: int = typer.Option(50, "--steps", help="Denoising steps (>= 1)."),
+    steps: int = typer.Option(50, "--steps", help="Denoising steps (at least 2)."),
     guidance_scale: float = typer.Option(3.0, "--guidance-scale", help="Classifier-free guidance (> 1 enables CFG)."),
     seed: int = typer.Option(42, "--seed", help="Seed of the initial noise."),
     fps: int = typer.Option(24, "--fps", help="Frame rate of the mp4 (and of LTX's RoPE conditioning)."),
@@ -35,7 +36,8 @@ def generate_command(
     force: bool = typer.Option(False, "--force", help="Overwrite an existing mp4/JSON."),
     model: str = typer.Option("Lightricks/LTX-Video", "--model",
                               help="ltx-2b, ltx-13b, ltx-tiny, a hub id or a local pipeline directory."),
-    weights: str = typer.Option("pretrained", "--weights", help="pretrained | random (built from configs/)."),
+    weights: str = typer.Option(None, "--weights", help="pretrained | random (built from the package's configs; "
+                                "the default for ltx-tiny, which has no pretrained weights)."),
     use_optimized_kernels: bool = typer.Option(True, "--use-optimized-kernels/--no-optimized-kernels",
                                                help="Inject ltxbench kernels into the transformer."),
     compile_: bool = typer.Option(False, "--compile", help="torch.compile the transformer (step 0 includes it)."),
@@ -54,17 +56,19 @@ def generate_command(
     dtype: str = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)."),
 ) -> None:
     """Generate a video with LTX-Video and time text encode, every denoising step and VAE decode."""
-    from ltxbench.cli._validate import check_outputs, choice, runtime
+    from ltxbench.cli._validate import check_outputs, model_and_weights, prompt_text, runtime
     from ltxbench.errors import EnvironmentProblem, NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
 
     # --- validation: nothing heavy is imported before this passes ---------------------------------------
+    prompt_text("--prompt", prompt)
+    prompt_text("--negative-prompt", negative_prompt)
     validate_video_args(num_frames, height, width, steps)
     if fps < 1:
         raise UsageError(f"--fps {fps} must be at least 1")
     if guidance_scale < 0:
         raise UsageError(f"--guidance-scale {guidance_scale} must not be negative")
-    choice("--weights", weights, ("pretrained", "random"))
+    weights = model_and_weights(model, weights)
     provider, dtype = runtime(device, kernel_provider, dtype, kernels_used=use_optimized_kernels,
                               cpu_hint="use --kernel-provider reference or --no-optimized-kernels on the CPU")
     if device == "cpu" and cpu_offload:
@@ -80,12 +84,11 @@ def generate_command(
     if device == "cuda" and not torch.cuda.is_available():
         raise NoCudaDevice("`ltxbench generate --device cuda`")
 
-    from rich.console import Console
-
+    from ltxbench.cli._console import console
     from ltxbench.models.ltx import build_pipeline, inject_kernels, run_generate, torch_dtype
     from ltxbench.results.schema import utc_now
 
-    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    err = console(stderr=True)
     started_at = utc_now()
     with err.status(f"building {model} ({weights} weights, {dtype}, {device})"):
         pipe = build_pipeline(model, weights, device, torch_dtype(dtype))
@@ -119,11 +122,7 @@ def generate_command(
               "cpu_offload": cpu_offload, "gemm_search": gemm_search, "output": str(output)}
     doc = _result(config, timings, injection, _argv(config, seed, force), seed, started_at, finished_at)
 
-    from ltxbench.results.io import write_result
-
-    output.parent.mkdir(parents=True, exist_ok=True)
-    video_error = _export(frames, output, fps, force)
-    json_written, _ = write_result(doc, output=json_path, force=force)
+    video_error, json_written = _write_outputs(frames, doc, output, json_path, fps, force)
     _print_summary(timings, output if video_error is None else None, json_written)
     if video_error is not None:
         raise EnvironmentProblem(f"could not write {output}: {video_error} (timings were saved to {json_written})",
@@ -158,6 +157,31 @@ def _set_attention_backend(pipe, name: str) -> None:
         pipe.transformer.set_attention_backend(name.lower())
     except (RuntimeError, ImportError) as exc:
         raise EnvironmentProblem(f"attention backend {name!r} is not usable here: {exc}") from exc
+
+
+def _write_outputs(frames, doc: dict, output: Path, json_path: Path, fps: int, force: bool):
+    """The mp4, then the result JSON + CSV: (the mp4's error text or None, the JSON's path). A write refused late
+    (the folders were checked before the run; a mount can still be read-only, full or gone) is one line, exit 2
+    or 4, and takes back what this call created: folders, and the mp4 when the result cannot follow it."""
+    from ltxbench.errors import LtxbenchError, output_problem
+    from ltxbench.results.io import write_result
+
+    created = [folder for folder in (output.parent, *output.parent.parents) if not folder.exists()]
+    existed = output.exists()
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        video_error = _export(frames, output, fps, force)
+        json_written, _ = write_result(doc, output=json_path, force=force)
+    except (OSError, LtxbenchError) as exc:
+        if not existed:
+            output.unlink(missing_ok=True)
+        for folder in created:  # innermost first; only the ones left empty
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        if isinstance(exc, OSError):
+            raise output_problem(exc.filename or output, exc) from exc
+        raise
+    return video_error, json_written
 
 
 def _export(frames, output: Path, fps: int, force: bool) -> str | None:
@@ -202,12 +226,13 @@ def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at
 def _print_summary(timings: dict, video: Path | None, json_path: Path) -> None:
     import statistics
 
-    from rich.console import Console
     from rich.table import Table
+
+    from ltxbench.cli._console import console
 
     steps = timings["step_ms"]
     table = Table(title="ltxbench generate")
-    table.add_column("phase")
+    table.add_column("phase", no_wrap=True)
     table.add_column("ms", justify="right")
     table.add_column("note")
     table.add_row("text encode", f"{timings['text_encode_ms']:.1f}", "")
@@ -217,6 +242,6 @@ def _print_summary(timings: dict, video: Path | None, json_path: Path) -> None:
     table.add_row("total", f"{timings['total_ms']:.1f}", "video encoding excluded")
     if timings.get("peak_memory_bytes") is not None:
         table.add_row("peak memory", f"{timings['peak_memory_bytes'] / 2**30:.2f} GiB", "max_memory_allocated")
-    console = Console(highlight=False, soft_wrap=True)
-    console.print(table)
-    console.print(f"video: {video if video else 'not written'} · result: {json_path}")
+    out = console()
+    out.print(table)
+    out.print(f"video: {video if video else 'not written'} · result: {json_path}", markup=False)

@@ -26,18 +26,18 @@ def kernels_command(
         typer.echo(json.dumps(doc, indent=2, sort_keys=True))
         return
 
-    from rich.console import Console
     from rich.table import Table
 
+    from ltxbench.cli._console import console
+    from ltxbench.ops._build import describe
+
     table = Table(title="ltxbench kernels (torch.ops.ltxbench)")
-    for col in ("op", "formula", "dtypes", "aliases", "replaces"):
+    table.add_column("op", no_wrap=True)  # names whole: they are what the user types
+    for col in ("formula", "dtypes", "aliases", "replaces"):
         table.add_column(col, overflow="fold")
     for k in kernels:
         table.add_row(k["name"], k["formula"], ",".join(k["dtypes"]), ", ".join(k["aliases"]),
                       "; ".join(k["replaces"]))
-    console = Console()
-    console.print(table)
-    build = doc["build"]
-    state = "built" if build.get("built") else "not built"
-    where = build.get("library") or build.get("build_dir") or build.get("reason", "")
-    console.print(f"archs: {', '.join(SUPPORTED_ARCHS)} (bf16 needs 8.0+) · build: {state} · {where}")
+    out = console()
+    out.print(table)
+    out.print(f"archs: {', '.join(SUPPORTED_ARCHS)} (bf16 needs 8.0+) · build: {describe(doc['build'])}", markup=False)

@@ -23,11 +23,12 @@ EXAMPLES = (
 
 def profile_command(
     model: str = typer.Option("ltx-2b", "--model", help="ltx-2b, ltx-13b, ltx-tiny, llama-3-8b, mistral-7b, qwen2-7b, "
-                              "qwen3-8b, llama-tiny, a hub id or a local path."),
-    weights: str = typer.Option("pretrained", "--weights", help="pretrained | random (built from configs/)."),
+                              "qwen3-8b, llama-tiny, smollm2-135m, a hub id or a local path."),
+    weights: str = typer.Option(None, "--weights", help="pretrained | random (built from the package's configs; "
+                                "the default for ltx-tiny and llama-tiny, which have no pretrained weights)."),
     configs: str = typer.Option(None, "--configs", help="Comma-separated: baseline, optimized, compile, "
                                 "optimized+compile (default: baseline,optimized; LLMs without injection: baseline)."),
-    steps: int = typer.Option(2, "--steps", help="Denoising steps profiled (LTX)."),
+    steps: int = typer.Option(2, "--steps", help="Denoising steps profiled (LTX, at least 2)."),
     phase: str = typer.Option("all", "--phase", help="all (encode + denoise + decode) | transformer (loop only)."),
     top: int = typer.Option(20, "--top", help="Kernels listed (and recorded) per configuration."),
     trace_dir: str = typer.Option(None, "--trace-dir", help="Chrome traces (default: beside the result JSON)."),
@@ -53,7 +54,7 @@ def profile_command(
 
     from ltxbench.bench.e2e import PHASES, parse_configs
     from ltxbench.bench.e2e_llm import is_llm
-    from ltxbench.cli._validate import check_outputs, choice, compile_mode_choice, runtime
+    from ltxbench.cli._validate import check_outputs, choice, compile_mode_choice, model_and_weights, runtime
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models.ltx import validate_video_args
     from ltxbench.results.io import default_path, result_paths
@@ -68,7 +69,7 @@ def profile_command(
         if value < 1:
             raise UsageError(f"{flag} {value} must be at least 1")
     choice("--phase", phase, PHASES)
-    choice("--weights", weights, ("pretrained", "random"))
+    weights = model_and_weights(model, weights)
     compile_mode_choice(compile_mode, "profile's LLM decode loop feeds each step the cache tensors the previous "
                         "CUDA-graph replay returned, which the next replay overwrites; use default or "
                         "max-autotune-no-cudagraphs" if llm else None)
@@ -103,17 +104,19 @@ def _argv(args: dict, json_path, traces_at, force: bool) -> list[str]:
 
 
 def _run(args: dict, json_path, traces: dict, force: bool, output) -> None:
+    import os
     import shutil
-
-    from rich.console import Console
 
     from ltxbench.bench import profile
     from ltxbench.bench.e2e import record_params
+    from ltxbench.cli._console import console as wide_console
     from ltxbench.models.ltx import torch_dtype
     from ltxbench.results.io import write_result
     from ltxbench.results.schema import make_result, utc_now
 
-    console, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False, soft_wrap=True)
+    console, err = wide_console(), wide_console(stderr=True)
+    if args["device"] == "cpu":  # Kineto's log on a CPU is its failed GPU probe ("gpuGetDeviceCount failed")
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     started = utc_now()
     dtype = torch_dtype(args["dtype"])
     with err.status(f"building {args['model']} ({args['weights']} weights, {args['dtype']}, {args['device']})"):

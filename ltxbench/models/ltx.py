@@ -12,11 +12,12 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from importlib import resources
 from pathlib import Path
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+CONFIGS = resources.files("ltxbench") / "configs"  # shipped inside the package (a wheel holds them too)
 DEFAULT_HUB_ID = "Lightricks/LTX-Video"
 # preset -> (config dirs, later ones override per component; hub id for --weights pretrained)
 PRESETS = {
@@ -55,13 +56,8 @@ def torch_dtype(name: str):
     return getattr(torch, DTYPES[name])
 
 
-def _looks_like_path(model: str) -> bool:
+def looks_like_path(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or "\\" in model
-
-
-def _offline_error(model: str, detail: str) -> EnvironmentProblem:
-    return EnvironmentProblem(f"weights for {model!r} are not available offline ({detail})",
-                              hint="use --weights random to benchmark with random weights built from configs/")
 
 
 def component_configs(model: str) -> dict[str, dict]:
@@ -74,6 +70,10 @@ def component_configs(model: str) -> dict[str, dict]:
             for comp in COMPONENTS:
                 if (CONFIGS / sub / f"{comp}.json").is_file():
                     configs[comp] = json.loads((CONFIGS / sub / f"{comp}.json").read_text())
+        missing = [comp for comp in COMPONENTS if comp not in configs]
+        if missing:  # the package's own files: an incomplete installation, not the user's arguments
+            raise EnvironmentProblem(f"the installed ltxbench lacks the {', '.join(missing)} config of {model} "
+                                     f"(looked in {CONFIGS})", hint="reinstall ltxbench")
         return configs
     root = Path(model).expanduser()
     if root.is_dir():
@@ -86,15 +86,26 @@ def component_configs(model: str) -> dict[str, dict]:
             else:
                 raise UsageError(f"{model} has no config for {comp} ({comp}.json or {comp}/{_DIFFUSERS_FILES[comp]})")
         return configs
-    if _looks_like_path(model):
-        raise _offline_error(model, "no such directory")
+    from ltxbench.models.hub import no_such_directory, offline_error
+
+    if looks_like_path(model):
+        raise no_such_directory(model)
     try:  # a hub id: only its (small) config files, from the local cache when offline
         from huggingface_hub import hf_hub_download
 
         return {c: json.loads(Path(hf_hub_download(model, f, subfolder=c)).read_text())
                 for c, f in _DIFFUSERS_FILES.items()}
     except Exception as exc:  # noqa: BLE001 - any hub/network/cache failure means "not here"
-        raise _offline_error(model, f"its configs are not cached: {type(exc).__name__}") from exc
+        raise offline_error(model, exc) from exc
+
+
+def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) -> None:
+    """Refuse (exit 4) a pipeline whose weights alone exceed what `device` has free, before allocating any."""
+    from ltxbench.models.memory import ensure_fits, module_bytes
+
+    parts = build_components(configs, "meta", dtype)
+    nbytes = module_bytes(*(part for part in parts.values() if hasattr(part, "parameters")))
+    ensure_fits(nbytes, device, model, dtype)
 
 
 @contextlib.contextmanager
@@ -147,38 +158,29 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
         from diffusers import LTXPipeline
         from transformers import ByT5Tokenizer
 
-        parts = build_components(component_configs(model), device, dtype, seed)
+        configs = component_configs(model)
+        ensure_pipeline_fits(configs, model, device, dtype)
+        parts = build_components(configs, device, dtype, seed)
         tokenizer = ByT5Tokenizer(model_max_length=TOKENIZER_MAX_LENGTH)
         return LTXPipeline(tokenizer=tokenizer, **parts)
     if weights != "pretrained":
         raise UsageError(f"--weights {weights!r} is not one of pretrained, random")
+    if model in PRESETS or model == DEFAULT_HUB_ID or Path(model).expanduser().is_dir():
+        # the configs are at hand (a hub id's would need the hub): the size is known before loading
+        ensure_pipeline_fits(component_configs(model), model, device, dtype)
     return _load_pretrained(model, dtype).to(device)
 
 
 def _load_pretrained(model: str, dtype):
-    from diffusers import LTXPipeline
+    from ltxbench.models.hub import load_ltx_pipeline, no_such_directory
 
     if model in PRESETS:
         if PRESETS[model][1] is None:
             raise UsageError(f"--model {model} has no pretrained weights", hint="use --weights random")
         model = PRESETS[model][1]
-    local = Path(model).expanduser()
-    if not local.is_dir() and _looks_like_path(model):
-        raise _offline_error(model, "no such directory")
-    try:
-        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-
-        hub_errors: tuple = (HfHubHTTPError, OfflineModeIsEnabled)
-    except ImportError:  # pragma: no cover - older huggingface_hub
-        hub_errors = ()
-    try:
-        return LTXPipeline.from_pretrained(str(local) if local.is_dir() else model, torch_dtype=dtype)
-    except (OSError, ConnectionError, *hub_errors) as exc:
-        raise _offline_error(model, str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__) from exc
-    except ValueError as exc:
-        if "valid repo id" not in str(exc):
-            raise
-        raise _offline_error(model, "neither a local directory nor a valid hub id") from exc
+    if not Path(model).expanduser().is_dir() and looks_like_path(model):
+        raise no_such_directory(model)
+    return load_ltx_pipeline(model, dtype)
 
 
 def inject_kernels(pipe, provider: str) -> dict:

@@ -1,35 +1,61 @@
 """JIT build of the CUDA sources: the only caller of torch.utils.cpp_extension.load.
 
-The extension is built on first use for the detected GPU arch (TORCH_CUDA_ARCH_LIST overrides), cached
-under ~/.cache/ltxbench/<torch>-<cuda>-<arch> (LTXBENCH_CACHE overrides), and loaded as a plain shared
+The sources ship inside the package (ltxbench/cuda, found through importlib.resources; LTXBENCH_CUDA_SRC
+overrides). The extension is built on first use for the detected GPU arch (TORCH_CUDA_ARCH_LIST overrides),
+cached under ~/.cache/ltxbench/<torch>-<cuda>-<arch> (LTXBENCH_CACHE overrides), and loaded as a plain shared
 library whose TORCH_LIBRARY block registers the ops under torch.ops.ltxbench.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 import re
 import shutil
 import time
+from importlib import resources
 from pathlib import Path
 
 from ltxbench.errors import BuildError
 
 EXTENSION_NAME = "ltxbench_ops"
-SOURCES_DIR = Path(os.environ.get("LTXBENCH_CUDA_SRC", Path(__file__).resolve().parents[2] / "cuda"))
+BUILD_INFO = "ltxbench-build.json"  # beside the library: the exact arch list it was built for
+
+
+def _quiet_cpu_build(record: logging.LogRecord) -> bool:
+    """cpp_extension warns "No CUDA runtime is found" on import on any machine without a GPU, which is where the
+    CPU build (TORCH_CUDA_ARCH_LIST) runs on purpose; the toolkit it will use is the one `ltxbench env` shows."""
+    return not str(record.msg).startswith("No CUDA runtime is found")
+
+
+logging.getLogger("torch.utils.cpp_extension").addFilter(_quiet_cpu_build)
+
+
+def _sources_dir():
+    """LTXBENCH_CUDA_SRC, else the package's own copy (a Path for any installed or editable package)."""
+    override = os.environ.get("LTXBENCH_CUDA_SRC")
+    return Path(override).expanduser() if override else resources.files("ltxbench") / "cuda"
+
+
+SOURCES_DIR = _sources_dir()
 
 _loaded: dict | None = None  # set once the library is in the process: {"path", "seconds", "arch"}
 
 
-def sources() -> list[Path]:
-    if not (SOURCES_DIR / "bindings.cpp").is_file():
+def sources(directory: Path | None = None) -> list[Path]:
+    """The files to compile in `directory` (default SOURCES_DIR, which must then be a real folder)."""
+    root = Path(SOURCES_DIR if directory is None else directory)
+    if not (root / "bindings.cpp").is_file():
+        where = "LTXBENCH_CUDA_SRC" if os.environ.get("LTXBENCH_CUDA_SRC") else "the installed package"
         raise BuildError(
-            f"CUDA sources not found under {SOURCES_DIR}",
-            hint="install ltxbench from a source checkout (pip install -e .) or set LTXBENCH_CUDA_SRC",
+            f"CUDA sources not found under {root} (from {where})",
+            hint="point LTXBENCH_CUDA_SRC at a folder holding bindings.cpp, or reinstall ltxbench "
+            "(its wheel ships ltxbench/cuda)",
         )
     # Host-only sources (cuBLASLt plumbing) are .cpp files: g++ builds them, without nvcc's front end.
-    host = sorted(p for p in SOURCES_DIR.glob("*.cpp") if p.name != "bindings.cpp")
-    return [SOURCES_DIR / "bindings.cpp", *host, *sorted(SOURCES_DIR.glob("*.cu"))]
+    host = sorted(p for p in root.glob("*.cpp") if p.name != "bindings.cpp")
+    return [root / "bindings.cpp", *host, *sorted(root.glob("*.cu"))]
 
 
 def arch_list() -> str:
@@ -148,17 +174,20 @@ def load(verbose: bool | None = None) -> dict:
     blas_includes, blas_ldflags = _cublaslt(build_dir)
     start = time.perf_counter()
     try:
-        path = cpp_extension.load(
-            name=EXTENSION_NAME,
-            sources=[str(s) for s in sources()],
-            extra_include_paths=[str(SOURCES_DIR), *blas_includes],
-            extra_ldflags=blas_ldflags,
-            extra_cflags=["-O3"],
-            extra_cuda_cflags=["-O3", "-lineinfo"],
-            build_directory=str(build_dir),
-            is_python_module=False,
-            verbose=verbose,
-        )
+        with resources.as_file(SOURCES_DIR) as source_dir:  # a real folder for nvcc, however ltxbench is installed
+            path = cpp_extension.load(
+                name=EXTENSION_NAME,
+                sources=[str(s) for s in sources(source_dir)],
+                extra_include_paths=[str(source_dir), *blas_includes],
+                extra_ldflags=blas_ldflags,
+                extra_cflags=["-O3"],
+                extra_cuda_cflags=["-O3", "-lineinfo"],
+                build_directory=str(build_dir),
+                is_python_module=False,
+                verbose=verbose,
+            )
+    except BuildError:
+        raise
     except Exception as exc:  # cpp_extension raises RuntimeError/CalledProcessError with the compiler log
         tail = "\n".join(str(exc).strip().splitlines()[-25:])
         raise BuildError(
@@ -168,6 +197,7 @@ def load(verbose: bool | None = None) -> dict:
         ) from exc
     _loaded = {"path": str(path), "seconds": time.perf_counter() - start, "arch": archs,
                "build_dir": str(build_dir)}
+    (build_dir / BUILD_INFO).write_text(json.dumps({"arch": archs, "sources": str(SOURCES_DIR)}) + "\n")
     from ltxbench.ops import fakes  # noqa: F401  (registers fake + CPU reference kernels)
 
     return _loaded
@@ -177,22 +207,85 @@ def is_loaded() -> bool:
     return _loaded is not None
 
 
+def _arch_list_of(tag: str) -> str:
+    """The arch list back from a cache folder's tag: 75-80-90a -> 7.5;8.0;9.0a (for builds without BUILD_INFO)."""
+    archs = []
+    for code in tag.split("-"):
+        match = re.fullmatch(r"(\d+)(\d)([a-z]*)", code)
+        if match:
+            major, minor, suffix = match.groups()
+            archs.append(f"{major}.{minor}{suffix}")
+    return ";".join(archs)
+
+
+def _recorded_arch(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / BUILD_INFO).read_text())["arch"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def builds() -> list[dict]:
+    """Every library in the build cache that this torch can load, newest first: {"arch", "library", "build_dir"}.
+    The cache folder is per arch list, so a build for sm_75/80/90 (the test suite's) sits beside this GPU's."""
+    import torch
+
+    if os.environ.get("LTXBENCH_CACHE"):
+        folders = [cache_dir()]
+    else:
+        tag = f"{torch.__version__.split('+')[0]}-cu{(torch.version.cuda or 'none').replace('.', '')}-"
+        root = Path.home() / ".cache" / "ltxbench"
+        folders = sorted(root.glob(f"{tag}sm*")) if root.is_dir() else []
+    found = []
+    for folder in folders:
+        libs = sorted(folder.glob(f"{EXTENSION_NAME}*.so")) if folder.is_dir() else []
+        if not libs:
+            continue
+        arch = _recorded_arch(folder) or _arch_list_of(folder.name.partition("-sm")[2]) or "unrecorded archs"
+        found.append({"arch": arch, "library": str(libs[-1]), "build_dir": str(folder),
+                      "mtime": libs[-1].stat().st_mtime})
+    found.sort(key=lambda b: -b.pop("mtime"))
+    return found
+
+
 def build_status() -> dict:
-    """What is known without compiling anything: for `ltxbench env` and `ltxbench kernels`."""
+    """What is known without compiling anything: for `ltxbench env` and `ltxbench kernels`. `built`: the library for
+    this machine's arch exists (no GPU and no TORCH_CUDA_ARCH_LIST: any library does); `builds`: all of them."""
     status: dict = {"extension": EXTENSION_NAME, "sources": str(SOURCES_DIR), "loaded": _loaded is not None}
     if _loaded is not None:
-        status.update(built=True, **_loaded)
+        status.update(built=True, builds=[], **_loaded)
         return status
     try:
+        status["builds"] = builds()
         archs = arch_list()
-    except BuildError as err:
-        status.update(built=False, arch=None, build_dir=None, reason=err.message)
+    except BuildError as err:  # no GPU to take an arch from: what is built is all there is to say
+        found = status["builds"]
+        if found:
+            status.update(built=True, arch=found[0]["arch"], build_dir=found[0]["build_dir"],
+                          library=found[0]["library"], no_gpu=True)
+        else:
+            status.update(built=False, arch=None, build_dir=None, reason=err.message)
         return status
     except Exception as exc:  # torch missing or broken
-        status.update(built=False, arch=None, build_dir=None, reason=f"{type(exc).__name__}: {exc}")
+        status.update(built=False, arch=None, build_dir=None, builds=[], reason=f"{type(exc).__name__}: {exc}")
         return status
     build_dir = cache_dir(archs)
     libs = sorted(build_dir.glob(f"{EXTENSION_NAME}*.so")) if build_dir.is_dir() else []
+    if _recorded_arch(build_dir) not in (None, archs):  # LTXBENCH_CACHE holds one build, maybe for other archs
+        libs = []
     status.update(built=bool(libs), arch=archs, build_dir=str(build_dir),
                   library=str(libs[-1]) if libs else None)
     return status
+
+
+def describe(status: dict) -> str:
+    """One line for `env` and `kernels`: what is built, for which archs, and where."""
+    others = [b for b in status.get("builds") or [] if b["library"] != status.get("library")]
+    also = "; also built for " + "; ".join(f"{b['arch']} ({b['library']})" for b in others) if others else ""
+    if status.get("built") and status.get("no_gpu"):
+        return f"built for {status['arch']} in {status['library']} (no GPU here to run them){also}"
+    if status.get("built"):
+        return f"built for {status.get('arch')} in {status.get('library') or status.get('path')}{also}"
+    if status.get("reason"):
+        return f"not built: {status['reason']}"
+    return f"not built for {status.get('arch')} yet (cache {status.get('build_dir')}){also.replace('; also', ';')}"

@@ -14,7 +14,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from ltxbench.errors import IncomparableResults, UsageError
+from ltxbench.errors import IncomparableResults, UsageError, output_problem
 from ltxbench.results.schema import validate
 
 DEFAULT_RUNS_DIR = "results/runs"
@@ -100,9 +100,18 @@ def write_result(
                     f"{p} already exists; not overwriting it",
                     hint="pass --force to overwrite, or choose another --output",
                 )
-    _publish(text, path, force)
+    try:
+        _publish(text, path, force)
+    except OSError as exc:  # the folder was checked before the run; a mount can still fill up or turn read-only
+        raise output_problem(path, exc) from exc
     # The CSV is derived from the JSON, so it may follow it: the JSON is the record of truth.
-    _publish(csv_text, csv_path, force)
+    try:
+        _publish(csv_text, csv_path, force)
+    except (OSError, UsageError) as exc:  # a JSON without its CSV is a partial result: take it back
+        path.unlink(missing_ok=True)
+        if isinstance(exc, UsageError):
+            raise
+        raise output_problem(csv_path, exc) from exc
     return path, csv_path
 
 

@@ -1,0 +1,81 @@
+"""Pretrained LTX pipelines from the Hugging Face hub or a directory, and what to say when they are not there.
+
+huggingface_hub's and diffusers' own messages run to paragraphs (and cut to one line, end mid-word): the user gets
+one line in our words, saying where we looked and why the hub did not deliver.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ltxbench.errors import EnvironmentProblem, UsageError
+
+MODEL_FORMS = "a preset (ltx-2b, ltx-13b, ltx-tiny), a hub id (owner/name) or a pipeline directory"
+
+
+def no_such_directory(model: str) -> UsageError:
+    return UsageError(f"--model {model}: no such directory", hint=f"--model takes {MODEL_FORMS}")
+
+
+def hub_reason(exc: BaseException) -> str:
+    """Why the hub did not deliver, from the exception and its causes."""
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 8:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    names = {type(e).__name__ for e in chain}
+    text = " ".join(str(e) for e in chain)
+    if "GatedRepoError" in names or " 401 " in text or " 403 " in text:
+        return "the repository is gated: it needs `hf auth login` with an account that accepted its terms"
+    if "RepositoryNotFoundError" in names or " 404 " in text:
+        return "the hub has no public repository of that name"
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE=1 forbids downloading them"
+    return "the hub cannot be reached to download them"
+
+
+def offline_error(model: str, exc: BaseException) -> EnvironmentProblem:
+    from huggingface_hub import constants
+
+    return EnvironmentProblem(f"weights for {model!r} are not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
+                              f"and {hub_reason(exc)}",
+                              hint=f"download them where the hub is reachable (`hf download {model}`), or use "
+                              "--weights random to benchmark with random weights (no download)")
+
+
+def dtype_keyword() -> str:
+    """from_pretrained's dtype argument: `dtype` where diffusers has renamed it (its `torch_dtype` then warns that it
+    is deprecated), `torch_dtype` in the releases before."""
+    from diffusers.utils import deprecation_utils
+
+    return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
+
+
+def load_ltx_pipeline(model: str, dtype):
+    """LTXPipeline.from_pretrained of a directory or hub id (on the CPU), every failure to find it in one line."""
+    from diffusers import LTXPipeline
+
+    local = Path(model).expanduser()
+    try:
+        from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
+        hub_errors: tuple = (HfHubHTTPError, OfflineModeIsEnabled)
+    except ImportError:  # pragma: no cover - older huggingface_hub
+        hub_errors = ()
+    from diffusers.utils import logging as diffusers_logging
+
+    verbosity = diffusers_logging.get_verbosity()
+    diffusers_logging.set_verbosity_error()  # its "Couldn't connect to the Hub ... will try the cache" lines
+    try:
+        return LTXPipeline.from_pretrained(str(local) if local.is_dir() else model, **{dtype_keyword(): dtype})
+    except (OSError, ConnectionError, *hub_errors) as exc:
+        raise offline_error(model, exc) from exc
+    except ValueError as exc:
+        if "valid repo id" not in str(exc):
+            raise
+        raise UsageError(f"--model {model} is neither a local directory nor a valid hub id",
+                         hint=f"--model takes {MODEL_FORMS}") from exc
+    finally:
+        diffusers_logging.set_verbosity(verbosity)
