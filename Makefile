@@ -30,3 +30,42 @@ build-check:
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache
+
+# Regression check on a GPU machine (docs/compare.md): the pinned benchmarks, then `compare` against the baselines
+# stored in results/$(GPU)/, which bench-check-baseline writes. GPU: that folder's name (h100, h200).
+# BENCH_CHECK_SUMMARY=<file>: the Markdown reports are appended there too (a CI job summary).
+.PHONY: bench-check bench-check-baseline
+BENCH_CHECK_DIR ?= results/runs/bench-check
+BENCH_CHECK_E2E = bench e2e --model ltx-2b --weights random --num-frames 49 --steps 10 --phase transformer \
+	--configs optimized,compile --compile-cache cold
+BENCH_CHECK_MICRO = bench micro rms_norm_modulate add_rms_norm_modulate qk_rms_norm_rope cross_attention \
+	--shapes ltx --dtype bf16 --providers cuda,eager
+BENCH_CHECK_NEEDS_GPU = [ -n "$(GPU)" ] || { echo "make $@: set GPU to the results/ folder of this GPU's baselines, \
+	e.g. GPU=h100" >&2; exit 2; }
+# Both results are written under BENCH_CHECK_DIR; a run that fails leaves none of the previous run's behind.
+define BENCH_CHECK_RUN
+	rm -f $(BENCH_CHECK_DIR)/e2e.json $(BENCH_CHECK_DIR)/e2e.csv $(BENCH_CHECK_DIR)/micro.json $(BENCH_CHECK_DIR)/micro.csv
+	$(PYTHON) -m ltxbench $(BENCH_CHECK_E2E) --output $(BENCH_CHECK_DIR)/e2e.json
+	$(PYTHON) -m ltxbench $(BENCH_CHECK_MICRO) --output $(BENCH_CHECK_DIR)/micro.json
+endef
+
+bench-check:
+	@$(BENCH_CHECK_NEEDS_GPU)
+	@for part in e2e micro; do [ -f results/$(GPU)/bench-check-$$part.json ] || { echo "make $@: no baseline \
+	results/$(GPU)/bench-check-$$part.json; write it on this GPU with make bench-check-baseline GPU=$(GPU)" >&2; \
+	exit 2; }; done
+	$(BENCH_CHECK_RUN)
+	@status=0; for part in e2e micro; do \
+		base=results/$(GPU)/bench-check-$$part.json; new=$(BENCH_CHECK_DIR)/$$part.json; \
+		$(PYTHON) -m ltxbench compare $$base $$new || { code=$$?; [ $$status -ne 0 ] || status=$$code; }; \
+		if [ -n "$(BENCH_CHECK_SUMMARY)" ]; then \
+			$(PYTHON) -m ltxbench compare $$base $$new --format markdown >> "$(BENCH_CHECK_SUMMARY)" 2>/dev/null; \
+		fi; \
+	done; exit $$status
+
+# The baselines: the same benchmarks, moved into results/$(GPU)/ only once both have run.
+bench-check-baseline:
+	@$(BENCH_CHECK_NEEDS_GPU)
+	$(BENCH_CHECK_RUN)
+	for part in e2e micro; do for ext in json csv; do \
+		mv -f $(BENCH_CHECK_DIR)/$$part.$$ext results/$(GPU)/bench-check-$$part.$$ext || exit 4; done; done

@@ -144,7 +144,7 @@ def test_ltx_tiny_phase_transformer_and_compile_flag(tmp_path, captured, compile
 
 
 @pytest.mark.parametrize("option,rule", [
-    ("cross-kv-cache", "model: attn2 keys/values and caption projection once per prompt (cross_kv cache)"),
+    ("cross-kv-cache", "model: attn2 keys/values and caption projection once per generation (cross_kv cache)"),
     ("tuned-gemm", "linear: cuBLASLt GEMM, algorithm chosen by timing (ops.linear)"),
     ("pair-cfg-halves", "model: block 0's attn1 once for classifier-free guidance's identical halves (checked per "
                         "step)"),
@@ -250,8 +250,10 @@ def test_every_configuration_starts_clean_after_one_untimed_unpatched_iteration(
 
 def test_llama_tiny_baseline(tmp_path, captured):
     out = tmp_path / "llm.json"
-    result = runner.invoke(app, [*LLAMA, "--configs", "baseline", "--output", str(out)])
+    no_weights = [a for a in LLAMA if a not in ("--weights", "random")]  # llama-tiny defaults to random weights
+    result = runner.invoke(app, [*no_weights, "--configs", "baseline", "--output", str(out)])
     assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["run"]["config"]["weights"] == "random"
     records = _records(out)
     prefill = sorted(r["params"]["prompt_len"] for r in records if r["name"] == "prefill")
     assert prefill == [16, 32]
@@ -272,6 +274,8 @@ def test_llama_tiny_optimized_runs_the_llm_injection_and_reverts_it(tmp_path, ca
     doc = json.loads(out.read_text())
     injection = doc["run"]["config"]["injection"]["optimized"]
     assert injection["applied"] is True and injection["rules"][RULE_ROPE] == 2
+    # The table is printed whole where the output is not a terminal (Rich alone would cut to `base…`, `opti…`).
+    assert "│ baseline " in result.output and "│ optimized " in result.output and "…" not in result.output
     assert _by(doc["records"], "decode_step", "optimized")["derived"]["speedup_vs_baseline"] > 0
     model = captured["target"]
     assert all("forward" not in vars(layer) for layer in model.model.layers)  # reverted after the run
@@ -322,7 +326,10 @@ def test_llama_tiny_compile_configs_decode_through_generates_own_compile(tmp_pat
 
 
 def test_llm_configs_shipped():
+    import ltxbench
     from ltxbench.bench.e2e_llm import LLM_CONFIGS, LLM_PRESETS
+
+    assert Path(str(LLM_CONFIGS)) == Path(ltxbench.__file__).parent / "configs" / "llm"  # package data, in the wheel
 
     for name in LLM_PRESETS:
         data = json.loads((LLM_CONFIGS / f"{name}.json").read_text())
@@ -403,3 +410,69 @@ def test_every_timed_iteration_is_a_new_generation_even_on_one_prompt_tensor(tmp
                                  "--warmup-iterations", "1", "--repeats", "2", "--output", str(out)])
     assert result.exit_code == 0, result.output
     assert len(builds) == 1 + 2  # warmup + repeats: one build per iteration (the untimed first one is unpatched)
+
+
+def test_an_llm_too_large_for_the_host_is_refused_before_it_is_built(tmp_path, monkeypatch):
+    from ltxbench.models import memory
+
+    monkeypatch.setattr(memory, "available", lambda device: (16 * 2**30, "the host has 16.0 GiB of RAM available"))
+    out = tmp_path / "llm.json"
+    result = runner.invoke(app, ["bench", "e2e", "--model", "llama-3-8b", "--weights", "random", "--device", "cpu",
+                                 "--configs", "baseline", "--output", str(out)])
+    assert result.exit_code == 4, result.output
+    assert "llama-3-8b in fp32 needs about 29.9 GiB for its weights alone" in result.output
+    assert not out.exists()
+
+
+def test_config_names_stay_whole_in_a_narrow_console():
+    from rich.console import Console
+
+    records = [{"name": "total", "provider": config, "params": {}, "derived": {}, "stats": {"median": 1234.5}}
+               for config in ("baseline", "optimized+compile")]
+    console = Console(width=80)
+    with console.capture() as captured:
+        console.print(e2e_report.render_table(records))
+    assert "baseline" in captured.get() and "optimized+compile" in captured.get()
+
+
+def test_ctrl_c_keeps_the_configurations_measured_and_marks_the_result_incomplete(tmp_path, monkeypatch):
+    """Ctrl-C during the second configuration: the first one's records are written, the file says it is incomplete
+    (and what was not measured), the command says so in one line and exits 130; compare refuses it as a baseline
+    and, as the new side, fails on what it lacks."""
+    calls = []
+    real = e2e.run_once
+
+    def interrupted_in_the_second_config(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:  # the untimed iteration, baseline's warmup + 2 repeats, then optimized's warmup
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(e2e, "run_once", interrupted_in_the_second_config)
+    out = tmp_path / "cut.json"
+    result = runner.invoke(app, [*TINY, "--configs", "baseline,optimized", "--output", str(out)])
+    assert result.exit_code == 130, result.output
+    lines = [line for line in result.output.splitlines() if line.startswith("interrupted")]
+    assert len(lines) == 1 and "1 of 2 configurations" in lines[0] and "marked incomplete" in lines[0]
+    doc = json.loads(out.read_text())
+    assert doc["run"]["config"]["incomplete"] == {"reason": "interrupted (Ctrl-C)", "measured": ["baseline"],
+                                                 "not_measured": ["optimized"]}
+    assert {r["provider"] for r in doc["records"]} == {"baseline"} and doc["records"]
+    monkeypatch.setattr(e2e, "run_once", real)
+    full = tmp_path / "full.json"
+    assert runner.invoke(app, [*TINY, "--configs", "baseline,optimized", "--output", str(full)]).exit_code == 0
+    as_base = runner.invoke(app, ["compare", str(out), str(full)])
+    assert as_base.exit_code == 3 and "incomplete" in as_base.output
+    as_new = runner.invoke(app, ["compare", str(full), str(out)])
+    assert as_new.exit_code == 1 and "incomplete" in as_new.output
+
+
+def test_ctrl_c_before_any_configuration_writes_nothing(tmp_path, monkeypatch):
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(e2e, "run_once", interrupt)
+    out = tmp_path / "none.json"
+    result = runner.invoke(app, [*TINY, "--configs", "baseline", "--output", str(out)])
+    assert result.exit_code == 130 and "nothing written" in result.output
+    assert not out.exists() and not list(tmp_path.iterdir())

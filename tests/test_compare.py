@@ -1,22 +1,29 @@
-"""`ltxbench compare`: regression/improvement detection, noise gating, env checks, formats (CPU only)."""
+"""`ltxbench compare`: regression/improvement detection, noise gating, per-metric rules, inductor cache states, the
+repeated-run fixtures a CI relies on, env checks, formats; bench e2e's --compile-cache (CPU only)."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 import json
+import os
+import subprocess
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
 from ltxbench.cli import app
+from ltxbench.cli.compare import parse_threshold, parse_thresholds
 from ltxbench.results import io
-from ltxbench.results.compare import compare, parse_threshold
+from ltxbench.results.compare import DEFAULT_THRESHOLDS, compare, inductor_cache_state
 from ltxbench.results.schema import make_record, make_result, validate
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "compare-base.json"
-MICRO = REPO / "results" / "h100" / "micro-2026-11-22.json"
+MICRO = REPO / "tests" / "fixtures" / "repeats" / "h200-micro-row-ops" / "keep-1.json"
+COLD = REPO / "tests" / "fixtures" / "e2e-ltx-2b-49f-cold-compile.json"  # a real H200 run: both compiles cold
+REPEATS = REPO / "tests" / "fixtures" / "repeats"
 runner = CliRunner()
 WIDE = {"COLUMNS": "250"}  # keep Rich from folding names inside the table
 
@@ -92,7 +99,7 @@ def test_real_micro_result_against_itself():
     assert code == 0
     assert doc["regressions"] == [] and doc["improvements"] == [] and doc["added"] == doc["removed"] == []
     assert doc["unchanged"] == sum(r["stats"]["median"] is not None for r in io.load_result(MICRO)["records"])
-    assert doc["unchanged"] > 0 and len(doc["skipped"]) > 0
+    assert doc["unchanged"] > 0 and doc["not_comparable"] == []
 
 
 def test_ten_percent_slowdown_is_a_regression(tmp_path, base):
@@ -291,21 +298,31 @@ def test_duplicate_record_keys_are_incomparable(tmp_path, base):
     assert _invoke(str(FIXTURE), _write(tmp_path, new)).exit_code == 3
 
 
-def test_markdown_has_a_github_table(tmp_path, base):
+def test_markdown_has_github_tables_regressions_first(tmp_path, base):
     new = copy.deepcopy(base)
     _scale(_find(new, "cuda"), 1.2)
     _scale(_find(new, "cuda", "bandwidth"), 1.2)
     result = _invoke(str(FIXTURE), _write(tmp_path, new), "--format", "markdown")
     assert result.exit_code == 1
-    lines = result.stdout.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.startswith("| name |"))
-    assert lines[header + 1].startswith("|---")
-    rows = [line for line in lines[header + 2:] if line.startswith("|")]
-    assert len(rows) == 2
-    assert all(line.count("|") == lines[header].count("|") for line in rows)
-    assert "regression" in rows[0] and "+20.0%" in rows[0] and "| time |" in rows[0]
-    assert "improvement" in rows[1] and "| bandwidth |" in rows[1]
-    assert "**Summary:** 1 regression(s), 1 improvement(s)" in result.stdout
+    text = result.stdout
+    tables = _markdown_tables(text)
+    assert [len(rows) for rows in tables] == [1, 3]  # the regression; then improvement + 2 unchanged, collapsed
+    assert "+20.0%" in tables[0][0] and "| time |" in tables[0][0] and "5% + base p20-p80" in tables[0][0]
+    assert "improvement" in tables[1][0] and "| bandwidth |" in tables[1][0]
+    assert text.index(":red_circle:") < text.index("<details>")
+    assert "**Summary:** 1 regression(s), 1 improvement(s)" in text
+
+
+def _markdown_tables(text: str) -> list[list[str]]:
+    """The data rows of each GitHub table in `text`, checking every row has the header's column count."""
+    lines, tables = text.splitlines(), []
+    for i, line in enumerate(lines):
+        if line.startswith("| name |"):
+            assert lines[i + 1].startswith("|---")
+            rows = list(itertools.takewhile(lambda row: row.startswith("|"), lines[i + 2:]))
+            assert all(row.count("|") - row.count("\\|") == line.count("|") for row in rows)
+            tables.append(rows)
+    return tables
 
 
 def test_json_is_machine_readable(tmp_path):
@@ -354,3 +371,319 @@ def test_a_change_at_another_sm_clock_is_flagged_not_excused(base):
     unclocked = copy.deepcopy(base)
     _scale(_find(unclocked, "eager"), 1.2)
     assert not [w for w in compare(base, unclocked, 0.05).warnings if "SM clock" in w]
+
+
+# --- repeated runs of the same code: what a CI compares ---------------------------------------------------------
+
+def _groups() -> list[Path]:
+    return sorted(p for p in REPEATS.iterdir() if p.is_dir())
+
+
+def _pairs():
+    for group in _groups():
+        for a, b in itertools.permutations(sorted(group.glob("*.json")), 2):
+            yield pytest.param(a, b, id=f"{group.name}:{a.stem}->{b.stem}")
+
+
+def _repeat_files():
+    for group in _groups():
+        for path in sorted(group.glob("*.json")):
+            yield pytest.param(path, id=f"{group.name}:{path.stem}")
+
+
+def _command(doc: dict) -> list[str]:
+    argv = doc["run"]["argv"]
+    if "--output" in argv:
+        argv = argv[:argv.index("--output")] + argv[argv.index("--output") + 2:]
+    return [a for a in argv if a != "--force"]
+
+
+def test_each_fixture_group_holds_runs_of_one_command_on_one_gpu():
+    assert len(_groups()) >= 4
+    for group in _groups():
+        docs = [io.load_result(p) for p in sorted(group.glob("*.json"))]
+        assert len(docs) >= 2, group
+        assert len({json.dumps(_command(d)) for d in docs}) == 1, group
+        assert len({d["env"]["gpus"][0]["name"] for d in docs}) == 1, group
+
+
+@pytest.mark.parametrize(("base_path", "new_path"), list(_pairs()))
+def test_repeated_runs_of_the_same_code_have_no_regression(base_path, new_path):
+    code, doc = _json(str(base_path), str(new_path))
+    assert code == 0 and doc["regressions"] == [], [
+        (r["name"], r["provider"], r["metric"], r["change_pct"], r["rule"]) for r in doc["regressions"]]
+    assert doc["lost"] == 0 and doc["added"] == []
+    # compile time and first iteration of a compile whose cache state differs or is unrecorded: listed, not counted
+    new = {r["provider"]: r for r in _compile_records(io.load_result(new_path))}
+    states = [(inductor_cache_state(r), inductor_cache_state(new[r["provider"]]))
+              for r in _compile_records(io.load_result(base_path))]
+    assert len(doc["not_comparable"]) == 2 * sum(b != n or b == "unknown" for b, n in states)
+    assert all(r["rule"].startswith("not comparable: inductor cache") for r in doc["not_comparable"])
+
+
+@pytest.mark.parametrize("path", list(_repeat_files()))
+def test_a_ten_percent_slowdown_of_a_repeated_run_is_caught(tmp_path, path):
+    """The same file with every sampled time 10% slower: each record whose base spread lies below its slowed median
+    is a regression, and the CLI exits 1; a record whose own spread reaches past +10% (one jittery e2e run) is named
+    in a warning instead."""
+    doc = io.load_result(path)
+    slowed, expected, sampled = copy.deepcopy(doc), set(), 0
+    for rec in slowed["records"]:
+        if rec["name"] == "compile" or rec["stats"]["median"] is None:
+            continue
+        assert rec["better"] == "lower" and rec["metric"] == "time"
+        sampled += 1
+        if rec["stats"]["median"] * 1.10 > rec["stats"]["p80"]:
+            expected.add((rec["name"], rec["provider"], rec["dtype"], json.dumps(rec["params"], sort_keys=True)))
+        _scale(rec, 1.10)
+    report = compare(doc, slowed)
+    caught = {(r.name, r.provider, r.dtype, json.dumps(r.params, sort_keys=True)) for r in report.regressions}
+    assert caught == expected and caught
+    assert all(r.rule == "5% + base p20-p80" and r.change == pytest.approx(0.10) for r in report.regressions)
+    spread_warnings = [w for w in report.warnings if "spread wider than the 5% threshold" in w]
+    if len(caught) < sampled:
+        assert len(spread_warnings) == 1 and int(spread_warnings[0].split()[0]) >= sampled - len(caught)
+    assert _invoke(str(path), _write(tmp_path, slowed)).exit_code == 1
+
+
+# --- inductor cache states and the single-sample rules ----------------------------------------------------------
+
+def _compile_records(doc: dict) -> list[dict]:
+    return [r for r in doc["records"] if r["name"] == "compile"]
+
+
+def _warm_copy(doc: dict, factor: float = 0.25) -> dict:
+    """doc with every compile served from inductor's cache: one hit, no miss, a quarter of the time."""
+    warm = copy.deepcopy(doc)
+    for rec in _compile_records(warm):
+        rec["derived"].update(inductor_fxgraph_cache_hit=1, inductor_fxgraph_cache_miss=0)
+        rec["derived"]["first_iteration_ms"] *= factor
+        _scale(rec, factor)
+    return warm
+
+
+@pytest.mark.parametrize(("hit", "miss", "state"), [(0, 1, "cold"), (0, 3, "cold"), (1, 0, "warm"),
+                                                   (2, 1, "partly warm"), (0, 0, "unknown"), (None, None, "unknown")])
+def test_inductor_cache_state_comes_from_the_recorded_hits_and_misses(hit, miss, state):
+    derived = {} if hit is None else {"inductor_fxgraph_cache_hit": hit, "inductor_fxgraph_cache_miss": miss}
+    assert inductor_cache_state({"derived": derived}) == state
+
+
+@pytest.mark.parametrize("order", ["cold-warm", "warm-cold"])
+def test_compiles_in_a_cold_and_a_warm_cache_are_not_comparable(tmp_path, order):
+    warm = _write(tmp_path, _warm_copy(io.load_result(COLD)), "warm.json")
+    paths = (str(COLD), warm) if order == "cold-warm" else (warm, str(COLD))
+    code, doc = _json(*paths)
+    assert code == 0 and doc["regressions"] == [] and doc["improvements"] == []
+    assert sorted((r["provider"], r["metric"]) for r in doc["not_comparable"]) == [
+        ("compile", "first_iteration"), ("compile", "time"), ("optimized+compile", "first_iteration"),
+        ("optimized+compile", "time")]
+    states = "cold vs warm" if order == "cold-warm" else "warm vs cold"
+    assert {r["rule"] for r in doc["not_comparable"]} == {f"not comparable: inductor cache {states}"}
+    result = _invoke(*paths)
+    assert result.exit_code == 0 and "4 not comparable (not counted)" in result.output
+    # the same change between two cold compiles is judged
+    slower = copy.deepcopy(io.load_result(COLD))
+    for rec in _compile_records(slower):
+        _scale(rec, 4.0)
+        rec["derived"]["first_iteration_ms"] *= 4.0
+    assert len(compare(io.load_result(COLD), slower).regressions) == 4
+
+
+def test_a_compile_of_unrecorded_cache_state_is_not_comparable():
+    cold = io.load_result(COLD)
+    old = copy.deepcopy(cold)
+    for rec in _compile_records(old):
+        del rec["derived"]["inductor_fxgraph_cache_hit"], rec["derived"]["inductor_fxgraph_cache_miss"]
+    for base, new, side in ((old, cold, "base"), (cold, old, "new"), (old, old, "base and new")):
+        rows = compare(base, new).not_comparable
+        assert len(rows) == 4 and {r.rule for r in rows} == {f"not comparable: inductor cache state not recorded in "
+                                                             f"{side}"}
+
+
+@pytest.mark.parametrize(("factor", "verdict"), [(1.185, "unchanged"), (1.30, "regression"), (0.70, "improvement")])
+def test_cold_compile_times_are_judged_by_their_own_threshold(factor, verdict):
+    """51.25 -> 60.75 s (+18.5%) between two cold compiles is no regression at compile's 25%; +30% is one."""
+    cold = io.load_result(COLD)
+    new = copy.deepcopy(cold)
+    _scale(next(r for r in _compile_records(new) if r["provider"] == "compile"), factor)
+    row = next(r for r in compare(cold, new).ordered() if (r.provider, r.metric) == ("compile", "time")
+               and r.name == "compile")
+    assert (row.verdict, row.rule) == (verdict, "single sample, 25%")
+
+
+def test_the_compile_threshold_can_be_set(tmp_path):
+    cold = io.load_result(COLD)
+    new = copy.deepcopy(cold)
+    _scale(next(r for r in _compile_records(new) if r["provider"] == "compile"), 1.30)
+    path = _write(tmp_path, new)
+    result = _invoke(str(COLD), path)
+    assert result.exit_code == 1 and "single sample, 25%" in result.output
+    code, doc = _json(str(COLD), path, "--threshold", "compile=40%")
+    assert code == 0 and doc["thresholds"]["compile"] == pytest.approx(0.40)
+    assert {r["rule"] for r in doc["not_comparable"] + doc["improvements"]} <= {"single sample, 40%"}
+
+
+def test_peak_memory_and_energy_have_their_own_thresholds(tmp_path):
+    cold = io.load_result(COLD)
+    new = copy.deepcopy(cold)
+    total = next(r for r in new["records"] if (r["name"], r["provider"]) == ("total", "optimized"))
+    total["derived"]["peak_memory_bytes"] *= 1.03
+    total["derived"]["gpu_energy_j_per_iteration"] *= 1.10
+    report = compare(cold, new)
+    assert [(r.provider, r.metric, r.rule) for r in report.regressions] == [
+        ("optimized", "peak_memory", "single sample, 2%")]
+    assert report.regressions[0].unit == "GiB" and report.regressions[0].base == pytest.approx(13.63, abs=0.01)
+    energy = next(r for r in report.unchanged if (r.provider, r.metric) == ("optimized", "energy"))
+    assert energy.rule == "single sample, 15%" and energy.change == pytest.approx(0.10)
+    assert not compare(cold, new, {"peak_memory": 0.05}).regressions
+    assert [r.metric for r in compare(cold, new, {"peak_memory": 0.05, "energy": 0.05}).regressions] == ["energy"]
+    assert _invoke(str(COLD), _write(tmp_path, new), "--threshold", "peak_memory=5%").exit_code == 0
+
+
+def test_a_figure_only_the_base_has_is_a_warning_not_a_loss(tmp_path):
+    cold = io.load_result(COLD)
+    new = copy.deepcopy(cold)
+    for rec in new["records"]:
+        rec["derived"].pop("gpu_energy_j_per_iteration", None)  # e.g. a machine whose NVML has no energy counter
+    code, doc = _json(str(COLD), _write(tmp_path, new))
+    assert code == 0 and doc["lost"] == 0
+    assert sum("energy is in base only" in w for w in doc["warnings"]) == 4
+
+
+def test_thresholds_per_metric():
+    assert parse_thresholds(None) == DEFAULT_THRESHOLDS
+    assert parse_thresholds(["3%", "compile=40%", "energy=0.1"]) == {
+        **DEFAULT_THRESHOLDS, "time": pytest.approx(0.03), "compile": pytest.approx(0.40), "energy": 0.1}
+
+
+@pytest.mark.parametrize(("entries", "needle"), [
+    (["latency=5%"], "unknown metric 'latency'"), (["compile=abc"], "--threshold compile: 'abc'"),
+    (["5%", "time=3%"], "time is given twice"), (["peak_memory=120%"], "'120%' must be between")])
+def test_bad_metric_thresholds_are_usage_errors(entries, needle):
+    result = _invoke(str(FIXTURE), str(FIXTURE), *[arg for entry in entries for arg in ("--threshold", entry)])
+    assert result.exit_code == 2, result.output
+    assert needle in result.output
+
+
+def test_json_rows_name_their_rule(tmp_path, base):
+    new = copy.deepcopy(base)
+    _scale(_find(new, "eager"), 1.5)
+    code, doc = _json(str(FIXTURE), _write(tmp_path, new), "--threshold", "8%")
+    assert code == 1 and [r["rule"] for r in doc["regressions"]] == ["8% + base p20-p80"]
+    assert doc["thresholds"] == {**DEFAULT_THRESHOLDS, "time": pytest.approx(0.08)}
+
+
+# --- layouts ----------------------------------------------------------------------------------------------------
+
+def test_markdown_shows_regressions_then_not_comparable_then_the_rest_collapsed(tmp_path):
+    cold = io.load_result(COLD)
+    new = _warm_copy(cold)
+    _scale(next(r for r in new["records"] if (r["name"], r["provider"]) == ("denoise_step", "optimized")), 1.10)
+    result = _invoke(str(COLD), _write(tmp_path, new), "--format", "markdown")
+    assert result.exit_code == 1
+    text = result.stdout
+    regressions, not_comparable, rest = _markdown_tables(text)
+    assert len(regressions) == 1 and "| denoise_step | optimized |" in regressions[0]
+    assert "5% + base p20-p80" in regressions[0] and "+10.0%" in regressions[0]
+    assert len(not_comparable) == 4 and all("inductor cache cold vs warm" in row for row in not_comparable)
+    assert text.index("regression(s)\n") < text.index("not comparable (not counted)\n") < text.index("<details>")
+    assert text.index("<details>") < text.index(rest[0]) < text.index("</details>")
+    assert all("batch_size" not in row for row in regressions + not_comparable + rest)  # said once, above
+    assert text.count("batch_size=1") == 1
+
+
+def test_the_human_table_keeps_a_row_on_one_line_in_an_80_column_log(tmp_path):
+    base_path = REPEATS / "h100-e2e-ltx-2b-49f-compile" / "ab-base-1.json"
+    new = io.load_result(base_path)
+    for rec in new["records"]:
+        if rec["name"] == "denoise_step":
+            _scale(rec, 1.10)
+    result = runner.invoke(app, ["compare", str(base_path), _write(tmp_path, new)], env={"COLUMNS": "80"})
+    assert result.exit_code == 1
+    lines = result.stdout.splitlines()
+    for provider in ("compile", "optimized+compile"):
+        row = [line for line in lines if "denoise_step" in line and f" {provider} " in line]
+        assert len(row) == 1 and "+10.0%" in row[0] and "regression" in row[0] and "5% + base p20-p80" in row[0]
+    assert sum("batch_size=1" in line for line in lines) == 1
+
+
+# --- bench e2e --compile-cache and make bench-check -------------------------------------------------------------
+
+def test_a_cold_compile_cache_is_private_to_the_run_and_removed_after(monkeypatch):
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    from ltxbench.bench import e2e
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/ltxbench-shared-inductor-cache")
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    with e2e.inductor_cache("cold") as directory:
+        assert Path(directory).is_dir() and not any(Path(directory).iterdir())
+        assert cache_dir() == directory  # where inductor looks now
+        assert os.environ["TRITON_CACHE_DIR"] == str(Path(directory) / "triton")
+        (Path(directory) / "entry").write_text("compiled", encoding="utf-8")
+    assert not Path(directory).exists()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/tmp/ltxbench-shared-inductor-cache"
+    assert "TRITON_CACHE_DIR" not in os.environ
+    with pytest.raises(RuntimeError), e2e.inductor_cache("cold") as directory:
+        raise RuntimeError("a compile failed")
+    assert not Path(directory).exists()
+    with e2e.inductor_cache("shared") as directory:
+        assert directory is None and os.environ["TORCHINDUCTOR_CACHE_DIR"] == "/tmp/ltxbench-shared-inductor-cache"
+
+
+def test_bench_e2e_compile_cache_cold_runs_in_a_private_cache_and_records_it(tmp_path, monkeypatch):
+    import ltxbench.models.ltx as ltx_models
+    from ltxbench.bench import e2e
+
+    seen = {}
+
+    def fake_run_ltx(pipe, configs, args, provider, log):
+        seen["dir"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+        seen["existed"] = Path(seen["dir"]).is_dir()
+        return {"compile": {"step_ms": [1.0, 1.1], "total_ms": [2.0], "compile_s": 3.0, "first_iteration_ms": 3002.0,
+                            "compile_cache": {"fxgraph_cache_hit": 0, "fxgraph_cache_miss": 1},
+                            "peak_memory_bytes": None, "injection": {"applied": False}}}
+
+    monkeypatch.setattr(ltx_models, "build_pipeline", lambda *args, **kwargs: object())
+    monkeypatch.setattr(e2e, "run_ltx", fake_run_ltx)
+    out = tmp_path / "cold.json"
+    result = runner.invoke(app, ["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--device", "cpu",
+                                 "--num-frames", "9", "--height", "64", "--width", "64", "--steps", "2",
+                                 "--configs", "compile", "--compile-cache", "cold", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert seen["existed"] and seen["dir"] != os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    assert not Path(seen["dir"]).exists()
+    doc = io.load_result(out)
+    argv = doc["run"]["argv"]
+    assert doc["run"]["config"]["compile_cache"] == "cold" and argv[argv.index("--compile-cache") + 1] == "cold"
+    assert all("compile_cache" not in r["params"] for r in doc["records"])  # records still match a shared-cache run
+    assert inductor_cache_state(_compile_records(doc)[0]) == "cold"
+    bad = runner.invoke(app, ["bench", "e2e", "--model", "ltx-tiny", "--device", "cpu", "--compile-cache", "warm"])
+    assert bad.exit_code == 2 and "--compile-cache 'warm'" in bad.output
+
+
+def _make(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["make", "--no-print-directory", *args], cwd=REPO, capture_output=True, text=True,
+                          check=False)
+
+
+def test_make_bench_check_runs_the_pinned_benchmarks_and_compares_with_the_stored_baselines():
+    plan = _make("-n", "bench-check", "GPU=h100", "PYTHON=py")
+    assert plan.returncode == 0, plan.stderr
+    commands = plan.stdout
+    assert ("py -m ltxbench bench e2e --model ltx-2b --weights random --num-frames 49 --steps 10 --phase transformer "
+            "--configs optimized,compile --compile-cache cold --output results/runs/bench-check/e2e.json") in commands
+    assert "py -m ltxbench bench micro " in commands and "--output results/runs/bench-check/micro.json" in commands
+    assert "base=results/h100/bench-check-$part.json; new=results/runs/bench-check/$part.json" in commands
+    assert "py -m ltxbench compare $base $new" in commands
+    baseline = _make("-n", "bench-check-baseline", "GPU=h200", "PYTHON=py").stdout
+    assert "results/h200/bench-check-$part.$ext" in baseline and "--compile-cache cold" in baseline
+
+
+@pytest.mark.parametrize(("gpu", "needle"), [("", "set GPU"),
+                                             ("h999", "no baseline results/h999/bench-check-e2e.json")])
+def test_make_bench_check_stops_before_running_anything_without_its_baselines(gpu, needle):
+    result = _make("bench-check", f"GPU={gpu}", "PYTHON=false")
+    assert result.returncode != 0 and needle in result.stderr
+    assert "ltxbench bench" not in result.stdout

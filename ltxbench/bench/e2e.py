@@ -225,21 +225,40 @@ def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: i
     rounds > 1 runs the whole set again in alternating order (A B, B A, A B, ...) and pools the timed samples, so
     that a drift of the host or the GPU during the run does not favour the configuration measured first (an
     H100 host ran compiled Llama decode 12% slower in a second A B pair than in the first:
-    results/h100/tuning/decode-probe-guards.log). Compile time and the injection report are the first round's.
+    the same build, one process). Compile time and the injection report are the first round's.
     On CUDA the GPU's SM clock, power and temperature are sampled during the timed repeats (gpu_monitor; summary
-    key gpu_samples, absent where NVML cannot be read); monitor(device) makes the monitor (tests pass a fake)."""
-    import torch
-
-    from ltxbench.bench import gpu_monitor
-
-    cuda = device.type == "cuda"
-    monitor = monitor or gpu_monitor.open_monitor
+    key gpu_samples, absent where NVML cannot be read); monitor(device) makes the monitor (tests pass a fake).
+    Ctrl-C raises Interrupted with the configurations measured so far."""
     results: dict = {name: None for name in configs}
     # One untimed iteration of the unpatched eager model before any configuration: the process's one-time costs
     # (cuBLAS / cuDNN handles, lazily loaded kernels, the allocator's first blocks, the first text-encoder and VAE
     # calls) land here and not in whichever configuration runs first.
     log("untimed first iteration (unpatched, eager)")
     run("baseline")
+    try:
+        _run_rounds(module, configs, inject, run, warmup, repeats, device, log, compile_mode, rounds, monitor, results)
+    except KeyboardInterrupt as stop:
+        raise Interrupted({name: res for name, res in results.items() if res is not None}) from stop
+    return results
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during run_configs: `results` holds the configurations measured before it (whole rounds each)."""
+
+    def __init__(self, results: dict):
+        super().__init__()
+        self.results = results
+
+
+def _run_rounds(module, configs, inject, run, warmup, repeats, device, log, compile_mode, rounds, monitor,
+                results) -> None:
+    """run_configs' measurement: each configuration's summary goes into `results` as soon as it is complete."""
+    import torch
+
+    from ltxbench.bench import gpu_monitor
+
+    cuda = device.type == "cuda"
+    monitor = monitor or gpu_monitor.open_monitor
     for round_index in range(rounds):
         for name in configs if round_index % 2 == 0 else configs[::-1]:
             with configuration(module, name, inject, compile_mode) as injection, contextlib.ExitStack() as timed:
@@ -274,7 +293,40 @@ def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: i
                 + gpu_monitor.describe(gpu_monitor.summarize(summary.get("gpu_samples"), repeats)))
             if cuda:
                 torch.cuda.empty_cache()
-    return results
+
+
+COMPILE_CACHES = ("shared", "cold")
+
+
+@contextlib.contextmanager
+def inductor_cache(mode: str):
+    """--compile-cache cold: inductor, and Triton under it (else ~/.triton), cache in a fresh directory removed
+    afterwards, so every compile of the run is cold and compares with another cold one (docs/compare.md)."""
+    import os
+    import shutil
+    import tempfile
+
+    if mode != "cold":
+        yield None
+        return
+    from torch._inductor import utils as inductor_utils
+
+    # inductor memoizes paths under its cache directory; clearing them makes it look the directory up again
+    clear_paths = getattr(inductor_utils, "clear_caches", lambda: None)
+    saved = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+    directory = tempfile.mkdtemp(prefix="ltxbench-inductor-")
+    os.environ.update(TORCHINDUCTOR_CACHE_DIR=directory, TRITON_CACHE_DIR=os.path.join(directory, "triton"))
+    clear_paths()
+    try:
+        yield directory
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        clear_paths()
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _inductor_cache_counts() -> dict:

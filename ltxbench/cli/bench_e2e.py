@@ -23,8 +23,9 @@ EXAMPLES = (
 
 def e2e_command(
     model: str = typer.Option("ltx-2b", "--model", help="ltx-2b, ltx-13b, ltx-tiny, llama-3-8b, mistral-7b, qwen2-7b, "
-                              "qwen3-8b, llama-tiny, a hub id or a local path."),
-    weights: str = typer.Option("pretrained", "--weights", help="pretrained | random (built from configs/)."),
+                              "qwen3-8b, llama-tiny, smollm2-135m, a hub id or a local path."),
+    weights: str = typer.Option(None, "--weights", help="pretrained | random (built from the package's configs; "
+                                "the default for ltx-tiny and llama-tiny, which have no pretrained weights)."),
     configs: str = typer.Option(None, "--configs", help="Comma-separated: baseline, optimized, compile, "
                                 "optimized+compile (default: all four)."),
     use_optimized_kernels: bool = typer.Option(None, "--use-optimized-kernels/--no-optimized-kernels",
@@ -37,6 +38,10 @@ def e2e_command(
     decode_compile_mode: str = typer.Option(DECODE_COMPILE_DEFAULT, "--decode-compile-mode",
                                             help="LLM compile configs: mode of the decode step that generate() "
                                             "compiles itself (transformers' CompileConfig; its default)."),
+    compile_cache: str = typer.Option("shared", "--compile-cache",
+                                      help="Inductor's on-disk cache for the compile configs: shared (the usual "
+                                      "one; a compile may hit what an earlier run wrote) or cold (a fresh one for "
+                                      "this run, removed afterwards: compile times comparable between runs)."),
     num_frames: int = typer.Option(161, "--num-frames", help="Frames, 8k+1 (LTX)."),
     height: int = typer.Option(512, "--height", help="Height, a multiple of 32 (LTX)."),
     width: int = typer.Option(768, "--width", help="Width, a multiple of 32 (LTX)."),
@@ -48,8 +53,8 @@ def e2e_command(
                                "B A, ...) and pool the samples, so that drift during the run favours no config."),
     phase: str = typer.Option("all", "--phase", help="all (encode + denoise + decode) | transformer (loop only)."),
     cross_kv_cache: bool = typer.Option(True, "--cross-kv-cache/--no-cross-kv-cache",
-                                        help="LTX optimized configs: attn2's keys/values once per prompt (exact), or "
-                                             "every step as the model does."),
+                                        help="LTX optimized configs: attn2's keys/values once per generation (exact), "
+                                             "or every step as the model does."),
     tuned_gemm: bool = typer.Option(True, "--tuned-gemm/--no-tuned-gemm",
                                     help="LTX optimized configs: the blocks' projections on cuBLASLt with the "
                                          "algorithm per shape chosen by timing (first call), or torch's linear."),
@@ -71,11 +76,12 @@ def e2e_command(
 ) -> None:
     """Time whole models per configuration: LTX phases (encode, each step, decode) or LLM prefill/decode."""
 
-    from ltxbench.bench.e2e import PHASES, select_configs
+    from ltxbench.bench.e2e import COMPILE_CACHES, PHASES, select_configs
     from ltxbench.cli._validate import (
         check_outputs,
         choice,
         compile_mode_choice,
+        model_and_weights,
         positive_ints,
         require_matplotlib,
         result_outputs,
@@ -100,9 +106,10 @@ def e2e_command(
         raise UsageError(f"--guidance-scale {guidance_scale} must not be negative")
     lengths = positive_ints("--prompt-lengths", prompt_lengths)
     choice("--phase", phase, PHASES)
+    choice("--compile-cache", compile_cache, COMPILE_CACHES)
     compile_mode_choice(compile_mode)
     compile_mode_choice(decode_compile_mode, flag="--decode-compile-mode")
-    choice("--weights", weights, ("pretrained", "random"))
+    weights = model_and_weights(model, weights)
     provider, dtype = runtime(device, kernel_provider, dtype)
     check_outputs(result_outputs(output, plot), force)
     if plot is not None:
@@ -115,6 +122,7 @@ def e2e_command(
     args = {"model": model, "weights": weights, "configs": chosen, "device": device, "dtype": dtype,
             "kernel_provider": provider, "seed": seed, "warmup": warmup_iterations, "repeats": repeats,
             "rounds": rounds, "batch_size": batch_size, "compile_mode": compile_mode, "family": "llm" if llm else "ltx"}
+    args["compile_cache"] = compile_cache  # in run.config and argv, not in params: it changes no timed iteration
     if llm:
         args.update(prompt_lengths=lengths, new_tokens=new_tokens, decode_compile_mode=decode_compile_mode)
     else:
@@ -144,11 +152,12 @@ def _run(args: dict, output, force: bool, plot) -> None:
     from rich.console import Console
 
     from ltxbench.bench import e2e, e2e_llm, e2e_report
+    from ltxbench.cli._console import console as wide_console
     from ltxbench.models.ltx import torch_dtype
     from ltxbench.results.io import write_result
-    from ltxbench.results.schema import make_result, utc_now
+    from ltxbench.results.schema import INCOMPLETE, make_result, utc_now
 
-    console, err = Console(highlight=False, soft_wrap=True), Console(stderr=True, highlight=False, soft_wrap=True)
+    console, err = wide_console(), Console(stderr=True, highlight=False, soft_wrap=True)
     started = utc_now()
     dtype = torch_dtype(args["dtype"])
     with err.status(f"building {args['model']} ({args['weights']} weights, {args['dtype']}, {args['device']})"):
@@ -163,21 +172,37 @@ def _run(args: dict, output, force: bool, plot) -> None:
         err.print(text, markup=False)
 
     params = e2e.record_params(args, ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats",
-                                      "decode_compile_mode"))
+                                      "decode_compile_mode", "compile_cache"))
+    run = e2e_llm.run_llm if args["family"] == "llm" else e2e.run_ltx
+    interrupted = False
+    with e2e.inductor_cache(args["compile_cache"]):
+        try:
+            results = run(target, args["configs"], args, args["kernel_provider"], log)
+        except KeyboardInterrupt as stop:  # Ctrl-C: keep what was measured (e2e.Interrupted carries it)
+            results, interrupted = getattr(stop, "results", {}), True
+    if interrupted and not results:
+        err.print("interrupted before any configuration was measured: nothing written", markup=False)
+        raise typer.Exit(130)
     if args["family"] == "llm":
-        results = e2e_llm.run_llm(target, args["configs"], args, args["kernel_provider"], log)
         records = e2e_llm.build_records(results, params, args["dtype"], args["prompt_lengths"], args["new_tokens"],
                                         args["decode_compile_mode"])
     else:
-        results = e2e.run_ltx(target, args["configs"], args, args["kernel_provider"], log)
         records = e2e_report.build_records(results, params, args["dtype"])
     config = {**{k: v for k, v in args.items() if k != "warmup"}, "warmup_iterations": args["warmup"],
               "output": output, "plot": plot, "injection": {name: res["injection"] for name, res in results.items()},
               "timer": "CUDA events per phase, medians of the timed repeats" if args["device"] == "cuda"
               else "time.perf_counter per phase (CPU), medians of the timed repeats",
               "untimed_first_iteration": True}
+    if interrupted:
+        config[INCOMPLETE] = {"reason": "interrupted (Ctrl-C)", "measured": list(results),
+                              "not_measured": [name for name in args["configs"] if name not in results]}
     doc = make_result("e2e", _argv(args, output, force, plot), config, args["seed"], started, utc_now(), records)
     json_path, csv_path = write_result(doc, output, force)
+    if interrupted:
+        err.print(f"interrupted: wrote the {len(results)} of {len(args['configs'])} configurations measured "
+                  f"({', '.join(results)}) to {json_path}, marked incomplete (not a baseline for compare)",
+                  markup=False)
+        raise typer.Exit(130)
     console.print(e2e_report.render_table(records))
     for name, res in results.items():
         inj = res["injection"]

@@ -1,35 +1,36 @@
-"""Compare two result documents record by record: regressions, improvements, added and removed measurements.
-
-A record regresses only when its new median is worse than the base median by more than the threshold AND
-lies outside the base's own p20–p80 spread, so run-to-run noise of a jittery kernel is not a regression.
-Pure logic: no I/O, no printing; the CLI (ltxbench.cli.compare) renders the report.
+"""Compare two result documents record by record: regressions, what is not comparable, improvements, and
+measurements added or removed. Each row is judged by its metric's rule (docs/compare.md): sampled times by the
+threshold AND the base's own p20-p80 spread (a jittery kernel's noise is no regression); single-sample figures
+(compile time, first iteration, peak memory, energy) by a threshold of their own; compile time and first iteration
+only between compiles in the same inductor cache state (a warm compile takes a fraction of a cold one's time).
+Pure logic: no I/O, no printing; the CLI (ltxbench.cli.compare) parses thresholds and renders the report.
 """
 
 from __future__ import annotations
 
-import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from ltxbench.errors import IncomparableResults, UsageError
-from ltxbench.results.schema import record_key
+from ltxbench.errors import IncomparableResults
+from ltxbench.results.schema import incomplete, record_key
 
-DEFAULT_THRESHOLD = "5%"
+# Per metric; docs/compare.md gives the reasons. A bare --threshold value sets "time".
+DEFAULT_THRESHOLDS = {"time": 0.05, "compile": 0.25, "first_iteration": 0.25, "peak_memory": 0.02, "energy": 0.15}
+# Their rows depend on inductor's on-disk cache: compared only between compiles in the same cache state.
+CACHE_DEPENDENT = ("compile", "first_iteration")
+# Single-sample figures a record carries in `derived`, compared as rows of their own, taken from one record per
+# configuration: (record name, derived key, metric, unit, scale).
+DERIVED_METRICS = (
+    ("compile", "first_iteration_ms", "first_iteration", "ms", 1.0),
+    *((name, "peak_memory_bytes", "peak_memory", "GiB", 2.0 ** -30) for name in ("total", "generate")),
+    *((name, "gpu_energy_j_per_iteration", "energy", "J", 1.0) for name in ("total", "generate")),
+)
 # A changed record whose runs' median SM clocks (derived.gpu_sm_mhz_median, bench e2e's GPU monitor) differ by more
 # than this gets a warning: a GPU at its power cap runs a denser step at a lower clock, and machines differ.
 CLOCK_WARNING = 0.02
-
-
-def parse_threshold(text: str) -> float:
-    """'5%' or '0.05' -> 0.05; anything else (or a value outside [0, 1)) is a UsageError naming it."""
-    raw = str(text).strip()
-    hint = "write a percentage such as 5% or a fraction such as 0.05"
-    try:
-        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
-    except ValueError:
-        raise UsageError(f"--threshold: {text!r} is not a number or percentage", hint=hint) from None
-    if not math.isfinite(value) or not 0 <= value < 1:
-        raise UsageError(f"--threshold: {text!r} must be between 0% and 100% (a fraction in [0, 1))", hint=hint)
-    return value
+# verdict -> the report's list of its rows, in the order the report shows them
+BUCKETS = {"regression": "regressions", "not comparable": "not_comparable", "improvement": "improvements",
+           "noise": "noise", "unchanged": "unchanged"}
 
 
 def gpu_name(doc: dict) -> str:
@@ -47,9 +48,19 @@ def torch_version(doc: dict) -> str | None:
     return versions.get("torch")
 
 
+def inductor_cache_state(rec: dict) -> str:
+    """cold (no FX-graph cache hit), warm (hits only), partly warm, or unknown (no counts: files written before they
+    were recorded, or a compile that never consulted the cache)."""
+    derived = _derived(rec)
+    hits, misses = _num(derived.get("inductor_fxgraph_cache_hit")), _num(derived.get("inductor_fxgraph_cache_miss"))
+    if hits is None or misses is None or hits + misses == 0:
+        return "unknown"
+    return "cold" if hits == 0 else ("warm" if misses == 0 else "partly warm")
+
+
 @dataclass
 class Row:
-    """One record present in both files, with its verdict."""
+    """One measurement present in both files, with its verdict and the rule that decided it."""
 
     name: str
     provider: str
@@ -62,10 +73,15 @@ class Row:
     new: float
     base_p20: float | None
     base_p80: float | None
-    change: float | None  # (new - base) / |base|; None when base is 0
-    verdict: str  # "regression" | "improvement" | "noise" (beyond threshold, inside the base spread) | "unchanged"
+    verdict: str  # a key of BUCKETS; "noise": beyond the threshold, inside the base's spread
+    rule: str  # e.g. "5% + base p20-p80", "single sample, 25%", "not comparable: inductor cache cold vs warm"
     base_sm_mhz: float | None = None  # median SM clock of each run, where it was sampled
     new_sm_mhz: float | None = None
+
+    @property
+    def change(self) -> float | None:
+        """(new - base) / |base|; None when base is 0."""
+        return (self.new - self.base) / abs(self.base) if self.base else None
 
     def to_dict(self) -> dict:
         return {
@@ -73,16 +89,17 @@ class Row:
             "metric": self.metric, "unit": self.unit, "better": self.better, "base_median": self.base,
             "new_median": self.new, "base_p20": self.base_p20, "base_p80": self.base_p80,
             "change_pct": None if self.change is None else self.change * 100, "verdict": self.verdict,
-            "base_sm_mhz": self.base_sm_mhz, "new_sm_mhz": self.new_sm_mhz,
+            "rule": self.rule, "base_sm_mhz": self.base_sm_mhz, "new_sm_mhz": self.new_sm_mhz,
         }
 
 
 @dataclass
 class ComparisonReport:
-    threshold: float
+    thresholds: dict
     base_env: dict
     new_env: dict
     regressions: list[Row] = field(default_factory=list)
+    not_comparable: list[Row] = field(default_factory=list)
     improvements: list[Row] = field(default_factory=list)
     noise: list[Row] = field(default_factory=list)
     unchanged: list[Row] = field(default_factory=list)
@@ -91,6 +108,18 @@ class ComparisonReport:
     skipped: list[dict] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     allow_missing: bool = False
+
+    def add(self, row: Row) -> None:
+        getattr(self, BUCKETS[row.verdict]).append(row)
+
+    def ordered(self) -> list[Row]:
+        """Regressions first, then what is not comparable, improvements, within noise, unchanged."""
+        return [row for verdict in BUCKETS.values() for row in getattr(self, verdict)]
+
+    @property
+    def threshold(self) -> float:
+        """The sampled figures' threshold (the bare --threshold)."""
+        return self.thresholds["time"]
 
     @property
     def lost(self) -> list[dict]:
@@ -108,6 +137,7 @@ class ComparisonReport:
     def to_dict(self) -> dict:
         return {
             "regressions": [r.to_dict() for r in self.regressions],
+            "not_comparable": [r.to_dict() for r in self.not_comparable],
             "improvements": [r.to_dict() for r in self.improvements],
             "unchanged": self.unchanged_count,
             "within_noise": [r.to_dict() for r in self.noise],
@@ -117,6 +147,7 @@ class ComparisonReport:
             "lost": len(self.lost),
             "allow_missing": self.allow_missing,
             "threshold": self.threshold,
+            "thresholds": self.thresholds,
             "warnings": self.warnings,
             "env": {"base": self.base_env, "new": self.new_env},
             "exit_code": self.exit_code,
@@ -145,9 +176,21 @@ def _num(value) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _derived(rec: dict) -> dict:
+    return rec.get("derived") if isinstance(rec.get("derived"), dict) else {}
+
+
+def metric_class(rec: dict) -> str:
+    """Which threshold judges a record: compile for bench e2e's compile records, else its metric's where it has one
+    (generate's peak_memory record), else time (every sampled figure)."""
+    if rec["name"] == "compile":
+        return "compile"
+    return rec["metric"] if rec["metric"] in DEFAULT_THRESHOLDS else "time"
+
+
 def _verdict(better: str, base: float, new: float, p20: float | None, p80: float | None, t: float) -> str:
     up, down = new > base * (1 + t), new < base * (1 - t)
-    # A missing spread bound (n=1 runs write them; hand-made files may not) does not shield the record.
+    # A missing spread bound (single-sample rules; hand-made files) does not shield the record.
     above = p80 is None or new > p80
     below = p20 is None or new < p20
     if better == "lower":
@@ -161,7 +204,30 @@ def _verdict(better: str, base: float, new: float, p20: float | None, p80: float
     return "unchanged"
 
 
+def _judge(cls: str, b: dict, n: dict, better: str, base: float, new: float, p20, p80, t: float) -> tuple[str, str]:
+    """(verdict, rule) of one row of metric class `cls`; b and n are the records it comes from."""
+    if cls in CACHE_DEPENDENT:
+        states = inductor_cache_state(b), inductor_cache_state(n)
+        if "unknown" in states:
+            side = " and ".join(which for which, state in zip(("base", "new"), states, strict=True)
+                                if state == "unknown")
+            return "not comparable", f"not comparable: inductor cache state not recorded in {side}"
+        if states[0] != states[1]:
+            return "not comparable", f"not comparable: inductor cache {states[0]} vs {states[1]}"
+    if cls == "time":
+        return _verdict(better, base, new, p20, p80, t), f"{t * 100:g}% + base p20-p80"
+    return _verdict(better, base, new, None, None, t), f"single sample, {t * 100:g}%"
+
+
 def _check_env(base_doc: dict, new_doc: dict, allow_env_mismatch: bool, report: ComparisonReport) -> None:
+    cut_short = incomplete(base_doc)
+    if cut_short:
+        raise IncomparableResults(f"the base result is incomplete ({cut_short.get('reason', 'cut short')}; not "
+                                  f"measured: {', '.join(cut_short.get('not_measured', [])) or '?'}): not a baseline",
+                                  hint="compare against a complete run")
+    if incomplete(new_doc):
+        report.warnings.append(f"the new result is incomplete ({incomplete(new_doc).get('reason', 'cut short')}): "
+                               "what it did not measure is listed as missing")
     if base_doc["kind"] != new_doc["kind"]:
         raise IncomparableResults(
             f"cannot compare a {base_doc['kind']!r} result with a {new_doc['kind']!r} result",
@@ -178,11 +244,6 @@ def _check_env(base_doc: dict, new_doc: dict, allow_env_mismatch: bool, report: 
         report.warnings.append(f"torch versions differ: base {base_torch}, new {new_torch}")
 
 
-def _clock(rec: dict) -> float | None:
-    derived = rec.get("derived") if isinstance(rec.get("derived"), dict) else {}
-    return _num(derived.get("gpu_sm_mhz_median"))
-
-
 def _warn_of_clock(row: Row, report: ComparisonReport) -> None:
     """A regression or improvement measured at clearly different SM clocks says so (the verdict stands)."""
     base, new = row.base_sm_mhz, row.new_sm_mhz
@@ -194,12 +255,61 @@ def _warn_of_clock(row: Row, report: ComparisonReport) -> None:
             f"({100 * (new - base) / base:+.1f}%): part of this {row.verdict} may be the clock, not the code")
 
 
-def compare(base_doc: dict, new_doc: dict, threshold: float, allow_env_mismatch: bool = False,
-            allow_missing: bool = False) -> ComparisonReport:
-    """Match records by record_key and classify each; raises IncomparableResults on kind/GPU mismatch. A measurement
-    the base has and new lacks (removed, or n/a in new only) fails the check unless allow_missing."""
+def _worse_spread(row: Row) -> float:
+    """How far the base's p20-p80 spread reaches on the worse side of its median, as a fraction of it."""
+    edge = row.base_p80 if row.better == "lower" else row.base_p20
+    return 0.0 if edge is None or not row.base else abs(edge - row.base) / abs(row.base)
+
+
+def _warn_of_wide_spreads(report: ComparisonReport) -> None:
+    """A base whose own spread exceeds the threshold hides a slowdown of that size: say so, so that it is re-run."""
+    wide = [r for r in report.ordered() if r.rule.endswith("base p20-p80") and _worse_spread(r) > report.threshold]
+    if wide:
+        w = max(wide, key=_worse_spread)
+        report.warnings.append(
+            f"{len(wide)} record(s) of base have a p20-p80 spread wider than the {report.threshold * 100:g}% threshold "
+            f"(widest: {w.name}/{w.provider} {w.metric}, {_worse_spread(w) * 100:.1f}% from its median): a change "
+            "within it passes as noise; a quieter base run would catch it")
+
+
+def _rows_of(b: dict, n: dict, thresholds: Mapping[str, float], report: ComparisonReport) -> list[Row]:
+    """The record's own row (its median), then one per single-sample figure in its `derived` (DERIVED_METRICS)."""
+    clocks = _num(_derived(b).get("gpu_sm_mhz_median")), _num(_derived(n).get("gpu_sm_mhz_median"))
+    ident = {"name": b["name"], "provider": b["provider"], "dtype": b["dtype"], "params": b["params"]}
+    if b["better"] != n["better"]:
+        report.warnings.append(f"{b['name']}/{b['provider']}: `better` changed; using the base's {b['better']!r}")
+    cls = metric_class(b)
+    base, new = _num(b["stats"]["median"]), _num(n["stats"]["median"])
+    p20, p80 = _num(b["stats"].get("p20")), _num(b["stats"].get("p80"))
+    verdict, rule = _judge(cls, b, n, b["better"], base, new, p20, p80, thresholds[cls])
+    rows = [Row(**ident, metric=b["metric"], unit=b.get("unit") or "", better=b["better"], base=base, new=new,
+                base_p20=p20, base_p80=p80, verdict=verdict, rule=rule, base_sm_mhz=clocks[0], new_sm_mhz=clocks[1])]
+    for record_name, key, metric, unit, scale in DERIVED_METRICS:
+        if b["name"] != record_name or _num(_derived(b).get(key)) is None:
+            continue
+        base, new = _num(_derived(b)[key]), _num(_derived(n).get(key))
+        if new is None:
+            report.warnings.append(f"{b['name']}/{b['provider']}: {metric} is in base only (not compared)")
+            continue
+        base, new = base * scale, new * scale
+        verdict, rule = _judge(metric, b, n, "lower", base, new, None, None, thresholds[metric])
+        rows.append(Row(**ident, metric=metric, unit=unit, better="lower", base=base, new=new, base_p20=None,
+                        base_p80=None, verdict=verdict, rule=rule, base_sm_mhz=clocks[0], new_sm_mhz=clocks[1]))
+    return rows
+
+
+def compare(base_doc: dict, new_doc: dict, thresholds: float | Mapping[str, float] | None = None,
+            allow_env_mismatch: bool = False, allow_missing: bool = False) -> ComparisonReport:
+    """Match records by record_key and judge each (thresholds: per metric, defaults DEFAULT_THRESHOLDS; a float sets
+    the sampled times' one); raises IncomparableResults on kind/GPU mismatch. A measurement the base has and new
+    lacks (removed, or n/a in new only) fails the check unless allow_missing."""
+    limits = dict(DEFAULT_THRESHOLDS)
+    if isinstance(thresholds, Mapping):
+        limits.update(thresholds)
+    elif thresholds is not None:
+        limits["time"] = float(thresholds)
     report = ComparisonReport(
-        threshold=threshold, allow_missing=allow_missing,
+        thresholds=limits, allow_missing=allow_missing,
         base_env={"kind": base_doc["kind"], "gpu": gpu_name(base_doc), "torch": torch_version(base_doc)},
         new_env={"kind": new_doc["kind"], "gpu": gpu_name(new_doc), "torch": torch_version(new_doc)},
     )
@@ -214,16 +324,10 @@ def compare(base_doc: dict, new_doc: dict, threshold: float, allow_env_mismatch:
             side = "base and new" if bm is None and nm is None else ("base" if bm is None else "new")
             report.skipped.append({**_ident(b), "side": side, "reason": f"no median in {side} (n/a provider)"})
             continue
-        if b["better"] != n["better"]:
-            report.warnings.append(f"{b['name']}/{b['provider']}: `better` changed; using the base's {b['better']!r}")
-        p20, p80 = _num(b["stats"].get("p20")), _num(b["stats"].get("p80"))
-        row = Row(b["name"], b["provider"], b["dtype"], b["params"], b["metric"], b.get("unit") or "", b["better"],
-                  bm, nm, p20, p80, (nm - bm) / abs(bm) if bm else None, _verdict(b["better"], bm, nm, p20, p80,
-                                                                                   threshold),
-                  _clock(b), _clock(n))
-        _warn_of_clock(row, report)
-        {"regression": report.regressions, "improvement": report.improvements, "noise": report.noise,
-         "unchanged": report.unchanged}[row.verdict].append(row)
+        for row in _rows_of(b, n, limits, report):
+            _warn_of_clock(row, report)
+            report.add(row)
+    _warn_of_wide_spreads(report)
     if report.skipped:
         report.warnings.append(f"{len(report.skipped)} record(s) skipped: no median (n/a provider)")
     return report

@@ -88,6 +88,15 @@ def make_record(
     }
 
 
+INCOMPLETE = "incomplete"  # run.config key of a run cut short: {"reason", "measured", "not_measured"}
+
+
+def incomplete(doc: dict) -> dict | None:
+    """What a run cut short (Ctrl-C) says of itself, or None for a complete run."""
+    config = doc.get("run", {}).get("config")
+    return config.get(INCOMPLETE) if isinstance(config, dict) else None
+
+
 def make_result(
     kind: str,
     argv: list[str],
