@@ -1,7 +1,10 @@
 """`bench e2e` for decoder-only LLMs (Llama 3, Mistral, Qwen2/3): prefill latency per prompt length and decode
-tokens/s, per configuration, on ONE model built once (random weights from configs/llm/ or pretrained).
+tokens/s, per configuration, on ONE model built once (random weights from configs/llm/ or pretrained; the
+trained weights of `smollm2-135m` come from an installed package, ltxbench.models.llm_weights).
 
-Prefill: one forward over `L` random token ids (from the seed), logits of the last position only, no cache.
+Prefill: one forward over `L` token ids, logits of the last position only, no cache. The ids are text where the
+model's tokenizer is at hand (the packaged presets: PASSAGE through it, repeated to the length), else random ids
+from the seed.
 Decode: `generate(..., cache_implementation="static", min_new_tokens=N, max_new_tokens=N, do_sample=False)` at
 the shortest prompt length; a logits processor marks each generated token (CUDA events, no sync), so the first
 mark ends the prefill and the N-1 intervals after it are the decode steps. The eager configurations run it with
@@ -17,15 +20,24 @@ from __future__ import annotations
 import contextlib
 import json
 import statistics
+from importlib import resources
 from pathlib import Path
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 
-LLM_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "llm"
-# preset -> hub id for --weights pretrained (None: random only)
+LLM_CONFIGS = resources.files("ltxbench") / "configs" / "llm"
+# preset -> hub id for --weights pretrained (None: random only); the presets of llm_weights.PACKAGED load from an
+# installed package instead (the id says which model its file holds)
 LLM_PRESETS = {"llama-3-8b": "meta-llama/Meta-Llama-3-8B", "mistral-7b": "mistralai/Mistral-7B-v0.1",
-               "qwen2-7b": "Qwen/Qwen2-7B", "qwen3-8b": "Qwen/Qwen3-8B", "llama-tiny": None}
-_LLM_WORDS = ("llama", "mistral", "qwen", "gemma", "phi", "gpt", "opt", "falcon")
+               "qwen2-7b": "Qwen/Qwen2-7B", "qwen3-8b": "Qwen/Qwen3-8B", "llama-tiny": None,
+               "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+_LLM_WORDS = ("llama", "mistral", "qwen", "gemma", "phi", "gpt", "opt", "falcon", "smollm")
+# The prompt text of the packaged presets: plain English, so that a trained model reads what it was trained on.
+PASSAGE = ("The river left its banks in early spring, as it does most years, and the farmers along the valley moved "
+           "their animals to the higher fields before the water came. By the end of April the ground had dried, the "
+           "roads were open again, and the market in the old town square filled with bread, cheese, wool and the "
+           "first green vegetables of the season. Children ran between the stalls while their parents argued about "
+           "prices, the weather, and whether the new bridge would ever be finished.")
 DECODE_COMPILE_DEFAULT = "reduce-overhead"  # transformers' CompileConfig default for static-cache decoding
 
 
@@ -53,7 +65,7 @@ def _config(model: str, weights: str):
         return AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as exc:
         raise EnvironmentProblem(f"the config of {model!r} is not available offline ({type(exc).__name__})",
-                                 hint="use a preset (llama-3-8b, mistral-7b, qwen2-7b, qwen3-8b, llama-tiny)") from exc
+                                 hint=f"use a preset ({', '.join(LLM_PRESETS)})") from exc
 
 
 def build_llm(model: str, weights: str, device, dtype, seed: int = 0):
@@ -62,6 +74,10 @@ def build_llm(model: str, weights: str, device, dtype, seed: int = 0):
     from transformers import AutoModelForCausalLM
 
     if weights == "pretrained":
+        from ltxbench.models import llm_weights
+
+        if model in llm_weights.PACKAGED:
+            return llm_weights.load_model(model, device, dtype)
         hub = LLM_PRESETS.get(model, model)
         if hub is None:
             raise UsageError(f"--model {model} has no pretrained weights", hint="use --weights random")
@@ -72,6 +88,10 @@ def build_llm(model: str, weights: str, device, dtype, seed: int = 0):
                                      hint="use --weights random") from exc
         return net.to(device).eval().requires_grad_(False)
     cfg = _config(model, weights)
+    from ltxbench.models.memory import ensure_fits, module_bytes
+
+    with torch.device("meta"):  # the size first: a model too large is refused before any allocation
+        ensure_fits(module_bytes(AutoModelForCausalLM.from_config(cfg, dtype=dtype)), device, model, dtype)
     torch.manual_seed(seed)
     with torch.device(device):
         net = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
@@ -147,16 +167,28 @@ def run_once(model, args: dict, ids: dict, compiled: bool = False) -> dict:
     return out
 
 
-def run_llm(model, configs: list[str], args: dict, provider: str, log=lambda s: None) -> dict:
+def prompt_ids(args: dict, vocab_size: int) -> dict:
+    """{length: (batch_size, length) token ids}: PASSAGE and a blank line through the model's own tokenizer, repeated
+    to each length, for a packaged preset with its pretrained weights; seeded random ids (no special tokens) else."""
     import torch
 
+    from ltxbench.models import llm_weights
+
+    lengths, batch = args["prompt_lengths"], args["batch_size"]
+    if args.get("weights") == "pretrained" and args.get("model") in llm_weights.PACKAGED:
+        tokenizer = llm_weights.load_tokenizer(args["model"])
+        text = tokenizer(PASSAGE + "\n\n", add_special_tokens=False, return_tensors="pt").input_ids[0]
+        row = text.repeat(-(-max(lengths) // len(text)))
+        return {n: row[:n].expand(batch, n).contiguous() for n in lengths}
+    gen = torch.Generator("cpu").manual_seed(args["seed"])
+    return {n: torch.randint(3, vocab_size, (batch, n), generator=gen) for n in lengths}
+
+
+def run_llm(model, configs: list[str], args: dict, provider: str, log=lambda s: None) -> dict:
     from ltxbench.bench.e2e import run_configs
 
     device = model.device
-    gen = torch.Generator("cpu").manual_seed(args["seed"])
-    vocab = model.config.vocab_size
-    ids = {n: torch.randint(3, vocab, (args["batch_size"], n), generator=gen).to(device)
-           for n in args["prompt_lengths"]}
+    ids = {n: row.to(device) for n, row in prompt_ids(args, model.config.vocab_size).items()}
     try:
         return run_configs(model, configs, lambda: _inject(model, provider),
                            lambda config: run_once(model, args, ids, compiled=config.endswith("compile")),
