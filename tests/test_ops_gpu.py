@@ -1,7 +1,7 @@
 """GPU: every op × dtype × shape × variant against the reference, plus opcheck and fullgraph compile.
 
 Run on an H100/H200 with `make test-gpu`; skipped without CUDA. Outputs are checked (a) against the
-fp32-math reference with the HANDBOOK tolerances and (b) against float64: the kernel's error may not
+fp32-math reference with the tolerances of docs/kernels.md#accuracy and (b) against float64: the kernel's error may not
 exceed twice the error of the host library's own eager formula in the same dtype.
 """
 
@@ -39,7 +39,7 @@ def _f64(inputs):
 
 def _check(spec, inputs, dtype, fp32_tolerance=True):
     """fp32_tolerance=False keeps only the float64 comparison, for inputs whose answer fp32 itself cannot hold
-    to the HANDBOOK tolerance (the fp32 reference is then as far off as the kernel may be)."""
+    to the tolerance of docs/kernels.md#accuracy (the fp32 reference is then as far off as the kernel may be)."""
     ref = _tuple(spec.reference(**inputs))
     _poison_allocator([r.shape for r in ref], dtype)
     got = _tuple(spec.fn(**inputs))

@@ -1,16 +1,13 @@
 """The GPU's SM clock, power draw and temperature, sampled while a benchmark's timed iterations run, so that a result
 says under which clocks it was measured. A GPU at its power cap (700 W on the H100) lowers its SM clock, so two runs
 that differ by 1-2% may differ by clock rather than by code (every LTX configuration but the 49-frame eager one ran
-at the cap on the H100: notes/kernel-tuning.md, twenty-second session).
+at the cap on the H100: docs/performance.md#the-power-cap).
 
 The same library's energy counter (millijoules since the driver loaded) is read when the timed window opens and
-closes: the energy per iteration and the window's mean power. The twenty-second session's model of the capped step is
-that its time follows its energy more than the sum of its kernels' durations; joules per step are the figure that
-tests it, and that says whether a change made the work cheaper or only moved it.
-
-NVML is read through ctypes from the driver's own libnvidia-ml.so.1 (no Python package needed). Where it cannot be
-loaded, or the device is not found, `open_monitor` returns None and the benchmark runs unmonitored: the samples are
-a description of the run, never a reason to stop it.
+closes: the energy per iteration and the window's mean power. The model of the capped step
+(docs/tuning.md#what-bounds-the-161-frame-step) is that its time follows its energy more than the sum of its kernels'
+durations; joules per step are the figure that tests it, and that says whether a change made the work cheaper or only
+moved it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`bench micro`: every kernel against the host libraries' formulas, shape by shape (HANDBOOK §5).
+"""`bench micro`: every kernel against the host libraries' formulas, shape by shape (docs/measuring.md).
 
 The pieces are separable so that the CPU tests reach all but the timing: `plan` (which kernel, shape,
 dtype and providers; pure), `run_cases` (inputs once per case, providers interleaved per shape, checked

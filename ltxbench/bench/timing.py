@@ -27,7 +27,7 @@ def reset_persisting_l2() -> None:
     `createpolicy ... evict_last` (ours, Triton's eviction_policy='evict_last', inductor's reductions) leave
     their input in L2 across do_bench's flush. H100, ncu after a 256 MB memset: our RMSNorm re-read its
     1x1024x2048 input entirely from L2 (0 DRAM bytes, 4.7 us against 5.9 after a reset), and a plain-load
-    kernel after it found 22% of a 2x2688x2048 input there (results/h100/tuning/l2-persist-ncu.csv)."""
+    kernel after it found 22% of a 2x2688x2048 input there (docs/tuning.md#measuring-method)."""
     status = _libcuda().cuCtxResetPersistingL2Cache()
     if status != 0:
         raise RuntimeError(f"cuCtxResetPersistingL2Cache failed with CUresult {status}")
@@ -39,10 +39,10 @@ def host_headroom(cycles: int = HOST_HEADROOM_CYCLES):
     lines (reset_persisting_l2), so every call and every provider reads its inputs from DRAM, and (2) is
     followed by a GPU sleep of `cycles`, so the host has enqueued the call before the GPU reaches the call's
     start event. Without (1) a provider timed after an evict_last kernel on the same input read part of it
-    from L2: F.rms_norm 1x1024x2048 6.88 us against 8.99 on an input that kernel never read (results/h100/
-    tuning/l2-persist-bias.log). Without (2) a provider's host overhead (Python, dispatch, dynamo guards)
+    from L2: F.rms_norm 1x1024x2048 6.88 us against 8.99 on an input that kernel never read
+    (docs/tuning.md#measuring-method). Without (2) a provider's host overhead (Python, dispatch, dynamo guards)
     counted as GPU time at small shapes: bimodal samples, H100 RMSNorm 1x1024x2048 under torch.compile p20
-    5.3 us, p80 41.4 (results/h100/micro-2026-11-23g)."""
+    5.3 us, p80 41.4 (docs/tuning.md#measuring-method)."""
     import torch
     from triton import runtime
 

@@ -187,8 +187,8 @@ def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
                          f"{tuple(bias.shape)} do not form x @ weight.T + bias")
     if torch.compiler.is_compiling():
         return _linear_gelu_tanh(x, weight, bias)
-    # Eager: torch's binding directly. The custom op's Python dispatch cost ~100 us of host time per call (H100
-    # host, cProfile, results/h100/tuning/host-ltx-*), where the patched LTX step is host-bound.
+    # Eager: torch's binding directly. The custom op's Python dispatch costs host time on every call, and on slow
+    # hosts the patched eager LTX step is host-bound (docs/tuning.md, step-level work).
     return _addmm_gelu_tanh(x, weight, bias)
 
 

@@ -35,7 +35,7 @@ from ltxbench.ops.inputs import (
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
-# HANDBOOK §5: (atol, rtol) against an fp32-math reference.
+# (atol, rtol) against an fp32-math reference (docs/kernels.md#accuracy).
 TOLERANCES = {
     "elementwise": {torch.float32: (1e-5, 1.3e-6), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1e-2, 1.6e-2)},
     "reduction": {torch.float32: (1e-4, 1e-4), torch.float16: (1e-3, 1e-3), torch.bfloat16: (2e-2, 1.6e-2)},
