@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ltxbench.inject import OFFLOADED, ORIGINAL_CLASS, llm
 from ltxbench.inject import ltx as ltx_inject
 from ltxbench.inject.ltx import apply_kernels
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache
@@ -145,8 +146,8 @@ def _counting(monkeypatch) -> list:
 @pytest.mark.parametrize("when", ["before injection", "after injection"])
 def test_cpu_offload_with_injection_matches_and_revert_restores_the_model(offload, when, monkeypatch):
     pipe = _pipeline()
-    embeddings = _embeddings(pipe)
     device = "cuda" if offload == "sequential" else "cpu"
+    embeddings = tuple(t.to(device) for t in _embeddings(pipe))  # on the execution device, as encode_prompt gives
     expected = generate(pipe.to(device), embeddings, 3.0).cpu()
     pipe.to("cpu")
     calls = _counting(monkeypatch)
@@ -157,6 +158,8 @@ def test_cpu_offload_with_injection_matches_and_revert_restores_the_model(offloa
     if when == "before injection":
         enable()
     report = apply_kernels(pipe, "reference")
+    if offload == "sequential" and when == "before injection":  # weights on the meta device: nothing patched
+        assert not report.active and report.skipped == [("transformer", OFFLOADED)]
     if when == "after injection":
         enable()
     got = generate(pipe, embeddings, 3.0).cpu()
@@ -183,3 +186,18 @@ def test_videos_per_prompt_and_a_callback_that_edits_latents(pipe, guidance):
         got = generate(pipe, embeddings, guidance, **options)
     assert got.shape[0] == 2
     assert error(got, expected) < TOL
+
+
+def test_offloaded_parameters_are_refused_with_the_reason():
+    """Parameters on the meta device (accelerate's offload keeps the real ones elsewhere) are read by the fused paths
+    across modules: nothing is patched, and the report says why (LTX and LLM)."""
+    from tests.test_inject_llm import build
+    from tests.test_inject_ltx import _transformer
+
+    model, lm = _transformer(), build("llama")
+    for module in (model.transformer_blocks[1].attn2.to_k, lm.model.layers[1].mlp.up_proj):
+        module.weight = torch.nn.Parameter(torch.empty_like(module.weight, device="meta"), requires_grad=False)
+    for report, target in ((apply_kernels(model, "reference"), "transformer"),
+                           (llm.apply_kernels(lm, "reference"), "model")):
+        assert not report.active and report.skipped == [(target, OFFLOADED)]
+    assert not any(ORIGINAL_CLASS in vars(type(m)) for m in (*model.modules(), *lm.modules()))

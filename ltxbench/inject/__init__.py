@@ -73,6 +73,20 @@ class InjectionReport:
                 "skipped": [{"target": t, "reason": r} for t, r in self.skipped]}
 
 
+OFFLOADED = ("parameters offloaded (on the meta device: sequential CPU offload or a device map with offload): they "
+             "reach the GPU one module at a time inside that module's own forward, and the fused paths read them "
+             "across modules; nothing patched (apply the kernels before offloading, or offload the whole model with "
+             "enable_model_cpu_offload)")
+
+
+def offloaded(module) -> bool:
+    """Some parameters of `module` live on the meta device and others do not (accelerate's offload keeps the real ones
+    elsewhere), or an accelerate hook offloads one of its modules. A model wholly on the meta device (built to read
+    its structure) is not offloaded."""
+    on_meta = {p.is_meta for p in module.parameters()}
+    return len(on_meta) == 2 or any(getattr(vars(m).get("_hf_hook"), "offload", False) for m in module.modules())
+
+
 def forward_source(cls) -> str:
     """The source of `cls.forward` ("" when it cannot be read), which the rules compare with the code they reproduce.
     Read once per function: every layer of a model shares its class's."""

@@ -29,7 +29,15 @@ import inspect
 import torch
 
 from ltxbench.errors import EnvironmentProblem
-from ltxbench.inject import ORIGINAL_CLASS, InjectionReport, forward_source, original_class, patch_forward
+from ltxbench.inject import (
+    OFFLOADED,
+    ORIGINAL_CLASS,
+    InjectionReport,
+    forward_source,
+    offloaded,
+    original_class,
+    patch_forward,
+)
 from ltxbench.inject.fuse import fuse_linears, fused_linear, release
 from ltxbench.inject.llm_attention import (
     ATTN_SOURCE,
@@ -92,7 +100,7 @@ def _layer_forward(ops):
                                           position_ids=position_ids, use_cache=use_cache,
                                           position_embeddings=position_embeddings, **kwargs)
         post = self.post_attention_layernorm
-        if post.weight.dtype == hidden_states.dtype == residual.dtype:
+        if post.weight.dtype == hidden_states.dtype == residual.dtype and not post.weight.is_meta:  # meta: offloaded
             hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, post.weight, _eps(post),
                                                              cast_before_weight=True)
             out = _mlp_into_residual(ops, self.mlp, hidden_states, residual)
@@ -185,6 +193,10 @@ def _patch(report, rule, module, forward, name: str, prefix: str, classes: dict,
 def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
     """Patch a llama/mistral/qwen2/qwen3 causal LM (or its base model) in place; `report.revert()` restores
     every forward (the fused gate/up weights stay numerically identical views)."""
+    if offloaded(model):
+        report = InjectionReport(provider)
+        report.skip("model", OFFLOADED)
+        return report
     ops = _check_provider(model, provider)
     report = InjectionReport(provider)
     model_type = getattr(getattr(model, "config", None), "model_type", None)

@@ -25,7 +25,16 @@ import functools
 import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
-from ltxbench.inject import ORIGINAL_CLASS, InjectionReport, original_class, patch_call, patch_forward, set_attr
+from ltxbench.inject import (
+    OFFLOADED,
+    ORIGINAL_CLASS,
+    InjectionReport,
+    offloaded,
+    original_class,
+    patch_call,
+    patch_forward,
+    set_attr,
+)
 from ltxbench.inject.fuse import fuse_linears, release
 from ltxbench.inject.ltx_attention import (
     ATTN_FORWARD_RULE,
@@ -76,6 +85,8 @@ def _gelu_forward(ops, epilogue: bool, tuned_gemm: bool):
     else torch's cuBLASLt binding `ops.linear_gelu_tanh`), or as proj + `ops.gelu_tanh`."""
 
     def forward(self, hidden_states):
+        if self.proj.weight.is_meta:  # offloaded after the injection: proj's hook brings its weights in its forward
+            return original_class(self).forward(self, hidden_states)
         if epilogue and tuned_gemm and not needs_autograd(hidden_states, self.proj.weight, self.proj.bias):
             return ops.linear(hidden_states, self.proj.weight, self.proj.bias, "gelu_tanh")
         if epilogue:
@@ -215,6 +226,10 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     if _patched_already(transformer):  # a second set of patches would stack, and reverting one would leave the other
         report = InjectionReport(provider)
         report.skip("transformer", "patched by ltxbench already: revert that injection's report first")
+        return report
+    if offloaded(transformer):
+        report = InjectionReport(provider)
+        report.skip("transformer", OFFLOADED)
         return report
     ops = get_provider(provider)
     if provider == "cuda":

@@ -87,6 +87,7 @@ class FusedLTXAttnProcessor:
         self.cross_attention = cross_attention
         self.tuned_gemm = tuned_gemm
         self.linear = tuned_linear(ops) if tuned_gemm else torch.nn.functional.linear
+        self.original = original
         self._attention_backend = getattr(original, "_attention_backend", None)
         self._parallel_config = getattr(original, "_parallel_config", None)
 
@@ -118,6 +119,9 @@ class FusedLTXAttnProcessor:
                  cross_kv=None, residual=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
+        if attn.norm_q.weight.is_meta:  # offloaded after the injection: the layers' hooks bring their own weights
+            out = self.original(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
+            return out if residual is None else residual + out
         batch_size, sequence_length, _ = (
             hidden_states.shape if encoder_hidden_states is None else encoder_hidden_states.shape
         )

@@ -75,7 +75,10 @@ def fused_model_forward(ops):
     def forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
                 height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
                 return_dict=True, step=None):
-        if torch.is_grad_enabled() and self.gradient_checkpointing:
+        # checkpointing with gradients, or blocks offloaded after the injection (their weights reach the device only
+        # inside each block's own forward, which the chain does not call): the original forward, block by block
+        if (torch.is_grad_enabled() and self.gradient_checkpointing) or (
+                self.transformer_blocks and self.transformer_blocks[0].scale_shift_table.is_meta):
             return original_class(self).forward(self, hidden_states, encoder_hidden_states, timestep,
                                                 encoder_attention_mask, num_frames, height, width,
                                                 rope_interpolation_scale, video_coords, attention_kwargs, return_dict)

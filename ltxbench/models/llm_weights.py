@@ -98,7 +98,10 @@ def _dense_weights() -> dict:
 def _tokenizer(path: Path):
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    if tokenizer.pad_token is None:  # transformers before 5.24 read no pad token from the file: pad with EOS
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 def load_tokenizer(preset: str):
