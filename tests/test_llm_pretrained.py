@@ -281,13 +281,17 @@ def test_cuda_kernels_bf16_on_trained_weights(smollm2):
         line = (f"{prompt[:28]!r:32} cosine ours/eager bf16 {row['vs_bf16']:.6f}, ours/fp32 {row['vs_fp32']:.6f} "
                 f"(eager bf16/fp32 {row['eager_vs_fp32']:.6f}); greedy identical for {same}/{NEW_TOKENS}")
         if same < NEW_TOKENS:
-            line += (f"; at step {same} margin top1-top2 eager {_margin(eager.scores[same][i]):.4f}, "
-                     f"ours {_margin(ours.scores[same][i]):.4f}")
+            row["margins"] = (_margin(eager.scores[same][i]), _margin(ours.scores[same][i]))
+            line += f"; at step {same} margin top1-top2 eager {row['margins'][0]:.4f}, ours {row['margins'][1]:.4f}"
         print(line)
         rows.append(row)
     assert min(r["vs_bf16"] for r in rows) >= 0.999
     assert min(r["vs_fp32"] for r in rows) >= 0.999
-    assert min(r["same"] for r in rows) >= 16
+    # Greedy decoding may part only at a near-tie: where it parts before token 16, one of the two models had its top
+    # two logits within 2 bf16 steps (0.25 at this model's logits of 16-32), a tie that any change of rounding order
+    # flips. An error in a fused formula would part at a clear margin (docs/llm.md has the measured steps).
+    for row in rows:
+        assert row["same"] >= 16 or min(row["margins"]) <= 0.25, row
 
 
 def test_a_file_that_is_not_gguf_is_one_line_exit_4(tmp_path, monkeypatch):
