@@ -59,7 +59,8 @@ __global__ void act_kernel(ActParams p) {
         const int64_t value_off = p.gate_half == 0 ? p.H : 0;
         const int64_t gate_off = p.gate_half == 0 ? 0 : p.H;
         // Both loads issued first. The L2 hint (load_raw_keep) makes SwiGLU 2% faster (4096 tokens) and the
-        // exact-GELU GEGLU, the instruction-bound one, 2% slower (H200, results/h200/tuning/load-policy-ab*).
+        // exact-GELU GEGLU, the instruction-bound one, 2% slower (H200,
+        // docs/tuning.md#row-kernels-norms-residuals-modulation).
         constexpr bool keep = ACT != kGeluErf;
         const Vec<T, VEC> rv = load_raw_if_keep<T, VEC, keep>(xr + value_off + col);
         const Vec<T, VEC> rg = load_raw_if_keep<T, VEC, keep>(xr + gate_off + col);

@@ -1,7 +1,7 @@
 // Linear layers on cuBLASLt with the algorithm chosen by measurement (host code only: built by g++, not nvcc).
 //
 // torch's addmm runs cuBLASLt's heuristic first choice. On the H100 that choice is up to ~10% slower than the best
-// configuration cuBLASLt itself offers for LTX-2B's projections (results/h100/tuning/gemm-algos-*.txt): the
+// configuration cuBLASLt itself offers for LTX-2B's projections (docs/tuning.md#gemms): the
 // heuristic returns 8 algorithms, while its first algorithm takes thousands of tile / cluster / option variants,
 // some of which fit the token count to the 132 SMs far better. So, once per problem (shape, dtype, leading dims,
 // alignment, device), the first call times the heuristic's list and those variants on its own operands (stage 1:

@@ -166,9 +166,9 @@ template <typename T, int VEC, int MAXV> cudaError_t launch_arity(const RowOpPar
 }
 
 // Vectors each thread keeps in registers: 4 for one input, 2 when a residual (and gate) is added, which
-// holds two or three raw vectors per slot (H100 bf16 sweep, notes/kernel-tuning.md: 4 won every one-input
-// shape, 2 every residual shape, e.g. fused add 8192x4096 99.0 -> 97.2 us; 4 spills there with the bf16
-// widening). LTXBENCH_ROW_VPT=2 overrides it for one-input rows.
+// holds two or three raw vectors per slot (H100 bf16 sweep, docs/tuning.md#row-kernels-norms-residuals-modulation:
+// 4 won every one-input shape, 2 every residual shape, e.g. fused add 8192x4096 99.0 -> 97.2 us; 4 spills there
+// with the bf16 widening). LTXBENCH_ROW_VPT=2 overrides it for one-input rows.
 template <typename T> cudaError_t launch_typed(const RowOpParams& p, cudaStream_t stream) {
   static const bool vpt2 = tuning_knob("LTXBENCH_ROW_VPT") == 2;
   constexpr int V = vec_width<T>();

@@ -18,7 +18,7 @@ constexpr int kLeanMaxThreads = 512;
 // Blocks of kLeanMaxThreads that must fit an SM: 3 caps one-input bf16/fp32 rows at 40 registers (75%
 // occupancy, no spills: bf16 is widened by shift and mask), which bought the modulated norms 8-14% on the
 // H200; 0 (no cap) for fp16, which spills under it, and for residual rows, which spilled and lost 6%
-// (results/h200/tuning/lean-minb-*).
+// (docs/tuning.md#row-kernels-norms-residuals-modulation).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 constexpr int kOneInputMinBlocks = 0;  // Turing: 1024 threads per SM leave no room for the cap
 #else
@@ -45,10 +45,10 @@ __device__ __forceinline__ RowStats row_stats(float mean, float sum_sq, float in
 // by the residual sum of the second pass (corrected two-pass: the first sum rounds at n * |mean|), its M2
 // around that mean from the registers, then the warps' (count, mean, M2) combined around warp 0's mean. Two
 // shuffle chains and one barrier pair, where the pairwise Chan merge it replaced shuffled three floats with a
-// branchy update at every level: H200 2x8064x2048 50.8 -> 44.9 us, 2x8064x4096 108.2 -> 86.1 (results/h200/
-// tuning/ln-warp-*, before the refinement), as fast as a shifted single pass. The warps' triples are combined by
-// butterfly shuffles rather than a loop over shared memory in every thread: 2x8064x4096 86.5 -> 75.6 us,
-// 2x8064x2048 43.2 -> 39.5 (tuning/ln-shfl-*). smem: 3 floats per warp.
+// branchy update at every level: H200 2x8064x2048 50.8 -> 44.9 us, 2x8064x4096 108.2 -> 86.1 (before the
+// refinement), as fast as a shifted single pass. The warps' triples are combined by butterfly shuffles rather
+// than a loop over shared memory in every thread: 2x8064x4096 86.5 -> 75.6 us, 2x8064x2048 43.2 -> 39.5
+// (docs/tuning.md#row-kernels-norms-residuals-modulation). smem: 3 floats per warp.
 // FULL: every thread holds VPT valid vectors, so each warp holds 32 * VPT * VEC values (a power of two) and
 // the divisions by the count are exact multiplications.
 template <typename T, int VEC, int VPT, bool FULL, bool FAST>
@@ -115,7 +115,8 @@ __device__ __forceinline__ RowStats lean_layer_stats(const float (&h)[VPT][VEC],
 // The sum of one value per thread over the block (one row, whole warps); every thread gets the same bits.
 // smem holds a float per warp. row_group_sum<1>(v, blockDim.x, smem) computes the same with a row division and
 // a second barrier, which the one-row block does not need. (The butterfly combine of lean_layer_stats made
-// rms_norm_modulate spill 16 bytes under the register cap and lose 8%: results/h200/tuning/ln-shfl-*.)
+// rms_norm_modulate spill 16 bytes under the register cap and lose 8%:
+// docs/tuning.md#row-kernels-norms-residuals-modulation.)
 __device__ __forceinline__ float block_sum(float v, float* smem) {
   float s[1] = {v};
   warp_sum<1>(s);
@@ -130,13 +131,14 @@ __device__ __forceinline__ float block_sum(float v, float* smem) {
 
 // ARITY: 1 x, 2 x + a, 3 x + a * gate (h_out, the sum, stored when given). NORM: RMSNorm, no-affine LayerNorm,
 // or none (the gated residual). The modulated norms are issue-bound rather than DRAM-bound (ncu, H200: SM
-// throughput 76-86%, DRAM 48-64%; results/h200/tuning/ncu-*), so the norm kind is fixed at compile time and the
-// modulation folded into one factor per channel, every instruction per element counting: rms_norm_modulate
-// 2x8064x4096 75.3 -> 70.5 us, layer_norm_modulate 86.5 -> 82.1 (tuning/row-fold-*).
+// throughput 76-86%, DRAM 48-64%), so the norm kind is fixed at compile time and the modulation folded into one
+// factor per channel, every instruction per element counting: rms_norm_modulate 2x8064x4096 75.3 -> 70.5 us,
+// layer_norm_modulate 86.5 -> 82.1 (docs/tuning.md#row-kernels-norms-residuals-modulation).
 // FULL (LayerNorm rows only, where the per-thread statistics work dominates): D = VPT x VEC x blockDim.x, so no
 // thread checks its vectors' bounds or counts the warp's values. With rsqrtf, ~20% fewer instructions per thread
 // (sm_90 SASS): H200 layer_norm_modulate 2x8064x4096 bf16 75.36 -> 72.42 us, fp16 87.62 -> 72.99; 1x1024x2048 to
-// 2x4096x3072 1-4% faster in bf16, fp16 within +-2% below 2x4096x3072 (results/h200/tuning/ln-full-ab/final).
+// 2x4096x3072 1-4% faster in bf16, fp16 within +-2% below 2x4096x3072
+// (docs/tuning.md#row-kernels-norms-residuals-modulation).
 template <typename T, int VEC, int VPT, int ARITY, Affine AFF, NormKind NORM, bool FULL = false>
 __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) row_op_lean(RowOpParams p, float inv_d) {
   if constexpr (unsupported_here<T>()) {
@@ -146,8 +148,8 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
     constexpr bool kLayer = NORM == NormKind::Layer;
     // One-input rows under the 40-register cap (FULL LayerNorm rows aside) keep the IEEE rstd and a run-time
     // h_out test: rsqrtf and the compile-time test spilled 4-8 bytes there, bf16 rms_norm_modulate 1.5-3.7%
-    // slower (H200, results/h200/tuning/ln-full-ab/first). Elsewhere they save instructions: fp16
-    // rms_norm_modulate 2.5-11.5% faster at 2x2688x2048 and up (ln-full-ab/final).
+    // slower (H200). Elsewhere they save instructions: fp16 rms_norm_modulate 2.5-11.5% faster at 2x2688x2048
+    // and up (docs/tuning.md#row-kernels-norms-residuals-modulation).
     constexpr bool kTight = lean_min_blocks<T>(ARITY) > 0 && !(kLayer && FULL);
     constexpr bool kMayStoreH = kTight || ARITY >= 2;  // without a residual h is x and no op asks for h_out
     __shared__ float smem[3 * kLeanMaxThreads / 32];
@@ -196,7 +198,8 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
       rstd = row_stats<T, !kTight>(0.f, block_sum(s1, smem), inv_d, p.eps).rstd;
     }
     // scale/shift after the reduction: loaded with x they cost registers, and occupancy, that the wait for
-    // them (L1/L2 hits: one (D,) pair per batch) does not repay (results/h200/tuning/mod-lean-*).
+    // them (L1/L2 hits: one (D,) pair per batch) does not repay
+    // (docs/tuning.md#row-kernels-norms-residuals-modulation).
     if constexpr (kMod) {
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
@@ -257,17 +260,19 @@ template <typename T, int VPT> cudaError_t launch_vpt(const RowOpParams& p, int 
   return launch_arity<T, VPT, Affine::None>(p, threads, stream);
 }
 
-// Vectors per thread: 2 (H100 bf16 sweep, notes/kernel-tuning.md). LTXBENCH_ROW_VPT=1 overrides (sweeps);
-// LTXBENCH_ROW_LEAN=0 turns this path off, LTXBENCH_MOD_LEAN=0 only for the modulated ops.
+// Vectors per thread: 2 (H100 bf16 sweep, docs/tuning.md#row-kernels-norms-residuals-modulation).
+// LTXBENCH_ROW_VPT=1 overrides (sweeps); LTXBENCH_ROW_LEAN=0 turns this path off, LTXBENCH_MOD_LEAN=0 only for the
+// modulated ops.
 int lean_vpt() {
   static const int forced = tuning_knob("LTXBENCH_ROW_VPT");
   return forced == 1 ? 1 : 2;
 }
 
 // RMSNorm (or no norm) with a weight, with modulation (not both), or neither; LayerNorm of x alone with
-// modulation (LTX's final norm) on rows of up to 512 vectors: H200 2x8064x2048 62.6 -> 58.0 us (tuning/ln-*);
-// wider rows lost here (2x8064x4096 115.1 -> 131.9) until the register cap and the division-free merge, then won
-// (114.5 -> 108.0, 2x4096x3072 46.9 -> 42.5, tuning/ln-lean512-*). LTXBENCH_LN_LEAN=0 turns it off.
+// modulation (LTX's final norm) on rows of up to 512 vectors: H200 2x8064x2048 62.6 -> 58.0 us; wider rows lost
+// here (2x8064x4096 115.1 -> 131.9) until the register cap and the division-free merge, then won (114.5 -> 108.0,
+// 2x4096x3072 46.9 -> 42.5; docs/tuning.md#row-kernels-norms-residuals-modulation).
+// LTXBENCH_LN_LEAN=0 turns it off.
 bool lean_serves(const RowOpParams& p, int64_t nvec) {
   static const bool mod_off = tuning_off("LTXBENCH_MOD_LEAN");
   static const bool ln_off = tuning_off("LTXBENCH_LN_LEAN");

@@ -37,7 +37,7 @@ template <typename T> __device__ __forceinline__ void angle_sincos(float x, floa
 // cos/sin of channels [col, col + VEC) of token (b, s): from the precomputed tables, or from the grid.
 // AXIS_BY_SELECT: a pair's grid axis picked by selects rather than by indexing g3 (a run-time index puts g3 in
 // local memory): rope_3d 5-8% faster (H200, 2x2688 to 2x8064 tokens), the fused q/k norm + RoPE 1-3% slower
-// (results/h200/tuning/qk-ab/).
+// (docs/tuning.md#rope).
 template <typename T, int VEC, bool FROM_GRID, bool AXIS_BY_SELECT = false>
 __device__ __forceinline__ void ltx_angles(const Rope3dParams& p, int64_t b, int64_t s, int64_t col,
                                            float (&c)[VEC], float (&sn)[VEC]) {
@@ -107,9 +107,8 @@ __global__ void rope3d_kernel(Rope3dParams p) {
 // RMSNorm of q and k over D (weights wq, wk), then the 3-D RoPE: one read and one write of each.
 // Rows are cached in registers (MAXV vectors per thread), q and k reduced together.
 // From the grid: two blocks of 512 (four of 256) per SM, 71 -> 64 registers, H100 bf16 2x8064x2048 103.0 -> 99.7
-// us (results/h100/tuning/qk-rope-6f3727d-vpt2-*.json -> qk-rope-5b38667-*.json); the 8 bytes it then spilled went
-// when q and k stayed packed across the reduction: H200 bf16 2.4-2.9% faster at the LTX shapes, fp16 -0.3 to +1.4%
-// (results/h200/tuning/qk-ab/). With tables the same cap spills 100-170 bytes.
+// us; the 8 bytes it then spilled went when q and k stayed packed across the reduction: H200 bf16 2.4-2.9% faster
+// at the LTX shapes, fp16 -0.3 to +1.4% (docs/tuning.md#rope). With tables the same cap spills 100-170 bytes.
 template <typename T, int VEC, int MAXV, bool FROM_GRID>
 __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1)
     qk_norm_rope_kernel(Rope3dParams p, int tpr, float inv_d) {
@@ -159,7 +158,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1)
     // 16-bit outputs: rsqrtf (MUFU, <= 2 ulp of fp32, as torch.rsqrt in the model's own RMSNorm) on the mean
     // from 1 / D rounded once on the host; fp32 keeps the IEEE division and sqrt. The two IEEE pairs cost ~60
     // instructions per thread in a kernel that issues ~28 per element: H200 bf16 2x2688 / 2x8064 x2048 / 2x8064x4096
-    // 33.41 / 82.37 / 159.68 -> 32.32 / 80.22 / 154.66 us, fp16 5-6% faster (results/h200/tuning/ln-full-ab/qk).
+    // 33.41 / 82.37 / 159.68 -> 32.32 / 80.22 / 154.66 us, fp16 5-6% faster (docs/tuning.md#rope).
     float rq_std, rk_std;
     if constexpr (sizeof(T) == 2) {
       rq_std = rsqrtf(fmaf(sums[0], inv_d, p.eps)), rk_std = rsqrtf(fmaf(sums[1], inv_d, p.eps));
@@ -192,9 +191,9 @@ __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1)
 // transformers copies it back to token order). Work items per row: neox, half / VEC pairs (a first-half chunk
 // and its second-half partner: each x and cos/sin value read once); interleaved, rot / VEC chunks of whole
 // pairs; then (hd - rot) / VEC pass-through chunks. VEC divides `half` on the paths that use it. Index math in
-// I = uint32_t when the sizes fit (64-bit divisions cost more than the access). Measured (H100,
-// notes/kernel-tuning.md): evict-first stores 49 -> 40 us (Llama-3-8B prefill); neox pairs instead of one
-// chunk per thread re-reading partner and table, 2x8064 tokens x 2048: 69.5 -> 64.4 us.
+// I = uint32_t when the sizes fit (64-bit divisions cost more than the access). Measured (H100): evict-first
+// stores, faster in Llama-3-8B prefill; neox pairs instead of one chunk per thread re-reading partner and table,
+// 2x8064 tokens x 2048: 69.5 -> 64.4 us (docs/tuning.md#rope).
 
 // Work items of one row: the rotary ones (neox pairs of chunks or interleaved chunks), then the pass-through
 // chunks (ceil: an odd head_dim leaves a short last one on the VEC = 2 interleaved path). In I, as the caller
@@ -289,7 +288,7 @@ __global__ void rope1d_kernel(Rope1dParams p) {
 // The same work with no index division: one block per token (grid (S, B)), threadIdx.x the item and
 // threadIdx.y the head, for tokens whose items x heads fit one block (Llama-3-8B: 8 x 40). neox only: on the
 // H200, 2x8064x2048 with positions went 49.0 -> 47.2 us without the flat kernel's three 32-bit divisions per
-// item, while interleaved chunks lost (50.4 -> 53.1 us); results/h200/tuning/rope1d-token-*, rope1d-flat-*.
+// item, while interleaved chunks lost (50.4 -> 53.1 us; docs/tuning.md#rope).
 // LTXBENCH_ROPE1D_TOKEN=0 turns it off (A/B).
 template <typename T, int VEC>
 __global__ void rope1d_token_kernel(Rope1dParams p) {

@@ -41,12 +41,12 @@ template <typename T, int N> __device__ __forceinline__ Vec<T, N> load_raw(const
 
 // One vector loaded with an L2 evict_last policy (what Triton emits for eviction_policy='evict_last'): the row
 // inputs (x, a, gate) of the row kernels, the activations' inputs, q/k of rope_3d and rope_1d. Measured with
-// bench micro's timer resetting persisting L2 lines before each flush (H200, results/h200/tuning/load-policy-ab):
-// plain, evict-first and read-only-path (__ldg) loads instead are 2.2% / 4.3% / 3.2% slower (geomean over 47
-// row-op and SwiGLU shapes). Left without it, slower with it: LayerNorm rows (1.1-4.5% at the LTX shapes), the
-// exact-GELU GEGLU (2%), the fused q/k norm + RoPE (16-19%; results/h200/tuning/load-policy-ab-more). Lines loaded
-// so survive a memset of the whole L2: the earlier A/Bs (results/*/tuning/l2-hint-*), timed before that reset,
-// partly measured L2 reads (RMSNorm 1x1024x2048 "7.8 -> 6.4 us"; results/h100/tuning/l2-persist-ncu.csv).
+// bench micro's timer resetting persisting L2 lines before each flush (H200): plain, evict-first and read-only-path
+// (__ldg) loads instead are 2.2% / 4.3% / 3.2% slower (geomean over 47 row-op and SwiGLU shapes). Left without it,
+// slower with it: LayerNorm rows (1.1-4.5% at the LTX shapes), the exact-GELU GEGLU (2%), the fused q/k norm +
+// RoPE (16-19%; docs/tuning.md#row-kernels-norms-residuals-modulation). Lines loaded so survive a memset of
+// the whole L2: the earlier A/Bs, timed before that reset, partly measured L2 reads (RMSNorm 1x1024x2048
+// "7.8 -> 6.4 us"; docs/tuning.md#measuring-method).
 template <typename T, int N> __device__ __forceinline__ Vec<T, N> load_raw_keep(const T* p) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
   return load_raw<T, N>(p);  // cache policies are sm_80+
@@ -80,7 +80,7 @@ template <typename T, int N> __device__ __forceinline__ void to_floats(const Vec
 
 // Row kernels: bf16 vectors widened a 32-bit word (two elements) at a time, by shift and mask, where sm_90's
 // cvt.f32.bf16 takes each element unpacked into a register of its own: the modulated norms 53-55 -> 40-49
-// registers (ptxas). Not in the activation kernels, where it cost GEGLU 7% (results/h100/tuning/widen-bf16-*).
+// registers (ptxas). Not in the activation kernels, where it cost GEGLU 7% (docs/tuning.md#activations).
 template <typename T, int N> __device__ __forceinline__ void widen(const Vec<T, N>& raw, float (&out)[N]) {
   if constexpr (std::is_same_v<T, __nv_bfloat16> && N % 2 == 0) {
     const uint32_t* words = reinterpret_cast<const uint32_t*>(&raw);
