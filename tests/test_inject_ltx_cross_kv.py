@@ -209,3 +209,24 @@ def test_cuda_kernels_with_the_cache_under_module_compile_match_the_unpatched_mo
             assert (_cache(model).builds, _cache(model).hits) == (1, 1)
     for a, b in zip(got, expected, strict=True):
         assert torch.nn.functional.cosine_similarity(a.flatten(), b.flatten(), dim=0).item() >= 0.999
+
+
+@pytest.mark.parametrize("kept", ["the prompt alone", "no version"])
+def test_the_change_test_fails_when_the_key_forgets_what_an_entry_came_from(kept, monkeypatch):
+    """The mutations the rebuild test must catch: an entry keyed on the prompt alone (a weight changed in place is
+    not seen), or on identity without the version counter (an in-place write is not seen)."""
+    from ltxbench.inject import ltx as ltx_inject
+
+    if kept == "the prompt alone":
+        monkeypatch.setattr(ltx_inject, "cache_sources", lambda model, states, processor_type: [states])
+    else:
+        monkeypatch.setattr(torch.Tensor, "_version", property(lambda self: 0))
+    model = _transformer()
+    inputs = _inputs(model)
+    with torch.no_grad():
+        with apply_kernels(model, "reference"), generation(model):
+            _run(model, inputs)
+            model.transformer_blocks[1].attn2.to_k.weight.add_(0.5)
+            stale = _run(model, inputs)
+        expected = _run(model, inputs)
+    assert (stale - expected).abs().max() > 1e-3
