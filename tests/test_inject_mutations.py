@@ -120,15 +120,21 @@ def _ltx_error(provider="reference", mutation=None, monkeypatch=None) -> float:
     return relative_error(got, expected)
 
 
-def _check_ltx(provider, formula, monkeypatch):
+def _check(family: str, error_of, mutations: dict, provider: str, formula, monkeypatch) -> None:
+    """formula None: the clean patched path is within the tolerance; else its 1% mutation is well outside it."""
+    tolerance = PARITY_TOL[provider]
     if formula is None:
-        error = _ltx_error(provider)
-        print(f"LTX {provider}: clean {error:.3g}")
-        assert error < PARITY_TOL[provider]
+        error = error_of(provider)
+        print(f"{family} {provider}: clean {error:.3g}")
+        assert error < tolerance
         return
-    error = _ltx_error(provider, LTX_MUTATIONS[formula], monkeypatch)
-    print(f"LTX {provider}: 1% error in the {formula}: {error:.3g} (tolerance {PARITY_TOL[provider]:g})")
-    assert error > 2 * PARITY_TOL[provider], f"a 1% error in the {formula} moved the output by only {error:.2e}"
+    error = error_of(provider, mutations[formula], monkeypatch)
+    print(f"{family} {provider}: 1% error in the {formula}: {error:.3g} (tolerance {tolerance:g})")
+    assert error > 2 * tolerance, f"a 1% error in the {formula} moved the {family} output by only {error:.2e}"
+
+
+def _check_ltx(provider, formula, monkeypatch):
+    _check("LTX", _ltx_error, LTX_MUTATIONS, provider, formula, monkeypatch)
 
 
 @pytest.mark.parametrize("formula", [None, *LTX_MUTATIONS])
@@ -168,14 +174,7 @@ def _llm_error(provider="reference", mutation=None, monkeypatch=None) -> float:
 
 
 def _check_llm(provider, formula, monkeypatch):
-    if formula is None:
-        error = _llm_error(provider)
-        print(f"LLM {provider}: clean {error:.3g}")
-        assert error < PARITY_TOL[provider]
-        return
-    error = _llm_error(provider, LLM_MUTATIONS[formula], monkeypatch)
-    print(f"LLM {provider}: 1% error in the {formula}: {error:.3g} (tolerance {PARITY_TOL[provider]:g})")
-    assert error > 2 * PARITY_TOL[provider], f"a 1% error in the {formula} moved the logits by only {error:.2e}"
+    _check("LLM", _llm_error, LLM_MUTATIONS, provider, formula, monkeypatch)
 
 
 @pytest.mark.parametrize("formula", [None, *LLM_MUTATIONS])
