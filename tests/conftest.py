@@ -26,6 +26,23 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# The reference provider's fused ops: only patched code calls them, so a call after revert is a patch left running.
+FUSED_REFERENCE_OPS = ("rms_norm_modulate", "add_rms_norm_modulate", "gated_residual", "layer_norm_modulate",
+                       "qk_rms_norm_rope", "rms_norm", "fused_add_rms_norm", "swiglu", "rope_1d")
+
+
+@pytest.fixture
+def fused_calls(monkeypatch) -> list:
+    """The names of the reference provider's fused ops as they are called (LTX and LLM injection)."""
+    from ltxbench.ops import reference
+
+    calls: list = []
+    for name in FUSED_REFERENCE_OPS:
+        original = getattr(reference, name)
+        monkeypatch.setattr(reference, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    return calls
+
+
 @pytest.fixture(scope="session")
 def built_ops():
     """The compiled extension, loaded once per session (arch from the GPU or TORCH_CUDA_ARCH_LIST)."""

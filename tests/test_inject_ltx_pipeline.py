@@ -13,12 +13,8 @@ from ltxbench.inject import OFFLOADED, ORIGINAL_CLASS, llm
 from ltxbench.inject import ltx as ltx_inject
 from ltxbench.inject.ltx import apply_kernels
 from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache
-from ltxbench.ops import reference
 
 TOL = 1e-5  # max |patched - unpatched| / max |unpatched| over the latents (the reference path: same math op for op)
-FUSED_OPS = ("rms_norm_modulate", "add_rms_norm_modulate", "gated_residual", "layer_norm_modulate",
-             "qk_rms_norm_rope")
-
 
 def _pipeline():
     from ltxbench.models.ltx import build_pipeline
@@ -133,24 +129,15 @@ def test_lora_fuse_and_unfuse_match_the_unpatched_pipeline(order):
         assert error(got, expected) < TOL, name
 
 
-def _counting(monkeypatch) -> list:
-    calls: list = []
-    for name in FUSED_OPS:
-        original = getattr(reference, name)
-        monkeypatch.setattr(reference, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
-    return calls
-
-
 # accelerate's sequential offload needs an accelerator to run on (on a CPU its hooks fail unpatched as well)
 @pytest.mark.parametrize("offload", ["model", pytest.param("sequential", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("when", ["before injection", "after injection"])
-def test_cpu_offload_with_injection_matches_and_revert_restores_the_model(offload, when, monkeypatch):
+def test_cpu_offload_with_injection_matches_and_revert_restores_the_model(offload, when, fused_calls):
     pipe = _pipeline()
     device = "cuda" if offload == "sequential" else "cpu"
     embeddings = tuple(t.to(device) for t in _embeddings(pipe))  # on the execution device, as encode_prompt gives
     expected = generate(pipe.to(device), embeddings, 3.0).cpu()
     pipe.to("cpu")
-    calls = _counting(monkeypatch)
 
     def enable():
         getattr(pipe, f"enable_{offload}_cpu_offload")(device=device)
@@ -163,13 +150,13 @@ def test_cpu_offload_with_injection_matches_and_revert_restores_the_model(offloa
     if when == "after injection":
         enable()
     got = generate(pipe, embeddings, 3.0).cpu()
-    ran_fused = bool(calls)
+    ran_fused = bool(fused_calls)
     report.revert()
-    calls.clear()
+    fused_calls.clear()
     after = generate(pipe, embeddings, 3.0).cpu()
     assert error(got, expected) < TOL
     assert ran_fused or (offload == "sequential" and when == "before injection")  # hooks own every forward there
-    assert not calls, f"the reverted pipeline still runs {sorted(set(calls))}"
+    assert not fused_calls, f"the reverted pipeline still runs {sorted(set(fused_calls))}"
     assert error(after, expected) < TOL
 
 

@@ -165,11 +165,8 @@ def _llm_error(provider="reference", mutation=None, monkeypatch=None) -> float:
     with torch.no_grad():
         expected = model(input_ids=ids).logits
         _mutate(provider, mutation or {}, monkeypatch)
-        report = llm.apply_kernels(model, provider)
-        try:
+        with llm.apply_kernels(model, provider):
             got = model(input_ids=ids).logits
-        finally:
-            report.revert()
     return relative_error(got, expected)
 
 

@@ -10,19 +10,8 @@ import torch
 
 from ltxbench.inject import ORIGINAL_CLASS, RevertRefused, llm
 from ltxbench.inject.ltx import apply_kernels
-from ltxbench.ops import reference
 from tests.test_inject_llm import build, prompt
 from tests.test_inject_ltx import _inputs, _transformer
-
-
-@pytest.fixture
-def fused_calls(monkeypatch) -> list:
-    calls: list = []
-    for name in ("rms_norm_modulate", "add_rms_norm_modulate", "gated_residual", "layer_norm_modulate",
-                 "rms_norm", "fused_add_rms_norm", "swiglu", "rope_1d"):
-        original = getattr(reference, name)
-        monkeypatch.setattr(reference, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
-    return calls
 
 
 def _unpatched(model) -> bool:
