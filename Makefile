@@ -26,7 +26,7 @@ lint:
 	$(PYTHON) -m ruff check ltxbench tests
 
 build-check:
-	TORCH_CUDA_ARCH_LIST="$(ARCHS)" LTXBENCH_VERBOSE_BUILD=1 $(PYTHON) -c "import ltxbench.ops._build as b; print(b.load())"
+	TORCH_CUDA_ARCH_LIST="$(ARCHS)" LTXBENCH_VERBOSE_BUILD=1 $(PYTHON) -c "import ltxbench.ops.build as b; print(b.load())"
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache

@@ -48,17 +48,16 @@ def built_ops():
     """The compiled extension, loaded once per session (arch from the GPU or TORCH_CUDA_ARCH_LIST)."""
     if not _cuda_available() and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
         pytest.skip("no GPU and no TORCH_CUDA_ARCH_LIST: nothing to build for")
-    from ltxbench.ops import _build
+    from ltxbench.ops import build
 
-    return _build.load()
+    return build.load()
 
 
 @pytest.fixture
 def captured(monkeypatch):
     """Keep a handle on the pipeline/model the command builds
     (bench e2e / profile tests check that every configuration was undone)."""
-    from ltxbench.bench import e2e_llm
-    from ltxbench.models import ltx
+    from ltxbench.models import families
 
     seen = {}
 
@@ -68,8 +67,8 @@ def captured(monkeypatch):
             return seen["target"]
         return inner
 
-    monkeypatch.setattr(ltx, "build_pipeline", wrap(ltx.build_pipeline))
-    monkeypatch.setattr(e2e_llm, "build_llm", wrap(e2e_llm.build_llm))
+    for family in families():
+        monkeypatch.setattr(type(family), "build", wrap(type(family).build))
     return seen
 
 

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from ltxbench.bench import e2e, e2e_report
 from ltxbench.cli import app
 from ltxbench.errors import UsageError
+from ltxbench.models import family, family_of, ltx
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -37,16 +38,20 @@ def _by(records, name, provider):
 # --- selection and validation -------------------------------------------------------------------------
 
 def test_select_configs_maps_the_original_flags():
-    assert e2e.select_configs(None, None, True, "baseline") == ["compile"]
-    assert e2e.select_configs(None, True, True, "baseline") == ["optimized+compile"]
-    assert e2e.select_configs(None, False, False, "baseline") == ["baseline"]
-    assert e2e.select_configs(None, True, False, "baseline") == ["optimized"]
-    assert e2e.select_configs(None, None, False, "baseline,compile") == ["baseline", "compile"]
-    assert e2e.select_configs("compile,baseline,compile", None, False, "x") == ["compile", "baseline"]
+    assert family.select_configs(None, None, True, "baseline") == ["compile"]
+    assert family.select_configs(None, True, True, "baseline") == ["optimized+compile"]
+    assert family.select_configs(None, False, False, "baseline") == ["baseline"]
+    assert family.select_configs(None, True, False, "baseline") == ["optimized"]
+    assert family.select_configs(None, None, False, "baseline,compile") == ["baseline", "compile"]
+    assert family.select_configs("compile,baseline,compile", None, False, "x") == ["compile", "baseline"]
     with pytest.raises(UsageError, match="--configs cannot be combined"):
-        e2e.select_configs("baseline", None, True, "baseline")
+        family.select_configs("baseline", None, True, "baseline")
     with pytest.raises(UsageError, match="'fast'"):
-        e2e.parse_configs("baseline,fast")
+        family.parse_configs("baseline,fast")
+    assert family.parse_configs("all") == list(family.CONFIG_NAMES)
+    assert family.parse_configs("all", family_of("llama-tiny").config_names())[-2:] == ["liger", "liger+compile"]
+    with pytest.raises(UsageError, match="'liger'"):  # a peer of another family
+        family.parse_configs("liger", family_of("ltx-tiny").config_names())
 
 
 @pytest.mark.parametrize(("extra", "needle"), [
@@ -196,7 +201,8 @@ def test_rounds_alternate_the_order_and_pool_the_samples():
         order.append(config)
         return {"total_ms": float(next(totals)), "step_ms": [1.0, 2.0]}
 
-    results = e2e.run_configs(torch.nn.Linear(2, 2), ["baseline", "optimized"], lambda: InjectionReport("reference"),
+    results = e2e.run_configs(torch.nn.Linear(2, 2), ["baseline", "optimized"],
+                              lambda name: InjectionReport("reference") if name == "optimized" else None,
                               run, warmup=1, repeats=2, device=torch.device("cpu"), log=lambda _: None, rounds=3)
     assert order.pop(0) == "baseline"  # the untimed first iteration of the process (100 ms): in no result
     per_config = [order[i] for i in range(0, len(order), 3)]  # 1 warmup + 2 repeats each
@@ -233,12 +239,14 @@ def test_every_configuration_starts_clean_after_one_untimed_unpatched_iteration(
         events.append(f"{config}:{'injected' if active else 'plain'}:{'compiled' if compiled else 'eager'}")
         return {"total_ms": 1.0, "step_ms": [1.0]}
 
-    results = e2e.run_configs(module, ["optimized+compile", "baseline"], inject, run, warmup=1, repeats=1,
+    results = e2e.run_configs(module, ["optimized+compile", "baseline"],
+                              lambda name: inject() if name.startswith("optimized") else None, run, warmup=1, repeats=1,
                               device=torch.device("cpu"), log=lambda _: None)
     # inductor's on-disk cache outlives dynamo.reset(): each compile says how much of it it hit
     assert results["optimized+compile"]["compile_cache"] == {"fxgraph_cache_hit": 0, "fxgraph_cache_miss": 0}
     assert "compile_cache" not in results["baseline"]
-    compile_record = next(r for r in e2e_report.build_records(results, {}, "fp32") if r["name"] == "compile")
+    settings = ltx.LTXSettings(model="ltx-tiny", weights="random", dtype="fp32")
+    compile_record = next(r for r in family_of("ltx-tiny").records(results, {}, settings) if r["name"] == "compile")
     assert compile_record["derived"]["inductor_fxgraph_cache_hit"] == 0
     assert events == ["baseline:plain:eager",
                       "reset", *["optimized+compile:injected:compiled"] * 2, "reset",
@@ -327,7 +335,7 @@ def test_llama_tiny_compile_configs_decode_through_generates_own_compile(tmp_pat
 
 def test_llm_configs_shipped():
     import ltxbench
-    from ltxbench.bench.e2e_llm import LLM_CONFIGS, LLM_PRESETS
+    from ltxbench.models.llm_build import LLM_CONFIGS, LLM_PRESETS
 
     assert Path(str(LLM_CONFIGS)) == Path(ltxbench.__file__).parent / "configs" / "llm"  # package data, in the wheel
 
@@ -367,15 +375,17 @@ def test_the_gemm_search_is_one_untimed_step_before_the_configurations(monkeypat
         events.append("configs")
         return {"baseline": {"injection": {"applied": False}}, "optimized": {"injection": {"applied": True}}}
 
-    monkeypatch.setattr(e2e, "_encode", lambda *_: "embeds")
-    monkeypatch.setattr(e2e, "run_once", lambda pipe, args, embeds=None: events.append(("step", args["steps"], embeds)))
+    monkeypatch.setattr(ltx, "_encode", lambda *_: "embeds")
+    monkeypatch.setattr(ltx, "run_once", lambda pipe, settings, embeds=None: events.append(("step", settings.steps,
+                                                                                            embeds)))
     monkeypatch.setattr(ltx_inject, "apply_kernels", lambda pipe, prov, **kw: events.append(("inject", prov, kw))
                         or Report())
     monkeypatch.setattr(e2e, "run_configs", configs)
     monkeypatch.setattr(ltxbench.ops, "gemm_choices", lambda: ["bf16 x@w.T ... tuned"])
-    args = {"phase": "transformer", "steps": 10, "tuned_gemm": tuned, "cross_kv_cache": False, "warmup": 1,
-            "repeats": 1}
-    results = e2e.run_ltx(Pipe(), ["baseline", "optimized"], args, provider)
+    settings = ltx.LTXSettings(model="ltx-tiny", weights="random", configs=["baseline", "optimized"],
+                               kernel_provider=provider, phase="transformer", steps=10, tuned_gemm=tuned,
+                               cross_kv_cache=False, warmup=1, repeats=1)
+    results = family_of("ltx-tiny").bench(Pipe(), settings, log=lambda _: None)
     if not searched:
         assert events == ["configs"] and "gemm_search_s" not in results["optimized"]["injection"]
         return
@@ -392,7 +402,7 @@ def test_every_timed_iteration_is_a_new_generation_even_on_one_prompt_tensor(tmp
     pipeline passes that tensor on as it is: the optimized configs' attn2 key/value cache would then be built once
     in warmup and reused by every timed repeat, where the baseline computes it every step. Each iteration starts a
     new generation instead: one cache build per iteration."""
-    from ltxbench.inject import ltx_cross_kv
+    from ltxbench.inject.ltx import cross_kv as ltx_cross_kv
 
     builds = []
     original = ltx_cross_kv.CrossKVCache.get
@@ -440,7 +450,7 @@ def test_ctrl_c_keeps_the_configurations_measured_and_marks_the_result_incomplet
     (and what was not measured), the command says so in one line and exits 130; compare refuses it as a baseline
     and, as the new side, fails on what it lacks."""
     calls = []
-    real = e2e.run_once
+    real = ltx.run_once
 
     def interrupted_in_the_second_config(*args, **kwargs):
         calls.append(1)
@@ -448,7 +458,7 @@ def test_ctrl_c_keeps_the_configurations_measured_and_marks_the_result_incomplet
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(e2e, "run_once", interrupted_in_the_second_config)
+    monkeypatch.setattr(ltx, "run_once", interrupted_in_the_second_config)
     out = tmp_path / "cut.json"
     result = runner.invoke(app, [*TINY, "--configs", "baseline,optimized", "--output", str(out)])
     assert result.exit_code == 130, result.output
@@ -458,7 +468,7 @@ def test_ctrl_c_keeps_the_configurations_measured_and_marks_the_result_incomplet
     assert doc["run"]["config"]["incomplete"] == {"reason": "interrupted (Ctrl-C)", "measured": ["baseline"],
                                                  "not_measured": ["optimized"]}
     assert {r["provider"] for r in doc["records"]} == {"baseline"} and doc["records"]
-    monkeypatch.setattr(e2e, "run_once", real)
+    monkeypatch.setattr(ltx, "run_once", real)
     full = tmp_path / "full.json"
     assert runner.invoke(app, [*TINY, "--configs", "baseline,optimized", "--output", str(full)]).exit_code == 0
     as_base = runner.invoke(app, ["compare", str(out), str(full)])
@@ -471,8 +481,42 @@ def test_ctrl_c_before_any_configuration_writes_nothing(tmp_path, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(e2e, "run_once", interrupt)
+    monkeypatch.setattr(ltx, "run_once", interrupt)
     out = tmp_path / "none.json"
     result = runner.invoke(app, [*TINY, "--configs", "baseline", "--output", str(out)])
     assert result.exit_code == 130 and "nothing written" in result.output
     assert not out.exists() and not list(tmp_path.iterdir())
+
+
+# --- peer configurations (Liger-Kernel for LLMs) --------------------------------------------------------
+
+def test_peer_configurations_belong_to_their_family_and_need_a_gpu(tmp_path):
+    """`--configs all` is ours, torch's and the family's peers; a peer's configuration is refused (exit 2, before
+    the model is built) on the CPU, and unknown to a family that does not declare it."""
+    assert family_of("llama-tiny").config_names() == (*family.CONFIG_NAMES, "liger", "liger+compile")
+    assert family_of("ltx-tiny").config_names() == family.CONFIG_NAMES
+    out = tmp_path / "x.json"
+    on_cpu = runner.invoke(app, [*LLAMA, "--configs", "all", "--output", str(out)])
+    assert on_cpu.exit_code == 2 and "--configs liger needs --device cuda" in on_cpu.output
+    other = runner.invoke(app, [*TINY, "--configs", "baseline,liger", "--output", str(out)])
+    assert other.exit_code == 2 and "unknown configuration 'liger'" in other.output
+    assert not out.exists()
+
+
+@pytest.mark.gpu
+def test_llm_bench_puts_liger_beside_ours_and_undoes_both(tmp_path, captured):
+    """On a GPU, `--configs all` times Liger's configurations in the same run; every record says how it compares
+    with them (speedup_vs_liger), and the model is left exactly as built."""
+    pytest.importorskip("liger_kernel")
+    out = tmp_path / "all.json"
+    argv = [a if a != "cpu" else "cuda" for a in LLAMA]
+    result = runner.invoke(app, [*argv, "--configs", "baseline,optimized,liger", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    injection = doc["run"]["config"]["injection"]
+    assert injection["liger"]["applied"] and injection["liger"]["provider"] == "liger"
+    assert injection["liger"]["rules"]["rms_norm"] > 0 and injection["optimized"]["applied"]
+    assert "speedup_vs_liger" in _by(doc["records"], "prefill", "optimized")["derived"]
+    model = captured["target"]
+    assert all(type(layer).__name__ == "LlamaDecoderLayer" and "forward" not in vars(layer.mlp)
+               for layer in model.model.layers)

@@ -470,9 +470,9 @@ def _cpu_pipeline(monkeypatch, cuda_output):
         return real_make(name, spec, inputs)
 
     monkeypatch.setattr(micro, "make_provider", make_provider)
-    from ltxbench.ops import _build
+    from ltxbench.ops import build
 
-    monkeypatch.setattr(_build, "load", lambda *a, **k: {})
+    monkeypatch.setattr(build, "load", lambda *a, **k: {})
 
 
 @pytest.mark.parametrize("correct", [True, False])

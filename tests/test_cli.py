@@ -268,11 +268,11 @@ def test_an_existing_result_is_refused_before_any_work(kind, tmp_path):
 
 @pytest.mark.parametrize("as_json", [True, False])
 def test_kernels_lists_every_op_and_never_compiles(as_json, tmp_path, monkeypatch):
-    from ltxbench.ops import _build
+    from ltxbench.ops import build
     from ltxbench.ops.registry import SPECS
 
     monkeypatch.setenv("LTXBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(_build, "load", lambda *a, **k: pytest.fail("`kernels` must not build the extension"))
+    monkeypatch.setattr(build, "load", lambda *a, **k: pytest.fail("`kernels` must not build the extension"))
     result = runner.invoke(app, ["kernels", *(["--json"] if as_json else [])], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
     if as_json:
@@ -290,14 +290,14 @@ def _fake_build(home: Path, tag: str, arch: str | None) -> Path:
     """A library in the build cache as a build for `tag` would leave it (BUILD_INFO only where `arch` is given)."""
     import torch
 
-    from ltxbench.ops import _build
+    from ltxbench.ops import build
 
     version = f"{torch.__version__.split('+')[0]}-cu{(torch.version.cuda or 'none').replace('.', '')}"
     folder = home / ".cache" / "ltxbench" / f"{version}-{tag}"
     folder.mkdir(parents=True)
-    (folder / f"{_build.EXTENSION_NAME}.so").write_bytes(b"")
+    (folder / f"{build.EXTENSION_NAME}.so").write_bytes(b"")
     if arch is not None:
-        (folder / _build.BUILD_INFO).write_text(json.dumps({"arch": arch}))
+        (folder / build.BUILD_INFO).write_text(json.dumps({"arch": arch}))
     return folder
 
 
@@ -329,10 +329,10 @@ def test_env_says_which_archs_are_built_when_this_arch_is_not(tmp_path, monkeypa
 
 
 def test_arch_lists_read_back_from_cache_folder_names():
-    from ltxbench.ops import _build
+    from ltxbench.ops import build
 
     for archs in ("7.5;8.0;9.0", "9.0a", "10.0;12.0"):
-        assert _build._arch_list_of(_build._arch_tag(archs).removeprefix("sm")) == archs
+        assert build._arch_list_of(build._arch_tag(archs).removeprefix("sm")) == archs
 
 
 def test_tables_are_wide_where_the_output_is_not_a_terminal(monkeypatch):

@@ -634,19 +634,18 @@ def test_a_cold_compile_cache_is_private_to_the_run_and_removed_after(monkeypatc
 
 def test_bench_e2e_compile_cache_cold_runs_in_a_private_cache_and_records_it(tmp_path, monkeypatch):
     import ltxbench.models.ltx as ltx_models
-    from ltxbench.bench import e2e
 
     seen = {}
 
-    def fake_run_ltx(pipe, configs, args, provider, log):
+    def fake_bench(self, pipe, settings, log):
         seen["dir"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
         seen["existed"] = Path(seen["dir"]).is_dir()
         return {"compile": {"step_ms": [1.0, 1.1], "total_ms": [2.0], "compile_s": 3.0, "first_iteration_ms": 3002.0,
                             "compile_cache": {"fxgraph_cache_hit": 0, "fxgraph_cache_miss": 1},
                             "peak_memory_bytes": None, "injection": {"applied": False}}}
 
-    monkeypatch.setattr(ltx_models, "build_pipeline", lambda *args, **kwargs: object())
-    monkeypatch.setattr(e2e, "run_ltx", fake_run_ltx)
+    monkeypatch.setattr(ltx_models.LTXVideoFamily, "build", lambda self, settings: object())
+    monkeypatch.setattr(ltx_models.LTXVideoFamily, "bench", fake_bench)
     out = tmp_path / "cold.json"
     result = runner.invoke(app, ["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--device", "cpu",
                                  "--num-frames", "9", "--height", "64", "--width", "64", "--steps", "2",

@@ -1,4 +1,5 @@
-"""`ltxbench generate` and ltxbench.models.ltx on the CPU: validation, offline errors, configs, a tiny e2e run."""
+"""`ltxbench generate` and the LTX-Video family (ltxbench.models.ltx, ltx_build) on the CPU: validation, offline
+errors, configs, a tiny e2e run."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typer.testing import CliRunner
 
 from ltxbench.cli import app
 from ltxbench.errors import UsageError
-from ltxbench.models import ltx
+from ltxbench.models import ltx, ltx_build
 
 REPO = Path(__file__).resolve().parents[1]
 runner = CliRunner()
@@ -42,13 +43,13 @@ def test_bad_video_args_exit_2_naming_the_value(flag, value, tmp_path):
 
 def test_validate_video_args_accepts_valid_and_names_bad():
     for frames, h, w, s in ((9, 64, 64, 2), (161, 512, 768, 50), (1, 32, 32, 2)):
-        ltx.validate_video_args(frames, h, w, s)
+        ltx_build.validate_video_args(frames, h, w, s)
     with pytest.raises(UsageError, match="--steps 1 must be at least 2"):
-        ltx.validate_video_args(9, 64, 64, 1)
+        ltx_build.validate_video_args(9, 64, 64, 1)
     with pytest.raises(UsageError, match="--num-frames 162"):
-        ltx.validate_video_args(162, 512, 768, 50)
+        ltx_build.validate_video_args(162, 512, 768, 50)
     with pytest.raises(UsageError, match="--width 0"):
-        ltx.validate_video_args(9, 64, 0, 2)
+        ltx_build.validate_video_args(9, 64, 0, 2)
 
 
 def test_validation_happens_before_torch_is_imported():
@@ -154,7 +155,7 @@ def test_steps_help_says_what_the_check_enforces():
     result = runner.invoke(app, ["generate", "--help"], env={"COLUMNS": "400"})
     assert "Denoising steps (at least 2)." in result.output and ">= 1" not in result.output
     with pytest.raises(UsageError, match="--steps 1 must be at least 2"):
-        ltx.validate_video_args(9, 64, 64, 1)
+        ltx_build.validate_video_args(9, 64, 64, 1)
 
 
 # --- configs ------------------------------------------------------------------------------------------
@@ -167,7 +168,7 @@ def _params(module) -> int:
 def meta_2b():
     import torch
 
-    return ltx.build_components(ltx.component_configs("ltx-2b"), "meta", torch.bfloat16)
+    return ltx_build.build_components(ltx_build.component_configs("ltx-2b"), "meta", torch.bfloat16)
 
 
 def test_2b_config_is_the_2b_checkpoint(meta_2b):
@@ -186,8 +187,8 @@ def test_2b_config_is_the_2b_checkpoint(meta_2b):
 def test_13b_config_has_48_blocks_and_t5_width():
     import torch
 
-    configs = ltx.component_configs("ltx-13b")
-    assert configs["text_encoder"] == ltx.component_configs("ltx-2b")["text_encoder"]
+    configs = ltx_build.component_configs("ltx-13b")
+    assert configs["text_encoder"] == ltx_build.component_configs("ltx-2b")["text_encoder"]
     with torch.device("meta"):
         from diffusers import LTXVideoTransformer3DModel
 
@@ -200,22 +201,22 @@ def test_13b_config_has_48_blocks_and_t5_width():
 
 @pytest.mark.parametrize("preset", ["ltx-2b", "ltx-13b", "ltx-tiny"])
 def test_component_configs_fit_together(preset):
-    c = ltx.component_configs(preset)
-    assert set(c) == set(ltx.COMPONENTS)
+    c = ltx_build.component_configs(preset)
+    assert set(c) == set(ltx_build.COMPONENTS)
     assert c["transformer"]["caption_channels"] == c["text_encoder"]["d_model"]
     assert c["transformer"]["in_channels"] == c["vae"]["latent_channels"]
     assert c["text_encoder"]["vocab_size"] >= 384  # ids of the byte-level tokenizer used with random weights
 
 
 def test_default_hub_id_random_means_2b_configs():
-    assert ltx.component_configs(ltx.DEFAULT_HUB_ID) == ltx.component_configs("ltx-2b")
+    assert ltx_build.component_configs(ltx_build.DEFAULT_HUB_ID) == ltx_build.component_configs("ltx-2b")
 
 
 # --- the pipeline and the injection hook -------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def tiny_pipe():
-    return ltx.build_pipeline("ltx-tiny", "random", "cpu", "fp32")
+    return ltx_build.build_pipeline("ltx-tiny", "random", "cpu", "fp32")
 
 
 def test_prompt_goes_through_the_text_encoder(tiny_pipe):
@@ -223,7 +224,7 @@ def test_prompt_goes_through_the_text_encoder(tiny_pipe):
 
     a = tiny_pipe.encode_prompt("a red fox", None, False, device="cpu")
     b = tiny_pipe.encode_prompt("a blue whale", None, False, device="cpu")
-    assert a[0].shape == (1, ltx.TOKENIZER_MAX_LENGTH, 64)
+    assert a[0].shape == (1, ltx_build.TOKENIZER_MAX_LENGTH, 64)
     assert int(a[1].sum()) == len("a red fox") + 1  # bytes + </s>
     assert torch.isfinite(a[0]).all() and not torch.allclose(a[0], b[0])
 
@@ -231,29 +232,33 @@ def test_prompt_goes_through_the_text_encoder(tiny_pipe):
 def test_random_weights_are_seeded():
     import torch
 
-    configs = ltx.component_configs("ltx-tiny")
-    one = ltx.build_components(configs, "cpu", torch.float32, seed=3)["transformer"].proj_in.weight
-    two = ltx.build_components(configs, "cpu", torch.float32, seed=3)["transformer"].proj_in.weight
-    other = ltx.build_components(configs, "cpu", torch.float32, seed=4)["transformer"].proj_in.weight
+    configs = ltx_build.component_configs("ltx-tiny")
+    one = ltx_build.build_components(configs, "cpu", torch.float32, seed=3)["transformer"].proj_in.weight
+    two = ltx_build.build_components(configs, "cpu", torch.float32, seed=3)["transformer"].proj_in.weight
+    other = ltx_build.build_components(configs, "cpu", torch.float32, seed=4)["transformer"].proj_in.weight
     assert torch.equal(one, two) and not torch.equal(one, other)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_run_generate_frames_and_timings(tiny_pipe, dtype):
-    pipe = tiny_pipe if dtype == "fp32" else ltx.build_pipeline("ltx-tiny", "random", "cpu", dtype)
-    frames, t = ltx.run_generate(pipe, "a red fox", "blurry", 9, 64, 96, 3, 3.0, seed=1, progress=False)
+    pipe = tiny_pipe if dtype == "fp32" else ltx_build.build_pipeline("ltx-tiny", "random", "cpu", dtype)
+    settings = ltx.LTXSettings(model="ltx-tiny", weights="random", device="cpu", dtype=dtype, num_frames=9, height=64,
+                               width=96, steps=3, guidance_scale=3.0, seed=1, prompt="a red fox",
+                               negative_prompt="blurry")
+    frames, t = ltx.LTXVideoFamily().generate(pipe, settings)
     video = np.stack(frames)
     assert video.shape == (9, 64, 96, 3)
     assert np.isfinite(video).all() and video.std() > 0.01  # finite, not a constant image
     assert len(t["step_ms"]) == 3 and all(ms > 0 for ms in t["step_ms"])
     assert t["text_encode_ms"] > 0 and t["vae_decode_ms"] > 0 and t["peak_memory_bytes"] is None
     assert t["text_encode_ms"] + sum(t["step_ms"]) + t["vae_decode_ms"] <= t["total_ms"] * 1.001
-    again, _ = ltx.run_generate(pipe, "a red fox", "blurry", 9, 64, 96, 3, 3.0, seed=1, progress=False)
+    again, _ = ltx.LTXVideoFamily().generate(pipe, settings)
     assert np.array_equal(video, np.stack(again))
 
 
 def test_inject_hook_applies_the_kernels_and_reports(tiny_pipe):
-    report = ltx.inject_kernels(tiny_pipe, "reference")
+    settings = ltx.LTXSettings(model="ltx-tiny", weights="random", device="cpu", kernel_provider="reference")
+    report = ltx.LTXVideoFamily().inject(tiny_pipe, settings).as_dict()
     try:
         assert report["applied"] is True and report["provider"] == "reference"
         assert report["rules"]["attn1: qk_rms_norm_rope"] == 2 and report["skipped"]
@@ -333,15 +338,15 @@ def test_the_2b_pipeline_is_measured_before_it_is_built(monkeypatch):
     from ltxbench.errors import EnvironmentProblem
 
     built_on = []
-    real = ltx.build_components
-    monkeypatch.setattr(ltx, "build_components", lambda c, device, *a, **k: built_on.append(device) or real(
+    real = ltx_build.build_components
+    monkeypatch.setattr(ltx_build, "build_components", lambda c, device, *a, **k: built_on.append(device) or real(
         c, device, *a, **k))
     _host_has(monkeypatch, 23.0)
-    configs = ltx.component_configs(ltx.DEFAULT_HUB_ID)
+    configs = ltx_build.component_configs(ltx_build.DEFAULT_HUB_ID)
     with pytest.raises(EnvironmentProblem, match=r"Lightricks/LTX-Video in fp32 needs about 26\.\d GiB") as err:
-        ltx.ensure_pipeline_fits(configs, ltx.DEFAULT_HUB_ID, "cpu", torch.float32)
+        ltx_build.ensure_pipeline_fits(configs, ltx_build.DEFAULT_HUB_ID, "cpu", torch.float32)
     assert "--dtype bf16" in err.value.hint and err.value.exit_code == 4
-    ltx.ensure_pipeline_fits(configs, ltx.DEFAULT_HUB_ID, "cpu", torch.bfloat16)
+    ltx_build.ensure_pipeline_fits(configs, ltx_build.DEFAULT_HUB_ID, "cpu", torch.bfloat16)
     assert built_on == ["meta", "meta"]
 
 
@@ -372,8 +377,8 @@ def _fake_run(monkeypatch):
     frames = [np.full((64, 64, 3), i / 10, dtype=np.float32) for i in range(9)]
     timings = {"text_encode_ms": 1.0, "step_ms": [2.0, 2.0], "vae_decode_ms": 1.0, "total_ms": 7.0,
                "peak_memory_bytes": None}
-    monkeypatch.setattr(ltx, "build_pipeline", lambda *a, **k: object())
-    monkeypatch.setattr(ltx, "run_generate", lambda *a, **k: (frames, timings))
+    monkeypatch.setattr(ltx.LTXVideoFamily, "build", lambda self, settings: object())
+    monkeypatch.setattr(ltx.LTXVideoFamily, "generate", lambda self, *a, **k: (frames, timings))
 
 
 @pytest.mark.parametrize("errno_name,code", [("EROFS", 2), ("ENOSPC", 4)])
@@ -426,6 +431,6 @@ def test_pretrained_directory_loads_without_diffusers_dtype_warning(tiny_pipe, t
     tiny_pipe.save_pretrained(tmp_path / "tiny")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pipe = ltx.build_pipeline(str(tmp_path / "tiny"), "pretrained", "cpu", torch.float32)
+        pipe = ltx_build.build_pipeline(str(tmp_path / "tiny"), "pretrained", "cpu", torch.float32)
     assert pipe.transformer.dtype == torch.float32
     assert not [w for w in caught if "torch_dtype" in str(w.message)], [str(w.message) for w in caught]

@@ -13,7 +13,9 @@ from rich.console import Console
 
 from ltxbench.bench import gpu_monitor
 from ltxbench.bench.e2e import run_configs
-from ltxbench.bench.e2e_report import build_records, render_table
+from ltxbench.bench.e2e_report import render_table
+from ltxbench.models import family_of
+from ltxbench.models.ltx import LTXSettings
 
 
 def test_the_monitor_samples_on_a_thread_until_it_exits():
@@ -162,12 +164,13 @@ def test_run_configs_samples_the_timed_repeats_and_records_carry_the_summary():
         return {"total_ms": 10.0, "step_ms": [5.0, 5.0]}
 
     lines = []
-    results = run_configs(torch.nn.Linear(2, 2), ["baseline"], lambda: None, run, 1, 2, torch.device("cpu"),
+    results = run_configs(torch.nn.Linear(2, 2), ["baseline"], lambda name: None, run, 1, 2, torch.device("cpu"),
                           lines.append, rounds=2, monitor=monitor)
     samples = results["baseline"]["gpu_samples"]
     assert len(opened) == 2 and len(samples["sm_mhz"]) == 4 and samples["power_capped"] == [1, 1, 1, 1]
     assert "SM " in lines[-1] and "power-capped 100%" in lines[-1] and "6.5 J per iteration" in lines[-1]
-    records = build_records(results, {"model": "test"}, "fp32")
+    settings = LTXSettings(model="ltx-2b", weights="random", dtype="fp32")
+    records = family_of("ltx-2b").records(results, {"model": "test"}, settings)
     timed = [r for r in records if r["name"] in ("denoise_step", "total")]
     assert timed and all(r["derived"]["gpu_samples"] == 4 and r["derived"]["gpu_sm_mhz_min"] == 1860.0
                          and r["derived"]["gpu_energy_j_per_iteration"] == 26.0 / 4 for r in timed)

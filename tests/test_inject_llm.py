@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from ltxbench.errors import EnvironmentProblem
-from ltxbench.inject import llm, llm_attention
+from ltxbench.inject import llm
+from ltxbench.inject.llm import attention as llm_attention
 from ltxbench.ops import reference
 
 # rms_norm_eps 1e-5, not the ops' default 1e-6: a rule that dropped the model's eps would be seen
@@ -353,7 +354,7 @@ def test_full_llama3_8b_random_bf16_parity_with_the_static_cache():
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from ltxbench.bench.e2e_llm import build_llm
+    from ltxbench.models.llm_build import build_llm
 
     def cos(a, b):
         return torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()

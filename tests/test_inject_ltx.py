@@ -19,9 +19,9 @@ from ltxbench.inject.ltx import (
     FusedLTXAttnProcessor,
     apply_kernels,
 )
-from ltxbench.inject.ltx_cfg import PAIRED_ATTR
-from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
-from ltxbench.models.ltx import component_configs
+from ltxbench.inject.ltx.cfg import PAIRED_ATTR
+from ltxbench.inject.ltx.cross_kv import CACHE_ATTR
+from ltxbench.models.ltx_build import component_configs
 
 BLOCK_RULE = "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"
 
@@ -182,7 +182,7 @@ def test_the_blocks_gemms_go_through_ops_linear_unless_turned_off(monkeypatch, f
 def test_attn2_takes_the_residual_into_its_gemm_only_where_that_is_the_same_math(monkeypatch):
     """The residual goes into the out-projection's GEMM only through our processor and forward, with a plain Linear
     and no active dropout; with a gradient wanted the processor adds it with torch (ops.linear has no backward)."""
-    from ltxbench.inject.ltx_attention import attention_forward, takes_residual
+    from ltxbench.inject.ltx.attention import attention_forward, takes_residual
 
     model = _transformer()
     attn2 = model.transformer_blocks[0].attn2
@@ -429,7 +429,8 @@ def test_cuda_provider_in_fp32_is_the_unpatched_math(cross_attention):
 def test_full_2b_random_pipeline_latents_after_10_steps_and_decoded_frames_match_unpatched():
     """Issue numerics check: LTX-2B, random weights, bf16, 512x768, 49 frames, CFG, 10 steps, cuda provider:
     latents cosine >= 0.999 against the unpatched pipeline, and the PSNR of the VAE-decoded frames."""
-    from ltxbench.models.ltx import _decode, build_pipeline
+    from ltxbench.models.ltx import decode as _decode
+    from ltxbench.models.ltx_build import build_pipeline
 
     pipe = build_pipeline("ltx-2b", "random", "cuda", "bf16")
     pipe.set_progress_bar_config(disable=True)

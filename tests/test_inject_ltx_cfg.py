@@ -1,4 +1,4 @@
-"""Classifier-free guidance's identical halves (ltx_cfg): block 0's attn1 on one half where, and only where, the
+"""Classifier-free guidance's identical halves (ltx/cfg.py): block 0's attn1 on one half where, and only where, the
 step's batch is two copies of the same samples (CPU, reference provider)."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from torch._dynamo.testing import EagerAndRecordGraphs
 
 from ltxbench.inject.ltx import PAIRED_RULE, apply_kernels
-from ltxbench.inject.ltx_cfg import Answer, HalvesCheck, compare_halves, first_half
+from ltxbench.inject.ltx.cfg import Answer, HalvesCheck, compare_halves, first_half
 from tests.test_inject_ltx import _inputs, _transformer
 
 
@@ -186,7 +186,7 @@ def test_turned_off_it_is_reported_and_compiled_forwards_specialize_on_the_check
 
 
 def test_a_guided_pipeline_pairs_every_step():
-    from ltxbench.models.ltx import build_pipeline
+    from ltxbench.models.ltx_build import build_pipeline
 
     pipe = build_pipeline("ltx-tiny", "random", "cpu", "fp32")
     pipe.set_progress_bar_config(disable=True)

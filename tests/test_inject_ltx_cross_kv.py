@@ -1,4 +1,4 @@
-"""attn2's keys/values computed once per generation (ltx_cross_kv): kept only inside a generation, reused there while
+"""attn2's keys/values computed once per generation (ltx/cross_kv.py): kept only inside a generation, reused there while
 nothing they depend on changed, rebuilt or skipped when it did, and exactly what every step would compute (CPU,
 reference provider)."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ltxbench.inject.ltx import CROSS_KV_RULE, GENERATION_RULE, apply_kernels, generation
-from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
+from ltxbench.inject.ltx.cross_kv import CACHE_ATTR
 from tests.test_inject_ltx import _inputs, _transformer
 
 

@@ -12,12 +12,12 @@ import torch
 from ltxbench.inject import OFFLOADED, ORIGINAL_CLASS, llm
 from ltxbench.inject import ltx as ltx_inject
 from ltxbench.inject.ltx import apply_kernels
-from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache
+from ltxbench.inject.ltx.cross_kv import CACHE_ATTR, CrossKVCache
 
 TOL = 1e-5  # max |patched - unpatched| / max |unpatched| over the latents (the reference path: same math op for op)
 
 def _pipeline():
-    from ltxbench.models.ltx import build_pipeline
+    from ltxbench.models.ltx_build import build_pipeline
 
     pipe = build_pipeline("ltx-tiny", "random", "cpu", "fp32")
     pipe.set_progress_bar_config(disable=True)

@@ -1,4 +1,4 @@
-"""The LTX step's inputs (ltx_step): built before nn.Module.compile()'s compiled forward and handed to it, so the
+"""The LTX step's inputs (ltx/step.py): built before nn.Module.compile()'s compiled forward and handed to it, so the
 graph holds the block loop only; traced from __call__ the forward builds them itself (CPU, reference provider)."""
 
 import torch
@@ -55,7 +55,7 @@ def test_positional_and_keyword_calls_build_the_same_step():
 def test_a_lora_scale_leaves_the_step_inputs_to_the_forward():
     """attention_kwargs["scale"] is applied to LoRA layers by the forward's decorator, around the forward only:
     a step built before it would run proj_in, time_embed and the caption projection unscaled."""
-    from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
+    from ltxbench.inject.ltx.cross_kv import CACHE_ATTR
 
     model = _transformer()
     inputs = _inputs(model)

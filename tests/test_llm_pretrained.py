@@ -17,11 +17,11 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from ltxbench.bench import e2e_llm
 from ltxbench.cli import app
 from ltxbench.errors import EnvironmentProblem
 from ltxbench.inject import llm
-from ltxbench.models import llm_weights
+from ltxbench.models import llm as llm_family
+from ltxbench.models import llm_build, llm_weights
 
 PRESET = "smollm2-135m"
 PROMPTS = (
@@ -49,7 +49,7 @@ def smollm2():
         if os.environ.get("CI"):
             pytest.fail(f"CI installs the models extra, yet: {exc.message}")
         pytest.skip(f"the models extra is not installed ({exc.message}; {exc.hint})")
-    model = e2e_llm.build_llm(PRESET, "pretrained", "cpu", torch.float32)
+    model = llm_build.build_llm(PRESET, "pretrained", "cpu", torch.float32)
     return model, llm_weights.load_tokenizer(PRESET)
 
 
@@ -137,7 +137,7 @@ def test_the_trained_model_answers(smollm2):
 def test_the_random_preset_has_the_trained_models_architecture(smollm2):
     """`--weights random` builds smollm2-135m from the shipped config: the same shapes as the file's model."""
     model, _ = smollm2
-    shipped = json.loads((e2e_llm.LLM_CONFIGS / f"{PRESET}.json").read_text())
+    shipped = json.loads((llm_build.LLM_CONFIGS / f"{PRESET}.json").read_text())
     trained = model.config
     for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                 "vocab_size", "max_position_embeddings", "tie_word_embeddings"):
@@ -153,8 +153,8 @@ def test_bench_e2e_and_profile_run_the_preset_on_text(smollm2, monkeypatch, tmp_
     model, tokenizer = smollm2
     loads, seen_ids = [], []
     monkeypatch.setattr(llm_weights, "load_model", lambda *a: loads.append(a) or model)
-    real_prompt_ids = e2e_llm.prompt_ids
-    monkeypatch.setattr(e2e_llm, "prompt_ids", lambda *a: seen_ids.append(real_prompt_ids(*a)) or seen_ids[-1])
+    real_prompt_ids = llm_family.prompt_ids
+    monkeypatch.setattr(llm_family, "prompt_ids", lambda *a: seen_ids.append(real_prompt_ids(*a)) or seen_ids[-1])
     out = tmp_path / "e2e.json"
     result = runner.invoke(app, ["bench", "e2e", "--model", PRESET, "--device", "cpu", "--configs",
                                  "baseline,optimized", "--prompt-lengths", "8,24", "--new-tokens", "3", "--repeats",
@@ -166,7 +166,7 @@ def test_bench_e2e_and_profile_run_the_preset_on_text(smollm2, monkeypatch, tmp_
     assert doc["run"]["config"]["injection"]["optimized"]["rules"][llm.RULE_LAYER] == 30
     ids = seen_ids[0]
     assert sorted(ids) == [8, 24] and ids[24].shape == (1, 24)
-    assert e2e_llm.PASSAGE.startswith(tokenizer.decode(ids[24][0]))
+    assert llm_family.PASSAGE.startswith(tokenizer.decode(ids[24][0]))
     assert all(type(layer).__name__ == "LlamaDecoderLayer" for layer in model.model.layers)  # reverted
 
     profiled = tmp_path / "profile.json"
@@ -178,8 +178,8 @@ def test_bench_e2e_and_profile_run_the_preset_on_text(smollm2, monkeypatch, tmp_
 
 
 def test_prompt_ids_are_seeded_random_ids_without_the_packaged_weights():
-    args = {"prompt_lengths": [4, 8], "batch_size": 2, "seed": 3, "model": PRESET, "weights": "random"}
-    first, again = e2e_llm.prompt_ids(args, 100), e2e_llm.prompt_ids(args, 100)
+    args = llm_family.LLMSettings(prompt_lengths=[4, 8], batch_size=2, seed=3, model=PRESET, weights="random")
+    first, again = llm_family.prompt_ids(args, 100), llm_family.prompt_ids(args, 100)
     assert first[8].shape == (2, 8) and all(torch.equal(first[n], again[n]) for n in (4, 8))
     assert int(first[8].min()) >= 3 and int(first[8].max()) < 100  # no special tokens (ids 0-2)
 

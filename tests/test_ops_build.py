@@ -13,7 +13,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ltxbench.errors import BuildError
-from ltxbench.ops import _build
+from ltxbench.ops import build
 from ltxbench.ops.registry import DTYPES, SPECS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,19 +28,19 @@ def test_only_bindings_includes_torch_headers():
 def test_the_sources_are_package_data_and_the_override_still_works(monkeypatch, tmp_path):
     import ltxbench
 
-    assert Path(str(_build.SOURCES_DIR)) == Path(ltxbench.__file__).parent / "cuda"
-    assert [p.name for p in _build.sources(_build.SOURCES_DIR)][:2] == ["bindings.cpp", "gemm.cpp"]
+    assert Path(str(build.SOURCES_DIR)) == Path(ltxbench.__file__).parent / "cuda"
+    assert [p.name for p in build.sources(build.SOURCES_DIR)][:2] == ["bindings.cpp", "gemm.cpp"]
     monkeypatch.setenv("LTXBENCH_CUDA_SRC", str(tmp_path))
-    assert _build._sources_dir() == tmp_path
+    assert build._sources_dir() == tmp_path
     with pytest.raises(BuildError, match=f"CUDA sources not found under {tmp_path} \\(from LTXBENCH_CUDA_SRC\\)"):
-        _build.sources(tmp_path)
+        build.sources(tmp_path)
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or not shutil.which("nvcc"), reason="checks the no-GPU build's log")
 def test_no_cuda_runtime_warning_on_a_cpu_build(tmp_path):
     """cpp_extension warns "No CUDA runtime is found" on import without a GPU: noise where the CPU build is the
     point (and it named nvcc's grandparent, /usr/local, while `env` shows the toolkit the build uses)."""
-    code = "import ltxbench.ops._build as b; import torch.utils.cpp_extension; b._check_toolchain()"
+    code = "import ltxbench.ops.build as b; import torch.utils.cpp_extension; b._check_toolchain()"
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
@@ -49,7 +49,7 @@ def test_no_cuda_runtime_warning_on_a_cpu_build(tmp_path):
 
 def test_build_module_is_the_only_caller_of_cpp_extension_load():
     callers = [p for p in (ROOT / "ltxbench").rglob("*.py") if "cpp_extension" in p.read_text()]
-    assert callers == [ROOT / "ltxbench" / "ops" / "_build.py"]
+    assert callers == [ROOT / "ltxbench" / "ops" / "build.py"]
 
 
 def test_every_spec_is_a_registered_op_with_fake(built_ops):
@@ -57,7 +57,7 @@ def test_every_spec_is_a_registered_op_with_fake(built_ops):
     for name in SPECS:
         op = getattr(torch.ops.ltxbench, name)
         assert op.default._schema.name == f"ltxbench::{name}"
-    assert _build.build_status()["built"] is True
+    assert build.build_status()["built"] is True
 
 
 def test_fused_add_schema_is_functional(built_ops):
@@ -104,13 +104,13 @@ def test_cpu_tensors_get_a_clear_error_naming_the_argument(built_ops, name):
 def test_missing_nvcc_is_a_build_error_with_a_hint(monkeypatch):
     from torch.utils import cpp_extension
 
-    monkeypatch.setattr(_build, "_loaded", None)
-    monkeypatch.setattr(_build, "_guess_cuda_home", lambda: None)  # no toolkit on disk
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setattr(build, "_guess_cuda_home", lambda: None)  # no toolkit on disk
     monkeypatch.delenv("CUDA_HOME", raising=False)
     monkeypatch.delenv("CUDA_PATH", raising=False)
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
     with pytest.raises(BuildError) as err:
-        _build.load()
+        build.load()
     assert err.value.exit_code == 4 and "nvcc" in err.value.message and "CUDA_HOME" in err.value.hint
 
 
@@ -122,16 +122,16 @@ def test_missing_cublaslt_is_a_build_error_with_a_hint(monkeypatch, tmp_path):
     monkeypatch.setattr(nvidia, "__path__", [str(tmp_path / "no-wheels")])
     (tmp_path / "no-wheels").mkdir()
     with pytest.raises(BuildError) as err:
-        _build._cublaslt(tmp_path)
+        build._cublaslt(tmp_path)
     assert err.value.exit_code == 4 and "cuBLASLt" in err.value.message and "nvidia-cublas" in err.value.hint
 
 
 def test_cublaslt_headers_are_taken_alone_not_the_wheels_cuda_runtime(tmp_path):
-    includes, ldflags = _build._cublaslt(tmp_path)
+    includes, ldflags = build._cublaslt(tmp_path)
     assert sorted(p.name for p in Path(includes[0]).iterdir()) == ["cublasLt.h", "cublas_api.h"]
     assert any(f.startswith("-l:libcublasLt.so") for f in ldflags) and any("rpath" in f for f in ldflags)
     stamps = [p.stat().st_mtime_ns for p in sorted(Path(includes[0]).iterdir())]
-    _build._cublaslt(tmp_path)  # the next process's load: same headers, untouched (else ninja rebuilds gemm.cpp)
+    build._cublaslt(tmp_path)  # the next process's load: same headers, untouched (else ninja rebuilds gemm.cpp)
     assert [p.stat().st_mtime_ns for p in sorted(Path(includes[0]).iterdir())] == stamps
 
 
@@ -153,26 +153,26 @@ def test_build_after_torch_compile_finds_the_toolkit(monkeypatch):
     guess (/usr/local for a /usr/local/bin/nvcc link, without CUDA headers): the build must correct it."""
     from torch.utils import cpp_extension
 
-    home = _build.cuda_home()
+    home = build.cuda_home()
     if home is None:
         pytest.skip("no CUDA toolkit")
     monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/nonexistent-cuda")
-    _build._check_toolchain()
+    build._check_toolchain()
     assert cpp_extension.CUDA_HOME == home
 
 
 def test_compiler_error_is_reported_with_its_output(monkeypatch, tmp_path):
-    if not (shutil.which("nvcc") or _build.cuda_home()):
+    if not (shutil.which("nvcc") or build.cuda_home()):
         pytest.skip("no nvcc")
     src = tmp_path / "cuda"
     shutil.copytree(ROOT / "ltxbench" / "cuda", src)
     (src / "broken.cu").write_text("this is not CUDA;\n")
-    monkeypatch.setattr(_build, "_loaded", None)
-    monkeypatch.setattr(_build, "SOURCES_DIR", src)
+    monkeypatch.setattr(build, "_loaded", None)
+    monkeypatch.setattr(build, "SOURCES_DIR", src)
     monkeypatch.setenv("LTXBENCH_CACHE", str(tmp_path / "build"))
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0")
     with pytest.raises(BuildError) as err:
-        _build.load()
+        build.load()
     assert "broken.cu" in err.value.message and "TORCH_CUDA_ARCH_LIST" in err.value.hint
 
 

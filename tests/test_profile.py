@@ -105,11 +105,14 @@ def test_idle_row_and_record_only_for_gpu_runs():
 
 
 def test_external_commands_only_when_tools_exist(monkeypatch):
-    args = {"model": "ltx-2b", "weights": "random", "dtype": "bf16", "seed": 1, "batch_size": 1, "family": "ltx",
-            "num_frames": 49, "height": 512, "width": 768, "phase": "transformer"}
+    from ltxbench.models import family_of, ltx
+
+    family = family_of("ltx-2b")
+    settings = ltx.LTXSettings(model="ltx-2b", weights="random", dtype="bf16", seed=1, batch_size=1, num_frames=49,
+                               height=512, width=768, phase="transformer")
     results = {"optimized": {"kernels": [{"name": "void ltxbench::row_op_cached<float>(int)"}]}}
-    assert profile.external_commands(args, results, "/t", "p", lambda tool: None) == []
-    lines = profile.external_commands(args, results, "/t", "p", lambda tool: f"/usr/bin/{tool}")
+    assert profile.external_commands(family, settings, results, "/t", "p", lambda tool: None) == []
+    lines = profile.external_commands(family, settings, results, "/t", "p", lambda tool: f"/usr/bin/{tool}")
     assert lines[0].startswith("nsys profile -t cuda,nvtx") and "--steps 2 --num-frames 49" in lines[0]
     assert "--configs optimized" in lines[0] and "--repeats 1 --warmup-iterations 1" in lines[0]
     assert "--guidance-scale 3.0" in lines[0]
@@ -138,10 +141,9 @@ def _check_doc(doc, configs):
 
 
 def test_ltx_tiny_baseline_and_optimized(tmp_path, captured):
-    from ltxbench.bench import e2e
     from ltxbench.models import ltx
 
-    originals = (e2e._encode, e2e._denoise, ltx._decode)
+    originals = (ltx._encode, ltx._denoise, ltx.decode)
     out = tmp_path / "prof.json"
     result = runner.invoke(app, [*TINY, "--top", "5", "--output", str(out)])
     assert result.exit_code == 0, result.output
@@ -158,7 +160,7 @@ def test_ltx_tiny_baseline_and_optimized(tmp_path, captured):
     assert "forward" not in vars(transformer) and "forward" not in vars(transformer.rope)
     assert all("forward" not in vars(block) for block in transformer.transformer_blocks)
     assert all(type(b.attn1.processor).__name__ != "FusedLTXAttnProcessor" for b in transformer.transformer_blocks)
-    assert (e2e._encode, e2e._denoise, ltx._decode) == originals
+    assert (ltx._encode, ltx._denoise, ltx.decode) == originals
     # no clobbering without --force: the result, and the traces alone (checked before anything runs)
     again = runner.invoke(app, [*TINY, "--output", str(out)])
     assert again.exit_code == 2 and "already exists" in again.output
@@ -251,7 +253,7 @@ def test_the_profiled_run_is_sampled_and_the_gpu_fields_reach_the_idle_record(tm
         return gpu_monitor.GpuMonitor(lambda: (1635.0, 688.0, 62.0, 0x4), interval_s=10.0)
 
     lines = []
-    results = profile.profile_configs(torch.nn.Linear(2, 2), ["baseline"], lambda: None, lambda: runs.append(1),
+    results = profile.profile_configs(torch.nn.Linear(2, 2), ["baseline"], lambda name: None, lambda: runs.append(1),
                                       torch.device("cpu"), {"baseline": tmp_path / "trace.json"}, 5, lines.append,
                                       monitor=monitor)
     assert len(runs) == 2 and len(opened) == 1

@@ -80,7 +80,7 @@ def test_the_wheel_carries_the_cuda_sources_and_the_configs(installed):
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
     shipped = {"ltxbench/cuda/bindings.cpp", "ltxbench/cuda/gemm.cpp", "ltxbench/cuda/norm.cu",
                "ltxbench/cuda/common/dtype.cuh", "ltxbench/cuda/common/params.h",
-               "ltxbench/configs/ltx-tiny/scheduler.json", "ltxbench/configs/ltx-video-2b/transformer.json",
+               "ltxbench/configs/ltx/ltx-tiny/scheduler.json", "ltxbench/configs/ltx/ltx-video-2b/transformer.json",
                "ltxbench/configs/llm/llama-tiny.json", "ltxbench/ops/gemm_choices/NVIDIA-H200.json"}
     assert shipped <= names, sorted(shipped - names)
     sources = {n for n in (REPO / "ltxbench" / "cuda").rglob("*") if n.is_file()}
@@ -118,7 +118,7 @@ def test_cpu_compile_of_the_installed_kernels(installed, tmp_path):
     env = {**installed["env"], "LTXBENCH_CACHE": str(tmp_path / "cache"), "TORCH_CUDA_ARCH_LIST": "9.0",
            "LTXBENCH_VERBOSE_BUILD": "1"}
     python = installed["venv"] / "bin" / "python"
-    proc = _run([python, "-c", "import ltxbench.ops._build as b; print(b.load()['path'])"], installed["work"], env)
+    proc = _run([python, "-c", "import ltxbench.ops.build as b; print(b.load()['path'])"], installed["work"], env)
     log = proc.stdout + proc.stderr
     assert f"{installed['site'] / 'ltxbench' / 'cuda' / 'bindings.cpp'}" in log
     assert str(REPO / "ltxbench") not in log

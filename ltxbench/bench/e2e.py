@@ -1,16 +1,13 @@
-"""`bench e2e` for LTX-Video: every configuration (baseline, optimized, compile, optimized+compile) on ONE
-pipeline, built once, with the same seed; each configuration starts clean and is undone afterwards.
+"""`bench e2e`, for every model family: every configuration (baseline, optimized, compile, optimized+compile, and
+a family's peer configurations) on ONE model, built once, with the same seed; each configuration starts clean and
+is undone afterwards. What one iteration is (and its phases) is the family's (ltxbench.models.<family>).
 
 Before any configuration, one untimed iteration of the unpatched eager model takes the process's one-time costs.
-Per configuration: `torch._dynamo.reset()`, kernel injection (optimized*), `nn.Module.compile(dynamic=False)` of
-the transformer (compile*), warmup iterations (excluded, at least one; the first one minus the steady median is
-the compile time, recorded with inductor's cache hits, since its on-disk cache outlives the reset), timed repeats,
-then the compile is dropped and the injection reverted. Every iteration is a new generation (the patched model
-forgets its cached prompt keys and CFG answer). Phases are timed with CUDA events on CUDA (perf_counter elsewhere):
-text encode, every denoising step (ends at the step-end callback; step 0 also holds the pipeline's setup before
-its loop, the same for every configuration), VAE decode, total. `--phase transformer` times the denoising loop
-alone on precomputed prompt embeddings.
-Only the standard library at top level (the CLI validates with CONFIG_NAMES/parse_configs before torch loads).
+Per configuration: `torch._dynamo.reset()`, the configuration's patch (our kernels for optimized*, a peer library's
+for <peer>*), `nn.Module.compile(dynamic=False)` of the family's compiled module (*compile), warmup iterations
+(excluded, at least one; the first one minus the steady median is the compile time, recorded with inductor's cache
+hits, since its on-disk cache outlives the reset), timed repeats, then the compile is dropped and the patch
+reverted. Only the standard library at top level.
 """
 
 from __future__ import annotations
@@ -18,37 +15,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 
-from ltxbench.errors import UsageError
-
-CONFIG_NAMES = ("baseline", "optimized", "compile", "optimized+compile")
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-PHASES = ("all", "transformer")
-PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
-NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted"
-
-
-def parse_configs(text: str) -> list[str]:
-    """'baseline,optimized' -> ['baseline', 'optimized'] (order kept, duplicates dropped); UsageError on others."""
-    names = [c.strip() for c in text.split(",") if c.strip()]
-    if not names:
-        raise UsageError("--configs is empty", hint=f"choose from {', '.join(CONFIG_NAMES)}")
-    bad = [c for c in names if c not in CONFIG_NAMES]
-    if bad:
-        raise UsageError(f"--configs: unknown configuration {bad[0]!r}", hint=f"choose from {', '.join(CONFIG_NAMES)}")
-    return list(dict.fromkeys(names))
-
-
-def select_configs(configs: str | None, optimized: bool | None, compile_: bool, default: str) -> list[str]:
-    """--configs, or the original script's single selection (--use-optimized-kernels/--compile); not both."""
-    if configs is not None and (optimized is not None or compile_):
-        raise UsageError("--configs cannot be combined with --use-optimized-kernels/--no-optimized-kernels/--compile",
-                         hint="use --configs for several configurations, or the flags for one")
-    if configs is not None:
-        return parse_configs(configs)
-    if optimized is None and not compile_:
-        return parse_configs(default)
-    return [{(False, False): "baseline", (True, False): "optimized", (False, True): "compile",
-             (True, True): "optimized+compile"}[(bool(optimized), compile_)]]
 
 
 def record_params(args: dict, drop: tuple[str, ...]) -> dict:
@@ -69,16 +36,18 @@ def compile_module(module, mode: str = "default") -> None:
 
 
 @contextlib.contextmanager
-def configuration(module, name: str, inject, compile_mode: str = "default"):
+def configuration(module, name: str, apply, compile_mode: str = "default"):
     """Apply configuration `name` to `module` (the transformer / the LLM), yield the injection dict, undo all.
 
-    inject(): an InjectionReport (reverted on exit). Compile: nn.Module.compile() sets _compiled_call_impl, which
-    is set back to None on exit; dynamo's caches are reset before and after, so no configuration sees another's.
+    apply(name): the configuration's patch, a report with revert() and as_dict() (an InjectionReport, or a peer
+    library's), reverted on exit; None where it patches nothing. Compile: nn.Module.compile() sets
+    _compiled_call_impl, which is set back to None on exit; dynamo's caches are reset before and after, so no
+    configuration sees another's.
     """
     import torch
 
     torch._dynamo.reset()
-    report = inject() if name.startswith("optimized") else None
+    report = apply(name)
     try:
         if name.endswith("compile"):
             compile_module(module, compile_mode)
@@ -107,120 +76,11 @@ def _progress(name: str, i: int, warmup: int, repeats: int) -> str:
     return f"{name}: warmup {i + 1}/{warmup}" if i < warmup else f"{name}: repeat {i - warmup + 1}/{repeats}"
 
 
-def _denoise(pipe, embeds, args, generator, clock, marks):
-    def on_step_end(_pipe, _i, _t, _kwargs):
-        marks.append(clock.mark())
-        return {}
-
-    return pipe(prompt_embeds=embeds[0], prompt_attention_mask=embeds[1], negative_prompt_embeds=embeds[2],
-                negative_prompt_attention_mask=embeds[3], num_frames=args["num_frames"], height=args["height"],
-                width=args["width"], frame_rate=args["frame_rate"], num_inference_steps=args["steps"],
-                guidance_scale=args["guidance_scale"], generator=generator, output_type="latent",
-                return_dict=False, callback_on_step_end=on_step_end)[0]
-
-
-def _encode(pipe, args, device):
-    from ltxbench.models.ltx import TOKENIZER_MAX_LENGTH
-
-    return pipe.encode_prompt(prompt=PROMPT, negative_prompt=NEGATIVE_PROMPT,
-                              do_classifier_free_guidance=args["guidance_scale"] > 1.0,
-                              num_videos_per_prompt=args["batch_size"], max_sequence_length=TOKENIZER_MAX_LENGTH,
-                              device=device)
-
-
-def run_once(pipe, args: dict, embeds=None, phase=None) -> dict:
-    """One iteration: phase all (encode, steps, decode) or, with embeds given, the denoising loop alone.
-    `phase(name)` (optional) returns a context manager wrapped around each phase, e.g. profiler ranges."""
-    import contextlib
-
-    import torch
-
-    from ltxbench.inject.ltx import new_generation
-    from ltxbench.models.ltx import _Clock, _decode
-
-    phase = phase or (lambda name: contextlib.nullcontext())
-    new_generation(pipe)  # each iteration is one generation: nothing kept from the last one (the patched configs)
-    device = pipe._execution_device
-    clock = _Clock(device)
-    generator = torch.Generator("cpu").manual_seed(args["seed"])
-    marks: list = []
-    with torch.no_grad():
-        start = clock.mark()
-        if embeds is None:
-            with phase("text_encode"):
-                encoded_embeds = _encode(pipe, args, device)
-            encoded = clock.mark()
-        else:
-            encoded_embeds, encoded = embeds, start
-        with phase("denoise"):
-            latents = _denoise(pipe, encoded_embeds, args, generator, clock, marks)
-        if embeds is None:
-            decode_start = clock.mark()
-            with phase("vae_decode"):
-                _decode(pipe, latents, args["num_frames"], args["height"], args["width"], generator)
-        end = clock.mark()
-    clock.finish()
-    bounds = [encoded, *marks]
-    out = {"step_ms": [clock.ms(a, b) for a, b in zip(bounds[:-1], bounds[1:], strict=True)],
-           "total_ms": clock.ms(start, end)}
-    if embeds is None:
-        out["text_encode_ms"] = clock.ms(start, encoded)
-        out["vae_decode_ms"] = clock.ms(decode_start, end)
-    return out
-
-
-def run_ltx(pipe, configs: list[str], args: dict, provider: str, log=lambda s: None) -> dict:
-    """{config: summary} for every configuration; summary as `summarize` plus peak_memory_bytes and injection."""
-    import torch
-
-    from ltxbench.inject.ltx import apply_kernels
-
-    pipe.set_progress_bar_config(disable=True)
-    device = torch.device(pipe._execution_device)
-    embeds = None
-    if args["phase"] == "transformer":
-        with torch.no_grad():
-            embeds = _encode(pipe, args, device)
-    tuned = args.get("tuned_gemm", True)
-
-    def inject():
-        return apply_kernels(pipe, provider, cross_kv_cache=args.get("cross_kv_cache", True), tuned_gemm=tuned,
-                             pair_cfg_halves=args.get("pair_cfg_halves", True))
-
-    search_gemms = provider == "cuda" and tuned and any(name.startswith("optimized") for name in configs)
-    search_s = _search_gemms(pipe, args, embeds, inject, log) if search_gemms else None
-    results = run_configs(pipe.transformer, configs, inject, lambda _config: run_once(pipe, args, embeds),
-                          args["warmup"], args["repeats"], device, log, args.get("compile_mode", "default"),
-                          args.get("rounds", 1))
-    if search_gemms:
-        from ltxbench import ops
-
-        # What ops.linear chose per shape, with the heuristic's time beside it (process-wide: every config's GEMMs).
-        choices = ops.gemm_choices()
-        for name, res in results.items():
-            if name.startswith("optimized"):
-                res["injection"].update(gemm_choices=choices, gemm_search_s=search_s)
-    return results
-
-
-def _search_gemms(pipe, args: dict, embeds, inject, log) -> float:
-    """Two untimed denoising steps of the patched model (inject(): the optimized configs' injection), eager, before
-    any configuration: ops.linear's algorithm search (or the load of stored choices) happens here, not in a
-    configuration's first warmup, where it would be counted as compile time. Returns its seconds."""
-    import time
-
-    log("optimized: choosing the GEMM algorithms (untimed, two steps)")
-    start = time.perf_counter()
-    with inject():
-        run_once(pipe, {**args, "steps": 2}, embeds)  # the flow-match scheduler fails at 1 step (diffusers 0.42)
-    return time.perf_counter() - start
-
-
-def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: int, device, log,
+def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: int, device, log,
                 compile_mode: str = "default", rounds: int = 1, monitor=None) -> dict:
     """Every configuration on the one model, each from a clean state: warmups, then timed repeats (peak memory
-    reset between them); run(config) does one iteration. {config: summary} with peak_memory_bytes and the
-    injection report.
+    reset between them); apply(config) patches (see `configuration`), run(config) does one iteration.
+    {config: summary} with peak_memory_bytes and the injection report.
 
     rounds > 1 runs the whole set again in alternating order (A B, B A, A B, ...) and pools the timed samples, so
     that a drift of the host or the GPU during the run does not favour the configuration measured first (an
@@ -236,7 +96,7 @@ def run_configs(module, configs: list[str], inject, run, warmup: int, repeats: i
     log("untimed first iteration (unpatched, eager)")
     run("baseline")
     try:
-        _run_rounds(module, configs, inject, run, warmup, repeats, device, log, compile_mode, rounds, monitor, results)
+        _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compile_mode, rounds, monitor, results)
     except KeyboardInterrupt as stop:
         raise Interrupted({name: res for name, res in results.items() if res is not None}) from stop
     return results
@@ -250,18 +110,19 @@ class Interrupted(KeyboardInterrupt):
         self.results = results
 
 
-def _run_rounds(module, configs, inject, run, warmup, repeats, device, log, compile_mode, rounds, monitor,
+def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compile_mode, rounds, monitor,
                 results) -> None:
     """run_configs' measurement: each configuration's summary goes into `results` as soon as it is complete."""
     import torch
 
     from ltxbench.bench import gpu_monitor
 
+    device = torch.device(device)
     cuda = device.type == "cuda"
     monitor = monitor or gpu_monitor.open_monitor
     for round_index in range(rounds):
         for name in configs if round_index % 2 == 0 else configs[::-1]:
-            with configuration(module, name, inject, compile_mode) as injection, contextlib.ExitStack() as timed:
+            with configuration(module, name, apply, compile_mode) as injection, contextlib.ExitStack() as timed:
                 iterations, sampler, cache_before = [], None, _inductor_cache_counts()
                 for i in range(warmup + repeats):
                     if i == warmup:

@@ -1,9 +1,15 @@
-"""Table and plot of `bench e2e` records (LTX phases or LLM prefill/decode), one row per configuration."""
+"""Table, plot and per-phase records of `bench e2e`, one row per configuration, for every model family (its phases
+are its records: encode / denoise step / decode for video models, prefill / decode step for LLMs)."""
 
 from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+
+from ltxbench.models.family import CONFIG_NAMES
+
+# derived key of a step record -> the rate column's title
+RATES = {"transformer_it_s": "it/s", "tokens_per_s": "tok/s"}
 
 
 def _by_config(records) -> dict:
@@ -29,8 +35,9 @@ def render_table(records, title: str = "ltxbench bench e2e"):
     table.add_column("config", no_wrap=True, min_width=max((len(c) for c in rows), default=6))
     for phase in phases:
         table.add_column(f"{phase} ms", justify="right")
-    for col in ("it/s" if "denoise_step" in phases else "tok/s", "vs baseline", "vs compile", "compile s",
-                "peak GiB"):
+    rate_key = next((key for key in RATES for row in rows.values() for rec in row.values()
+                     if key in rec.get("derived", {})), None)
+    for col in (RATES.get(rate_key, "rate"), "vs baseline", "vs compile", "compile s", "peak GiB"):
         table.add_column(col, justify="right")
     # The GPU's clock during the timed repeats, where it was sampled: at the power cap, a denser step runs slower.
     clocked = any("gpu_sm_mhz_median" in rec.get("derived", {}) for row in rows.values() for rec in row.values())
@@ -43,9 +50,8 @@ def render_table(records, title: str = "ltxbench bench e2e"):
     for config, row in rows.items():
         main = row.get("total") or row.get("generate")
         derived = (main or {}).get("derived", {})
-        step = row.get("denoise_step") or row.get("decode_step")
-        rate = (step or {}).get("derived", {}).get("transformer_it_s", (step or {}).get("derived", {}).get(
-            "tokens_per_s"))
+        step = next((rec for rec in row.values() if rate_key in rec.get("derived", {})), None)
+        rate = (step or {}).get("derived", {}).get(rate_key)
         peak = derived.get("peak_memory_bytes")
         cells = [_fmt(row[p]["stats"]["median"]) if p in row else "-" for p in phases]
         gpu_cells = []
@@ -61,8 +67,9 @@ def render_table(records, title: str = "ltxbench bench e2e"):
     return table
 
 
-def plot(records, path) -> None:
-    """Grouped/stacked bars per configuration: per-iteration median time split by phase."""
+def plot(records, path, parts: list[str]) -> None:
+    """Stacked bars per configuration: per-iteration median time split by phase (`parts`: the record labels
+    stacked, from the family; a step record stands for all the steps of an iteration)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -70,26 +77,20 @@ def plot(records, path) -> None:
 
     rows = _by_config(records)
     configs = list(rows)
-    ltx = any("denoise_step" in row for row in rows.values())
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(configs) + 2), 4))
     bottoms = [0.0] * len(configs)
-    if ltx:
-        parts = [("text_encode", 1), ("denoise_step", None), ("vae_decode", 1)]
-    else:
-        parts = [(k, 1) for k in dict.fromkeys(k for row in rows.values() for k in row if k.startswith("prefill@"))]
-        parts.append(("generate", 1))
-    for phase, _ in parts:
+    for phase in parts:
         heights = []
         for row in rows.values():
             rec = row.get(phase)
             if rec is None:
                 heights.append(0.0)
-            elif phase == "denoise_step":
-                heights.append(rec["derived"].get("denoise_total_ms") or rec["stats"]["median"] * rec["stats"]["n"])
+            elif "denoise_total_ms" in rec["derived"]:  # a step record: all the steps of an iteration
+                heights.append(rec["derived"]["denoise_total_ms"])
             else:
                 heights.append(rec["stats"]["median"])
         if any(heights):
-            ax.bar(configs, heights, bottom=bottoms, label=phase.replace("denoise_step", "denoise"))
+            ax.bar(configs, heights, bottom=bottoms, label=phase.removesuffix("_step"))
             bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     ax.set_ylabel("ms per iteration (median)")
     ax.set_title("ltxbench bench e2e")
@@ -106,19 +107,22 @@ def compile_derived(res: dict) -> dict:
 
 
 def speedups(results: dict, name: str, key: str) -> dict:
-    """speedup_vs_baseline / speedup_vs_compile of config `name` for phase `key` (median over median)."""
+    """speedup_vs_<ref> of config `name` for phase `key` (median over median), against baseline, compile and every
+    peer configuration in the run (liger, liger+compile, ...)."""
     out = {}
     mine = statistics.median(results[name][key])
-    for ref in ("baseline", "compile"):
+    peers = [ref for ref in results if ref not in CONFIG_NAMES]
+    for ref in ("baseline", "compile", *peers):
         if ref in results and ref != name and key in results[ref] and mine > 0:
             out[f"speedup_vs_{ref}"] = statistics.median(results[ref][key]) / mine
     return out
 
 
-def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
-    """text_encode / denoise_step / vae_decode / total (+ compile) records per configuration (provider = config);
-    the timed phases carry the GPU clock, power, temperature and energy of their repeats (gpu_* in derived) when
-    sampled."""
+def phase_records(results: dict, params: dict, dtype: str, phases, step: str, rate: str) -> list[dict]:
+    """One record per phase per configuration (provider = config) + compile: `phases` are (record name, summary key)
+    pairs; the `step` record (a sample per step) also carries `rate` (steps/s), the steps' total per iteration and,
+    where the GPU was sampled, the energy per step. The timed phases carry the GPU clock, power, temperature and
+    energy of their repeats (gpu_* in derived) when sampled."""
     from ltxbench.bench.gpu_monitor import summarize as gpu_summary
     from ltxbench.results.schema import make_record, stats_from_samples
 
@@ -126,14 +130,13 @@ def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
     for name, res in results.items():
         common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
                   **gpu_summary(res.get("gpu_samples"), len(res["total_ms"]))}
-        for record_name, key in (("text_encode", "text_encode_ms"), ("denoise_step", "step_ms"),
-                                 ("vae_decode", "vae_decode_ms"), ("total", "total_ms")):
+        for record_name, key in phases:
             if key not in res:
                 continue
             derived = {**common, **speedups(results, name, key)}
-            if record_name == "denoise_step":
+            if record_name == step:
                 median = statistics.median(res[key])
-                derived["transformer_it_s"] = 1e3 / median if median > 0 else None
+                derived[rate] = 1e3 / median if median > 0 else None
                 derived["denoise_total_ms"] = sum(res[key]) / max(1, len(res["total_ms"]))
                 if "gpu_power_w_mean" in common:  # an estimate: the timed window's mean power over a median step
                     derived["gpu_energy_j_per_step"] = common["gpu_power_w_mean"] * median / 1e3

@@ -1,12 +1,12 @@
 """`ltxbench profile`: where the time goes, per kernel family, per configuration (torch.profiler).
 
 Per configuration (applied and undone by `e2e.configuration`, as in `bench e2e`): one warmup iteration outside
-the profile, then one profiled iteration: LTX = e2e's `run_once` with --steps denoising steps (phases
-text_encode / denoise / vae_decode, or the loop alone with --phase transformer); LLM = prefill of one prompt
-then --new-tokens greedy decode steps (phases prefill / decode). Every phase is a `record_function` range and,
-on CUDA, an NVTX range. Time: on CUDA the device time of every kernel / memcpy / memset event
-(`self_device_time_total`, which for a device event is its own duration); on the CPU the self CPU time of
-every op (`self_cpu_time_total`), so that nested ops are not counted twice. Phase ranges are left out.
+the profile, then one profiled iteration, the model family's workload (ModelFamily.profile: LTX-Video = its timed
+generation with --steps denoising steps, phases text_encode / denoise / vae_decode, or the loop alone with --phase
+transformer; LLM = prefill of one prompt then --new-tokens greedy decode steps, phases prefill / decode). Every
+phase is a `record_function` range and, on CUDA, an NVTX range. Time: on CUDA the device time of every kernel /
+memcpy / memset event (`self_device_time_total`, which for a device event is its own duration); on the CPU the
+self CPU time of every op (`self_cpu_time_total`), so that nested ops are not counted twice. Phase ranges are left out.
 Only the standard library at top level.
 """
 
@@ -17,9 +17,6 @@ import re
 from collections import defaultdict
 
 from ltxbench.bench.profile_families import FAMILIES, classify
-
-LTX_PHASES = ("text_encode", "denoise", "vae_decode")
-LLM_PHASES = ("prefill", "decode")
 
 
 @contextlib.contextmanager
@@ -33,7 +30,9 @@ def phase(name: str, cuda: bool):
 
 def _is_range(evt) -> bool:
     """A phase or user range rather than an op or a device event."""
-    return evt.is_user_annotation or evt.name in (*LTX_PHASES, *LLM_PHASES) or evt.name.startswith("ProfilerStep")
+    from ltxbench.models import profile_phases
+
+    return evt.is_user_annotation or evt.name in profile_phases() or evt.name.startswith("ProfilerStep")
 
 
 def collect(events, cuda: bool) -> dict:
@@ -90,7 +89,7 @@ def summarize(table: dict, top: int) -> dict:
     return {"total_ms": total_ms, "families": families, "kernels": kernels}
 
 
-def profile_configs(module, configs: list[str], inject, run, device, traces: dict, top: int, log,
+def profile_configs(module, configs: list[str], apply, run, device, traces: dict, top: int, log,
                     compile_mode: str = "default", monitor=None) -> dict:
     """Every configuration on the one model: warmup, one profiled run, chrome trace, summary (+ injection).
 
@@ -110,7 +109,7 @@ def profile_configs(module, configs: list[str], inject, run, device, traces: dic
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     results = {}
     for name in configs:
-        with configuration(module, name, inject, compile_mode) as injection:
+        with configuration(module, name, apply, compile_mode) as injection:
             log(f"{name}: warmup")
             run()
             if cuda:
@@ -131,54 +130,6 @@ def profile_configs(module, configs: list[str], inject, run, device, traces: dic
         results[name] = res
         log(f"{name}: {res['total_ms']:.2f} ms profiled{gpu_monitor.describe(res['gpu'])}, trace {traces[name]}")
     return results
-
-
-def profile_ltx(pipe, configs, args: dict, provider: str, traces: dict, top: int, log=lambda s: None) -> dict:
-    import torch
-
-    from ltxbench.bench import e2e
-    from ltxbench.inject.ltx import apply_kernels
-
-    pipe.set_progress_bar_config(disable=True)
-    device = torch.device(pipe._execution_device)
-    embeds = None
-    if args["phase"] == "transformer":
-        with torch.no_grad():
-            embeds = e2e._encode(pipe, args, device)
-    cuda = device.type == "cuda"
-    return profile_configs(pipe.transformer, configs, lambda: apply_kernels(pipe, provider),
-                           lambda: e2e.run_once(pipe, args, embeds, phase=lambda name: phase(name, cuda)), device,
-                           traces, top, log, args.get("compile_mode", "default"))
-
-
-def llm_iteration(model, ids, new_tokens: int, cuda: bool) -> None:
-    """Prefill `ids` (cache on, last logits only), then `new_tokens` greedy single-token decode steps."""
-    import inspect
-
-    import torch
-
-    # the KV cache's name in the forward and its output: `past_key_values` in transformers 5.17, `cache` in 5.24
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    with torch.no_grad():
-        with phase("prefill", cuda):
-            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        with phase("decode", cuda):
-            for _ in range(new_tokens):
-                token = out.logits[:, -1:].argmax(-1)
-                out = model(input_ids=token, use_cache=True, **{name: getattr(out, name)})
-
-
-def profile_llm(model, configs, args: dict, provider: str, traces: dict, top: int, log=lambda s: None) -> dict:
-    import torch
-
-    from ltxbench.bench.e2e_llm import _inject
-
-    gen = torch.Generator("cpu").manual_seed(args["seed"])
-    ids = torch.randint(3, model.config.vocab_size, (args["batch_size"], args["prompt_length"]), generator=gen)
-    ids, device = ids.to(model.device), torch.device(model.device)
-    return profile_configs(model, configs, lambda: _inject(model, provider),
-                           lambda: llm_iteration(model, ids, args["new_tokens"], device.type == "cuda"),
-                           device, traces, top, log, args.get("compile_mode", "default"))
 
 
 def _point(value: float) -> dict:
@@ -261,23 +212,17 @@ def kernel_base(name: str) -> str:
     return text.split("::")[-1] or name
 
 
-def external_commands(args: dict, results: dict, out_dir, stem: str, which) -> list[str]:
-    """nsys/ncu command lines (when those tools are on PATH) profiling each configuration over the fewest steps
-    `bench e2e` takes (2: diffusers' flow-match scheduler needs two), with this run's guidance scale."""
+def external_commands(family, settings, results: dict, out_dir, stem: str, which) -> list[str]:
+    """nsys/ncu command lines (when those tools are on PATH) profiling each configuration with `bench e2e` over the
+    family's smallest form of this workload (ModelFamily.bench_argv: e.g. the 2 steps a video model needs)."""
     import shlex
 
     lines = []
     for config, res in results.items():
-        argv = ["ltxbench", "bench", "e2e", "--model", args["model"], "--weights", args["weights"], "--device", "cuda",
-                "--dtype", args["dtype"], "--configs", config, "--repeats", "1", "--warmup-iterations", "1",
-                "--seed", str(args["seed"]), "--batch-size", str(args["batch_size"]),
-                "--compile-mode", args.get("compile_mode", "default")]
-        if args["family"] == "llm":
-            argv += ["--prompt-lengths", str(args["prompt_length"]), "--new-tokens", str(args["new_tokens"])]
-        else:
-            argv += ["--steps", "2", "--num-frames", str(args["num_frames"]), "--height", str(args["height"]),
-                     "--width", str(args["width"]), "--phase", args["phase"],
-                     "--guidance-scale", str(args.get("guidance_scale", 3.0))]
+        argv = ["ltxbench", "bench", "e2e", "--model", settings.model, "--weights", settings.weights,
+                "--device", "cuda", "--dtype", settings.dtype, "--configs", config, "--repeats", "1",
+                "--warmup-iterations", "1", "--seed", str(settings.seed), "--batch-size", str(settings.batch_size),
+                "--compile-mode", settings.compile_mode, *family.bench_argv(settings)]
         if config.startswith("optimized"):
             argv += ["--kernel-provider", "cuda"]
         tag = f"{out_dir}/{stem}-{config.replace('+', '-')}"

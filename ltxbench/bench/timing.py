@@ -1,10 +1,11 @@
-"""Timing primitives shared by every benchmark: CUDA-event timing with the L2 flushed, and the copy
-bandwidth ceiling measured in the same process (the 100% line of `bench micro`)."""
+"""Timing primitives shared by every benchmark: CUDA-event timing with the L2 flushed, the copy bandwidth ceiling
+measured in the same process (the 100% line of `bench micro`), and the phase clock of whole-model runs."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Callable
 
 from ltxbench.results.schema import stats_from_samples
@@ -100,3 +101,38 @@ def copy_bandwidth_gbps(nbytes: int = 1 << 30, timer: str = "do_bench") -> dict:
     """Device-to-device copy of `nbytes`, counting bytes read + written: the practical memory ceiling."""
     stats = time_cuda(device_copy(nbytes), timer=timer)
     return {"bytes": 2 * nbytes, "ms": stats, "gbps": 2 * nbytes / (stats["median"] * 1e-3) / 1e9}
+
+
+class PhaseClock:
+    """Marks between the phases of one iteration (text encode, each step, decode; prefill, decode): CUDA events on
+    CUDA, recorded on the stream without a sync per mark; time.perf_counter after a device sync elsewhere.
+    `generate`, `bench e2e` and `profile` all time their phases with it."""
+
+    def __init__(self, device):
+        import torch
+
+        self.torch, self.device = torch, torch.device(device)
+        self.cuda = self.device.type == "cuda"
+
+    def mark(self):
+        if self.cuda:
+            event = self.torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        backend = getattr(self.torch, self.device.type, None)
+        if self.device.type != "cpu" and hasattr(backend, "synchronize"):
+            backend.synchronize()
+        return time.perf_counter()
+
+    def ms(self, start, end) -> float:
+        """Milliseconds between two marks (valid after finish())."""
+        return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+
+    def intervals(self, marks: list) -> list[float]:
+        """Milliseconds between consecutive marks."""
+        return [self.ms(a, b) for a, b in zip(marks[:-1], marks[1:], strict=True)]
+
+    def finish(self) -> None:
+        """Wait for the marks recorded so far (CUDA)."""
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)

@@ -90,14 +90,14 @@ def model_and_weights(model: str, weights: str | None) -> str:
     pretrained for such a preset is a usage error."""
     from pathlib import Path
 
-    from ltxbench.bench.e2e_llm import LLM_PRESETS
-    from ltxbench.models.ltx import PRESETS, looks_like_path
+    from ltxbench.models import family_of
+    from ltxbench.models.hub import looks_like_path
 
     path = Path(model).expanduser()
     if (looks_like_path(model) or path.suffix == ".json") and not path.exists():
         raise UsageError(f"--model {model}: no such {'file' if path.suffix == '.json' else 'directory'}",
                          hint="--model takes a preset (see --help), a hub id (owner/name) or an existing path")
-    random_only = PRESETS.get(model, ("", "hub"))[1] is None or (model in LLM_PRESETS and LLM_PRESETS[model] is None)
+    random_only = family_of(model).random_only(model)
     if weights is None:
         return "random" if random_only else "pretrained"
     choice("--weights", weights, ("pretrained", "random"))

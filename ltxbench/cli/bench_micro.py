@@ -85,10 +85,10 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
     for note in notes:
         log.print(f"note: {note}", markup=False)
     if "cuda" in providers:
-        from ltxbench.ops import _build
+        from ltxbench.ops import build
 
         log.print("loading the ltxbench CUDA kernels (compiled on first use)…", markup=False)
-        _build.load()  # a build failure is an environment problem (exit 4), never an n/a column
+        build.load()  # a build failure is an environment problem (exit 4), never an n/a column
     started = utc_now()
     log.print(f"measuring the copy bandwidth ({timer})…", markup=False)
     copy = copy_bandwidth_gbps(timer=timer)

@@ -20,7 +20,7 @@ def env_command(
 
     Works without a GPU: missing pieces are reported, never fatal (exit code 0).
     """
-    from ltxbench.ops._build import build_status
+    from ltxbench.ops.build import build_status
     from ltxbench.results.env import capture_env
 
     env = capture_env()
@@ -71,7 +71,7 @@ def _print_table(env: dict, build: dict) -> None:
     table.add_row("nvcc", nvcc_text)
     table.add_row("CUDA_HOME", _fmt(env.get("cuda_home")))
 
-    from ltxbench.ops._build import describe
+    from ltxbench.ops.build import describe
 
     table.add_row("kernels", describe(build))
 

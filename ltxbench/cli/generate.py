@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
-import typer
+from ltxbench.cli.options import command_line, takes_options
 
 EXAMPLES = (
     "Examples:\n\n"
@@ -19,130 +19,92 @@ EXAMPLES = (
     "--num-frames 9 --height 64 --width 64 --steps 2"
 )
 
-_PHASES = (("text_encode", "text_encode_ms"), ("vae_decode", "vae_decode_ms"), ("total", "total_ms"))
-
-
-def generate_command(
-    prompt: str = typer.Option(..., "--prompt", help="Text prompt."),
-    negative_prompt: str = typer.Option(None, "--negative-prompt", help="Negative prompt (used when guidance > 1)."),
-    num_frames: int = typer.Option(161, "--num-frames", help="Frames, 8k+1."),
-    height: int = typer.Option(512, "--height", help="Height in pixels, a multiple of 32."),
-    width: int = typer.Option(768, "--width", help="Width in pixels, a multiple of 32."),
-    steps: int = typer.Option(50, "--steps", help="Denoising steps (at least 2)."),
-    guidance_scale: float = typer.Option(3.0, "--guidance-scale", help="Classifier-free guidance (> 1 enables CFG)."),
-    seed: int = typer.Option(42, "--seed", help="Seed of the initial noise."),
-    fps: int = typer.Option(24, "--fps", help="Frame rate of the mp4 (and of LTX's RoPE conditioning)."),
-    output: str = typer.Option("out.mp4", "--output", help="mp4 path; the result JSON goes beside it."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing mp4/JSON."),
-    model: str = typer.Option("Lightricks/LTX-Video", "--model",
-                              help="ltx-2b, ltx-13b, ltx-tiny, a hub id or a local pipeline directory."),
-    weights: str = typer.Option(None, "--weights", help="pretrained | random (built from the package's configs; "
-                                "the default for ltx-tiny, which has no pretrained weights)."),
-    use_optimized_kernels: bool = typer.Option(True, "--use-optimized-kernels/--no-optimized-kernels",
-                                               help="Inject ltxbench kernels into the transformer."),
-    compile_: bool = typer.Option(False, "--compile", help="torch.compile the transformer (step 0 includes it)."),
-    gemm_search: bool = typer.Option(False, "--gemm-search/--no-gemm-search",
-                                     help="With our kernels: time cuBLASLt's algorithms for each projection shape on "
-                                          "its first use (10-55 s in step 0 for LTX-2B on an H100, then ~6% less "
-                                          "step time) and store them for this GPU model; off, the projections run "
-                                          "stored choices (from bench e2e or an earlier --gemm-search), else "
-                                          "cuBLASLt's heuristic pick, as torch."),
-    attention_backend: str = typer.Option(None, "--attention-backend",
-                                          help="diffusers attention backend, e.g. native, _native_cudnn."),
-    cpu_offload: bool = typer.Option(False, "--cpu-offload", help="enable_model_cpu_offload (after injection)."),
-    device: str = typer.Option("cuda", "--device", help="cuda | cpu."),
-    kernel_provider: str = typer.Option(None, "--kernel-provider",
-                                        help="cuda | reference (default: cuda on cuda, reference on cpu)."),
-    dtype: str = typer.Option(None, "--dtype", help="bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)."),
-) -> None:
-    """Generate a video with LTX-Video and time text encode, every denoising step and VAE decode."""
+@takes_options("generate")
+def generate_command(**values) -> None:
+    """Generate a video (LTX-Video) and time text encode, every denoising step and VAE decode."""
     from ltxbench.cli._validate import check_outputs, model_and_weights, prompt_text, runtime
     from ltxbench.errors import EnvironmentProblem, NoCudaDevice, UsageError
-    from ltxbench.models.ltx import validate_video_args
+    from ltxbench.models import family_of
 
     # --- validation: nothing heavy is imported before this passes ---------------------------------------
-    prompt_text("--prompt", prompt)
-    prompt_text("--negative-prompt", negative_prompt)
-    validate_video_args(num_frames, height, width, steps)
-    if fps < 1:
-        raise UsageError(f"--fps {fps} must be at least 1")
-    if guidance_scale < 0:
-        raise UsageError(f"--guidance-scale {guidance_scale} must not be negative")
-    weights = model_and_weights(model, weights)
-    provider, dtype = runtime(device, kernel_provider, dtype, kernels_used=use_optimized_kernels,
-                              cpu_hint="use --kernel-provider reference or --no-optimized-kernels on the CPU")
-    if device == "cpu" and cpu_offload:
+    family = family_of(values["model"])
+    if not family.makes_video:
+        raise UsageError(f"--model {values['model']} is an {family.title}: generate makes videos",
+                         hint="time it with `ltxbench bench e2e` or `ltxbench profile`")
+    prompt_text("--prompt", values["prompt"])
+    prompt_text("--negative-prompt", values["negative_prompt"])
+    values["weights"] = model_and_weights(values["model"], values["weights"])
+    values["kernel_provider"], values["dtype"] = runtime(
+        values["device"], values["kernel_provider"], values["dtype"], kernels_used=values["use_optimized_kernels"],
+        cpu_hint="use --kernel-provider reference or --no-optimized-kernels on the CPU")
+    settings = family.settings("generate", **values)
+    family.validate(settings, "generate")
+    if settings.device == "cpu" and values["cpu_offload"]:
         raise UsageError("--cpu-offload needs --device cuda")
-    output = Path(output)
+    output = Path(values["output"])
     if output.suffix.lower() != ".mp4":
         raise UsageError(f"--output {output} must end in .mp4 (the result JSON is written beside it)")
     json_path = output.with_suffix(".json")
+    force = values["force"]
     check_outputs((output, json_path, json_path.with_suffix(".csv")), force)
 
     import torch
 
-    if device == "cuda" and not torch.cuda.is_available():
+    if settings.device == "cuda" and not torch.cuda.is_available():
         raise NoCudaDevice("`ltxbench generate --device cuda`")
 
     from ltxbench.cli._console import console
-    from ltxbench.models.ltx import build_pipeline, inject_kernels, run_generate, torch_dtype
     from ltxbench.results.schema import utc_now
 
     err = console(stderr=True)
     started_at = utc_now()
-    with err.status(f"building {model} ({weights} weights, {dtype}, {device})"):
-        pipe = build_pipeline(model, weights, device, torch_dtype(dtype))
+    with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
+        pipe = family.build(settings)
 
-    if use_optimized_kernels:
-        if provider == "cuda":
+    if values["use_optimized_kernels"]:
+        if settings.kernel_provider == "cuda":
             from ltxbench import ops
 
-            ops.gemm_tuning(gemm_search)  # before the first step: the search happens at a shape's first call
-        injection = inject_kernels(pipe, provider)
+            ops.gemm_tuning(values["gemm_search"])  # before the first step: the search happens at a shape's first call
+        injection = family.inject(pipe, settings).as_dict()
         if not injection.get("applied"):
             err.print(f"[yellow]warning:[/] {injection.get('reason', 'kernel injection not applied')}; "
                       "running diffusers' own modules")
     else:
         injection = {"applied": False, "reason": "disabled by --no-optimized-kernels"}
-    if attention_backend:
-        _set_attention_backend(pipe, attention_backend)
-    if compile_:
-        pipe.transformer.compile()
-    if cpu_offload:
-        pipe.enable_model_cpu_offload(device=device)
+    if values["attention_backend"]:
+        _set_attention_backend(pipe, values["attention_backend"])
+    if values["compile"]:
+        family.compiled_module(pipe).compile()
+    if values["cpu_offload"]:
+        pipe.enable_model_cpu_offload(device=settings.device)
 
-    frames, timings = run_generate(pipe, prompt, negative_prompt, num_frames, height, width, steps,
-                                   guidance_scale, seed, progress=True, frame_rate=fps)
+    frames, timings = _generate(family, pipe, settings)
     finished_at = utc_now()
 
-    config = {"model": model, "weights": weights, "device": device, "dtype": dtype, "num_frames": num_frames,
-              "height": height, "width": width, "steps": steps, "guidance_scale": guidance_scale, "fps": fps,
-              "prompt": prompt, "negative_prompt": negative_prompt, "use_optimized_kernels": use_optimized_kernels,
-              "kernel_provider": provider, "compile": compile_, "attention_backend": attention_backend,
-              "cpu_offload": cpu_offload, "gemm_search": gemm_search, "output": str(output)}
-    doc = _result(config, timings, injection, _argv(config, seed, force), seed, started_at, finished_at)
+    config = {**settings.as_args(), **{k: values[k] for k in ("use_optimized_kernels", "compile", "attention_backend",
+                                                                 "cpu_offload", "gemm_search")},
+              "negative_prompt": settings.negative_prompt, "output": str(output)}
+    argv = command_line("generate", {**values, "force": force})
+    doc = _result(config, timings, injection, argv, settings.seed, started_at, finished_at)
 
-    video_error, json_written = _write_outputs(frames, doc, output, json_path, fps, force)
+    video_error, json_written = _write_outputs(frames, doc, output, json_path, settings.frame_rate, force)
     _print_summary(timings, output if video_error is None else None, json_written)
     if video_error is not None:
         raise EnvironmentProblem(f"could not write {output}: {video_error} (timings were saved to {json_written})",
                                  hint="install imageio-ffmpeg (pip install imageio-ffmpeg) or opencv")
 
 
-def _argv(config: dict, seed: int, force: bool) -> list[str]:
-    """The canonical command line that reproduces this run (as bench micro records it)."""
-    argv = ["ltxbench", "generate", "--prompt", config["prompt"]]
-    if config["negative_prompt"] is not None:
-        argv += ["--negative-prompt", config["negative_prompt"]]
-    for key in ("num_frames", "height", "width", "steps", "guidance_scale", "fps", "output", "model", "weights",
-                "device", "kernel_provider", "dtype"):
-        argv += [f"--{key.replace('_', '-')}", str(config[key])]
-    argv += ["--seed", str(seed)]
-    argv += [] if config["use_optimized_kernels"] else ["--no-optimized-kernels"]
-    argv += ["--attention-backend", config["attention_backend"]] if config["attention_backend"] else []
-    argv += [flag for flag, on in (("--compile", config["compile"]), ("--cpu-offload", config["cpu_offload"]),
-                                   ("--gemm-search", config.get("gemm_search")), ("--force", force)) if on]
-    return argv
+def _generate(family, pipe, settings):
+    """The family's generation with a progress bar of its denoising steps (on stderr, gone when done)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(TextColumn("denoising"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   console=Console(stderr=True), transient=True)
+    with bar:
+        task = bar.add_task("denoising", total=settings.steps)
+        return family.generate(pipe, settings, on_step=lambda: bar.advance(task))
 
 
 def _set_attention_backend(pipe, name: str) -> None:

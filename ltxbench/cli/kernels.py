@@ -16,7 +16,7 @@ def kernels_command(
     json_: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
 ) -> None:
     """List the ltxbench kernels, their formulas, dtypes and the build status (never compiles)."""
-    from ltxbench.ops._build import build_status
+    from ltxbench.ops.build import build_status
     from ltxbench.ops.registry import SPECS
 
     kernels = [{"name": s.name, "aliases": list(s.aliases), "formula": s.summary, "dtypes": list(s.dtypes),
@@ -29,7 +29,7 @@ def kernels_command(
     from rich.table import Table
 
     from ltxbench.cli._console import console
-    from ltxbench.ops._build import describe
+    from ltxbench.ops.build import describe
 
     table = Table(title="ltxbench kernels (torch.ops.ltxbench)")
     table.add_column("op", no_wrap=True)  # names whole: they are what the user types

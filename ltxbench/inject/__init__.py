@@ -1,4 +1,4 @@
-"""Kernel injection into model families (one module each: ltx.py, ...). Every injection is reversible and
+"""Kernel injection into model families (one sub-package each: ltx/, llm/). Every injection is reversible and
 returns an InjectionReport: what was patched, per rule, and what was left alone and why."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ltxbench.errors import UsageError
+from ltxbench.errors import EnvironmentProblem, UsageError
 
 
 class RevertRefused(UsageError):
@@ -71,6 +71,22 @@ class InjectionReport:
     def as_dict(self) -> dict:
         return {"applied": bool(self.rules), "provider": self.provider, "rules": dict(self.rules),
                 "skipped": [{"target": t, "reason": r} for t, r in self.skipped]}
+
+
+def require_provider(provider: str, ops, module, what: str, *, move: str | None = None) -> None:
+    """Where `provider` is "cuda" (`ops` its provider): `module` (the `what`) is on a CUDA device, the extension
+    builds and loads, and its inductor fallbacks are registered; `move` names what the user moves to cuda (the
+    `what` unless given). Nothing for the reference provider."""
+    if provider != "cuda":
+        return
+    device = next(module.parameters()).device
+    if device.type != "cuda":
+        raise EnvironmentProblem(f"the cuda kernel provider needs the {what} on a CUDA device, it is on {device}",
+                                 hint=f"move the {move or what} to cuda first, or use --kernel-provider reference")
+    from ltxbench.ops import build
+
+    build.load()  # build failures surface here (exit 4), not in the middle of a forward
+    ops.register_inductor_fallbacks()  # so that torch.compile of the patched model finishes (see there)
 
 
 OFFLOADED = ("parameters offloaded (on the meta device: sequential CPU offload or a device map with offload): they "

@@ -1,8 +1,52 @@
-"""Model builders: pipelines from real weights (hub id or directory) or from configs/ with random weights.
+"""Model families and the registry that resolves `--model` to one.
 
-Importing this package is light (no torch/diffusers at import time); the builders import them when called.
+Each family is one class implementing `ltxbench.models.family.ModelFamily`; adding a family is one line in
+FAMILIES. Importing this package is light (no torch, diffusers or transformers until a family builds a model).
 """
 
-from ltxbench.models.ltx import build_pipeline, inject_kernels, run_generate, validate_video_args
+from __future__ import annotations
 
-__all__ = ["build_pipeline", "inject_kernels", "run_generate", "validate_video_args"]
+import functools
+import importlib
+
+from ltxbench.models.family import ModelFamily
+
+# "module:class" per family. The first is the default: a model no family claims (a hub id with no telling name)
+# is taken for it.
+FAMILIES = (
+    "ltxbench.models.ltx:LTXVideoFamily",
+    "ltxbench.models.llm:LLMFamily",
+)
+
+
+@functools.cache
+def families() -> tuple[ModelFamily, ...]:
+    loaded = []
+    for entry in FAMILIES:
+        module, name = entry.split(":")
+        loaded.append(getattr(importlib.import_module(module), name)())
+    return tuple(loaded)
+
+
+def family_of(model: str) -> ModelFamily:
+    """The family of --model: the one whose preset it is, else the first that claims it, else the default."""
+    for family in families():
+        if model in family.presets:
+            return family
+    for family in families():
+        if family.claims(model):
+            return family
+    return families()[0]
+
+
+def presets() -> dict[str, ModelFamily]:
+    """Every preset name of every family, in registry order."""
+    return {name: family for family in families() for name in family.presets}
+
+
+def profile_phases() -> tuple[str, ...]:
+    """The phase range names of every family's profiled iteration (the profiler leaves them out of kernel time)."""
+    return tuple(dict.fromkeys(p for family in families() for p in family.profile_phases))
+
+
+__all__ = ["FAMILIES", "ModelFamily", "families", "family_of", "presets", "profile_phases"]

@@ -13,6 +13,11 @@ from ltxbench.errors import EnvironmentProblem, UsageError
 MODEL_FORMS = "a preset (ltx-2b, ltx-13b, ltx-tiny), a hub id (owner/name) or a pipeline directory"
 
 
+def looks_like_path(model: str) -> bool:
+    """A --model that names a file system path rather than a preset or a hub id (owner/name)."""
+    return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or "\\" in model
+
+
 def no_such_directory(model: str) -> UsageError:
     return UsageError(f"--model {model}: no such directory", hint=f"--model takes {MODEL_FORMS}")
 

@@ -1,6 +1,6 @@
 """Public functional API of the ltxbench CUDA kernels.
 
-Every function here calls a torch library op (torch.ops.ltxbench.*), built on first use by `_build.load()`.
+Every function here calls a torch library op (torch.ops.ltxbench.*), built on first use by `build.load()`.
 The ops take CUDA tensors only; `ltxbench.ops.reference` holds pure-torch twins with the same signatures
 (the `reference` provider). `get_provider(name)` returns either, for code that lets the user choose.
 """
@@ -11,15 +11,15 @@ import types
 
 import torch
 
-from ltxbench.ops import _build
+from ltxbench.ops import build
 
 Tensor = torch.Tensor
 PROVIDERS = ("cuda", "reference")
 
 
 def _lib():
-    if not _build.is_loaded():
-        _build.load()
+    if not build.is_loaded():
+        build.load()
     return torch.ops.ltxbench
 
 

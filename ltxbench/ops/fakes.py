@@ -1,6 +1,6 @@
 """Fake (meta) implementations: output shapes and dtypes, so torch.compile keeps our ops in its graphs.
 
-Imported by `_build.load()` right after the library registers; TORCH_LIBRARY names this module too
+Imported by `build.load()` right after the library registers; TORCH_LIBRARY names this module too
 (`set_python_module`), so torch points here if the fakes are ever missing.
 """
 

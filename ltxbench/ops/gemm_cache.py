@@ -36,9 +36,9 @@ def directory() -> Path | None:
         return None
     if setting:
         return Path(setting).expanduser()
-    from ltxbench.ops import _build
+    from ltxbench.ops import build
 
-    return _build.cache_dir() / "gemm-choices"
+    return build.cache_dir() / "gemm-choices"
 
 
 def file_name(device_name: str) -> str:

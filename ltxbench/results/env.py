@@ -109,7 +109,7 @@ def _driver() -> str | None:
 
 def _cuda_home() -> str | None:
     # The same resolution the kernel build uses (it follows /usr/local/bin/nvcc wrappers to the toolkit).
-    from ltxbench.ops._build import cuda_home
+    from ltxbench.ops.build import cuda_home
 
     return cuda_home()
 

@@ -114,7 +114,7 @@ def make_result(
 
         env = capture_env()
     if build is None:
-        from ltxbench.ops._build import build_status
+        from ltxbench.ops.build import build_status
 
         build = build_status()
     return {

@@ -2,7 +2,7 @@
 kernel, our cross-attention kernel) and the attention forward that calls it without diffusers' per-call signature
 check. The processor keeps `_attention_backend`/`_parallel_config` and calls dispatch_attention_fn, so attention
 backends and context parallelism behave as before; our cross-attention kernel runs only where diffusers would run its
-default backend. Rules and the rest of the block: ltx.py.
+default backend. Rules and the rest of the block: ltx/__init__.py.
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ class FusedLTXAttnProcessor:
     Self-attention: left to diffusers/torch (torch's default order picks cuDNN, the fastest measured; forcing it
     with sdpa_kernel cost CPU time). Cross-attention (cross_attention=True): our
     short-key kernel `ops.cross_attention` when diffusers would run its default backend, else diffusers'.
-    cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (ltx_cross_kv).
+    cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (cross_kv.py).
     tuned_gemm: the fused q/k/v GEMM through ops.linear (cuBLASLt, algorithm chosen by timing; torch's when a
     gradient is wanted), else torch's; and `residual` (the block's hidden states) taken into the out-projection's
     GEMM (see fuses_residual), which returns `residual + to_out(attention)`."""

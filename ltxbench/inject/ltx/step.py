@@ -2,13 +2,13 @@
 
 StepInputs is everything the patched model forward needs ahead of its block loop: RoPE, attn2's mask, proj_in, the
 timestep embedding, every block's modulation (scale_shift_table + temb, one stack for all blocks), the final
-modulation, attn2's prompt side, and whether the batch is classifier-free guidance's two identical halves (ltx_cfg).
+modulation, attn2's prompt side, and whether the batch is classifier-free guidance's two identical halves (cfg.py).
 The patched model's `__call__` (step_call) builds it eagerly and passes it to the
 forward as `step`; under nn.Module.compile() it arrives as graph inputs. Why: built inside the graph, inductor
 recomputed the small pointwise ones (modulation slices, the mask, the RoPE freqs) in a kernel of their own at their
 uses (~60 kernels of ~1 us per 49-frame step, each with its launch gap; H100 optimized+compile 40.62 / 40.51 ->
 40.11 ms, docs/tuning.md#step-level-work); graph inputs are realized once. The prompt side comes from the
-CrossKVCache (ltx_cross_kv, once per generation) when it applies. Traced from `__call__` (torch.compile(model),
+CrossKVCache (cross_kv.py, once per generation) when it applies. Traced from `__call__` (torch.compile(model),
 dynamo.explain) the forward builds StepInputs itself.
 """
 
@@ -18,9 +18,9 @@ from typing import NamedTuple
 
 import torch
 
-from ltxbench.inject.ltx_attention import attn2_mask
-from ltxbench.inject.ltx_cfg import PAIRED_ATTR, Answer, compare_halves
-from ltxbench.inject.ltx_cross_kv import CACHE_ATTR
+from ltxbench.inject.ltx.attention import attn2_mask
+from ltxbench.inject.ltx.cfg import PAIRED_ATTR, Answer, compare_halves
+from ltxbench.inject.ltx.cross_kv import CACHE_ATTR
 
 FORWARD_ARGS = ("hidden_states", "encoder_hidden_states", "timestep", "encoder_attention_mask", "num_frames", "height",
                 "width", "rope_interpolation_scale", "video_coords")  # LTXVideoTransformer3DModel.forward's, in order
@@ -35,7 +35,7 @@ class StepInputs(NamedTuple):
     final: torch.Tensor           # (B, 1|S, 2, D): norm_out's shift and scale
     prompt: torch.Tensor          # the caption-projected prompt
     block_kv: list                # per block: attn2's (key, value) from the cache, or None
-    paired: bool = False          # the batch is two identical halves: block 0's attn1 runs on one (ltx_cfg)
+    paired: bool = False          # the batch is two identical halves: block 0's attn1 runs on one (cfg.py)
 
 
 def block_modulation(block, temb, batch_size):
@@ -63,7 +63,7 @@ def step_inputs(model, hidden_states, encoder_hidden_states, timestep, encoder_a
     """The original forward's code up to its block loop, with the modulation of every block stacked (per-sample
     temb: N x B x 6D values, 1.4 MB for LTX-2B with CFG; per token it would be N times (B, S, 6D), so not then).
     prompt_entry: (projected prompt, per-block (key, value)) from the cache, else computed here. paired: the caller
-    runs the step on the batch's identical halves (ltx_cfg.HalvesCheck)."""
+    runs the step on the batch's identical halves (cfg.HalvesCheck)."""
     rope = model.rope(hidden_states, num_frames, height, width, rope_interpolation_scale, video_coords)
     if encoder_attention_mask is not None and encoder_attention_mask.ndim == 2:
         encoder_attention_mask = ((1 - encoder_attention_mask.to(hidden_states.dtype)) * -10000.0).unsqueeze(1)
@@ -103,7 +103,7 @@ def step_call(self, *args, **kwargs):
     bound.update((name, kwargs.pop(name)) for name in FORWARD_ARGS if name in kwargs)
     cache = vars(self).get(CACHE_ATTR)
     entry = cache.get(self, bound.get("encoder_hidden_states")) if cache is not None else None
-    check = vars(self).get(PAIRED_ATTR)  # ltx_cfg.HalvesCheck: the step runs by the last step's answer
+    check = vars(self).get(PAIRED_ATTR)  # cfg.HalvesCheck: the step runs by the last step's answer
     answer = check and Answer(compare_halves(bound.get("hidden_states"), bound.get("timestep"),
                                              bound.get("video_coords")))
     step = step_inputs(self, **bound, prompt_entry=entry, paired=bool(check) and check.guess(answer))

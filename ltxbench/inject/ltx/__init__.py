@@ -11,9 +11,9 @@ Per block (docs/models.md has the math):
   h + ff * gate_mlp                                 → gated_residual, or with the next block's norm1:
                                                       add_rms_norm_modulate (model forward, chained blocks)
 Model: norm_out (no-affine LayerNorm) + final modulation → layer_norm_modulate; what precedes the blocks built
-before the (compiled) forward (ltx_step.py); attn2's keys/values once per generation (ltx_cross_kv.py); block 0's attn1
-once for classifier-free guidance's identical halves (ltx_cfg.py). The patched block and model forwards are in
-ltx_forward.py, the attention processor and forward in ltx_attention.py. Modulation per batch
+before the (compiled) forward (step.py); attn2's keys/values once per generation (cross_kv.py); block 0's attn1
+once for classifier-free guidance's identical halves (cfg.py). The patched block and model forwards are in
+forward.py, the attention processor and forward in attention.py. Modulation per batch
 (B, 1, D) or per token (B, S, D, image-to-video / condition pipelines) both go through the kernels' broadcast strides.
 """
 
@@ -24,7 +24,7 @@ import functools
 
 import torch
 
-from ltxbench.errors import EnvironmentProblem, UsageError
+from ltxbench.errors import UsageError
 from ltxbench.inject import (
     OFFLOADED,
     ORIGINAL_CLASS,
@@ -33,10 +33,11 @@ from ltxbench.inject import (
     original_class,
     patch_call,
     patch_forward,
+    require_provider,
     set_attr,
 )
 from ltxbench.inject.fuse import fuse_linears, release
-from ltxbench.inject.ltx_attention import (
+from ltxbench.inject.ltx.attention import (
     ATTN_FORWARD_RULE,
     FUSED_ATTR,
     FusedLTXAttnProcessor,
@@ -46,10 +47,10 @@ from ltxbench.inject.ltx_attention import (
     needs_autograd,
     tuned_linear,
 )
-from ltxbench.inject.ltx_cfg import PAIRED_ATTR, HalvesCheck
-from ltxbench.inject.ltx_cross_kv import CACHE_ATTR, CrossKVCache, cache_sources
-from ltxbench.inject.ltx_forward import fused_block_forward, fused_model_forward
-from ltxbench.inject.ltx_step import projected_prompt, step_call
+from ltxbench.inject.ltx.cfg import PAIRED_ATTR, HalvesCheck
+from ltxbench.inject.ltx.cross_kv import CACHE_ATTR, CrossKVCache, cache_sources
+from ltxbench.inject.ltx.forward import fused_block_forward, fused_model_forward
+from ltxbench.inject.ltx.step import projected_prompt, step_call
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
 
@@ -156,7 +157,7 @@ def new_generation(target) -> None:
 def generation(target):
     """One generation of the patched LTX model (`target`: the transformer or its pipeline): attn2's keys and values
     are kept across its steps only inside this scope, and forgotten on entry and exit (an exception included), so
-    no weight change between generations can meet an old entry (ltx_cross_kv). A patched pipeline's call is one
+    no weight change between generations can meet an old entry (cross_kv.py). A patched pipeline's call is one
     generation; a caller that runs the transformer's steps itself wraps them in this to keep the cache."""
     cache = vars(getattr(target, "transformer", target)).get(CACHE_ATTR)
     new_generation(target)
@@ -212,14 +213,14 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     through `ops.cross_attention` instead of SDPA, where diffusers would run its default (native) backend; None
     (the default) does so at the head dims where it measured faster (CROSS_ATTENTION_HEAD_DIMS). cross_kv_cache:
     attn2's keys and values (and the caption projection) computed once per generation, not once per step
-    (ltx_cross_kv; needs the chained model forward; a generation is one call of the pipeline given here, or a
+    (cross_kv.py; needs the chained model forward; a generation is one call of the pipeline given here, or a
     `generation(transformer)` scope). tuned_gemm: the blocks' projections (fused q/k/v, attn2's q,
     both out-projections, the feed-forward's two) through `ops.linear`, cuBLASLt with the algorithm per shape
     chosen by timing on its first call (docs/kernels.md#attention-and-gemm) or stored by an earlier process on this
     GPU model (ops.load_gemm_choices); else torch's linear (cuBLASLt's heuristic pick).
     The attn2 k/v projections run once per generation with the cache, so they stay torch's. pair_cfg_halves: where
     a step's batch is two identical halves (classifier-free guidance), block 0's norm1, attn1 and gated residual
-    run on one half (ltx_cfg: checked on the device, the answer read one step late, so no synchronization
+    run on one half (cfg.py: checked on the device, the answer read one step late, so no synchronization
     before a step; needs the chained model forward).
     """
     transformer = _transformer_of(target)
@@ -232,18 +233,10 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         report.skip("transformer", OFFLOADED)
         return report
     ops = get_provider(provider)
-    if provider == "cuda":
-        device = next(transformer.parameters()).device
-        if device.type != "cuda":
-            raise EnvironmentProblem(
-                f"the cuda kernel provider needs the transformer on a CUDA device, it is on {device}",
-                hint="move the pipeline to cuda first, or use --kernel-provider reference")
-        from ltxbench.ops import _build
-
-        _build.load()  # build failures surface here (exit 4), not in the middle of a denoising step
-        ops.register_inductor_fallbacks()  # so that torch.compile of the patched model finishes (see there)
-        if tuned_gemm:
-            ops.load_gemm_choices(device)  # earlier processes' searches on this GPU model (ops.gemm_cache)
+    require_provider(provider, ops, transformer, "transformer", move="pipeline")
+    if provider == "cuda" and tuned_gemm:
+        # earlier processes' searches on this GPU model (ops.gemm_cache)
+        ops.load_gemm_choices(next(transformer.parameters()).device)
     report = InjectionReport(provider)
     classes: dict = {}  # (class, forward) -> its patched subclass
     if rope_from_coords:

@@ -2,7 +2,7 @@
 
 attn2 attends to the prompt: its keys and values (caption_projection, then every block's to_k/to_v GEMM and
 norm_k) depend only on the prompt embeddings and the weights, and diffusers' LTX pipelines pass the same
-prompt_embeds tensor to every step (built once, before the loop). The patched model's `__call__` (ltx_step.step_call)
+prompt_embeds tensor to every step (built once, before the loop). The patched model's `__call__` (step.step_call)
 takes them from here into the step's inputs; the forward then skips caption_projection and, per block, the k/v GEMM
 and norm_k. The same ops on the same inputs, so the step's result does not change; what goes is their time.
 
@@ -59,7 +59,7 @@ class CrossKVCache:
 
 def cache_sources(model, encoder_hidden_states, processor_type) -> list | None:
     """The tensors attn2's keys and values are computed from, or None when they must not be cached (see above;
-    the caller, ltx_step.step_call, has already ruled out autograd, pre-hooks and hook wrappers)."""
+    the caller, step.step_call, has already ruled out autograd, pre-hooks and hook wrappers)."""
     if not isinstance(encoder_hidden_states, torch.Tensor) or encoder_hidden_states.is_inference():
         return None  # inference tensors have no version counter: an in-place change would go unseen
     projection = model.caption_projection

@@ -6,7 +6,7 @@ Rules (docs/models.md has the math):
                  `residual + mlp`                               → down_proj GEMM accumulating into the residual
                                                                   (addmm_, beta 1: no separate add kernel)
   MLP: gate_proj and up_proj as ONE [gate | up] projection      → F.linear + ops.swiglu + down_proj
-  attention: q_proj/k_proj/v_proj as ONE projection; apply_rotary_pos_emb → ops.rope_1d   (llm_attention.py)
+  attention: q_proj/k_proj/v_proj as ONE projection; apply_rotary_pos_emb → ops.rope_1d   (attention.py)
 Anything else (gemma's `1 + weight` norm, unknown classes, forwards already wrapped by hooks, forwards whose
 source differs from the code reproduced here) is skipped with a reason, never patched. Inference only: a
 forward that would need gradients through the fused MLP weight runs the original forward instead.
@@ -28,7 +28,6 @@ import inspect
 
 import torch
 
-from ltxbench.errors import EnvironmentProblem
 from ltxbench.inject import (
     OFFLOADED,
     ORIGINAL_CLASS,
@@ -37,9 +36,10 @@ from ltxbench.inject import (
     offloaded,
     original_class,
     patch_forward,
+    require_provider,
 )
 from ltxbench.inject.fuse import fuse_linears, fused_linear, release
-from ltxbench.inject.llm_attention import (
+from ltxbench.inject.llm.attention import (
     ATTN_SOURCE,
     CACHE_UPDATE_KWARGS,
     RULE_ROPE,
@@ -57,7 +57,7 @@ RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE)
 FUSED_ATTR = "_ltxbench_gate_up"  # FusedWeights: [gate | up] (2I, H), gate/up weights are views of it
 
 # Source fragments of the transformers 5.x forwards reproduced here (a tuple: one of them): a release that rewrites
-# them is skipped (the attention's: llm_attention).
+# them is skipped (the attention's: attention.py).
 LAYER_SOURCE = ("residual = hidden_states", "hidden_states = self.input_layernorm(hidden_states)",
                 "hidden_states = residual + hidden_states", "self.post_attention_layernorm(hidden_states)",
                 "hidden_states = self.mlp(hidden_states)")
@@ -158,20 +158,6 @@ def _silu(mlp) -> bool:
 
 # ---- entry point --------------------------------------------------------------------------------------
 
-def _check_provider(model, provider: str):
-    ops = get_provider(provider)
-    if provider == "cuda":
-        device = next(model.parameters()).device
-        if device.type != "cuda":
-            raise EnvironmentProblem(f"the cuda kernel provider needs the model on a CUDA device, it is on {device}",
-                                     hint="move the model to cuda first, or use --kernel-provider reference")
-        from ltxbench.ops import _build
-
-        _build.load()
-        ops.register_inductor_fallbacks()  # so that torch.compile of the patched model finishes (see there)
-    return ops
-
-
 def _patch(report, rule, module, forward, name: str, prefix: str, classes: dict, needs: tuple = ()) -> bool:
     """Patch module's forward unless its class is not the expected one, its source differs, a hook owns it or it
     is patched already."""
@@ -197,7 +183,8 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
         report = InjectionReport(provider)
         report.skip("model", OFFLOADED)
         return report
-    ops = _check_provider(model, provider)
+    ops = get_provider(provider)
+    require_provider(provider, ops, model, "model")
     report = InjectionReport(provider)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     prefix = FAMILIES.get(model_type)

@@ -1,6 +1,7 @@
 """The patched forwards of LTX-Video's transformer block and model (applied by ltx.apply_kernels; the block math is
-in docs/models.md and ltx.py's docstring). The model forward chains the blocks: block i's `h + ff * gate_mlp` and block
-i+1's modulated norm1 are one add_rms_norm_modulate, and what precedes the block loop arrives as ltx_step.StepInputs.
+in docs/models.md and ltx/__init__.py's docstring). The model forward chains the blocks: block i's
+`h + ff * gate_mlp` and block i+1's modulated norm1 are one add_rms_norm_modulate, and what precedes the block loop
+arrives as step.StepInputs.
 """
 
 from __future__ import annotations
@@ -8,9 +9,9 @@ from __future__ import annotations
 import torch
 
 from ltxbench.inject import original_class
-from ltxbench.inject.ltx_attention import takes_residual
-from ltxbench.inject.ltx_cfg import first_half
-from ltxbench.inject.ltx_step import block_modulation, modulation_of, step_inputs
+from ltxbench.inject.ltx.attention import takes_residual
+from ltxbench.inject.ltx.cfg import first_half
+from ltxbench.inject.ltx.step import block_modulation, modulation_of, step_inputs
 
 
 def _self_attention(ops, block, hidden_states, norm, gate_msa, image_rotary_emb):
@@ -21,7 +22,7 @@ def _self_attention(ops, block, hidden_states, norm, gate_msa, image_rotary_emb)
 
 def _paired_self_attention(ops, block, hidden_states, ada, image_rotary_emb):
     """norm1 + modulation, attn1 and its gated residual on the first half of a batch whose halves are identical
-    (classifier-free guidance, ltx_cfg), repeated for the second."""
+    (classifier-free guidance, cfg.py), repeated for the second."""
     batch = hidden_states.size(0)
     half, ada = hidden_states[: batch // 2], first_half(ada, batch)
     norm = ops.rms_norm_modulate(half, None, ada[1], ada[0], block.norm1.eps)
@@ -32,7 +33,7 @@ def _cross_attention_and_ff(ops, block, hidden_states, ada, encoder_hidden_state
                             cross_kv=None):
     """attn2 + residual + modulated norm2, then ff. Returns (hidden_states, ff output); the caller adds
     `ff * gate_mlp` (alone or fused with the next norm1). cross_kv: attn2's (key, value) from the cache
-    (ltx_cross_kv), or None."""
+    (cross_kv.py), or None."""
     _, _, _, shift_mlp, scale_mlp, _ = ada
     kv = {} if cross_kv is None else {"cross_kv": cross_kv}
     in_gemm = takes_residual(block.attn2)  # h + attn2(h) from the out-projection's GEMM (beta = 1): no add pass
@@ -70,7 +71,7 @@ def fused_model_forward(ops):
     """LTXVideoTransformer3DModel.forward with the block loop chained: block i's `h + ff * gate_mlp` and block
     i+1's `norm1(h) * (1 + scale_msa) + shift_msa` become one add_rms_norm_modulate, and the final
     norm_out + modulation one layer_norm_modulate. rope, proj_in and proj_out are still called as modules (hooks).
-    step: what comes before the block loop (ltx_step.StepInputs), built by the model's __call__; else built here."""
+    step: what comes before the block loop (step.StepInputs), built by the model's __call__; else built here."""
 
     def forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
                 height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
@@ -92,7 +93,7 @@ def fused_model_forward(ops):
                                                               blocks[0].norm1.eps)
         for index, block in enumerate(blocks):
             gate_mlp = ada[5]
-            if index == 0 and step.paired:  # classifier-free guidance's identical halves: attn1 on one (ltx_cfg)
+            if index == 0 and step.paired:  # classifier-free guidance's identical halves: attn1 on one (cfg.py)
                 hidden_states = _paired_self_attention(ops, block, hidden_states, ada, step.rope)
             else:
                 hidden_states = _self_attention(ops, block, hidden_states, norm, ada[2], step.rope)

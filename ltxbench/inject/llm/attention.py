@@ -1,6 +1,6 @@
-"""The attention rule of llm.py: q/k/v as one GEMM and transformers' apply_rotary_pos_emb through ops.rope_1d, in
-the attention forward of llama/mistral/qwen2/qwen3 (transformers 5.x); llm.py's docstring says how the RoPE tables
-come from the model's own cos/sin."""
+"""The attention rule of llm/__init__.py: q/k/v as one GEMM and transformers' apply_rotary_pos_emb through
+ops.rope_1d, in the attention forward of llama/mistral/qwen2/qwen3 (transformers 5.x); llm/__init__.py's docstring
+says how the RoPE tables come from the model's own cos/sin."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ Computing them on one half and repeating the result is the same math; what goes 
 frames: ~1.7 ms of a ~158 ms H100 step by the profile's per-block kernel times, most of it attention; an estimate).
 
 Nothing structural tells a model forward that its batch is two copies, so the patched model's `__call__`
-(ltx_step.step_call) compares the halves of its inputs (hidden states, timestep, video coordinates) on the device.
+(step.step_call) compares the halves of its inputs (hidden states, timestep, video coordinates) on the device.
 Waiting for that answer before the step would drain the GPU once per step while the host then enqueues the step
 (H200, 49 frames: 0.4 ms idle eager, 1.3 ms compiled, where dynamo's guards run first; docs/tuning.md#step-level-work).
 So the answer is read one step late: a step runs as the previous step's answer says (the first step waits for its

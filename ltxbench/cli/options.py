@@ -1,0 +1,124 @@
+"""Every command-line option of `generate`, `bench e2e` and `profile`, declared once, and the one rebuilder of a
+command line from its values.
+
+A command names the shared options it takes (COMMAND_OPTIONS); the model families add their own
+(`ModelFamily.options`), so a new family's options reach the commands without an edit here. `takes_options`
+gives a command function the typer signature of all of them; the function receives them as keyword arguments.
+Only typer and the standard library at top level (the families' modules are standard library only at theirs).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Optional
+
+import typer
+
+from ltxbench.models.family import Option
+
+_DEVICE = "bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)."
+_CONFIGS = "Comma-separated: baseline, optimized, compile, optimized+compile, a model family's peer configurations " \
+           "(LLMs: liger, liger+compile), or all"
+
+SHARED = {o.name: o for o in (
+    Option("prompt", ("--prompt",), str, ..., "Text prompt.", ("generate",)),
+    Option("negative_prompt", ("--negative-prompt",), str, None, "Negative prompt (used when guidance > 1).",
+           ("generate",)),
+    Option("model", ("--model",), str, "ltx-2b", "A preset ({presets}), a hub id or a local path."),
+    Option("weights", ("--weights",), str, None, "pretrained | random (built from the package's configs; the "
+           "default for the presets that have no pretrained weights)."),
+    Option("configs", ("--configs",), str, None, _CONFIGS + " (default: the four ours and torch's).",
+           ("bench e2e", "profile"), helps={"profile": _CONFIGS + " (default: baseline,optimized)."}),
+    Option("use_optimized_kernels", ("--use-optimized-kernels/--no-optimized-kernels",), bool, None,
+           "Select ONE configuration, as the original script did.", ("generate", "bench e2e"),
+           defaults={"generate": True}, helps={"generate": "Inject ltxbench kernels into the model."}),
+    Option("compile", ("--compile",), bool, False, "With/without --use-optimized-kernels: one configuration.",
+           ("generate", "bench e2e"), helps={"generate": "torch.compile the transformer (step 0 includes it)."}),
+    Option("compile_mode", ("--compile-mode",), str, "default", "torch.compile mode of the compile configurations: "
+           "default, reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs.",
+           ("bench e2e", "profile")),
+    Option("compile_cache", ("--compile-cache",), str, "shared", "Inductor's on-disk cache for the compile configs: "
+           "shared (the usual one; a compile may hit what an earlier run wrote) or cold (a fresh one for this run, "
+           "removed afterwards: compile times comparable between runs).", ("bench e2e",)),
+    Option("gemm_search", ("--gemm-search/--no-gemm-search",), bool, False, "With our kernels: time cuBLASLt's "
+           "algorithms for each projection shape on its first use (10-55 s in step 0 for LTX-2B on an H100, then ~6% "
+           "less step time) and store them for this GPU model; off, the projections run stored choices (from bench "
+           "e2e or an earlier --gemm-search), else cuBLASLt's heuristic pick, as torch.", ("generate",)),
+    Option("attention_backend", ("--attention-backend",), str, None, "diffusers attention backend, e.g. native, "
+           "_native_cudnn.", ("generate",)),
+    Option("cpu_offload", ("--cpu-offload",), bool, False, "enable_model_cpu_offload (after injection).",
+           ("generate",)),
+    Option("batch_size", ("--batch-size",), int, 1, "Videos per prompt (video models) / sequences (LLMs).",
+           ("bench e2e", "profile")),
+    Option("warmup", ("--warmup-iterations",), int, 2, "Untimed iterations per configuration.", ("bench e2e",)),
+    Option("repeats", ("--repeats",), int, 3, "Timed iterations per configuration (median reported).",
+           ("bench e2e",)),
+    Option("rounds", ("--rounds",), int, 1, "Run the configurations this many times in alternating order (A B, B A, "
+           "...) and pool the samples, so that drift during the run favours no configuration.", ("bench e2e",)),
+    Option("top", ("--top",), int, 20, "Kernels listed (and recorded) per configuration.", ("profile",)),
+    Option("device", ("--device",), str, "cuda", "cuda | cpu."),
+    Option("kernel_provider", ("--kernel-provider",), str, None, "cuda | reference (default: cuda on cuda, reference "
+           "on cpu)."),
+    Option("dtype", ("--dtype",), str, None, _DEVICE),
+    Option("seed", ("--seed",), int, 42, "Seed of weights, noise and token ids (the same for every configuration)."),
+    Option("output", ("--output", "-o"), str, None, "Result JSON (CSV beside it); default results/runs/.",
+           defaults={"generate": "out.mp4"}, helps={"generate": "mp4 path; the result JSON goes beside it."}),
+    Option("trace_dir", ("--trace-dir",), str, None, "Chrome traces (default: beside the result JSON).",
+           ("profile",)),
+    Option("plot", ("--plot",), str, None, "Also draw the per-configuration phase split to this PNG.",
+           ("bench e2e",)),
+    Option("force", ("--force",), bool, False, "Overwrite the outputs if they exist."),
+)}
+
+
+def declared(command: str) -> list[Option]:
+    """The options of `command`: the shared ones, then every family's (a name declared twice: the first)."""
+    from ltxbench.models import families
+
+    found = {o.name: o for o in SHARED.values() if command in o.commands}
+    for family in families():
+        for option in family.options:
+            if command in option.commands:
+                found.setdefault(option.name, option)
+    return list(found.values())
+
+
+def _parameter(option: Option, command: str) -> inspect.Parameter:
+    from ltxbench.models import presets
+
+    default = option.default_for(command)
+    text = option.help_for(command).replace("{presets}", ", ".join(presets()))
+    annotation = Optional[option.type] if default is None else option.type  # noqa: UP045 - typer reads Optional
+    return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
+                             default=typer.Option(default, *option.flags, help=text))
+
+
+def takes_options(command: str) -> Callable:
+    """Give `fn(**values)` the typer signature of `command`'s options."""
+
+    def decorate(fn):
+        fn.__signature__ = inspect.Signature([_parameter(o, command) for o in declared(command)],
+                                             return_annotation=None)
+        return fn
+
+    return decorate
+
+
+def command_line(command: str, values: dict) -> list[str]:
+    """The command line that reruns `command` with `values` ({option name: value}; None and unknown names left out;
+    a list as comma-separated text; a bool as its --flag or --no-flag)."""
+    argv = ["ltxbench", *command.split()]
+    for option in declared(command):
+        value = values.get(option.name)
+        if value is None:
+            continue
+        flag = option.flags[0]
+        if isinstance(value, bool):
+            on, _, off = flag.partition("/")
+            if value or off:
+                argv.append(on if value else off)
+        else:
+            argv += [flag, ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)]
+    return argv
+

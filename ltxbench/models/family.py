@@ -1,0 +1,194 @@
+"""The one interface every model family implements (LTX-Video, LLMs, ...), its typed run settings and its CLI options.
+
+A family is one class (`models/<family>.py`) registered in `ltxbench.models.FAMILIES`; the commands (`generate`,
+`bench e2e`, `profile`) and the runners in `bench/` talk to it only through this interface. Only the standard
+library at top level: the CLI resolves the family and validates the settings before torch is imported.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from ltxbench.errors import UsageError
+
+CONFIG_NAMES = ("baseline", "optimized", "compile", "optimized+compile")
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+COMMANDS = ("generate", "bench e2e", "profile")
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option of a family, declared once: the settings field `name`, its flag(s) (a bool's as
+    "--x/--no-x"), its type, default (per command where they differ) and help, and the commands that take it."""
+
+    name: str
+    flags: tuple[str, ...]
+    type: type
+    default: Any
+    help: str
+    commands: tuple[str, ...] = COMMANDS
+    defaults: dict = field(default_factory=dict)  # command -> default, where a command differs
+    helps: dict = field(default_factory=dict)     # command -> help, where a command differs
+
+    def default_for(self, command: str) -> Any:
+        return self.defaults.get(command, self.default)
+
+    def help_for(self, command: str) -> str:
+        return self.helps.get(command, self.help)
+
+
+@dataclass(kw_only=True)
+class RunSettings:
+    """What every run takes, whatever the family; a family's settings subclass this with its own fields. Field
+    order is the order of the run's recorded arguments (run.config in a result)."""
+
+    model: str
+    weights: str
+    configs: list[str] | None = None   # bench e2e, profile: the configurations, in run order
+    device: str = "cuda"
+    dtype: str = "bf16"
+    kernel_provider: str = "cuda"
+    seed: int = 42
+    warmup: int | None = None          # bench e2e: untimed iterations per configuration
+    repeats: int | None = None         # bench e2e: timed iterations per configuration
+    rounds: int | None = None          # bench e2e: passes over the configurations, in alternating order
+    batch_size: int = 1
+    top: int | None = None             # profile: kernels listed per configuration
+    compile_mode: str = "default"
+    family: str = ""
+    compile_cache: str | None = None   # bench e2e: shared | cold inductor cache
+
+    def as_args(self) -> dict:
+        """The settings as the recorded arguments: fields a command does not take (None) are left out."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) is not None}
+
+
+@dataclass(frozen=True)
+class PeerConfig:
+    """A configuration of the library a family's users would pick instead of ours (e.g. Liger for LLMs):
+    apply(target) returns a report with revert() and as_dict(), as an InjectionReport."""
+
+    name: str
+    apply: Callable[[Any], Any]
+    describe: str
+
+
+class ModelFamily:
+    """Base of the model families: what `--model` resolves to. Subclasses set the class attributes and implement
+    the methods that raise NotImplementedError; the defaults below serve the families that need nothing else."""
+
+    name: ClassVar[str]                       # recorded as the runs' "family"
+    title: ClassVar[str]                      # for messages ("LTX-Video", "LLM")
+    presets: ClassVar[dict[str, str | None]]  # preset -> hub id of its pretrained weights (None: random only)
+    settings_class: ClassVar[type[RunSettings]] = RunSettings
+    options: ClassVar[tuple[Option, ...]] = ()
+    profile_phases: ClassVar[tuple[str, ...]] = ()  # the named ranges of its profiled iteration
+    makes_video: ClassVar[bool] = False             # `generate` takes it
+
+    # --- resolving --model ------------------------------------------------------------------------------
+    def claims(self, model: str) -> bool:
+        """Whether `model` (not a preset of any family) is one of this family's: a hub id, a path."""
+        return False
+
+    def random_only(self, model: str) -> bool:
+        return model in self.presets and self.presets[model] is None
+
+    # --- before torch ----------------------------------------------------------------------------------
+    def settings(self, command: str, **values) -> RunSettings:
+        """The typed settings from a command's option values (those that are not fields, e.g. --output, left out)."""
+        names = {f.name for f in dataclasses.fields(self.settings_class)} - {"family"}
+        return self.settings_class(family=self.name, **{k: v for k, v in values.items() if k in names})
+
+    def validate(self, settings: RunSettings, command: str) -> None:
+        """Refuse values this family cannot run (UsageError naming the flag), before anything heavy loads."""
+
+    def peers(self) -> dict[str, PeerConfig]:
+        """Peer-library configurations this family offers besides ours (name -> PeerConfig)."""
+        return {}
+
+    def config_names(self) -> tuple[str, ...]:
+        """Every configuration a run of this family can take: ours, then each peer alone and compiled."""
+        return CONFIG_NAMES + tuple(n for peer in self.peers() for n in (peer, f"{peer}+compile"))
+
+    # --- with torch ------------------------------------------------------------------------------------
+    def build(self, settings: RunSettings):
+        """The model or pipeline (random weights from the package's configs, or pretrained), on settings.device."""
+        raise NotImplementedError
+
+    def compiled_module(self, target):
+        """The module the compile configurations compile (the transformer of a pipeline, the LLM itself)."""
+        return target
+
+    def inject(self, target, settings: RunSettings):
+        """Our kernels into `target` (ltxbench.inject.<family>): an InjectionReport, reverted by the runner."""
+        raise NotImplementedError
+
+    def apply_config(self, target, settings: RunSettings, config: str):
+        """What configuration `config` patches before its (optional) compile: ours for optimized*, a peer's for
+        <peer>*, nothing (None) for baseline and compile."""
+        if config.startswith("optimized"):
+            return self.inject(target, settings)
+        peer = self.peers().get(config.removesuffix("+compile"))
+        return peer.apply(target) if peer is not None else None
+
+    def bench(self, target, settings: RunSettings, log: Callable[[str], None]) -> dict:
+        """{config: summary} for settings.configs (ltxbench.bench.e2e.run_configs with this family's iteration)."""
+        raise NotImplementedError
+
+    def records(self, results: dict, params: dict, settings: RunSettings) -> list[dict]:
+        """The result records of a `bench e2e` run (one per phase and configuration)."""
+        raise NotImplementedError
+
+    def plot_parts(self, records: list[dict]) -> list[str]:
+        """Record labels stacked per configuration in `bench e2e --plot` (see ltxbench.bench.e2e_report.plot)."""
+        return []
+
+    def profile(self, target, settings: RunSettings, traces: dict, log: Callable[[str], None]) -> dict:
+        """{config: profile summary} (ltxbench.bench.profile.profile_configs with this family's workload)."""
+        raise NotImplementedError
+
+    def bench_argv(self, settings: RunSettings) -> list[str]:
+        """This family's options of a `bench e2e` command line that reruns a profiled workload (for nsys/ncu)."""
+        return []
+
+
+def torch_dtype(name: str):
+    """The torch dtype of --dtype's name."""
+    import torch
+
+    if name not in DTYPES:
+        raise UsageError(f"--dtype {name!r} is not one of {', '.join(DTYPES)}")
+    return getattr(torch, DTYPES[name])
+
+
+
+def parse_configs(text: str, allowed: tuple[str, ...] = CONFIG_NAMES) -> list[str]:
+    """'baseline,optimized' -> ['baseline', 'optimized'] (order kept, duplicates dropped); 'all' -> every allowed
+    configuration; UsageError on others."""
+    names = [c.strip() for c in text.split(",") if c.strip()]
+    if not names:
+        raise UsageError("--configs is empty", hint=f"choose from {', '.join(allowed)} or all")
+    if names == ["all"]:
+        return list(allowed)
+    bad = [c for c in names if c not in allowed]
+    if bad:
+        raise UsageError(f"--configs: unknown configuration {bad[0]!r}",
+                         hint=f"choose from {', '.join(allowed)} or all")
+    return list(dict.fromkeys(names))
+
+
+def select_configs(configs: str | None, optimized: bool | None, compile_: bool, default: str,
+                   allowed: tuple[str, ...] = CONFIG_NAMES) -> list[str]:
+    """--configs, or the original script's single selection (--use-optimized-kernels/--compile); not both."""
+    if configs is not None and (optimized is not None or compile_):
+        raise UsageError("--configs cannot be combined with --use-optimized-kernels/--no-optimized-kernels/--compile",
+                         hint="use --configs for several configurations, or the flags for one")
+    if configs is not None:
+        return parse_configs(configs, allowed)
+    if optimized is None and not compile_:
+        return parse_configs(default, allowed)
+    return [{(False, False): "baseline", (True, False): "optimized", (False, True): "compile",
+             (True, True): "optimized+compile"}[(bool(optimized), compile_)]]

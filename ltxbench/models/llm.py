@@ -1,0 +1,286 @@
+"""The LLM family (decoder-only: Llama 3, Mistral, Qwen2/3, SmolLM2): prefill latency per prompt length and decode
+tokens/s per configuration, on ONE model built once (ltxbench.models.llm_build). Peer configurations: Liger-Kernel's
+(`liger`, `liger+compile`; ltxbench.models.llm_peers).
+
+Prefill: one forward over `L` token ids, logits of the last position only, no cache. The ids are text where the
+model's tokenizer is at hand (the packaged presets: PASSAGE through it, repeated to the length), else random ids
+from the seed.
+Decode: `generate(..., cache_implementation="static", min_new_tokens=N, max_new_tokens=N, do_sample=False)` at
+the shortest prompt length; a logits processor marks each generated token (CUDA events, no sync), so the first
+mark ends the prefill and the N-1 intervals after it are the decode steps. The eager configurations run it with
+transformers' auto-compile off (`disable_compile=True`). The compile configurations decode as transformers
+users do with a static cache: generate() compiles the single-token step itself with
+`CompileConfig(fullgraph=True, mode=decode_compile_mode)` — "reduce-overhead" (CUDA graphs) by default, the
+strongest fair baseline — while the module-level compile of the prompt forwards is set aside for that call.
+Only the standard library at top level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import statistics
+from dataclasses import dataclass
+
+from ltxbench.errors import EnvironmentProblem, UsageError
+from ltxbench.models.family import CONFIG_NAMES, ModelFamily, Option, PeerConfig, RunSettings
+from ltxbench.models.llm_build import LLM_PRESETS, build_llm, is_llm
+
+# The prompt text of the packaged presets: plain English, so that a trained model reads what it was trained on.
+PASSAGE = ("The river left its banks in early spring, as it does most years, and the farmers along the valley moved "
+           "their animals to the higher fields before the water came. By the end of April the ground had dried, the "
+           "roads were open again, and the market in the old town square filled with bread, cheese, wool and the "
+           "first green vegetables of the season. Children ran between the stalls while their parents argued about "
+           "prices, the weather, and whether the new bridge would ever be finished.")
+DECODE_COMPILE_DEFAULT = "reduce-overhead"  # transformers' CompileConfig default for static-cache decoding
+
+
+@dataclass(kw_only=True)
+class LLMSettings(RunSettings):
+    prompt_lengths: list[int] | None = None   # bench e2e: prefill lengths; decode starts from the first
+    prompt_length: int | None = None          # profile: the one prefill length
+    new_tokens: int = 128
+    decode_compile_mode: str | None = None    # bench e2e: how generate() compiles the decode step
+
+
+OPTIONS = (
+    Option("prompt_lengths", ("--prompt-lengths",), str, "512,2048", "LLM prefill prompt lengths (comma-separated).",
+           ("bench e2e",)),
+    Option("prompt_length", ("--prompt-length",), int, 512, "LLM prefill length.", ("profile",)),
+    Option("new_tokens", ("--new-tokens",), int, 128, "LLM decode: tokens generated (min = max).",
+           ("bench e2e", "profile"), defaults={"profile": 8},
+           helps={"profile": "LLM decode steps profiled."}),
+    Option("decode_compile_mode", ("--decode-compile-mode",), str, DECODE_COMPILE_DEFAULT, "LLM compile configs: "
+           "mode of the decode step that generate() compiles itself (transformers' CompileConfig; its default).",
+           ("bench e2e",)),
+)
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+class LLMFamily(ModelFamily):
+    name, title = "llm", "LLM"
+    presets = LLM_PRESETS
+    settings_class = LLMSettings
+    options = OPTIONS
+    profile_phases = ("prefill", "decode")
+
+    def claims(self, model: str) -> bool:
+        return is_llm(model)
+
+    def settings(self, command: str, **values) -> LLMSettings:
+        from ltxbench.cli._validate import positive_ints
+
+        if isinstance(values.get("prompt_lengths"), str):
+            values["prompt_lengths"] = positive_ints("--prompt-lengths", values["prompt_lengths"])
+        return super().settings(command, **values)
+
+    def validate(self, settings: LLMSettings, command: str) -> None:
+        from ltxbench.cli._validate import compile_mode_choice
+
+        for flag, value in (("--new-tokens", settings.new_tokens), ("--prompt-length", settings.prompt_length)):
+            if value is not None and value < 1:
+                raise UsageError(f"{flag} {value} must be at least 1")
+        if settings.decode_compile_mode is not None:
+            compile_mode_choice(settings.decode_compile_mode, flag="--decode-compile-mode")
+        peers = sorted({c.removesuffix("+compile") for c in settings.configs or () if c.startswith("liger")})
+        if peers and settings.device != "cuda":  # before the model is built, not after the other configurations ran
+            raise UsageError(f"--configs {peers[0]} needs --device cuda: Liger-Kernel's kernels are Triton GPU kernels",
+                             hint="leave the liger configurations out on the CPU")
+        if peers and importlib.util.find_spec("liger_kernel") is None:
+            raise EnvironmentProblem("the liger configurations need Liger-Kernel, which is not installed",
+                                     hint="pip install 'ltxbench[liger]' (or liger-kernel)")
+        if command == "profile":
+            compile_mode_choice(settings.compile_mode, "profile's LLM decode loop feeds each step the cache tensors "
+                                "the previous CUDA-graph replay returned, which the next replay overwrites; use "
+                                "default or max-autotune-no-cudagraphs")
+
+    def peers(self) -> dict[str, PeerConfig]:
+        from ltxbench.models import llm_peers
+
+        return {"liger": PeerConfig("liger", llm_peers.apply_liger, "Liger-Kernel's patch of the model instance "
+                                    "(RMSNorm, RoPE, SwiGLU)")}
+
+    def build(self, settings: LLMSettings):
+        from ltxbench.models.family import torch_dtype
+
+        return build_llm(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
+                         settings.seed)
+
+    def inject(self, model, settings: LLMSettings):
+        from ltxbench.inject.llm import apply_kernels
+
+        return apply_kernels(model, settings.kernel_provider)
+
+    def bench(self, model, settings: LLMSettings, log) -> dict:
+        from ltxbench.bench.e2e import run_configs
+
+        ids = {n: row.to(model.device) for n, row in prompt_ids(settings, model.config.vocab_size).items()}
+        try:
+            return run_configs(model, settings.configs, lambda c: self.apply_config(model, settings, c),
+                               lambda config: run_once(model, settings, ids, compiled=config.endswith("compile"),
+                                                       fullgraph=config in CONFIG_NAMES),
+                               settings.warmup, settings.repeats, model.device, log, settings.compile_mode,
+                               settings.rounds)
+        finally:
+            vars(model).pop("_compiled_call", None)  # generate()'s compiled step (transformers caches it here)
+
+    def records(self, results: dict, params: dict, settings: LLMSettings) -> list[dict]:
+        return build_records(results, params, settings.dtype, settings.prompt_lengths, settings.new_tokens,
+                             settings.decode_compile_mode or DECODE_COMPILE_DEFAULT)
+
+    def plot_parts(self, records) -> list[str]:
+        lengths = dict.fromkeys(r["params"]["prompt_len"] for r in records if r["name"] == "prefill")
+        return [*(f"prefill@{n}" for n in lengths), "generate"]
+
+    def profile(self, model, settings: LLMSettings, traces: dict, log) -> dict:
+        import torch
+
+        from ltxbench.bench.profile import profile_configs
+
+        gen = torch.Generator("cpu").manual_seed(settings.seed)
+        ids = torch.randint(3, model.config.vocab_size, (settings.batch_size, settings.prompt_length), generator=gen)
+        ids, device = ids.to(model.device), torch.device(model.device)
+        return profile_configs(model, settings.configs, lambda c: self.apply_config(model, settings, c),
+                               lambda: profiled_iteration(model, ids, settings.new_tokens, device.type == "cuda"),
+                               device, traces, settings.top, log, settings.compile_mode)
+
+    def bench_argv(self, settings: LLMSettings) -> list[str]:
+        return ["--prompt-lengths", str(settings.prompt_length), "--new-tokens", str(settings.new_tokens)]
+
+
+def profiled_iteration(model, ids, new_tokens: int, cuda: bool) -> None:
+    """Prefill `ids` (cache on, last logits only), then `new_tokens` greedy single-token decode steps."""
+    import inspect
+
+    import torch
+
+    from ltxbench.bench.profile import phase
+
+    # the KV cache's name in the forward and its output: `past_key_values` in transformers 5.17, `cache` in 5.24
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    with torch.no_grad():
+        with phase("prefill", cuda):
+            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
+        with phase("decode", cuda):
+            for _ in range(new_tokens):
+                token = out.logits[:, -1:].argmax(-1)
+                out = model(input_ids=token, use_cache=True, **{name: getattr(out, name)})
+
+
+def decode_kwargs(compiled: bool, mode: str, fullgraph: bool = True) -> dict:
+    """generate() keywords for the decode loop: eager (transformers' auto-compile off), or compiled by
+    transformers itself (fullgraph for ours and torch's: a graph break in the patched model is an error, not a
+    silent slowdown; a peer library's breaks are its own, and its configuration runs with them)."""
+    if not compiled:
+        return {"disable_compile": True}
+    from transformers.generation.configuration_utils import CompileConfig
+
+    return {"disable_compile": False, "compile_config": CompileConfig(fullgraph=fullgraph, mode=mode)}
+
+
+@contextlib.contextmanager
+def module_compile_set_aside(model):
+    """generate() compiles `model.__call__` itself; a module-level compile (nn.Module.compile) would sit under it
+    and run generate()'s prompt forward too. Set it aside for the call, restore it after."""
+    impl = getattr(model, "_compiled_call_impl", None)
+    model._compiled_call_impl = None
+    try:
+        yield
+    finally:
+        model._compiled_call_impl = impl
+
+
+def run_once(model, settings: LLMSettings, ids: dict, compiled: bool = False, fullgraph: bool = True) -> dict:
+    """Prefill at every prompt length, then one generate() of N tokens at the shortest length (decoded by
+    transformers' compiled step when `compiled`)."""
+    import torch
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    from ltxbench.bench.timing import PhaseClock
+
+    clock = PhaseClock(model.device)
+    marks: list = []
+
+    class Mark(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            marks.append(clock.mark())
+            return scores
+
+    out = {}
+    with torch.no_grad():
+        start = clock.mark()
+        bounds = [start]
+        for length in settings.prompt_lengths:
+            model(input_ids=ids[length], use_cache=False, logits_to_keep=1)
+            bounds.append(clock.mark())
+        gen_start = clock.mark()
+        n, prompt = settings.new_tokens, ids[settings.prompt_lengths[0]]
+        decode = decode_kwargs(compiled, settings.decode_compile_mode or DECODE_COMPILE_DEFAULT, fullgraph)
+        with module_compile_set_aside(model) if compiled else contextlib.nullcontext():
+            model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), cache_implementation="static",
+                           min_new_tokens=n, max_new_tokens=n, do_sample=False, pad_token_id=0,
+                           logits_processor=LogitsProcessorList([Mark()]), **decode)
+        end = clock.mark()
+    clock.finish()
+    for length, (a, b) in zip(settings.prompt_lengths, zip(bounds[:-1], bounds[1:], strict=True), strict=True):
+        out[f"prefill_{length}_ms"] = clock.ms(a, b)
+    out["generate_prefill_ms"] = clock.ms(gen_start, marks[0])
+    out["step_ms"] = [clock.ms(a, b) for a, b in zip(marks[:-1], marks[1:], strict=True)]
+    out["generate_ms"] = clock.ms(gen_start, end)
+    out["total_ms"] = clock.ms(start, end)
+    return out
+
+
+def prompt_ids(settings: LLMSettings, vocab_size: int) -> dict:
+    """{length: (batch_size, length) token ids}: PASSAGE and a blank line through the model's own tokenizer, repeated
+    to each length, for a packaged preset with its pretrained weights; seeded random ids (no special tokens) else."""
+    import torch
+
+    from ltxbench.models import llm_weights
+
+    lengths, batch = settings.prompt_lengths, settings.batch_size
+    if settings.weights == "pretrained" and settings.model in llm_weights.PACKAGED:
+        tokenizer = llm_weights.load_tokenizer(settings.model)
+        text = tokenizer(PASSAGE + "\n\n", add_special_tokens=False, return_tensors="pt").input_ids[0]
+        row = text.repeat(-(-max(lengths) // len(text)))
+        return {n: row[:n].expand(batch, n).contiguous() for n in lengths}
+    gen = torch.Generator("cpu").manual_seed(settings.seed)
+    return {n: torch.randint(3, vocab_size, (batch, n), generator=gen) for n in lengths}
+
+
+def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[int], new_tokens: int,
+                  decode_compile_mode: str = DECODE_COMPILE_DEFAULT) -> list[dict]:
+    """prefill (one per prompt length), decode_step (tokens/s derived), generate, compile records per config.
+    The decode records of the compile configs carry decode_compile_mode (how generate() compiled the step)."""
+    from ltxbench.bench.e2e_report import compile_derived, speedups
+    from ltxbench.bench.gpu_monitor import summarize as gpu_summary
+    from ltxbench.results.schema import make_record, stats_from_samples
+
+    records = []
+    for name, res in results.items():
+        common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
+                  **gpu_summary(res.get("gpu_samples"), len(res["generate_ms"]))}
+        for length in prompt_lengths:
+            key = f"prefill_{length}_ms"
+            records.append(make_record("prefill", name, dtype, {**params, "prompt_len": length}, "time", "ms",
+                                       "lower", stats_from_samples(res[key]),
+                                       derived={**common, **speedups(results, name, key)}))
+        decode_params = {**params, "prompt_len": prompt_lengths[0], "new_tokens": new_tokens}
+        if name.endswith("compile"):
+            decode_params["decode_compile_mode"] = decode_compile_mode
+            if name not in CONFIG_NAMES:  # a peer's decode step compiles with its graph breaks (decode_kwargs)
+                decode_params["decode_fullgraph"] = False
+        if res["step_ms"]:
+            median = statistics.median(res["step_ms"])
+            derived = {**common, **speedups(results, name, "step_ms"),
+                       "tokens_per_s": 1e3 * params.get("batch_size", 1) / median if median > 0 else None}
+            records.append(make_record("decode_step", name, dtype, decode_params, "time", "ms", "lower",
+                                       stats_from_samples(res["step_ms"]), derived=derived))
+        records.append(make_record("generate", name, dtype, decode_params, "time", "ms", "lower",
+                                   stats_from_samples(res["generate_ms"]),
+                                   derived={**common, **speedups(results, name, "generate_ms")}))
+        if res["compile_s"] is not None:
+            records.append(make_record("compile", name, dtype, params, "time", "s", "lower",
+                                       stats_from_samples([res["compile_s"]]),
+                                       derived=compile_derived(res)))
+    return records
