@@ -10,7 +10,6 @@ Only the standard library at top level.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 from ltxbench.models.family import ModelFamily, Option, RunSettings
@@ -210,49 +209,19 @@ def decode(pipe, latents, num_frames: int, height: int, width: int, generator):
 
 
 def run_once(pipe, settings: LTXSettings, embeds=None, phase=None, on_step=None):
-    """One generation, timed per phase: (timings, decoded video or None). All phases, or with `embeds` given the
-    denoising loop alone. `phase(name)` (optional) is a context manager around each phase (profiler ranges);
-    `on_step()` (optional) runs at each step's end (a progress bar)."""
-    import torch
-
-    from ltxbench.bench.timing import PhaseClock
+    """One generation, timed per phase (models.video.timed_generation): (timings, decoded video or None)."""
     from ltxbench.inject.ltx import new_generation
+    from ltxbench.models.video import timed_generation
 
-    phase = phase or (lambda name: contextlib.nullcontext())
     new_generation(pipe)  # each iteration is one generation: nothing kept from the last one (the patched configs)
     device = pipe._execution_device
-    clock = PhaseClock(device)
-    generator = torch.Generator("cpu").manual_seed(settings.seed)
-    marks: list = []
-
-    def on_step_end(_pipe, _i, _t, _kwargs):
-        marks.append(clock.mark())
-        if on_step is not None:
-            on_step()
-        return {}
-
-    video = None
-    with torch.no_grad():
-        start = clock.mark()
-        if embeds is None:
-            with phase("text_encode"):
-                encoded_embeds = _encode(pipe, settings, device)
-            encoded = clock.mark()
-        else:
-            encoded_embeds, encoded = embeds, start
-        with phase("denoise"):
-            latents = _denoise(pipe, encoded_embeds, settings, generator, on_step_end)
-        if embeds is None:
-            decode_start = clock.mark()
-            with phase("vae_decode"):
-                video = decode(pipe, latents, settings.num_frames, settings.height, settings.width, generator)
-        end = clock.mark()
-    clock.finish()
-    out = {"step_ms": clock.intervals([encoded, *marks]), "total_ms": clock.ms(start, end)}
-    if embeds is None:
-        out["text_encode_ms"] = clock.ms(start, encoded)
-        out["vae_decode_ms"] = clock.ms(decode_start, end)
-    return out, video
+    timings, outputs = timed_generation(
+        device, settings.seed, lambda: _encode(pipe, settings, device),
+        lambda prompt, generator, on_step_end: _denoise(pipe, prompt, settings, generator, on_step_end),
+        [("vae_decode", lambda latents, generator: decode(pipe, latents, settings.num_frames, settings.height,
+                                                          settings.width, generator))],
+        embeds, phase, on_step)
+    return timings, outputs.get("vae_decode")
 
 
 def _search_gemms(pipe, settings: LTXSettings, embeds, inject, log) -> float:
