@@ -245,14 +245,15 @@ def test_run_generate_frames_and_timings(tiny_pipe, dtype):
     settings = ltx.LTXSettings(model="ltx-tiny", weights="random", device="cpu", dtype=dtype, num_frames=9, height=64,
                                width=96, steps=3, guidance_scale=3.0, seed=1, prompt="a red fox",
                                negative_prompt="blurry")
-    frames, t = ltx.LTXVideoFamily().generate(pipe, settings)
+    frames, t, audio = ltx.LTXVideoFamily().generate(pipe, settings)
+    assert audio is None
     video = np.stack(frames)
     assert video.shape == (9, 64, 96, 3)
     assert np.isfinite(video).all() and video.std() > 0.01  # finite, not a constant image
     assert len(t["step_ms"]) == 3 and all(ms > 0 for ms in t["step_ms"])
     assert t["text_encode_ms"] > 0 and t["vae_decode_ms"] > 0 and t["peak_memory_bytes"] is None
     assert t["text_encode_ms"] + sum(t["step_ms"]) + t["vae_decode_ms"] <= t["total_ms"] * 1.001
-    again, _ = ltx.LTXVideoFamily().generate(pipe, settings)
+    again, _, _ = ltx.LTXVideoFamily().generate(pipe, settings)
     assert np.array_equal(video, np.stack(again))
 
 
@@ -378,7 +379,7 @@ def _fake_run(monkeypatch):
     timings = {"text_encode_ms": 1.0, "step_ms": [2.0, 2.0], "vae_decode_ms": 1.0, "total_ms": 7.0,
                "peak_memory_bytes": None}
     monkeypatch.setattr(ltx.LTXVideoFamily, "build", lambda self, settings: object())
-    monkeypatch.setattr(ltx.LTXVideoFamily, "generate", lambda self, *a, **k: (frames, timings))
+    monkeypatch.setattr(ltx.LTXVideoFamily, "generate", lambda self, *a, **k: (frames, timings, None))
 
 
 @pytest.mark.parametrize("errno_name,code", [("EROFS", 2), ("ENOSPC", 4)])

@@ -79,7 +79,7 @@ def generate_command(**values) -> None:
     if values["cpu_offload"]:
         pipe.enable_model_cpu_offload(device=settings.device)
 
-    frames, timings = _generate(family, pipe, settings)
+    frames, timings, audio = _generate(family, pipe, settings)
     finished_at = utc_now()
 
     config = {**settings.as_args(), **{k: values[k] for k in ("use_optimized_kernels", "compile", "attention_backend",
@@ -88,7 +88,7 @@ def generate_command(**values) -> None:
     argv = command_line("generate", {**values, "force": force})
     doc = _result(config, timings, injection, argv, settings.seed, started_at, finished_at)
 
-    video_error, json_written = _write_outputs(frames, doc, output, json_path, settings.frame_rate, force)
+    video_error, json_written = _write_outputs(frames, audio, doc, output, json_path, settings.frame_rate, force)
     _print_summary(timings, output if video_error is None else None, json_written)
     if video_error is not None:
         raise EnvironmentProblem(f"could not write {output}: {video_error} (timings were saved to {json_written})",
@@ -121,7 +121,7 @@ def _set_attention_backend(pipe, name: str) -> None:
         raise EnvironmentProblem(f"attention backend {name!r} is not usable here: {exc}") from exc
 
 
-def _write_outputs(frames, doc: dict, output: Path, json_path: Path, fps: int, force: bool):
+def _write_outputs(frames, audio, doc: dict, output: Path, json_path: Path, fps: int, force: bool):
     """The mp4, then the result JSON + CSV: (the mp4's error text or None, the JSON's path). A write refused late
     (the folders were checked before the run; a mount can still be read-only, full or gone) is one line, exit 2
     or 4, and takes back what this call created: folders, and the mp4 when the result cannot follow it."""
@@ -132,7 +132,7 @@ def _write_outputs(frames, doc: dict, output: Path, json_path: Path, fps: int, f
     existed = output.exists()
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        video_error = _export(frames, output, fps, force)
+        video_error = _export(frames, audio, output, fps, force)
         json_written, _ = write_result(doc, output=json_path, force=force)
     except (OSError, LtxbenchError) as exc:
         if not existed:
@@ -146,8 +146,13 @@ def _write_outputs(frames, doc: dict, output: Path, json_path: Path, fps: int, f
     return video_error, json_written
 
 
-def _export(frames, output: Path, fps: int, force: bool) -> str | None:
-    """Write the mp4 (outside every timing); return an error text instead of raising, so timings still get saved."""
+def _export(frames, audio, output: Path, fps: int, force: bool) -> str | None:
+    """Write the mp4 (outside every timing), with the audio track when the model made one ((waveform (channels, n),
+    sample rate): muxed as AAC by imageio-ffmpeg's ffmpeg); return an error text instead of raising, so timings
+    still get saved."""
+    import subprocess
+    import tempfile
+
     from diffusers.utils import export_to_video
 
     from ltxbench.errors import UsageError
@@ -155,10 +160,37 @@ def _export(frames, output: Path, fps: int, force: bool) -> str | None:
     if output.exists() and not force:  # a concurrent run may have written it meanwhile
         raise UsageError(f"{output} already exists; not overwriting it", hint="pass --force to overwrite")
     try:
-        export_to_video(frames, str(output), fps=fps)
+        if audio is None:
+            export_to_video(frames, str(output), fps=fps)
+            return None
+        import imageio_ffmpeg
+
+        with tempfile.TemporaryDirectory(dir=output.parent, prefix=".ltxbench-mux-") as work:
+            silent, wav = Path(work) / "video.mp4", Path(work) / "audio.wav"
+            export_to_video(frames, str(silent), fps=fps)
+            _write_wav(wav, *audio)
+            subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", "-y", "-i", str(silent), "-i",
+                            str(wav), "-c:v", "copy", "-c:a", "aac", "-b:a", "192k", "-shortest", str(output)],
+                           check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as exc:
+        return f"ffmpeg could not mux the audio: {(exc.stderr or '').strip().splitlines()[-1:] or exc.returncode}"
     except (ImportError, AttributeError, RuntimeError, OSError) as exc:
         return f"{type(exc).__name__}: {exc}".splitlines()[0]
     return None
+
+
+def _write_wav(path: Path, waveform, rate: int) -> None:
+    """(channels, n) float samples in [-1, 1] as a 16-bit PCM WAV file."""
+    import wave
+
+    import numpy as np
+
+    pcm = (np.clip(waveform, -1.0, 1.0) * 32767).round().astype("<i2")
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(pcm.shape[0])
+        out.setsampwidth(2)
+        out.setframerate(int(rate))
+        out.writeframes(pcm.T.tobytes())
 
 
 def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at, finished_at) -> dict:
@@ -173,9 +205,10 @@ def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at
                            stats_from_samples(samples), derived=derived)
 
     steps = timings["step_ms"]
+    decodes = [key.removesuffix("_ms") for key in timings if key.endswith("_decode_ms")]  # video, audio
     records = [record("text_encode", [timings["text_encode_ms"]]),
                record("denoise_step", steps, derived={"first_step_ms": steps[0], "denoise_total_ms": sum(steps)}),
-               record("vae_decode", [timings["vae_decode_ms"]]),
+               *(record(name, [timings[f"{name}_ms"]]) for name in decodes),
                record("total", [timings["total_ms"]])]
     if timings.get("peak_memory_bytes") is not None:
         records.append(record("peak_memory", [timings["peak_memory_bytes"]], metric="peak_memory", unit="bytes"))
@@ -200,7 +233,9 @@ def _print_summary(timings: dict, video: Path | None, json_path: Path) -> None:
     table.add_row("text encode", f"{timings['text_encode_ms']:.1f}", "")
     table.add_row(f"denoise ({len(steps)} steps)", f"{sum(steps):.1f}",
                   f"median {statistics.median(steps):.1f} ms/step, first {steps[0]:.1f}")
-    table.add_row("vae decode", f"{timings['vae_decode_ms']:.1f}", "")
+    for key in (k for k in timings if k.endswith("_decode_ms")):
+        table.add_row(key.removesuffix("_ms").replace("_", " "), f"{timings[key]:.1f}",
+                      "audio VAE + vocoder" if key.startswith("audio") else "")
     table.add_row("total", f"{timings['total_ms']:.1f}", "video encoding excluded")
     if timings.get("peak_memory_bytes") is not None:
         table.add_row("peak memory", f"{timings['peak_memory_bytes'] / 2**30:.2f} GiB", "max_memory_allocated")

@@ -73,14 +73,26 @@ SHARED = {o.name: o for o in (
 
 
 def declared(command: str) -> list[Option]:
-    """The options of `command`: the shared ones, then every family's (a name declared twice: the first)."""
+    """The options of `command`: the shared ones, then every family's. A name two families declare is one option
+    (the first declaration's flags and type); where their defaults differ, its command-line default is None, each
+    family applying its own (ModelFamily.settings), and the help says which is whose."""
+    import dataclasses
+
     from ltxbench.models import families
 
     found = {o.name: o for o in SHARED.values() if command in o.commands}
+    defaults: dict[str, dict] = {}
     for family in families():
         for option in family.options:
             if command in option.commands:
                 found.setdefault(option.name, option)
+                defaults.setdefault(option.name, {})[family.title] = option.default_for(command)
+    for name, per_family in defaults.items():
+        if len(set(map(repr, per_family.values()))) > 1:
+            text = ", ".join(f"{title} {value}" for title, value in per_family.items())
+            option = found[name]
+            found[name] = dataclasses.replace(option, default=None, defaults={},
+                                              help=f"{option.help_for(command)} (default: {text})", helps={})
     return list(found.values())
 
 

@@ -11,12 +11,13 @@ import importlib
 
 from ltxbench.models.family import ModelFamily
 
-# "module:class" per family. The first is the default: a model no family claims (a hub id with no telling name)
-# is taken for it.
+# "module:class" per family, the more specific claims first (LTX-2's names also contain "ltx").
 FAMILIES = (
+    "ltxbench.models.ltx2:LTX2Family",
     "ltxbench.models.ltx:LTXVideoFamily",
     "ltxbench.models.llm:LLMFamily",
 )
+DEFAULT = "ltx"  # the family of a model no family claims (a hub id with no telling name)
 
 
 @functools.cache
@@ -36,7 +37,7 @@ def family_of(model: str) -> ModelFamily:
     for family in families():
         if family.claims(model):
             return family
-    return families()[0]
+    return next(family for family in families() if family.name == DEFAULT)
 
 
 def presets() -> dict[str, ModelFamily]:
@@ -49,4 +50,4 @@ def profile_phases() -> tuple[str, ...]:
     return tuple(dict.fromkeys(p for family in families() for p in family.profile_phases))
 
 
-__all__ = ["FAMILIES", "ModelFamily", "families", "family_of", "presets", "profile_phases"]
+__all__ = ["DEFAULT", "FAMILIES", "ModelFamily", "families", "family_of", "presets", "profile_phases"]

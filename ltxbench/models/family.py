@@ -100,7 +100,9 @@ class ModelFamily:
     def settings(self, command: str, **values) -> RunSettings:
         """The typed settings from a command's option values (those that are not fields, e.g. --output, left out)."""
         names = {f.name for f in dataclasses.fields(self.settings_class)} - {"family"}
-        return self.settings_class(family=self.name, **{k: v for k, v in values.items() if k in names})
+        # None: not given (an option whose default differs by family leaves it to this family's settings)
+        return self.settings_class(family=self.name, **{k: v for k, v in values.items()
+                                                        if k in names and v is not None})
 
     def validate(self, settings: RunSettings, command: str) -> None:
         """Refuse values this family cannot run (UsageError naming the flag), before anything heavy loads."""

@@ -18,8 +18,8 @@ def looks_like_path(model: str) -> bool:
     return model.startswith(("/", "./", "../", "~")) or model.count("/") > 1 or "\\" in model
 
 
-def no_such_directory(model: str) -> UsageError:
-    return UsageError(f"--model {model}: no such directory", hint=f"--model takes {MODEL_FORMS}")
+def no_such_directory(model: str, forms: str = MODEL_FORMS) -> UsageError:
+    return UsageError(f"--model {model}: no such directory", hint=f"--model takes {forms}")
 
 
 def hub_reason(exc: BaseException) -> str:
@@ -58,9 +58,11 @@ def dtype_keyword() -> str:
     return "dtype" if hasattr(deprecation_utils, "_resolve_dtype") else "torch_dtype"
 
 
-def load_ltx_pipeline(model: str, dtype):
-    """LTXPipeline.from_pretrained of a directory or hub id (on the CPU), every failure to find it in one line."""
-    from diffusers import LTXPipeline
+def load_ltx_pipeline(model: str, dtype, pipeline_class=None, forms: str = MODEL_FORMS):
+    """`pipeline_class`.from_pretrained (LTXPipeline unless given, e.g. LTX2Pipeline) of a directory or hub id (on the
+    CPU), every failure to find it in one line; `forms` is what --model takes, for the hint."""
+    if pipeline_class is None:
+        from diffusers import LTXPipeline as pipeline_class
 
     local = Path(model).expanduser()
     try:
@@ -74,13 +76,13 @@ def load_ltx_pipeline(model: str, dtype):
     verbosity = diffusers_logging.get_verbosity()
     diffusers_logging.set_verbosity_error()  # its "Couldn't connect to the Hub ... will try the cache" lines
     try:
-        return LTXPipeline.from_pretrained(str(local) if local.is_dir() else model, **{dtype_keyword(): dtype})
+        return pipeline_class.from_pretrained(str(local) if local.is_dir() else model, **{dtype_keyword(): dtype})
     except (OSError, ConnectionError, *hub_errors) as exc:
         raise offline_error(model, exc) from exc
     except ValueError as exc:
         if "valid repo id" not in str(exc):
             raise
         raise UsageError(f"--model {model} is neither a local directory nor a valid hub id",
-                         hint=f"--model takes {MODEL_FORMS}") from exc
+                         hint=f"--model takes {forms}") from exc
     finally:
         diffusers_logging.set_verbosity(verbosity)

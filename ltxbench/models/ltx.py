@@ -149,7 +149,8 @@ class LTXVideoFamily(ModelFamily):
                 "--guidance-scale", str(settings.guidance_scale)]
 
     def generate(self, pipe, settings: LTXSettings, on_step=None):
-        """One video as users run it: (frames: list of HxWx3 float arrays in [0, 1], timings with peak memory)."""
+        """One video as users run it: (frames: list of HxWx3 float arrays in [0, 1], timings with peak memory, no
+        audio: None)."""
         import torch
 
         pipe.set_progress_bar_config(disable=True)
@@ -158,7 +159,7 @@ class LTXVideoFamily(ModelFamily):
             torch.cuda.reset_peak_memory_stats(device)
         timings, video = run_once(pipe, settings, on_step=on_step)
         timings["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-        return list(pipe.video_processor.postprocess_video(video.float(), output_type="np")[0]), timings
+        return list(pipe.video_processor.postprocess_video(video.float(), output_type="np")[0]), timings, None
 
 
 def _prepare(pipe, settings: LTXSettings):

@@ -1,0 +1,218 @@
+"""The LTX-2 family (Lightricks' 19B audio + video model, diffusers' LTX2Pipeline; a tiny one for tests): settings,
+options with the pipeline's own defaults, the timed generation and what `generate`, `bench e2e` and `profile` ask of
+a family.
+
+One iteration is one generation: text encode (Gemma 3, prompt and negative), denoising (the pipeline's loop: with its
+default guidance, three transformer calls per step: the CFG pair, the STG pass and the modality-isolated pass; the
+text connectors run in step 0), video decode (VAE) and audio decode (audio VAE, then the vocoder: a 24 kHz stereo
+waveform), each timed on its own (models.video.timed_generation). Only the standard library at top level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ltxbench.models.family import ModelFamily, Option, RunSettings
+from ltxbench.models.ltx2_build import PRESETS, validate_video_args
+
+PROMPT = "a red fox trotting through fresh snow at golden hour, its paws crunching, wind in the pines, cinematic"
+NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted, noise, muffled audio"
+PHASES = ("all", "transformer")
+MAX_SEQUENCE_LENGTH = 1024  # the pipeline's default: Gemma's prompt length, padded
+
+
+@dataclass(kw_only=True)
+class LTX2Settings(RunSettings):
+    num_frames: int = 121
+    height: int = 512
+    width: int = 768
+    steps: int = 30
+    phase: str | None = None
+    frame_rate: int = 24
+    guidance_scale: float = 3.0
+    stg_scale: float = 1.0
+    modality_scale: float = 3.0
+    guidance_rescale: float = 0.7
+    audio_guidance_scale: float = 7.0
+    audio_stg_scale: float = 1.0
+    audio_modality_scale: float = 3.0
+    prompt: str | None = None
+    negative_prompt: str | None = None
+
+
+def _scale(name: str, default: float, text: str) -> Option:
+    return Option(name, (f"--{name.replace('_', '-')}",), float, default, f"LTX-2: {text} (the pipeline's default).")
+
+
+OPTIONS = (
+    Option("num_frames", ("--num-frames",), int, 121, "Frames, 8k+1 (video models)."),
+    Option("height", ("--height",), int, 512, "Height in pixels, a multiple of 32 (video models)."),
+    Option("width", ("--width",), int, 768, "Width in pixels, a multiple of 32 (video models)."),
+    Option("steps", ("--steps",), int, 30, "Denoising steps (at least 2).", defaults={"profile": 2}),
+    Option("guidance_scale", ("--guidance-scale",), float, 3.0, "Classifier-free guidance scale (> 1 doubles the "
+           "batch)."),
+    Option("frame_rate", ("--frame-rate", "--fps"), int, 24, "Frame rate: LTX's RoPE conditioning, and the mp4's."),
+    Option("phase", ("--phase",), str, "all", "all (encode + denoise + decode) | transformer (denoising loop only).",
+           ("bench e2e", "profile")),
+    _scale("stg_scale", 1.0, "spatio-temporal guidance scale (0: no STG pass)"),
+    _scale("modality_scale", 3.0, "audio/video modality guidance scale (1: no modality-isolated pass)"),
+    _scale("guidance_rescale", 0.7, "guidance rescale"),
+    _scale("audio_guidance_scale", 7.0, "classifier-free guidance scale of the audio stream"),
+    _scale("audio_stg_scale", 1.0, "spatio-temporal guidance scale of the audio stream"),
+    _scale("audio_modality_scale", 3.0, "modality guidance scale of the audio stream"),
+)
+_GUIDANCE = ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale",
+             "audio_stg_scale", "audio_modality_scale")
+
+
+class LTX2Family(ModelFamily):
+    name, title = "ltx2", "LTX-2"
+    presets = {name: hub for name, (_, hub) in PRESETS.items()}
+    settings_class = LTX2Settings
+    options = OPTIONS
+    profile_phases = ("text_encode", "denoise", "vae_decode", "audio_decode")
+    makes_video = True
+
+    def claims(self, model: str) -> bool:
+        from pathlib import Path
+
+        low = model.lower()
+        index = Path(model).expanduser() / "model_index.json"
+        return "ltx-2" in low or "ltx2" in low or (index.is_file() and "LTX2" in index.read_text())
+
+    def validate(self, settings: LTX2Settings, command: str) -> None:
+        from ltxbench.errors import UsageError
+
+        validate_video_args(settings.num_frames, settings.height, settings.width, settings.steps)
+        for name in _GUIDANCE:
+            if getattr(settings, name) < 0:
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(settings, name)} must not be negative")
+        if settings.frame_rate < 1:
+            raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
+        if settings.phase is not None and settings.phase not in PHASES:
+            raise UsageError(f"--phase {settings.phase!r} is not one of {', '.join(PHASES)}")
+
+    def build(self, settings: LTX2Settings):
+        from ltxbench.models.family import torch_dtype
+        from ltxbench.models.ltx2_build import build_pipeline
+
+        return build_pipeline(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
+                              settings.seed)
+
+    def compiled_module(self, pipe):
+        return pipe.transformer
+
+    def inject(self, pipe, settings: LTX2Settings):
+        from ltxbench.inject import InjectionReport
+
+        report = InjectionReport(settings.kernel_provider)
+        report.skip("transformer", "no LTX-2 injection rules yet: the optimized configurations run diffusers' "
+                    "modules (docs/models.md, LTX-2)")
+        return report
+
+    def bench(self, pipe, settings: LTX2Settings, log) -> dict:
+        from ltxbench.bench.e2e import run_configs
+
+        embeds = _prepare(pipe, settings)
+        return run_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
+                           lambda _config: run_once(pipe, settings, embeds)[0], settings.warmup, settings.repeats,
+                           pipe._execution_device, log, settings.compile_mode, settings.rounds)
+
+    def records(self, results: dict, params: dict, settings: LTX2Settings) -> list[dict]:
+        from ltxbench.bench.e2e_report import phase_records
+
+        return phase_records(results, params, settings.dtype, (
+            ("text_encode", "text_encode_ms"), ("denoise_step", "step_ms"), ("vae_decode", "vae_decode_ms"),
+            ("audio_decode", "audio_decode_ms"), ("total", "total_ms")), step="denoise_step", rate="transformer_it_s")
+
+    def plot_parts(self, records) -> list[str]:
+        return ["text_encode", "denoise_step", "vae_decode", "audio_decode"]
+
+    def profile(self, pipe, settings: LTX2Settings, traces: dict, log) -> dict:
+        from ltxbench.bench.profile import phase, profile_configs
+
+        embeds = _prepare(pipe, settings)
+        cuda = str(pipe._execution_device).startswith("cuda")
+        return profile_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
+                               lambda: run_once(pipe, settings, embeds, phase=lambda name: phase(name, cuda)),
+                               pipe._execution_device, traces, settings.top, log, settings.compile_mode)
+
+    def bench_argv(self, settings: LTX2Settings) -> list[str]:
+        return ["--steps", "2", "--num-frames", str(settings.num_frames), "--height", str(settings.height),
+                "--width", str(settings.width), "--phase", settings.phase or "all",
+                *(a for name in _GUIDANCE for a in (f"--{name.replace('_', '-')}", str(getattr(settings, name))))]
+
+    def generate(self, pipe, settings: LTX2Settings, on_step=None):
+        """One video with its audio track: (frames, timings with peak memory, (waveform (channels, n), rate))."""
+        import torch
+
+        pipe.set_progress_bar_config(disable=True)
+        device = torch.device(pipe._execution_device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        timings, outputs = run_once(pipe, settings, on_step=on_step)
+        timings["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        frames = pipe.video_processor.postprocess_video(outputs["vae_decode"].float(), output_type="np")[0]
+        waveform = outputs["audio_decode"][0].float().cpu().numpy()
+        return list(frames), timings, (waveform, pipe.vocoder.config.output_sampling_rate)
+
+
+def _prepare(pipe, settings: LTX2Settings):
+    import torch
+
+    pipe.set_progress_bar_config(disable=True)
+    if settings.phase != "transformer":
+        return None
+    with torch.no_grad():
+        return _encode(pipe, settings, pipe._execution_device)
+
+
+def _cfg(settings: LTX2Settings) -> bool:
+    """The pipeline runs the negative prompt when either stream's guidance scale is above 1."""
+    return settings.guidance_scale > 1.0 or settings.audio_guidance_scale > 1.0
+
+
+def _encode(pipe, settings: LTX2Settings, device):
+    return pipe.encode_prompt(prompt=settings.prompt or PROMPT,
+                              negative_prompt=settings.negative_prompt if settings.prompt else NEGATIVE_PROMPT,
+                              do_classifier_free_guidance=_cfg(settings), num_videos_per_prompt=settings.batch_size,
+                              max_sequence_length=MAX_SEQUENCE_LENGTH, device=device)
+
+
+def _denoise(pipe, embeds, settings: LTX2Settings, generator, on_step_end):
+    """The pipeline's loop on the given embeddings; (video latents, audio latents), denormalised and unpacked."""
+    return pipe(prompt_embeds=embeds[0], prompt_attention_mask=embeds[1], negative_prompt_embeds=embeds[2],
+                negative_prompt_attention_mask=embeds[3], num_frames=settings.num_frames, height=settings.height,
+                width=settings.width, frame_rate=settings.frame_rate, num_inference_steps=settings.steps,
+                **{name: getattr(settings, name) for name in _GUIDANCE}, generator=generator, output_type="latent",
+                return_dict=False, callback_on_step_end=on_step_end)
+
+
+def _decode_video(pipe, latents, generator):
+    """What LTX2Pipeline does to the video latents for output_type != "latent" (2.0: no timestep conditioning)."""
+    video_latents = latents[0].to(pipe.vae.dtype)
+    timestep = None
+    if pipe.vae.config.timestep_conditioning:  # later checkpoints: the pipeline's decode_timestep default, 0
+        import torch
+
+        timestep = torch.zeros(video_latents.shape[0], device=video_latents.device, dtype=video_latents.dtype)
+    return pipe.vae.decode(video_latents, timestep, return_dict=False)[0]
+
+
+def _decode_audio(pipe, latents, _generator):
+    """Audio latents → mel spectrogram (audio VAE) → waveform (vocoder), as the pipeline does."""
+    mel = pipe.audio_vae.decode(latents[1].to(pipe.audio_vae.dtype), return_dict=False)[0]
+    return pipe.vocoder(mel)
+
+
+def run_once(pipe, settings: LTX2Settings, embeds=None, phase=None, on_step=None):
+    """One generation timed per phase: (timings, {"vae_decode": video, "audio_decode": waveform} or {})."""
+    from ltxbench.models.video import timed_generation
+
+    device = pipe._execution_device
+    return timed_generation(
+        device, settings.seed, lambda: _encode(pipe, settings, device),
+        lambda prompt, generator, on_step_end: _denoise(pipe, prompt, settings, generator, on_step_end),
+        [("vae_decode", lambda latents, gen: _decode_video(pipe, latents, gen)),
+         ("audio_decode", lambda latents, gen: _decode_audio(pipe, latents, gen))],
+        embeds, phase, on_step)
