@@ -520,3 +520,27 @@ def test_llm_bench_puts_liger_beside_ours_and_undoes_both(tmp_path, captured):
     model = captured["target"]
     assert all(type(layer).__name__ == "LlamaDecoderLayer" and "forward" not in vars(layer.mlp)
                for layer in model.model.layers)
+
+
+def test_sigterm_keeps_the_configurations_measured_as_ctrl_c_does(tmp_path, monkeypatch):
+    """A job killed by its time limit (SIGTERM) writes what it measured, marked incomplete with the signal's name,
+    and exits 130; the handler it installed is gone afterwards."""
+    import signal
+
+    calls, real = [], ltx.run_once
+
+    def terminated_in_the_second_config(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 5:  # the untimed iteration, baseline's warmup + 2 repeats, then optimized's warmup
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*args, **kwargs)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(ltx, "run_once", terminated_in_the_second_config)
+    out = tmp_path / "cut.json"
+    result = runner.invoke(app, [*TINY, "--configs", "baseline,optimized", "--output", str(out)])
+    assert result.exit_code == 130, result.output
+    doc = json.loads(out.read_text())
+    assert doc["run"]["config"]["incomplete"] == {"reason": "interrupted (SIGTERM)", "measured": ["baseline"],
+                                                 "not_measured": ["optimized"]}
+    assert signal.getsignal(signal.SIGTERM) is before

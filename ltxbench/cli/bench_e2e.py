@@ -5,6 +5,8 @@ Only typer and the standard library at top level; torch/diffusers/transformers l
 
 from __future__ import annotations
 
+import contextlib
+
 import typer
 
 from ltxbench.cli.options import command_line, takes_options
@@ -85,11 +87,11 @@ def _run(family, settings, output, force: bool, plot) -> None:
     args = settings.as_args()
     params = e2e.record_params(args, ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats",
                                       "decode_compile_mode", "compile_cache"))
-    interrupted = False
-    with e2e.inductor_cache(settings.compile_cache):
+    interrupted, cause = False, {"signal": "Ctrl-C"}
+    with e2e.inductor_cache(settings.compile_cache), _terminate_as_interrupt(cause):
         try:
             results = family.bench(target, settings, log)
-        except KeyboardInterrupt as stop:  # Ctrl-C: keep what was measured (e2e.Interrupted carries it)
+        except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: keep what was measured (e2e.Interrupted carries it)
             results, interrupted = getattr(stop, "results", {}), True
     if interrupted and not results:
         err.print("interrupted before any configuration was measured: nothing written", markup=False)
@@ -101,7 +103,7 @@ def _run(family, settings, output, force: bool, plot) -> None:
               else "time.perf_counter per phase (CPU), medians of the timed repeats",
               "untimed_first_iteration": True}
     if interrupted:
-        config[INCOMPLETE] = {"reason": "interrupted (Ctrl-C)", "measured": list(results),
+        config[INCOMPLETE] = {"reason": f"interrupted ({cause['signal']})", "measured": list(results),
                               "not_measured": [name for name in settings.configs if name not in results]}
     argv = command_line("bench e2e", {**args, "output": output, "plot": plot, "force": force})
     doc = make_result("e2e", argv, config, settings.seed, started, utc_now(), records)
@@ -120,3 +122,24 @@ def _run(family, settings, output, force: bool, plot) -> None:
     if plot is not None:
         e2e_report.plot(records, plot, family.plot_parts(records))
         console.print(f"wrote {plot}", markup=False)
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt(cause: dict):
+    """SIGTERM (a job's time limit, `timeout`, a scheduler) during the measurement ends it as Ctrl-C does: the
+    configurations measured so far are written, marked incomplete, instead of the process dying with nothing."""
+    import signal
+
+    def stop(_signum, _frame):
+        cause["signal"] = "SIGTERM"
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, stop)
+    except ValueError:  # not the main thread: leave the default handler
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -68,7 +68,10 @@ def generate_command(**values) -> None:
             ops.gemm_tuning(values["gemm_search"])  # before the first step: the search happens at a shape's first call
         injection = family.inject(pipe, settings).as_dict()
         if not injection.get("applied"):
-            err.print(f"[yellow]warning:[/] {injection.get('reason', 'kernel injection not applied')}; "
+            from rich.markup import escape
+
+            reasons = [s["reason"] for s in injection.get("skipped", ())] or ["kernel injection not applied"]
+            err.print(f"[yellow]warning:[/] {escape(injection.get('reason', reasons[0]))}; "
                       "running diffusers' own modules")
     else:
         injection = {"applied": False, "reason": "disabled by --no-optimized-kernels"}
@@ -91,8 +94,10 @@ def generate_command(**values) -> None:
     video_error, json_written = _write_outputs(frames, audio, doc, output, json_path, settings.frame_rate, force)
     _print_summary(timings, output if video_error is None else None, json_written)
     if video_error is not None:
+        muxing = video_error.startswith("ffmpeg could not mux")
         raise EnvironmentProblem(f"could not write {output}: {video_error} (timings were saved to {json_written})",
-                                 hint="install imageio-ffmpeg (pip install imageio-ffmpeg) or opencv")
+                                 hint="imageio-ffmpeg's ffmpeg needs its AAC encoder for the audio track"
+                                 if muxing else "install imageio-ffmpeg (pip install imageio-ffmpeg) or opencv")
 
 
 def _generate(family, pipe, settings):
@@ -168,12 +173,13 @@ def _export(frames, audio, output: Path, fps: int, force: bool) -> str | None:
         with tempfile.TemporaryDirectory(dir=output.parent, prefix=".ltxbench-mux-") as work:
             silent, wav = Path(work) / "video.mp4", Path(work) / "audio.wav"
             export_to_video(frames, str(silent), fps=fps)
-            _write_wav(wav, *audio)
+            waveform, rate = audio  # no longer than the video: the mux copies the video stream as it is
+            _write_wav(wav, waveform[:, :round(len(frames) / fps * rate)], rate)
             subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", "-y", "-i", str(silent), "-i",
-                            str(wav), "-c:v", "copy", "-c:a", "aac", "-b:a", "192k", "-shortest", str(output)],
+                            str(wav), "-c:v", "copy", "-c:a", "aac", "-b:a", "192k", str(output)],
                            check=True, capture_output=True, text=True)
     except subprocess.CalledProcessError as exc:
-        return f"ffmpeg could not mux the audio: {(exc.stderr or '').strip().splitlines()[-1:] or exc.returncode}"
+        return f"ffmpeg could not mux the audio: {((exc.stderr or '').strip().splitlines() or [exc.returncode])[-1]}"
     except (ImportError, AttributeError, RuntimeError, OSError) as exc:
         return f"{type(exc).__name__}: {exc}".splitlines()[0]
     return None

@@ -54,8 +54,9 @@ OPTIONS = (
     Option("frame_rate", ("--frame-rate", "--fps"), int, 24, "Frame rate: LTX's RoPE conditioning, and the mp4's."),
     Option("phase", ("--phase",), str, "all", "all (encode + denoise + decode) | transformer (denoising loop only).",
            ("bench e2e", "profile")),
-    _scale("stg_scale", 1.0, "spatio-temporal guidance scale (0: no STG pass)"),
-    _scale("modality_scale", 3.0, "audio/video modality guidance scale (1: no modality-isolated pass)"),
+    _scale("stg_scale", 1.0, "spatio-temporal guidance scale (0, with --audio-stg-scale 0: no STG pass)"),
+    _scale("modality_scale", 3.0, "audio/video modality guidance scale (1, with --audio-modality-scale 1: no "
+           "modality-isolated pass)"),
     _scale("guidance_rescale", 0.7, "guidance rescale"),
     _scale("audio_guidance_scale", 7.0, "classifier-free guidance scale of the audio stream"),
     _scale("audio_stg_scale", 1.0, "spatio-temporal guidance scale of the audio stream"),
