@@ -268,3 +268,21 @@ def test_stored_results_have_a_generated_readme():
         assert readme.startswith(MARKER), folder
         for result in folder.glob("*.json"):
             assert f"## {result.name}" in readme, (folder, result.name)
+
+
+def test_an_incomplete_run_is_marked_before_its_figures(tmp_path):
+    """A run cut short (Ctrl-C, SIGTERM) is stored as what it is: the README says so above its table."""
+    from ltxbench.results.io import write_result
+    from ltxbench.results.schema import INCOMPLETE
+
+    doc = ltx_doc({"baseline": 1846.2, "compile": 1500.0})
+    doc["records"] = [r for r in doc["records"] if r["provider"] == "baseline"]
+    doc["run"]["config"][INCOMPLETE] = {"reason": "interrupted (SIGTERM)", "measured": ["baseline"],
+                                        "not_measured": ["compile"]}
+    folder = tmp_path / "h100"
+    folder.mkdir()
+    write_result(doc, folder / "e2e-cut.json")
+    assert _report(str(folder)).exit_code == 0
+    readme = (folder / "README.md").read_text(encoding="utf-8")
+    marked = readme.index("**Incomplete**: interrupted (SIGTERM); measured baseline, not measured compile.")
+    assert readme.index("## e2e-cut.json") < marked < readme.index("| baseline |")
