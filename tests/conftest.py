@@ -78,10 +78,15 @@ def compile_calls(monkeypatch):
     the mechanics are what count): each call is recorded as (module, mode) and the module behaves as compiled."""
     from ltxbench.bench import e2e
 
-    calls = []
+    class Calls(list):
+        scopes: list
 
-    def fake_compile(module, mode="default"):
+    calls = Calls()
+    calls.scopes = []
+
+    def fake_compile(module, mode="default", scope="model"):
         calls.append((module, mode))
+        calls.scopes.append(scope)
         module._compiled_call_impl = module._call_impl
 
     monkeypatch.setattr(e2e, "compile_module", fake_compile)

@@ -544,3 +544,51 @@ def test_sigterm_keeps_the_configurations_measured_as_ctrl_c_does(tmp_path, monk
     assert doc["run"]["config"]["incomplete"] == {"reason": "interrupted (SIGTERM)", "measured": ["baseline"],
                                                  "not_measured": ["optimized"]}
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_regional_compile_compiles_each_repeated_block_and_is_undone(monkeypatch):
+    """--compile-scope regional: diffusers' compile_repeated_blocks compiles each block named in _repeated_blocks
+    (static shapes, the configuration's mode) and nothing else; the configuration drops every compiled block."""
+    import torch
+    from diffusers.models.modeling_utils import ModelMixin
+
+    class Block(torch.nn.Linear):
+        pass
+
+    class Model(torch.nn.Module):
+        _repeated_blocks = ["Block"]
+        compile_repeated_blocks = ModelMixin.compile_repeated_blocks
+
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block(2, 2) for _ in range(3)])
+            self.head = torch.nn.Linear(2, 2)
+
+    compiled = []
+
+    def record(self, **kwargs):
+        compiled.append((type(self).__name__, kwargs))
+        self._compiled_call_impl = self._call_impl
+
+    monkeypatch.setattr(torch.nn.Module, "compile", record)
+    model = Model()
+    with e2e.configuration(model, "compile", lambda name: None, "max-autotune-no-cudagraphs", "regional"):
+        assert compiled == [("Block", {"mode": "max-autotune-no-cudagraphs", "dynamic": False})] * 3
+        assert model._compiled_call_impl is None and model.head._compiled_call_impl is None
+    assert all(block._compiled_call_impl is None for block in model.blocks)
+
+
+def test_compile_scope_defaults_by_family_and_llms_refuse_regional(tmp_path, compile_calls):
+    """LTX-2 compiles regionally unless told otherwise (its 48 blocks compiled whole take too long); LTX-Video the
+    whole model; an LLM refuses regional (exit 2); the scope is in the records' params only when not "model"."""
+    from ltxbench.models.ltx2 import LTX2Settings
+
+    assert LTX2Settings(model="ltx2-tiny", weights="random").compile_scope == "regional"
+    out = tmp_path / "x.json"
+    result = runner.invoke(app, [*TINY, "--configs", "compile", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert compile_calls.scopes == ["model"] and "compile_scope" not in _records(out)[0]["params"]
+    refused = runner.invoke(app, [*LLAMA, "--configs", "compile", "--compile-scope", "regional"])
+    assert refused.exit_code == 2 and "--compile-scope regional" in refused.output
+    bad = runner.invoke(app, [*TINY, "--compile-scope", "blocks"])
+    assert bad.exit_code == 2 and "--compile-scope 'blocks'" in bad.output

@@ -16,27 +16,34 @@ import contextlib
 import statistics
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+COMPILE_SCOPES = ("model", "regional")
 
 
 def record_params(args: dict, drop: tuple[str, ...]) -> dict:
     """The run arguments that describe every record: `args` less `drop`; compile_mode, rounds, cross_kv_cache,
     tuned_gemm and pair_cfg_halves only when not the default, so that default records match older files (bench e2e
     and profile)."""
-    defaults = {"compile_mode": "default", "rounds": 1, "cross_kv_cache": True, "tuned_gemm": True,
-                "pair_cfg_halves": True}
+    defaults = {"compile_mode": "default", "compile_scope": "model", "rounds": 1, "cross_kv_cache": True,
+                "tuned_gemm": True, "pair_cfg_halves": True}
     return {k: v for k, v in args.items() if k not in drop and not (k in defaults and v == defaults[k])}
 
 
-def compile_module(module, mode: str = "default") -> None:
+def compile_module(module, mode: str = "default", scope: str = "model") -> None:
     """The compile step of a configuration (a function of its own so that tests can stub it on the CPU).
     mode: torch.compile's; "reduce-overhead" replays CUDA graphs (what transformers uses for static-cache decode).
     dynamic=False: every input shape gets its own static graph, as a user compiling for that shape would get; left
-    to dynamo, the second LLM prompt length turns both lengths into one graph with a symbolic length."""
-    module.compile(mode=mode, dynamic=False)
+    to dynamo, the second LLM prompt length turns both lengths into one graph with a symbolic length.
+    scope "regional": diffusers' regional compilation instead, each of the model's repeated blocks
+    (`_repeated_blocks`) compiled on its own, the rest eager: one block's graph reused by all, so a 48-block model
+    compiles in the time of one block."""
+    if scope == "regional":
+        module.compile_repeated_blocks(mode=mode, dynamic=False)
+    else:
+        module.compile(mode=mode, dynamic=False)
 
 
 @contextlib.contextmanager
-def configuration(module, name: str, apply, compile_mode: str = "default"):
+def configuration(module, name: str, apply, compile_mode: str = "default", compile_scope: str = "model"):
     """Apply configuration `name` to `module` (the transformer / the LLM), yield the injection dict, undo all.
 
     apply(name): the configuration's patch, a report with revert() and as_dict() (an InjectionReport, or a peer
@@ -50,11 +57,12 @@ def configuration(module, name: str, apply, compile_mode: str = "default"):
     report = apply(name)
     try:
         if name.endswith("compile"):
-            compile_module(module, compile_mode)
+            compile_module(module, compile_mode, compile_scope)
         yield report.as_dict() if report is not None else {"applied": False, "reason": f"config {name}"}
     finally:
-        if hasattr(module, "_compiled_call_impl"):
-            module._compiled_call_impl = None
+        for part in module.modules():  # the model, or its compiled blocks (regional)
+            if getattr(part, "_compiled_call_impl", None) is not None:
+                part._compiled_call_impl = None
         if report is not None:
             report.revert()
         torch._dynamo.reset()
@@ -77,7 +85,7 @@ def _progress(name: str, i: int, warmup: int, repeats: int) -> str:
 
 
 def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: int, device, log,
-                compile_mode: str = "default", rounds: int = 1, monitor=None) -> dict:
+                compile_mode: str = "default", rounds: int = 1, monitor=None, compile_scope: str = "model") -> dict:
     """Every configuration on the one model, each from a clean state: warmups, then timed repeats (peak memory
     reset between them); apply(config) patches (see `configuration`), run(config) does one iteration.
     {config: summary} with peak_memory_bytes and the injection report.
@@ -96,7 +104,8 @@ def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: in
     log("untimed first iteration (unpatched, eager)")
     run("baseline")
     try:
-        _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compile_mode, rounds, monitor, results)
+        _run_rounds(module, configs, apply, run, warmup, repeats, device, log, (compile_mode, compile_scope), rounds,
+                    monitor, results)
     except KeyboardInterrupt as stop:
         raise Interrupted({name: res for name, res in results.items() if res is not None}) from stop
     return results
@@ -110,7 +119,7 @@ class Interrupted(KeyboardInterrupt):
         self.results = results
 
 
-def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compile_mode, rounds, monitor,
+def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compiling, rounds, monitor,
                 results) -> None:
     """run_configs' measurement: each configuration's summary goes into `results` as soon as it is complete."""
     import torch
@@ -122,7 +131,7 @@ def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compi
     monitor = monitor or gpu_monitor.open_monitor
     for round_index in range(rounds):
         for name in configs if round_index % 2 == 0 else configs[::-1]:
-            with configuration(module, name, apply, compile_mode) as injection, contextlib.ExitStack() as timed:
+            with configuration(module, name, apply, *compiling) as injection, contextlib.ExitStack() as timed:
                 iterations, sampler, cache_before = [], None, _inductor_cache_counts()
                 for i in range(warmup + repeats):
                     if i == warmup:

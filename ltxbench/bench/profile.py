@@ -90,7 +90,7 @@ def summarize(table: dict, top: int) -> dict:
 
 
 def profile_configs(module, configs: list[str], apply, run, device, traces: dict, top: int, log,
-                    compile_mode: str = "default", monitor=None) -> dict:
+                    compile_mode: str = "default", monitor=None, compile_scope: str = "model") -> dict:
     """Every configuration on the one model: warmup, one profiled run, chrome trace, summary (+ injection).
 
     On CUDA the GPU's SM clock and power are sampled during the profiled run (res["gpu"], gpu_monitor's fields, also
@@ -109,7 +109,7 @@ def profile_configs(module, configs: list[str], apply, run, device, traces: dict
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     results = {}
     for name in configs:
-        with configuration(module, name, apply, compile_mode) as injection:
+        with configuration(module, name, apply, compile_mode, compile_scope) as injection:
             log(f"{name}: warmup")
             run()
             if cuda:
@@ -222,7 +222,8 @@ def external_commands(family, settings, results: dict, out_dir, stem: str, which
         argv = ["ltxbench", "bench", "e2e", "--model", settings.model, "--weights", settings.weights,
                 "--device", "cuda", "--dtype", settings.dtype, "--configs", config, "--repeats", "1",
                 "--warmup-iterations", "1", "--seed", str(settings.seed), "--batch-size", str(settings.batch_size),
-                "--compile-mode", settings.compile_mode, *family.bench_argv(settings)]
+                "--compile-mode", settings.compile_mode, "--compile-scope", settings.compile_scope,
+                *family.bench_argv(settings)]
         if config.startswith("optimized"):
             argv += ["--kernel-provider", "cuda"]
         tag = f"{out_dir}/{stem}-{config.replace('+', '-')}"

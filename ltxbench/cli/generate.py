@@ -77,8 +77,9 @@ def generate_command(**values) -> None:
         injection = {"applied": False, "reason": "disabled by --no-optimized-kernels"}
     if values["attention_backend"]:
         _set_attention_backend(pipe, values["attention_backend"])
-    if values["compile"]:
-        family.compiled_module(pipe).compile()
+    if values["compile"]:  # regional for the families whose default it is (LTX-2: the whole model compiles too long)
+        module = family.compiled_module(pipe)
+        module.compile_repeated_blocks() if settings.compile_scope == "regional" else module.compile()
     if values["cpu_offload"]:
         pipe.enable_model_cpu_offload(device=settings.device)
 

@@ -38,6 +38,10 @@ SHARED = {o.name: o for o in (
     Option("compile_mode", ("--compile-mode",), str, "default", "torch.compile mode of the compile configurations: "
            "default, reduce-overhead (CUDA graphs), max-autotune, max-autotune-no-cudagraphs.",
            ("bench e2e", "profile")),
+    Option("compile_scope", ("--compile-scope",), str, None, "What the compile configurations compile: model (the "
+           "whole transformer / LLM) or regional (each repeated block on its own, diffusers' regional compilation: "
+           "much shorter compiles of large models) (default: the model family's; LTX-2: regional, else model).",
+           ("bench e2e", "profile")),
     Option("compile_cache", ("--compile-cache",), str, "shared", "Inductor's on-disk cache for the compile configs: "
            "shared (the usual one; a compile may hit what an earlier run wrote) or cold (a fresh one for this run, "
            "removed afterwards: compile times comparable between runs).", ("bench e2e",)),

@@ -26,7 +26,8 @@ def profile_command(**values) -> None:
     """Profile whole models per configuration: time per kernel family, top kernels, chrome traces."""
     from pathlib import Path
 
-    from ltxbench.cli._validate import check_outputs, compile_mode_choice, model_and_weights, runtime
+    from ltxbench.bench.e2e import COMPILE_SCOPES
+    from ltxbench.cli._validate import check_outputs, choice, compile_mode_choice, model_and_weights, runtime
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models import family_of
     from ltxbench.models.family import parse_configs
@@ -39,6 +40,8 @@ def profile_command(**values) -> None:
         if values[name] < 1:
             raise UsageError(f"{flag} {values[name]} must be at least 1")
     compile_mode_choice(values["compile_mode"])
+    if values["compile_scope"] is not None:
+        choice("--compile-scope", values["compile_scope"], COMPILE_SCOPES)
     values["weights"] = model_and_weights(values["model"], values["weights"])
     values["kernel_provider"], values["dtype"] = runtime(values["device"], values["kernel_provider"], values["dtype"])
     settings = family.settings("profile", **values)

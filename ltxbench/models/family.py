@@ -58,6 +58,7 @@ class RunSettings:
     batch_size: int = 1
     top: int | None = None             # profile: kernels listed per configuration
     compile_mode: str = "default"
+    compile_scope: str = "model"      # model (nn.Module.compile) | regional (each repeated block: diffusers')
     family: str = ""
     compile_cache: str | None = None   # bench e2e: shared | cold inductor cache
 

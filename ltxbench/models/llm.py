@@ -89,6 +89,9 @@ class LLMFamily(ModelFamily):
         if peers and importlib.util.find_spec("liger_kernel") is None:
             raise EnvironmentProblem("the liger configurations need Liger-Kernel, which is not installed",
                                      hint="pip install 'ltxbench[liger]' (or liger-kernel)")
+        if settings.compile_scope == "regional":
+            raise UsageError("--compile-scope regional is for diffusers models (their repeated blocks); LLMs compile "
+                             "whole", hint="leave --compile-scope out, or pass --compile-scope model")
         if command == "profile":
             compile_mode_choice(settings.compile_mode, "profile's LLM decode loop feeds each step the cache tensors "
                                 "the previous CUDA-graph replay returned, which the next replay overwrites; use "
@@ -120,7 +123,7 @@ class LLMFamily(ModelFamily):
                                lambda config: run_once(model, settings, ids, compiled=config.endswith("compile"),
                                                        fullgraph=config in CONFIG_NAMES),
                                settings.warmup, settings.repeats, model.device, log, settings.compile_mode,
-                               settings.rounds)
+                               settings.rounds, compile_scope=settings.compile_scope)
         finally:
             vars(model).pop("_compiled_call", None)  # generate()'s compiled step (transformers caches it here)
 
@@ -142,7 +145,8 @@ class LLMFamily(ModelFamily):
         ids, device = ids.to(model.device), torch.device(model.device)
         return profile_configs(model, settings.configs, lambda c: self.apply_config(model, settings, c),
                                lambda: profiled_iteration(model, ids, settings.new_tokens, device.type == "cuda"),
-                               device, traces, settings.top, log, settings.compile_mode)
+                               device, traces, settings.top, log, settings.compile_mode,
+                               compile_scope=settings.compile_scope)
 
     def bench_argv(self, settings: LLMSettings) -> list[str]:
         return ["--prompt-lengths", str(settings.prompt_length), "--new-tokens", str(settings.new_tokens)]

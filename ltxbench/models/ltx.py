@@ -113,7 +113,8 @@ class LTXVideoFamily(ModelFamily):
         search_s = _search_gemms(pipe, settings, embeds, lambda: self.inject(pipe, settings), log) if search else None
         results = run_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
                               lambda _config: run_once(pipe, settings, embeds)[0], settings.warmup,
-                              settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds)
+                              settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
+                              compile_scope=settings.compile_scope)
         if search:
             from ltxbench import ops
 
@@ -141,7 +142,8 @@ class LTXVideoFamily(ModelFamily):
         cuda = str(pipe._execution_device).startswith("cuda")
         return profile_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
                                lambda: run_once(pipe, settings, embeds, phase=lambda name: phase(name, cuda)),
-                               pipe._execution_device, traces, settings.top, log, settings.compile_mode)
+                               pipe._execution_device, traces, settings.top, log, settings.compile_mode,
+                               compile_scope=settings.compile_scope)
 
     def bench_argv(self, settings: LTXSettings) -> list[str]:
         return ["--steps", "2", "--num-frames", str(settings.num_frames), "--height", str(settings.height),

@@ -38,6 +38,8 @@ class LTX2Settings(RunSettings):
     audio_modality_scale: float = 3.0
     prompt: str | None = None
     negative_prompt: str | None = None
+    # the 48-block transformer compiled whole took longer than 7 minutes on an H100 (docs/performance.md, LTX-2)
+    compile_scope: str = "regional"
 
 
 def _scale(name: str, default: float, text: str) -> Option:
@@ -117,7 +119,8 @@ class LTX2Family(ModelFamily):
         embeds = _prepare(pipe, settings)
         return run_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
                            lambda _config: run_once(pipe, settings, embeds)[0], settings.warmup, settings.repeats,
-                           pipe._execution_device, log, settings.compile_mode, settings.rounds)
+                           pipe._execution_device, log, settings.compile_mode, settings.rounds,
+                              compile_scope=settings.compile_scope)
 
     def records(self, results: dict, params: dict, settings: LTX2Settings) -> list[dict]:
         from ltxbench.bench.e2e_report import phase_records
@@ -136,7 +139,8 @@ class LTX2Family(ModelFamily):
         cuda = str(pipe._execution_device).startswith("cuda")
         return profile_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
                                lambda: run_once(pipe, settings, embeds, phase=lambda name: phase(name, cuda)),
-                               pipe._execution_device, traces, settings.top, log, settings.compile_mode)
+                               pipe._execution_device, traces, settings.top, log, settings.compile_mode,
+                               compile_scope=settings.compile_scope)
 
     def bench_argv(self, settings: LTX2Settings) -> list[str]:
         return ["--steps", "2", "--num-frames", str(settings.num_frames), "--height", str(settings.height),
