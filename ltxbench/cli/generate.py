@@ -1,4 +1,5 @@
-"""`ltxbench generate`: one LTX-Video text-to-video run, timed per phase, written as mp4 + result JSON.
+"""`ltxbench generate`: one LTX-Video / LTX-2 text-to-video (or, with --image, image-to-video) run, timed per phase,
+written as mp4 + result JSON.
 
 Only typer and the standard library at top level; torch/diffusers load inside the command, after the
 arguments have been validated (exit 2 never waits for a model).
@@ -15,13 +16,16 @@ EXAMPLES = (
     "Examples:\n\n"
     '  ltxbench generate --prompt "a red fox in the snow" --weights random --num-frames 49\n\n'
     '  ltxbench generate --prompt "waves at dusk" --model Lightricks/LTX-Video --compile --output waves.mp4\n\n'
+    '  ltxbench generate --prompt "the fox runs off" --image fox.png --weights random --num-frames 49   '
+    "(image-to-video)\n\n"
     '  ltxbench generate --prompt "test" --model ltx-tiny --weights random --device cpu '
     "--num-frames 9 --height 64 --width 64 --steps 2"
 )
 
 @takes_options("generate")
 def generate_command(**values) -> None:
-    """Generate a video (LTX-Video) and time text encode, every denoising step and VAE decode."""
+    """Generate a video (LTX-Video, LTX-2; from a first frame with --image) and time text encode, every denoising
+    step and the decodes."""
     from ltxbench.cli._validate import check_outputs, model_and_weights, prompt_text, runtime
     from ltxbench.errors import EnvironmentProblem, NoCudaDevice, UsageError
     from ltxbench.models import family_of
@@ -206,6 +210,8 @@ def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at
     provider = injection.get("provider", "diffusers") if injection.get("applied") else "diffusers"
     params = {k: config[k] for k in ("model", "weights", "device", "num_frames", "height", "width", "steps",
                                      "guidance_scale", "compile", "attention_backend", "cpu_offload")}
+    if config.get("image") is not None:  # image-to-video; text-to-video records stay as they were
+        params["image"] = config["image"]
 
     def record(name, samples, metric="time", unit="ms", derived=None):
         return make_record(name, provider, config["dtype"], params, metric, unit, "lower",

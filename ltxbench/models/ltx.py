@@ -4,7 +4,9 @@ iteration with its phases, and what `generate`, `bench e2e` and `profile` ask of
 One iteration is one generation: text encode (prompt [+ negative] through T5), denoising (step i ends at the
 pipeline's step-end callback; step 0 also holds latent/timestep set-up and, under compile, compilation), VAE
 decode (unpack, denormalise, decode). Postprocessing is outside all of them. `--phase transformer` times the
-denoising loop alone on prompt embeddings computed once. Phases are timed with ltxbench.bench.timing.PhaseClock.
+denoising loop alone on prompt embeddings computed once. `--image` runs image-to-video (LTXImageToVideoPipeline on
+the same components): the image's VAE encode is in step 0, and every token gets its own timestep (zero on the
+first frame's). Phases are timed with ltxbench.bench.timing.PhaseClock.
 Only the standard library at top level.
 """
 
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 from ltxbench.models.family import ModelFamily, Option, RunSettings
 from ltxbench.models.ltx_build import DEFAULT_HUB_ID, PRESETS, TOKENIZER_MAX_LENGTH, validate_video_args
+from ltxbench.models.video import IMAGE_OPTION, validate_image
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted"
@@ -36,6 +39,7 @@ class LTXSettings(RunSettings):
     pair_cfg_halves: bool | None = None
     prompt: str | None = None         # generate (bench e2e and profile use PROMPT)
     negative_prompt: str | None = None
+    image: str | None = None          # image-to-video: the first frame's file (recorded only when given)
 
 
 _BENCH, _PROFILE = ("bench e2e",), ("bench e2e", "profile")
@@ -57,6 +61,7 @@ OPTIONS = (
     Option("pair_cfg_halves", ("--pair-cfg-halves/--no-pair-cfg-halves",), bool, True, "LTX optimized configs: "
            "block 0's attn1 once for classifier-free guidance's two identical halves (exact; checked every step), "
            "or on both.", _BENCH),
+    IMAGE_OPTION,
 )
 
 
@@ -84,13 +89,16 @@ class LTXVideoFamily(ModelFamily):
             raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
         if settings.phase is not None and settings.phase not in PHASES:
             raise UsageError(f"--phase {settings.phase!r} is not one of {', '.join(PHASES)}")
+        validate_image(settings.image)
 
     def build(self, settings: LTXSettings):
         from ltxbench.models.family import torch_dtype
         from ltxbench.models.ltx_build import build_pipeline
+        from ltxbench.models.video import to_image_to_video
 
-        return build_pipeline(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
+        pipe = build_pipeline(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
                               settings.seed)
+        return pipe if settings.image is None else to_image_to_video(pipe, "LTXImageToVideoPipeline")
 
     def compiled_module(self, pipe):
         return pipe.transformer
@@ -148,7 +156,8 @@ class LTXVideoFamily(ModelFamily):
     def bench_argv(self, settings: LTXSettings) -> list[str]:
         return ["--steps", "2", "--num-frames", str(settings.num_frames), "--height", str(settings.height),
                 "--width", str(settings.width), "--phase", settings.phase or "all",
-                "--guidance-scale", str(settings.guidance_scale)]
+                "--guidance-scale", str(settings.guidance_scale),
+                *(["--image", settings.image] if settings.image is not None else [])]
 
     def generate(self, pipe, settings: LTXSettings, on_step=None):
         """One video as users run it: (frames: list of HxWx3 float arrays in [0, 1], timings with peak memory, no
@@ -183,10 +192,13 @@ def _encode(pipe, settings: LTXSettings, device):
                               device=device)
 
 
-def _denoise(pipe, embeds, settings: LTXSettings, generator, on_step_end):
-    return pipe(prompt_embeds=embeds[0], prompt_attention_mask=embeds[1], negative_prompt_embeds=embeds[2],
-                negative_prompt_attention_mask=embeds[3], num_frames=settings.num_frames, height=settings.height,
-                width=settings.width, frame_rate=settings.frame_rate, num_inference_steps=settings.steps,
+def _denoise(pipe, embeds, settings: LTXSettings, generator, on_step_end, image=None):
+    """The pipeline's loop on the given embeddings (image-to-video: from `image`, the first frame): packed latents."""
+    first_frame = {} if image is None else {"image": image}  # the text-to-video pipeline takes no image argument
+    return pipe(**first_frame, prompt_embeds=embeds[0], prompt_attention_mask=embeds[1],
+                negative_prompt_embeds=embeds[2], negative_prompt_attention_mask=embeds[3],
+                num_frames=settings.num_frames, height=settings.height, width=settings.width,
+                frame_rate=settings.frame_rate, num_inference_steps=settings.steps,
                 guidance_scale=settings.guidance_scale, generator=generator, output_type="latent",
                 return_dict=False, callback_on_step_end=on_step_end)[0]
 
@@ -214,13 +226,14 @@ def decode(pipe, latents, num_frames: int, height: int, width: int, generator):
 def run_once(pipe, settings: LTXSettings, embeds=None, phase=None, on_step=None):
     """One generation, timed per phase (models.video.timed_generation): (timings, decoded video or None)."""
     from ltxbench.inject.ltx import new_generation
-    from ltxbench.models.video import timed_generation
+    from ltxbench.models.video import conditioning_image, timed_generation
 
     new_generation(pipe)  # each iteration is one generation: nothing kept from the last one (the patched configs)
     device = pipe._execution_device
+    image = None if settings.image is None else conditioning_image(settings.image)  # untimed, read once
     timings, outputs = timed_generation(
         device, settings.seed, lambda: _encode(pipe, settings, device),
-        lambda prompt, generator, on_step_end: _denoise(pipe, prompt, settings, generator, on_step_end),
+        lambda prompt, generator, on_step_end: _denoise(pipe, prompt, settings, generator, on_step_end, image),
         [("vae_decode", lambda latents, generator: decode(pipe, latents, settings.num_frames, settings.height,
                                                           settings.width, generator))],
         embeds, phase, on_step)

@@ -5,7 +5,9 @@ a family.
 One iteration is one generation: text encode (Gemma 3, prompt and negative), denoising (the pipeline's loop: with its
 default guidance, three transformer calls per step: the CFG pair, the STG pass and the modality-isolated pass; the
 text connectors run in step 0), video decode (VAE) and audio decode (audio VAE, then the vocoder: a 24 kHz stereo
-waveform), each timed on its own (models.video.timed_generation). Only the standard library at top level.
+waveform), each timed on its own (models.video.timed_generation). `--image` runs image-to-video
+(LTX2ImageToVideoPipeline on the same components): the video tokens get per-token timesteps, zero on the first
+frame's. Only the standard library at top level.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 
 from ltxbench.models.family import ModelFamily, Option, RunSettings
 from ltxbench.models.ltx2_build import PRESETS, validate_video_args
+from ltxbench.models.video import IMAGE_OPTION, validate_image
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, its paws crunching, wind in the pines, cinematic"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted, noise, muffled audio"
@@ -38,6 +41,7 @@ class LTX2Settings(RunSettings):
     audio_modality_scale: float = 3.0
     prompt: str | None = None
     negative_prompt: str | None = None
+    image: str | None = None          # image-to-video: the first frame's file (recorded only when given)
     # the 48-block transformer compiled whole took longer than 7 minutes on an H100 (docs/performance.md, LTX-2)
     compile_scope: str = "regional"
 
@@ -63,6 +67,7 @@ OPTIONS = (
     _scale("audio_guidance_scale", 7.0, "classifier-free guidance scale of the audio stream"),
     _scale("audio_stg_scale", 1.0, "spatio-temporal guidance scale of the audio stream"),
     _scale("audio_modality_scale", 3.0, "modality guidance scale of the audio stream"),
+    IMAGE_OPTION,
 )
 _GUIDANCE = ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale",
              "audio_stg_scale", "audio_modality_scale")
@@ -94,13 +99,16 @@ class LTX2Family(ModelFamily):
             raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
         if settings.phase is not None and settings.phase not in PHASES:
             raise UsageError(f"--phase {settings.phase!r} is not one of {', '.join(PHASES)}")
+        validate_image(settings.image)
 
     def build(self, settings: LTX2Settings):
         from ltxbench.models.family import torch_dtype
         from ltxbench.models.ltx2_build import build_pipeline
+        from ltxbench.models.video import to_image_to_video
 
-        return build_pipeline(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
+        pipe = build_pipeline(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
                               settings.seed)
+        return pipe if settings.image is None else to_image_to_video(pipe, "LTX2ImageToVideoPipeline")
 
     def compiled_module(self, pipe):
         return pipe.transformer
@@ -145,7 +153,8 @@ class LTX2Family(ModelFamily):
     def bench_argv(self, settings: LTX2Settings) -> list[str]:
         return ["--steps", "2", "--num-frames", str(settings.num_frames), "--height", str(settings.height),
                 "--width", str(settings.width), "--phase", settings.phase or "all",
-                *(a for name in _GUIDANCE for a in (f"--{name.replace('_', '-')}", str(getattr(settings, name))))]
+                *(a for name in _GUIDANCE for a in (f"--{name.replace('_', '-')}", str(getattr(settings, name)))),
+                *(["--image", settings.image] if settings.image is not None else [])]
 
     def generate(self, pipe, settings: LTX2Settings, on_step=None):
         """One video with its audio track: (frames, timings with peak memory, (waveform (channels, n), rate))."""
@@ -184,11 +193,14 @@ def _encode(pipe, settings: LTX2Settings, device):
                               max_sequence_length=MAX_SEQUENCE_LENGTH, device=device)
 
 
-def _denoise(pipe, embeds, settings: LTX2Settings, generator, on_step_end):
-    """The pipeline's loop on the given embeddings; (video latents, audio latents), denormalised and unpacked."""
-    return pipe(prompt_embeds=embeds[0], prompt_attention_mask=embeds[1], negative_prompt_embeds=embeds[2],
-                negative_prompt_attention_mask=embeds[3], num_frames=settings.num_frames, height=settings.height,
-                width=settings.width, frame_rate=settings.frame_rate, num_inference_steps=settings.steps,
+def _denoise(pipe, embeds, settings: LTX2Settings, generator, on_step_end, image=None):
+    """The pipeline's loop on the given embeddings (image-to-video: from `image`, the first frame, re-compressed
+    already: _first_frame); (video latents, audio latents), denormalised and unpacked."""
+    first_frame = {} if image is None else {"image": image, "image_crf": 0}
+    return pipe(**first_frame, prompt_embeds=embeds[0], prompt_attention_mask=embeds[1],
+                negative_prompt_embeds=embeds[2], negative_prompt_attention_mask=embeds[3],
+                num_frames=settings.num_frames, height=settings.height, width=settings.width,
+                frame_rate=settings.frame_rate, num_inference_steps=settings.steps,
                 **{name: getattr(settings, name) for name in _GUIDANCE}, generator=generator, output_type="latent",
                 return_dict=False, callback_on_step_end=on_step_end)
 
@@ -215,9 +227,28 @@ def run_once(pipe, settings: LTX2Settings, embeds=None, phase=None, on_step=None
     from ltxbench.models.video import timed_generation
 
     device = pipe._execution_device
+    image = _first_frame(pipe, settings.image)  # untimed, read once
     return timed_generation(
         device, settings.seed, lambda: _encode(pipe, settings, device),
-        lambda prompt, generator, on_step_end: _denoise(pipe, prompt, settings, generator, on_step_end),
+        lambda prompt, generator, on_step_end: _denoise(pipe, prompt, settings, generator, on_step_end, image),
         [("vae_decode", lambda latents, gen: _decode_video(pipe, latents, gen)),
          ("audio_decode", lambda latents, gen: _decode_audio(pipe, latents, gen))],
         embeds, phase, on_step)
+
+
+def _first_frame(pipe, path: str | None):
+    """The --image file as the pipeline conditions on it: re-compressed as one H.264 frame at the CRF of the loaded
+    checkpoint's generation (diffusers' default, what LTX-2 was trained on), once, outside the timed phases. Without
+    PyAV, which that needs, the image is used as it is: the conditioning differs slightly, the work timed does not."""
+    import importlib.util
+
+    from ltxbench.models.video import conditioning_image
+
+    if path is None:
+        return None
+    crf = 0
+    if importlib.util.find_spec("av") is not None:
+        from diffusers.pipelines.ltx2.utils import resolve_default_image_crf
+
+        crf = resolve_default_image_crf(pipe.text_encoder)
+    return conditioning_image(path, crf)
