@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ltxbench.models.family import ModelFamily, Option, RunSettings
+from ltxbench.models.family import Option, RunSettings
 from ltxbench.models.ltx_build import DEFAULT_HUB_ID, PRESETS, TOKENIZER_MAX_LENGTH, validate_video_args
-from ltxbench.models.video import IMAGE_OPTION, validate_image
+from ltxbench.models.video import IMAGE_OPTION, VideoFamily
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted"
-PHASES = ("all", "transformer")
 # LTX 0.9.1+ VAEs are timestep-conditioned; these are the decode settings Lightricks recommends for them.
 DECODE_TIMESTEP, DECODE_NOISE_SCALE = 0.05, 0.025
 
@@ -65,13 +64,12 @@ OPTIONS = (
 )
 
 
-class LTXVideoFamily(ModelFamily):
+class LTXVideoFamily(VideoFamily):
     name, title = "ltx", "LTX-Video"
     presets = {name: hub for name, (_, hub) in PRESETS.items()}
     settings_class = LTXSettings
     options = OPTIONS
-    profile_phases = ("text_encode", "denoise", "vae_decode")
-    makes_video = True
+    image_to_video = "LTXImageToVideoPipeline"
 
     def claims(self, model: str) -> bool:
         from pathlib import Path
@@ -79,29 +77,15 @@ class LTXVideoFamily(ModelFamily):
         path = Path(model).expanduser()
         return model == DEFAULT_HUB_ID or "ltx" in model.lower() or (path / "model_index.json").is_file()
 
-    def validate(self, settings: LTXSettings, command: str) -> None:
-        from ltxbench.errors import UsageError
-
+    def check_video(self, settings: LTXSettings) -> None:
         validate_video_args(settings.num_frames, settings.height, settings.width, settings.steps)
-        if settings.guidance_scale < 0:
-            raise UsageError(f"--guidance-scale {settings.guidance_scale} must not be negative")
-        if settings.frame_rate < 1:
-            raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
-        if settings.phase is not None and settings.phase not in PHASES:
-            raise UsageError(f"--phase {settings.phase!r} is not one of {', '.join(PHASES)}")
-        validate_image(settings.image)
 
-    def build(self, settings: LTXSettings):
+    def build_pipeline(self, settings: LTXSettings):
         from ltxbench.models.family import torch_dtype
         from ltxbench.models.ltx_build import build_pipeline
-        from ltxbench.models.video import to_image_to_video
 
-        pipe = build_pipeline(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
+        return build_pipeline(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
                               settings.seed)
-        return pipe if settings.image is None else to_image_to_video(pipe, "LTXImageToVideoPipeline")
-
-    def compiled_module(self, pipe):
-        return pipe.transformer
 
     def inject(self, pipe, settings: LTXSettings):
         from ltxbench.inject.ltx import apply_kernels
@@ -110,78 +94,23 @@ class LTXVideoFamily(ModelFamily):
                              tuned_gemm=settings.tuned_gemm is not False,
                              pair_cfg_halves=settings.pair_cfg_halves is not False)
 
-    def bench(self, pipe, settings: LTXSettings, log) -> dict:
-        """Every configuration on the one pipeline (bench.e2e.run_configs); before them, with our kernels among the
-        configurations, the GEMM algorithm search (untimed), whose choices the optimized configurations report."""
-        from ltxbench.bench.e2e import run_configs
+    def encode(self, pipe, settings: LTXSettings, device):
+        return _encode(pipe, settings, device)
 
-        embeds = _prepare(pipe, settings)
+    def iteration(self, pipe, settings: LTXSettings, embeds=None, phase=None, on_step=None):
+        return run_once(pipe, settings, embeds, phase, on_step)
+
+    def before_configs(self, pipe, settings: LTXSettings, embeds, log):
+        """With our kernels among the configurations, the GEMM algorithm search (untimed); after them, the optimized
+        configurations report what ops.linear chose per shape, with the heuristic's time beside each (process-wide:
+        every configuration's GEMMs)."""
         tuned = settings.kernel_provider == "cuda" and settings.tuned_gemm is not False
-        search = tuned and any(name.startswith("optimized") for name in settings.configs)
-        search_s = _search_gemms(pipe, settings, embeds, lambda: self.inject(pipe, settings), log) if search else None
-        results = run_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
-                              lambda _config: run_once(pipe, settings, embeds)[0], settings.warmup,
-                              settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
-                              compile_scope=settings.compile_scope)
-        if search:
-            from ltxbench import ops
+        if not tuned or not any(name.startswith("optimized") for name in settings.configs):
+            return None
+        from ltxbench import ops
 
-            # What ops.linear chose per shape, with the heuristic's time beside it (process-wide: every config's GEMMs).
-            choices = ops.gemm_choices()
-            for name, res in results.items():
-                if name.startswith("optimized"):
-                    res["injection"].update(gemm_choices=choices, gemm_search_s=search_s)
-        return results
-
-    def records(self, results: dict, params: dict, settings: LTXSettings) -> list[dict]:
-        from ltxbench.bench.e2e_report import phase_records
-
-        return phase_records(results, params, settings.dtype, (
-            ("text_encode", "text_encode_ms"), ("denoise_step", "step_ms"), ("vae_decode", "vae_decode_ms"),
-            ("total", "total_ms")), step="denoise_step", rate="transformer_it_s")
-
-    def plot_parts(self, records) -> list[str]:
-        return ["text_encode", "denoise_step", "vae_decode"]
-
-    def profile(self, pipe, settings: LTXSettings, traces: dict, log) -> dict:
-        from ltxbench.bench.profile import phase, profile_configs
-
-        embeds = _prepare(pipe, settings)
-        cuda = str(pipe._execution_device).startswith("cuda")
-        return profile_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
-                               lambda: run_once(pipe, settings, embeds, phase=lambda name: phase(name, cuda)),
-                               pipe._execution_device, traces, settings.top, log, settings.compile_mode,
-                               compile_scope=settings.compile_scope)
-
-    def bench_argv(self, settings: LTXSettings) -> list[str]:
-        return ["--steps", "2", "--num-frames", str(settings.num_frames), "--height", str(settings.height),
-                "--width", str(settings.width), "--phase", settings.phase or "all",
-                "--guidance-scale", str(settings.guidance_scale),
-                *(["--image", settings.image] if settings.image is not None else [])]
-
-    def generate(self, pipe, settings: LTXSettings, on_step=None):
-        """One video as users run it: (frames: list of HxWx3 float arrays in [0, 1], timings with peak memory, no
-        audio: None)."""
-        import torch
-
-        pipe.set_progress_bar_config(disable=True)
-        device = torch.device(pipe._execution_device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        timings, video = run_once(pipe, settings, on_step=on_step)
-        timings["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-        return list(pipe.video_processor.postprocess_video(video.float(), output_type="np")[0]), timings, None
-
-
-def _prepare(pipe, settings: LTXSettings):
-    """Quiet progress bars; the prompt embeddings once for --phase transformer (None: each iteration encodes)."""
-    import torch
-
-    pipe.set_progress_bar_config(disable=True)
-    if settings.phase != "transformer":
-        return None
-    with torch.no_grad():
-        return _encode(pipe, settings, pipe._execution_device)
+        search_s = _search_gemms(pipe, settings, embeds, lambda: self.inject(pipe, settings), log)
+        return lambda: {"gemm_choices": ops.gemm_choices(), "gemm_search_s": search_s}
 
 
 def _encode(pipe, settings: LTXSettings, device):
@@ -224,20 +153,19 @@ def decode(pipe, latents, num_frames: int, height: int, width: int, generator):
 
 
 def run_once(pipe, settings: LTXSettings, embeds=None, phase=None, on_step=None):
-    """One generation, timed per phase (models.video.timed_generation): (timings, decoded video or None)."""
+    """One generation, timed per phase (models.video.timed_generation): (timings, {"vae_decode": video} or {})."""
     from ltxbench.inject.ltx import new_generation
     from ltxbench.models.video import conditioning_image, timed_generation
 
     new_generation(pipe)  # each iteration is one generation: nothing kept from the last one (the patched configs)
     device = pipe._execution_device
     image = None if settings.image is None else conditioning_image(settings.image)  # untimed, read once
-    timings, outputs = timed_generation(
+    return timed_generation(
         device, settings.seed, lambda: _encode(pipe, settings, device),
         lambda prompt, generator, on_step_end: _denoise(pipe, prompt, settings, generator, on_step_end, image),
         [("vae_decode", lambda latents, generator: decode(pipe, latents, settings.num_frames, settings.height,
                                                           settings.width, generator))],
         embeds, phase, on_step)
-    return timings, outputs.get("vae_decode")
 
 
 def _search_gemms(pipe, settings: LTXSettings, embeds, inject, log) -> float:

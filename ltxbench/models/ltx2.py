@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ltxbench.models.family import ModelFamily, Option, RunSettings
+from ltxbench.models.family import Option, RunSettings
 from ltxbench.models.ltx2_build import PRESETS, validate_video_args
-from ltxbench.models.video import IMAGE_OPTION, validate_image
+from ltxbench.models.video import IMAGE_OPTION, VideoFamily
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, its paws crunching, wind in the pines, cinematic"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted, noise, muffled audio"
-PHASES = ("all", "transformer")
 MAX_SEQUENCE_LENGTH = 1024  # the pipeline's default: Gemma's prompt length, padded
 
 
@@ -73,13 +72,14 @@ _GUIDANCE = ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale"
              "audio_stg_scale", "audio_modality_scale")
 
 
-class LTX2Family(ModelFamily):
+class LTX2Family(VideoFamily):
     name, title = "ltx2", "LTX-2"
     presets = {name: hub for name, (_, hub) in PRESETS.items()}
     settings_class = LTX2Settings
     options = OPTIONS
-    profile_phases = ("text_encode", "denoise", "vae_decode", "audio_decode")
-    makes_video = True
+    decodes = ("vae_decode", "audio_decode")
+    image_to_video = "LTX2ImageToVideoPipeline"
+    guidance = _GUIDANCE
 
     def claims(self, model: str) -> bool:
         from pathlib import Path
@@ -88,30 +88,15 @@ class LTX2Family(ModelFamily):
         index = Path(model).expanduser() / "model_index.json"
         return "ltx-2" in low or "ltx2" in low or (index.is_file() and "LTX2" in index.read_text())
 
-    def validate(self, settings: LTX2Settings, command: str) -> None:
-        from ltxbench.errors import UsageError
-
+    def check_video(self, settings: LTX2Settings) -> None:
         validate_video_args(settings.num_frames, settings.height, settings.width, settings.steps)
-        for name in _GUIDANCE:
-            if getattr(settings, name) < 0:
-                raise UsageError(f"--{name.replace('_', '-')} {getattr(settings, name)} must not be negative")
-        if settings.frame_rate < 1:
-            raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
-        if settings.phase is not None and settings.phase not in PHASES:
-            raise UsageError(f"--phase {settings.phase!r} is not one of {', '.join(PHASES)}")
-        validate_image(settings.image)
 
-    def build(self, settings: LTX2Settings):
+    def build_pipeline(self, settings: LTX2Settings):
         from ltxbench.models.family import torch_dtype
         from ltxbench.models.ltx2_build import build_pipeline
-        from ltxbench.models.video import to_image_to_video
 
-        pipe = build_pipeline(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
+        return build_pipeline(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
                               settings.seed)
-        return pipe if settings.image is None else to_image_to_video(pipe, "LTX2ImageToVideoPipeline")
-
-    def compiled_module(self, pipe):
-        return pipe.transformer
 
     def inject(self, pipe, settings: LTX2Settings):
         from ltxbench.inject import InjectionReport
@@ -121,64 +106,15 @@ class LTX2Family(ModelFamily):
                     "modules (docs/models.md, LTX-2)")
         return report
 
-    def bench(self, pipe, settings: LTX2Settings, log) -> dict:
-        from ltxbench.bench.e2e import run_configs
+    def encode(self, pipe, settings: LTX2Settings, device):
+        return _encode(pipe, settings, device)
 
-        embeds = _prepare(pipe, settings)
-        return run_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
-                           lambda _config: run_once(pipe, settings, embeds)[0], settings.warmup, settings.repeats,
-                           pipe._execution_device, log, settings.compile_mode, settings.rounds,
-                              compile_scope=settings.compile_scope)
+    def iteration(self, pipe, settings: LTX2Settings, embeds=None, phase=None, on_step=None):
+        return run_once(pipe, settings, embeds, phase, on_step)
 
-    def records(self, results: dict, params: dict, settings: LTX2Settings) -> list[dict]:
-        from ltxbench.bench.e2e_report import phase_records
-
-        return phase_records(results, params, settings.dtype, (
-            ("text_encode", "text_encode_ms"), ("denoise_step", "step_ms"), ("vae_decode", "vae_decode_ms"),
-            ("audio_decode", "audio_decode_ms"), ("total", "total_ms")), step="denoise_step", rate="transformer_it_s")
-
-    def plot_parts(self, records) -> list[str]:
-        return ["text_encode", "denoise_step", "vae_decode", "audio_decode"]
-
-    def profile(self, pipe, settings: LTX2Settings, traces: dict, log) -> dict:
-        from ltxbench.bench.profile import phase, profile_configs
-
-        embeds = _prepare(pipe, settings)
-        cuda = str(pipe._execution_device).startswith("cuda")
-        return profile_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
-                               lambda: run_once(pipe, settings, embeds, phase=lambda name: phase(name, cuda)),
-                               pipe._execution_device, traces, settings.top, log, settings.compile_mode,
-                               compile_scope=settings.compile_scope)
-
-    def bench_argv(self, settings: LTX2Settings) -> list[str]:
-        return ["--steps", "2", "--num-frames", str(settings.num_frames), "--height", str(settings.height),
-                "--width", str(settings.width), "--phase", settings.phase or "all",
-                *(a for name in _GUIDANCE for a in (f"--{name.replace('_', '-')}", str(getattr(settings, name)))),
-                *(["--image", settings.image] if settings.image is not None else [])]
-
-    def generate(self, pipe, settings: LTX2Settings, on_step=None):
-        """One video with its audio track: (frames, timings with peak memory, (waveform (channels, n), rate))."""
-        import torch
-
-        pipe.set_progress_bar_config(disable=True)
-        device = torch.device(pipe._execution_device)
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        timings, outputs = run_once(pipe, settings, on_step=on_step)
-        timings["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-        frames = pipe.video_processor.postprocess_video(outputs["vae_decode"].float(), output_type="np")[0]
-        waveform = outputs["audio_decode"][0].float().cpu().numpy()
-        return list(frames), timings, (waveform, pipe.vocoder.config.output_sampling_rate)
-
-
-def _prepare(pipe, settings: LTX2Settings):
-    import torch
-
-    pipe.set_progress_bar_config(disable=True)
-    if settings.phase != "transformer":
-        return None
-    with torch.no_grad():
-        return _encode(pipe, settings, pipe._execution_device)
+    def audio(self, pipe, outputs: dict):
+        """The first video's waveform (channels, n) at the vocoder's rate (24 kHz for the released model)."""
+        return outputs["audio_decode"][0].float().cpu().numpy(), pipe.vocoder.config.output_sampling_rate
 
 
 def _cfg(settings: LTX2Settings) -> bool:

@@ -13,8 +13,11 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
+from typing import ClassVar
 
-from ltxbench.models.family import Option
+from ltxbench.models.family import ModelFamily, Option
+
+PHASES = ("all", "transformer")  # --phase: the whole generation, or the denoising loop alone
 
 
 def timed_generation(device, seed: int, encode: Callable, denoise: Callable, decodes, embeds=None, phase=None,
@@ -114,3 +117,131 @@ def to_image_to_video(pipe, class_name: str):
     import diffusers
 
     return getattr(diffusers, class_name)(**pipe.components)
+
+
+# --- the video families' common behaviour ------------------------------------------------------------------------
+class VideoFamily(ModelFamily):
+    """What LTX-Video and LTX-2 share: a diffusers text-to-video pipeline (image-to-video with --image), its
+    transformer compiled, one iteration = one generation timed per phase, the records and the profile of those
+    phases. A subclass names its decodes, its image-to-video class and its guidance options, and implements
+    check_video, build_pipeline, encode and iteration (+ inject, claims)."""
+
+    makes_video = True
+    decodes: ClassVar[tuple[str, ...]] = ("vae_decode",)  # timed after the loop, in order; "vae_decode" is the video
+    image_to_video: ClassVar[str]                          # diffusers' image-to-video pipeline class
+    guidance: ClassVar[tuple[str, ...]] = ("guidance_scale",)  # settings that must not be negative
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.profile_phases = ("text_encode", "denoise", *cls.decodes)
+
+    # --- what a video family implements ---
+    def check_video(self, settings) -> None:
+        """Frames, height, width and steps the pipeline accepts (UsageError naming the flag)."""
+        raise NotImplementedError
+
+    def build_pipeline(self, settings):
+        raise NotImplementedError
+
+    def encode(self, pipe, settings, device):
+        """The prompt embeddings, as the pipeline's encode_prompt returns them."""
+        raise NotImplementedError
+
+    def iteration(self, pipe, settings, embeds=None, phase=None, on_step=None) -> tuple[dict, dict]:
+        """One timed generation (timed_generation): (timings, {decode name: output})."""
+        raise NotImplementedError
+
+    def before_configs(self, pipe, settings, embeds, log):
+        """Untimed work before the first configuration. Returns None, or a function called after the last one whose
+        dict joins the optimized configurations' injection reports."""
+        return None
+
+    def audio(self, pipe, outputs: dict):
+        """The audio track of a generation, (waveform (channels, n), sample rate), or None."""
+        return None
+
+    # --- the ModelFamily interface, for every video family ---
+    def validate(self, settings, command: str) -> None:
+        from ltxbench.errors import UsageError
+
+        self.check_video(settings)
+        for name in self.guidance:
+            if getattr(settings, name) < 0:
+                raise UsageError(f"--{name.replace('_', '-')} {getattr(settings, name)} must not be negative")
+        if settings.frame_rate < 1:
+            raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
+        if settings.phase is not None and settings.phase not in PHASES:
+            raise UsageError(f"--phase {settings.phase!r} is not one of {', '.join(PHASES)}")
+        validate_image(settings.image)
+
+    def build(self, settings):
+        pipe = self.build_pipeline(settings)
+        return pipe if settings.image is None else to_image_to_video(pipe, self.image_to_video)
+
+    def compiled_module(self, pipe):
+        return pipe.transformer
+
+    def prepare(self, pipe, settings):
+        """Quiet progress bars; the prompt embeddings once for --phase transformer (None: each iteration encodes)."""
+        import torch
+
+        pipe.set_progress_bar_config(disable=True)
+        if settings.phase != "transformer":
+            return None
+        with torch.no_grad():
+            return self.encode(pipe, settings, pipe._execution_device)
+
+    def bench(self, pipe, settings, log) -> dict:
+        from ltxbench.bench.e2e import run_configs
+
+        embeds = self.prepare(pipe, settings)
+        after = self.before_configs(pipe, settings, embeds, log)
+        results = run_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
+                              lambda _config: self.iteration(pipe, settings, embeds)[0], settings.warmup,
+                              settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
+                              compile_scope=settings.compile_scope)
+        extra = after() if after is not None else {}
+        for name, res in results.items():
+            if name.startswith("optimized"):
+                res["injection"].update(extra)
+        return results
+
+    def records(self, results: dict, params: dict, settings) -> list[dict]:
+        from ltxbench.bench.e2e_report import phase_records
+
+        phases = (("text_encode", "text_encode_ms"), ("denoise_step", "step_ms"),
+                  *((name, f"{name}_ms") for name in self.decodes), ("total", "total_ms"))
+        return phase_records(results, params, settings.dtype, phases, step="denoise_step", rate="transformer_it_s")
+
+    def plot_parts(self, records) -> list[str]:
+        return ["text_encode", "denoise_step", *self.decodes]
+
+    def profile(self, pipe, settings, traces: dict, log) -> dict:
+        from ltxbench.bench.profile import phase, profile_configs
+
+        embeds = self.prepare(pipe, settings)
+        cuda = str(pipe._execution_device).startswith("cuda")
+        return profile_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
+                               lambda: self.iteration(pipe, settings, embeds, phase=lambda name: phase(name, cuda)),
+                               pipe._execution_device, traces, settings.top, log, settings.compile_mode,
+                               compile_scope=settings.compile_scope)
+
+    def bench_argv(self, settings) -> list[str]:
+        flags = [a for name in self.guidance for a in (f"--{name.replace('_', '-')}", str(getattr(settings, name)))]
+        return ["--steps", "2", "--num-frames", str(settings.num_frames), "--height", str(settings.height),
+                "--width", str(settings.width), "--phase", settings.phase or "all", *flags,
+                *(["--image", settings.image] if settings.image is not None else [])]
+
+    def generate(self, pipe, settings, on_step=None):
+        """One video as users run it: (frames: list of HxWx3 float arrays in [0, 1], timings with peak memory, the
+        audio track or None)."""
+        import torch
+
+        pipe.set_progress_bar_config(disable=True)
+        device = torch.device(pipe._execution_device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        timings, outputs = self.iteration(pipe, settings, on_step=on_step)
+        timings["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
+        frames = pipe.video_processor.postprocess_video(outputs["vae_decode"].float(), output_type="np")[0]
+        return list(frames), timings, self.audio(pipe, outputs)
