@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 
+CONFIG_NAMES = ("baseline", "optimized", "compile", "optimized+compile")  # ours and torch's; families add peers
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 COMPILE_SCOPES = ("model", "regional")
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from ltxbench.models.family import CONFIG_NAMES
+from ltxbench.bench.e2e import CONFIG_NAMES
 
 # derived key of a step record -> the rate column's title
 RATES = {"transformer_it_s": "it/s", "tokens_per_s": "tok/s"}

@@ -18,21 +18,22 @@ from collections import defaultdict
 
 from ltxbench.bench.profile_families import FAMILIES, classify
 
+_PHASE_NAMES: set[str] = set()  # every name `phase` has opened: ranges, not ops, in the profiler's events
+
 
 @contextlib.contextmanager
 def phase(name: str, cuda: bool):
     """A named range: record_function (profiler trace) and, on CUDA, NVTX (nsys)."""
     import torch
 
+    _PHASE_NAMES.add(name)
     with torch.profiler.record_function(name), (torch.cuda.nvtx.range(name) if cuda else contextlib.nullcontext()):
         yield
 
 
 def _is_range(evt) -> bool:
     """A phase or user range rather than an op or a device event."""
-    from ltxbench.models import profile_phases
-
-    return evt.is_user_annotation or evt.name in profile_phases() or evt.name.startswith("ProfilerStep")
+    return evt.is_user_annotation or evt.name in _PHASE_NAMES or evt.name.startswith("ProfilerStep")
 
 
 def collect(events, cuda: bool) -> dict:

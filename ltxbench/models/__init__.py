@@ -45,9 +45,4 @@ def presets() -> dict[str, ModelFamily]:
     return {name: family for family in families() for name in family.presets}
 
 
-def profile_phases() -> tuple[str, ...]:
-    """The phase range names of every family's profiled iteration (the profiler leaves them out of kernel time)."""
-    return tuple(dict.fromkeys(p for family in families() for p in family.profile_phases))
-
-
-__all__ = ["DEFAULT", "FAMILIES", "ModelFamily", "families", "family_of", "presets", "profile_phases"]
+__all__ = ["DEFAULT", "FAMILIES", "ModelFamily", "families", "family_of", "presets"]

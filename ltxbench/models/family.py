@@ -12,9 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from ltxbench.bench.e2e import CONFIG_NAMES
 from ltxbench.errors import UsageError
 
-CONFIG_NAMES = ("baseline", "optimized", "compile", "optimized+compile")
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 COMMANDS = ("generate", "bench e2e", "profile")
 
@@ -86,7 +86,6 @@ class ModelFamily:
     presets: ClassVar[dict[str, str | None]]  # preset -> hub id of its pretrained weights (None: random only)
     settings_class: ClassVar[type[RunSettings]] = RunSettings
     options: ClassVar[tuple[Option, ...]] = ()
-    profile_phases: ClassVar[tuple[str, ...]] = ()  # the named ranges of its profiled iteration
     makes_video: ClassVar[bool] = False             # `generate` takes it
 
     # --- resolving --model ------------------------------------------------------------------------------

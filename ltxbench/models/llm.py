@@ -62,7 +62,6 @@ class LLMFamily(ModelFamily):
     presets = LLM_PRESETS
     settings_class = LLMSettings
     options = OPTIONS
-    profile_phases = ("prefill", "decode")
 
     def claims(self, model: str) -> bool:
         return is_llm(model)

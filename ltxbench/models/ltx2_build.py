@@ -2,7 +2,7 @@
 or directory) or random weights from the package's configs (configs/ltx2/, provenance in its README.md).
 
 Only the standard library at top level: `validate_video_args` must run before torch/diffusers are imported.
-Random weights are allocated directly on the target device in the target dtype (ltx_build._allocate), each
+Random weights are allocated directly on the target device in the target dtype (ltx_build.allocate_on), each
 component initialised by its class's own init from its own seed. No component is kept in fp32: diffusers'
 conversion script writes every one in bf16, and none of the classes names modules to keep in fp32. The tokenizer
 for random weights is built in memory (`build_tokenizer`): Gemma's tokenizer class on a small vocabulary of ours.
@@ -18,7 +18,7 @@ from pathlib import Path
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.models.family import torch_dtype
 from ltxbench.models.hub import looks_like_path
-from ltxbench.models.ltx_build import _allocate
+from ltxbench.models.ltx_build import allocate_on
 from ltxbench.models.ltx_build import validate_video_args as _validate_ltx_video_args
 
 CONFIGS = resources.files("ltxbench") / "configs" / "ltx2"  # shipped inside the package (a wheel holds them too)
@@ -97,7 +97,7 @@ def _seeded(device, dtype, seed: int):
     import torch
 
     cuda = [torch.cuda.current_device() if device.index is None else device.index] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda), _allocate(device, dtype):
+    with torch.random.fork_rng(devices=cuda), allocate_on(device, dtype):
         torch.manual_seed(seed)
         yield
 

@@ -95,7 +95,7 @@ def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) ->
 
 
 @contextlib.contextmanager
-def _allocate(device, dtype):
+def allocate_on(device, dtype):
     """New tensors go straight to `device` in `dtype` (no fp32 CPU copy of a 7 B-parameter pipeline)."""
     import torch
 
@@ -125,7 +125,7 @@ def build_components(configs: dict[str, dict], device, dtype, seed: int = 0) -> 
     for offset, (name, make) in enumerate(makers.items()):
         with torch.random.fork_rng(devices=forked):
             torch.manual_seed(seed + offset)
-            with _allocate(device, dtype):
+            with allocate_on(device, dtype):
                 built[name] = make().eval().requires_grad_(False)
     if dtype == torch.float16:  # as from_pretrained does: T5's FF output projection overflows in fp16
         keep = getattr(built["text_encoder"], "_keep_in_fp32_modules", None) or ()

@@ -131,10 +131,6 @@ class VideoFamily(ModelFamily):
     image_to_video: ClassVar[str]                          # diffusers' image-to-video pipeline class
     guidance: ClassVar[tuple[str, ...]] = ("guidance_scale",)  # settings that must not be negative
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        cls.profile_phases = ("text_encode", "denoise", *cls.decodes)
-
     # --- what a video family implements ---
     def check_video(self, settings) -> None:
         """Frames, height, width and steps the pipeline accepts (UsageError naming the flag)."""
