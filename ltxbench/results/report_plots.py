@@ -7,7 +7,7 @@ matplotlib is the `plot` extra; without it the report refuses to start (exit 4).
 from __future__ import annotations
 
 from ltxbench.errors import EnvironmentProblem
-from ltxbench.results.report import OURS, Document, main_measure, measure_label, micro_cases
+from ltxbench.results.report_tables import OURS, Document, main_measure, measure_label, micro_cases
 
 
 def require_matplotlib() -> None:

@@ -1,0 +1,223 @@
+"""The tables of `ltxbench report`: one stored result document (`Document`) and its Markdown table, by kind (e2e,
+micro, profile), with the formatting they share. ltxbench.results.report assembles them into a README;
+ltxbench.results.report_plots draws the same documents."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from ltxbench.errors import UsageError
+from ltxbench.results.io import load_result
+
+OURS = "cuda"  # the provider name of ltxbench's own kernels in `bench micro`
+DASH = "–"
+
+
+@dataclass(frozen=True)
+class Document:
+    """One result file: where it lies (as the user named the folder) and its validated content."""
+
+    path: Path
+    doc: dict
+
+    @property
+    def stem(self) -> str:
+        return self.path.stem
+
+    @property
+    def gpu(self) -> str:
+        gpus = (self.doc.get("env") or {}).get("gpus") or []
+        return gpus[0].get("name", "cpu") if gpus else "cpu"
+
+    @property
+    def commit(self) -> str:
+        git = (self.doc.get("env") or {}).get("git") or {}
+        if not git.get("sha"):
+            return "commit not recorded"
+        return f"{git['sha'][:7]}{' + local changes' if git.get('dirty') else ''}"
+
+    @property
+    def started(self) -> str:
+        return str(self.doc["run"]["started_at"])[:16].replace("T", " ")
+
+    @property
+    def command(self) -> str:
+        """The command line that wrote the file, without its output path (a detail of the machine it ran on)."""
+        argv, kept, skip = list(self.doc["run"]["argv"]), [], False
+        for arg in argv:
+            if skip:
+                skip = False
+            elif arg in ("--output", "-o"):
+                skip = True
+            elif not arg.startswith("--output="):
+                kept.append(arg)
+        return shlex.join(kept)
+
+    @property
+    def provenance(self) -> str:
+        return f"{self.path.as_posix()} · {self.gpu} · git {self.commit} · {self.started} UTC"
+
+
+def load_folder(folder: Path) -> list[Document]:
+    """Every result document (*.json) directly in `folder`, by file name; an unreadable one stops the report."""
+    if not folder.is_dir():
+        raise UsageError(f"RESULTS_DIR {folder} is not a folder")
+    paths = sorted(folder.glob("*.json"))
+    if not paths:
+        raise UsageError(f"RESULTS_DIR {folder} holds no result documents (*.json)",
+                         hint="point it at a folder that `ltxbench bench ... --output` wrote into")
+    return [Document(path, load_result(path)) for path in paths]
+
+
+# --- formatting -------------------------------------------------------------------------------------
+
+def _num(value, spec: str = ".2f", suffix: str = "") -> str:
+    return DASH if value is None else f"{value:{spec}}{suffix}"
+
+
+def _us(ms) -> str:
+    if ms is None:
+        return "n/a"
+    us = ms * 1000
+    return f"{us:.2f}" if us < 10 else f"{us:.1f}"
+
+
+def to_markdown(frame) -> str:
+    """A pandas frame of strings as a Markdown table (pipes inside cells escaped)."""
+    cols = [str(c) for c in frame.columns]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join(" --- " for _ in cols) + "|"]
+    for row in frame.itertuples(index=False):
+        lines.append("| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |")
+    return "\n".join(lines)
+
+
+# --- one table per kind --------------------------------------------------------------------------
+
+def measure_label(rec: dict) -> str:
+    """The measured quantity of an e2e record: its phase, and the prompt length for LLM prefill."""
+    if rec["name"] == "prefill" and "prompt_len" in rec["params"]:
+        return f"prefill {rec['params']['prompt_len']}"
+    return rec["name"]
+
+
+def main_measure(records) -> str | None:
+    """The record the speedups and GPU columns are read from: the whole run for a full pipeline, else the step."""
+    names = {measure_label(r) for r in records}
+    if "total" in names and any(r["params"].get("phase") == "all" for r in records):
+        return "total"
+    return next((n for n in ("denoise_step", "decode_step", "generate", "total") if n in names), None)
+
+
+def e2e_table(doc: dict):
+    import pandas as pd
+
+    records = [r for r in doc["records"] if r["metric"] == "time"]
+    measures = list(dict.fromkeys(measure_label(r) for r in records if r["name"] != "compile"))
+    main = main_measure(records)
+    by_config: dict = {}
+    for rec in records:
+        by_config.setdefault(rec["provider"], {})[measure_label(rec)] = rec
+    rows = []
+    for config, recs in by_config.items():
+        row = {"config": config}
+        for m in measures:
+            row[f"{m} ms"] = _num(recs[m]["stats"]["median"]) if m in recs else DASH
+        step = recs.get(main, {})
+        stats, derived = step.get("stats", {}), step.get("derived", {})
+        row[f"{main} p20–p80"] = (f"{stats['p20']:.2f}–{stats['p80']:.2f}" if stats.get("p20") is not None
+                                  and stats.get("n", 0) > 1 else DASH)
+        row["vs baseline"] = _num(derived.get("speedup_vs_baseline"), ".3f", "×")
+        row["vs compile"] = _num(derived.get("speedup_vs_compile"), ".3f", "×")
+        if "tokens_per_s" in derived:
+            row["tok/s"] = _num(derived["tokens_per_s"], ".1f")
+        row["SM MHz"] = _num(derived.get("gpu_sm_mhz_median"), ".0f")
+        capped = derived.get("gpu_power_capped_share")
+        row["power-capped"] = _num(None if capped is None else 100 * capped, ".0f", "%")
+        row["J/step"] = _num(derived.get("gpu_energy_j_per_step"), ".1f")
+        row["compile s"] = _num(recs["compile"]["stats"]["median"], ".1f") if "compile" in recs else DASH
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    # Columns no configuration has a value for (no GPU monitor in older files, no compile config) say nothing.
+    return frame[[c for c in frame.columns if c == "config" or (frame[c] != DASH).any()]]
+
+
+def micro_cases(doc: dict) -> dict:
+    """(kernel, variant, shape name, dtype) -> {provider: record}, in the document's order; the copy excluded."""
+    cases: dict = {}
+    for rec in doc["records"]:
+        if rec["name"] == "copy" or rec["metric"] != "time":
+            continue
+        key = (rec["name"], rec["params"].get("variant"), rec["params"].get("shape_name", ""), rec["dtype"])
+        cases.setdefault(key, {})[rec["provider"]] = rec
+    return cases
+
+
+def copy_peak_gbps(doc: dict) -> float | None:
+    peak = (doc["run"].get("config") or {}).get("copy_peak_gbps")
+    if peak is None:
+        peak = next((r["derived"].get("gbps") for r in doc["records"] if r["name"] == "copy"), None)
+    return peak
+
+
+def micro_table(doc: dict):
+    import pandas as pd
+
+    cases = micro_cases(doc)
+    baselines = list(dict.fromkeys(p for recs in cases.values() for p in recs if p != OURS))
+    rows = []
+    for (kernel, variant, shape_name, dtype), recs in cases.items():
+        ours = recs.get(OURS, {})
+        derived = ours.get("derived") or {}
+        check = ours.get("check") or {}
+        shape = "x".join(str(d) for d in recs[next(iter(recs))]["params"].get("shape", []))
+        row = {"kernel": kernel + (f" ({variant})" if variant else ""), "shape": f"{shape_name} ({shape})",
+               "dtype": dtype, "ltxbench µs": _us(ours.get("stats", {}).get("median")),
+               "% of copy peak": _num(derived.get("pct_of_copy_peak"), ".1f"),
+               "% of same-size copy": _num(derived.get("pct_of_same_size_copy"), ".1f")}
+        for provider in baselines:
+            row[f"{provider} µs"] = _us(recs[provider]["stats"]["median"]) if provider in recs else DASH
+        row["vs fastest baseline"] = _num(derived.get("speedup_vs_best"), ".3f", "×")
+        row["check"] = DASH if not check else ("ok" if check.get("passed") else "FAIL")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def profile_table(doc: dict):
+    """Kernel time per denoising step (or per iteration) by kernel family, one column per configuration."""
+    import pandas as pd
+
+    rows: dict = {}
+    configs: list = []
+    for rec in doc["records"]:
+        if rec["name"].startswith("kernel:"):
+            continue
+        steps = rec["params"].get("steps") or 1
+        config = rec["provider"]
+        configs = list(dict.fromkeys([*configs, config]))
+        if rec["name"] == "timeline:idle":
+            rows.setdefault("GPU idle between kernels", {})[config] = _num(rec["stats"]["median"] / steps)
+            clock = rec["derived"].get("gpu_sm_mhz_median")
+            if clock is not None:
+                rows.setdefault("SM MHz (median)", {})[config] = f"{clock:.0f}"
+        else:
+            rows.setdefault(rec["name"], {})[config] = _num(rec["stats"]["median"] / steps)
+    return pd.DataFrame([{"ms per step": name, **{c: vals.get(c, DASH) for c in configs}}
+                         for name, vals in rows.items()])
+
+
+def generic_table(doc: dict):
+    import pandas as pd
+
+    return pd.DataFrame([{"name": r["name"], "provider": r["provider"], "dtype": r["dtype"],
+                          "params": " ".join(f"{k}={v}" for k, v in sorted(r["params"].items())),
+                          "median": _num(r["stats"]["median"], ".4g", f" {r.get('unit', '')}")}
+                         for r in doc["records"]])
+
+
+TABLES = {"e2e": e2e_table, "micro": micro_table, "profile": profile_table}
+
+
+def table_for(doc: dict):
+    return TABLES.get(doc["kind"], generic_table)(doc)
