@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ltxbench.cli import app
+from ltxbench.inject import InjectionReport
 from ltxbench.models import family_of, ltx2
 
 runner = CliRunner()
@@ -122,6 +123,7 @@ def _fake_generation(monkeypatch):
     waveform = np.zeros((2, 9000), dtype=np.float32)
     monkeypatch.setattr(ltx2.LTX2Family, "build", lambda self, settings: object())
     monkeypatch.setattr(ltx2.LTX2Family, "generate", lambda self, *a, **k: (frames, timings, (waveform, RATE)))
+    monkeypatch.setattr(ltx2.LTX2Family, "inject", lambda self, pipe, settings: InjectionReport("reference"))
 
 
 @pytest.mark.parametrize(("failure", "reason"), [
@@ -174,15 +176,18 @@ def test_bench_e2e_phase_transformer_times_the_loop_alone(tmp_path):
     assert _names(json.loads(out.read_text())["records"], "baseline") == {"denoise_step", "total"}
 
 
-def test_optimized_says_it_applied_nothing_and_still_writes(tmp_path):
+def test_optimized_reports_its_rules_and_still_writes(tmp_path):
+    """The optimized configuration runs LTX-2's rules (so far the text keys/values once per generation) and says so."""
+    from ltxbench.inject.ltx2 import GENERATION_RULE, PROJECTION_RULE, TEXT_KV_RULE
+
     out = tmp_path / "o.json"
     result = runner.invoke(app, [*E2E, "--configs", "optimized", "--phase", "transformer", "--output", str(out)])
     assert result.exit_code == 0, result.output
-    assert "warning: optimized: kernel injection applied nothing" in result.output
-    assert "no LTX-2 injection rules yet" in result.output
+    assert "applied nothing" not in result.output
     doc = json.loads(out.read_text())
     injection = doc["run"]["config"]["injection"]["optimized"]
-    assert injection["applied"] is False and "no LTX-2 injection rules yet" in injection["skipped"][0]["reason"]
+    assert injection["applied"] is True
+    assert injection["rules"] == {TEXT_KV_RULE: 4, PROJECTION_RULE: 2, GENERATION_RULE: 1}
     assert _names(doc["records"], "optimized") == {"denoise_step", "total"}
 
 

@@ -99,12 +99,9 @@ class LTX2Family(VideoFamily):
                               settings.seed)
 
     def inject(self, pipe, settings: LTX2Settings):
-        from ltxbench.inject import InjectionReport
+        from ltxbench.inject.ltx2 import apply_kernels
 
-        report = InjectionReport(settings.kernel_provider)
-        report.skip("transformer", "no LTX-2 injection rules yet: the optimized configurations run diffusers' "
-                    "modules (docs/models.md, LTX-2)")
-        return report
+        return apply_kernels(pipe, settings.kernel_provider)
 
     def encode(self, pipe, settings: LTX2Settings, device):
         return _encode(pipe, settings, device)
