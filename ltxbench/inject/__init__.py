@@ -3,6 +3,7 @@ returns an InjectionReport: what was patched, per rule, and what was left alone 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import types
@@ -236,3 +237,30 @@ def set_attr(report: InjectionReport, rule: str, obj, name: str, value) -> None:
 
     setattr(obj, name, value)
     report.patched(rule, undo)
+
+
+@contextlib.contextmanager
+def generation_scope(target, cache_attr: str, forget: Callable[[object], None]):
+    """One generation of a patched model (`target`: the transformer or its pipeline): the cache the transformer holds
+    at `cache_attr` (with a `generations` count) answers only inside, and forget(target) runs on entry and on exit,
+    an exception included, so no weight change between generations meets an old entry."""
+    cache = vars(getattr(target, "transformer", target)).get(cache_attr)
+    forget(target)
+    if cache is not None:
+        cache.generations += 1
+    try:
+        yield
+    finally:
+        if cache is not None:
+            cache.generations -= 1
+        forget(target)
+
+
+def generation_call(scope: Callable) -> Callable:
+    """A pipeline `__call__` (for patch_call) that runs the pipeline's own call as one generation, `scope(pipeline)`."""
+
+    def call(self, *args, **kwargs):
+        with scope(self):
+            return original_class(self).__call__(self, *args, **kwargs)
+
+    return call

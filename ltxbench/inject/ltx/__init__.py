@@ -19,7 +19,6 @@ forward.py, the attention processor and forward in attention.py. Modulation per 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import torch
@@ -29,6 +28,8 @@ from ltxbench.inject import (
     OFFLOADED,
     ORIGINAL_CLASS,
     InjectionReport,
+    generation_call,
+    generation_scope,
     offloaded,
     original_class,
     patch_call,
@@ -153,28 +154,15 @@ def new_generation(target) -> None:
         model[PAIRED_ATTR].last = None
 
 
-@contextlib.contextmanager
 def generation(target):
     """One generation of the patched LTX model (`target`: the transformer or its pipeline): attn2's keys and values
     are kept across its steps only inside this scope, and forgotten on entry and exit (an exception included), so
     no weight change between generations can meet an old entry (cross_kv.py). A patched pipeline's call is one
     generation; a caller that runs the transformer's steps itself wraps them in this to keep the cache."""
-    cache = vars(getattr(target, "transformer", target)).get(CACHE_ATTR)
-    new_generation(target)
-    if cache is not None:
-        cache.generations += 1
-    try:
-        yield
-    finally:
-        if cache is not None:
-            cache.generations -= 1
-        new_generation(target)
+    return generation_scope(target, CACHE_ATTR, new_generation)
 
 
-def _generation_call(self, *args, **kwargs):
-    """`__call__` of the patched pipeline: its own call as one generation."""
-    with generation(self):
-        return original_class(self).__call__(self, *args, **kwargs)
+_generation_call = generation_call(generation)  # `__call__` of the patched pipeline: its own call as one generation
 
 
 def _patched_already(transformer) -> bool:

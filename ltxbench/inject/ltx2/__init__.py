@@ -18,13 +18,21 @@ blocks (modulated norms, QK-norm + split RoPE, gated residuals, GEMM epilogues) 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 
 import torch
 
-from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, original_class, patch_call, patch_forward
+from ltxbench.inject import (
+    OFFLOADED,
+    InjectionReport,
+    generation_call,
+    generation_scope,
+    offloaded,
+    original_class,
+    patch_call,
+    patch_forward,
+)
 
 TEXT_KV_RULE = "attn2/audio_attn2: text keys/values once per generation (exact: the same ops on the same prompt)"
 GENERATION_RULE = "pipeline: each call one generation (the text keys/values kept across its steps are forgotten after)"
@@ -147,26 +155,13 @@ def new_generation(target) -> None:
         cache.clear()
 
 
-@contextlib.contextmanager
 def generation(target):
     """One generation of the patched model (`target`: the transformer or its pipeline): the text keys and values are
     kept across its calls only inside this scope. A patched pipeline's call is one generation."""
-    cache = vars(getattr(target, "transformer", target)).get(CACHE_ATTR)
-    new_generation(target)
-    if cache is not None:
-        cache.generations += 1
-    try:
-        yield
-    finally:
-        if cache is not None:
-            cache.generations -= 1
-        new_generation(target)
+    return generation_scope(target, CACHE_ATTR, new_generation)
 
 
-def _generation_call(self, *args, **kwargs):
-    """`__call__` of the patched pipeline: its own call as one generation."""
-    with generation(self):
-        return original_class(self).__call__(self, *args, **kwargs)
+_generation_call = generation_call(generation)  # `__call__` of the patched pipeline: its own call as one generation
 
 
 def apply_kernels(target, provider: str = "cuda", text_kv_cache: bool = True) -> InjectionReport:
