@@ -74,7 +74,6 @@ class PeerConfig:
 
     name: str
     apply: Callable[[Any], Any]
-    describe: str
 
 
 class ModelFamily:

@@ -99,8 +99,7 @@ class LLMFamily(ModelFamily):
     def peers(self) -> dict[str, PeerConfig]:
         from ltxbench.models import llm_peers
 
-        return {"liger": PeerConfig("liger", llm_peers.apply_liger, "Liger-Kernel's patch of the model instance "
-                                    "(RMSNorm, RoPE, SwiGLU)")}
+        return {"liger": PeerConfig("liger", llm_peers.apply_liger)}  # its instance patch: RMSNorm, RoPE, SwiGLU
 
     def build(self, settings: LLMSettings):
         from ltxbench.models.family import torch_dtype

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ltxbench.models import ltx_build
 from ltxbench.models.family import Option, RunSettings
-from ltxbench.models.ltx_build import DEFAULT_HUB_ID, PRESETS, TOKENIZER_MAX_LENGTH, validate_video_args
+from ltxbench.models.ltx_build import DEFAULT_HUB_ID, PRESETS, TOKENIZER_MAX_LENGTH
 from ltxbench.models.video import IMAGE_OPTION, VideoFamily
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
@@ -70,22 +71,13 @@ class LTXVideoFamily(VideoFamily):
     settings_class = LTXSettings
     options = OPTIONS
     image_to_video = "LTXImageToVideoPipeline"
+    builder = ltx_build
 
     def claims(self, model: str) -> bool:
         from pathlib import Path
 
         path = Path(model).expanduser()
         return model == DEFAULT_HUB_ID or "ltx" in model.lower() or (path / "model_index.json").is_file()
-
-    def check_video(self, settings: LTXSettings) -> None:
-        validate_video_args(settings.num_frames, settings.height, settings.width, settings.steps)
-
-    def build_pipeline(self, settings: LTXSettings):
-        from ltxbench.models.family import torch_dtype
-        from ltxbench.models.ltx_build import build_pipeline
-
-        return build_pipeline(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
-                              settings.seed)
 
     def inject(self, pipe, settings: LTXSettings):
         from ltxbench.inject.ltx import apply_kernels

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ltxbench.models import ltx2_build
 from ltxbench.models.family import Option, RunSettings
-from ltxbench.models.ltx2_build import PRESETS, validate_video_args
+from ltxbench.models.ltx2_build import PRESETS
 from ltxbench.models.video import IMAGE_OPTION, VideoFamily
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, its paws crunching, wind in the pines, cinematic"
@@ -79,6 +80,7 @@ class LTX2Family(VideoFamily):
     options = OPTIONS
     decodes = ("vae_decode", "audio_decode")
     image_to_video = "LTX2ImageToVideoPipeline"
+    builder = ltx2_build
     guidance = _GUIDANCE
 
     def claims(self, model: str) -> bool:
@@ -87,16 +89,6 @@ class LTX2Family(VideoFamily):
         low = model.lower()
         index = Path(model).expanduser() / "model_index.json"
         return "ltx-2" in low or "ltx2" in low or (index.is_file() and "LTX2" in index.read_text())
-
-    def check_video(self, settings: LTX2Settings) -> None:
-        validate_video_args(settings.num_frames, settings.height, settings.width, settings.steps)
-
-    def build_pipeline(self, settings: LTX2Settings):
-        from ltxbench.models.family import torch_dtype
-        from ltxbench.models.ltx2_build import build_pipeline
-
-        return build_pipeline(settings.model, settings.weights, settings.device, torch_dtype(settings.dtype),
-                              settings.seed)
 
     def inject(self, pipe, settings: LTX2Settings):
         from ltxbench.inject.ltx2 import apply_kernels

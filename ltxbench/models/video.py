@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Callable
+from types import ModuleType
 from typing import ClassVar
 
 from ltxbench.models.family import ModelFamily, Option
@@ -124,21 +125,15 @@ class VideoFamily(ModelFamily):
     """What LTX-Video and LTX-2 share: a diffusers text-to-video pipeline (image-to-video with --image), its
     transformer compiled, one iteration = one generation timed per phase, the records and the profile of those
     phases. A subclass names its decodes, its image-to-video class and its guidance options, and implements
-    check_video, build_pipeline, encode and iteration (+ inject, claims)."""
+    its builder module, and implements encode and iteration (+ inject, claims)."""
 
     makes_video = True
     decodes: ClassVar[tuple[str, ...]] = ("vae_decode",)  # timed after the loop, in order; "vae_decode" is the video
     image_to_video: ClassVar[str]                          # diffusers' image-to-video pipeline class
+    builder: ClassVar[ModuleType]  # its models/<family>_build module: validate_video_args, build_pipeline
     guidance: ClassVar[tuple[str, ...]] = ("guidance_scale",)  # settings that must not be negative
 
     # --- what a video family implements ---
-    def check_video(self, settings) -> None:
-        """Frames, height, width and steps the pipeline accepts (UsageError naming the flag)."""
-        raise NotImplementedError
-
-    def build_pipeline(self, settings):
-        raise NotImplementedError
-
     def encode(self, pipe, settings, device):
         """The prompt embeddings, as the pipeline's encode_prompt returns them."""
         raise NotImplementedError
@@ -160,7 +155,7 @@ class VideoFamily(ModelFamily):
     def validate(self, settings, command: str) -> None:
         from ltxbench.errors import UsageError
 
-        self.check_video(settings)
+        self.builder.validate_video_args(settings.num_frames, settings.height, settings.width, settings.steps)
         for name in self.guidance:
             if getattr(settings, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(settings, name)} must not be negative")
@@ -171,7 +166,10 @@ class VideoFamily(ModelFamily):
         validate_image(settings.image)
 
     def build(self, settings):
-        pipe = self.build_pipeline(settings)
+        from ltxbench.models.family import torch_dtype
+
+        pipe = self.builder.build_pipeline(settings.model, settings.weights, settings.device,
+                                           torch_dtype(settings.dtype), settings.seed)
         return pipe if settings.image is None else to_image_to_video(pipe, self.image_to_video)
 
     def compiled_module(self, pipe):
