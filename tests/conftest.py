@@ -28,7 +28,8 @@ def pytest_collection_modifyitems(config, items):
 
 # The reference provider's fused ops: only patched code calls them, so a call after revert is a patch left running.
 FUSED_REFERENCE_OPS = ("rms_norm_modulate", "add_rms_norm_modulate", "gated_residual", "layer_norm_modulate",
-                       "qk_rms_norm_rope", "rms_norm", "fused_add_rms_norm", "swiglu", "rope_1d")
+                       "qk_rms_norm_rope", "rms_norm", "fused_add_rms_norm", "swiglu", "rope_1d",
+                       "rms_norm_rope_split", "qk_rms_norm_rope_split")
 
 
 @pytest.fixture

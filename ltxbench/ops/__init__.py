@@ -79,6 +79,24 @@ def qk_rms_norm_rope(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float = 
     return _lib().qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs)
 
 
+def rms_norm_rope_split(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
+    """LTX-2's q or k norm and split RoPE in one read and one write: `n = x · rsqrt(mean(x²) + eps) · weight` over the
+    whole inner dim D (torch.nn.RMSNorm across the heads, fp32), then per head of x (B, S, D) seen as (B, S, H, hd),
+    r = hd / 2: `out[..., :r] = n[..., :r]·cos − n[..., r:]·sin`, `out[..., r:] = n[..., r:]·cos + n[..., :r]·sin`
+    (diffusers' apply_split_rotary_emb), fp32 math, one rounding to x's dtype. cos/sin fp32 (B|1, H, S, r), any
+    strides but the last (diffusers' swapaxes view); H = cos.size(1). x any row strides (a column slice of a fused
+    q|k|v projection); the output is contiguous (B, S, D). For the audio/video cross-attentions, whose q and k have
+    different lengths and tables."""
+    return _lib().rms_norm_rope_split(x, weight, eps, cos, sin)
+
+
+def qk_rms_norm_rope_split(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float, cos: Tensor,
+                           sin: Tensor) -> tuple[Tensor, Tensor]:
+    """`(rms_norm_rope_split(q, wq, eps, cos, sin), rms_norm_rope_split(k, wk, eps, cos, sin))` for q and k of one
+    shape sharing one table (LTX-2's self-attentions), in one launch: the table is read once for both."""
+    return _lib().qk_rms_norm_rope_split(q, k, wq, wk, eps, cos, sin)
+
+
 def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor | None = None,
             interleaved: bool = False) -> tuple[Tensor, Tensor]:
     """LLM RoPE on q (B, Hq, S, hd) and k (B, Hk, S, hd) — GQA allowed, any strides — with angles from fp32

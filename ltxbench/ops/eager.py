@@ -101,6 +101,34 @@ def ltx_qk_rms_norm_rope(q, k, wq, wk, eps=1e-5, cos=None, sin=None, grid=None, 
     return diffusers_apply_rotary_emb(qn, cos, sin), diffusers_apply_rotary_emb(kn, cos, sin)
 
 
+def ltx2_apply_split_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """diffusers.models.transformers.transformer_ltx2.apply_split_rotary_emb for x (B, S, D) and cos/sin
+    (B|1, H, S, r); x's batch and head dim are taken from x itself (diffusers reads them off cos, which leaves out
+    a batch-1 table and an empty x)."""
+    b, t, d = x.shape
+    h = cos.shape[1]
+    x = x.reshape(b, t, h, d // h).swapaxes(1, 2)
+    r = d // h // 2
+    split_x = x.reshape(*x.shape[:-1], 2, r).float()
+    first_x, second_x = split_x[..., :1, :], split_x[..., 1:, :]
+    cos_u, sin_u = cos.unsqueeze(-2), sin.unsqueeze(-2)
+    out = split_x * cos_u
+    out[..., :1, :].addcmul_(-sin_u, second_x)
+    out[..., 1:, :].addcmul_(sin_u, first_x)
+    out = out.reshape(*out.shape[:-2], 2 * r).swapaxes(1, 2).reshape(b, t, d)
+    return out.to(dtype=x.dtype)
+
+
+def ltx2_rms_norm_rope_split(x, weight, eps, cos, sin):
+    """LTX2AudioVideoAttnProcessor: `norm_q(to_q(h))` (torch.nn.RMSNorm over all heads, in the model dtype), then
+    apply_split_rotary_emb."""
+    return ltx2_apply_split_rotary_emb(F.rms_norm(x, (x.shape[-1],), weight, eps), cos, sin)
+
+
+def ltx2_qk_rms_norm_rope_split(q, k, wq, wk, eps, cos, sin):
+    return ltx2_rms_norm_rope_split(q, wq, eps, cos, sin), ltx2_rms_norm_rope_split(k, wk, eps, cos, sin)
+
+
 def hf_rope_1d(q, k, cos, sin, positions=None, interleaved=False):
     """transformers' apply_rotary_pos_emb (rotate-half); cos/sin built per token as LlamaRotaryEmbedding
     does, in the model dtype. Only the neox layout exists there: interleaved falls back to the reference."""

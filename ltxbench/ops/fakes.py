@@ -62,6 +62,18 @@ def _qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs):
     return _like(q), _like(q)
 
 
+@register_fake("ltxbench::rms_norm_rope_split")
+def _rms_norm_rope_split(x, weight, eps, cos, sin):
+    torch._check(x.dim() == 3, lambda: "rms_norm_rope_split: x must be (B, S, D)")
+    return _like(x)
+
+
+@register_fake("ltxbench::qk_rms_norm_rope_split")
+def _qk_rms_norm_rope_split(q, k, wq, wk, eps, cos, sin):
+    torch._check(q.dim() == 3 and k.shape == q.shape, lambda: "qk_rms_norm_rope_split: q and k must be (B, S, D)")
+    return _like(q), _like(q)
+
+
 def _token_major(x: torch.Tensor) -> torch.Tensor:
     """(B, H, S, hd) viewing a dense (B, S, H, hd) buffer, as rope_1d allocates its outputs."""
     b, h, s, d = x.shape

@@ -102,6 +102,59 @@ def inputs_qk_norm_rope(shape, dtype, device, gen, variant):
             **_ltx_rope_source(b, s, d, device, gen, variant)}
 
 
+# Tables from a video grid (diffusers' layout, batch B), from an audio time grid shared by the batch (batch 1), and
+# the video tables with q/k as column slices of a fused q|k|v projection.
+SPLIT_ROPE_VARIANTS = ("video", "audio-shared", "qkv-slices")
+
+
+def split_rope_heads(d: int) -> int:
+    """Heads of the split-RoPE inputs: LTX-2's 32 from D = 2048 up (head dim 64 at 2048, 128 at 4096), heads of 64
+    channels below, one head where D is not a multiple of 64 (an odd half at D = 86: the kernels' scalar path)."""
+    if d % 64:
+        return 1
+    return 32 if d >= 2048 else max(1, d // 64)
+
+
+def _split_rope_tables(b, s, d, device, gen, variant):
+    """cos/sin (B|1, H, S, D / 2H) built as LTX-2's split rope builds them (reference.ltx2_split_cos_sin): from a
+    video grid (frame seconds / 20, pixel / 2048 midpoints; padded slots at head 0's start), or for "audio-shared"
+    from a 1-D time grid, one table broadcast over the batch."""
+    from ltxbench.ops.reference import ltx2_split_cos_sin
+
+    if variant == "audio-shared":  # 40 ms latent frames, midpoints in seconds / 20
+        grid = (torch.randint(0, 126, (1, s, 1), generator=gen) * 0.04 + 0.02) / 20
+    else:
+        frames = (torch.randint(0, 16, (b, s, 1), generator=gen) * 8 + 4) / 24 / 20
+        grid = torch.cat([frames, (torch.randint(0, 32, (b, s, 2), generator=gen) * 32 + 16) / 2048], dim=-1)
+    cos, sin = ltx2_split_cos_sin(grid.float(), d, split_rope_heads(d))
+    return {"cos": cos.to(device), "sin": sin.to(device)}
+
+
+def _projections(n, b, s, d, dtype, device, gen, variant):
+    """n (B, S, D) projection outputs; "qkv-slices": column slices of one fused (B, S, 3D) q|k|v output (row
+    stride 3D), as a fused projection leaves them."""
+    if variant != "qkv-slices":
+        return [_randn((b, s, d), dtype, device, gen) for _ in range(n)]
+    fused = _randn((b, s, 3 * d), dtype, device, gen)
+    return [fused[..., i * d:(i + 1) * d] for i in range(n)]
+
+
+def inputs_rms_norm_rope_split(shape, dtype, device, gen, variant):
+    """x (B, S, D) with LTX-2's q norm weight and split-RoPE tables; "qkv-slices" passes the q slice of a fused
+    projection."""
+    b, s, d = shape
+    (x,) = _projections(1, b, s, d, dtype, device, gen, variant)
+    return {"x": x, "weight": _weight(d, dtype, device, gen), "eps": 1e-6,
+            **_split_rope_tables(b, s, d, device, gen, variant)}
+
+
+def inputs_qk_rms_norm_rope_split(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    q, k = _projections(2, b, s, d, dtype, device, gen, variant)
+    return {"q": q, "k": k, "wq": _weight(d, dtype, device, gen), "wk": _weight(d, dtype, device, gen), "eps": 1e-6,
+            **_split_rope_tables(b, s, d, device, gen, variant)}
+
+
 def inputs_rope_1d(shape, dtype, device, gen, variant):
     """(B, S, hidden) → q (B, Hq, S, hd) and GQA k (B, Hq/4, S, hd) as transposed views, like transformers;
     positions offset by 7 as in decode with a KV cache; variant partial-rot rotates half the head dim;

@@ -134,6 +134,56 @@ def qk_rms_norm_rope(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float = 
                  for t, w in ((q, wq), (k, wk)))
 
 
+def ltx2_split_cos_sin(grid: Tensor, dim: int, heads: int, theta: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """diffusers' LTX2AudioVideoRotaryPosEmbed tables for rope_type "split", from the fractional coordinates grid
+    (B, S, n) (n = 3 for video, 1 for audio): fp32 cos, sin as the (B, heads, S, dim / (2 heads)) swapaxes view of
+    (B, S, heads, r) memory, the dim/2 - n (dim // 2n) leading slots (head 0's start) padded with cos 1 / sin 0."""
+    import math
+
+    n = grid.shape[-1]
+    steps = dim // (2 * n)
+    freqs = (theta ** torch.linspace(0.0, 1.0, steps, dtype=torch.float64, device=grid.device) * math.pi / 2.0)
+    angles = ((grid.float().unsqueeze(-1) * 2 - 1) * freqs.float()).transpose(-1, -2).flatten(2)
+    cos, sin = angles.cos(), angles.sin()
+    pad = dim // 2 - angles.shape[-1]
+    if pad:
+        cos = torch.cat([cos.new_ones((*cos.shape[:2], pad)), cos], dim=-1)
+        sin = torch.cat([sin.new_zeros((*sin.shape[:2], pad)), sin], dim=-1)
+    b, s = grid.shape[:2]
+    r = dim // (2 * heads)
+    return cos.reshape(b, s, heads, r).swapaxes(1, 2), sin.reshape(b, s, heads, r).swapaxes(1, 2)
+
+
+def _split_rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (B, S, D) seen as (B, S, H, 2, r), its halves rotated per head by cos/sin (B|1, H, S, r) in x's dtype."""
+    b, s, d = x.shape
+    if cos.dim() != 4 or cos.shape[1] == 0 or d != cos.shape[1] * 2 * cos.shape[3]:
+        raise ValueError(f"split RoPE: cos must be (B|1, heads, S, head_dim / 2) with heads * head_dim = D = {d}, "
+                         f"got {tuple(cos.shape)}")
+    h, r = cos.shape[1], cos.shape[3]
+    c, sn = (t.to(x.dtype).transpose(1, 2).unsqueeze(-2) for t in (cos, sin))  # (B|1, S, H, 1, r)
+    x1, x2 = x.reshape(b, s, h, 2, r).split(1, dim=-2)
+    return torch.cat([x1 * c - x2 * sn, x2 * c + x1 * sn], dim=-2).reshape(b, s, d)
+
+
+def _norm_rope_split(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
+    acc = _acc(x)
+    return _split_rotate(_rms(x.to(acc), eps) * weight.to(acc), cos, sin).to(x.dtype)
+
+
+def rms_norm_rope_split(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
+    """LTX-2's norm_q / norm_k (RMSNorm over the whole inner dim D, times weight) then the split (per-head neox)
+    RoPE of diffusers' apply_split_rotary_emb with cos/sin (B|1, H, S, D / 2H); fp32 math, one rounding."""
+    return _norm_rope_split(x, weight, eps, cos, sin)
+
+
+def qk_rms_norm_rope_split(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float, cos: Tensor,
+                           sin: Tensor) -> tuple[Tensor, Tensor]:
+    """rms_norm_rope_split of q and of k (same shape) with one shared cos/sin table: LTX-2's self-attention. (Not
+    through the public twin: patched code must show up as the one op it calls.)"""
+    return _norm_rope_split(q, wq, eps, cos, sin), _norm_rope_split(k, wk, eps, cos, sin)
+
+
 def token_positions(cos: Tensor, batch: int, seq: int) -> Tensor:
     """The rows of per-token tables, for rope_1d without positions: (B*S, rot/2) tables are row b*S + s,
     (S, rot/2) tables (shared by the batch) row s."""

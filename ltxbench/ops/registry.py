@@ -16,6 +16,7 @@ import torch
 from ltxbench.ops import eager
 from ltxbench.ops.inputs import (
     LINEAR_OUT,
+    SPLIT_ROPE_VARIANTS,
     XATTN_VARIANTS,
     inputs_add_rms_mod,
     inputs_cross_attention,
@@ -26,8 +27,10 @@ from ltxbench.ops.inputs import (
     inputs_layer_mod,
     inputs_linear,
     inputs_qk_norm_rope,
+    inputs_qk_rms_norm_rope_split,
     inputs_rms_mod,
     inputs_rms_norm,
+    inputs_rms_norm_rope_split,
     inputs_rope_1d,
     inputs_rope_3d,
     inputs_swiglu,
@@ -48,6 +51,11 @@ VECTOR_SHAPES = ((1, 1, 8), (2, 17, 64), (2, 33, 2048), (2, 3, 2400), (1, 4, 409
 TEST_SHAPES = ODD_SHAPES + VECTOR_SHAPES
 # Even widths for the pair-wise ops, covering D % 6 = 0, 2, 4 (LTX RoPE padding) and the pair path.
 ROPE_TEST_SHAPES = ((1, 1, 8), (2, 3, 84), (2, 5, 86), (1, 7, 88), (3, 5, 770), (2, 33, 2048), (1, 4, 4096))
+# Split RoPE (LTX-2): (B, S, D) split into inputs.split_rope_heads(D) heads. Odd token counts; head dims 128 (4096)
+# and 64 (2048); an odd half (86: one head, r = 43) and a half that 16-bit vectors miss (72: r = 36) for the scalar
+# path; 3 and 24 heads of 64 (16-bit rows of 16 threads; of 96, two a block); fp32 rows of two pairs a thread (8192).
+SPLIT_ROPE_TEST_SHAPES = ((1, 7, 4096), (2, 83, 2048), (1, 769, 4096), (1, 5125, 2048), (2, 5, 86), (3, 3, 192),
+                          (2, 3, 72), (2, 9, 1536), (1, 2, 8192))
 # cross_attention: (B, S, D) queries, D split into heads of the variant's head dim (inputs.XATTN_VARIANTS).
 XATTN_TEST_SHAPES = ((1, 1, 64), (2, 7, 64), (1, 83, 128), (2, 130, 256), (1, 769, 64), (3, 5, 192), (2, 300, 2048))
 
@@ -57,6 +65,12 @@ SEED_SHAPES = {"seed-1x1024x2048": (1, 1024, 2048), "seed-2x1024x2048": (2, 1024
 LTX_SHAPES = {"ltx2b-49f-cfg": (2, 2688, 2048), "ltx2b-161f-cfg": (2, 8064, 2048),
               "ltx13b-161f-cfg": (2, 8064, 4096)}
 LTX_FFN_SHAPES = {"ltx2b-49f-ffn": (2, 2688, 8192), "ltx2b-161f-ffn": (2, 8064, 8192)}
+# LTX-2 19B with CFG: video self-attention (6144 tokens x 4096), audio self-attention (126 x 2048), and one side of
+# the audio/video cross-attentions (2048 wide: the video q or k, the audio q or k).
+LTX2_SELF_SHAPES = {"ltx2-video-self-2x6144x4096": (2, 6144, 4096), "ltx2-video-self-1x6144x4096": (1, 6144, 4096),
+                    "ltx2-audio-self-2x126x2048": (2, 126, 2048)}
+LTX2_CROSS_SHAPES = {"ltx2-av-cross-video-2x6144x2048": (2, 6144, 2048),
+                     "ltx2-av-cross-audio-2x126x2048": (2, 126, 2048)}
 LLM_MLP_SHAPES = {"llama3-8b-mlp-4096tok": (1, 4096, 14336), "llama3-8b-mlp-decode": (1, 1, 14336)}
 LLM_SHAPES = {"llama3-8b-decode": (1, 1, 4096), "llama3-8b-prefill": (1, 4096, 4096),
               "norm-32768x2048": (1, 32768, 2048), "norm-8192x4096": (1, 8192, 4096)}
@@ -187,6 +201,23 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("qk_norm_rope", "ltx_qk_norm_rope"), test_shapes=ROPE_TEST_SHAPES,
         bench_shapes={**LTX_SHAPES},
         inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb",),
+    ),
+    KernelSpec(
+        name="rms_norm_rope_split",
+        summary="split RoPE per head (cos/sin (B|1, H, S, hd/2)) of rms_norm(x) * weight over all heads",
+        make_inputs=inputs_rms_norm_rope_split, variants=SPLIT_ROPE_VARIANTS, n_outputs=1,
+        baselines={"eager": eager.ltx2_rms_norm_rope_split},
+        aliases=("ltx2_norm_rope", "norm_rope_split"), test_shapes=SPLIT_ROPE_TEST_SHAPES,
+        bench_shapes={**LTX2_CROSS_SHAPES},
+        inject_targets=("LTX2Attention norm_q/norm_k + apply_split_rotary_emb (audio/video cross-attentions)",),
+    ),
+    KernelSpec(
+        name="qk_rms_norm_rope_split", summary="rms_norm_rope_split of q and k, one shared table",
+        make_inputs=inputs_qk_rms_norm_rope_split, variants=SPLIT_ROPE_VARIANTS, n_outputs=2,
+        baselines={"eager": eager.ltx2_qk_rms_norm_rope_split},
+        aliases=("ltx2_qk_norm_rope", "qk_norm_rope_split"), test_shapes=SPLIT_ROPE_TEST_SHAPES,
+        bench_shapes={**LTX2_SELF_SHAPES},
+        inject_targets=("LTX2Attention norm_q/norm_k + apply_split_rotary_emb (self-attentions)",),
     ),
     KernelSpec(
         name="rope_1d", summary="LLM RoPE of q, k (neox or interleaved) from cos/sin tables at positions",

@@ -82,6 +82,25 @@ struct Rope1dParams {
 
 cudaError_t launch_rope_1d(const Rope1dParams& p, DType dtype, cudaStream_t stream);
 
+// LTX-2's q/k RMSNorm over the whole inner dim D = H * 2 * half (weights wq, wk; fp32 statistics), then the split
+// RoPE per head: x (B, S, D) seen as (B, S, H, 2 half), out[..., :half] = x1·cos − x2·sin and out[..., half:] =
+// x2·cos + x1·sin, with fp32 tables cos/sin (B|1, H, S, half) at element strides t_sb, t_sh, t_ss (0 broadcasts;
+// last dim contiguous; sin laid out as cos). k == null: q alone (the cross-attentions, one tensor per table).
+struct RopeSplitParams {
+  int64_t B = 0, S = 0, H = 0, half = 0;
+  Rows3 q, k;
+  const void* wq = nullptr;
+  const void* wk = nullptr;
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int64_t t_sb = 0, t_sh = 0, t_ss = 0;
+  float eps = 1e-6f;
+  void* q_out = nullptr;  // contiguous (B, S, D)
+  void* k_out = nullptr;
+};
+
+cudaError_t launch_rope_split(const RopeSplitParams& p, DType dtype, cudaStream_t stream);
+
 // Gated activations over rows of width 2H → H: out = value * act(gate), gate = half `gate_half` (0|1).
 // act: 0 = GELU exact (erf), 1 = GELU tanh, 2 = SiLU. With gated = false: out = act(x), width H.
 struct ActParams {
