@@ -1,25 +1,21 @@
 """Kernel injection into LTX-2 (diffusers' LTX2VideoTransformer3DModel). Reversible; returns an InjectionReport.
 
-Rules so far:
-  attn2 / audio_attn2 (the text cross-attentions of both streams): their keys and values depend only on the prompt
-  (the connectors' output, built once per generation) and the weights, yet every transformer call recomputes them:
-  to_k, to_v and norm_k over 1024 text tokens, in each of the 48 blocks, three calls per step with the pipeline's
-  default guidance. TextKVProcessor keeps them for the generation: the same ops on the same inputs, so the result
-  is bit for bit the model's; what goes is their time.
+Rules:
+  block (block.py): every block's forward through our kernels, video and audio streams alike: the modulated
+  RMSNorms (rms_norm_modulate), each gated residual folded into the next norm's pass (add_rms_norm_modulate), the
+  q/k RMSNorm across heads + RoPE as one kernel (split or interleaved), the feed-forward's GELU-tanh in its
+  up-projection's GEMM epilogue, the text attentions' residual in their out-projection's GEMM, the audio<->video
+  attentions' modulation.
+  projections: the self-attentions' q/k/v and the audio<->video attentions' k/v as one GEMM each.
+  text keys/values (text_kv.py): attn2 / audio_attn2 keys and values once per generation, also under regional
+  compile (looked up outside the block's graph).
 
-Cache lifetime: it answers only inside a generation: a call of the pipeline given to apply_kernels (its `__call__` is
-patched for that) or a `generation(transformer)` scope; entries are cleared on entry and on exit, exceptions included,
-so weights changed between generations in a way no check sees (PEFT's fuse_lora writes `weight.data`) meet a fresh
-entry. Within a generation an entry is reused only for the same input view (address, shape, strides, dtype, version
-counter) and the same to_k / to_v / norm_k parameters (address and version), while those layers are plain nn.Linear /
-nn.RMSNorm; the entry keeps its input alive, so no other tensor can take its address. The fused kernels of LTX-2's
-blocks (modulated norms, QK-norm + split RoPE, gated residuals, GEMM epilogues) are not here yet.
+Refused and reported, left as diffusers runs them: a block forward or attention processor whose source is not the
+code these rules reproduce (diffusers 0.42.1), LTX-2.3's perturbed or gated attention and prompt modulation, norms with
+weights, an active dropout. Apply after `.to(device)`, before CPU offload.
 """
 
 from __future__ import annotations
-
-import hashlib
-import inspect
 
 import torch
 
@@ -29,123 +25,42 @@ from ltxbench.inject import (
     generation_call,
     generation_scope,
     offloaded,
-    original_class,
     patch_call,
     patch_forward,
+    require_provider,
+    set_attr,
+)
+from ltxbench.inject.fuse import fuse_linears, release
+from ltxbench.inject.ltx2.attention import FUSED_ATTR, plain_attention, plain_feed_forward
+from ltxbench.inject.ltx2.block import FUSED_PROCESSORS_ATTR, fused_block_forward
+from ltxbench.inject.ltx2.text_kv import (
+    PROCESSOR_SOURCE,
+    PROJECTION_RULE,
+    TEXT_KV_RULE,
+    TextKVCache,
+    TextKVProcessor,
+    keep_projections,
+    processor_class,
+    source_digest,
 )
 
-TEXT_KV_RULE = "attn2/audio_attn2: text keys/values once per generation (exact: the same ops on the same prompt)"
+__all__ = ["BLOCK_RULE", "CACHE_ATTR", "GENERATION_RULE", "PROJECTION_RULE", "PROJECTIONS_RULE", "TEXT_KV_RULE",
+           "TextKVCache", "apply_kernels", "generation", "new_generation"]
+
+BLOCK_RULE = ("block: modulated RMSNorms, gated residuals into the next norm, q/k RMSNorm + RoPE, GEMM epilogues "
+              "(GELU-tanh, residual), a2v/v2a modulation")
+PROJECTIONS_RULE = "attn1/audio_attn1 q/k/v, a2v/v2a k/v: one GEMM each (fused weights)"
 GENERATION_RULE = "pipeline: each call one generation (the text keys/values kept across its steps are forgotten after)"
 CACHE_ATTR = "_ltxbench_text_kv_cache"  # on the patched transformer: its TextKVCache
-# sha256 (first 16 hex digits) of LTX2AudioVideoAttnProcessor.__call__'s source in diffusers 0.42.1: the code
-# TextKVProcessor.__call__ reproduces. Another source is left alone (its math is not verified).
-PROCESSOR_SOURCE = "0391667b7f0a45ae"
-# ... and of PixArtAlphaTextProjection.forward (caption_projection, audio_caption_projection)
-PROJECTION_SOURCE = "767653bc523ffe7f"
-PROJECTION_RULE = ("caption_projection/audio_caption_projection: the projected prompt once per generation (the text "
-                   "keys/values' input: the same tensor for every call)")
-ENTRIES_PER_LAYER = 4  # the CFG pair's prompt and the positive half (STG and modality passes): 2 in use
-
-
-class TextKVCache:
-    """(key, value) of each text cross-attention per input view, kept while a generation is open."""
-
-    def __init__(self):
-        self.generations = 0  # open generation scopes: the cache answers only inside one
-        self.builds = self.hits = 0
-        self.entries: dict[int, list] = {}
-
-    def clear(self) -> None:
-        self.entries = {}
-
-    def key_value(self, attn, source):
-        """The layer's (key, value) of `source`: from the cache when it holds this input and these weights."""
-        plain = type(attn.to_k) is type(attn.to_v) is torch.nn.Linear and type(attn.norm_k) is torch.nn.RMSNorm
-        return self._kept(attn, source, (attn.to_k, attn.to_v, attn.norm_k) if plain else None,
-                          lambda: (attn.norm_k(attn.to_k(source)), attn.to_v(source)))
-
-    def projected(self, projection, caption):
-        """caption_projection(caption), kept so that every call of the generation hands attn2 the same tensor."""
-        layers = (projection.linear_1, projection.linear_2)
-        plain = all(type(layer) is torch.nn.Linear for layer in layers) and type(projection.act_1).__module__ in (
-            "torch.nn.modules.activation", "diffusers.models.activations")
-        return self._kept(projection, caption, layers if plain else None,
-                          lambda: original_class(projection).forward(projection, caption))
-
-    def _kept(self, module, source, layers, compute):
-        """compute() for (module, source), kept inside a generation while the source view and the layers' parameters
-        are unchanged; computed every time where layers is None (not plain layers), under autograd or compile."""
-        stamp = _stamp(source, layers) if self.generations and layers is not None else None
-        if stamp is None or torch.compiler.is_compiling():
-            return compute()
-        kept = self.entries.setdefault(id(module), [])
-        for entry_stamp, _alive, result in kept:
-            if entry_stamp == stamp:
-                self.hits += 1
-                return result
-        result = compute()
-        kept.append((stamp, source, result))  # the source stays alive: no other tensor can take its address
-        del kept[:-ENTRIES_PER_LAYER]
-        self.builds += 1
-        return result
-
-
-def _stamp(source, layers) -> tuple | None:
-    """What an entry must match: the input view (address, shape, strides, dtype, version) and every parameter
-    (address, version); None under autograd or for inference tensors (no version counter)."""
-    if not isinstance(source, torch.Tensor) or source.is_inference() or torch.is_grad_enabled():
-        return None
-    params = [p for layer in layers for p in layer._parameters.values() if p is not None]
-    return (source.data_ptr(), tuple(source.shape), source.stride(), source.dtype, source._version,
-            *((p.data_ptr(), p._version) for p in params))
-
-
-def _projection_forward(self, caption):
-    """PixArtAlphaTextProjection.forward through the text cache of the model it belongs to."""
-    return self._ltxbench_text_cache.projected(self, caption)
-
-
-def _processor_class():
-    from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoAttnProcessor
-
-    return LTX2AudioVideoAttnProcessor
-
-
-def _source_digest(function) -> str:
-    try:
-        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
-    except (OSError, TypeError):
-        return ""
-
-
-class TextKVProcessor:
-    """LTX2AudioVideoAttnProcessor for a text cross-attention, its keys and values from the cache. Keeps the
-    original's attention backend and parallel config (dispatch_attention_fn reads them)."""
-
-    def __init__(self, original, cache: TextKVCache):
-        self.original, self.cache = original, cache
-        self._attention_backend = getattr(original, "_attention_backend", None)
-        self._parallel_config = getattr(original, "_parallel_config", None)
-
-    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, query_rotary_emb=None,
-                 key_rotary_emb=None):
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
-        if encoder_hidden_states is None or query_rotary_emb is not None or attn.to_gate_logits is not None:
-            return self.original(attn, hidden_states, encoder_hidden_states, attention_mask, query_rotary_emb,
-                                 key_rotary_emb)  # not a text cross-attention as the released model runs it
-        batch_size, sequence_length, _ = encoder_hidden_states.shape
-        if attention_mask is not None:
-            attention_mask = attn.prepare_attention_mask(attention_mask, sequence_length, batch_size)
-            attention_mask = attention_mask.view(batch_size, attn.heads, -1, attention_mask.shape[-1])
-        query = attn.norm_q(attn.to_q(hidden_states))
-        key, value = self.cache.key_value(attn, encoder_hidden_states)
-        out = dispatch_attention_fn(query.unflatten(2, (attn.heads, -1)), key.unflatten(2, (attn.heads, -1)),
-                                    value.unflatten(2, (attn.heads, -1)), attn_mask=attention_mask, dropout_p=0.0,
-                                    is_causal=False, backend=self._attention_backend,
-                                    parallel_config=self._parallel_config)
-        out = out.flatten(2, 3).to(query.dtype)
-        return attn.to_out[1](attn.to_out[0](out))
+# sha256 (first 16 hex digits) of LTX2VideoTransformerBlock.forward and .get_mod_params in diffusers 0.42.1: the code
+# block.py reproduces.
+BLOCK_SOURCES = ("1dbdd9ab731b53b9", "493775244f201a41")
+ATTENTIONS = ("attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
+NORMS = ("norm1", "norm2", "norm3", "audio_norm1", "audio_norm2", "audio_norm3", "audio_to_video_norm",
+         "video_to_audio_norm")
+FUSED_PROJECTIONS = (("attn1", ("to_q", "to_k", "to_v")), ("audio_attn1", ("to_q", "to_k", "to_v")),
+                     ("audio_to_video_attn", ("to_k", "to_v")), ("video_to_audio_attn", ("to_k", "to_v")))
+LTX2_3_FLAGS = ("perturbed_attn", "cross_attn_adaln", "video_cross_attn_adaln", "audio_cross_attn_adaln")
 
 
 def new_generation(target) -> None:
@@ -164,25 +79,42 @@ def generation(target):
 _generation_call = generation_call(generation)  # `__call__` of the patched pipeline: its own call as one generation
 
 
-def apply_kernels(target, provider: str = "cuda", text_kv_cache: bool = True) -> InjectionReport:
-    """Patch an LTX2Pipeline (or its transformer) in place; revert with the report. provider: recorded (the rules so
-    far run the model's own ops). text_kv_cache: attn2 / audio_attn2 keys and values once per generation."""
-    transformer = getattr(target, "transformer", target)
-    report = InjectionReport(provider)
-    if CACHE_ATTR in vars(transformer):
-        report.skip("transformer", "patched by ltxbench already: revert that injection's report first")
-        return report
-    if offloaded(transformer):
-        report.skip("transformer", OFFLOADED)
-        return report
-    if not text_kv_cache:
-        report.skip(TEXT_KV_RULE, "turned off (text_kv_cache=False): every call computes the text keys/values")
-        return report
-    cls = _processor_class()
-    if _source_digest(cls.__call__) != PROCESSOR_SOURCE:
-        report.skip(TEXT_KV_RULE, f"{cls.__name__}.__call__ is not the code this rule reproduces (diffusers 0.42.1)")
-        return report
-    cache = TextKVCache()
+def _block_refusal(block) -> str | None:
+    """Why block.py cannot stand for this block's forward (None: it can)."""
+    cls = type(block)
+    if (source_digest(cls.forward), source_digest(cls.get_mod_params)) != BLOCK_SOURCES:
+        return f"{cls.__name__}.forward is not the code this rule reproduces (diffusers 0.42.1)"
+    flags = [flag for flag in LTX2_3_FLAGS if getattr(block, flag, False)]
+    if flags:
+        return f"{', '.join(flags)} on (LTX-2.3 block math): not reproduced"
+    if any(getattr(getattr(block, name), "weight", None) is not None for name in NORMS):
+        return "a block norm carries a weight: not the LTX-2 block math"
+    for name in ATTENTIONS:
+        reason = plain_attention(getattr(block, name))
+        if reason:
+            return f"{name}: {reason}"
+    for name in ("ff", "audio_ff"):
+        reason = plain_feed_forward(getattr(block, name))
+        if reason:
+            return f"{name}: {reason}"
+    return None
+
+
+def _fuse_projections(report: InjectionReport, block) -> None:
+    for name, layers in FUSED_PROJECTIONS:
+        attn = getattr(block, name)
+        fused = fuse_linears([getattr(attn, layer) for layer in layers])
+        if isinstance(fused, str):
+            report.skip(f"{name} projections", fused)
+            continue
+        set_attr(report, PROJECTIONS_RULE, attn, FUSED_ATTR, (layers, fused))
+        report.on_revert(lambda fused=fused: release(fused))
+
+
+def _text_kv_processors(report: InjectionReport, transformer, cache: TextKVCache) -> None:
+    """attn2 / audio_attn2 through TextKVProcessor: the cache also serves the original block forward (a call the
+    fused path leaves to it, or fused_blocks=False)."""
+    cls = processor_class()
     for index, block in enumerate(transformer.transformer_blocks):
         for name in ("attn2", "audio_attn2"):
             attn = getattr(block, name)
@@ -193,8 +125,48 @@ def apply_kernels(target, provider: str = "cuda", text_kv_cache: bool = True) ->
             original = attn.processor
             attn.processor = TextKVProcessor(original, cache)
             report.patched(TEXT_KV_RULE, lambda attn=attn, original=original: setattr(attn, "processor", original))
-    if report.rules:
-        _keep_projections(report, transformer, cache)
+
+
+def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True, fused_blocks: bool = True,
+                  fuse_projections: bool = True) -> InjectionReport:
+    """Patch an LTX2Pipeline (or its transformer) in place; revert with the report (or use it as a context manager).
+
+    provider "cuda": our kernels (the transformer must be on a CUDA device); "reference": the same fusions in pure
+    torch (ltxbench.ops.reference), so the mechanics run anywhere. text_kv_cache: attn2 / audio_attn2 keys and values
+    once per generation (a call of the pipeline given here, or a `generation(transformer)` scope). fused_blocks: the
+    block rule (module docstring); fuse_projections: with it, the projections that read one input as one GEMM.
+    """
+    from ltxbench.ops import get_provider
+
+    transformer = getattr(target, "transformer", target)
+    report = InjectionReport(provider)
+    if CACHE_ATTR in vars(transformer) or any(FUSED_PROCESSORS_ATTR in vars(b) for b in transformer.transformer_blocks):
+        report.skip("transformer", "patched by ltxbench already: revert that injection's report first")
+        return report
+    if offloaded(transformer):
+        report.skip("transformer", OFFLOADED)
+        return report
+    ops = get_provider(provider)
+    if fused_blocks:
+        require_provider(provider, ops, transformer, "transformer", move="pipeline")
+    cls = processor_class()
+    known_processor = source_digest(cls.__call__) == PROCESSOR_SOURCE
+    cache = None
+    if not text_kv_cache:
+        report.skip(TEXT_KV_RULE, "turned off (text_kv_cache=False): every call computes the text keys/values")
+    elif not known_processor:
+        report.skip(TEXT_KV_RULE, f"{cls.__name__}.__call__ is not the code this rule reproduces (diffusers 0.42.1)")
+    else:
+        cache = TextKVCache()
+        _text_kv_processors(report, transformer, cache)
+    if not fused_blocks:
+        report.skip(BLOCK_RULE, "turned off (fused_blocks=False)")
+    elif not known_processor:
+        report.skip(BLOCK_RULE, f"{cls.__name__}.__call__ is not the code the fused attentions reproduce")
+    else:
+        _patch_blocks(report, transformer, ops, cache, fuse_projections, provider)
+    if cache is not None and report.rules:
+        keep_projections(report, transformer, cache)
         vars(transformer)[CACHE_ATTR] = cache
         report.on_revert(lambda: vars(transformer).pop(CACHE_ATTR, None))
         if target is not transformer:
@@ -205,17 +177,20 @@ def apply_kernels(target, provider: str = "cuda", text_kv_cache: bool = True) ->
     return report
 
 
-def _keep_projections(report: InjectionReport, transformer, cache: TextKVCache) -> None:
-    """The model projects the prompt anew in every call, so attn2 would see a new tensor each time: keep the
-    projection for the generation too (the same output tensor, hence the same keys/values entry)."""
-    for name in ("caption_projection", "audio_caption_projection"):
-        projection = getattr(transformer, name, None)
-        if projection is None:
+def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provider: str) -> None:
+    if provider == "cuda":  # earlier processes' GEMM searches on this GPU model (ops.gemm_cache)
+        ops.load_gemm_choices(next(transformer.parameters()).device)
+    forward = fused_block_forward(ops, cache)
+    processors = (processor_class(), TextKVProcessor)
+    classes: dict = {}
+    for index, block in enumerate(transformer.transformer_blocks):
+        reason = _block_refusal(block)
+        if reason:
+            report.skip(f"transformer_blocks.{index}", reason)
             continue
-        if _source_digest(type(projection).forward) != PROJECTION_SOURCE:
-            report.skip(name, f"{type(projection).__name__}.forward is not the code this rule reproduces: every call "
-                        "projects the prompt, so the text keys/values are computed every call")
-            continue
-        vars(projection)["_ltxbench_text_cache"] = cache
-        patch_forward(report, PROJECTION_RULE, projection, _projection_forward, {})
-        report.on_revert(lambda projection=projection: vars(projection).pop("_ltxbench_text_cache", None))
+        patch_forward(report, BLOCK_RULE, block, forward, classes)
+        vars(block)[FUSED_PROCESSORS_ATTR] = processors
+        report.on_revert(lambda block=block: vars(block).pop(FUSED_PROCESSORS_ATTR, None))
+        if fuse_projections:
+            with torch.no_grad():
+                _fuse_projections(report, block)

@@ -1,0 +1,132 @@
+"""LTX-2's attentions inside the fused block (block.py), as LTX2AudioVideoAttnProcessor computes them: the projections
+that read one input as one GEMM, the q/k RMSNorm across heads and the RoPE as one kernel, diffusers' attention
+dispatch (the processor's backend and parallel config, so attention backends behave as before), the out-projection
+with the residual added in its GEMM where one follows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ltxbench.inject.fuse import fused_linear
+from ltxbench.inject.ltx.attention import eps_of
+
+FUSED_ATTR = "_ltxbench_fused_projections"  # (names, FusedWeights): to_q/to_k/to_v (self), to_k/to_v (a2v, v2a)
+
+
+def plain_attention(attn) -> str | None:
+    """Why the fused path cannot stand for this attention's math (None: it can). Checked once, at injection."""
+    if getattr(attn, "to_gate_logits", None) is not None:
+        return "per-head gated attention (LTX-2.3): not the math the fused path reproduces"
+    norms = (attn.norm_q, attn.norm_k)
+    if not all(type(n) is torch.nn.RMSNorm and n.weight is not None for n in norms):
+        return "norm_q/norm_k are not affine torch.nn.RMSNorm layers"
+    if eps_of(attn.norm_q) != eps_of(attn.norm_k):
+        return "norm_q and norm_k differ in eps"
+    dropout = attn.to_out[1]
+    if not isinstance(dropout, torch.nn.Dropout) or dropout.p != 0:
+        return "the out-projection's dropout is active"
+    if attn.rope_type not in ("split", "interleaved"):
+        return f"rope_type {attn.rope_type!r}"
+    return None
+
+
+def linear(ops, x, layer, residual=None, activation: str = "none"):
+    """`activation(layer(x)) [+ residual]`: ops.linear (one GEMM with its epilogue) for a plain nn.Linear, else the
+    layer itself (a LoRA or quantized wrapper keeps its own forward)."""
+    if type(layer) is torch.nn.Linear:
+        return ops.linear(x, layer.weight, layer.bias, activation, residual)
+    out = layer(x)
+    if activation == "gelu_tanh":
+        out = torch.nn.functional.gelu(out, approximate="tanh")
+    return out if residual is None else residual + out
+
+
+def _project(ops, attn, names: tuple, x) -> tuple:
+    """The outputs of attn's layers `names`, all reading x: one GEMM when they were fused at injection and still
+    are (fuse.fused_linear), else each layer."""
+    fused_names, fused = getattr(attn, FUSED_ATTR, ((), None))
+    layers = tuple(getattr(attn, name) for name in names)
+    if fused_names == names:
+        out = fused_linear(x, layers, fused, lambda x, weight, bias: ops.linear(x, weight, bias))
+        if out is not None:
+            return out.split([layer.out_features for layer in layers], dim=-1)
+    return tuple(linear(ops, x, layer) for layer in layers)
+
+
+def _norm_rope(ops, attn, query, key, query_rope, key_rope):
+    """norm_q / norm_k (RMSNorm across heads, with weight) and the RoPE as the processor applies it; key_rope None
+    means the key takes the query's angles (self-attention: one kernel for both, the tables read once)."""
+    wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, eps_of(attn.norm_q)
+    if query_rope is None:
+        return ops.rms_norm(query, wq, eps), ops.rms_norm(key, wk, eps)
+    if attn.rope_type == "split":
+        if key_rope is None:
+            return ops.qk_rms_norm_rope_split(query, key, wq, wk, eps, *query_rope)
+        return (ops.rms_norm_rope_split(query, wq, eps, *query_rope),
+                ops.rms_norm_rope_split(key, wk, eps, *key_rope))
+    if key_rope is None:  # interleaved, (B|1, S, D) tables shared by q and k: LTX-Video's kernel
+        return ops.qk_rms_norm_rope(query, key, wq, wk, eps, *query_rope)
+    from diffusers.models.transformers.transformer_ltx2 import apply_interleaved_rotary_emb
+
+    return (apply_interleaved_rotary_emb(ops.rms_norm(query, wq, eps), query_rope),
+            apply_interleaved_rotary_emb(ops.rms_norm(key, wk, eps), key_rope))
+
+
+def _attend(attn, query, key, value, mask=None):
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    processor = attn.processor
+    out = dispatch_attention_fn(query.unflatten(2, (attn.heads, -1)), key.unflatten(2, (attn.heads, -1)),
+                                value.unflatten(2, (attn.heads, -1)), attn_mask=mask, dropout_p=0.0, is_causal=False,
+                                backend=getattr(processor, "_attention_backend", None),
+                                parallel_config=getattr(processor, "_parallel_config", None))
+    return out.flatten(2, 3).to(query.dtype)
+
+
+def self_attention(ops, attn, hidden_states, rope):
+    """attn(hidden_states, query_rotary_emb=rope) without its residual (the caller gates it)."""
+    query, key, value = _project(ops, attn, ("to_q", "to_k", "to_v"), hidden_states)
+    query, key = _norm_rope(ops, attn, query, key, rope, None)
+    return linear(ops, _attend(attn, query, key, value), attn.to_out[0])
+
+
+def modality_attention(ops, attn, hidden_states, source, query_rope, key_rope):
+    """The audio-to-video or video-to-audio attention: queries from one stream, keys/values from the other, each with
+    its own RoPE; without its gated residual."""
+    query = linear(ops, hidden_states, attn.to_q)
+    key, value = _project(ops, attn, ("to_k", "to_v"), source)
+    query, key = _norm_rope(ops, attn, query, key, query_rope, key_rope)
+    return linear(ops, _attend(attn, query, key, value), attn.to_out[0])
+
+
+def text_attention(ops, attn, hidden_states, key_value, mask, residual):
+    """`residual + attn(hidden_states, text)` with the text keys/values given (the generation's cache or computed by
+    the caller): the residual added in the out-projection's GEMM."""
+    if mask is not None:
+        batch_size, length = key_value[0].shape[:2]
+        mask = attn.prepare_attention_mask(mask, length, batch_size)
+        mask = mask.view(batch_size, attn.heads, -1, mask.shape[-1])
+    query = ops.rms_norm(linear(ops, hidden_states, attn.to_q), attn.norm_q.weight, eps_of(attn.norm_q))
+    return linear(ops, _attend(attn, query, *key_value, mask), attn.to_out[0], residual)
+
+
+def text_key_value(attn, text):
+    """The text cross-attention's key (after norm_k) and value, as the processor computes them."""
+    return attn.norm_k(attn.to_k(text)), attn.to_v(text)
+
+
+def feed_forward(ops, ff, hidden_states):
+    """FeedForward(gelu-approximate): the up-projection with its GELU-tanh as one GEMM epilogue, then the down one."""
+    up, down = ff.net[0].proj, ff.net[2]
+    return linear(ops, linear(ops, hidden_states, up, activation="gelu_tanh"), down)
+
+
+def plain_feed_forward(ff) -> str | None:
+    """Why feed_forward cannot stand for `ff` (None: it can)."""
+    net = getattr(ff, "net", ())
+    if len(net) != 3 or type(net[0]).__name__ != "GELU" or getattr(net[0], "approximate", None) != "tanh":
+        return "the feed-forward is not Linear + GELU(tanh) + Linear"
+    if not isinstance(net[1], torch.nn.Dropout) or net[1].p != 0:
+        return "the feed-forward's dropout is active"
+    return None

@@ -1,0 +1,186 @@
+"""The fused forward of LTX-2's transformer block (LTX2VideoTransformerBlock, diffusers 0.42.1; the math is in
+docs/models.md). Per stream (video x, audio a), with the modulation tables added to the timestep embeddings as the
+block adds them:
+
+  RMS(x) * (1 + scale_msa) + shift_msa                        → rms_norm_modulate
+  attn1: q/k/v one GEMM; norm_q/norm_k + RoPE (split/interl.) → qk_rms_norm_rope_split (rms_norm_rope_split for the
+                                                                 a2v/v2a q and k, which differ in length and angles)
+  x + attn1 * gate_msa, and RMS(x) for the text attention     → add_rms_norm_modulate (scale = shift = 0)
+  x + attn2(RMS(x), text)                                     → the out-projection's GEMM adds x (ops.linear, beta 1);
+                                                                 text keys/values from the generation's cache
+  RMS(x)*(1+sc)+sh for a2v's queries and v2a's keys/values    → rms_norm_modulate each (x before the a2v update)
+  x + a2v * a2v_gate, then RMS(x) * (1 + scale_mlp) + shift   → add_rms_norm_modulate
+  ff: Linear + GELU-tanh, Linear                              → ops.linear with a GELU epilogue, ops.linear
+  x + ff * gate_mlp                                           → gated_residual
+
+Each fused op rounds once where the block rounds after every elementwise op: the error against float32 is the
+parity tests' measure (tests/test_inject_ltx2_block.py). Calls the fused path does not reproduce take the original
+forward: gradients enabled, attention masks on the self- or modality attentions, modulation in another dtype than the
+activations, weights offloaded after the injection. An attention whose processor was replaced after the injection runs
+as a module (its own processor).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ltxbench.inject import original_class
+from ltxbench.inject.ltx2.attention import (
+    feed_forward,
+    modality_attention,
+    self_attention,
+    text_attention,
+    text_key_value,
+)
+
+FUSED_PROCESSORS_ATTR = "_ltxbench_processor_types"  # on the patched block: the processor types its path reproduces
+
+
+def _zeros(like, cache: dict = {}):  # noqa: B006 (one (1, 1, D) zero tensor per device, dtype and width)
+    """Scale and shift of a plain RMSNorm through add_rms_norm_modulate: `n * (1 + 0) + 0` is n exactly."""
+    key = (like.device, like.dtype, like.size(-1))
+    if key not in cache:
+        cache[key] = torch.zeros(1, 1, like.size(-1), device=like.device, dtype=like.dtype)
+    return cache[key]
+
+
+@torch.compiler.disable
+def _kept_key_value(cache, attn, text):
+    """The generation's cached keys/values, looked up outside a compiled graph (regional compile traces the block:
+    inside it the cache would step aside); dynamo resumes the block's graph after this call."""
+    return cache.key_value(attn, text)
+
+
+def _text_kv(block, cache, name, text):
+    attn = getattr(block, name)
+    if cache is None:
+        return text_key_value(attn, text)
+    if torch.compiler.is_compiling():
+        return _kept_key_value(cache, attn, text)
+    return cache.key_value(attn, text)
+
+
+def _runs_fused(block, attn) -> bool:
+    return type(attn.processor) in vars(block)[FUSED_PROCESSORS_ATTR]
+
+
+def _attention_call(ops, block, name, fused, original):
+    attn = getattr(block, name)
+    return fused(ops, attn) if _runs_fused(block, attn) else original(attn)
+
+
+def _stream(ops, block, prefix, x, temb, rope, text, text_mask, cache):
+    """Self-attention and text cross-attention of one stream (prefix "" video, "audio_"): returns (x, the FF's
+    modulation (shift, scale, gate))."""
+    table = getattr(block, f"{prefix}scale_shift_table")
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.get_mod_params(table, temb, x.size(0))[:6]
+    norm1, norm2 = getattr(block, f"{prefix}norm1"), getattr(block, f"{prefix}norm2")
+    normed = ops.rms_norm_modulate(x, None, scale_msa, shift_msa, norm1.eps)
+    attn = _attention_call(ops, block, f"{prefix}attn1",
+                           lambda ops, attn: self_attention(ops, attn, normed, rope),
+                           lambda attn: attn(normed, encoder_hidden_states=None, query_rotary_emb=rope))
+    zeros = _zeros(x)
+    normed, x = ops.add_rms_norm_modulate(x, attn, gate_msa, zeros, zeros, norm2.eps)
+    name = f"{prefix}attn2"
+    x = _attention_call(ops, block, name,
+                        lambda ops, attn: text_attention(ops, attn, normed, _text_kv(block, cache, name, text),
+                                                         text_mask, x),
+                        lambda attn: x + attn(normed, encoder_hidden_states=text, query_rotary_emb=None,
+                                              attention_mask=text_mask))
+    return x, (shift_mlp, scale_mlp, gate_mlp)
+
+
+def _modality(block, batch, temb_scale_shift, temb_gate, table_name):
+    table = getattr(block, table_name)
+    a2v_scale, a2v_shift, v2a_scale, v2a_shift = block.get_mod_params(table[:4, :], temb_scale_shift, batch)
+    gate = block.get_mod_params(table[4:, :], temb_gate, batch)[0].squeeze(2)
+    return a2v_scale.squeeze(2), a2v_shift.squeeze(2), v2a_scale.squeeze(2), v2a_shift.squeeze(2), gate
+
+
+def _feed_forward(ops, block, prefix, x, mlp, update=None, gate=None):
+    """`x + ff(RMS(x + update * gate) * (1 + scale) + shift) * gate_mlp` with the pending a2v/v2a update folded into
+    the norm's pass."""
+    shift_mlp, scale_mlp, gate_mlp = mlp
+    eps = getattr(block, f"{prefix}norm3").eps
+    if update is None:
+        normed = ops.rms_norm_modulate(x, None, scale_mlp, shift_mlp, eps)
+    else:
+        normed, x = ops.add_rms_norm_modulate(x, update, gate, scale_mlp, shift_mlp, eps)
+    return ops.gated_residual(x, feed_forward(ops, getattr(block, f"{prefix}ff"), normed), gate_mlp)
+
+
+def _cross_modal(ops, block, x, a, temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
+                 ca_video_rope, ca_audio_rope, use_a2v, use_v2a):
+    """Section 3: the audio-to-video and video-to-audio attentions on modulated norms of the streams as they are
+    before either update. Returns (a2v output, a2v gate, v2a output, v2a gate), None where skipped."""
+    v_a2v_scale, v_a2v_shift, v_v2a_scale, v_v2a_shift, a2v_gate = _modality(
+        block, x.size(0), temb_ca_scale_shift, temb_ca_gate, "video_a2v_cross_attn_scale_shift_table")
+    a_a2v_scale, a_a2v_shift, a_v2a_scale, a_v2a_shift, v2a_gate = _modality(
+        block, x.size(0), temb_ca_audio_scale_shift, temb_ca_audio_gate, "audio_a2v_cross_attn_scale_shift_table")
+    eps_v, eps_a = block.audio_to_video_norm.eps, block.video_to_audio_norm.eps
+    a2v = v2a = None
+    if use_a2v:
+        query = ops.rms_norm_modulate(x, None, v_a2v_scale, v_a2v_shift, eps_v)
+        source = ops.rms_norm_modulate(a, None, a_a2v_scale, a_a2v_shift, eps_a)
+        a2v = _attention_call(ops, block, "audio_to_video_attn",
+                              lambda ops, attn: modality_attention(ops, attn, query, source, ca_video_rope,
+                                                                   ca_audio_rope),
+                              lambda attn: attn(query, encoder_hidden_states=source, query_rotary_emb=ca_video_rope,
+                                                key_rotary_emb=ca_audio_rope))
+    if use_v2a:
+        query = ops.rms_norm_modulate(a, None, a_v2a_scale, a_v2a_shift, eps_a)
+        source = ops.rms_norm_modulate(x, None, v_v2a_scale, v_v2a_shift, eps_v)
+        v2a = _attention_call(ops, block, "video_to_audio_attn",
+                              lambda ops, attn: modality_attention(ops, attn, query, source, ca_audio_rope,
+                                                                   ca_video_rope),
+                              lambda attn: attn(query, encoder_hidden_states=source, query_rotary_emb=ca_audio_rope,
+                                                key_rotary_emb=ca_video_rope))
+    return a2v, a2v_gate, v2a, v2a_gate
+
+
+def _fusable(block, hidden_states, audio_hidden_states, temb, temb_audio, masks) -> bool:
+    """Is this call one the fused path reproduces? (See the module docstring.)"""
+    if torch.is_grad_enabled() or any(m is not None for m in masks):
+        return False
+    dtype = hidden_states.dtype
+    if not (temb.dtype == temb_audio.dtype == audio_hidden_states.dtype == block.scale_shift_table.dtype == dtype):
+        return False
+    weight = block.attn1.to_q.weight
+    return not weight.is_meta and weight.device == hidden_states.device
+
+
+def fused_block_forward(ops, cache):
+    """LTX2VideoTransformerBlock.forward through `ops` (the module docstring); cache: the text keys/values kept for
+    the generation (text_kv.TextKVCache), or None."""
+
+    def forward(self, hidden_states, audio_hidden_states, encoder_hidden_states, audio_encoder_hidden_states, temb,
+                temb_audio, temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
+                temb_prompt=None, temb_prompt_audio=None, video_rotary_emb=None, audio_rotary_emb=None,
+                ca_video_rotary_emb=None, ca_audio_rotary_emb=None, encoder_attention_mask=None,
+                audio_encoder_attention_mask=None, self_attention_mask=None, audio_self_attention_mask=None,
+                a2v_cross_attention_mask=None, v2a_cross_attention_mask=None, use_a2v_cross_attention=True,
+                use_v2a_cross_attention=True, perturbation_mask=None, all_perturbed=None):
+        masks = (self_attention_mask, audio_self_attention_mask, a2v_cross_attention_mask, v2a_cross_attention_mask)
+        if not _fusable(self, hidden_states, audio_hidden_states, temb, temb_audio, masks):
+            return original_class(self).forward(
+                self, hidden_states, audio_hidden_states, encoder_hidden_states, audio_encoder_hidden_states, temb,
+                temb_audio, temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
+                temb_prompt, temb_prompt_audio, video_rotary_emb, audio_rotary_emb, ca_video_rotary_emb,
+                ca_audio_rotary_emb, encoder_attention_mask, audio_encoder_attention_mask, self_attention_mask,
+                audio_self_attention_mask, a2v_cross_attention_mask, v2a_cross_attention_mask,
+                use_a2v_cross_attention, use_v2a_cross_attention, perturbation_mask, all_perturbed)
+        # perturbation_mask / all_perturbed: read only by perturbed attention (LTX-2.3), which apply_kernels refuses
+        x, video_mlp = _stream(ops, self, "", hidden_states, temb, video_rotary_emb, encoder_hidden_states,
+                               encoder_attention_mask, cache)
+        a, audio_mlp = _stream(ops, self, "audio_", audio_hidden_states, temb_audio, audio_rotary_emb,
+                               audio_encoder_hidden_states, audio_encoder_attention_mask, cache)
+        a2v = v2a = a2v_gate = v2a_gate = None
+        if use_a2v_cross_attention or use_v2a_cross_attention:
+            a2v, a2v_gate, v2a, v2a_gate = _cross_modal(
+                ops, self, x, a, temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
+                ca_video_rotary_emb, ca_audio_rotary_emb, use_a2v_cross_attention, use_v2a_cross_attention)
+        x = _feed_forward(ops, self, "", x, video_mlp, a2v, a2v_gate)
+        a = _feed_forward(ops, self, "audio_", a, audio_mlp, v2a, v2a_gate)
+        return x, a
+
+    return forward
