@@ -44,20 +44,17 @@ def _zeros(like, cache: dict = {}):  # noqa: B006 (one (1, 1, D) zero tensor per
     return cache[key]
 
 
-@torch.compiler.disable
-def _kept_key_value(cache, attn, text):
-    """The generation's cached keys/values, looked up outside a compiled graph (regional compile traces the block:
-    inside it the cache would step aside); dynamo resumes the block's graph after this call."""
-    return cache.key_value(attn, text)
+def _text_kvs(block, cache, video_text, audio_text) -> tuple:
+    """The (key, value) of attn2 and audio_attn2 from the generation's cache, None for one the fused path does not
+    run or without a cache (text_attention then computes them)."""
+    return tuple(cache.key_value(getattr(block, name), text)
+                 if cache is not None and _runs_fused(block, getattr(block, name)) else None
+                 for name, text in (("attn2", video_text), ("audio_attn2", audio_text)))
 
 
-def _text_kv(block, cache, name, text):
-    attn = getattr(block, name)
-    if cache is None:
-        return text_key_value(attn, text)
-    if torch.compiler.is_compiling():
-        return _kept_key_value(cache, attn, text)
-    return cache.key_value(attn, text)
+# Regional compile traces the block forward, inside which the cache would step aside: the lookup runs outside the
+# graph instead, first thing in the block (one graph break, after which dynamo compiles the rest as one graph).
+_kept_text_kvs = torch.compiler.disable(_text_kvs)
 
 
 def _runs_fused(block, attn) -> bool:
@@ -69,9 +66,9 @@ def _attention_call(ops, block, name, fused, original):
     return fused(ops, attn) if _runs_fused(block, attn) else original(attn)
 
 
-def _stream(ops, block, prefix, x, temb, rope, text, text_mask, cache):
-    """Self-attention and text cross-attention of one stream (prefix "" video, "audio_"): returns (x, the FF's
-    modulation (shift, scale, gate))."""
+def _stream(ops, block, prefix, x, temb, rope, text, text_mask, text_kv):
+    """Self-attention and text cross-attention of one stream (prefix "" video, "audio_"; text_kv: the text attention's
+    kept keys/values or None): returns (x, the FF's modulation (shift, scale, gate))."""
     table = getattr(block, f"{prefix}scale_shift_table")
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.get_mod_params(table, temb, x.size(0))[:6]
     norm1, norm2 = getattr(block, f"{prefix}norm1"), getattr(block, f"{prefix}norm2")
@@ -83,7 +80,7 @@ def _stream(ops, block, prefix, x, temb, rope, text, text_mask, cache):
     normed, x = ops.add_rms_norm_modulate(x, attn, gate_msa, zeros, zeros, norm2.eps)
     name = f"{prefix}attn2"
     x = _attention_call(ops, block, name,
-                        lambda ops, attn: text_attention(ops, attn, normed, _text_kv(block, cache, name, text),
+                        lambda ops, attn: text_attention(ops, attn, normed, text_kv or text_key_value(attn, text),
                                                          text_mask, x),
                         lambda attn: x + attn(normed, encoder_hidden_states=text, query_rotary_emb=None,
                                               attention_mask=text_mask))
@@ -170,10 +167,12 @@ def fused_block_forward(ops, cache):
                 audio_self_attention_mask, a2v_cross_attention_mask, v2a_cross_attention_mask,
                 use_a2v_cross_attention, use_v2a_cross_attention, perturbation_mask, all_perturbed)
         # perturbation_mask / all_perturbed: read only by perturbed attention (LTX-2.3), which apply_kernels refuses
+        lookup = _kept_text_kvs if torch.compiler.is_compiling() else _text_kvs
+        video_kv, audio_kv = lookup(self, cache, encoder_hidden_states, audio_encoder_hidden_states)
         x, video_mlp = _stream(ops, self, "", hidden_states, temb, video_rotary_emb, encoder_hidden_states,
-                               encoder_attention_mask, cache)
+                               encoder_attention_mask, video_kv)
         a, audio_mlp = _stream(ops, self, "audio_", audio_hidden_states, temb_audio, audio_rotary_emb,
-                               audio_encoder_hidden_states, audio_encoder_attention_mask, cache)
+                               audio_encoder_hidden_states, audio_encoder_attention_mask, audio_kv)
         a2v = v2a = a2v_gate = v2a_gate = None
         if use_a2v_cross_attention or use_v2a_cross_attention:
             a2v, a2v_gate, v2a, v2a_gate = _cross_modal(
