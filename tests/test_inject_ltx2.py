@@ -1,7 +1,7 @@
-"""LTX-2 injection (ltxbench.inject.ltx2) on the CPU, ltx2-tiny in fp32, its text keys/values rule (the fused blocks,
-which round differently, off where the output is compared: tests/test_inject_ltx2_block.py covers them): the keys/values
-kept for a generation give the model's output bit for bit, are built once per input, never outlive a generation, see
-in-place weight changes, and revert exactly."""
+"""LTX-2 injection (ltxbench.inject.ltx2) on the CPU, ltx2-tiny in fp32, its text keys/values rule (the fused blocks and
+the STG pass, which round differently, off where the output is compared: test_inject_ltx2_block.py and
+test_inject_ltx2_stg.py cover them): the keys/values kept for a generation give the model's output bit for bit, are
+built once per input, never outlive a generation, see in-place weight changes, and revert exactly."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_kept_keys_and_values_give_the_model_output_bit_for_bit(pipe):
     """Default guidance: per step the CFG pair (batch 2) and two batch-1 passes on the positive half; each text
     cross-attention builds its keys/values once per input (2 inputs) and reuses them for the other calls."""
     expected = _latents(pipe)
-    report = inject_ltx2.apply_kernels(pipe, "reference", fused_blocks=False)
+    report = inject_ltx2.apply_kernels(pipe, "reference", fused_blocks=False, reuse_stg_pass=False)
     try:
         assert dict(report.rules) == {inject_ltx2.TEXT_KV_RULE: 4, inject_ltx2.PROJECTION_RULE: 2,
                                       inject_ltx2.GENERATION_RULE: 1}
@@ -50,7 +50,7 @@ def test_kept_keys_and_values_give_the_model_output_bit_for_bit(pipe):
                            modality_scale=1.0, audio_modality_scale=1.0)
         report.revert()
         plain = _latents(pipe, **no_guidance)
-        report = inject_ltx2.apply_kernels(pipe, "reference", fused_blocks=False)
+        report = inject_ltx2.apply_kernels(pipe, "reference", fused_blocks=False, reuse_stg_pass=False)
         assert _equal(_latents(pipe, **no_guidance), plain)
     finally:
         report.revert()
@@ -58,7 +58,7 @@ def test_kept_keys_and_values_give_the_model_output_bit_for_bit(pipe):
 
 def test_weights_changed_between_generations_meet_a_fresh_entry(pipe):
     """fuse_lora writes weight.data (no version bump): the next generation must not reuse the last one's keys."""
-    report = inject_ltx2.apply_kernels(pipe, "reference", fused_blocks=False)
+    report = inject_ltx2.apply_kernels(pipe, "reference", fused_blocks=False, reuse_stg_pass=False)
     _latents(pipe)
     with torch.no_grad():
         for attn in _attns(pipe):
@@ -116,7 +116,8 @@ def test_unknown_processors_and_sources_are_left_alone(pipe, monkeypatch):
     report.revert()
     monkeypatch.setattr(inject_ltx2, "PROCESSOR_SOURCE", "0" * 16)  # diffusers changed the code we reproduce
     refused = inject_ltx2.apply_kernels(pipe, "reference")
-    assert not refused.rules and "is not the code this rule reproduces" in refused.skipped[0][1]
+    assert inject_ltx2.TEXT_KV_RULE not in refused.rules and inject_ltx2.BLOCK_RULE not in refused.rules
+    assert "is not the code this rule reproduces" in dict(refused.skipped)[inject_ltx2.TEXT_KV_RULE]
 
 
 def test_the_bare_transformer_keeps_nothing_across_calls(pipe):

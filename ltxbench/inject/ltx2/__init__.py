@@ -9,6 +9,8 @@ Rules:
   projections: the self-attentions' q/k/v and the audio<->video attentions' k/v as one GEMM each.
   text keys/values (text_kv.py): attn2 / audio_attn2 keys and values once per generation, also under regional
   compile (looked up outside the block's graph).
+  STG pass (stg.py): where no block has perturbed attention (LTX-2.0), the pipeline's spatio-temporal-guidance pass
+  computes the guidance pair's positive half again; it is answered from that half instead (checked per call).
 
 Refused and reported, left as diffusers runs them: a block forward or attention processor whose source is not the
 code these rules reproduce (diffusers 0.42.1), LTX-2.3's perturbed or gated attention and prompt modulation, norms with
@@ -16,6 +18,8 @@ weights, an active dropout. Apply after `.to(device)`, before CPU offload.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -33,6 +37,7 @@ from ltxbench.inject import (
 from ltxbench.inject.fuse import fuse_linears, release
 from ltxbench.inject.ltx2.attention import FUSED_ATTR, plain_attention, plain_feed_forward
 from ltxbench.inject.ltx2.block import FUSED_PROCESSORS_ATTR, fused_block_forward
+from ltxbench.inject.ltx2.stg import MEMO_ATTR, STG_RULE, PairMemo, memo_call
 from ltxbench.inject.ltx2.text_kv import (
     PROCESSOR_SOURCE,
     PROJECTION_RULE,
@@ -44,13 +49,15 @@ from ltxbench.inject.ltx2.text_kv import (
     source_digest,
 )
 
-__all__ = ["BLOCK_RULE", "CACHE_ATTR", "GENERATION_RULE", "PROJECTION_RULE", "PROJECTIONS_RULE", "TEXT_KV_RULE",
-           "TextKVCache", "apply_kernels", "generation", "new_generation"]
+__all__ = ["BLOCK_RULE", "CACHE_ATTR", "GENERATION_RULE", "MEMO_ATTR", "PROJECTION_RULE", "PROJECTIONS_RULE",
+           "STG_RULE", "TEXT_KV_RULE", "TextKVCache", "TextKVProcessor", "apply_kernels", "generation",
+           "new_generation"]
 
 BLOCK_RULE = ("block: modulated RMSNorms, gated residuals into the next norm, q/k RMSNorm + RoPE, GEMM epilogues "
               "(GELU-tanh, residual), a2v/v2a modulation")
 PROJECTIONS_RULE = "attn1/audio_attn1 q/k/v, a2v/v2a k/v: one GEMM each (fused weights)"
-GENERATION_RULE = "pipeline: each call one generation (the text keys/values kept across its steps are forgotten after)"
+GENERATION_RULE = ("pipeline: each call one generation (the text keys/values and the guidance pair kept across its "
+                   "calls are forgotten after)")
 CACHE_ATTR = "_ltxbench_text_kv_cache"  # on the patched transformer: its TextKVCache
 # sha256 (first 16 hex digits) of LTX2VideoTransformerBlock.forward and .get_mod_params in diffusers 0.42.1: the code
 # block.py reproduces.
@@ -64,16 +71,20 @@ LTX2_3_FLAGS = ("perturbed_attn", "cross_attn_adaln", "video_cross_attn_adaln", 
 
 
 def new_generation(target) -> None:
-    """Forget the text keys and values kept from earlier calls (`generation` does this on entry and exit)."""
-    cache = vars(getattr(target, "transformer", target)).get(CACHE_ATTR)
-    if cache is not None:
-        cache.clear()
+    """Forget the text keys/values and the guidance pair kept from earlier calls (`generation` does this on entry and
+    exit)."""
+    state = vars(getattr(target, "transformer", target))
+    for attr in (CACHE_ATTR, MEMO_ATTR):
+        if attr in state:
+            state[attr].clear()
 
 
+@contextlib.contextmanager
 def generation(target):
-    """One generation of the patched model (`target`: the transformer or its pipeline): the text keys and values are
-    kept across its calls only inside this scope. A patched pipeline's call is one generation."""
-    return generation_scope(target, CACHE_ATTR, new_generation)
+    """One generation of the patched model (`target`: the transformer or its pipeline): the text keys/values and the
+    guidance pair are kept across its calls only inside this scope. A patched pipeline's call is one generation."""
+    with generation_scope(target, CACHE_ATTR, new_generation), generation_scope(target, MEMO_ATTR, new_generation):
+        yield
 
 
 _generation_call = generation_call(generation)  # `__call__` of the patched pipeline: its own call as one generation
@@ -128,19 +139,21 @@ def _text_kv_processors(report: InjectionReport, transformer, cache: TextKVCache
 
 
 def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True, fused_blocks: bool = True,
-                  fuse_projections: bool = True) -> InjectionReport:
+                  fuse_projections: bool = True, reuse_stg_pass: bool = True) -> InjectionReport:
     """Patch an LTX2Pipeline (or its transformer) in place; revert with the report (or use it as a context manager).
 
     provider "cuda": our kernels (the transformer must be on a CUDA device); "reference": the same fusions in pure
     torch (ltxbench.ops.reference), so the mechanics run anywhere. text_kv_cache: attn2 / audio_attn2 keys and values
     once per generation (a call of the pipeline given here, or a `generation(transformer)` scope). fused_blocks: the
     block rule (module docstring); fuse_projections: with it, the projections that read one input as one GEMM.
+    reuse_stg_pass: the STG pass answered from the guidance pair where it cannot differ (stg.py), in a generation.
     """
     from ltxbench.ops import get_provider
 
     transformer = getattr(target, "transformer", target)
     report = InjectionReport(provider)
-    if CACHE_ATTR in vars(transformer) or any(FUSED_PROCESSORS_ATTR in vars(b) for b in transformer.transformer_blocks):
+    if {CACHE_ATTR, MEMO_ATTR} & set(vars(transformer)) or any(FUSED_PROCESSORS_ATTR in vars(b)
+                                                                for b in transformer.transformer_blocks):
         report.skip("transformer", "patched by ltxbench already: revert that injection's report first")
         return report
     if offloaded(transformer):
@@ -169,11 +182,18 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
         keep_projections(report, transformer, cache)
         vars(transformer)[CACHE_ATTR] = cache
         report.on_revert(lambda: vars(transformer).pop(CACHE_ATTR, None))
+    if reuse_stg_pass:
+        patch_call(report, STG_RULE, transformer, memo_call, {})
+        vars(transformer)[MEMO_ATTR] = PairMemo()
+        report.on_revert(lambda: vars(transformer).pop(MEMO_ATTR, None))
+    else:
+        report.skip(STG_RULE, "turned off (reuse_stg_pass=False)")
+    if CACHE_ATTR in vars(transformer) or MEMO_ATTR in vars(transformer):
         if target is not transformer:
             patch_call(report, GENERATION_RULE, target, _generation_call, {})
         else:
-            report.skip(GENERATION_RULE, "given the transformer alone: the text keys/values are kept across calls only "
-                                         "inside ltxbench.inject.ltx2.generation(transformer)")
+            report.skip(GENERATION_RULE, "given the transformer alone: the text keys/values and the guidance pair are "
+                                         "kept across calls only inside ltxbench.inject.ltx2.generation(transformer)")
     return report
 
 
