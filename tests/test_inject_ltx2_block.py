@@ -213,3 +213,20 @@ def test_text_keys_values_are_kept_under_regional_compile(pipe):
             torch._dynamo.reset()
     assert cache.builds == 2 * 2 + 2 and cache.hits == cache.builds  # 2 blocks x 2 text attentions + 2 projections
     assert _error(first, expected) < ATOL and torch.equal(first[0], second[0])
+
+
+def test_interleaved_rope_the_class_default(pipe, fused_calls):
+    """rope_type "interleaved" (LTX2VideoTransformer3DModel's default, not the release's): self-attention through
+    LTX-Video's q/k norm + RoPE kernel, the audio<->video attentions' own tables through diffusers' rotation."""
+    from diffusers import LTX2VideoTransformer3DModel
+
+    torch.manual_seed(0)
+    transformer = LTX2VideoTransformer3DModel.from_config({**pipe.transformer.config, "rope_type": "interleaved"})
+    transformer = transformer.eval().requires_grad_(False)
+    _realistic(transformer)
+    expected = _call(transformer)
+    with inject_ltx2.apply_kernels(transformer, "reference") as report:
+        assert report.rules[inject_ltx2.BLOCK_RULE] == 2
+        got = _call(transformer)
+    assert "qk_rms_norm_rope" in fused_calls and "qk_rms_norm_rope_split" not in fused_calls
+    assert _error(got, expected) < ATOL
