@@ -147,6 +147,14 @@ def test_exit_code_policy(command, code, fragment, monkeypatch):
     assert "Traceback" not in result.output
 
 
+@pytest.mark.parametrize(("command", "offload"), [("generate", True), ("bench", False), ("profile", False)])
+def test_the_oom_hint_names_only_options_the_command_has(command, offload):
+    from ltxbench.cli import _classify
+
+    hint = _classify(RuntimeError("CUDA out of memory. Tried to allocate 2.92 GiB"), command).hint
+    assert ("--cpu-offload" in hint) == offload and "--num-frames" in hint
+
+
 def test_unclassified_exception_is_not_swallowed(monkeypatch):
     monkeypatch.delenv("LTXBENCH_DEBUG", raising=False)
     result = runner.invoke(_policy_app(), ["bug"])

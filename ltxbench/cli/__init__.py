@@ -15,14 +15,16 @@ from typer.core import TyperGroup
 from ltxbench.errors import EnvironmentProblem, LtxbenchError
 
 
-def _classify(exc: BaseException) -> LtxbenchError | None:
-    """Map third-party failures that mean 'the machine cannot do this' onto exit code 4."""
+def _classify(exc: BaseException, command: str | None = None) -> LtxbenchError | None:
+    """Map third-party failures that mean 'the machine cannot do this' onto exit code 4 (command: the top-level
+    command that raised it, for a hint that names only options it has)."""
     name = type(exc).__name__
     text = str(exc)
     if name == "OutOfMemoryError" or "CUDA out of memory" in text:
+        offload = "--cpu-offload" if command == "generate" else "a GPU with more memory"
         return EnvironmentProblem(
             f"out of GPU memory: {text.splitlines()[0] if text else name}",
-            hint="lower --num-frames/--height/--width/--batch-size, or try --cpu-offload",
+            hint=f"lower --num-frames/--height/--width/--batch-size, or try {offload}",
         )
     if isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in text:
         return EnvironmentProblem(f"out of host memory: {text.splitlines()[0]}",
@@ -68,7 +70,7 @@ class PolicyGroup(TyperGroup):
         except (typer.Exit, typer.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:  # noqa: BLE001 - classification point of the policy
-            mapped = _classify(exc)
+            mapped = _classify(exc, ctx.invoked_subcommand)
             if mapped is None:
                 raise  # a bug: the full traceback, whatever LTXBENCH_DEBUG says
             if _debug():
