@@ -1,8 +1,8 @@
 """LTX-2's fused block (ltxbench.inject.ltx2, block rule) on the CPU with the reference provider, ltx2-tiny in fp32:
-the patched pipeline and transformer give the model's output to 1e-5 (text-to-video with its three guidance passes,
-image-to-video's per-token timesteps, the modality-isolated pass); a 1% error in any fused formula fails that; calls
-the fused path does not reproduce take the original forward; the text keys/values are kept under regional compile;
-revert restores the model."""
+one patched transformer call gives the model's output to 1e-6 of its largest value and the pipeline's latents to
+1e-5 (text-to-video with its three guidance passes, image-to-video's per-token timesteps, the modality-isolated
+pass); a 1% error in any fused formula fails that; calls the fused path does not reproduce take the original forward;
+the text keys/values are kept under regional compile; revert restores the model."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from ltxbench.ops import reference
 
 GENERATE = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames=9, height=64, width=64,
                 num_inference_steps=2, output_type="latent", return_dict=False)
-ATOL = 1e-5  # fp32 end to end: the fused formulas' one rounding against the model's several
+# max |patched - unpatched| / max |unpatched|, fp32 (the fused formulas round once where the model rounds per op):
+CALL_ATOL = 1e-6  # one transformer call
+ATOL = 1e-5  # the pipeline's latents after two steps, the guidance scales (3, 7) multiplying the differences
 
 
 @pytest.fixture
@@ -42,7 +44,7 @@ def _generate(pipe, **overrides):
 
 
 def _error(got, expected) -> float:
-    return max((g - e).abs().max().item() for g, e in zip(got, expected, strict=True))
+    return max(((g - e).abs().max() / e.abs().max()).item() for g, e in zip(got, expected, strict=True))
 
 
 def _inputs(transformer, batch=2, per_token=False):
@@ -87,7 +89,7 @@ def test_image_to_video_per_token_timesteps(pipe):
         expected = transformer(**inputs)
         with inject_ltx2.apply_kernels(transformer, "reference"):
             got = transformer(**inputs)
-    assert _error(got, expected) < ATOL
+    assert _error(got, expected) < CALL_ATOL
     assert to_image_to_video(pipe, "LTX2ImageToVideoPipeline").transformer is transformer
 
 
@@ -100,7 +102,7 @@ def test_one_call_batch_1_and_2(pipe, isolate):
             expected = transformer(**inputs)
             with inject_ltx2.apply_kernels(transformer, "reference"):
                 got = transformer(**inputs)
-        assert _error(got, expected) < ATOL, (batch, isolate)
+        assert _error(got, expected) < CALL_ATOL, (batch, isolate)
 
 
 def _perturbed(name, index=0):
@@ -165,7 +167,7 @@ def test_a_processor_replaced_after_injection_runs(pipe):
         attn.processor = recording
         got = _call(transformer)
         attn.processor = original
-    assert len(seen) == 1 and _error(got, expected) < ATOL
+    assert len(seen) == 1 and _error(got, expected) < CALL_ATOL
 
 
 def test_ltx2_3_blocks_and_unknown_sources_are_refused(pipe, monkeypatch):
@@ -212,7 +214,7 @@ def test_text_keys_values_are_kept_under_regional_compile(pipe):
                 block._compiled_call_impl = None
             torch._dynamo.reset()
     assert cache.builds == 2 * 2 + 2 and cache.hits == cache.builds  # 2 blocks x 2 text attentions + 2 projections
-    assert _error(first, expected) < ATOL and torch.equal(first[0], second[0])
+    assert _error(first, expected) < CALL_ATOL and torch.equal(first[0], second[0])
 
 
 def test_interleaved_rope_the_class_default(pipe, fused_calls):
@@ -229,4 +231,4 @@ def test_interleaved_rope_the_class_default(pipe, fused_calls):
         assert report.rules[inject_ltx2.BLOCK_RULE] == 2
         got = _call(transformer)
     assert "qk_rms_norm_rope" in fused_calls and "qk_rms_norm_rope_split" not in fused_calls
-    assert _error(got, expected) < ATOL
+    assert _error(got, expected) < CALL_ATOL
