@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import realistic_modulation
 
 from ltxbench.inject import ltx2 as inject_ltx2
-from ltxbench.models import ltx2_build
 from ltxbench.models.video import to_image_to_video
 from ltxbench.ops import reference
 
@@ -22,20 +22,8 @@ ATOL = 1e-5  # the pipeline's latents after two steps, the guidance scales (3, 7
 
 
 @pytest.fixture
-def pipe():
-    pipe = ltx2_build.build_pipeline("ltx2-tiny", "random", "cpu", torch.float32, seed=0)
-    _realistic(pipe.transformer)
-    return pipe
-
-
-def _realistic(transformer) -> None:
-    """Random weights at init scale damp every error: give the modulation tables and gates the magnitudes of a
-    trained model (O(1) scales and gates), so that a wrong formula shows."""
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, param in transformer.named_parameters():
-            if "scale_shift_table" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.7)
+def pipe(ltx2_tiny):
+    return ltx2_tiny
 
 
 def _generate(pipe, **overrides):
@@ -225,7 +213,7 @@ def test_interleaved_rope_the_class_default(pipe, fused_calls):
     torch.manual_seed(0)
     transformer = LTX2VideoTransformer3DModel.from_config({**pipe.transformer.config, "rope_type": "interleaved"})
     transformer = transformer.eval().requires_grad_(False)
-    _realistic(transformer)
+    realistic_modulation(transformer)
     expected = _call(transformer)
     with inject_ltx2.apply_kernels(transformer, "reference") as report:
         assert report.rules[inject_ltx2.BLOCK_RULE] == 2

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import build_ltx2_tiny
 
 from ltxbench.inject import ltx2 as inject_ltx2
-from ltxbench.models import ltx2_build
 
 GENERATE = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames=9, height=64, width=64,
                 num_inference_steps=2, output_type="latent", return_dict=False)
@@ -16,14 +16,7 @@ ATOL = 1e-5
 
 
 def _pipeline():
-    pipe = ltx2_build.build_pipeline("ltx2-tiny", "random", "cpu", torch.float32, seed=0)
-    gen = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # modulation of a trained model's size (tests/test_inject_ltx2_block.py)
-        for name, param in pipe.transformer.named_parameters():
-            if "scale_shift_table" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * 0.7)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
+    return build_ltx2_tiny()
 
 
 def _generate(pipe, **overrides):

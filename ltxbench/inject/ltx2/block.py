@@ -106,6 +106,17 @@ def _feed_forward(ops, block, prefix, x, mlp, update=None, gate=None):
     return ops.gated_residual(x, feed_forward(ops, getattr(block, f"{prefix}ff"), normed), gate_mlp)
 
 
+def _modality_pass(ops, block, name, query_side, source_side, query_rope, key_rope):
+    """One audio<->video attention (`name`) on modulated norms: query_side / source_side are (stream, scale, shift,
+    eps) of the stream giving the queries and of the one giving keys and values."""
+    query, source = (ops.rms_norm_modulate(stream, None, scale, shift, eps)
+                     for stream, scale, shift, eps in (query_side, source_side))
+    return _attention_call(ops, block, name,
+                           lambda ops, attn: modality_attention(ops, attn, query, source, query_rope, key_rope),
+                           lambda attn: attn(query, encoder_hidden_states=source, query_rotary_emb=query_rope,
+                                             key_rotary_emb=key_rope))
+
+
 def _cross_modal(ops, block, x, a, temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
                  ca_video_rope, ca_audio_rope, use_a2v, use_v2a):
     """Section 3: the audio-to-video and video-to-audio attentions on modulated norms of the streams as they are
@@ -117,21 +128,11 @@ def _cross_modal(ops, block, x, a, temb_ca_scale_shift, temb_ca_audio_scale_shif
     eps_v, eps_a = block.audio_to_video_norm.eps, block.video_to_audio_norm.eps
     a2v = v2a = None
     if use_a2v:
-        query = ops.rms_norm_modulate(x, None, v_a2v_scale, v_a2v_shift, eps_v)
-        source = ops.rms_norm_modulate(a, None, a_a2v_scale, a_a2v_shift, eps_a)
-        a2v = _attention_call(ops, block, "audio_to_video_attn",
-                              lambda ops, attn: modality_attention(ops, attn, query, source, ca_video_rope,
-                                                                   ca_audio_rope),
-                              lambda attn: attn(query, encoder_hidden_states=source, query_rotary_emb=ca_video_rope,
-                                                key_rotary_emb=ca_audio_rope))
+        a2v = _modality_pass(ops, block, "audio_to_video_attn", (x, v_a2v_scale, v_a2v_shift, eps_v),
+                             (a, a_a2v_scale, a_a2v_shift, eps_a), ca_video_rope, ca_audio_rope)
     if use_v2a:
-        query = ops.rms_norm_modulate(a, None, a_v2a_scale, a_v2a_shift, eps_a)
-        source = ops.rms_norm_modulate(x, None, v_v2a_scale, v_v2a_shift, eps_v)
-        v2a = _attention_call(ops, block, "video_to_audio_attn",
-                              lambda ops, attn: modality_attention(ops, attn, query, source, ca_audio_rope,
-                                                                   ca_video_rope),
-                              lambda attn: attn(query, encoder_hidden_states=source, query_rotary_emb=ca_audio_rope,
-                                                key_rotary_emb=ca_video_rope))
+        v2a = _modality_pass(ops, block, "video_to_audio_attn", (a, a_v2a_scale, a_v2a_shift, eps_a),
+                             (x, v_v2a_scale, v_v2a_shift, eps_v), ca_audio_rope, ca_video_rope)
     return a2v, a2v_gate, v2a, v2a_gate
 
 
