@@ -17,6 +17,9 @@ from ltxbench.ops.registry import (
     DTYPES,
     LLM_MLP_SHAPES,
     LLM_SHAPES,
+    LTX2_CROSS_SHAPES,
+    LTX2_SELF_SHAPES,
+    LTX2_STREAM_SHAPES,
     LTX_FFN_SHAPES,
     LTX_LINEAR_SHAPES,
     LTX_SHAPES,
@@ -32,6 +35,7 @@ TIMERS = ("do_bench", "cudagraph")
 # Odd widths (not a multiple of any vector width) to show the scalar path; not part of `all`.
 ODD_SHAPES = {"odd-2x1024x5125": (2, 1024, 5125), "odd-4x997x769": (4, 997, 769)}
 SHAPE_GROUPS = {"seed": SEED_SHAPES, "ltx": {**LTX_SHAPES, **LTX_FFN_SHAPES, **LTX_LINEAR_SHAPES},
+                "ltx2": {**LTX2_STREAM_SHAPES, **LTX2_SELF_SHAPES, **LTX2_CROSS_SHAPES},
                 "llm": {**LLM_SHAPES, **LLM_MLP_SHAPES},
                 "odd": ODD_SHAPES, "all": None}
 NA_STATS = {k: (0 if k == "n" else math.nan) for k in STATS_KEYS}

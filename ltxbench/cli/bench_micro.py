@@ -26,8 +26,8 @@ def micro_command(
         help="Kernel names or aliases (rmsnorm, rmsnorm_residual, adaln_rmsnorm, ...) or `all` (the default).")] = None,
     dtype: str = typer.Option("bf16", "--dtype", help="Comma-separated dtypes: bf16, fp16, fp32, or all."),
     shapes: str = typer.Option(
-        "all", "--shapes", help="Shape group: seed, ltx (LTX-Video), llm, odd (widths that defeat vectors), or all "
-        "(each kernel's benchmark shapes)."),
+        "all", "--shapes", help="Shape group: seed, ltx (LTX-Video), ltx2 (LTX-2 19B), llm, odd (widths that defeat "
+        "vectors), or all (each kernel's benchmark shapes)."),
     providers: str = typer.Option(
         "all", "--providers", help="Comma-separated: cuda, eager, F.rms_norm, compile, liger, or all."),
     timer: str = typer.Option(

@@ -71,6 +71,8 @@ LTX2_SELF_SHAPES = {"ltx2-video-self-2x6144x4096": (2, 6144, 4096), "ltx2-video-
                     "ltx2-audio-self-2x126x2048": (2, 126, 2048)}
 LTX2_CROSS_SHAPES = {"ltx2-av-cross-video-2x6144x2048": (2, 6144, 2048),
                      "ltx2-av-cross-audio-2x126x2048": (2, 126, 2048)}
+# LTX-2 19B's residual streams with CFG (the modulated norms and gated residuals of each block)
+LTX2_STREAM_SHAPES = {"ltx2-video-2x6144x4096": (2, 6144, 4096), "ltx2-audio-2x126x2048": (2, 126, 2048)}
 LLM_MLP_SHAPES = {"llama3-8b-mlp-4096tok": (1, 4096, 14336), "llama3-8b-mlp-decode": (1, 1, 14336)}
 LLM_SHAPES = {"llama3-8b-decode": (1, 1, 4096), "llama3-8b-prefill": (1, 4096, 4096),
               "norm-32768x2048": (1, 32768, 2048), "norm-8192x4096": (1, 8192, 4096)}
@@ -159,7 +161,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         make_inputs=inputs_rms_mod, variants=("per-batch", "per-token", "ltx-unbind", "weight"), n_outputs=1,
         baselines={"eager": eager.ltx_rms_norm_modulate},
         aliases=("adaln_rmsnorm", "rmsnorm_modulate"),
-        bench_shapes={**SEED_SHAPES, **LTX_SHAPES},
+        bench_shapes={**SEED_SHAPES, **LTX_SHAPES, **LTX2_STREAM_SHAPES},
         inject_targets=("LTXVideoTransformerBlock norm1 + modulation",),
     ),
     KernelSpec(
@@ -167,7 +169,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         make_inputs=inputs_layer_mod, variants=("per-batch", "per-token", "ltx-unbind"), n_outputs=1,
         baselines={"eager": eager.ltx_layer_norm_modulate},
         aliases=("adaln_layernorm", "layernorm_modulate"),
-        bench_shapes={**SEED_SHAPES, **LTX_SHAPES},
+        bench_shapes={**SEED_SHAPES, **LTX_SHAPES, **LTX2_STREAM_SHAPES},
         inject_targets=("LTXVideoTransformer3DModel norm_out + modulation",),
     ),
     KernelSpec(
@@ -175,7 +177,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         make_inputs=inputs_gated_residual, variants=("per-batch", "per-token"), n_outputs=1,
         baselines={"eager": eager.ltx_gated_residual}, kind="elementwise",
         aliases=("adaln_zero", "gated_add"),
-        bench_shapes={**SEED_SHAPES, **LTX_SHAPES},
+        bench_shapes={**SEED_SHAPES, **LTX_SHAPES, **LTX2_STREAM_SHAPES},
         inject_targets=("LTXVideoTransformerBlock attn1 residual",),
     ),
     KernelSpec(
@@ -183,7 +185,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         make_inputs=inputs_add_rms_mod, variants=("gate", "no-gate"), n_outputs=2,
         baselines={"eager": eager.ltx_add_rms_norm_modulate},
         aliases=("add_adaln_rmsnorm",),
-        bench_shapes={**SEED_SHAPES, **LTX_SHAPES},
+        bench_shapes={**SEED_SHAPES, **LTX_SHAPES, **LTX2_STREAM_SHAPES},
         inject_targets=("LTXVideoTransformerBlock attn2 residual + norm2", "ff residual + next norm1"),
     ),
     KernelSpec(
