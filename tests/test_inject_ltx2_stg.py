@@ -112,3 +112,20 @@ def test_a_wrong_memo_fails_the_parity_check(pipe, monkeypatch, mutation):
     with _stg_only(pipe):
         got = _generate(pipe)
     assert _error(got, expected) > 10 * ATOL, mutation
+
+
+def test_image_to_video_serves_its_stg_pass_too(pipe, tmp_path):
+    """LTX2ImageToVideoPipeline: per-token video timesteps, the same three calls per step."""
+    import numpy as np
+    from PIL import Image
+
+    from ltxbench.models.video import to_image_to_video
+
+    image = Image.fromarray((np.random.default_rng(0).random((64, 64, 3)) * 255).astype(np.uint8))
+    i2v = to_image_to_video(pipe, "LTX2ImageToVideoPipeline")
+    i2v.set_progress_bar_config(disable=True)
+    expected = _generate(i2v, image=image, image_crf=0)  # no H.264 re-compression (PyAV is not a dependency)
+    with _stg_only(i2v):
+        got = _generate(i2v, image=image, image_crf=0)
+        assert _memo(i2v).served == GENERATE["num_inference_steps"]
+    assert _error(got, expected) < ATOL
