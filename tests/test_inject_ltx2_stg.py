@@ -90,6 +90,20 @@ def test_a_weight_changed_between_the_pair_and_the_stg_pass_is_seen(pipe):
         assert _memo(pipe).served == 0 and transformer is pipe.transformer
 
 
+@pytest.mark.parametrize("written", ["input", "output"])
+def test_a_pair_tensor_written_in_place_before_the_stg_pass_is_seen(pipe, monkeypatch, written):
+    original = stg.PairMemo.remember
+
+    def remember_then_write(self, module, kwargs, output):
+        original(self, module, kwargs, output)
+        (kwargs["hidden_states"] if written == "input" else output[0]).add_(0.0)  # a version bump, as any write
+
+    monkeypatch.setattr(stg.PairMemo, "remember", remember_then_write)
+    with _stg_only(pipe):
+        _generate(pipe)
+        assert _memo(pipe).served == 0 and _memo(pipe).pairs == GENERATE["num_inference_steps"]
+
+
 @pytest.mark.parametrize("mutation", ["negative half", "stale pair, unchecked"])
 def test_a_wrong_memo_fails_the_parity_check(pipe, monkeypatch, mutation):
     expected = _generate(pipe)
@@ -99,7 +113,7 @@ def test_a_wrong_memo_fails_the_parity_check(pipe, monkeypatch, mutation):
         first = {}
 
         def remember(self, module, kwargs, output):  # keeps the first step's pair for the whole generation
-            first.setdefault("last", (kwargs, output, stg._versions(module)))
+            first.setdefault("last", (kwargs, output, stg._versions(module), []))
             self.last = first["last"]
 
         def answer(self, module, kwargs):  # serves it without comparing the inputs

@@ -11,8 +11,9 @@ the STG pass of the same inputs, returns the pair's positive half instead of com
 Served only when all of this holds, else the call runs: the call comes right after the pair, inside one generation
 (nothing kept across generations), without autograd; every block the call lists for STG (and so every block) has no
 perturbed attention; the arguments are the pair's but for the STG ones, every tensor equal in value to the pair's
-positive half (one device comparison, read once: a synchronization per step); no parameter of the transformer
-changed version since the pair.
+positive half (one device comparison, read once: a synchronization per step); no parameter of the transformer, and
+none of the pair's input and output tensors, changed version since the pair (inference tensors, which have no version,
+are never kept).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ STG_ARGS = ("spatio_temporal_guidance_blocks", "perturbation_mask")
 
 def _versions(module) -> int:
     return sum(p._version for p in module.parameters())
+
+
+def _tensors(kwargs: dict, output) -> list:
+    outputs = output if isinstance(output, tuple) else tuple(output.values())
+    return [t for t in (*kwargs.values(), *outputs) if torch.is_tensor(t)]
 
 
 def _positive_half(value):
@@ -53,7 +59,12 @@ class PairMemo:
         if (self.generations and torch.is_tensor(hidden) and hidden.size(0) % 2 == 0
                 and not kwargs.get("spatio_temporal_guidance_blocks") and kwargs.get("perturbation_mask") is None
                 and not kwargs.get("isolate_modalities", False)):
-            self.last = (kwargs, output, _versions(module))
+            tensors = _tensors(kwargs, output)
+            if any(t.is_inference() for t in tensors):  # no version counter to see an in-place write with
+                return
+            # the versions of the pair's inputs and outputs: written in place before the STG pass, they no longer
+            # hold what the answer was computed from, or is
+            self.last = (kwargs, output, _versions(module), [t._version for t in tensors])
             self.pairs += 1
 
     def answer(self, module, kwargs: dict):
@@ -61,7 +72,9 @@ class PairMemo:
         last, self.last = self.last, None
         if last is None or not self.generations or not kwargs.get("spatio_temporal_guidance_blocks"):
             return None
-        pair_kwargs, output, versions = last
+        pair_kwargs, output, versions, tensor_versions = last
+        if [t._version for t in _tensors(pair_kwargs, output)] != tensor_versions:
+            return None
         if any(getattr(b, "perturbed_attn", False) for b in module.transformer_blocks):
             return None
         if set(kwargs) - set(STG_ARGS) != set(pair_kwargs) - set(STG_ARGS):
