@@ -102,3 +102,19 @@ def test_llm_revert_through_accelerate_hooks_on_its_layers(fused_calls):
         got = model(input_ids=ids).logits
     assert not fused_calls and _unpatched(model)
     assert torch.equal(got, expected)
+
+
+def test_a_member_patched_twice_is_refused():
+    """Each patched member calls `original_class(self).<member>`: a second layer would call the first, and the first
+    itself, forever. The second patch of the same member on one object is refused; another member is not."""
+    from ltxbench.inject import InjectionReport, patch_call, patch_forward
+
+    module = torch.nn.Linear(2, 2)
+    report = InjectionReport("reference")
+    patch_call(report, "call", module, lambda self, *a, **k: torch.nn.Linear.__call__(self, *a, **k), {})
+    with pytest.raises(ValueError, match="Linear.__call__ is patched by ltxbench already"):
+        patch_call(report, "call again", module, lambda self, *a, **k: None, {})
+    patch_forward(report, "forward", module, lambda self, x: torch.nn.Linear.forward(self, x), {})
+    assert module(torch.ones(1, 2)).shape == (1, 2)
+    report.revert()
+    assert type(module) is torch.nn.Linear

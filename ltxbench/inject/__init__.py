@@ -127,7 +127,13 @@ def original_class(module) -> type:
 
 
 def _subclass(cls, members: dict, classes: dict) -> type:
-    """The subclass of `cls` that defines `members` (same name and module as `cls`), made once per (cls, members)."""
+    """The subclass of `cls` that defines `members` (same name and module as `cls`), made once per (cls, members).
+    A member an earlier patch of the same object defines is refused: each patched member calls
+    `original_class(self).<member>`, which from a second layer would be the first layer's, calling itself forever."""
+    stacked = [name for name in members for base in cls.__mro__
+               if ORIGINAL_CLASS in vars(base) and name in vars(base)]
+    if stacked:
+        raise ValueError(f"{cls.__name__}.{stacked[0]} is patched by ltxbench already: revert that patch first")
     key = (cls, *members.values())
     patched = classes.get(key)
     if patched is None:
