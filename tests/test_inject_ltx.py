@@ -7,11 +7,11 @@ import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject import ORIGINAL_CLASS
+from ltxbench.inject.fuse import FUSED_ATTR
 from ltxbench.inject.ltx import (
     ATTN2_RULES,
     ATTN_FORWARD_RULE,
     CROSS_KV_RULE,
-    FUSED_ATTR,
     MODEL_RULE,
     PAIRED_RULE,
     RESIDUAL_RULE,

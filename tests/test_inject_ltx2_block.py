@@ -11,6 +11,7 @@ import torch
 from conftest import realistic_modulation
 
 from ltxbench.inject import ltx2 as inject_ltx2
+from ltxbench.inject.fuse import FUSED_ATTR
 from ltxbench.models.video import to_image_to_video
 from ltxbench.ops import reference
 
@@ -180,7 +181,7 @@ def test_revert_restores_the_blocks(pipe):
     assert all(type(b) is not c for b, c in zip(blocks, classes, strict=True))
     report.revert()
     assert [type(b) for b in blocks] == classes
-    assert not any(vars(b).get(inject_ltx2.attention.FUSED_ATTR) for b in blocks for b in (b.attn1, b.audio_attn1))
+    assert not any(FUSED_ATTR in vars(attn) for b in blocks for attn in (b.attn1, b.audio_attn1))
     assert all(torch.equal(v, state[k]) for k, v in transformer.state_dict().items())
 
 

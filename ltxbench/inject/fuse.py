@@ -127,3 +127,30 @@ def fused_linear(x, linears, fused: FusedWeights | None, linear=F.linear):
     if torch.is_grad_enabled() and any(p.requires_grad for p in fused.params):
         return None
     return linear(x, fused.weight, fused.bias)
+
+
+FUSED_ATTR = "_ltxbench_fused_projections"  # on an attention module: (layer names, FusedWeights) of its fused layers
+
+
+def fuse_layers(report, module, names: tuple, rule: str, skip_as: str | None = None) -> None:
+    """Fuse `module`'s Linear layers `names` (fuse_linears) and record them on it as FUSED_ATTR until the report's
+    revert; where they cannot be fused, a skip in the report (target `skip_as`, else the rule) naming why."""
+    from ltxbench.inject import set_attr
+
+    fused = fuse_linears([getattr(module, name) for name in names])
+    if isinstance(fused, str):
+        report.skip(skip_as or rule, fused)
+        return
+    set_attr(report, rule, module, FUSED_ATTR, (names, fused))
+    report.on_revert(lambda: release(fused))
+
+
+def fused_outputs(module, names: tuple, x, linear=F.linear) -> tuple | None:
+    """The outputs of `module`'s layers `names` on x from their one fused GEMM (`linear`), split per layer; None where
+    fuse_layers did not fuse exactly these layers or the fusion no longer stands for them (fused_linear)."""
+    fused_names, fused = getattr(module, FUSED_ATTR, ((), None))
+    if fused_names != names:
+        return None
+    layers = [getattr(module, name) for name in names]
+    out = fused_linear(x, layers, fused, linear)
+    return None if out is None else out.split([layer.out_features for layer in layers], dim=-1)

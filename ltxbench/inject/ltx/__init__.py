@@ -37,10 +37,9 @@ from ltxbench.inject import (
     require_provider,
     set_attr,
 )
-from ltxbench.inject.fuse import fuse_linears, release
+from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx.attention import (
     ATTN_FORWARD_RULE,
-    FUSED_ATTR,
     FusedLTXAttnProcessor,
     attention_forward,
     cross_key_value,
@@ -119,15 +118,6 @@ def _tuned_linears(block, fused: bool, epilogue: bool) -> list:
     if not epilogue and hasattr(block.ff.net[0], "proj"):
         layers.append(block.ff.net[0].proj)
     return layers
-
-
-def _fuse_projections(report, attn, names, rule):
-    fused = fuse_linears([getattr(attn, name) for name in names])
-    if isinstance(fused, str):
-        report.skip(rule, fused)
-        return
-    set_attr(report, rule, attn, FUSED_ATTR, (names, fused))
-    report.on_revert(lambda: release(fused))
 
 
 def _transformer_of(target):
@@ -277,8 +267,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             else:
                 report.skip(f"transformer_blocks.{index}.{name} forward", "not diffusers' processor shim: left as is")
         if fuse_projections:
-            _fuse_projections(report, block.attn1, ("to_q", "to_k", "to_v"), "attn1: one q/k/v GEMM")
-            _fuse_projections(report, block.attn2, ("to_k", "to_v"), "attn2: one k/v GEMM")
+            fuse_layers(report, block.attn1, ("to_q", "to_k", "to_v"), "attn1: one q/k/v GEMM")
+            fuse_layers(report, block.attn2, ("to_k", "to_v"), "attn2: one k/v GEMM")
         if tuned_gemm:
             for layer in _tuned_linears(block, fuse_projections, gelu_epilogue):
                 if type(layer) is torch.nn.Linear:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ltxbench.inject import forward_source, original_class
-from ltxbench.inject.fuse import fused_linear
+from ltxbench.inject.fuse import fused_outputs
 from ltxbench.ops.reference import ltx_cos_sin
 
 
@@ -42,29 +42,20 @@ def eps_of(norm) -> float:
     return norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
 
 
-FUSED_ATTR = "_ltxbench_fused_projections"  # (names, FusedWeights): attn1 to_q/to_k/to_v, attn2 to_k/to_v
-
-
 def _projections(attn, hidden_states, encoder_hidden_states, linear):
     """query, key, value: one GEMM (`linear`) for to_q/to_k/to_v (self-attention) or to_k/to_v (cross-attention)
     when the weights were fused at injection, else the three Linear layers."""
-    names, fused = getattr(attn, FUSED_ATTR, ((), None))
-    if encoder_hidden_states is None and names == ("to_q", "to_k", "to_v"):
-        qkv = fused_linear(hidden_states, (attn.to_q, attn.to_k, attn.to_v), fused, linear)
+    if encoder_hidden_states is None:
+        qkv = fused_outputs(attn, ("to_q", "to_k", "to_v"), hidden_states, linear)
         if qkv is not None:
-            return qkv.split([attn.to_q.out_features, attn.to_k.out_features, attn.to_v.out_features], dim=-1)
+            return qkv
     source = hidden_states if encoder_hidden_states is None else encoder_hidden_states
     return (attn.to_q(hidden_states), *_key_value(attn, source))
 
 
 def _key_value(attn, source):
     """key, value of `source`: one GEMM when to_k/to_v were fused (alone) at injection, else the two layers."""
-    names, fused = getattr(attn, FUSED_ATTR, ((), None))
-    if names == ("to_k", "to_v"):
-        kv = fused_linear(source, (attn.to_k, attn.to_v), fused)
-        if kv is not None:
-            return kv.split([attn.to_k.out_features, attn.to_v.out_features], dim=-1)
-    return attn.to_k(source), attn.to_v(source)
+    return fused_outputs(attn, ("to_k", "to_v"), source) or (attn.to_k(source), attn.to_v(source))
 
 
 def cross_key_value(ops, attn, encoder_hidden_states):

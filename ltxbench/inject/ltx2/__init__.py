@@ -32,10 +32,9 @@ from ltxbench.inject import (
     patch_call,
     patch_forward,
     require_provider,
-    set_attr,
 )
-from ltxbench.inject.fuse import fuse_linears, release
-from ltxbench.inject.ltx2.attention import FUSED_ATTR, plain_attention, plain_feed_forward
+from ltxbench.inject.fuse import fuse_layers
+from ltxbench.inject.ltx2.attention import plain_attention, plain_feed_forward
 from ltxbench.inject.ltx2.block import FUSED_PROCESSORS_ATTR, fused_block_forward
 from ltxbench.inject.ltx2.stg import MEMO_ATTR, STG_RULE, PairMemo, memo_call
 from ltxbench.inject.ltx2.text_kv import (
@@ -109,17 +108,6 @@ def _block_refusal(block) -> str | None:
         if reason:
             return f"{name}: {reason}"
     return None
-
-
-def _fuse_projections(report: InjectionReport, block) -> None:
-    for name, layers in FUSED_PROJECTIONS:
-        attn = getattr(block, name)
-        fused = fuse_linears([getattr(attn, layer) for layer in layers])
-        if isinstance(fused, str):
-            report.skip(f"{name} projections", fused)
-            continue
-        set_attr(report, PROJECTIONS_RULE, attn, FUSED_ATTR, (layers, fused))
-        report.on_revert(lambda fused=fused: release(fused))
 
 
 def _text_kv_processors(report: InjectionReport, transformer, cache: TextKVCache) -> None:
@@ -213,4 +201,5 @@ def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provi
         report.on_revert(lambda block=block: vars(block).pop(FUSED_PROCESSORS_ATTR, None))
         if fuse_projections:
             with torch.no_grad():
-                _fuse_projections(report, block)
+                for name, layers in FUSED_PROJECTIONS:
+                    fuse_layers(report, getattr(block, name), layers, PROJECTIONS_RULE, f"{name} projections")

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject.fuse import fused_linear
+from ltxbench.inject.fuse import fused_outputs
 from ltxbench.inject.ltx.attention import eps_of
-
-FUSED_ATTR = "_ltxbench_fused_projections"  # (names, FusedWeights): to_q/to_k/to_v (self), to_k/to_v (a2v, v2a)
 
 
 def plain_attention(attn) -> str | None:
@@ -44,14 +42,9 @@ def linear(ops, x, layer, residual=None, activation: str = "none"):
 
 def _project(ops, attn, names: tuple, x) -> tuple:
     """The outputs of attn's layers `names`, all reading x: one GEMM when they were fused at injection and still
-    are (fuse.fused_linear), else each layer."""
-    fused_names, fused = getattr(attn, FUSED_ATTR, ((), None))
-    layers = tuple(getattr(attn, name) for name in names)
-    if fused_names == names:
-        out = fused_linear(x, layers, fused, lambda x, weight, bias: ops.linear(x, weight, bias))
-        if out is not None:
-            return out.split([layer.out_features for layer in layers], dim=-1)
-    return tuple(linear(ops, x, layer) for layer in layers)
+    are (fuse.fused_outputs), else each layer."""
+    fused = fused_outputs(attn, names, x, lambda x, weight, bias: ops.linear(x, weight, bias))
+    return fused or tuple(linear(ops, x, getattr(attn, name)) for name in names)
 
 
 def _norm_rope(ops, attn, query, key, query_rope, key_rope):
@@ -109,11 +102,6 @@ def text_attention(ops, attn, hidden_states, key_value, mask, residual):
         mask = mask.view(batch_size, attn.heads, -1, mask.shape[-1])
     query = ops.rms_norm(linear(ops, hidden_states, attn.to_q), attn.norm_q.weight, eps_of(attn.norm_q))
     return linear(ops, _attend(attn, query, *key_value, mask), attn.to_out[0], residual)
-
-
-def text_key_value(attn, text):
-    """The text cross-attention's key (after norm_k) and value, as the processor computes them."""
-    return attn.norm_k(attn.to_k(text)), attn.to_v(text)
 
 
 def feed_forward(ops, ff, hidden_states):

@@ -30,8 +30,8 @@ from ltxbench.inject.ltx2.attention import (
     modality_attention,
     self_attention,
     text_attention,
-    text_key_value,
 )
+from ltxbench.inject.ltx2.text_kv import text_key_value
 
 FUSED_PROCESSORS_ATTR = "_ltxbench_processor_types"  # on the patched block: the processor types its path reproduces
 

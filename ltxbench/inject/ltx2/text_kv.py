@@ -45,7 +45,7 @@ class TextKVCache:
         """The layer's (key, value) of `source`: from the cache when it holds this input and these weights."""
         plain = type(attn.to_k) is type(attn.to_v) is torch.nn.Linear and type(attn.norm_k) is torch.nn.RMSNorm
         return self._kept(attn, source, (attn.to_k, attn.to_v, attn.norm_k) if plain else None,
-                          lambda: (attn.norm_k(attn.to_k(source)), attn.to_v(source)))
+                          lambda: text_key_value(attn, source))
 
     def projected(self, projection, caption):
         """caption_projection(caption), kept so that every call of the generation hands attn2 the same tensor."""
@@ -71,6 +71,11 @@ class TextKVCache:
         del kept[:-ENTRIES_PER_LAYER]
         self.builds += 1
         return result
+
+
+def text_key_value(attn, text):
+    """The text cross-attention's key (after norm_k) and value, as LTX2AudioVideoAttnProcessor computes them."""
+    return attn.norm_k(attn.to_k(text)), attn.to_v(text)
 
 
 def _stamp(source, layers) -> tuple | None:
