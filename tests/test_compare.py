@@ -211,6 +211,32 @@ def test_kind_mismatch_is_always_incomparable(tmp_path, base):
     assert "e2e" in result.output
 
 
+def _on_gpus(doc: dict, world: tuple[int, str] | None) -> dict:
+    """doc as a run over world = (GPUs, split) wrote it (None: one process, no `parallel` entry)."""
+    doc = copy.deepcopy(doc)
+    if world is not None:
+        doc["run"]["config"]["parallel"] = {"world_size": world[0], "split": world[1], "gpus": [], "interconnect": None}
+    return doc
+
+
+@pytest.mark.parametrize(("base_world", "new_world", "words"), [
+    (None, (2, "cfg"), "base ran on 1 GPU, new on 2 GPUs (split cfg): not comparable"),
+    ((2, "cfg"), (2, "ulysses"), "base ran on 2 GPUs (split cfg), new on 2 GPUs (split ulysses): not comparable"),
+    ((4, "cfg+ulysses"), None, "base ran on 4 GPUs (split cfg+ulysses), new on 1 GPU: not comparable"),
+])
+def test_a_different_gpu_count_or_split_is_incomparable(tmp_path, base, base_world, new_world, words):
+    paths = [_write(tmp_path, _on_gpus(base, w), f"{i}.json") for i, w in enumerate((base_world, new_world))]
+    result = _invoke(*paths, "--allow-env-mismatch")
+    assert result.exit_code == 3, result.output
+    assert words in result.output and "--parallel" in result.output
+
+
+def test_runs_over_the_same_gpus_and_split_compare(tmp_path, base):
+    doc = _on_gpus(base, (2, "cfg"))
+    code, report = _json(_write(tmp_path, doc, "base.json"), _write(tmp_path, doc))
+    assert code == 0 and report["unchanged"] == 4
+
+
 def test_torch_version_difference_is_only_a_warning(tmp_path, base):
     new = copy.deepcopy(base)
     new["env"]["versions"]["torch"] = "2.12.0"

@@ -22,10 +22,10 @@ COMPILE_SCOPES = ("model", "regional")
 
 def record_params(args: dict, drop: tuple[str, ...]) -> dict:
     """The run arguments that describe every record: `args` less `drop`; compile_mode, rounds, cross_kv_cache,
-    tuned_gemm and pair_cfg_halves only when not the default, so that default records match older files (bench e2e
-    and profile)."""
+    tuned_gemm, pair_cfg_halves and gpus only when not the default, so that default records match older files
+    (bench e2e and profile)."""
     defaults = {"compile_mode": "default", "compile_scope": "model", "rounds": 1, "cross_kv_cache": True,
-                "tuned_gemm": True, "pair_cfg_halves": True}
+                "tuned_gemm": True, "pair_cfg_halves": True, "gpus": 1}
     return {k: v for k, v in args.items() if k not in drop and not (k in defaults and v == defaults[k])}
 
 

@@ -2,6 +2,7 @@
 
 The first rule that matches wins, so the specific rules come first:
 
+    0. communication            NCCL kernels and torch's collectives (several GPUs: all-to-all, all-gather, ...)
     1. ltxbench                 our kernels and custom ops (ltxbench::, row_op_cached, rope3d_kernel, ...)
     2. normalization/reduction  inductor's fused reductions (triton_red_*, triton_per_*)
     3. elementwise/copy         inductor's fused pointwise kernels (triton_poi_*)
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import re
 
-FAMILIES = ("GEMM", "attention", "ltxbench", "normalization/reduction", "elementwise/copy", "other")
+FAMILIES = ("GEMM", "attention", "ltxbench", "normalization/reduction", "elementwise/copy", "communication", "other")
 
 
 def _word(*words: str) -> str:
@@ -34,6 +35,8 @@ def _sub(*parts: str) -> str:
 
 # (family, regex) in priority order; see the module docstring.
 RULES: tuple[tuple[str, str], ...] = (
+    ("communication", _sub("nccl", "c10d", "all_to_all", "alltoall", "all_gather", "allgather", "all_reduce",
+                           "allreduce", "reduce_scatter", "wait_tensor")),
     ("ltxbench", _sub("ltxbench::", "ltxbench_", "row_op_cached", "row_op_streamed", "rope3d_kernel",
                       "qk_norm_rope_kernel", "rope1d_kernel") + r"|(?<![a-z0-9])act_kernel"),
     ("normalization/reduction", _sub("triton_red_", "triton_per_")),

@@ -19,7 +19,9 @@ EXAMPLES = (
     "  ltxbench bench e2e --model llama-3-8b --weights random --configs all   (ours beside Liger-Kernel's)\n\n"
     "  ltxbench bench e2e --model ltx-tiny --weights random --device cpu --num-frames 9 --height 64 --width 64 "
     "--steps 2 --kernel-provider reference\n\n"
-    "Exit codes: 0 ok, 2 bad arguments, 4 no GPU / OOM / no weights."
+    "  ltxbench bench e2e --model ltx-2b --weights random --num-frames 161 --gpus 2   (the guidance pair over 2 "
+    "GPUs: --parallel cfg)\n\n"
+    "Exit codes: 0 ok, 2 bad arguments, 4 no GPU / OOM / no weights / a rank that died (--gpus)."
 )
 
 
@@ -28,6 +30,7 @@ def e2e_command(**values) -> None:
     """Time whole models per configuration: a video model's phases (encode, each step, decode) or an LLM's
     prefill/decode."""
     from ltxbench.bench.e2e import COMPILE_CACHES, COMPILE_SCOPES
+    from ltxbench.cli import _parallel
     from ltxbench.cli._validate import (
         check_outputs,
         choice,
@@ -62,23 +65,26 @@ def e2e_command(**values) -> None:
     check_outputs(result_outputs(values["output"], values["plot"]), values["force"])
     if values["plot"] is not None:
         require_matplotlib()
+    settings.parallel = _parallel.split_or_relaunch(family, settings.gpus, settings.parallel, settings.device)
 
     import torch
 
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise NoCudaDevice("`ltxbench bench e2e --device cuda`")
-    _run(family, settings, values["output"], values["force"], values["plot"])
+    with _parallel.joined(settings.parallel, settings.device) as world:
+        _run(family, settings, values["output"], values["force"], values["plot"], world)
 
 
-def _run(family, settings, output, force: bool, plot) -> None:
+def _run(family, settings, output, force: bool, plot, world) -> None:
     from rich.console import Console
 
     from ltxbench.bench import e2e, e2e_report
+    from ltxbench.cli import _parallel
     from ltxbench.cli._console import console as wide_console
     from ltxbench.results.io import write_result
     from ltxbench.results.schema import INCOMPLETE, make_result, utc_now
 
-    console, err = wide_console(), Console(stderr=True, highlight=False, soft_wrap=True)
+    console, err = _parallel.quiet_unless_main(wide_console(), Console(stderr=True, highlight=False, soft_wrap=True))
     started = utc_now()
     with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
         target = family.build(settings)
@@ -90,20 +96,30 @@ def _run(family, settings, output, force: bool, plot) -> None:
     params = e2e.record_params(args, ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats",
                                       "decode_compile_mode", "compile_cache"))
     interrupted, cause = False, {"signal": "Ctrl-C"}
-    with e2e.inductor_cache(settings.compile_cache), _terminate_as_interrupt(cause):
+    # Over several GPUs the launcher stops the other ranks with SIGTERM when one fails: that ends them, with no
+    # partial result; only a one-process run turns SIGTERM into an interruption that writes what was measured.
+    terminating = _terminate_as_interrupt(cause) if world is None else contextlib.nullcontext()
+    with e2e.inductor_cache(settings.compile_cache), terminating:
         try:
             results = family.bench(target, settings, log)
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: keep what was measured (e2e.Interrupted carries it)
             results, interrupted = getattr(stop, "results", {}), True
-    if interrupted and not results:
-        err.print("interrupted before any configuration was measured: nothing written", markup=False)
+    if interrupted and (not results or world is not None):
+        err.print("interrupted before any configuration was measured: nothing written" if world is None else
+                  f"interrupted: nothing written (a run over {world.size} GPUs writes complete results only)",
+                  markup=False)
         raise typer.Exit(130)
+    described = _parallel.finished(world)
+    if world is not None and not world.main:
+        return
     records = family.records(results, params, settings)
     config = {**{k: v for k, v in args.items() if k != "warmup"}, "warmup_iterations": settings.warmup,
               "output": output, "plot": plot, "injection": {name: res["injection"] for name, res in results.items()},
               "timer": "CUDA events per phase, medians of the timed repeats" if settings.device == "cuda"
               else "time.perf_counter per phase (CPU), medians of the timed repeats",
               "untimed_first_iteration": True}
+    if described is not None:
+        config["parallel"] = described
     if interrupted:
         config[INCOMPLETE] = {"reason": f"interrupted ({cause['signal']})", "measured": list(results),
                               "not_measured": [name for name in settings.configs if name not in results]}

@@ -19,15 +19,18 @@ EXAMPLES = (
     '  ltxbench generate --prompt "the fox runs off" --image fox.png --weights random --num-frames 49   '
     "(image-to-video)\n\n"
     '  ltxbench generate --prompt "test" --model ltx-tiny --weights random --device cpu '
-    "--num-frames 9 --height 64 --width 64 --steps 2"
+    "--num-frames 9 --height 64 --width 64 --steps 2\n\n"
+    '  ltxbench generate --prompt "a red fox in the snow" --model ltx2-19b --gpus 4 --parallel cfg+ulysses   '
+    "(4 GPUs; only rank 0 prints and writes)"
 )
 
 @takes_options("generate")
 def generate_command(**values) -> None:
     """Generate a video (LTX-Video, LTX-2; from a first frame with --image) and time text encode, every denoising
     step and the decodes."""
+    from ltxbench.cli import _parallel
     from ltxbench.cli._validate import check_outputs, model_and_weights, prompt_text, runtime
-    from ltxbench.errors import EnvironmentProblem, NoCudaDevice, UsageError
+    from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models import family_of
 
     # --- validation: nothing heavy is imported before this passes ---------------------------------------
@@ -45,22 +48,34 @@ def generate_command(**values) -> None:
     family.validate(settings, "generate")
     if settings.device == "cpu" and values["cpu_offload"]:
         raise UsageError("--cpu-offload needs --device cuda")
+    if settings.gpus > 1 and values["cpu_offload"]:
+        raise UsageError(f"--cpu-offload runs on one GPU: drop it, or --gpus {settings.gpus}")
     output = Path(values["output"])
     if output.suffix.lower() != ".mp4":
         raise UsageError(f"--output {output} must end in .mp4 (the result JSON is written beside it)")
     json_path = output.with_suffix(".json")
     force = values["force"]
     check_outputs((output, json_path, json_path.with_suffix(".csv")), force)
+    settings.parallel = _parallel.split_or_relaunch(family, settings.gpus, settings.parallel, settings.device)
 
     import torch
 
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise NoCudaDevice("`ltxbench generate --device cuda`")
+    with _parallel.joined(settings.parallel, settings.device) as world:
+        _run(family, settings, values, output, world)
 
+
+def _run(family, settings, values: dict, output: Path, world) -> None:
+    """Build, patch, generate, then (rank 0, once every rank has finished) write the mp4 and the result."""
+    from ltxbench.cli import _parallel
     from ltxbench.cli._console import console
+    from ltxbench.errors import EnvironmentProblem
+    from ltxbench.parallel.launch import current_world
     from ltxbench.results.schema import utc_now
 
-    err = console(stderr=True)
+    json_path, force = output.with_suffix(".json"), values["force"]
+    err = _parallel.quiet_unless_main(console(stderr=True))
     started_at = utc_now()
     with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
         pipe = family.build(settings)
@@ -81,6 +96,8 @@ def generate_command(**values) -> None:
         injection = {"applied": False, "reason": "disabled by --no-optimized-kernels"}
     if values["attention_backend"]:
         _set_attention_backend(pipe, values["attention_backend"])
+    if current_world() is not None:
+        family.parallelize(pipe, settings)
     if values["compile"]:  # regional for the families whose default it is (LTX-2: the whole model compiles too long)
         module = family.compiled_module(pipe)
         module.compile_repeated_blocks() if settings.compile_scope == "regional" else module.compile()
@@ -89,11 +106,16 @@ def generate_command(**values) -> None:
 
     frames, timings, audio = _generate(family, pipe, settings)
     finished_at = utc_now()
+    described = _parallel.finished(world)
+    if world is not None and not world.main:
+        return
 
     config = {**settings.as_args(), **{k: values[k] for k in ("use_optimized_kernels", "compile", "attention_backend",
                                                                  "cpu_offload", "gemm_search")},
               "negative_prompt": settings.negative_prompt, "output": str(output)}
-    argv = command_line("generate", {**values, "force": force})
+    if described is not None:
+        config["parallel"] = described
+    argv = command_line("generate", {**values, "parallel": settings.parallel, "force": force})
     doc = _result(config, timings, injection, argv, settings.seed, started_at, finished_at)
 
     video_error, json_written = _write_outputs(frames, audio, doc, output, json_path, settings.frame_rate, force)
@@ -110,8 +132,10 @@ def _generate(family, pipe, settings):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from ltxbench.cli._parallel import quiet_unless_main
+
     bar = Progress(TextColumn("denoising"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   console=Console(stderr=True), transient=True)
+                   console=quiet_unless_main(Console(stderr=True)), transient=True)
     with bar:
         task = bar.add_task("denoising", total=settings.steps)
         return family.generate(pipe, settings, on_step=lambda: bar.advance(task))
@@ -212,6 +236,8 @@ def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at
                                      "guidance_scale", "compile", "attention_backend", "cpu_offload")}
     if config.get("image") is not None:  # image-to-video; text-to-video records stay as they were
         params["image"] = config["image"]
+    if "parallel" in config:  # over several GPUs; one-GPU records stay as they were
+        params["gpus"], params["parallel"] = config["gpus"], config["parallel"]["split"]
 
     def record(name, samples, metric="time", unit="ms", derived=None):
         return make_record(name, provider, config["dtype"], params, metric, unit, "lower",

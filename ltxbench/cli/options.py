@@ -62,6 +62,11 @@ SHARED = {o.name: o for o in (
            "...) and pool the samples, so that drift during the run favours no configuration.", ("bench e2e",)),
     Option("top", ("--top",), int, 20, "Kernels listed (and recorded) per configuration.", ("profile",)),
     Option("device", ("--device",), str, "cuda", "cuda | cpu."),
+    Option("gpus", ("--gpus",), int, 1, "GPUs of this host: N > 1 re-launches the command under torchrun, one "
+           "process per GPU; only rank 0 prints and writes."),
+    Option("parallel", ("--parallel",), str, None, "How N GPUs split the work: cfg (the guidance pair's halves on 2 "
+           "GPUs), ulysses or ring (diffusers' context parallelism over the video tokens), cfg+ulysses (both; 4+ "
+           "GPUs). Default: cfg on 2 GPUs, cfg+ulysses on 4 or more (even), else ulysses."),
     Option("kernel_provider", ("--kernel-provider",), str, None, "cuda | reference (default: cuda on cuda, reference "
            "on cpu)."),
     Option("dtype", ("--dtype",), str, None, _DEVICE),

@@ -17,7 +17,7 @@ EXAMPLES = (
     "--num-frames 9 --height 64 --width 64\n\n"
     "Time is kernel (device) time on CUDA and op self CPU time on the CPU. Chrome traces go to --trace-dir "
     "(default: beside the result JSON); open them in chrome://tracing or https://ui.perfetto.dev.\n\n"
-    "Exit codes: 0 ok, 2 bad arguments, 4 no GPU / OOM / no weights."
+    "Exit codes: 0 ok, 2 bad arguments, 4 no GPU / OOM / no weights / a rank that died (--gpus)."
 )
 
 
@@ -27,6 +27,7 @@ def profile_command(**values) -> None:
     from pathlib import Path
 
     from ltxbench.bench.e2e import COMPILE_SCOPES
+    from ltxbench.cli import _parallel
     from ltxbench.cli._validate import check_outputs, choice, compile_mode_choice, model_and_weights, runtime
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models import family_of
@@ -52,25 +53,28 @@ def profile_command(**values) -> None:
     traces = {c: traces_at / f"{json_path.stem}-{c.replace('+', '-')}.trace.json" for c in settings.configs}
     check_outputs((json_path, csv_path, *traces.values()), force,
                   hint="pass --force to overwrite, or choose another --output/--trace-dir")
+    settings.parallel = _parallel.split_or_relaunch(family, settings.gpus, settings.parallel, settings.device)
 
     import torch
 
     if settings.device == "cuda" and not torch.cuda.is_available():
         raise NoCudaDevice("`ltxbench profile --device cuda`")
-    _run(family, settings, json_path, traces, force, output)
+    with _parallel.joined(settings.parallel, settings.device) as world:
+        _run(family, settings, json_path, traces, force, output, world)
 
 
-def _run(family, settings, json_path, traces: dict, force: bool, output) -> None:
+def _run(family, settings, json_path, traces: dict, force: bool, output, world) -> None:
     import os
     import shutil
 
     from ltxbench.bench import profile
     from ltxbench.bench.e2e import record_params
+    from ltxbench.cli import _parallel
     from ltxbench.cli._console import console as wide_console
     from ltxbench.results.io import write_result
     from ltxbench.results.schema import make_result, utc_now
 
-    console, err = wide_console(), wide_console(stderr=True)
+    console, err = _parallel.quiet_unless_main(wide_console(), wide_console(stderr=True))
     if settings.device == "cpu":  # Kineto's log on a CPU is its failed GPU probe ("gpuGetDeviceCount failed")
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     started = utc_now()
@@ -80,7 +84,13 @@ def _run(family, settings, json_path, traces: dict, force: bool, output) -> None
     def log(text: str) -> None:
         err.print(text, markup=False)
 
-    results = family.profile(target, settings, traces, log)
+    described = None
+    if world is None:
+        results = family.profile(target, settings, traces, log)
+    else:
+        results, described = _profile_ranks(family, target, settings, traces, log, world)
+        if not world.main:
+            return
     args = settings.as_args()
     params = record_params(args, ("configs", "dtype", "kernel_provider", "seed", "top"))
     records = profile.build_records(results, params, settings.dtype)
@@ -90,6 +100,8 @@ def _run(family, settings, json_path, traces: dict, force: bool, output) -> None
               "totals_ms": {name: res["total_ms"] for name, res in results.items()},
               "traces": {name: res["trace"] for name, res in results.items()},
               "injection": {name: res["injection"] for name, res in results.items()}}
+    if described is not None:
+        config["parallel"] = described
     argv = command_line("profile", {**args, "trace_dir": str(traces_at), "output": str(json_path), "force": force})
     doc = make_result("profile", argv, config, settings.seed, started, utc_now(), records)
     written, csv_path = write_result(doc, json_path, force)
@@ -102,3 +114,30 @@ def _run(family, settings, json_path, traces: dict, force: bool, output) -> None
     for line in profile.external_commands(family, settings, results, traces_at, json_path.stem, shutil.which):
         console.print(line, markup=False)
     console.print(f"wrote {written}, {csv_path} and {len(traces)} chrome trace(s) in {traces_at}", markup=False)
+
+
+def _profile_ranks(family, target, settings, traces: dict, log, world) -> tuple[dict, dict]:
+    """One rank's profile over several GPUs: every rank traces into a folder of its own, and rank 0 moves its traces
+    into place only once every rank has finished. (results, the `parallel` entry)."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    from ltxbench.cli import _parallel
+
+    with tempfile.TemporaryDirectory(prefix="ltxbench-traces-") as staging:
+        staged = {name: Path(staging) / path.name for name, path in traces.items()}
+
+        def log_final(text: str) -> None:  # the trace's path once moved, not the staging folder's
+            for name, path in staged.items():
+                text = text.replace(str(path), str(traces[name]))
+            log(text)
+
+        results = family.profile(target, settings, staged, log_final)
+        described = _parallel.finished(world)
+        if world.main:
+            for name, path in traces.items():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(staged[name], path)
+                results[name]["trace"] = str(path)
+    return results, described

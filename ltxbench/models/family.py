@@ -61,6 +61,8 @@ class RunSettings:
     compile_scope: str = "model"      # model (nn.Module.compile) | regional (each repeated block: diffusers')
     family: str = ""
     compile_cache: str | None = None   # bench e2e: shared | cold inductor cache
+    gpus: int = 1                      # processes of one run, one per GPU (ltxbench.parallel.launch)
+    parallel: str | None = None        # how they split the work (resolved: None on one GPU)
 
     def as_args(self) -> dict:
         """The settings as the recorded arguments: fields a command does not take (None) are left out."""
@@ -86,6 +88,7 @@ class ModelFamily:
     settings_class: ClassVar[type[RunSettings]] = RunSettings
     options: ClassVar[tuple[Option, ...]] = ()
     makes_video: ClassVar[bool] = False             # `generate` takes it
+    supports_parallel: ClassVar[bool] = False       # runs over several GPUs (--gpus N, --parallel)
 
     # --- resolving --model ------------------------------------------------------------------------------
     def claims(self, model: str) -> bool:

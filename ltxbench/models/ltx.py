@@ -86,6 +86,12 @@ class LTXVideoFamily(VideoFamily):
                              tuned_gemm=settings.tuned_gemm is not False,
                              pair_cfg_halves=settings.pair_cfg_halves is not False)
 
+    def parallel_plan(self):
+        from ltxbench.parallel import ParallelPlan
+
+        return ParallelPlan(sequence_inputs={"hidden_states": 1, "timestep": 1}, below_root=_context_plan,
+                            local_attentions=lambda model: [block.attn2 for block in model.transformer_blocks])
+
     def encode(self, pipe, settings: LTXSettings, device):
         return _encode(pipe, settings, device)
 
@@ -103,6 +109,20 @@ class LTXVideoFamily(VideoFamily):
 
         search_s = _search_gemms(pipe, settings, embeds, lambda: self.inject(pipe, settings), log)
         return lambda: {"gemm_choices": ops.gemm_choices(), "gemm_search_s": search_s}
+
+
+def _context_plan(transformer) -> dict:
+    """diffusers' context-parallel plan below the root: RoPE's output split along the tokens (our RoPE returns the
+    token grid and a per-model frequency vector, which every rank keeps whole), proj_out's output gathered. The
+    prompt is not split (diffusers' own plan splits it): attn2 then runs locally, without communication."""
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    from ltxbench.inject import original_class
+
+    tokens = ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)
+    ours = original_class(transformer.rope) is not type(transformer.rope)
+    return {"rope": {0: tokens} if ours else {0: tokens, 1: tokens},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
 
 
 def _encode(pipe, settings: LTXSettings, device):

@@ -95,6 +95,14 @@ class LTX2Family(VideoFamily):
 
         return apply_kernels(pipe, settings.kernel_provider)
 
+    def parallel_plan(self):
+        from ltxbench.parallel import ParallelPlan
+
+        return ParallelPlan(context=False, context_refusal=(
+            "LTX-2 splits the guidance batch only: its token split (the audio stream beside the video tokens, the "
+            "per-head split RoPE) is not built, and diffusers 0.42.1's LTX-2 plan is LTX-Video's, which handles "
+            "neither"))
+
     def encode(self, pipe, settings: LTX2Settings, device):
         return _encode(pipe, settings, device)
 

@@ -175,6 +175,33 @@ class VideoFamily(ModelFamily):
     def compiled_module(self, pipe):
         return pipe.transformer
 
+    # --- several GPUs (ltxbench.parallel) ---
+    supports_parallel = True
+
+    def parallel_plan(self):
+        """This family's ParallelPlan (ltxbench.parallel)."""
+        raise NotImplementedError
+
+    def tokens(self, settings) -> int:
+        """Video tokens of a generation: latent frames x latent height x latent width (VAE 8x32x32, patch 1)."""
+        return ((settings.num_frames - 1) // 8 + 1) * (settings.height // 32) * (settings.width // 32)
+
+    def parallelize(self, pipe, settings):
+        """The run's split (launch.current_world) applied to the transformer, after the injection; its report."""
+        from ltxbench.parallel import parallelize
+        from ltxbench.parallel.launch import current_world
+
+        return parallelize(pipe.transformer, current_world(), self.parallel_plan(), self.tokens(settings))
+
+    def apply_config(self, target, settings, config: str):
+        """The configuration's patch, then, in a parallel run, the split on top (reverted first)."""
+        from ltxbench.parallel.launch import current_world
+
+        report = super().apply_config(target, settings, config)
+        if current_world() is None:
+            return report
+        return _WithParallel(report, self.parallelize(target, settings), config)
+
     def prepare(self, pipe, settings):
         """Quiet progress bars; the prompt embeddings once for --phase transformer (None: each iteration encodes)."""
         import torch
@@ -239,3 +266,21 @@ class VideoFamily(ModelFamily):
         timings["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         frames = pipe.video_processor.postprocess_video(outputs["vae_decode"].float(), output_type="np")[0]
         return list(frames), timings, self.audio(pipe, outputs)
+
+
+class _WithParallel:
+    """A configuration's report (None for baseline / compile) with a parallel run's split: reverted split first;
+    the injection dict gains a `parallel` entry."""
+
+    def __init__(self, report, parallel, config: str):
+        self.report, self.parallel, self.config = report, parallel, config
+
+    def revert(self) -> None:
+        self.parallel.revert()
+        if self.report is not None:
+            self.report.revert()
+
+    def as_dict(self) -> dict:
+        base = (self.report.as_dict() if self.report is not None
+                else {"applied": False, "reason": f"config {self.config}"})
+        return {**base, "parallel": self.parallel.as_dict()}

@@ -42,6 +42,21 @@ def gpu_name(doc: dict) -> str:
     return "cpu"
 
 
+def world_of(doc: dict) -> tuple[int, str | None]:
+    """(world size, split) of the run: (1, None) for a one-process run (no `parallel` entry in run.config)."""
+    config = doc.get("run", {}).get("config")
+    parallel = config.get("parallel") if isinstance(config, dict) else None
+    if not isinstance(parallel, dict):
+        return 1, None
+    size = parallel.get("world_size")
+    return (size if isinstance(size, int) and not isinstance(size, bool) else 1), parallel.get("split")
+
+
+def _world_text(world: tuple[int, str | None]) -> str:
+    size, split = world
+    return f"{size} GPU" + ("s" if size != 1 else "") + (f" (split {split})" if split else "")
+
+
 def torch_version(doc: dict) -> str | None:
     env = doc.get("env") if isinstance(doc.get("env"), dict) else {}
     versions = env.get("versions") if isinstance(env.get("versions"), dict) else {}
@@ -233,6 +248,11 @@ def _check_env(base_doc: dict, new_doc: dict, allow_env_mismatch: bool, report: 
             f"cannot compare a {base_doc['kind']!r} result with a {new_doc['kind']!r} result",
             hint="compare two runs of the same benchmark kind (--allow-env-mismatch does not cover this)",
         )
+    base_world, new_world = world_of(base_doc), world_of(new_doc)
+    if base_world != new_world:
+        raise IncomparableResults(
+            f"base ran on {_world_text(base_world)}, new on {_world_text(new_world)}: not comparable",
+            hint="compare runs over the same --gpus and --parallel (--allow-env-mismatch does not cover this)")
     base_gpu, new_gpu = gpu_name(base_doc), gpu_name(new_doc)
     if base_gpu != new_gpu:
         msg = f"results come from different GPUs: base {base_gpu!r}, new {new_gpu!r}"
@@ -301,8 +321,8 @@ def _rows_of(b: dict, n: dict, thresholds: Mapping[str, float], report: Comparis
 def compare(base_doc: dict, new_doc: dict, thresholds: float | Mapping[str, float] | None = None,
             allow_env_mismatch: bool = False, allow_missing: bool = False) -> ComparisonReport:
     """Match records by record_key and judge each (thresholds: per metric, defaults DEFAULT_THRESHOLDS; a float sets
-    the sampled times' one); raises IncomparableResults on kind/GPU mismatch. A measurement the base has and new
-    lacks (removed, or n/a in new only) fails the check unless allow_missing."""
+    the sampled times' one); raises IncomparableResults on a kind, GPU, GPU count or split mismatch. A measurement
+    the base has and new lacks (removed, or n/a in new only) fails the check unless allow_missing."""
     limits = dict(DEFAULT_THRESHOLDS)
     if isinstance(thresholds, Mapping):
         limits.update(thresholds)

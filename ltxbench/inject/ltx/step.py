@@ -91,16 +91,23 @@ def step_inputs(model, hidden_states, encoder_hidden_states, timestep, encoder_a
 def step_call(self, *args, **kwargs):
     """`__call__` of the patched LTX model: StepInputs built here, eagerly, and passed to forward as `step`. Not inside
     a trace, not with autograd, and not where a forward pre-hook, a hook's forward wrapper (accelerate's offload
-    moves the weights to the GPU inside it) or a LoRA scale (attention_kwargs["scale"], applied by the forward's
+    moves the weights to the GPU inside it; a parallel run's split hook is taken over: the call is split here) or a
+    LoRA scale (attention_kwargs["scale"], applied by the forward's
     decorator) could change what the step computes: there the forward builds it."""
     from torch.nn.modules import module as nn_module
 
+    from ltxbench.parallel.split import split_hook_of
+
+    parallel = split_hook_of(self)  # a parallel run's split of the call (the one wrapper taken over here)
     if (torch.compiler.is_compiling() or "step" in kwargs or len(args) > len(FORWARD_ARGS)
             or torch.is_grad_enabled() or self._forward_pre_hooks or nn_module._global_forward_pre_hooks
-            or "forward" in vars(self) or "scale" in (kwargs.get("attention_kwargs") or {})):
+            or ("forward" in vars(self) and parallel is None) or "scale" in (kwargs.get("attention_kwargs") or {})):
         return torch.nn.Module.__call__(self, *args, **kwargs)
     bound = dict(zip(FORWARD_ARGS, args, strict=False))  # len(args) <= len(FORWARD_ARGS), checked above
     bound.update((name, kwargs.pop(name)) for name in FORWARD_ARGS if name in kwargs)
+    gather = False
+    if parallel is not None:  # this rank's part of the batch / tokens; the hook lets the call with `step` through
+        bound, gather = parallel.split(bound)
     cache = vars(self).get(CACHE_ATTR)
     entry = cache.get(self, bound.get("encoder_hidden_states")) if cache is not None else None
     check = vars(self).get(PAIRED_ATTR)  # cfg.HalvesCheck: the step runs by the last step's answer
@@ -110,4 +117,4 @@ def step_call(self, *args, **kwargs):
     output = torch.nn.Module.__call__(self, **bound, **kwargs, step=step)
     if check and check.settle(answer, step.paired):  # ran paired on halves that differ: again, on the whole batch
         output = torch.nn.Module.__call__(self, **bound, **kwargs, step=step._replace(paired=False))
-    return output
+    return parallel.gather(output) if gather else output

@@ -1,0 +1,69 @@
+"""The multi-GPU side of `generate`, `bench e2e` and `profile` (--gpus, --parallel): after every other check, either
+re-launch the command as one process per GPU or, in such a process, join the others; only rank 0 prints and writes.
+
+Only the standard library and ltxbench's own light modules at top level (the commands' help must stay instant).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+from ltxbench.errors import UsageError
+from ltxbench.parallel import launch
+
+
+def split_or_relaunch(family, gpus: int, parallel: str | None, device: str) -> str | None:
+    """The split of this run (None: one process), after the command validated everything else, so that a usage
+    error never starts N processes. Outside the launcher, --gpus N > 1 runs the original command line as N
+    processes and exits with their exit code (typer.Exit); under it, the launcher's world must be --gpus."""
+    split = launch.resolve_split(gpus, parallel)
+    if gpus > 1 and not family.supports_parallel:
+        raise UsageError(f"--gpus {gpus}: the {family.title} family runs on one GPU")
+    if launch.under_launcher():
+        started = launch.launcher_world_size()
+        if started != gpus:
+            raise UsageError(f"--gpus {gpus}, but the launcher started {started} processes",
+                             hint=f"pass --gpus {started}, or run without torchrun: --gpus starts the processes")
+        return split
+    if gpus > 1:
+        import typer
+
+        launch.check_visible(gpus, device)
+        raise typer.Exit(launch.relaunch(sys.argv[1:], gpus, split))
+    return split
+
+
+@contextlib.contextmanager
+def joined(split: str | None, device: str):
+    """This rank in the process group for the run (the World; None in a one-process run), left at the end whatever
+    happens. Entered before the model is built: on cuda the rank's GPU is then the current device."""
+    if split is None:
+        yield None
+        return
+    import warnings
+
+    world = launch.init_world(split, device)
+    if not world.main:  # the same work as rank 0's, so the same warnings: rank 0 alone shows them
+        warnings.simplefilter("ignore")
+    try:
+        yield world
+    finally:
+        launch.shutdown()
+
+
+def quiet_unless_main(*consoles):
+    """Silence the Rich consoles of ranks other than 0 (their status spinners and progress bars included)."""
+    for console in consoles:
+        console.quiet = not launch.is_main()
+    return consoles[0] if len(consoles) == 1 else consoles
+
+
+def finished(world) -> dict | None:
+    """Once every rank has run: what the result records of the GPUs (the `parallel` entry; None in a one-process
+    run), after a barrier, so that rank 0 writes only when no rank failed. Every rank calls it."""
+    if world is None:
+        return None
+    described = launch.describe(world)
+    launch.barrier()
+    return described

@@ -1,0 +1,75 @@
+"""Several GPUs of one host: the command under torchrun (launch.py), the guidance pair's halves on two ranks and the
+video tokens over the context-parallel ranks (split.py), diffusers' context parallelism for the attention
+(context.py). docs/parallel.md has the splits, what each costs and what was measured.
+
+`parallelize(transformer, world, plan, tokens)` applies a run's split to a transformer after the kernel injection
+(so diffusers' hooks and parallel config reach the processors and forwards we installed) and returns a report whose
+`revert()` takes it all off again, before the injection is reverted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ParallelPlan:
+    """What a model family declares for a parallel run.
+    sequence_inputs: forward arguments carrying the video tokens, {name: the dim holding their count};
+    below_root(transformer): diffusers' context-parallel plan below the root (RoPE's output, proj_out's gather);
+    local_attentions(transformer): the attention modules whose keys and values every rank holds whole (the
+    prompt's), which run without communication; context: whether the family splits tokens at all (else the splits
+    with a context-parallel part are refused, `context_refusal` saying why)."""
+
+    sequence_inputs: dict[str, int] = field(default_factory=lambda: {"hidden_states": 1})
+    below_root: Callable | None = None
+    local_attentions: Callable | None = None
+    context: bool = True
+    context_refusal: str = ""
+
+
+class ParallelReport:
+    """What `parallelize` installed; revert() removes it (split hook, context-parallel hooks and configs)."""
+
+    def __init__(self, world, description: dict):
+        self.world, self.description = world, description
+        self._undo: list[Callable[[], None]] = []
+
+    def revert(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def as_dict(self) -> dict:
+        return dict(self.description)
+
+
+def parallelize(transformer, world, plan: ParallelPlan, tokens: int | None = None) -> ParallelReport:
+    """Apply `world`'s split (launch.World) to `transformer`; tokens: the video token count of the run (whether the
+    context-parallel split is even). Call after the injection and before compiling."""
+    from ltxbench.errors import UsageError
+    from ltxbench.parallel import context, split
+
+    if world.cp_degree > 1 and not plan.context:
+        raise UsageError(f"--parallel {world.split}: {plan.context_refusal}", hint="use --parallel cfg")
+    device_type = "cuda" if str(world.device).startswith("cuda") else "cpu"
+    cfg, ring, ulysses = context.degrees(world.split, world.cfg_degree, world.cp_degree)
+    device_mesh = context.mesh(device_type, cfg, ring, ulysses)
+    uneven = bool(tokens) and world.cp_degree > 1 and tokens % world.cp_degree != 0
+    report = ParallelReport(world, {"split": world.split, "world_size": world.size, "cfg_degree": cfg,
+                                    "ring_degree": ring, "ulysses_degree": ulysses, "uneven_tokens": uneven})
+    cp_group, cp_rank = None, 0
+    if world.cp_degree > 1:
+        config = context.context_config(device_mesh, ring, ulysses, uneven)
+        below = plan.below_root(transformer)
+        local = plan.local_attentions(transformer) if plan.local_attentions else []
+        context.enable(transformer, config, below, local)
+        report._undo.append(lambda: context.disable(transformer, below))
+        flat = config._flattened_mesh
+        cp_group, cp_rank = flat.get_group(), flat.get_local_rank()
+    cfg_mesh = device_mesh["cfg"]
+    hook = split.SplitHook((cfg_mesh.get_group(), cfg, cfg_mesh.get_local_rank()),
+                           (cp_group, world.cp_degree, cp_rank), plan.sequence_inputs)
+    split.install(transformer, hook)
+    report._undo.append(lambda: split.remove(transformer))
+    return report

@@ -1,0 +1,126 @@
+"""One rank of the parallel exactness tests (test_parallel_split.py on the CPU with gloo, test_parallel_gpu.py on
+the GPUs with NCCL), started by torch's launcher: the latents of an LTX-Video / LTX-2 generation on this process
+alone, then split over the ranks (ltxbench.parallel), then alone again after the split's revert. Rank 0 writes the
+comparison as JSON to argv[1].
+
+argv[2]: a JSON spec: family (ltx | ltx2), model (a preset, default the tiny one), split, config (baseline |
+optimized | optimized+compile), device (cpu | cuda), num_frames, height, width, steps, guidance, mutation
+("own-half": each guidance rank repeats its own half of the output instead of gathering both, which must fail
+the check).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def _pipeline(spec, device, dtype):
+    from conftest import realistic_modulation
+
+    from ltxbench.models import ltx2_build, ltx_build
+
+    builder = ltx_build if spec["family"] == "ltx" else ltx2_build
+    pipe = builder.build_pipeline(spec["model"], "random", device, dtype, seed=0)
+    realistic_modulation(pipe.transformer, scale=0.3 if spec["family"] == "ltx" else 0.7)
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _runner(pipe, spec, device, dtype):
+    """run() -> the generation's latents (LTX-2: video and audio, flattened)."""
+    size = dict(num_frames=spec["num_frames"], height=spec["height"], width=spec["width"],
+                num_inference_steps=spec["steps"], guidance_scale=spec["guidance"], output_type="latent")
+    if spec["family"] == "ltx":
+        channels = pipe.transformer.config.caption_channels
+        embeds = torch.randn(1, 16, channels, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+        mask = torch.ones(1, 16, device=device)
+        mask[:, -3:] = 0  # a padded prompt
+
+        def run():
+            with torch.no_grad():
+                return pipe(prompt_embeds=embeds, prompt_attention_mask=mask, negative_prompt_embeds=-embeds,
+                            negative_prompt_attention_mask=mask, generator=torch.Generator().manual_seed(0),
+                            **size).frames.float()
+    else:
+        def run():
+            with torch.no_grad():
+                video, audio = pipe(prompt="a fox in the snow", negative_prompt="blurry", return_dict=False,
+                                    generator=torch.Generator("cpu").manual_seed(3), **size)
+            return torch.cat([video.flatten().float(), audio.flatten().float()])
+    return run
+
+
+def main(out: str, spec_text: str) -> None:
+    from ltxbench.models import family_of
+    from ltxbench.parallel import parallelize
+    from ltxbench.parallel import split as split_module
+    from ltxbench.parallel.launch import World, degrees
+
+    spec = {"model": None, "config": "baseline", "device": "cpu", "num_frames": 9, "height": 64, "width": 64,
+            "steps": 3, "guidance": 3.0, "mutation": "", **json.loads(spec_text)}
+    spec["model"] = spec["model"] or ("ltx-tiny" if spec["family"] == "ltx" else "ltx2-tiny")
+    cuda = spec["device"] == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+    rank, size = dist.get_rank(), dist.get_world_size()
+    device = f"cuda:{rank}" if cuda else "cpu"
+    world = World(rank, size, rank, device, spec["split"], *degrees(spec["split"], size))
+    family = family_of(spec["model"])
+    dtype = torch.bfloat16 if cuda else torch.float32
+    pipe = _pipeline(spec, "cuda" if cuda else "cpu", dtype)
+    run = _runner(pipe, spec, device, dtype)
+    alone = run()
+    report = None
+    if spec["config"].startswith("optimized"):
+        settings = family.settings("bench e2e", model=spec["model"], weights="random", device=spec["device"],
+                                   kernel_provider="cuda" if cuda else "reference", dtype="bf16" if cuda else "fp32")
+        report = family.inject(pipe, settings)
+    if spec["mutation"] == "own-half":  # each guidance rank repeats its own half instead of gathering both
+        split_module.SplitHook._gather = lambda self, tensor: torch.cat([tensor] * self.cfg_degree)
+    calls = []
+    original_split = split_module.SplitHook.split
+
+    def counting_split(self, bound):
+        part, gather = original_split(self, bound)
+        hidden = part.get(self.tokens_of)
+        calls.append(list(hidden.shape) if torch.is_tensor(hidden) else None)
+        return part, gather
+
+    split_module.SplitHook.split = counting_split
+    tokens = ((spec["num_frames"] - 1) // 8 + 1) * (spec["height"] // 32) * (spec["width"] // 32)
+    parallel = parallelize(pipe.transformer, world, family.parallel_plan(), tokens)
+    if spec["config"].endswith("compile"):
+        pipe.transformer.compile(dynamic=False)
+    together = run()
+    description = parallel.as_dict()
+    pipe.transformer._compiled_call_impl = None
+    parallel.revert()
+    if report is not None:
+        report.revert()
+    after = run()
+    if rank == 0:
+        result = {"error": (together - alone).abs().max().item() / alone.abs().max().item(),
+                  "cosine": torch.nn.functional.cosine_similarity(together.flatten().double(),
+                                                                  alone.flatten().double(), dim=0).item(),
+                  "after_revert_equal": torch.equal(after, alone), "calls": calls, "parallel": description,
+                  "hooks_left": _hooks_left(pipe.transformer)}
+        with open(out, "w") as file:
+            json.dump(result, file)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _hooks_left(model) -> list:
+    """Modules that still carry a hook or an instance forward (diffusers' pipelines leave empty registries)."""
+    return [name for name, module in model.named_modules()
+            if "forward" in vars(module) or getattr(vars(module).get("_diffusers_hook"), "hooks", None)]
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])

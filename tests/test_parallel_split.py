@@ -1,0 +1,71 @@
+"""The parallel splits' mechanics on the CPU: 2 (or 4) gloo processes run a tiny LTX-Video / LTX-2 generation alone,
+split over the ranks (ltxbench.parallel: the guidance batch, the video tokens through diffusers' context
+parallelism) and alone again after the revert (tests/parallel_latents.py). Unpatched and with our kernels (reference
+provider): the split latents equal the one-process latents up to fp32 rounding; the revert leaves the model exactly
+as it was; a split whose halves are not gathered back fails the check."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).parent
+TOL = 1e-5  # max |split - alone| / max |alone|: fp32, the same math in another grouping (a 2-row GEMM, a shard)
+
+
+def run_ranks(tmp_path, spec: dict, nproc: int = 2, fails: bool = False):
+    """tests/parallel_latents.py on `nproc` processes; its JSON (or, with fails, the failed run's stderr)."""
+    out = tmp_path / "result.json"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               str(TESTS / "parallel_latents.py"), str(out), json.dumps(spec)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    if fails:
+        assert done.returncode != 0
+        return done.stderr
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def _run(tmp_path, family, split, config, fails=False, **spec):
+    return run_ranks(tmp_path, {"family": family, "split": split, "config": config, **spec}, fails=fails)
+
+
+@pytest.mark.parametrize("config", ["baseline", "optimized"])
+@pytest.mark.parametrize("split", ["cfg", "ulysses"])
+def test_ltx_split_equals_one_process(tmp_path, split, config):
+    result = _run(tmp_path, "ltx", split, config)
+    assert result["error"] < TOL, result
+    assert result["after_revert_equal"] and not result["hooks_left"], result
+    batch, tokens = (1, 8) if split == "cfg" else (2, 4)  # 2 x 2 x 2 tokens; the pair on 2 ranks or the tokens
+    assert {tuple(shape[:2]) for shape in result["calls"]} == {(batch, tokens)}, result["calls"]
+
+
+def test_ring_refused_without_gpu(tmp_path):
+    """Ring attention merges partial results by their log-sum-exp: torch's cuDNN attention, GPU only (the GPU test
+    covers ring); on the CPU the split is refused with one line, not run wrong."""
+    assert "--parallel ring needs torch's cuDNN attention" in _run(tmp_path, "ltx", "ring", "baseline", fails=True)
+
+
+def test_ltx_guidance_off_runs_whole_batch(tmp_path):
+    """Without guidance the batch (1) does not split: every rank runs it whole, and the output is the same."""
+    result = _run(tmp_path, "ltx", "cfg", "optimized", guidance=1.0)
+    assert result["error"] < TOL and {tuple(s[:1]) for s in result["calls"]} == {(1,)}, result
+
+
+def test_ltx2_cfg_split_equals_one_process(tmp_path):
+    """LTX-2: the guidance pair split, the STG and modality-isolated passes (batch 1) whole on every rank."""
+    for config in ("baseline", "optimized"):
+        result = _run(tmp_path, "ltx2", "cfg", config)
+        assert result["error"] < TOL and result["after_revert_equal"], (config, result)
+
+
+def test_missing_gather_fails(tmp_path):
+    """The check can fail: halves not gathered back (each rank repeats its own half) are far off."""
+    result = _run(tmp_path, "ltx", "cfg", "optimized", mutation="own-half")
+    assert result["error"] > 100 * TOL, result
