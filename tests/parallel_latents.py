@@ -1,6 +1,7 @@
 """One rank of the parallel exactness tests (test_parallel_split.py on the CPU with gloo, test_parallel_gpu.py on
-the GPUs with NCCL), started by torch's launcher: the latents of an LTX-Video / LTX-2 generation on this process
-alone, then split over the ranks (ltxbench.parallel), then alone again after the split's revert. Rank 0 writes the
+the GPUs with NCCL), started by torch's launcher: the latents of an LTX-Video / LTX-2 generation in one
+configuration (unpatched, or with our kernels) on this process alone, then split over the ranks
+(ltxbench.parallel), then alone again after the split's revert and after the injection's. Rank 0 writes the
 comparison as JSON to argv[1].
 
 argv[2]: a JSON spec: family (ltx | ltx2), model (a preset, default the tiny one), split, config (baseline |
@@ -75,12 +76,13 @@ def main(out: str, spec_text: str) -> None:
     dtype = torch.bfloat16 if cuda else torch.float32
     pipe = _pipeline(spec, "cuda" if cuda else "cpu", dtype)
     run = _runner(pipe, spec, device, dtype)
-    alone = run()
+    unpatched = run()
     report = None
     if spec["config"].startswith("optimized"):
         settings = family.settings("bench e2e", model=spec["model"], weights="random", device=spec["device"],
                                    kernel_provider="cuda" if cuda else "reference", dtype="bf16" if cuda else "fp32")
         report = family.inject(pipe, settings)
+    alone = run() if report is not None else unpatched  # the same configuration on this process alone
     if spec["mutation"] == "own-half":  # each guidance rank repeats its own half instead of gathering both
         split_module.SplitHook._gather = lambda self, tensor: torch.cat([tensor] * self.cfg_degree)
     calls = []
@@ -101,6 +103,7 @@ def main(out: str, spec_text: str) -> None:
     description = parallel.as_dict()
     pipe.transformer._compiled_call_impl = None
     parallel.revert()
+    again = run()
     if report is not None:
         report.revert()
     after = run()
@@ -108,7 +111,8 @@ def main(out: str, spec_text: str) -> None:
         result = {"error": (together - alone).abs().max().item() / alone.abs().max().item(),
                   "cosine": torch.nn.functional.cosine_similarity(together.flatten().double(),
                                                                   alone.flatten().double(), dim=0).item(),
-                  "after_revert_equal": torch.equal(after, alone), "calls": calls, "parallel": description,
+                  "after_revert_equal": torch.equal(after, unpatched) and torch.equal(again, alone),
+                  "calls": calls, "parallel": description,
                   "hooks_left": _hooks_left(pipe.transformer)}
         with open(out, "w") as file:
             json.dump(result, file)

@@ -21,7 +21,8 @@ TOL = 1e-5  # max |split - alone| / max |alone|: fp32, the same math in another 
 def run_ranks(tmp_path, spec: dict, nproc: int = 2, fails: bool = False):
     """tests/parallel_latents.py on `nproc` processes; its JSON (or, with fails, the failed run's stderr)."""
     out = tmp_path / "result.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS.parent), str(TESTS)]), "OMP_NUM_THREADS": "1"}
+    path = [str(TESTS.parent), str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                str(TESTS / "parallel_latents.py"), str(out), json.dumps(spec)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
