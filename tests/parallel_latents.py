@@ -7,11 +7,12 @@ comparison as JSON to argv[1].
 argv[2]: a JSON spec: family (ltx | ltx2), model (a preset, default the tiny one), split, config (baseline |
 optimized | optimized+compile), device (cpu | cuda), num_frames, height, width, steps, guidance, mutation
 ("own-half": each guidance rank repeats its own half of the output instead of gathering both, which must fail
-the check).
+the check; "local-keys": LTX-2's video-to-audio attention run on this rank's video keys alone).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -96,7 +97,12 @@ def main(out: str, spec_text: str) -> None:
 
     split_module.SplitHook.split = counting_split
     tokens = ((spec["num_frames"] - 1) // 8 + 1) * (spec["height"] // 32) * (spec["width"] // 32)
-    parallel = parallelize(pipe.transformer, world, family.parallel_plan(), tokens)
+    plan = family.parallel_plan()
+    if spec["mutation"] == "local-keys":  # the video-to-audio attention run locally, on this rank's video keys
+        local = plan.local_attentions
+        plan = dataclasses.replace(plan, local_attentions=lambda model: [
+            *local(model), *(block.video_to_audio_attn for block in model.transformer_blocks)])
+    parallel = parallelize(pipe.transformer, world, plan, tokens)
     if spec["config"].endswith("compile"):
         pipe.transformer.compile(dynamic=False)
     together = run()

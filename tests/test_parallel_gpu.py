@@ -1,6 +1,7 @@
 """The parallel splits on the GPUs of one host (NCCL, bf16, our CUDA kernels): LTX-2B's latents split over 2 (and
 4) GPUs equal one GPU's within bf16 rounding (cosine >= 0.9999), for every split, unpatched and with our kernels,
-compiled too; a token count that does not divide (diffusers' ulysses_anything); LTX-2's guidance pair. Each test
+compiled too; a token count that does not divide (diffusers' ulysses_anything); LTX-2's guidance pair and video
+tokens. Each test
 starts its ranks through torch's launcher (tests/parallel_latents.py)."""
 
 from __future__ import annotations
@@ -53,7 +54,8 @@ def test_ltx_2b_four_gpus_cfg_ulysses(tmp_path):
     _check(run_ranks(tmp_path, {**LTX_2B, "split": "cfg+ulysses", "config": "optimized"}, nproc=4), 1344)
 
 
-def test_ltx2_guidance_pair_two_gpus(tmp_path):
+@pytest.mark.parametrize("split", ["cfg", "ulysses"])
+def test_ltx2_two_gpus(tmp_path, split):
     if _gpus() < 2:
         pytest.skip("needs 2 GPUs")
-    _check(run_ranks(tmp_path, {"family": "ltx2", "device": "cuda", "split": "cfg", "config": "optimized"}))
+    _check(run_ranks(tmp_path, {"family": "ltx2", "device": "cuda", "split": split, "config": "optimized"}))

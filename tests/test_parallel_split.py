@@ -59,11 +59,23 @@ def test_ltx_guidance_off_runs_whole_batch(tmp_path):
     assert result["error"] < TOL and {tuple(s[:1]) for s in result["calls"]} == {(1,)}, result
 
 
-def test_ltx2_cfg_split_equals_one_process(tmp_path):
-    """LTX-2: the guidance pair split, the STG and modality-isolated passes (batch 1) whole on every rank."""
-    for config in ("baseline", "optimized"):
-        result = _run(tmp_path, "ltx2", "cfg", config)
-        assert result["error"] < TOL and result["after_revert_equal"], (config, result)
+@pytest.mark.parametrize("config", ["baseline", "optimized"])
+@pytest.mark.parametrize("split", ["cfg", "ulysses"])
+def test_ltx2_split_equals_one_process(tmp_path, split, config):
+    """LTX-2: cfg splits the guidance pair (the STG and modality-isolated passes, batch 1, run whole on every rank);
+    ulysses splits the video tokens of every pass, the audio stream and the prompt whole on every rank (their
+    attentions local), the video-to-audio attention through Ulysses with each rank's copy of the audio queries."""
+    result = _run(tmp_path, "ltx2", split, config)
+    assert result["error"] < TOL, result
+    assert result["after_revert_equal"] and not result["hooks_left"], result
+    tokens = {shape[1] for shape in result["calls"]}
+    assert tokens == ({8} if split == "cfg" else {4}), result["calls"]
+
+
+def test_ltx2_local_video_keys_fail(tmp_path):
+    """The check can fail: the video-to-audio attention run locally (this rank's video keys alone) is far off."""
+    result = _run(tmp_path, "ltx2", "ulysses", "optimized", mutation="local-keys")
+    assert result["error"] > 100 * TOL, result
 
 
 def test_missing_gather_fails(tmp_path):

@@ -98,10 +98,13 @@ class LTX2Family(VideoFamily):
     def parallel_plan(self):
         from ltxbench.parallel import ParallelPlan
 
-        return ParallelPlan(context=False, context_refusal=(
-            "LTX-2 splits the guidance batch only: its token split (the audio stream beside the video tokens, the "
-            "per-head split RoPE) is not built, and diffusers 0.42.1's LTX-2 plan is LTX-Video's, which handles "
-            "neither"))
+        def blocks_attention(*names):
+            return lambda model: [getattr(block, name) for block in model.transformer_blocks for name in names]
+
+        return ParallelPlan(sequence_inputs={"hidden_states": 1, "timestep": 1, "video_keyframes_mask": 1},
+                            below_root=_context_plan,
+                            local_attentions=blocks_attention("attn2", "audio_attn1", "audio_attn2",
+                                                              "audio_to_video_attn"))
 
     def encode(self, pipe, settings: LTX2Settings, device):
         return _encode(pipe, settings, device)
@@ -112,6 +115,21 @@ class LTX2Family(VideoFamily):
     def audio(self, pipe, outputs: dict):
         """The first video's waveform (channels, n) at the vocoder's rate (24 kHz for the released model)."""
         return outputs["audio_decode"][0].float().cpu().numpy(), pipe.vocoder.config.output_sampling_rate
+
+
+def _context_plan(transformer) -> dict:
+    """diffusers' context-parallel plan below the root for LTX-2's video tokens (diffusers' own is LTX-Video's):
+    the video RoPE and the video side of the audio<->video RoPE split along the tokens (dim 2 of the split type's
+    (B, heads, S, d/2) tables, dim 1 of the interleaved (B, S, D)), proj_out gathered. The audio stream (126 tokens
+    at 121 frames) and the prompt stay whole on every rank: their attentions run locally; the video-to-audio
+    attention (audio queries, video keys) keeps the parallel config, which answers each rank's copy of the audio
+    queries over all the video keys."""
+    from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+    dim = 2 if transformer.config.rope_type == "split" else 1
+    tokens = ContextParallelInput(split_dim=dim, expected_dims=dim + 2, split_output=True)
+    return {"rope": {0: tokens, 1: tokens}, "cross_attn_rope": {0: tokens, 1: tokens},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3)}
 
 
 def _cfg(settings: LTX2Settings) -> bool:

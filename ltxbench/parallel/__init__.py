@@ -20,7 +20,9 @@ class ParallelPlan:
     below_root(transformer): diffusers' context-parallel plan below the root (RoPE's output, proj_out's gather);
     local_attentions(transformer): the attention modules whose keys and values every rank holds whole (the
     prompt's), which run without communication; context: whether the family splits tokens at all (else the splits
-    with a context-parallel part are refused, `context_refusal` saying why)."""
+    with a context-parallel part are refused, `context_refusal` saying why). An attention whose queries every rank
+    holds whole but whose keys come from the split tokens (LTX-2's video-to-audio) keeps the parallel config: Ulysses
+    and ring attention are exact with replicated queries (each rank's copy is answered over all the keys)."""
 
     sequence_inputs: dict[str, int] = field(default_factory=lambda: {"hidden_states": 1})
     below_root: Callable | None = None

@@ -126,3 +126,4 @@ def unwrap(module) -> None:
     if forward is None or getattr(forward, "__self__", None) is module:
         own.pop("forward", None)
     own.pop("_diffusers_hook", None)
+
