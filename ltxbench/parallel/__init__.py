@@ -19,16 +19,13 @@ class ParallelPlan:
     sequence_inputs: forward arguments carrying the video tokens, {name: the dim holding their count};
     below_root(transformer): diffusers' context-parallel plan below the root (RoPE's output, proj_out's gather);
     local_attentions(transformer): the attention modules whose keys and values every rank holds whole (the
-    prompt's), which run without communication; context: whether the family splits tokens at all (else the splits
-    with a context-parallel part are refused, `context_refusal` saying why). An attention whose queries every rank
-    holds whole but whose keys come from the split tokens (LTX-2's video-to-audio) keeps the parallel config: Ulysses
-    and ring attention are exact with replicated queries (each rank's copy is answered over all the keys)."""
+    prompt's), which run without communication. An attention whose queries every rank holds whole but whose keys
+    come from the split tokens (LTX-2's video-to-audio) keeps the parallel config: Ulysses and ring attention are
+    exact with replicated queries (each rank's copy is answered over all the keys)."""
 
     sequence_inputs: dict[str, int] = field(default_factory=lambda: {"hidden_states": 1})
     below_root: Callable | None = None
     local_attentions: Callable | None = None
-    context: bool = True
-    context_refusal: str = ""
 
 
 class ParallelReport:
@@ -49,11 +46,8 @@ class ParallelReport:
 def parallelize(transformer, world, plan: ParallelPlan, tokens: int | None = None) -> ParallelReport:
     """Apply `world`'s split (launch.World) to `transformer`; tokens: the video token count of the run (whether the
     context-parallel split is even). Call after the injection and before compiling."""
-    from ltxbench.errors import UsageError
     from ltxbench.parallel import context, split
 
-    if world.cp_degree > 1 and not plan.context:
-        raise UsageError(f"--parallel {world.split}: {plan.context_refusal}", hint="use --parallel cfg")
     device_type = "cuda" if str(world.device).startswith("cuda") else "cpu"
     cfg, ring, ulysses = context.degrees(world.split, world.cfg_degree, world.cp_degree)
     device_mesh = context.mesh(device_type, cfg, ring, ulysses)
