@@ -105,7 +105,9 @@ def main(out: str, spec_text: str) -> None:
     parallel = parallelize(pipe.transformer, world, plan, tokens)
     if spec["config"].endswith("compile"):
         pipe.transformer.compile(dynamic=False)
+    before = _cache_counts(pipe.transformer)
     together = run()
+    caches = {k: v - before[k] for k, v in _cache_counts(pipe.transformer).items()}
     description = parallel.as_dict()
     pipe.transformer._compiled_call_impl = None
     parallel.revert()
@@ -118,12 +120,18 @@ def main(out: str, spec_text: str) -> None:
                   "cosine": torch.nn.functional.cosine_similarity(together.flatten().double(),
                                                                   alone.flatten().double(), dim=0).item(),
                   "after_revert_equal": torch.equal(after, unpatched) and torch.equal(again, alone),
-                  "calls": calls, "parallel": description,
+                  "calls": calls, "parallel": description, "caches": caches,
                   "hooks_left": _hooks_left(pipe.transformer)}
         with open(out, "w") as file:
             json.dump(result, file)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _cache_counts(model) -> dict:
+    """Builds and hits of the patched model's prompt key/value cache (LTX-Video's or LTX-2's; zeros unpatched)."""
+    cache = vars(model).get("_ltxbench_cross_kv_cache") or vars(model).get("_ltxbench_text_kv_cache")
+    return {"builds": getattr(cache, "builds", 0), "hits": getattr(cache, "hits", 0)}
 
 
 def _hooks_left(model) -> list:

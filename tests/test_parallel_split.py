@@ -45,6 +45,8 @@ def test_ltx_split_equals_one_process(tmp_path, split, config):
     assert result["after_revert_equal"] and not result["hooks_left"], result
     batch, tokens = (1, 8) if split == "cfg" else (2, 4)  # 2 x 2 x 2 tokens; the pair on 2 ranks or the tokens
     assert {tuple(shape[:2]) for shape in result["calls"]} == {(batch, tokens)}, result["calls"]
+    if config == "optimized":  # the prompt's keys/values built once per generation on each rank, reused by its steps
+        assert result["caches"] == {"builds": 1, "hits": 2}, result["caches"]
 
 
 def test_ring_refused_without_gpu(tmp_path):
@@ -70,6 +72,8 @@ def test_ltx2_split_equals_one_process(tmp_path, split, config):
     assert result["after_revert_equal"] and not result["hooks_left"], result
     tokens = {shape[1] for shape in result["calls"]}
     assert tokens == ({8} if split == "cfg" else {4}), result["calls"]
+    if config == "optimized":  # the text keys/values kept for the generation on each rank
+        assert result["caches"]["hits"] > result["caches"]["builds"] > 0, result["caches"]
 
 
 def test_ltx2_local_video_keys_fail(tmp_path):
