@@ -107,7 +107,9 @@ class LTXVideoFamily(VideoFamily):
             return None
         from ltxbench import ops
 
-        search_s = _search_gemms(pipe, settings, embeds, lambda: self.inject(pipe, settings), log)
+        # the optimized configuration as it will run (a parallel run's split too: the search then meets the shapes
+        # of this rank's share of each call)
+        search_s = _search_gemms(pipe, settings, embeds, lambda: self.apply_config(pipe, settings, "optimized"), log)
         return lambda: {"gemm_choices": ops.gemm_choices(), "gemm_search_s": search_s}
 
 

@@ -280,6 +280,12 @@ class _WithParallel:
         if self.report is not None:
             self.report.revert()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.revert()
+
     def as_dict(self) -> dict:
         base = (self.report.as_dict() if self.report is not None
                 else {"applied": False, "reason": f"config {self.config}"})
