@@ -5,7 +5,8 @@ configuration (unpatched, or with our kernels) on this process alone, then split
 comparison as JSON to argv[1].
 
 argv[2]: a JSON spec: family (ltx | ltx2), model (a preset, default the tiny one), split, config (baseline |
-optimized | optimized+compile), device (cpu | cuda), num_frames, height, width, steps, guidance, mutation
+optimized | optimized+compile), device (cpu | cuda), num_frames, height, width, steps, guidance, image
+(image-to-video from a random first frame), mutation
 ("own-half": each guidance rank repeats its own half of the output instead of gathering both, which must fail
 the check; "local-keys": LTX-2's video-to-audio attention run on this rank's video keys alone).
 """
@@ -34,15 +35,29 @@ def _pipeline(spec, device, dtype):
         pipe = LTXPipeline(tokenizer=None, **ltx_build.build_components(configs, device, dtype, seed=0))
     else:
         pipe = ltx2_build.build_pipeline(spec["model"], "random", device, dtype, seed=0)
+    if spec["image"]:  # image-to-video on the same components: per-token timesteps (the first frame's are 0)
+        from ltxbench.models.video import to_image_to_video
+
+        pipe = to_image_to_video(pipe, "LTXImageToVideoPipeline" if spec["family"] == "ltx"
+                                 else "LTX2ImageToVideoPipeline")
     realistic_modulation(pipe.transformer, scale=0.3 if spec["family"] == "ltx" else 0.7)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 
 
+def _image(spec):
+    """A first frame of the run's size, the same on every rank."""
+    from PIL import Image
+
+    pixels = torch.rand(spec["height"], spec["width"], 3, generator=torch.Generator().manual_seed(5))
+    return {"image": Image.fromarray((pixels * 255).to(torch.uint8).numpy())} if spec["image"] else {}
+
+
 def _runner(pipe, spec, device, dtype):
     """run() -> the generation's latents (LTX-2: video and audio, flattened)."""
     size = dict(num_frames=spec["num_frames"], height=spec["height"], width=spec["width"],
-                num_inference_steps=spec["steps"], guidance_scale=spec["guidance"], output_type="latent")
+                num_inference_steps=spec["steps"], guidance_scale=spec["guidance"], output_type="latent",
+                **_image(spec))
     if spec["family"] == "ltx":
         channels = pipe.transformer.config.caption_channels
         embeds = torch.randn(1, 16, channels, generator=torch.Generator().manual_seed(1)).to(device, dtype)
@@ -58,7 +73,8 @@ def _runner(pipe, spec, device, dtype):
         def run():
             with torch.no_grad():
                 video, audio = pipe(prompt="a fox in the snow", negative_prompt="blurry", return_dict=False,
-                                    generator=torch.Generator("cpu").manual_seed(3), **size)
+                                    generator=torch.Generator("cpu").manual_seed(3), **size,
+                                    **({"image_crf": 0} if spec["image"] else {}))  # no H.264 pass (PyAV)
             return torch.cat([video.flatten().float(), audio.flatten().float()])
     return run
 
@@ -70,7 +86,7 @@ def main(out: str, spec_text: str) -> None:
     from ltxbench.parallel.launch import World, degrees
 
     spec = {"model": None, "config": "baseline", "device": "cpu", "num_frames": 9, "height": 64, "width": 64,
-            "steps": 3, "guidance": 3.0, "mutation": "", **json.loads(spec_text)}
+            "steps": 3, "guidance": 3.0, "mutation": "", "image": False, **json.loads(spec_text)}
     spec["model"] = spec["model"] or ("ltx-tiny" if spec["family"] == "ltx" else "ltx2-tiny")
     cuda = spec["device"] == "cuda"
     if cuda:

@@ -33,8 +33,8 @@ def run_ranks(tmp_path, spec: dict, nproc: int = 2, fails: bool = False):
     return json.loads(out.read_text())
 
 
-def _run(tmp_path, family, split, config, fails=False, **spec):
-    return run_ranks(tmp_path, {"family": family, "split": split, "config": config, **spec}, fails=fails)
+def _run(tmp_path, family, split, config, fails=False, nproc=2, **spec):
+    return run_ranks(tmp_path, {"family": family, "split": split, "config": config, **spec}, nproc, fails)
 
 
 @pytest.mark.parametrize("config", ["baseline", "optimized"])
@@ -86,3 +86,18 @@ def test_missing_gather_fails(tmp_path):
     """The check can fail: halves not gathered back (each rank repeats its own half) are far off."""
     result = _run(tmp_path, "ltx", "cfg", "optimized", mutation="own-half")
     assert result["error"] > 100 * TOL, result
+
+
+@pytest.mark.parametrize("family", ["ltx", "ltx2"])
+def test_cfg_ulysses_four_processes(tmp_path, family):
+    """cfg+ulysses on 4 processes: the (cfg, ring, ulysses) mesh's groups, each guidance half's tokens over 2 ranks."""
+    result = _run(tmp_path, family, "cfg+ulysses", "optimized", nproc=4)
+    assert result["error"] < TOL and result["after_revert_equal"], result
+    assert {tuple(shape[:2]) for shape in result["calls"] if shape[0] == 1} == {(1, 4)}, result["calls"]
+
+
+@pytest.mark.parametrize("family", ["ltx", "ltx2"])
+def test_image_to_video_token_split(tmp_path, family):
+    """Image-to-video: the timestep is per token (0 on the first frame's), so it is split with the tokens."""
+    result = _run(tmp_path, family, "ulysses", "optimized", image=True)
+    assert result["error"] < TOL and result["after_revert_equal"], result
