@@ -334,5 +334,7 @@ def test_report_reads_a_multi_gpu_result(tmp_path):
     (folder / "e2e-2gpu.json").write_text(json.dumps(doc), encoding="utf-8")
     result = runner.invoke(app, ["report", str(folder)])
     assert result.exit_code == 0, result.output
-    assert "## e2e-2gpu.json" in (folder / "README.md").read_text(encoding="utf-8")
+    readme = (folder / "README.md").read_text(encoding="utf-8")
+    assert "## e2e-2gpu.json" in readme
+    assert "| 2× NVIDIA H100 80GB HBM3, cfg |" in readme  # the run's GPU count and split beside its file
     shutil.rmtree(folder)

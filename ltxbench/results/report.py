@@ -28,7 +28,7 @@ def render_readme(folder: Path, documents: list[Document], figures: dict[str, st
              "commit). Medians; `ltxbench compare BASE NEW` checks a new run against any of them.", "",
              "| file | kind | GPU | commit | started (UTC) |", "| --- | --- | --- | --- | --- |"]
     for d in documents:
-        lines.append(f"| [{d.path.name}](#{_anchor(d.path.name)}) | {d.doc['kind']} | {d.gpu} | {d.commit} | "
+        lines.append(f"| [{d.path.name}](#{_anchor(d.path.name)}) | {d.doc['kind']} | {d.devices} | {d.commit} | "
                      f"{d.started} |")
     for d in documents:
         lines += ["", f"## {d.path.name}", "", f"`{d.command}`", "", f"{d.provenance}", ""]

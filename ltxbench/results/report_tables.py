@@ -32,6 +32,13 @@ class Document:
         return gpus[0].get("name", "cpu") if gpus else "cpu"
 
     @property
+    def devices(self) -> str:
+        """The GPU, or for a run over several GPUs their count and split ("4× NVIDIA H100 80GB HBM3, cfg+ulysses")."""
+        parallel = ((self.doc.get("run") or {}).get("config") or {}).get("parallel") or {}
+        size = parallel.get("world_size") or 1
+        return f"{size}× {self.gpu}, {parallel.get('split')}" if size > 1 else self.gpu
+
+    @property
     def commit(self) -> str:
         git = (self.doc.get("env") or {}).get("git") or {}
         if not git.get("sha"):
@@ -57,7 +64,7 @@ class Document:
 
     @property
     def provenance(self) -> str:
-        return f"{self.path.as_posix()} · {self.gpu} · git {self.commit} · {self.started} UTC"
+        return f"{self.path.as_posix()} · {self.devices} · git {self.commit} · {self.started} UTC"
 
 
 def load_folder(folder: Path) -> list[Document]:
