@@ -336,5 +336,5 @@ def test_report_reads_a_multi_gpu_result(tmp_path):
     assert result.exit_code == 0, result.output
     readme = (folder / "README.md").read_text(encoding="utf-8")
     assert "## e2e-2gpu.json" in readme
-    assert "| 2× NVIDIA H100 80GB HBM3, cfg |" in readme  # the run's GPU count and split beside its file
+    assert f"| 2× {doc['env']['gpus'][0]['name']}, cfg |" in readme  # the run's GPU count and split by its file
     shutil.rmtree(folder)
