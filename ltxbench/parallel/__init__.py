@@ -31,8 +31,8 @@ class ParallelPlan:
 class ParallelReport:
     """What `parallelize` installed; revert() removes it (split hook, context-parallel hooks and configs)."""
 
-    def __init__(self, world, description: dict):
-        self.world, self.description = world, description
+    def __init__(self, description: dict):
+        self.description = description
         self._undo: list[Callable[[], None]] = []
 
     def revert(self) -> None:
@@ -52,20 +52,19 @@ def parallelize(transformer, world, plan: ParallelPlan, tokens: int | None = Non
     cfg, ring, ulysses = context.degrees(world.split, world.cfg_degree, world.cp_degree)
     device_mesh = context.mesh(device_type, cfg, ring, ulysses)
     uneven = bool(tokens) and world.cp_degree > 1 and tokens % world.cp_degree != 0
-    report = ParallelReport(world, {"split": world.split, "world_size": world.size, "cfg_degree": cfg,
+    report = ParallelReport({"split": world.split, "world_size": world.size, "cfg_degree": cfg,
                                     "ring_degree": ring, "ulysses_degree": ulysses, "uneven_tokens": uneven})
-    cp_group, cp_rank = None, 0
+    cp_rank = 0
     if world.cp_degree > 1:
         config = context.context_config(device_mesh, ring, ulysses, uneven)
         below = plan.below_root(transformer)
         local = plan.local_attentions(transformer) if plan.local_attentions else []
         context.enable(transformer, config, below, local)
         report._undo.append(lambda: context.disable(transformer, below))
-        flat = config._flattened_mesh
-        cp_group, cp_rank = flat.get_group(), flat.get_local_rank()
+        cp_rank = config._flattened_mesh.get_local_rank()
     cfg_mesh = device_mesh["cfg"]
     hook = split.SplitHook((cfg_mesh.get_group(), cfg, cfg_mesh.get_local_rank()),
-                           (cp_group, world.cp_degree, cp_rank), plan.sequence_inputs)
+                           (world.cp_degree, cp_rank), plan.sequence_inputs)
     split.install(transformer, hook)
     report._undo.append(lambda: split.remove(transformer))
     return report

@@ -30,16 +30,16 @@ HOOK_NAME = "ltxbench_parallel_split"
 
 
 class SplitHook(ModelHook):
-    """Root hook of a parallel transformer (see the module doc). groups: (guidance group, its degree, this rank's
-    index in it), (context group, degree, index); sequence_inputs: {forward argument: the dim holding the video
-    token count}; tokens_of: the argument whose dim 1 is that count."""
+    """Root hook of a parallel transformer (see the module doc). cfg: (guidance group, its degree, this rank's index
+    in it); cp: (context-parallel degree, this rank's index in its group); sequence_inputs: {forward argument: the dim
+    holding the video token count}; tokens_of: the argument whose dim 1 is that count."""
 
     _is_stateful = False
 
     def __init__(self, cfg: tuple, cp: tuple, sequence_inputs: dict[str, int], tokens_of: str = "hidden_states"):
         super().__init__()
         self.cfg_group, self.cfg_degree, self.cfg_rank = cfg
-        self.cp_group, self.cp_degree, self.cp_rank = cp
+        self.cp_degree, self.cp_rank = cp
         self.sequence_inputs, self.tokens_of = sequence_inputs, tokens_of
         self.params: list[str] = []
         self._gathers: list[bool] = []   # per open call: whether its output is gathered on the way out
