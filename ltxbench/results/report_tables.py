@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ltxbench.errors import UsageError
+from ltxbench.results.compare import world_of
 from ltxbench.results.io import load_result
 
 OURS = "cuda"  # the provider name of ltxbench's own kernels in `bench micro`
@@ -34,9 +35,8 @@ class Document:
     @property
     def devices(self) -> str:
         """The GPU, or for a run over several GPUs their count and split ("4× NVIDIA H100 80GB HBM3, cfg+ulysses")."""
-        parallel = ((self.doc.get("run") or {}).get("config") or {}).get("parallel") or {}
-        size = parallel.get("world_size") or 1
-        return f"{size}× {self.gpu}, {parallel.get('split')}" if size > 1 else self.gpu
+        size, split = world_of(self.doc)
+        return f"{size}× {self.gpu}, {split}" if size > 1 else self.gpu
 
     @property
     def commit(self) -> str:
