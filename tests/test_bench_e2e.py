@@ -389,7 +389,8 @@ def test_the_gemm_search_is_one_untimed_step_before_the_configurations(monkeypat
     if not searched:
         assert events == ["configs"] and "gemm_search_s" not in results["optimized"]["injection"]
         return
-    assert events == [("inject", "cuda", {"cross_kv_cache": False, "tuned_gemm": True, "pair_cfg_halves": True}),
+    assert events == [("inject", "cuda", {"cross_kv_cache": False, "tuned_gemm": True, "pair_cfg_halves": True,
+                                         "precision": "bf16"}),
                       ("step", 2, "embeds"),
                       "revert", "configs"]
     assert results["optimized"]["injection"]["gemm_search_s"] >= 0
@@ -494,7 +495,8 @@ def test_peer_configurations_belong_to_their_family_and_need_a_gpu(tmp_path):
     """`--configs all` is ours, torch's and the family's peers; a peer's configuration is refused (exit 2, before
     the model is built) on the CPU, and unknown to a family that does not declare it."""
     assert family_of("llama-tiny").config_names() == (*family.CONFIG_NAMES, "liger", "liger+compile")
-    assert family_of("ltx-tiny").config_names() == family.CONFIG_NAMES
+    assert family_of("ltx-tiny").config_names() == family.CONFIG_NAMES + family.FP8_CONFIG_NAMES
+    assert family.parse_configs("all", family_of("ltx-tiny").config_names()) == list(family.CONFIG_NAMES)
     out = tmp_path / "x.json"
     on_cpu = runner.invoke(app, [*LLAMA, "--configs", "all", "--output", str(out)])
     assert on_cpu.exit_code == 2 and "--configs liger needs --device cuda" in on_cpu.output
@@ -592,3 +594,46 @@ def test_compile_scope_defaults_by_family_and_llms_refuse_regional(tmp_path, com
     assert refused.exit_code == 2 and "--compile-scope regional" in refused.output
     bad = runner.invoke(app, [*TINY, "--compile-scope", "blocks"])
     assert bad.exit_code == 2 and "--compile-scope 'blocks'" in bad.output
+
+
+# --- --precision fp8 ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("args", "needle"), [
+    ([*TINY, "--precision", "fp16"], "--precision 'fp16': LTX-Video runs bf16 or fp8"),
+    ([*LLAMA, "--precision", "fp8"], "--precision 'fp8': LLM runs bf16"),
+])
+def test_a_precision_the_family_does_not_run_exits_2(args, needle, tmp_path):
+    result = runner.invoke(app, [*args, "--output", str(tmp_path / "r.json")])
+    assert result.exit_code == 2, result.output
+    assert needle in " ".join(result.output.split())
+
+
+def test_precision_fp8_adds_the_fp8_configurations_and_records_their_error(tmp_path):
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, [*TINY, "--phase", "transformer", "--configs", "optimized", "--precision", "fp8",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    records = _records(out)
+    assert {(r["provider"], r["dtype"]) for r in records if r["name"] == "denoise_step"} == {
+        ("optimized", "fp32"), ("optimized-fp8", "fp8"), ("optimized-fp8+compile", "fp8")}
+    error = [r for r in records if r["name"] == "step_error"]
+    assert [r["provider"] for r in error] == ["optimized-fp8"]  # one measurement, recorded once
+    assert error[0]["check"]["passed"] and error[0]["check"]["weights"] == "random"
+    assert 0.995 <= error[0]["stats"]["median"] < 1.0
+    assert error[0]["derived"]["weight_bytes_fp8"] < error[0]["derived"]["weight_bytes_bf16"]
+    assert "FP8 step error: cosine" in result.output
+    injection = json.loads(out.read_text())["run"]["config"]["injection"]
+    assert "fp8: weights stored per output channel" in " ".join(injection["optimized-fp8"]["rules"])
+    assert not any(rule.startswith("fp8") for rule in injection["optimized"]["rules"])
+
+
+def test_an_fp8_error_above_the_gate_exits_1_after_writing(tmp_path, monkeypatch):
+    from ltxbench.bench import precision_error
+
+    monkeypatch.setattr(precision_error, "FP8_COSINE_GATE", 1.0)
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, [*TINY, "--phase", "transformer", "--configs", "optimized-fp8",
+                                 "--output", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "FP8 step error above its gate" in " ".join(result.output.split())
+    assert out.exists()

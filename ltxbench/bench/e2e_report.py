@@ -13,8 +13,11 @@ RATES = {"transformer_it_s": "it/s", "tokens_per_s": "tok/s"}
 
 
 def _by_config(records) -> dict:
+    """{config: {phase: record}} of the timings (the FP8 error records are not phases)."""
     rows: dict = defaultdict(dict)
     for rec in records:
+        if rec.get("metric", "time") != "time":
+            continue
         label = rec["name"] if rec["name"] != "prefill" else f"prefill@{rec['params']['prompt_len']}"
         rows[rec["provider"]][label] = rec
     return rows
@@ -33,6 +36,9 @@ def render_table(records, title: str = "ltxbench bench e2e"):
     # The configuration names stay whole whatever the width (commands print this table on a wide console when the
     # output is not a terminal: ltxbench.cli._console).
     table.add_column("config", no_wrap=True, min_width=max((len(c) for c in rows), default=6))
+    fp8 = any(rec.get("dtype") == "fp8" for row in rows.values() for rec in row.values())
+    if fp8:  # which precision each row's numbers used
+        table.add_column("precision")
     for phase in phases:
         table.add_column(f"{phase} ms", justify="right")
     rate_key = next((key for key in RATES for row in rows.values() for rec in row.values()
@@ -61,7 +67,9 @@ def render_table(records, title: str = "ltxbench bench e2e"):
                      if "gpu_sm_mhz_median" in gpu else "-"]
         if metered:
             gpu_cells.append(_fmt((step or {}).get("derived", {}).get("gpu_energy_j_per_step"), ".1f"))
-        table.add_row(config, *cells, _fmt(rate, ".2f"), _fmt(derived.get("speedup_vs_baseline"), ".2f", "x"),
+        precision = [next(iter(row.values()))["dtype"]] if fp8 else []
+        table.add_row(config, *precision, *cells, _fmt(rate, ".2f"),
+                      _fmt(derived.get("speedup_vs_baseline"), ".2f", "x"),
                       _fmt(derived.get("speedup_vs_compile"), ".2f", "x"), _fmt(derived.get("compile_s"), ".1f"),
                       _fmt(peak / 2**30 if peak is not None else None, ".2f"), *gpu_cells)
     return table
@@ -128,6 +136,7 @@ def phase_records(results: dict, params: dict, dtype: str, phases, step: str, ra
 
     records = []
     for name, res in results.items():
+        precision = "fp8" if name.startswith("optimized-fp8") else dtype  # what the projections ran in
         common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
                   **gpu_summary(res.get("gpu_samples"), len(res["total_ms"]))}
         for record_name, key in phases:
@@ -140,10 +149,10 @@ def phase_records(results: dict, params: dict, dtype: str, phases, step: str, ra
                 derived["denoise_total_ms"] = sum(res[key]) / max(1, len(res["total_ms"]))
                 if "gpu_power_w_mean" in common:  # an estimate: the timed window's mean power over a median step
                     derived["gpu_energy_j_per_step"] = common["gpu_power_w_mean"] * median / 1e3
-            records.append(make_record(record_name, name, dtype, params, "time", "ms", "lower",
+            records.append(make_record(record_name, name, precision, params, "time", "ms", "lower",
                                        stats_from_samples(res[key]), derived=derived))
         if res["compile_s"] is not None:
-            records.append(make_record("compile", name, dtype, params, "time", "s", "lower",
+            records.append(make_record("compile", name, precision, params, "time", "s", "lower",
                                        stats_from_samples([res["compile_s"]]),
                                        derived=compile_derived(res)))
     return records

@@ -42,12 +42,13 @@ def e2e_command(**values) -> None:
     )
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models import family_of
-    from ltxbench.models.family import select_configs
+    from ltxbench.models.family import select_configs, with_precision
 
     # --- validation: nothing heavy is imported before this passes ---------------------------------------
     family = family_of(values["model"])
     values["configs"] = select_configs(values["configs"], values.pop("use_optimized_kernels"), values.pop("compile"),
                                        "baseline,optimized,compile,optimized+compile", family.config_names())
+    values["configs"] = with_precision(values["configs"], values["precision"])
     for flag, name in (("--batch-size", "batch_size"), ("--repeats", "repeats"), ("--rounds", "rounds")):
         if values[name] < 1:
             raise UsageError(f"{flag} {values[name]} must be at least 1")
@@ -78,9 +79,10 @@ def e2e_command(**values) -> None:
 def _run(family, settings, output, force: bool, plot, world) -> None:
     from rich.console import Console
 
-    from ltxbench.bench import e2e, e2e_report
+    from ltxbench.bench import e2e, e2e_report, precision_error
     from ltxbench.cli import _parallel
     from ltxbench.cli._console import console as wide_console
+    from ltxbench.errors import CheckFailed
     from ltxbench.results.io import write_result
     from ltxbench.results.schema import INCOMPLETE, make_result, utc_now
 
@@ -140,6 +142,10 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
     if plot is not None:
         e2e_report.plot(records, plot, family.plot_parts(records))
         console.print(f"wrote {plot}", markup=False)
+    failed = precision_error.failed_gates(records)
+    if failed:
+        raise CheckFailed(f"FP8 step error above its gate: {failed[0]}", hint="the result is written; "
+                          "the FP8 configurations' times stand for output that differs from bf16 by more than allowed")
 
 
 @contextlib.contextmanager

@@ -46,6 +46,8 @@ def generate_command(**values) -> None:
         cpu_hint="use --kernel-provider reference or --no-optimized-kernels on the CPU")
     settings = family.settings("generate", **values)
     family.validate(settings, "generate")
+    if settings.precision != "bf16" and not values["use_optimized_kernels"]:
+        raise UsageError(f"--precision {settings.precision} applies to our kernels: drop --no-optimized-kernels")
     if settings.device == "cpu" and values["cpu_offload"]:
         raise UsageError("--cpu-offload needs --device cuda")
     if settings.gpus > 1 and values["cpu_offload"]:
@@ -240,7 +242,9 @@ def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at
         params["gpus"], params["parallel"] = config["gpus"], config["parallel"]["split"]
 
     def record(name, samples, metric="time", unit="ms", derived=None):
-        return make_record(name, provider, config["dtype"], params, metric, unit, "lower",
+        precision = config.get("precision", "bf16") if injection.get("applied") else "bf16"
+        return make_record(name, provider, config["dtype"] if precision == "bf16" else precision, params, metric, unit,
+                           "lower",
                            stats_from_samples(samples), derived=derived)
 
     steps = timings["step_ms"]

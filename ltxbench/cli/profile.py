@@ -31,12 +31,13 @@ def profile_command(**values) -> None:
     from ltxbench.cli._validate import check_outputs, choice, compile_mode_choice, model_and_weights, runtime
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models import family_of
-    from ltxbench.models.family import parse_configs
+    from ltxbench.models.family import parse_configs, with_precision
     from ltxbench.results.io import default_path, result_paths
 
     # --- validation: nothing heavy is imported before this passes ---------------------------------------
     family = family_of(values["model"])
-    values["configs"] = parse_configs(values["configs"] or "baseline,optimized", family.config_names())
+    values["configs"] = with_precision(parse_configs(values["configs"] or "baseline,optimized",
+                                                     family.config_names()), values["precision"])
     for flag, name in (("--top", "top"), ("--batch-size", "batch_size")):
         if values[name] < 1:
             raise UsageError(f"{flag} {values[name]} must be at least 1")

@@ -16,6 +16,7 @@ from ltxbench.bench.e2e import CONFIG_NAMES
 from ltxbench.errors import UsageError
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+FP8_CONFIG_NAMES = ("optimized-fp8", "optimized-fp8+compile")  # our kernels with FP8 projections (--precision fp8)
 COMMANDS = ("generate", "bench e2e", "profile")
 
 
@@ -50,6 +51,7 @@ class RunSettings:
     configs: list[str] | None = None   # bench e2e, profile: the configurations, in run order
     device: str = "cuda"
     dtype: str = "bf16"
+    precision: str = "bf16"            # our kernels' projections: bf16 (exact) | fp8 (ltxbench.inject.fp8)
     kernel_provider: str = "cuda"
     seed: int = 42
     warmup: int | None = None          # bench e2e: untimed iterations per configuration
@@ -89,6 +91,7 @@ class ModelFamily:
     options: ClassVar[tuple[Option, ...]] = ()
     makes_video: ClassVar[bool] = False             # `generate` takes it
     supports_parallel: ClassVar[bool] = False       # runs over several GPUs (--gpus N, --parallel)
+    precisions: ClassVar[tuple[str, ...]] = ("bf16",)  # --precision values its injection takes
 
     # --- resolving --model ------------------------------------------------------------------------------
     def claims(self, model: str) -> bool:
@@ -103,8 +106,12 @@ class ModelFamily:
         """The typed settings from a command's option values (those that are not fields, e.g. --output, left out)."""
         names = {f.name for f in dataclasses.fields(self.settings_class)} - {"family"}
         # None: not given (an option whose default differs by family leaves it to this family's settings)
-        return self.settings_class(family=self.name, **{k: v for k, v in values.items()
-                                                        if k in names and v is not None})
+        settings = self.settings_class(family=self.name, **{k: v for k, v in values.items()
+                                                            if k in names and v is not None})
+        if settings.precision not in self.precisions:
+            raise UsageError(f"--precision {settings.precision!r}: {self.title} runs "
+                             f"{' or '.join(self.precisions)}", hint=f"choose from {', '.join(self.precisions)}")
+        return settings
 
     def validate(self, settings: RunSettings, command: str) -> None:
         """Refuse values this family cannot run (UsageError naming the flag), before anything heavy loads."""
@@ -114,8 +121,10 @@ class ModelFamily:
         return {}
 
     def config_names(self) -> tuple[str, ...]:
-        """Every configuration a run of this family can take: ours, then each peer alone and compiled."""
-        return CONFIG_NAMES + tuple(n for peer in self.peers() for n in (peer, f"{peer}+compile"))
+        """Every configuration a run of this family can take: ours (FP8 ones where it takes fp8), then each peer
+        alone and compiled."""
+        fp8 = FP8_CONFIG_NAMES if "fp8" in self.precisions else ()
+        return CONFIG_NAMES + fp8 + tuple(n for peer in self.peers() for n in (peer, f"{peer}+compile"))
 
     # --- with torch ------------------------------------------------------------------------------------
     def build(self, settings: RunSettings):
@@ -133,8 +142,9 @@ class ModelFamily:
     def apply_config(self, target, settings: RunSettings, config: str):
         """What configuration `config` patches before its (optional) compile: ours for optimized*, a peer's for
         <peer>*, nothing (None) for baseline and compile."""
-        if config.startswith("optimized"):
-            return self.inject(target, settings)
+        if config.startswith("optimized"):  # optimized-fp8*: the FP8 projections, else bf16
+            precision = "fp8" if config.startswith("optimized-fp8") else "bf16"
+            return self.inject(target, dataclasses.replace(settings, precision=precision))
         peer = self.peers().get(config.removesuffix("+compile"))
         return peer.apply(target) if peer is not None else None
 
@@ -159,6 +169,11 @@ class ModelFamily:
         return []
 
 
+def with_precision(configs: list[str], precision: str) -> list[str]:
+    """--precision fp8 adds the FP8 configurations beside the ones chosen (bf16 ones stay: the comparison)."""
+    return configs + [c for c in FP8_CONFIG_NAMES if c not in configs] if precision == "fp8" else configs
+
+
 def torch_dtype(name: str):
     """The torch dtype of --dtype's name."""
     import torch
@@ -171,12 +186,12 @@ def torch_dtype(name: str):
 
 def parse_configs(text: str, allowed: tuple[str, ...] = CONFIG_NAMES) -> list[str]:
     """'baseline,optimized' -> ['baseline', 'optimized'] (order kept, duplicates dropped); 'all' -> every allowed
-    configuration; UsageError on others."""
+    configuration but the FP8 ones; UsageError on others."""
     names = [c.strip() for c in text.split(",") if c.strip()]
     if not names:
         raise UsageError("--configs is empty", hint=f"choose from {', '.join(allowed)} or all")
-    if names == ["all"]:
-        return list(allowed)
+    if names == ["all"]:  # the FP8 ones come with --precision fp8 (with_precision): they need a Hopper GPU
+        return [c for c in allowed if c not in FP8_CONFIG_NAMES]
     bad = [c for c in names if c not in allowed]
     if bad:
         raise UsageError(f"--configs: unknown configuration {bad[0]!r}",

@@ -67,6 +67,7 @@ OPTIONS = (
 
 class LTXVideoFamily(VideoFamily):
     name, title = "ltx", "LTX-Video"
+    precisions = ("bf16", "fp8")
     presets = {name: hub for name, (_, hub) in PRESETS.items()}
     settings_class = LTXSettings
     options = OPTIONS
@@ -84,7 +85,7 @@ class LTXVideoFamily(VideoFamily):
 
         return apply_kernels(pipe, settings.kernel_provider, cross_kv_cache=settings.cross_kv_cache is not False,
                              tuned_gemm=settings.tuned_gemm is not False,
-                             pair_cfg_halves=settings.pair_cfg_halves is not False)
+                             pair_cfg_halves=settings.pair_cfg_halves is not False, precision=settings.precision)
 
     def parallel_plan(self):
         from ltxbench.parallel import ParallelPlan

@@ -217,6 +217,7 @@ class VideoFamily(ModelFamily):
 
         embeds = self.prepare(pipe, settings)
         after = self.before_configs(pipe, settings, embeds, log)
+        error = self.precision_error(pipe, settings, embeds, log)
         results = run_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
                               lambda _config: self.iteration(pipe, settings, embeds)[0], settings.warmup,
                               settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
@@ -225,14 +226,37 @@ class VideoFamily(ModelFamily):
         for name, res in results.items():
             if name.startswith("optimized"):
                 res["injection"].update(extra)
+        fp8 = [name for name in results if name.startswith("optimized-fp8")]
+        if fp8 and error is not None:  # one measurement, recorded once (under the first FP8 configuration)
+            results[fp8[0]]["precision_error"] = error
         return results
+
+    def precision_error(self, pipe, settings, embeds, log) -> dict | None:
+        """With FP8 configurations on one GPU: their error on one transformer step (bench.precision_error), before
+        the timed runs; None otherwise."""
+        import dataclasses
+
+        from ltxbench.parallel.launch import current_world
+
+        if not any(name.startswith("optimized-fp8") for name in settings.configs) or current_world() is not None:
+            return None
+        from ltxbench.bench import precision_error
+
+        error = precision_error.measure(
+            pipe, lambda precision: self.inject(pipe, dataclasses.replace(settings, precision=precision)),
+            lambda: self.iteration(pipe, settings, embeds), log)
+        log(precision_error.summary(error))
+        return error
 
     def records(self, results: dict, params: dict, settings) -> list[dict]:
         from ltxbench.bench.e2e_report import phase_records
 
         phases = (("text_encode", "text_encode_ms"), ("denoise_step", "step_ms"),
                   *((name, f"{name}_ms") for name in self.decodes), ("total", "total_ms"))
-        return phase_records(results, params, settings.dtype, phases, step="denoise_step", rate="transformer_it_s")
+        from ltxbench.bench.precision_error import error_records
+
+        return (phase_records(results, params, settings.dtype, phases, step="denoise_step", rate="transformer_it_s")
+                + error_records(results, params))
 
     def plot_parts(self, records) -> list[str]:
         return ["text_encode", "denoise_step", *self.decodes]

@@ -267,3 +267,51 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: st
     if residual is not None:
         out = out + residual.to(acc)
     return out.to(x.dtype)
+
+
+# ---- FP8 (e4m3) with per-row scales ----------------------------------------------------------------------
+
+FP8_MAX = 448.0      # largest finite float8_e4m3fn
+FP8_MIN_AMAX = 1e-12  # an all-zero row gets this amax: its scale stays finite and its values 0
+
+
+def _to_fp8_rows(y: Tensor) -> tuple[Tensor, Tensor]:
+    """y (fp32/fp64, last dim = a row) -> (q float8_e4m3fn, scale float32 (..., 1)) with y ≈ q * scale: scale =
+    max|row| / 448, q = y / scale rounded to nearest (even), saturated at ±448."""
+    amax = y.abs().amax(dim=-1, keepdim=True) if y.shape[-1] else y.new_zeros((*y.shape[:-1], 1))
+    scale = amax.float().clamp_min(FP8_MIN_AMAX) / FP8_MAX
+    q = (y.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q, scale
+
+
+def quantize_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-row (last dim) FP8 quantization: weights at injection (a row = an output channel), activations."""
+    return _to_fp8_rows(x.to(_acc(x)))
+
+
+def rms_norm_modulate_fp8(x: Tensor, weight: Tensor | None, scale: Tensor, shift: Tensor,
+                          eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """rms_norm_modulate quantized to FP8 per token from its fp32 value (never rounded to x.dtype first)."""
+    n = _apply_weight(_rms(x.to(_acc(x)), eps), weight, x.dtype, False)
+    return _to_fp8_rows(_modulate(n, scale, shift))
+
+
+def add_rms_norm_modulate_fp8(h: Tensor, a: Tensor, gate: Tensor | None, scale: Tensor, shift: Tensor,
+                              eps: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
+    """h' = h + a [* gate] (rounded to h.dtype, as the model stores it); (rms_norm_modulate_fp8(h'), h')."""
+    h_new = _residual(h, a, gate)
+    return (*rms_norm_modulate_fp8(h_new, None, scale, shift, eps), h_new)
+
+
+def gelu_tanh_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """GELU(tanh) of x in fp32, quantized to FP8 per row: the feed-forward's down-projection input."""
+    return _to_fp8_rows(F.gelu(x.to(_acc(x)), approximate="tanh"))
+
+
+def linear_fp8(x: Tensor, x_scale: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tensor | None = None,
+               out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """(x * x_scale) @ (weight * weight_scale)ᵀ + bias in fp32, rounded once to out_dtype. x (..., K) FP8 with
+    x_scale (..., 1); weight (N, K) FP8 with weight_scale (N, 1) or (N,)."""
+    dequantized = x.float() * x_scale.float()
+    w = weight.float() * weight_scale.float().reshape(-1, 1)
+    return F.linear(dequantized, w, None if bias is None else bias.float()).to(out_dtype)

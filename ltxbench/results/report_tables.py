@@ -123,12 +123,15 @@ def e2e_table(doc: dict):
     records = [r for r in doc["records"] if r["metric"] == "time"]
     measures = list(dict.fromkeys(measure_label(r) for r in records if r["name"] != "compile"))
     main = main_measure(records)
+    fp8 = any(r["dtype"] == "fp8" for r in records)  # then each row says which precision its numbers used
     by_config: dict = {}
     for rec in records:
         by_config.setdefault(rec["provider"], {})[measure_label(rec)] = rec
     rows = []
     for config, recs in by_config.items():
         row = {"config": config}
+        if fp8:
+            row["precision"] = next(iter(recs.values()))["dtype"]
         for m in measures:
             row[f"{m} ms"] = _num(recs[m]["stats"]["median"]) if m in recs else DASH
         step = recs.get(main, {})
@@ -148,6 +151,27 @@ def e2e_table(doc: dict):
     frame = pd.DataFrame(rows)
     # Columns no configuration has a value for (no GPU monitor in older files, no compile config) say nothing.
     return frame[[c for c in frame.columns if c == "config" or (frame[c] != DASH).any()]]
+
+
+def precision_error_lines(doc: dict) -> list[str]:
+    """The FP8 configurations' step error (bench.precision_error), one line each."""
+    lines = []
+    for rec in doc["records"]:
+        if rec["name"] != "step_error":
+            continue
+        derived, check = rec["derived"], rec.get("check") or {}
+        line = (f"FP8 error, one transformer step from the first step's inputs ({check.get('weights', '?')} weights): "
+                f"cosine {rec['stats']['median']:.5f} to our bf16 output (gate {check.get('min_cosine')}: "
+                f"{'passed' if check.get('passed') else 'FAILED'}), relative L2 {derived['rel_l2_vs_bf16']:.4f}")
+        against = [(name.removesuffix("_cosine_vs_fp32"), value) for name, value in derived.items()
+                   if name.endswith("_cosine_vs_fp32")]
+        if against:
+            line += "; against fp32: " + ", ".join(
+                f"{name} cosine {value:.5f} / rel L2 {derived[f'{name}_rel_l2_vs_fp32']:.4f}"
+                for name, value in against)
+        lines.append(line + f"; transformer weights {derived['weight_bytes_fp8'] / 2**30:.2f} GiB in FP8 against "
+                            f"{derived['weight_bytes_bf16'] / 2**30:.2f} GiB ({derived['weight_ratio']:.2f}×).")
+    return lines
 
 
 def micro_cases(doc: dict) -> dict:

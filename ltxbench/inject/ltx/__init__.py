@@ -37,6 +37,7 @@ from ltxbench.inject import (
     require_provider,
     set_attr,
 )
+from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, require_fp8
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx.attention import (
     ATTN_FORWARD_RULE,
@@ -50,6 +51,7 @@ from ltxbench.inject.ltx.attention import (
 from ltxbench.inject.ltx.cfg import PAIRED_ATTR, HalvesCheck
 from ltxbench.inject.ltx.cross_kv import CACHE_ATTR, CrossKVCache, cache_sources
 from ltxbench.inject.ltx.forward import fused_block_forward, fused_model_forward
+from ltxbench.inject.ltx.precision import quantize_block, unquantizable
 from ltxbench.inject.ltx.step import projected_prompt, step_call
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
@@ -178,7 +180,7 @@ CROSS_ATTENTION_HEAD_DIMS = (64, 128)
 def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True, fuse_projections: bool = True,
                   gelu_epilogue: bool = True, gelu_tanh: bool = False,
                   cross_attention: bool | None = None, cross_kv_cache: bool = True,
-                  tuned_gemm: bool = True, pair_cfg_halves: bool = True) -> InjectionReport:
+                  tuned_gemm: bool = True, pair_cfg_halves: bool = True, precision: str = "bf16") -> InjectionReport:
     """Patch an LTX pipeline's transformer (or the transformer itself) in place; returns the report, whose
     `revert()` (or use as a context manager) restores the original forwards and processors.
 
@@ -199,8 +201,12 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     The attn2 k/v projections run once per generation with the cache, so they stay torch's. pair_cfg_halves: where
     a step's batch is two identical halves (classifier-free guidance), block 0's norm1, attn1 and gated residual
     run on one half (cfg.py: checked on the device, the answer read one step late, so no synchronization
-    before a step; needs the chained model forward).
+    before a step; needs the chained model forward). precision "fp8": every block projection stored and run in FP8,
+    the modulated norms and the GELU writing their outputs in FP8 (precision.py; Hopper or newer); the bf16 weights
+    of those projections leave the device until revert.
     """
+    if precision not in PRECISIONS:
+        raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
     transformer = _transformer_of(target)
     if _patched_already(transformer):  # a second set of patches would stack, and reverting one would leave the other
         report = InjectionReport(provider)
@@ -212,6 +218,14 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         return report
     ops = get_provider(provider)
     require_provider(provider, ops, transformer, "transformer", move="pipeline")
+    fp8 = precision == "fp8"
+    if fp8:
+        require_fp8(transformer.proj_in.weight.device)
+        reason = unquantizable(transformer.transformer_blocks)
+        if reason is not None:
+            raise UsageError(f"precision fp8: {reason}", hint="run this model in bf16")
+        tuned_gemm = fuse_projections = gelu_epilogue = gelu_tanh = False  # every projection is FP8 instead
+    norms = Fp8Norms(ops) if fp8 else ops  # the fused block code's norms: FP8 outputs for the FP8 projections
     if provider == "cuda" and tuned_gemm:
         # earlier processes' searches on this GPU model (ops.gemm_cache)
         ops.load_gemm_choices(next(transformer.parameters()).device)
@@ -243,8 +257,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             set_attr(report, PAIRED_RULE, transformer, PAIRED_ATTR, HalvesCheck())
         else:
             report.skip(PAIRED_RULE, "turned off (pair_cfg_halves=False): both halves run block 0's attn1")
-        patch_forward(report, MODEL_RULE, transformer, fused_model_forward(ops), classes, call=step_call)
-    block_forward = fused_block_forward(ops)
+        patch_forward(report, MODEL_RULE, transformer, fused_model_forward(norms), classes, call=step_call)
+    block_forward = fused_block_forward(norms)
     linear_forward = _linear_forward(ops)
     for index, block in enumerate(transformer.transformer_blocks):
         if not _plain_norms(block):
@@ -266,6 +280,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
                 patch_forward(report, ATTN_FORWARD_RULE, attn, attention_forward, classes)
             else:
                 report.skip(f"transformer_blocks.{index}.{name} forward", "not diffusers' processor shim: left as is")
+        if fp8:
+            quantize_block(report, ops, block, classes)
         if fuse_projections:
             fuse_layers(report, block.attn1, ("to_q", "to_k", "to_v"), "attn1: one q/k/v GEMM")
             fuse_layers(report, block.attn2, ("to_k", "to_v"), "attn2: one k/v GEMM")
@@ -287,7 +303,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
                 patch_forward(report, rule, act, gelu_forward, classes)
             else:
                 report.skip(rule, f"transformer_blocks.{index}.ff: not a biased GELU(approximate='tanh')")
-    else:
+    elif not fp8:
         report.skip("ff GELU-tanh", GELU_MEASURED + "; apply_kernels(..., gelu_tanh=True) routes it anyway")
     for target_name, reason in LEFT_ALONE:
         report.skip(target_name, reason)

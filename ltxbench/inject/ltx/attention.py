@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ltxbench.inject import forward_source, original_class
+from ltxbench.inject.fp8 import WEIGHT_ATTR, project_split
 from ltxbench.inject.fuse import fused_outputs
 from ltxbench.ops.reference import ltx_cos_sin
 
@@ -42,10 +43,12 @@ def eps_of(norm) -> float:
     return norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
 
 
-def _projections(attn, hidden_states, encoder_hidden_states, linear):
+def _projections(ops, attn, hidden_states, encoder_hidden_states, linear):
     """query, key, value: one GEMM (`linear`) for to_q/to_k/to_v (self-attention) or to_k/to_v (cross-attention)
     when the weights were fused at injection, else the three Linear layers."""
     if encoder_hidden_states is None:
+        if WEIGHT_ATTR in vars(attn):  # FP8 (precision.py): one GEMM, the input often FP8 from the norm already
+            return project_split(ops, hidden_states, vars(attn)[WEIGHT_ATTR])
         qkv = fused_outputs(attn, ("to_q", "to_k", "to_v"), hidden_states, linear)
         if qkv is not None:
             return qkv
@@ -126,7 +129,7 @@ class FusedLTXAttnProcessor:
             query = self.ops.rms_norm(attn.to_q(hidden_states), attn.norm_q.weight, eps_of(attn.norm_q))
             key, value = cross_kv if cross_kv is not None else cross_key_value(self.ops, attn, encoder_hidden_states)
         else:
-            query, key, value = _projections(attn, hidden_states, encoder_hidden_states, self.linear)
+            query, key, value = _projections(self.ops, attn, hidden_states, encoder_hidden_states, self.linear)
             if image_rotary_emb is not None:  # self-attention: q and k have the same shape
                 query, key = self.ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
                                                        eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb))

@@ -1,0 +1,190 @@
+"""FP8 (e4m3) projections for any family's injection: weights quantized once per output channel, activations per
+token, GEMMs on FP8 tensor cores with both scales in the epilogue and bf16 out (ops.linear_fp8).
+
+- `Quantized(data, scale)`: an activation in FP8 with its per-token scale, as the fused norm and GELU kernels
+  write it (ops.*_fp8): the projection reading it needs no quantize pass of its own.
+- `store_weights` quantizes a group of nn.Linear layers (q/k/v concatenated: one GEMM) and frees their bf16
+  weights on the device (a host copy restores them on revert): the transformer's weight memory halves.
+- `linear_forward` / `feed_forward_forward`: nn.Linear's and diffusers FeedForward's forwards on the stored FP8
+  weights; the feed-forward's GELU writes FP8 for the down-projection (ops.gelu_tanh_fp8).
+- `Fp8Norms(ops)`: the provider the fused block code calls, whose modulated norms return `Quantized`.
+
+A layer changed after the injection (a LoRA fused later) finds a zero-size weight and fails loudly: the FP8 copy
+is never silently stale. Inference only.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from ltxbench.errors import EnvironmentProblem
+
+WEIGHT_ATTR = "_ltxbench_fp8_weight"  # on an nn.Linear (or a FeedForward: (up, down); an attention: its q/k/v)
+PRECISIONS = ("bf16", "fp8")
+STORE_RULE = "fp8: weights stored per output channel (their bf16 copy off the device until revert)"
+
+
+class Quantized(NamedTuple):
+    """x ≈ data * scale: data float8_e4m3fn (..., K), scale float32 (..., 1)."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.data.shape
+
+
+class Fp8Weight(NamedTuple):
+    """weight ≈ data * scale: data float8_e4m3fn (N, K), scale float32 (N, 1); bias and the output dtype as the
+    layer had them."""
+
+    data: torch.Tensor
+    scale: torch.Tensor
+    bias: torch.Tensor | None
+    out_dtype: torch.dtype
+    splits: tuple[int, ...]  # the output widths of the layers it concatenates (q, k, v), one entry for one layer
+
+
+def require_fp8(device) -> None:
+    """Exit 4 where the GPU has no FP8 tensor cores with row-wise scaled GEMMs (before Hopper)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) < (9, 0):
+        raise EnvironmentProblem(
+            f"--precision fp8 needs FP8 tensor cores with row-wise scaled GEMMs (compute capability 9.0, Hopper, "
+            f"or newer); {torch.cuda.get_device_name(device)} is {major}.{minor}",
+            hint="run the bf16 configurations on this GPU (--precision bf16)")
+
+
+def quantize(ops, x) -> Quantized:
+    """x as FP8 per token (a Quantized passes through)."""
+    return x if isinstance(x, Quantized) else Quantized(*ops.quantize_fp8(x))
+
+
+def project(ops, x, weight: Fp8Weight) -> torch.Tensor:
+    """x @ weightᵀ + bias in out_dtype, from FP8 x (quantized here where it is not already) and FP8 weight."""
+    x = quantize(ops, x)
+    return ops.linear_fp8(x.data, x.scale, weight.data, weight.scale, weight.bias, weight.out_dtype)
+
+
+def project_split(ops, x, weight: Fp8Weight) -> tuple:
+    """project() of a concatenated weight, split back per layer (q, k, v)."""
+    return project(ops, x, weight).split(list(weight.splits), dim=-1)
+
+
+def store_weights(report, ops, owner, linears, what: str) -> bool:
+    """Quantize `linears` (plain nn.Linear, same input width; biased all or none) as one Fp8Weight on `owner`
+    (WEIGHT_ATTR) and free their weights on the device until the report's revert. False (and a skip naming
+    `what`) if not."""
+    from ltxbench.inject import set_attr
+
+    if not all(type(layer) is torch.nn.Linear for layer in linears):
+        report.skip(what, "not plain nn.Linear layers (quantized or wrapped): left in their own precision")
+        return False
+    if len({layer.in_features for layer in linears}) != 1 or len({layer.bias is None for layer in linears}) != 1:
+        report.skip(what, "the layers differ in input width or in having a bias")
+        return False
+    weight = torch.cat([layer.weight.detach() for layer in linears]) if len(linears) > 1 else linears[0].weight
+    data, scale = ops.quantize_fp8(weight.detach())
+    biases = [layer.bias.detach() for layer in linears if layer.bias is not None]
+    bias = (torch.cat(biases) if len(biases) > 1 else biases[0]) if biases else None
+    set_attr(report, STORE_RULE, owner, WEIGHT_ATTR, Fp8Weight(data, scale, bias, weight.dtype,
+                                                         tuple(layer.out_features for layer in linears)))
+    for layer in linears:
+        _free_weight(report, layer)
+    return True
+
+
+def _free_weight(report, layer) -> None:
+    """layer.weight's storage on the device released (a zero-size tensor in its place), a host copy kept for revert."""
+    parameter = layer.weight
+    host = parameter.detach().to("cpu", copy=True)
+    parameter.data = parameter.data.new_empty(0)
+
+    def undo():
+        parameter.data = host.to(parameter.device)
+
+    report.on_revert(undo)
+
+
+def linear_forward(ops):
+    """nn.Linear.forward on the layer's stored Fp8Weight."""
+
+    def forward(self, input):
+        return project(ops, input, vars(self)[WEIGHT_ATTR])
+
+    return forward
+
+
+def feed_forward_forward(ops):
+    """diffusers FeedForward (GELU-tanh up-projection, dropout, down-projection) on its stored (up, down) FP8
+    weights: the GELU pass writes FP8 for the down-projection (ops.gelu_tanh_fp8), no quantize pass of its own."""
+
+    def forward(self, hidden_states, *args, **kwargs):
+        up, down = vars(self)[WEIGHT_ATTR]
+        hidden = project(ops, hidden_states, up)
+        return project(ops, Quantized(*ops.gelu_tanh_fp8(hidden)), down)
+
+    return forward
+
+
+def plain_feed_forward(ff) -> str | None:
+    """Why diffusers FeedForward `ff` is not GELU(tanh, biased proj) -> inactive dropout -> Linear (None: it is)."""
+    from diffusers.models.activations import GELU
+
+    net = list(ff.net)
+    if not net or not isinstance(net[0], GELU) or net[0].approximate != "tanh":
+        return "not a GELU(approximate='tanh') feed-forward"
+    if len(net) not in (3, 4) or type(net[2]) is not torch.nn.Linear:
+        return "not GELU, dropout, Linear[, dropout]"
+    if any(not isinstance(m, torch.nn.Dropout) or (m.training and m.p > 0) for m in net[1::2]):
+        return "a dropout is active"
+    return None
+
+
+def store_feed_forward(report, ops, ff, what: str) -> bool:
+    """The feed-forward's two projections as FP8 weights on `ff` ((up, down) under WEIGHT_ATTR); False if not."""
+    reason = plain_feed_forward(ff)
+    if reason is not None:
+        report.skip(what, reason)
+        return False
+    up, down = ff.net[0].proj, ff.net[2]
+    if not all(store_weights(report, ops, layer, [layer], what) for layer in (up, down)):
+        return False
+    ff.__dict__[WEIGHT_ATTR] = (vars(up)[WEIGHT_ATTR], vars(down)[WEIGHT_ATTR])
+    report.on_revert(lambda: ff.__dict__.pop(WEIGHT_ATTR, None))
+    return True
+
+
+class Fp8Norms:
+    """The fused block code's norm provider under FP8: the modulated norms return their output as `Quantized`
+    (they feed only projections), the rest is `ops`'s."""
+
+    def __init__(self, ops):
+        self.ops = ops
+        self.gated_residual = ops.gated_residual
+        self.layer_norm_modulate = ops.layer_norm_modulate  # the final norm feeds proj_out, kept in bf16
+
+    def rms_norm_modulate(self, x, weight, scale, shift, eps):
+        return Quantized(*self.ops.rms_norm_modulate_fp8(x, weight, scale, shift, eps))
+
+    def add_rms_norm_modulate(self, h, a, gate, scale, shift, eps):
+        data, scale_, h_new = self.ops.add_rms_norm_modulate_fp8(h, a, gate, scale, shift, eps)
+        return Quantized(data, scale_), h_new
+
+
+def weight_bytes(module) -> dict:
+    """Bytes of `module`'s parameters and of the FP8 weights (and their scales) stored on its submodules: the
+    transformer's weight memory as the injection leaves it (q/k/v's concatenated bias, a few KB, not counted)."""
+    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    fp8 = 0
+    for sub in module.modules():
+        stored = vars(sub).get(WEIGHT_ATTR)
+        if isinstance(stored, Fp8Weight):
+            fp8 += sum(t.numel() * t.element_size() for t in (stored.data, stored.scale))
+    return {"parameters": params, "fp8_weights": fp8, "total": params + fp8}

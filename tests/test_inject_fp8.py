@@ -1,0 +1,137 @@
+"""precision="fp8" on LTX-Video (CPU, reference provider, fp32 model): the fused FP8 path equals a simulation of
+FP8 on the unpatched model (each block projection's weight and input rounded to e4m3 per row), the revert brings
+back the exact weights, the weight memory drops, and what cannot run in FP8 is refused with its reason."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_inject_ltx_pipeline import _embeddings, _pipeline, error, generate
+
+from ltxbench.errors import EnvironmentProblem, UsageError
+from ltxbench.inject import fp8
+from ltxbench.inject.ltx import apply_kernels
+from ltxbench.ops import reference
+
+TOL = 2e-5  # fused FP8 vs the simulation: the same roundings, fp32 sums in another order
+
+
+def _fake_fp8(x):
+    data, scale = reference.quantize_fp8(x)
+    return (data.float() * scale).to(x.dtype)
+
+
+def _block_projections(model):
+    for block in model.transformer_blocks:
+        yield from (block.attn1.to_q, block.attn1.to_k, block.attn1.to_v, block.attn1.to_out[0], block.attn2.to_q,
+                    block.attn2.to_k, block.attn2.to_v, block.attn2.to_out[0], block.ff.net[0].proj, block.ff.net[2])
+
+
+def _simulated_fp8(pipe, embeddings):
+    """The unpatched model with every block projection's weight and input rounded to FP8 per row (per output channel,
+    per token): what the fused FP8 path must compute."""
+    handles, saved = [], []
+    with torch.no_grad():
+        for layer in _block_projections(pipe.transformer):
+            saved.append((layer, layer.weight.detach().clone()))
+            layer.weight.copy_(_fake_fp8(layer.weight))
+            handles.append(layer.register_forward_pre_hook(lambda _m, args: (_fake_fp8(args[0]),)))
+    try:
+        return generate(pipe, embeddings, 3.0)
+    finally:
+        for handle in handles:
+            handle.remove()
+        with torch.no_grad():
+            for layer, weight in saved:
+                layer.weight.copy_(weight)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    pipe = _pipeline()
+    embeddings = _embeddings(pipe)
+    return pipe, embeddings, generate(pipe, embeddings, 3.0), _simulated_fp8(pipe, embeddings)
+
+
+def test_fp8_equals_a_simulation_of_fp8_on_the_unpatched_model(runs):
+    pipe, embeddings, exact, simulated = runs
+    with apply_kernels(pipe, "reference", precision="fp8") as report:
+        got = generate(pipe, embeddings, 3.0)
+    assert report.rules[fp8.STORE_RULE] == 2 * 8  # per block: q/k/v, 2 out-projections, attn2's q, k, v, ff x 2
+    assert error(got, simulated) <= TOL, error(got, simulated)
+    assert 1e-3 < error(got, exact) < 0.05, error(got, exact)  # really quantized, and close to the exact output
+
+
+@pytest.mark.parametrize("where", ["norm scale 1%", "gelu before quantizing", "weight scale 1%"])
+def test_a_perturbed_fp8_formula_fails_the_simulation(runs, monkeypatch, where):
+    pipe, embeddings, _, simulated = runs
+    if where == "norm scale 1%":
+        original = reference.add_rms_norm_modulate_fp8
+        monkeypatch.setattr(reference, "add_rms_norm_modulate_fp8",
+                            lambda *a, **k: (lambda q, s, h: (q, s * 1.01, h))(*original(*a, **k)))
+    elif where == "gelu before quantizing":  # the exact GELU swapped for the erf one
+        monkeypatch.setattr(reference, "gelu_tanh_fp8",
+                            lambda x: reference._to_fp8_rows(torch.nn.functional.gelu(x.float())))
+    else:
+        original = reference.quantize_fp8
+        monkeypatch.setattr(reference, "quantize_fp8", lambda x: (lambda q, s: (q, s * 1.01))(*original(x)))
+    with apply_kernels(pipe, "reference", precision="fp8"):
+        got = generate(pipe, embeddings, 3.0)
+    assert error(got, simulated) > 10 * TOL, error(got, simulated)
+
+
+def test_revert_restores_the_exact_weights_and_output(runs):
+    pipe, embeddings, exact, _ = runs
+    before = {k: v.clone() for k, v in pipe.transformer.state_dict().items()}
+    report = apply_kernels(pipe, "reference", precision="fp8")
+    assert pipe.transformer.transformer_blocks[0].ff.net[2].weight.numel() == 0  # freed, not shadowed
+    report.revert()
+    after = pipe.transformer.state_dict()
+    assert all(torch.equal(v, after[k]) for k, v in before.items())
+    assert torch.equal(generate(pipe, embeddings, 3.0), exact)
+
+
+def test_a_lora_fused_after_the_injection_fails_loudly(runs):
+    """The FP8 weights are a copy: a later change of a projection's weight must not be silently ignored."""
+    pipe, _, _, _ = runs
+    with apply_kernels(pipe, "reference", precision="fp8"):
+        layer = pipe.transformer.transformer_blocks[0].attn1.to_out[0]
+        with pytest.raises(RuntimeError):
+            layer.weight.data += torch.ones(layer.out_features, layer.in_features)
+
+
+def test_the_weight_memory_counts_one_byte_per_projection_weight():
+    """bf16 weights (2 bytes) leave the device, FP8 ones (1 byte + a 4-byte scale per output channel) stay: about
+    half at LTX-2B's widths (2048: the scales add 0.2%), measured by bench e2e."""
+    from ltxbench.models.ltx_build import build_pipeline
+
+    pipe = build_pipeline("ltx-tiny", "random", "cpu", "bf16")
+    before = fp8.weight_bytes(pipe.transformer)["total"]
+    layers = list(_block_projections(pipe.transformer))
+    with apply_kernels(pipe, "reference", precision="fp8"):
+        after = fp8.weight_bytes(pipe.transformer)
+    assert after["parameters"] == before - sum(2 * layer.weight.numel() for layer in layers)
+    assert after["fp8_weights"] == sum(layer.weight.numel() + 4 * layer.out_features for layer in layers)
+    assert fp8.weight_bytes(pipe.transformer)["total"] == before
+
+
+def test_unknown_precision_and_a_wrapped_projection_are_refused(runs):
+    pipe, _, _, _ = runs
+    with pytest.raises(UsageError, match="precision 'fp16'"):
+        apply_kernels(pipe, "reference", precision="fp16")
+    block = pipe.transformer.transformer_blocks[1]
+    original = block.attn2.to_q
+    block.attn2.to_q = torch.nn.Sequential(original)
+    try:
+        with pytest.raises(UsageError, match="transformer_blocks.1: a projection is not a plain nn.Linear"):
+            apply_kernels(pipe, "reference", precision="fp8")
+    finally:
+        block.attn2.to_q = original
+
+
+def test_gpus_without_fp8_tensor_cores_are_refused_with_exit_4(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    with pytest.raises(EnvironmentProblem, match="compute capability 9.0") as caught:
+        fp8.require_fp8("cuda:0")
+    assert caught.value.exit_code == 4
