@@ -1,6 +1,7 @@
-"""precision="fp8" on LTX-Video (CPU, reference provider, fp32 model): the fused FP8 path equals a simulation of
-FP8 on the unpatched model (each block projection's weight and input rounded to e4m3 per row), the revert brings
-back the exact weights, the weight memory drops, and what cannot run in FP8 is refused with its reason."""
+"""precision="fp8" on LTX-Video and LTX-2 (CPU, reference provider, fp32 models): the fused FP8 path equals a
+simulation of FP8 on the unpatched model (each block projection's weight and input rounded to e4m3 per row), a 1%
+change of a formula fails that, the revert brings back the exact weights, the weight memory drops, and what cannot
+run in FP8 is refused with its reason."""
 
 from __future__ import annotations
 
@@ -27,17 +28,27 @@ def _block_projections(model):
                     block.attn2.to_k, block.attn2.to_v, block.attn2.to_out[0], block.ff.net[0].proj, block.ff.net[2])
 
 
-def _simulated_fp8(pipe, embeddings):
+def _ltx2_block_projections(model):
+    from ltxbench.inject.ltx2.precision import ATTENTIONS
+
+    for block in model.transformer_blocks:
+        for name in ATTENTIONS:
+            attn = getattr(block, name)
+            yield from (attn.to_q, attn.to_k, attn.to_v, attn.to_out[0])
+        yield from (block.ff.net[0].proj, block.ff.net[2], block.audio_ff.net[0].proj, block.audio_ff.net[2])
+
+
+def _simulated_fp8(pipe, embeddings, projections=_block_projections, run=None):
     """The unpatched model with every block projection's weight and input rounded to FP8 per row (per output channel,
     per token): what the fused FP8 path must compute."""
     handles, saved = [], []
     with torch.no_grad():
-        for layer in _block_projections(pipe.transformer):
+        for layer in projections(pipe.transformer):
             saved.append((layer, layer.weight.detach().clone()))
             layer.weight.copy_(_fake_fp8(layer.weight))
             handles.append(layer.register_forward_pre_hook(lambda _m, args: (_fake_fp8(args[0]),)))
     try:
-        return generate(pipe, embeddings, 3.0)
+        return generate(pipe, embeddings, 3.0) if run is None else run(pipe)
     finally:
         for handle in handles:
             handle.remove()
@@ -57,7 +68,8 @@ def test_fp8_equals_a_simulation_of_fp8_on_the_unpatched_model(runs):
     pipe, embeddings, exact, simulated = runs
     with apply_kernels(pipe, "reference", precision="fp8") as report:
         got = generate(pipe, embeddings, 3.0)
-    assert report.rules[fp8.STORE_RULE] == 2 * 8  # per block: q/k/v, 2 out-projections, attn2's q, k, v, ff x 2
+    # per block: the 10 projections, and q/k/v concatenated on attn1
+    assert report.rules[fp8.STORE_RULE] == 2 * 11
     assert error(got, simulated) <= TOL, error(got, simulated)
     assert 1e-3 < error(got, exact) < 0.05, error(got, exact)  # really quantized, and close to the exact output
 
@@ -135,3 +147,61 @@ def test_gpus_without_fp8_tensor_cores_are_refused_with_exit_4(monkeypatch):
     with pytest.raises(EnvironmentProblem, match="compute capability 9.0") as caught:
         fp8.require_fp8("cuda:0")
     assert caught.value.exit_code == 4
+
+
+# --- LTX-2 ----------------------------------------------------------------------------------------------
+
+def _ltx2_latents(pipe):
+    from test_inject_ltx2_pipeline import _generate
+
+    video, audio = _generate(pipe)
+    return torch.cat([video.flatten(), audio.flatten()])
+
+
+@pytest.fixture(scope="module")
+def ltx2_runs():
+    from conftest import build_ltx2_tiny
+
+    pipe = build_ltx2_tiny()
+    return pipe, _ltx2_latents(pipe), _simulated_fp8(pipe, None, _ltx2_block_projections, _ltx2_latents)
+
+
+def test_ltx2_fp8_equals_the_simulation_and_reverts_exactly(ltx2_runs):
+    from ltxbench.inject import ltx2 as inject_ltx2
+
+    pipe, exact, simulated = ltx2_runs
+    with inject_ltx2.apply_kernels(pipe, "reference", precision="fp8") as report:
+        got = _ltx2_latents(pipe)
+        assert pipe.transformer.transformer_blocks[0].video_to_audio_attn.to_k.weight.numel() == 0
+    # per block: 6 attentions x 4 projections + 2 feed-forwards x 2, and 4 concatenations (q/k/v x 2, k/v x 2)
+    assert report.rules[fp8.STORE_RULE] == 2 * (24 + 4 + 4)
+    assert error(got, simulated) <= TOL, error(got, simulated)
+    assert 1e-3 < error(got, exact) < 0.15, error(got, exact)  # the tiny model's 16-wide rows: coarse steps
+    assert torch.equal(_ltx2_latents(pipe), exact)
+
+
+def test_ltx2_a_perturbed_norm_fails_the_simulation(ltx2_runs, monkeypatch):
+    from ltxbench.inject import ltx2 as inject_ltx2
+
+    pipe, _, simulated = ltx2_runs
+    original = reference.rms_norm_modulate_fp8
+    monkeypatch.setattr(reference, "rms_norm_modulate_fp8",
+                        lambda *a, **k: (lambda q, s: (q, s * 1.01))(*original(*a, **k)))
+    with inject_ltx2.apply_kernels(pipe, "reference", precision="fp8"):
+        got = _ltx2_latents(pipe)
+    assert error(got, simulated) > 10 * TOL, error(got, simulated)
+
+
+def test_ltx2_fp8_is_refused_before_anything_is_patched(ltx2_runs):
+    from ltxbench.inject import ltx2 as inject_ltx2
+
+    pipe, exact, _ = ltx2_runs
+    attn = pipe.transformer.transformer_blocks[1].audio_attn2
+    original = attn.to_v
+    attn.to_v = torch.nn.Sequential(original)
+    try:
+        with pytest.raises(UsageError, match="transformer_blocks.1.audio_attn2: a projection is not a plain"):
+            inject_ltx2.apply_kernels(pipe, "reference", precision="fp8")
+    finally:
+        attn.to_v = original
+    assert torch.equal(_ltx2_latents(pipe), exact)  # nothing left patched

@@ -12,7 +12,7 @@ import torch
 
 from ltxbench.ops import reference
 from ltxbench.ops.inputs import LAYOUTS, relayout, restride
-from ltxbench.ops.registry import DTYPES, SPECS
+from ltxbench.ops.registry import DTYPES, SPECS, fp8_mismatch, fp8_pairs
 
 pytestmark = pytest.mark.gpu
 NAMES = sorted(SPECS)
@@ -26,11 +26,30 @@ def _tuple(out):
     return out if isinstance(out, tuple) else (out,)
 
 
-def _poison_allocator(shapes, dtype):
-    """Leave NaN-filled blocks of each output's size in the caching allocator, so an element the kernel
+def _poison_allocator(refs):
+    """Leave NaN-filled blocks of each output's size and dtype in the caching allocator, so an element the kernel
     forgets to write shows up as NaN instead of a plausible stale value."""
-    blocks = [torch.full(shape, float("nan"), dtype=dtype, device="cuda") for shape in shapes]
+    blocks = [torch.full(r.shape, float("nan"), dtype=r.dtype, device="cuda") for r in refs]
     del blocks
+
+
+def _same(a, b):
+    """Bitwise equality, FP8 included (torch.equal has no float8 kernel)."""
+    if a.dtype == torch.float8_e4m3fn:
+        return b.dtype == a.dtype and torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+    return torch.equal(a, b)
+
+
+def _check_fp8(got, ref, ref64, atol, rtol, fp32_tolerance):
+    """An FP8 output and its scale: against the fp32-math reference by the FP8 contract (registry.fp8_mismatch), and
+    against float64 within the dtype's tolerance and one e4m3 step (float64 keeps h' unrounded)."""
+    q, scale = got
+    assert q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and q.is_contiguous()
+    if fp32_tolerance:
+        err, why = fp8_mismatch(*got, *ref)
+        assert why is None, f"{why} (max error of the dequantized values {err:.3g})"
+    err, why = fp8_mismatch(*got, *ref64, (atol, rtol))
+    assert why is None, f"against float64: {why} (max error {err:.3g})"
 
 
 def _f64(inputs):
@@ -41,13 +60,18 @@ def _check(spec, inputs, dtype, fp32_tolerance=True):
     """fp32_tolerance=False keeps only the float64 comparison, for inputs whose answer fp32 itself cannot hold
     to the tolerance of docs/kernels.md#accuracy (the fp32 reference is then as far off as the kernel may be)."""
     ref = _tuple(spec.reference(**inputs))
-    _poison_allocator([r.shape for r in ref], dtype)
+    _poison_allocator(ref)
     got = _tuple(spec.fn(**inputs))
     ref64 = _tuple(spec.reference(**_f64(inputs)))
     eager = _tuple(spec.baselines["eager"](**inputs))
     atol, rtol = spec.tolerance(dtype)
     floor = torch.finfo(dtype).eps
-    for g, r, r64, e in zip(got, ref, ref64, eager, strict=True):
+    assert len(got) == len(ref) == len(ref64) == len(eager)
+    for (g, r), (_, r64), (e, _) in zip(fp8_pairs(got, ref), fp8_pairs(got, ref64), fp8_pairs(eager, ref64),
+                                        strict=True):
+        if isinstance(r, tuple):
+            _check_fp8(g, r, r64, atol, rtol, fp32_tolerance)
+            continue
         assert g.dtype == dtype and g.shape == r.shape
         assert not g.isnan().any(), "unwritten (NaN-poisoned) or NaN output"
         if fp32_tolerance:
@@ -132,7 +156,7 @@ def test_compile_fullgraph(name):
         inputs = spec.make_inputs((2, 9, 256), torch.bfloat16, "cuda", _gen(), variant)
         compiled = torch.compile(lambda kw: spec.fn(**kw), fullgraph=True)
         for g, e in zip(_tuple(compiled(inputs)), _tuple(spec.fn(**inputs)), strict=True):
-            assert torch.equal(g, e)
+            assert _same(g, e)
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
@@ -208,7 +232,7 @@ def test_bad_dtype_and_mismatch_name_the_ops_own_arguments(name):
     if others:
         cases.append(({others[0]: inputs[others[0]].half()},
                       head + rf"{others[0]} has dtype Half but {first} has BFloat16 \(they must match\)$"))
-    assert len(cases) == 2 or name in ("gelu_tanh", "geglu", "swiglu"), tensors
+    assert len(cases) == 2 or name in ("gelu_tanh", "geglu", "swiglu", "gelu_tanh_fp8", "quantize_fp8"), tensors
     for change, pattern in cases:
         with pytest.raises(RuntimeError) as info:
             spec.fn(**{**inputs, **change})

@@ -163,7 +163,7 @@ struct Modulated {
 };
 
 Modulated modulated(const Tensor& x_in, const Tensor& scale, const Tensor& shift, double eps, const char* op,
-                    const char* x_name = "x") {
+                    const char* x_name = "x", bool allocate_out = true) {
   check_3d(x_in, op, x_name);
   Modulated m;
   m.x = unit_last_stride(x_in);
@@ -172,8 +172,10 @@ Modulated modulated(const Tensor& x_in, const Tensor& scale, const Tensor& shift
   m.p.scale = broadcast_rows(scale, m.x, op, "scale", m.scale, x_name);
   m.p.shift = broadcast_rows(shift, m.x, op, "shift", m.shift, x_name);
   m.p.eps = static_cast<float>(eps);
-  m.out = at::empty(m.x.sizes(), m.x.options());
-  m.p.out = m.out.data_ptr();
+  if (allocate_out) {  // the FP8 ops write q instead
+    m.out = at::empty(m.x.sizes(), m.x.options());
+    m.p.out = m.out.data_ptr();
+  }
   return m;
 }
 
@@ -513,6 +515,72 @@ Tensor geglu(const Tensor& x, int64_t gate_half, bool approximate) {
 }
 Tensor swiglu(const Tensor& x, int64_t gate_half) { return activation(x, true, gate_half, 2, "swiglu"); }
 
+// ---- FP8 (e4m3) with per-row scales ---------------------------------------------------------------------
+
+// q: a fresh contiguous float8_e4m3fn tensor of x's shape; x_scale: float32 (..., 1), one scale per row.
+std::tuple<Tensor, Tensor> run_fp8(Fp8Params& p, DType dt, const Tensor& x, const char* op) {
+  TORCH_CHECK(p.rows.B * p.rows.S <= INT32_MAX, "ltxbench.", op, ": at most 2^31 - 1 rows, got ",
+              num(p.rows.B * p.rows.S));
+  std::vector<int64_t> scale_shape(x.sizes().begin(), x.sizes().end());
+  scale_shape.back() = 1;
+  Tensor q = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+  Tensor x_scale = at::empty(scale_shape, x.options().dtype(at::kFloat));
+  p.q = q.data_ptr(), p.x_scale = x_scale.data_ptr<float>();
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaError_t err = launch_fp8_rows(p, dt, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return {q, x_scale};
+}
+
+std::tuple<Tensor, Tensor> rms_norm_modulate_fp8(const Tensor& x, const std::optional<Tensor>& weight,
+                                                 const Tensor& scale, const Tensor& shift, double eps) {
+  const char* op = "rms_norm_modulate_fp8";
+  const DType dt = check_primary(x, op, "x");
+  Modulated m = modulated(x, scale, shift, eps, op, "x", false);
+  check_weight(weight, x, m.p.D, op);
+  const Tensor w = weight ? weight->contiguous() : Tensor();
+  m.p.weight = weight ? w.data_ptr() : nullptr;
+  Fp8Params p;
+  p.op = Fp8Op::RmsNormModulate, p.rows = m.p;
+  return run_fp8(p, dt, m.x, op);
+}
+
+std::tuple<Tensor, Tensor, Tensor> add_rms_norm_modulate_fp8(const Tensor& h, const Tensor& a,
+                                                             const std::optional<Tensor>& gate, const Tensor& scale,
+                                                             const Tensor& shift, double eps) {
+  const char* op = "add_rms_norm_modulate_fp8";
+  const DType dt = check_primary(h, op, "h");
+  Modulated m = modulated(h, scale, shift, eps, op, "h", false);
+  Tensor gate_keep;
+  const Tensor ar = attach_branch(m.p, m.x, a, gate, op, gate_keep);
+  Tensor h_out = at::empty(m.x.sizes(), m.x.options());
+  m.p.h_out = h_out.data_ptr();
+  Fp8Params p;
+  p.op = Fp8Op::RmsNormModulate, p.rows = m.p;
+  auto [q, x_scale] = run_fp8(p, dt, m.x, op);
+  return {q, x_scale, h_out};
+}
+
+// x (..., D) with any leading dims, as rows.
+std::tuple<Tensor, Tensor> fp8_of_rows(const Tensor& x, Fp8Op kind, const char* op) {
+  const DType dt = check_primary(x, op, "x");
+  TORCH_CHECK(x.dim() >= 1, "ltxbench.", op, ": x must have at least one dimension");
+  Fp8Params p;
+  p.op = kind;
+  p.rows.B = 1, p.rows.D = x.size(-1);
+  p.rows.S = 1;
+  for (int64_t i = 0; i + 1 < x.dim(); ++i) p.rows.S *= x.size(i);
+  Tensor rows;  // rows of width 0 have no data, only their scales to write
+  if (x.numel() > 0) {
+    rows = flat_rows(x);
+    p.rows.x = rows_of_flat(rows);
+  }
+  return run_fp8(p, dt, x, op);
+}
+
+std::tuple<Tensor, Tensor> gelu_tanh_fp8(const Tensor& x) { return fp8_of_rows(x, Fp8Op::GeluTanh, "gelu_tanh_fp8"); }
+std::tuple<Tensor, Tensor> quantize_fp8(const Tensor& x) { return fp8_of_rows(x, Fp8Op::Quantize, "quantize_fp8"); }
+
 // ---- attention ----------------------------------------------------------------------------------------
 
 // Is t laid out for `elems`-element loads: data pointer and every stride but the last multiples of that?
@@ -692,6 +760,13 @@ TORCH_LIBRARY(ltxbench, m) {
   m.def("swiglu(Tensor x, int gate_half=0) -> Tensor");
   m.def("cross_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, float? scale=None) -> Tensor");
   m.def("linear(Tensor x, Tensor weight, Tensor? bias=None, str activation='none', Tensor? residual=None) -> Tensor");
+  // FP8 (e4m3) outputs with one float32 scale per row: (q, x_scale (..., 1)[, h'])
+  m.def("rms_norm_modulate_fp8(Tensor x, Tensor? weight, Tensor scale, Tensor shift, float eps) -> (Tensor, Tensor)");
+  m.def(
+      "add_rms_norm_modulate_fp8(Tensor h, Tensor a, Tensor? gate, Tensor scale, Tensor shift, float eps)"
+      " -> (Tensor, Tensor, Tensor)");
+  m.def("gelu_tanh_fp8(Tensor x) -> (Tensor, Tensor)");
+  m.def("quantize_fp8(Tensor x) -> (Tensor, Tensor)");
   // Process-wide settings of linear's algorithm choice: no tensors, so one kernel for every dispatch key.
   m.def("gemm_tuning(bool enabled) -> bool", &ltxbench::gemm_tuning);
   m.def("gemm_choices() -> str[]", &ltxbench::gemm_choices);
@@ -701,23 +776,27 @@ TORCH_LIBRARY(ltxbench, m) {
 
 // The same entry points serve CUDA and CPU tensors: on CPU their first check names the argument that
 // must be on CUDA (a clear error instead of "could not run with arguments from the CPU backend").
-#define LTXBENCH_IMPLS(m)                                                   \
-  m.impl("rms_norm", &ltxbench::rms_norm);                                  \
-  m.impl("fused_add_rms_norm", &ltxbench::fused_add_rms_norm);              \
-  m.impl("rms_norm_modulate", &ltxbench::rms_norm_modulate);                \
-  m.impl("layer_norm_modulate", &ltxbench::layer_norm_modulate);            \
-  m.impl("gated_residual", &ltxbench::gated_residual);                      \
-  m.impl("add_rms_norm_modulate", &ltxbench::add_rms_norm_modulate);        \
-  m.impl("rope_1d", &ltxbench::rope_1d);                                    \
-  m.impl("rope_3d", &ltxbench::rope_3d);                                    \
-  m.impl("qk_rms_norm_rope", &ltxbench::qk_rms_norm_rope);                  \
-  m.impl("rms_norm_rope_split", &ltxbench::rms_norm_rope_split);            \
-  m.impl("qk_rms_norm_rope_split", &ltxbench::qk_rms_norm_rope_split);      \
-  m.impl("gelu_tanh", &ltxbench::gelu_tanh);                                \
-  m.impl("geglu", &ltxbench::geglu);                                        \
-  m.impl("swiglu", &ltxbench::swiglu);                                      \
-  m.impl("cross_attention", &ltxbench::cross_attention);                    \
-  m.impl("linear", &ltxbench::linear);
+#define LTXBENCH_IMPLS(m)                                                    \
+  m.impl("rms_norm", &ltxbench::rms_norm);                                   \
+  m.impl("fused_add_rms_norm", &ltxbench::fused_add_rms_norm);               \
+  m.impl("rms_norm_modulate", &ltxbench::rms_norm_modulate);                 \
+  m.impl("layer_norm_modulate", &ltxbench::layer_norm_modulate);             \
+  m.impl("gated_residual", &ltxbench::gated_residual);                       \
+  m.impl("add_rms_norm_modulate", &ltxbench::add_rms_norm_modulate);         \
+  m.impl("rope_1d", &ltxbench::rope_1d);                                     \
+  m.impl("rope_3d", &ltxbench::rope_3d);                                     \
+  m.impl("qk_rms_norm_rope", &ltxbench::qk_rms_norm_rope);                   \
+  m.impl("rms_norm_rope_split", &ltxbench::rms_norm_rope_split);             \
+  m.impl("qk_rms_norm_rope_split", &ltxbench::qk_rms_norm_rope_split);       \
+  m.impl("gelu_tanh", &ltxbench::gelu_tanh);                                 \
+  m.impl("geglu", &ltxbench::geglu);                                         \
+  m.impl("swiglu", &ltxbench::swiglu);                                       \
+  m.impl("cross_attention", &ltxbench::cross_attention);                     \
+  m.impl("linear", &ltxbench::linear);                                       \
+  m.impl("rms_norm_modulate_fp8", &ltxbench::rms_norm_modulate_fp8);         \
+  m.impl("add_rms_norm_modulate_fp8", &ltxbench::add_rms_norm_modulate_fp8); \
+  m.impl("gelu_tanh_fp8", &ltxbench::gelu_tanh_fp8);                         \
+  m.impl("quantize_fp8", &ltxbench::quantize_fp8);
 
 TORCH_LIBRARY_IMPL(ltxbench, CUDA, m) { LTXBENCH_IMPLS(m) }
 TORCH_LIBRARY_IMPL(ltxbench, CPU, m) { LTXBENCH_IMPLS(m) }

@@ -46,6 +46,12 @@ class Fp8Weight(NamedTuple):
     bias: torch.Tensor | None
     out_dtype: torch.dtype
     splits: tuple[int, ...]  # the output widths of the layers it concatenates (q, k, v), one entry for one layer
+    names: tuple[str, ...] = ()  # those layers' attribute names on the module holding the concatenation
+
+    def rows(self, start: int, stop: int) -> Fp8Weight:
+        """The output channels [start, stop) (views: one layer of a concatenation)."""
+        bias = None if self.bias is None else self.bias[start:stop]
+        return Fp8Weight(self.data[start:stop], self.scale[start:stop], bias, self.out_dtype, (stop - start,))
 
 
 def require_fp8(device) -> None:
@@ -77,11 +83,12 @@ def project_split(ops, x, weight: Fp8Weight) -> tuple:
     return project(ops, x, weight).split(list(weight.splits), dim=-1)
 
 
-def store_weights(report, ops, owner, linears, what: str) -> bool:
-    """Quantize `linears` (plain nn.Linear, same input width; biased all or none) as one Fp8Weight on `owner`
-    (WEIGHT_ATTR) and free their weights on the device until the report's revert. False (and a skip naming
-    `what`) if not."""
-    from ltxbench.inject import set_attr
+def store_weights(report, ops, owner, linears, what: str, classes: dict, names: tuple[str, ...] = ()) -> bool:
+    """Quantize `linears` (plain nn.Linear, same input width; biased all or none), free their weights on the device
+    until the report's revert, and run each through its FP8 rows (linear_forward). Several layers (`names` on
+    `owner`, e.g. q/k/v) are also stored concatenated on `owner`, for one GEMM (fused_projection). False (and a skip
+    naming `what`) where they cannot."""
+    from ltxbench.inject import patch_forward, set_attr
 
     if not all(type(layer) is torch.nn.Linear for layer in linears):
         report.skip(what, "not plain nn.Linear layers (quantized or wrapped): left in their own precision")
@@ -93,11 +100,26 @@ def store_weights(report, ops, owner, linears, what: str) -> bool:
     data, scale = ops.quantize_fp8(weight.detach())
     biases = [layer.bias.detach() for layer in linears if layer.bias is not None]
     bias = (torch.cat(biases) if len(biases) > 1 else biases[0]) if biases else None
-    set_attr(report, STORE_RULE, owner, WEIGHT_ATTR, Fp8Weight(data, scale, bias, weight.dtype,
-                                                         tuple(layer.out_features for layer in linears)))
+    stored = Fp8Weight(data, scale, bias, weight.dtype, tuple(layer.out_features for layer in linears), names)
+    if len(linears) > 1:
+        set_attr(report, STORE_RULE, owner, WEIGHT_ATTR, stored)
+    start, forward = 0, linear_forward(ops)
     for layer in linears:
+        own = stored if len(linears) == 1 else stored.rows(start, start + layer.out_features)
+        set_attr(report, STORE_RULE, layer, WEIGHT_ATTR, own)
+        patch_forward(report, what, layer, forward, classes)
+        start += layer.out_features
         _free_weight(report, layer)
     return True
+
+
+def fused_projection(ops, module, names: tuple[str, ...], x) -> tuple | None:
+    """The outputs of `module`'s layers `names` on x from their one FP8 GEMM, where store_weights stored exactly
+    these together; else None."""
+    stored = vars(module).get(WEIGHT_ATTR)
+    if not isinstance(stored, Fp8Weight) or stored.names != names:
+        return None
+    return project_split(ops, x, stored)
 
 
 def _free_weight(report, layer) -> None:
@@ -147,28 +169,34 @@ def plain_feed_forward(ff) -> str | None:
     return None
 
 
-def store_feed_forward(report, ops, ff, what: str) -> bool:
-    """The feed-forward's two projections as FP8 weights on `ff` ((up, down) under WEIGHT_ATTR); False if not."""
+def store_feed_forward(report, ops, ff, what: str, classes: dict) -> bool:
+    """The feed-forward's two projections stored in FP8 ((up, down) on `ff` under WEIGHT_ATTR) and `ff` run as
+    feed_forward_forward; False if not."""
+    from ltxbench.inject import patch_forward
+
     reason = plain_feed_forward(ff)
     if reason is not None:
         report.skip(what, reason)
         return False
     up, down = ff.net[0].proj, ff.net[2]
-    if not all(store_weights(report, ops, layer, [layer], what) for layer in (up, down)):
+    if not all(store_weights(report, ops, layer, [layer], what, classes) for layer in (up, down)):
         return False
     ff.__dict__[WEIGHT_ATTR] = (vars(up)[WEIGHT_ATTR], vars(down)[WEIGHT_ATTR])
     report.on_revert(lambda: ff.__dict__.pop(WEIGHT_ATTR, None))
+    patch_forward(report, what, ff, feed_forward_forward(ops), classes)
     return True
 
 
 class Fp8Norms:
-    """The fused block code's norm provider under FP8: the modulated norms return their output as `Quantized`
-    (they feed only projections), the rest is `ops`'s."""
+    """A kernel provider whose modulated norms return their output as `Quantized`, for block code where every norm
+    feeds projections only; everything else is `ops`'s own (copied once: plain attributes, which dynamo reads as
+    it reads a module's)."""
 
     def __init__(self, ops):
+        own = {"rms_norm_modulate", "add_rms_norm_modulate"}  # the methods below (an instance entry would hide them)
+        self.__dict__.update({name: getattr(ops, name) for name in dir(ops) if not name.startswith("_")
+                              and name not in own})
         self.ops = ops
-        self.gated_residual = ops.gated_residual
-        self.layer_norm_modulate = ops.layer_norm_modulate  # the final norm feeds proj_out, kept in bf16
 
     def rms_norm_modulate(self, x, weight, scale, shift, eps):
         return Quantized(*self.ops.rms_norm_modulate_fp8(x, weight, scale, shift, eps))
@@ -182,9 +210,11 @@ def weight_bytes(module) -> dict:
     """Bytes of `module`'s parameters and of the FP8 weights (and their scales) stored on its submodules: the
     transformer's weight memory as the injection leaves it (q/k/v's concatenated bias, a few KB, not counted)."""
     params = sum(p.numel() * p.element_size() for p in module.parameters())
-    fp8 = 0
+    storages = {}  # a layer of a concatenation holds views of it: each storage counted once
     for sub in module.modules():
         stored = vars(sub).get(WEIGHT_ATTR)
         if isinstance(stored, Fp8Weight):
-            fp8 += sum(t.numel() * t.element_size() for t in (stored.data, stored.scale))
+            for t in (stored.data, stored.scale):
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    fp8 = sum(storages.values())
     return {"parameters": params, "fp8_weights": fp8, "total": params + fp8}

@@ -75,6 +75,7 @@ _GUIDANCE = ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale"
 
 class LTX2Family(VideoFamily):
     name, title = "ltx2", "LTX-2"
+    precisions = ("bf16", "fp8")
     presets = {name: hub for name, (_, hub) in PRESETS.items()}
     settings_class = LTX2Settings
     options = OPTIONS
@@ -93,7 +94,7 @@ class LTX2Family(VideoFamily):
     def inject(self, pipe, settings: LTX2Settings):
         from ltxbench.inject.ltx2 import apply_kernels
 
-        return apply_kernels(pipe, settings.kernel_provider)
+        return apply_kernels(pipe, settings.kernel_provider, precision=settings.precision)
 
     def parallel_plan(self):
         from ltxbench.parallel import ParallelPlan

@@ -210,6 +210,78 @@ def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     return _addmm_gelu_tanh(x, weight, bias)
 
 
+# ---- FP8 (e4m3) with one float32 scale per row (token): inputs of torch._scaled_mm's row-wise FP8 GEMM ----------
+
+def rms_norm_modulate_fp8(x: Tensor, weight: Tensor | None, scale: Tensor, shift: Tensor,
+                          eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """`rms_norm_modulate` quantized per token from its fp32 value: returns (q, x_scale) with q float8_e4m3fn of x's
+    shape and x_scale float32 (B, S, 1), `x_scale = max(max|y|, 1e-12) / 448`, `q = y / x_scale` rounded to nearest
+    even and saturated at ±448 (so y ≈ q · x_scale). Same arguments and broadcasting as `rms_norm_modulate`."""
+    return _lib().rms_norm_modulate_fp8(x, weight, scale, shift, eps)
+
+
+def add_rms_norm_modulate_fp8(h: Tensor, a: Tensor, gate: Tensor | None, scale: Tensor, shift: Tensor,
+                              eps: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
+    """`h' = h + a [* gate]` (stored in h's dtype), then `rms_norm_modulate_fp8(h')`: returns (q, x_scale, h')."""
+    return _lib().add_rms_norm_modulate_fp8(h, a, gate, scale, shift, eps)
+
+
+def gelu_tanh_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """`gelu_tanh(x)` in fp32, quantized per row (last dim) as `rms_norm_modulate_fp8` does: (q, x_scale (..., 1))."""
+    return _lib().gelu_tanh_fp8(x)
+
+
+def quantize_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    """x quantized per row (last dim): (q, x_scale (..., 1)); for weights (a row = an output channel) too."""
+    return _lib().quantize_fp8(x)
+
+
+_SCALED_MM_OUT = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _check_linear_fp8(x, x_scale, weight, weight_scale, bias, out_dtype) -> None:
+    """torch._scaled_mm's row-wise requirements, as one-line errors naming the argument."""
+    fp8 = torch.float8_e4m3fn
+    for name, t in (("x", x), ("weight", weight)):
+        if t.dtype != fp8:
+            raise ValueError(f"linear_fp8: {name} must be float8_e4m3fn, got {t.dtype}")
+    k = x.shape[-1] if x.dim() else 0
+    if weight.dim() != 2 or weight.shape[1] != k:
+        raise ValueError(f"linear_fp8: weight must be (N, K) = (N, {k}), got {tuple(weight.shape)}")
+    if k % 16 or weight.shape[0] % 16:
+        raise ValueError(f"linear_fp8: K = {k} and N = {weight.shape[0]} must be multiples of 16 (torch._scaled_mm)")
+    if not weight.is_contiguous():
+        raise ValueError("linear_fp8: weight must be contiguous (row-major (N, K), read as its transpose)")
+    if x_scale.dtype != torch.float32 or tuple(x_scale.shape) != (*x.shape[:-1], 1):
+        raise ValueError(f"linear_fp8: x_scale must be float32 {(*x.shape[:-1], 1)}, got {x_scale.dtype} "
+                         f"{tuple(x_scale.shape)}")
+    n = weight.shape[0]
+    if weight_scale.dtype != torch.float32 or tuple(weight_scale.shape) not in ((n, 1), (n,)):
+        raise ValueError(f"linear_fp8: weight_scale must be float32 ({n}, 1) or ({n},), got {weight_scale.dtype} "
+                         f"{tuple(weight_scale.shape)}")
+    if out_dtype not in _SCALED_MM_OUT:
+        raise ValueError(f"linear_fp8: out_dtype must be bfloat16, float16 or float32, got {out_dtype}")
+    if bias is not None and (bias.dtype != out_dtype or out_dtype == torch.float32 or tuple(bias.shape) != (n,)):
+        raise ValueError(f"linear_fp8: bias must be ({n},) of out_dtype, bfloat16 or float16 (torch._scaled_mm), "
+                         f"got {bias.dtype} {tuple(bias.shape)} with out_dtype {out_dtype}")
+
+
+def linear_fp8(x: Tensor, x_scale: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tensor | None = None,
+               out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """`(x · x_scale) @ (weight · weight_scale)ᵀ + bias` on the FP8 tensor cores, fp32 accumulation, rounded once to
+    out_dtype: torch._scaled_mm with row-wise scales (not our kernel). x (..., K) float8_e4m3fn with x_scale float32
+    (..., 1) (what the *_fp8 ops return); weight (N, K) float8_e4m3fn, contiguous, with weight_scale float32 (N, 1) or
+    (N,) (`quantize_fp8(weight)`); bias (N,) in out_dtype (bf16 or fp16) or None. K and N multiples of 16."""
+    _check_linear_fp8(x, x_scale, weight, weight_scale, bias, out_dtype)
+    k, n = weight.shape[1], weight.shape[0]
+    rows = x.reshape(-1, k).contiguous()
+    if rows.shape[0] == 0:
+        return torch.empty((*x.shape[:-1], n), dtype=out_dtype, device=x.device)
+    out = torch._scaled_mm(rows, weight.t(), scale_a=x_scale.reshape(-1, 1).contiguous(),
+                           scale_b=weight_scale.reshape(1, n).contiguous(), bias=bias, out_dtype=out_dtype)
+    return out.reshape(*x.shape[:-1], n)
+
+
 # AdaLN names of the earlier seed API, kept as thin aliases with their formulas spelled out.
 def adaln_rmsnorm(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:
     """`rms_norm(x) * (1 + scale) + shift` (no weight): LTX-Video's norm1/norm2 + modulation."""

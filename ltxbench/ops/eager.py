@@ -194,3 +194,30 @@ def torch_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activati
     out = F.linear(x, weight, bias)
     out = F.gelu(out, approximate="tanh") if activation == "gelu_tanh" else out
     return out if residual is None else residual + out
+
+
+# ---- FP8 (e4m3) per row: the model-dtype op, then a separate quantize pass as user code writes it ----------------
+
+def fp8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-row FP8 quantization in plain torch (torchao's row-wise recipe): amax, scale = amax / 448, divide, cast."""
+    if x.shape[-1] == 0:
+        amax = torch.zeros((*x.shape[:-1], 1), dtype=torch.float32, device=x.device)
+    else:
+        amax = x.abs().amax(dim=-1, keepdim=True).float()
+    scale = amax.clamp(min=1e-12) / 448.0
+    return (x.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
+
+
+def ltx_rms_norm_modulate_fp8(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6,
+                              weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    return fp8_rows(ltx_rms_norm_modulate(x, scale, shift, eps, weight))
+
+
+def ltx_add_rms_norm_modulate_fp8(h: Tensor, a: Tensor, gate: Tensor | None, scale: Tensor, shift: Tensor,
+                                  eps: float = 1e-6) -> tuple[Tensor, Tensor, Tensor]:
+    out, h_new = ltx_add_rms_norm_modulate(h, a, gate, scale, shift, eps)
+    return (*fp8_rows(out), h_new)
+
+
+def diffusers_gelu_tanh_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
+    return fp8_rows(diffusers_gelu_tanh(x))

@@ -120,3 +120,33 @@ def _linear(x, weight, bias=None, activation="none", residual=None):
     torch._check(residual is None or residual.shape == (*x.shape[:-1], weight.shape[0]),
                  lambda: "linear: residual must have the output's shape")
     return torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)
+
+
+def _fp8_rows(x):
+    """(q, x_scale): a contiguous float8_e4m3fn tensor of x's shape and one float32 scale per row, (..., 1)."""
+    return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
+            torch.empty((*x.shape[:-1], 1), dtype=torch.float32, device=x.device))
+
+
+@register_fake("ltxbench::rms_norm_modulate_fp8")
+def _rms_norm_modulate_fp8(x, weight, scale, shift, eps):
+    torch._check(x.dim() == 3, lambda: "rms_norm_modulate_fp8: x must be (B, S, D)")
+    return _fp8_rows(x)
+
+
+@register_fake("ltxbench::add_rms_norm_modulate_fp8")
+def _add_rms_norm_modulate_fp8(h, a, gate, scale, shift, eps):
+    torch._check(h.dim() == 3 and a.shape == h.shape, lambda: "add_rms_norm_modulate_fp8: h and a must be (B, S, D)")
+    return (*_fp8_rows(h), _like(h))
+
+
+@register_fake("ltxbench::gelu_tanh_fp8")
+def _gelu_tanh_fp8(x):
+    torch._check(x.dim() >= 1, lambda: "gelu_tanh_fp8: x must have at least one dimension")
+    return _fp8_rows(x)
+
+
+@register_fake("ltxbench::quantize_fp8")
+def _quantize_fp8(x):
+    torch._check(x.dim() >= 1, lambda: "quantize_fp8: x must have at least one dimension")
+    return _fp8_rows(x)

@@ -267,3 +267,13 @@ def relayout(inputs: dict, how: str) -> dict:
     included) in layout `how`: padded rows, swapped leading dims, a strided last dim, or a misaligned start."""
     return {k: restride(v, how) if isinstance(v, torch.Tensor) and v.dim() >= _MIN_DIM[how] else v
             for k, v in inputs.items()}
+
+
+def inputs_quantize(shape, dtype, device, gen, variant):
+    """Unit activations; "outliers": one channel in 64 fifty times larger (LLM and DiT activations have such
+    channels), which leaves most values of a row in e4m3's subnormal range."""
+    b, s, d = shape
+    x = _randn(shape, dtype, device, gen)
+    if variant == "outliers":
+        x[..., ::64] *= 50
+    return {"x": x}

@@ -28,6 +28,7 @@ from ltxbench.ops.inputs import (
     inputs_linear,
     inputs_qk_norm_rope,
     inputs_qk_rms_norm_rope_split,
+    inputs_quantize,
     inputs_rms_mod,
     inputs_rms_norm,
     inputs_rms_norm_rope_split,
@@ -43,6 +44,60 @@ TOLERANCES = {
     "elementwise": {torch.float32: (1e-5, 1.3e-6), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1e-2, 1.6e-2)},
     "reduction": {torch.float32: (1e-4, 1e-4), torch.float16: (1e-3, 1e-3), torch.bfloat16: (2e-2, 1.6e-2)},
 }
+# The FP8 ops: their q, x_scale pairs are judged by fp8_mismatch, any other output (h') as a reduction's.
+TOLERANCES["fp8"] = TOLERANCES["reduction"]
+
+FP8_SCALE_RTOL = 1e-5           # x_scale is amax / 448 in fp32: the kernel's amax differs by fp32 ulps only
+FP8_MISMATCH_FRACTION = 1e-3    # of the q values, that may differ from the reference's at all
+
+
+def fp8_mismatch(q, x_scale, q_ref, x_scale_ref, tolerance: tuple[float, float] | None = None):
+    """(max |q·x_scale − q_ref·x_scale_ref|, why an FP8 output and its per-row scale disagree with the reference's, or
+    None). The kernel's contract (tolerance None): (1) every scale within FP8_SCALE_RTOL of the reference's; (2) every
+    dequantized value within one e4m3 step of the reference's (|q_ref| / 8, 2^-9 in the subnormal range, times the
+    scale: where the kernel's fp32 y differs from the reference's by an ulp, it may round across an e4m3 rounding
+    boundary); (3) at most FP8_MISMATCH_FRACTION of the values different at all. fp32 noise moves ~1e-6 of the
+    values; y rounded to bf16 before the quantization ~2% of them (fp16: ~0.3%), a 1% different scale ~11%: (3) fails
+    them where (2) cannot. With tolerance (atol, rtol), for what computes y another way (the unfused baselines, which
+    round y to the model dtype; float64, which keeps h' unrounded): scales within rtol, values within one step plus
+    atol + rtol·|value|, any number of them moved."""
+    if q.dtype != torch.float8_e4m3fn or x_scale.dtype != torch.float32:
+        return math.nan, f"q must be float8_e4m3fn and x_scale float32, got {q.dtype} and {x_scale.dtype}"
+    if q.shape != q_ref.shape or x_scale.shape != x_scale_ref.shape:
+        return math.nan, (f"shapes {tuple(q.shape)}, {tuple(x_scale.shape)}, expected {tuple(q_ref.shape)}, "
+                          f"{tuple(x_scale_ref.shape)}")
+    atol, rtol = tolerance or (0.0, 0.0)
+    scale_rtol = rtol if tolerance else FP8_SCALE_RTOL
+    s, s_ref = x_scale.float(), x_scale_ref.float()
+    v, v_ref = q.float(), q_ref.float()
+    deq, deq_ref = v * s, v_ref * s_ref
+    diff = (deq - deq_ref).abs()
+    err = diff.max().item() if diff.numel() else 0.0
+    scale_off = ((s - s_ref).abs() > scale_rtol * s_ref.abs()) | s.isnan()
+    if scale_off.any():
+        worst = ((s - s_ref).abs() / s_ref.abs()).nan_to_num(math.inf).max().item()
+        return err, f"{int(scale_off.sum())} x_scale values off by up to {worst:.2g} (rtol {scale_rtol:g})"
+    step = v_ref.abs().mul(2.0 ** -3).clamp(min=2.0 ** -9) * s_ref
+    far = (diff > step * (1 + 1e-3) + atol + (rtol + 2 * scale_rtol) * deq_ref.abs()) | deq.isnan()
+    if far.any():
+        return err, f"{int(far.sum())} of {q.numel()} values more than one e4m3 step from the reference"
+    moved = int((v != v_ref).sum())
+    if not tolerance and moved > FP8_MISMATCH_FRACTION * q.numel():
+        return err, f"{moved} of {q.numel()} values differ from the reference (at most {FP8_MISMATCH_FRACTION:g} may)"
+    return err, None
+
+
+def fp8_pairs(outs, refs):
+    """outs zipped with refs, an FP8 output and the scale after it taken together: yields (out, ref), or
+    ((q, x_scale), (q_ref, x_scale_ref)) where refs has an FP8 tensor."""
+    i = 0
+    while i < len(refs):
+        if refs[i].dtype == torch.float8_e4m3fn and i + 1 < len(refs) and i + 1 < len(outs):
+            yield (outs[i], outs[i + 1]), (refs[i], refs[i + 1])
+            i += 2
+        else:
+            yield outs[i], refs[i]
+            i += 1
 
 # Odd widths that defeat 16-byte vectors, tiny and wide rows, few and many rows: (B, S, D). 2400 (300 16-bit
 # vectors over 160 threads) leaves some threads of a one-row-per-block row with fewer values than others.
@@ -56,6 +111,8 @@ ROPE_TEST_SHAPES = ((1, 1, 8), (2, 3, 84), (2, 5, 86), (1, 7, 88), (3, 5, 770), 
 # path; 3 and 24 heads of 64 (16-bit rows of 16 threads; of 96, two a block); fp32 rows of two pairs a thread (8192).
 SPLIT_ROPE_TEST_SHAPES = ((1, 7, 4096), (2, 83, 2048), (1, 769, 4096), (1, 5125, 2048), (2, 5, 86), (3, 3, 192),
                           (2, 3, 72), (2, 9, 1536), (1, 2, 8192))
+# FP8 rows up to LTX-2's feed-forward width (16384; every one-input op keeps it in registers).
+FP8_TEST_SHAPES = TEST_SHAPES + ((1, 3, 16384),)
 # cross_attention: (B, S, D) queries, D split into heads of the variant's head dim (inputs.XATTN_VARIANTS).
 XATTN_TEST_SHAPES = ((1, 1, 64), (2, 7, 64), (1, 83, 128), (2, 130, 256), (1, 769, 64), (3, 5, 192), (2, 300, 2048))
 
@@ -76,6 +133,8 @@ LTX2_STREAM_SHAPES = {"ltx2-video-2x6144x4096": (2, 6144, 4096), "ltx2-audio-2x1
 LLM_MLP_SHAPES = {"llama3-8b-mlp-4096tok": (1, 4096, 14336), "llama3-8b-mlp-decode": (1, 1, 14336)}
 LLM_SHAPES = {"llama3-8b-decode": (1, 1, 4096), "llama3-8b-prefill": (1, 4096, 4096),
               "norm-32768x2048": (1, 32768, 2048), "norm-8192x4096": (1, 8192, 4096)}
+# LTX-2 19B's video feed-forward hidden states with CFG (4 x 4096 wide)
+LTX2_FFN_SHAPES = {"ltx2-video-ffn-2x6144x16384": (2, 6144, 16384)}
 # linear's bench shapes: (B, S, K, N), LTX-2B's projections.
 LTX_LINEAR_SHAPES = {"ltx2b-49f-attn-out": (2, 2688, 2048, 2048), "ltx2b-49f-qkv": (2, 2688, 2048, 6144),
                      "ltx2b-49f-ff-up": (2, 2688, 2048, 8192), "ltx2b-49f-ff-down": (2, 2688, 8192, 2048),
@@ -128,6 +187,12 @@ class KernelSpec:
             return io_bytes(inputs, self.written(inputs))
         first = next(v for v in inputs.values() if isinstance(v, torch.Tensor))
         return io_bytes(inputs, self.n_outputs * _nbytes(first))
+
+
+def _fp8_written(inputs: dict, with_h: bool = False) -> int:
+    """q (1 byte an element) and x_scale (4 bytes a row) of the first input's shape, and h' where the op returns it."""
+    first = next(v for v in inputs.values() if isinstance(v, torch.Tensor))
+    return first.numel() + 4 * math.prod(first.shape[:-1]) + (_nbytes(first) if with_h else 0)
 
 
 def _drop(*names):
@@ -274,6 +339,47 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         written=lambda inp: math.prod(inp["x"].shape[:-1]) * inp["weight"].shape[0] * inp["x"].element_size(),
     ),
 )}
+
+FP8_SPECS = (
+    KernelSpec(
+        name="rms_norm_modulate_fp8", summary="fp8 per token of rms_norm(x) [* weight] * (1 + scale) + shift",
+        make_inputs=inputs_rms_mod, variants=("per-batch", "per-token", "ltx-unbind", "weight"), n_outputs=2,
+        baselines={"eager": eager.ltx_rms_norm_modulate_fp8}, kind="fp8",
+        aliases=("rmsnorm_modulate_fp8",), test_shapes=FP8_TEST_SHAPES,
+        bench_shapes={**LTX_SHAPES, **LTX2_STREAM_SHAPES},
+        inject_targets=("LTX norm1 + modulation feeding an FP8 attention projection",),
+        written=_fp8_written,
+    ),
+    KernelSpec(
+        name="add_rms_norm_modulate_fp8",
+        summary="h' = h + a [* gate]; (fp8 per token of rms_norm(h') * (1 + scale) + shift, h')",
+        make_inputs=inputs_add_rms_mod, variants=("gate", "no-gate"), n_outputs=3,
+        baselines={"eager": eager.ltx_add_rms_norm_modulate_fp8}, kind="fp8",
+        aliases=("add_rmsnorm_modulate_fp8",), test_shapes=FP8_TEST_SHAPES,
+        bench_shapes={**LTX_SHAPES, **LTX2_STREAM_SHAPES},
+        inject_targets=("LTX residual + norm2 feeding an FP8 feed-forward",),
+        written=lambda inp: _fp8_written(inp, with_h=True),
+    ),
+    KernelSpec(
+        name="gelu_tanh_fp8", summary="fp8 per row of 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))",
+        make_inputs=inputs_gelu, variants=("plain",), n_outputs=2,
+        baselines={"eager": eager.diffusers_gelu_tanh_fp8}, kind="fp8",
+        aliases=("gelu_fp8",), test_shapes=FP8_TEST_SHAPES,
+        bench_shapes={**LTX_FFN_SHAPES, **LTX2_FFN_SHAPES},
+        inject_targets=("LTX FeedForward GELU(tanh) feeding an FP8 down projection",),
+        written=_fp8_written,
+    ),
+    KernelSpec(
+        name="quantize_fp8", summary="fp8 per row: x_scale = max(max|x|, 1e-12) / 448, q = x / x_scale",
+        make_inputs=inputs_quantize, variants=("plain", "outliers"), n_outputs=2,
+        baselines={"eager": eager.fp8_rows}, kind="fp8",
+        aliases=("fp8_quantize",), test_shapes=FP8_TEST_SHAPES,
+        bench_shapes={**LTX_SHAPES, **LTX_FFN_SHAPES},
+        inject_targets=("activations and weights of FP8 projections",),
+        written=_fp8_written,
+    ),
+)
+SPECS.update({s.name: s for s in FP8_SPECS})
 
 ALIASES = {alias: spec.name for spec in SPECS.values() for alias in spec.aliases}
 

@@ -115,6 +115,21 @@ struct ActParams {
 
 cudaError_t launch_act(const ActParams& p, DType dtype, cudaStream_t stream);
 
+// FP8 (e4m3) with one fp32 scale per row, written by the pass that produces the row's values y (fp32, never rounded
+// to the input dtype): y = x (Quantize), gelu_tanh(x) (GeluTanh), or rms_norm(h) [* weight] * (1 + scale) + shift
+// of h = x [+ a [* gate]] laid out as RowOpParams describes, h_out optional (RmsNormModulate; scale and shift
+// required). x_scale[row] = max(max|y|, 1e-12) / 448; q = y / x_scale rounded to nearest even, saturated at ±448.
+enum class Fp8Op : int { Quantize = 0, GeluTanh = 1, RmsNormModulate = 2 };
+
+struct Fp8Params {
+  Fp8Op op = Fp8Op::Quantize;
+  RowOpParams rows;          // B, S, D, the inputs, eps and h_out (rows.out and rows.norm are not read)
+  void* q = nullptr;         // contiguous (B * S, D) float8_e4m3fn
+  float* x_scale = nullptr;  // (B * S,)
+};
+
+cudaError_t launch_fp8_rows(const Fp8Params& p, DType dtype, cudaStream_t stream);
+
 // softmax(q k^T * scale + mask) v per (batch, head): q (B, S, H, hd), k and v (B, L, H, hd) with any strides
 // (last dim contiguous), mask additive per key, broadcast over queries: (B|1, H|1, 1, L), fp32 or q's dtype,
 // element strides mask_sb / mask_sh (0 to broadcast). out is dense (B, S, H, hd). The tensor-core path

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ltxbench.inject import forward_source, original_class
-from ltxbench.inject.fp8 import WEIGHT_ATTR, project_split
+from ltxbench.inject.fp8 import fused_projection
 from ltxbench.inject.fuse import fused_outputs
 from ltxbench.ops.reference import ltx_cos_sin
 
@@ -47,8 +47,9 @@ def _projections(ops, attn, hidden_states, encoder_hidden_states, linear):
     """query, key, value: one GEMM (`linear`) for to_q/to_k/to_v (self-attention) or to_k/to_v (cross-attention)
     when the weights were fused at injection, else the three Linear layers."""
     if encoder_hidden_states is None:
-        if WEIGHT_ATTR in vars(attn):  # FP8 (precision.py): one GEMM, the input often FP8 from the norm already
-            return project_split(ops, hidden_states, vars(attn)[WEIGHT_ATTR])
+        qkv = fused_projection(ops, attn, ("to_q", "to_k", "to_v"), hidden_states)  # FP8 (precision.py)
+        if qkv is not None:
+            return qkv
         qkv = fused_outputs(attn, ("to_q", "to_k", "to_v"), hidden_states, linear)
         if qkv is not None:
             return qkv

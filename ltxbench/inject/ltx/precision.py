@@ -10,14 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject import patch_forward
-from ltxbench.inject.fp8 import (
-    feed_forward_forward,
-    linear_forward,
-    plain_feed_forward,
-    store_feed_forward,
-    store_weights,
-)
+from ltxbench.inject.fp8 import plain_feed_forward, store_feed_forward, store_weights
 
 QKV_RULE = "attn1: q/k/v as one FP8 GEMM on norm1's FP8 output"
 LINEAR_RULE = "linear: FP8 weights, input quantized per token (out-projections, attn2's q/k/v)"
@@ -45,11 +38,8 @@ def quantize_block(report, ops, block, classes: dict) -> None:
     """Store `block`'s projections in FP8 (their bf16 weights freed until revert) and route them through it
     (after `unquantizable` said they all can)."""
     attn1, attn2 = block.attn1, block.attn2
-    if store_weights(report, ops, attn1, [attn1.to_q, attn1.to_k, attn1.to_v], QKV_RULE):
-        report.note(QKV_RULE)
-    forward = linear_forward(ops)
+    qkv = ("to_q", "to_k", "to_v")
+    store_weights(report, ops, attn1, [getattr(attn1, name) for name in qkv], QKV_RULE, classes, names=qkv)
     for layer in (attn1.to_out[0], attn2.to_q, attn2.to_k, attn2.to_v, attn2.to_out[0]):
-        if store_weights(report, ops, layer, [layer], LINEAR_RULE):
-            patch_forward(report, LINEAR_RULE, layer, forward, classes)
-    if store_feed_forward(report, ops, block.ff, FF_RULE):
-        patch_forward(report, FF_RULE, block.ff, feed_forward_forward(ops), classes)
+        store_weights(report, ops, layer, [layer], LINEAR_RULE, classes)
+    store_feed_forward(report, ops, block.ff, FF_RULE, classes)

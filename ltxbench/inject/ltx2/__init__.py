@@ -23,6 +23,7 @@ import contextlib
 
 import torch
 
+from ltxbench.errors import UsageError
 from ltxbench.inject import (
     OFFLOADED,
     InjectionReport,
@@ -33,9 +34,11 @@ from ltxbench.inject import (
     patch_forward,
     require_provider,
 )
+from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, require_fp8
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx2.attention import plain_attention, plain_feed_forward
 from ltxbench.inject.ltx2.block import FUSED_PROCESSORS_ATTR, fused_block_forward
+from ltxbench.inject.ltx2.precision import quantize_block, unquantizable
 from ltxbench.inject.ltx2.stg import MEMO_ATTR, STG_RULE, PairMemo, memo_call
 from ltxbench.inject.ltx2.text_kv import (
     PROCESSOR_SOURCE,
@@ -127,7 +130,8 @@ def _text_kv_processors(report: InjectionReport, transformer, cache: TextKVCache
 
 
 def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True, fused_blocks: bool = True,
-                  fuse_projections: bool = True, reuse_stg_pass: bool = True) -> InjectionReport:
+                  fuse_projections: bool = True, reuse_stg_pass: bool = True,
+                  precision: str = "bf16") -> InjectionReport:
     """Patch an LTX2Pipeline (or its transformer) in place; revert with the report (or use it as a context manager).
 
     provider "cuda": our kernels (the transformer must be on a CUDA device); "reference": the same fusions in pure
@@ -135,7 +139,13 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     once per generation (a call of the pipeline given here, or a `generation(transformer)` scope). fused_blocks: the
     block rule (module docstring); fuse_projections: with it, the projections that read one input as one GEMM.
     reuse_stg_pass: the STG pass answered from the guidance pair where it cannot differ (stg.py), in a generation.
+    precision "fp8": every block projection stored and run in FP8, the norms and GELUs writing FP8 (precision.py;
+    Hopper or newer; needs the fused blocks); the bf16 weights of those projections leave the device until revert.
     """
+    if precision not in PRECISIONS:
+        raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision == "fp8" and not fused_blocks:
+        raise UsageError("precision fp8 needs the fused blocks (fused_blocks=True): their norms write FP8")
     from ltxbench.ops import get_provider
 
     transformer = getattr(target, "transformer", target)
@@ -150,6 +160,8 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     ops = get_provider(provider)
     if fused_blocks:
         require_provider(provider, ops, transformer, "transformer", move="pipeline")
+    if precision == "fp8":  # refused before anything is patched
+        _require_fp8_blocks(transformer)
     cls = processor_class()
     known_processor = source_digest(cls.__call__) == PROCESSOR_SOURCE
     cache = None
@@ -165,7 +177,7 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     elif not known_processor:
         report.skip(BLOCK_RULE, f"{cls.__name__}.__call__ is not the code the fused attentions reproduce")
     else:
-        _patch_blocks(report, transformer, ops, cache, fuse_projections, provider)
+        _patch_blocks(report, transformer, ops, cache, fuse_projections, provider, precision)
     if cache is not None and report.rules:
         keep_projections(report, transformer, cache)
         vars(transformer)[CACHE_ATTR] = cache
@@ -185,11 +197,24 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     return report
 
 
-def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provider: str) -> None:
-    if provider == "cuda":  # earlier processes' GEMM searches on this GPU model (ops.gemm_cache)
-        ops.load_gemm_choices(next(transformer.parameters()).device)
-    forward = fused_block_forward(ops, cache)
+def _require_fp8_blocks(transformer) -> None:
+    """UsageError (exit 2) unless every block runs fused and in FP8; exit 4 on a GPU without FP8 tensor cores."""
+    require_fp8(next(transformer.parameters()).device)
+    blocks = transformer.transformer_blocks
+    reason = next(filter(None, map(_block_refusal, blocks)), None) or unquantizable(
+        blocks, (processor_class(), TextKVProcessor))
+    if reason is not None:
+        raise UsageError(f"precision fp8: {reason}", hint="run this model in bf16")
+
+
+def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provider: str, precision: str) -> None:
     processors = (processor_class(), TextKVProcessor)
+    fp8 = precision == "fp8"
+    if fp8:
+        fuse_projections = False  # the FP8 weights are stored concatenated instead
+    elif provider == "cuda":  # earlier processes' GEMM searches on this GPU model (ops.gemm_cache)
+        ops.load_gemm_choices(next(transformer.parameters()).device)
+    forward = fused_block_forward(Fp8Norms(ops) if fp8 else ops, cache)
     classes: dict = {}
     for index, block in enumerate(transformer.transformer_blocks):
         reason = _block_refusal(block)
@@ -199,6 +224,9 @@ def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provi
         patch_forward(report, BLOCK_RULE, block, forward, classes)
         vars(block)[FUSED_PROCESSORS_ATTR] = processors
         report.on_revert(lambda block=block: vars(block).pop(FUSED_PROCESSORS_ATTR, None))
+        if fp8:
+            with torch.no_grad():
+                quantize_block(report, ops, block, classes)
         if fuse_projections:
             with torch.no_grad():
                 for name, layers in FUSED_PROJECTIONS:

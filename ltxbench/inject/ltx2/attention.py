@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ltxbench.inject.fp8 import WEIGHT_ATTR, fused_projection
 from ltxbench.inject.fuse import fused_outputs
 from ltxbench.inject.ltx.attention import eps_of
 
@@ -43,7 +44,8 @@ def linear(ops, x, layer, residual=None, activation: str = "none"):
 def _project(ops, attn, names: tuple, x) -> tuple:
     """The outputs of attn's layers `names`, all reading x: one GEMM when they were fused at injection and still
     are (fuse.fused_outputs), else each layer."""
-    fused = fused_outputs(attn, names, x, lambda x, weight, bias: ops.linear(x, weight, bias))
+    fused = fused_projection(ops, attn, names, x) or fused_outputs(  # FP8 (precision.py), else bf16
+        attn, names, x, lambda x, weight, bias: ops.linear(x, weight, bias))
     return fused or tuple(linear(ops, x, getattr(attn, name)) for name in names)
 
 
@@ -106,6 +108,8 @@ def text_attention(ops, attn, hidden_states, key_value, mask, residual):
 
 def feed_forward(ops, ff, hidden_states):
     """FeedForward(gelu-approximate): the up-projection with its GELU-tanh as one GEMM epilogue, then the down one."""
+    if WEIGHT_ATTR in vars(ff):  # FP8 (precision.py): its own forward, the GELU writing FP8
+        return ff(hidden_states)
     up, down = ff.net[0].proj, ff.net[2]
     return linear(ops, linear(ops, hidden_states, up, activation="gelu_tanh"), down)
 
