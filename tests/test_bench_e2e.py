@@ -621,6 +621,8 @@ def test_precision_fp8_adds_the_fp8_configurations_and_records_their_error(tmp_p
     assert error[0]["check"]["passed"] and error[0]["check"]["weights"] == "random"
     assert 0.995 <= error[0]["stats"]["median"] < 1.0
     assert error[0]["derived"]["weight_bytes_fp8"] < error[0]["derived"]["weight_bytes_bf16"]
+    assert error[0]["derived"]["video_frames"] == 9 and 0.5 < error[0]["derived"]["video_ssim"] < 1.0
+    assert error[0]["derived"]["video_psnr_db"] > 20
     assert "FP8 step error: cosine" in result.output
     injection = json.loads(out.read_text())["run"]["config"]["injection"]
     assert "fp8: weights stored per output channel" in " ".join(injection["optimized-fp8"]["rules"])
@@ -637,3 +639,21 @@ def test_an_fp8_error_above_the_gate_exits_1_after_writing(tmp_path, monkeypatch
     assert result.exit_code == 1, result.output
     assert "FP8 step error above its gate" in " ".join(result.output.split())
     assert out.exists()
+
+
+def test_psnr_and_ssim_of_known_cases():
+    import torch
+
+    from ltxbench.bench.precision_error import psnr, ssim
+
+    frames = torch.rand(3, 3, 32, 40, generator=torch.Generator().manual_seed(0))
+    assert ssim(frames, frames) == pytest.approx(1.0) and psnr(frames, frames) is None
+    assert psnr(frames + 0.1, frames) == pytest.approx(20.0)  # MSE 0.01
+    noise = torch.randn(frames.shape, generator=torch.Generator().manual_seed(1))
+    light, heavy = ssim(frames + 0.01 * noise, frames), ssim(frames + 0.1 * noise, frames)
+    assert 1.0 > light > heavy > 0.0
+    assert ssim(frames + 0.1 * noise, frames) == pytest.approx(ssim(frames, frames + 0.1 * noise))
+    # a uniform brightness shift leaves structure and contrast: SSIM is the luminance term alone
+    mean = frames.mean().item()
+    assert ssim(torch.full_like(frames, mean), torch.full_like(frames, mean + 0.1)) == pytest.approx(
+        (2 * mean * (mean + 0.1) + 1e-4) / (mean**2 + (mean + 0.1) ** 2 + 1e-4), rel=1e-6)

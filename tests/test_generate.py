@@ -435,3 +435,24 @@ def test_pretrained_directory_loads_without_diffusers_dtype_warning(tiny_pipe, t
         pipe = ltx_build.build_pipeline(str(tmp_path / "tiny"), "pretrained", "cpu", torch.float32)
     assert pipe.transformer.dtype == torch.float32
     assert not [w for w in caught if "torch_dtype" in str(w.message)], [str(w.message) for w in caught]
+
+
+def test_precision_fp8_generates_with_the_fp8_projections_and_says_so(tmp_path):
+    from ltxbench.results.io import load_result
+
+    out = tmp_path / "fp8.mp4"
+    result = runner.invoke(app, ["generate", "--prompt", "a red fox in the snow", *TINY, "--kernel-provider",
+                                 "reference", "--precision", "fp8", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = load_result(out.with_suffix(".json"))
+    assert doc["run"]["config"]["precision"] == "fp8" and {r["dtype"] for r in doc["records"]} == {"fp8"}
+    assert any(rule.startswith("fp8: weights stored") for rule in doc["injection"]["rules"])
+
+
+def test_precision_fp8_without_our_kernels_exits_2(tmp_path):
+    out = tmp_path / "x.mp4"
+    result = runner.invoke(app, ["generate", "--prompt", "a fox", *TINY, "--no-optimized-kernels", "--precision",
+                                 "fp8", "--output", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "--precision fp8 applies to our kernels" in " ".join(result.output.split())
+    assert not out.exists()

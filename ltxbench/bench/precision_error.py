@@ -2,12 +2,14 @@
 generation's first step (the same seed as the timed runs), by the model as it comes (bf16), by our bf16 kernels, by
 our FP8 projections, and by an fp32 copy of the model (the reference, where the GPU has room for it). Cosine and
 relative L2 of each against the reference and of FP8 against bf16; the gate is FP8's cosine to our bf16 output.
-The transformer's weight memory with and without the FP8 weights goes beside it.
+Then the whole generation, decoded: PSNR and SSIM of the FP8 video against the bf16 one (same seed). The
+transformer's weight memory with and without the FP8 weights goes beside it.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 
 FP8_COSINE_GATE = 0.995  # FP8 output against our bf16 kernels' output, one transformer step
 
@@ -78,9 +80,58 @@ def _fp32_reference(transformer, args, kwargs, log) -> tuple:
             torch.cuda.empty_cache()
 
 
-def measure(pipe, inject, run_generation, log) -> dict:
+def _pixels(pipe, video):
+    """The decoded video as (frames, channels, height, width) in [0, 1], as users get it (the pipeline's own
+    postprocessing), float32 on the video's device."""
+    frames = pipe.video_processor.postprocess_video(video.float(), output_type="pt")
+    return frames.flatten(0, 1).float().to(video.device)
+
+
+def psnr(got, expected) -> float | None:
+    """Peak signal-to-noise ratio in dB for [0, 1] data (None where the two are identical)."""
+    mse = (got.double() - expected.double()).pow(2).mean().item()
+    return None if mse == 0 else 10.0 * math.log10(1.0 / mse)
+
+
+def ssim(got, expected, chunk: int = 16) -> float:
+    """Mean structural similarity of (N, C, H, W) images in [0, 1]: Wang et al.'s 11x11 Gaussian window (sigma 1.5),
+    C1 = 0.01², C2 = 0.03², per channel, valid positions only, averaged over all of them."""
+    import torch
+
+    coords = torch.arange(11, dtype=torch.float64, device=got.device) - 5
+    g = torch.exp(-coords.pow(2) / (2 * 1.5**2))
+    g = g / g.sum()
+    channels = got.shape[1]
+    window = (g[:, None] * g[None, :]).expand(channels, 1, 11, 11).contiguous()
+    blur = lambda x: torch.nn.functional.conv2d(x, window, groups=channels)  # noqa: E731
+    c1, c2, total, count = 0.01**2, 0.03**2, 0.0, 0
+    for start in range(0, got.shape[0], chunk):
+        x, y = got[start:start + chunk].double(), expected[start:start + chunk].double()
+        mx, my = blur(x), blur(y)
+        vx, vy, cov = blur(x * x) - mx * mx, blur(y * y) - my * my, blur(x * y) - mx * my
+        value = ((2 * mx * my + c1) * (2 * cov + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
+        total, count = total + value.sum().item(), count + value.numel()
+    return total / count
+
+
+def video_error(pipe, inject, run_full) -> dict:
+    """PSNR and SSIM of the decoded FP8 video against the bf16 one (our kernels both, the same seed): a full
+    generation each (`run_full()` -> (timings, outputs with "vae_decode"))."""
+    frames = {}
+    for precision in ("bf16", "fp8"):
+        report = inject(precision)
+        try:
+            frames[precision] = _pixels(pipe, run_full()[1]["vae_decode"])
+        finally:
+            report.revert()
+    return {"psnr_db": psnr(frames["fp8"], frames["bf16"]), "ssim": ssim(frames["fp8"], frames["bf16"]),
+            "frames": frames["bf16"].shape[0]}
+
+
+def measure(pipe, inject, run_generation, log, run_full=None) -> dict:
     """The record of the FP8 error: `inject(precision)` patches the pipeline (a report with revert()),
-    `run_generation()` runs one generation of the benchmark's workload."""
+    `run_generation()` runs one generation of the benchmark's workload; `run_full()` (optional) one generation
+    through the VAE, for the decoded video's PSNR / SSIM."""
     from ltxbench.inject.fp8 import weight_bytes
 
     transformer = pipe.transformer
@@ -105,6 +156,9 @@ def measure(pipe, inject, run_generation, log) -> dict:
         result["fp32_reference"] = f"skipped: {skipped}"
     else:
         result["vs_fp32"] = {name: compare(out, reference) for name, out in outputs.items()}
+    if run_full is not None:
+        log("precision error: the decoded video, bf16 and FP8 (a full generation each)")
+        result["video"] = video_error(pipe, inject, run_full)
     return result
 
 
@@ -115,6 +169,10 @@ def summary(error: dict) -> str:
     if "vs_fp32" in error:
         line += "; vs fp32: " + ", ".join(f"{k} cos {v['cosine']:.5f} rel L2 {v['rel_l2']:.4f}"
                                           for k, v in error["vs_fp32"].items())
+    if "video" in error:
+        video = error["video"]
+        line += (f"; decoded video vs bf16: PSNR {video['psnr_db']:.2f} dB, SSIM {video['ssim']:.4f}"
+                 if video["psnr_db"] is not None else "; decoded video identical to bf16")
     return line + f"; transformer weights {error['weight_ratio']:.2f}x of bf16"
 
 
@@ -130,6 +188,8 @@ def error_records(results: dict, params: dict) -> list[dict]:
             continue
         derived = {"rel_l2_vs_bf16": error["fp8_vs_bf16"]["rel_l2"], "weight_bytes_bf16": error["weight_bytes"]["bf16"],
                    "weight_bytes_fp8": error["weight_bytes"]["fp8"], "weight_ratio": error["weight_ratio"]}
+        if "video" in error:
+            derived.update({f"video_{k}": v for k, v in error["video"].items()})
         for config, values in error.get("vs_fp32", {}).items():
             derived[f"{config}_cosine_vs_fp32"] = values["cosine"]
             derived[f"{config}_rel_l2_vs_fp32"] = values["rel_l2"]

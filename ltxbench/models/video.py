@@ -244,7 +244,7 @@ class VideoFamily(ModelFamily):
 
         error = precision_error.measure(
             pipe, lambda precision: self.inject(pipe, dataclasses.replace(settings, precision=precision)),
-            lambda: self.iteration(pipe, settings, embeds), log)
+            lambda: self.iteration(pipe, settings, embeds), log, run_full=lambda: self.iteration(pipe, settings))
         log(precision_error.summary(error))
         return error
 

@@ -277,10 +277,12 @@ FP8_MIN_AMAX = 1e-12  # an all-zero row gets this amax: its scale stays finite a
 
 def _to_fp8_rows(y: Tensor) -> tuple[Tensor, Tensor]:
     """y (fp32/fp64, last dim = a row) -> (q float8_e4m3fn, scale float32 (..., 1)) with y ≈ q * scale: scale =
-    max|row| / 448, q = y / scale rounded to nearest (even), saturated at ±448."""
+    max|row| / 448, q = y * (1 / scale) (both fp32, as the kernels compute it) rounded to nearest (even),
+    saturated at ±448."""
     amax = y.abs().amax(dim=-1, keepdim=True) if y.shape[-1] else y.new_zeros((*y.shape[:-1], 1))
-    scale = amax.float().clamp_min(FP8_MIN_AMAX) / FP8_MAX
-    q = (y.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    amax = amax.float().clamp_min(FP8_MIN_AMAX)
+    scale = amax / torch.full_like(amax, FP8_MAX)  # a true division: torch divides by a scalar as * (1 / 448) on CUDA
+    q = (y.float() * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
     return q, scale
 
 

@@ -169,6 +169,11 @@ def precision_error_lines(doc: dict) -> list[str]:
             line += "; against fp32: " + ", ".join(
                 f"{name} cosine {value:.5f} / rel L2 {derived[f'{name}_rel_l2_vs_fp32']:.4f}"
                 for name, value in against)
+        if derived.get("video_ssim") is not None:
+            psnr = derived.get("video_psnr_db")
+            line += (f"; the decoded video ({derived['video_frames']} frames) against bf16's, same seed: "
+                     + (f"PSNR {psnr:.2f} dB" if psnr is not None else "identical")
+                     + f", SSIM {derived['video_ssim']:.4f}")
         lines.append(line + f"; transformer weights {derived['weight_bytes_fp8'] / 2**30:.2f} GiB in FP8 against "
                             f"{derived['weight_bytes_bf16'] / 2**30:.2f} GiB ({derived['weight_ratio']:.2f}×).")
     return lines
