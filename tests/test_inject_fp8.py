@@ -205,3 +205,16 @@ def test_ltx2_fp8_is_refused_before_anything_is_patched(ltx2_runs):
     finally:
         attn.to_v = original
     assert torch.equal(_ltx2_latents(pipe), exact)  # nothing left patched
+
+
+def test_every_fp8_projection_shares_one_patched_class(ltx2_runs):
+    """Regional compile compiles one block and guards on its layers' classes: a class per layer would recompile the
+    block for each of the 48 (what LTX-2 19B's optimized-fp8+compile first did)."""
+    from ltxbench.inject import ltx2 as inject_ltx2
+
+    pipe, _, _ = ltx2_runs
+    blocks = pipe.transformer.transformer_blocks
+    with inject_ltx2.apply_kernels(pipe, "reference", precision="fp8"):
+        linears = {type(layer) for layer in _ltx2_block_projections(pipe.transformer)}
+        feed_forwards = {type(block.ff) for block in blocks} | {type(block.audio_ff) for block in blocks}
+    assert len(linears) == 1 and len(feed_forwards) == 1, (linears, feed_forwards)

@@ -15,6 +15,7 @@ is never silently stale. Inference only.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import torch
@@ -134,7 +135,8 @@ def _free_weight(report, layer) -> None:
     report.on_revert(undo)
 
 
-def linear_forward(ops):
+@functools.cache  # one function per provider: patch_forward makes one subclass per forward, and regional compile
+def linear_forward(ops):  # guards on each layer's class (a class per layer recompiled every block)
     """nn.Linear.forward on the layer's stored Fp8Weight."""
 
     def forward(self, input):
@@ -143,6 +145,7 @@ def linear_forward(ops):
     return forward
 
 
+@functools.cache  # one function per provider (see linear_forward)
 def feed_forward_forward(ops):
     """diffusers FeedForward (GELU-tanh up-projection, dropout, down-projection) on its stored (up, down) FP8
     weights: the GELU pass writes FP8 for the down-projection (ops.gelu_tanh_fp8), no quantize pass of its own."""
