@@ -135,8 +135,10 @@ def _free_weight(report, layer) -> None:
     report.on_revert(undo)
 
 
-@functools.cache  # one function per provider: patch_forward makes one subclass per forward, and regional compile
-def linear_forward(ops):  # guards on each layer's class (a class per layer recompiled every block)
+# One function per provider: patch_forward makes one subclass per forward function, and regional compile guards on
+# each layer's class (a class per layer recompiled the block for every layer).
+@functools.cache
+def linear_forward(ops):
     """nn.Linear.forward on the layer's stored Fp8Weight."""
 
     def forward(self, input):
