@@ -5,8 +5,8 @@ configuration (unpatched, or with our kernels) on this process alone, then split
 comparison as JSON to argv[1].
 
 argv[2]: a JSON spec: family (ltx | ltx2), model (a preset, default the tiny one), split, config (baseline |
-optimized | optimized+compile), device (cpu | cuda), num_frames, height, width, steps, guidance, image
-(image-to-video from a random first frame), mutation
+optimized | optimized+compile | optimized-fp8: our kernels with the FP8 projections), device (cpu | cuda),
+num_frames, height, width, steps, guidance, image (image-to-video from a random first frame), mutation
 ("own-half": each guidance rank repeats its own half of the output instead of gathering both, which must fail
 the check; "local-keys": LTX-2's video-to-audio attention run on this rank's video keys alone).
 """
@@ -106,7 +106,8 @@ def main(out: str, spec_text: str) -> None:
         # and the split's exactness does not depend on which GEMM algorithm runs
         settings = family.settings("bench e2e", model=spec["model"], weights="random", device=spec["device"],
                                    kernel_provider="cuda" if cuda else "reference", dtype="bf16" if cuda else "fp32",
-                                   tuned_gemm=False)
+                                   tuned_gemm=False,
+                                   precision="fp8" if spec["config"].startswith("optimized-fp8") else "bf16")
         report = family.inject(pipe, settings)
     alone = run() if report is not None else unpatched  # the same configuration on this process alone
     if spec["mutation"] == "own-half":  # each guidance rank repeats its own half instead of gathering both
@@ -145,6 +146,7 @@ def main(out: str, spec_text: str) -> None:
                   "cosine": torch.nn.functional.cosine_similarity(together.flatten().double(),
                                                                   alone.flatten().double(), dim=0).item(),
                   "after_revert_equal": torch.equal(after, unpatched) and torch.equal(again, alone),
+                  "alone_vs_unpatched": (alone - unpatched).abs().max().item() / unpatched.abs().max().item(),
                   "calls": calls, "parallel": description, "caches": caches,
                   "hooks_left": _hooks_left(pipe.transformer)}
         with open(out, "w") as file:

@@ -76,6 +76,15 @@ def test_ltx2_split_equals_one_process(tmp_path, split, config):
         assert result["caches"]["hits"] > result["caches"]["builds"] > 0, result["caches"]
 
 
+@pytest.mark.parametrize("family", ["ltx", "ltx2"])
+def test_fp8_split_equals_one_process(tmp_path, family):
+    """--precision fp8 over the ranks: the activations are quantized per token, so splitting the tokens changes no
+    scale, and the split output equals one process's FP8 output."""
+    result = _run(tmp_path, family, "ulysses", "optimized-fp8")
+    assert result["error"] < TOL and result["alone_vs_unpatched"] > 1e-3, result  # exact split of a real FP8 run
+    assert result["after_revert_equal"] and not result["hooks_left"], result
+
+
 def test_ltx2_local_video_keys_fail(tmp_path):
     """The check can fail: the video-to-audio attention run locally (this rank's video keys alone) is far off."""
     result = _run(tmp_path, "ltx2", "ulysses", "optimized", mutation="local-keys")
