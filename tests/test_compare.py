@@ -712,3 +712,20 @@ def test_make_bench_check_stops_before_running_anything_without_its_baselines(gp
     result = _make("bench-check", f"GPU={gpu}", "PYTHON=false")
     assert result.returncode != 0 and needle in result.stderr
     assert "ltxbench bench" not in result.stdout
+
+
+@pytest.mark.parametrize(("cosine", "passed", "verdict"), [
+    (0.99960, True, "unchanged"),     # error 4.0e-4 against 3.7e-4: within 25%
+    (0.99950, True, "regression"),    # error 5.0e-4: 35% more
+    (0.99990, True, "improvement"),
+    (0.99962, False, "regression"),   # the new run failed its own gate
+])
+def test_the_fp8_error_is_judged_on_one_minus_cosine_and_the_runs_gate(cosine, passed, verdict):
+    def doc(value, ok):
+        record = make_record("step_error", "optimized-fp8", "fp8", {"model": "ltx-2b"}, "cosine_vs_bf16", "1",
+                             "higher", _stats(value, value, value, n=1), check={"passed": ok, "min_cosine": 0.995})
+        return make_result("e2e", ["ltxbench"], {}, 0, "2026-01-01T00:00:00+00:00", "2026-01-01T00:01:00+00:00",
+                           [record], env=fixture_doc()["env"])
+
+    report = compare(doc(0.99963, True), doc(cosine, passed))
+    assert [row.verdict for row in report.ordered()] == [verdict]

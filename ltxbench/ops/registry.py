@@ -370,7 +370,7 @@ FP8_SPECS = (
         written=_fp8_written,
     ),
     KernelSpec(
-        name="quantize_fp8", summary="fp8 per row: x_scale = max(max|x|, 1e-12) / 448, q = x / x_scale",
+        name="quantize_fp8", summary="fp8 per row: x_scale = max(max|x|, 1e-12) / 448, q = x · (1 / x_scale)",
         make_inputs=inputs_quantize, variants=("plain", "outliers"), n_outputs=2,
         baselines={"eager": eager.fp8_rows}, kind="fp8",
         aliases=("fp8_quantize",), test_shapes=FP8_TEST_SHAPES,

@@ -15,7 +15,8 @@ from ltxbench.errors import IncomparableResults
 from ltxbench.results.schema import incomplete, record_key
 
 # Per metric; docs/compare.md gives the reasons. A bare --threshold value sets "time".
-DEFAULT_THRESHOLDS = {"time": 0.05, "compile": 0.25, "first_iteration": 0.25, "peak_memory": 0.02, "energy": 0.15}
+DEFAULT_THRESHOLDS = {"time": 0.05, "compile": 0.25, "first_iteration": 0.25, "peak_memory": 0.02, "energy": 0.15,
+                      "cosine_vs_bf16": 0.25}
 # Their rows depend on inductor's on-disk cache: compared only between compiles in the same cache state.
 CACHE_DEPENDENT = ("compile", "first_iteration")
 # Single-sample figures a record carries in `derived`, compared as rows of their own, taken from one record per
@@ -231,6 +232,11 @@ def _judge(cls: str, b: dict, n: dict, better: str, base: float, new: float, p20
             return "not comparable", f"not comparable: inductor cache {states[0]} vs {states[1]}"
     if cls == "time":
         return _verdict(better, base, new, p20, p80, t), f"{t * 100:g}% + base p20-p80"
+    if cls == "cosine_vs_bf16":  # FP8's error: judged on 1 - cosine (a cosine moves by 1e-4 where the error doubles)
+        rule = f"1 - cosine, {t * 100:g}%; the run's own gate"
+        if (n.get("check") or {}).get("passed") is False:
+            return "regression", rule
+        return _verdict("lower", 1.0 - base, 1.0 - new, None, None, t), rule
     return _verdict(better, base, new, None, None, t), f"single sample, {t * 100:g}%"
 
 
