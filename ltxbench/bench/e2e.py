@@ -16,6 +16,12 @@ import contextlib
 import statistics
 
 CONFIG_NAMES = ("baseline", "optimized", "compile", "optimized+compile")  # ours and torch's; families add peers
+FP8_CONFIG_NAMES = ("optimized-fp8", "optimized-fp8+compile")  # our kernels with FP8 projections (--precision fp8)
+
+
+def precision_of(config: str) -> str:
+    """What a configuration's projections run in: fp8 for the FP8 ones, else bf16 (the model's own dtype)."""
+    return "fp8" if config.startswith("optimized-fp8") else "bf16"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 COMPILE_SCOPES = ("model", "regional")
 

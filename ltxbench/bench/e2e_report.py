@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from ltxbench.bench.e2e import CONFIG_NAMES
+from ltxbench.bench.e2e import CONFIG_NAMES, precision_of
 
 # derived key of a step record -> the rate column's title
 RATES = {"transformer_it_s": "it/s", "tokens_per_s": "tok/s"}
@@ -136,7 +136,7 @@ def phase_records(results: dict, params: dict, dtype: str, phases, step: str, ra
 
     records = []
     for name, res in results.items():
-        precision = "fp8" if name.startswith("optimized-fp8") else dtype  # what the projections ran in
+        precision = "fp8" if precision_of(name) == "fp8" else dtype  # what the projections ran in
         common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
                   **gpu_summary(res.get("gpu_samples"), len(res["total_ms"]))}
         for record_name, key in phases:

@@ -241,11 +241,12 @@ def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at
     if "parallel" in config:  # over several GPUs; one-GPU records stay as they were
         params["gpus"], params["parallel"] = config["gpus"], config["parallel"]["split"]
 
+    fp8 = injection.get("applied") and config.get("precision") == "fp8"
+    dtype = "fp8" if fp8 else config["dtype"]  # what the projections ran in
+
     def record(name, samples, metric="time", unit="ms", derived=None):
-        precision = config.get("precision", "bf16") if injection.get("applied") else "bf16"
-        return make_record(name, provider, config["dtype"] if precision == "bf16" else precision, params, metric, unit,
-                           "lower",
-                           stats_from_samples(samples), derived=derived)
+        return make_record(name, provider, dtype, params, metric, unit, "lower", stats_from_samples(samples),
+                           derived=derived)
 
     steps = timings["step_ms"]
     decodes = [key.removesuffix("_ms") for key in timings if key.endswith("_decode_ms")]  # video, audio

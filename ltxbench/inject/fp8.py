@@ -212,9 +212,12 @@ class Fp8Norms:
 
 
 def weight_bytes(module) -> dict:
-    """Bytes of `module`'s parameters and of the FP8 weights (and their scales) stored on its submodules: the
-    transformer's weight memory as the injection leaves it (q/k/v's concatenated bias, a few KB, not counted)."""
-    params = sum(p.numel() * p.element_size() for p in module.parameters())
+    """Bytes of `module`'s parameters (and buffers: memory.module_bytes) and of the FP8 weights (and their scales)
+    stored on its submodules: the transformer's weight memory as the injection leaves it (q/k/v's concatenated
+    bias, a few KB, not counted)."""
+    from ltxbench.models.memory import module_bytes
+
+    params = module_bytes(module)
     storages = {}  # a layer of a concatenation holds views of it: each storage counted once
     for sub in module.modules():
         stored = vars(sub).get(WEIGHT_ATTR)

@@ -12,11 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ltxbench.bench.e2e import CONFIG_NAMES
+from ltxbench.bench.e2e import CONFIG_NAMES, FP8_CONFIG_NAMES, precision_of
 from ltxbench.errors import UsageError
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-FP8_CONFIG_NAMES = ("optimized-fp8", "optimized-fp8+compile")  # our kernels with FP8 projections (--precision fp8)
 COMMANDS = ("generate", "bench e2e", "profile")
 
 
@@ -143,8 +142,7 @@ class ModelFamily:
         """What configuration `config` patches before its (optional) compile: ours for optimized*, a peer's for
         <peer>*, nothing (None) for baseline and compile."""
         if config.startswith("optimized"):  # optimized-fp8*: the FP8 projections, else bf16
-            precision = "fp8" if config.startswith("optimized-fp8") else "bf16"
-            return self.inject(target, dataclasses.replace(settings, precision=precision))
+            return self.inject(target, dataclasses.replace(settings, precision=precision_of(config)))
         peer = self.peers().get(config.removesuffix("+compile"))
         return peer.apply(target) if peer is not None else None
 

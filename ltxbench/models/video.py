@@ -16,6 +16,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import ClassVar
 
+from ltxbench.bench.e2e import precision_of
 from ltxbench.models.family import ModelFamily, Option
 
 PHASES = ("all", "transformer")  # --phase: the whole generation, or the denoising loop alone
@@ -226,7 +227,7 @@ class VideoFamily(ModelFamily):
         for name, res in results.items():
             if name.startswith("optimized"):
                 res["injection"].update(extra)
-        fp8 = [name for name in results if name.startswith("optimized-fp8")]
+        fp8 = [name for name in results if precision_of(name) == "fp8"]
         if fp8 and error is not None:  # one measurement, recorded once (under the first FP8 configuration)
             results[fp8[0]]["precision_error"] = error
         return results
@@ -238,7 +239,7 @@ class VideoFamily(ModelFamily):
 
         from ltxbench.parallel.launch import current_world
 
-        if not any(name.startswith("optimized-fp8") for name in settings.configs) or current_world() is not None:
+        if not any(precision_of(name) == "fp8" for name in settings.configs) or current_world() is not None:
             return None
         from ltxbench.bench import precision_error
 
