@@ -49,19 +49,6 @@ template <bool MAX> __device__ __forceinline__ float block_reduce(float v, float
   return r;
 }
 
-// The row's input pointers (no output pointer: q and h_out are addressed by the kernels).
-template <typename T> __device__ __forceinline__ RowPtrs<T> input_ptrs(const RowOpParams& p, int64_t row) {
-  const int64_t b = row / p.S, s = row - b * p.S;
-  RowPtrs<T> r;
-  r.x = row_of<T>(p.x, b, s);
-  r.a = row_of<T>(p.a, b, s);
-  r.gate = row_of<T>(p.gate, b, s);
-  r.scale = row_of<T>(p.scale, b, s);
-  r.shift = row_of<T>(p.shift, b, s);
-  r.out = r.h_out = nullptr;
-  return r;
-}
-
 // y of the plain ops from the raw input vector.
 template <typename T, int VEC, int OP> __device__ __forceinline__ void plain_values(const Vec<T, VEC>& raw,
                                                                                    float (&y)[VEC]) {
@@ -132,7 +119,7 @@ __global__ void __launch_bounds__(kMaxThreads) fp8_rows_cached(Fp8Params p, floa
     __shared__ float smem[2][kMaxThreads / 32];  // one per reduction: no barrier between them
     const RowOpParams& rp = p.rows;
     const int64_t row = blockIdx.x;
-    const RowPtrs<T> r = input_ptrs<T>(rp, row);
+    const RowPtrs<T> r = row_ptrs<T>(rp, row);  // rp.out is null: q is addressed below
     const int nvec = static_cast<int>(rp.D / VEC);
     bool valid[VPT];
     RawH<T, VEC> raw[VPT];
@@ -144,7 +131,7 @@ __global__ void __launch_bounds__(kMaxThreads) fp8_rows_cached(Fp8Params p, floa
     }
     float y[VPT][VEC];
     if constexpr (OP >= kNorm) {
-      T* h_out = rp.h_out ? static_cast<T*>(rp.h_out) + row * rp.D : nullptr;
+      T* h_out = r.h_out;
       float sum_sq = 0.f;
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
@@ -204,12 +191,12 @@ __global__ void __launch_bounds__(kMaxThreads) fp8_rows_streamed(Fp8Params p, fl
     __shared__ float smem[2][kMaxThreads / 32];
     const RowOpParams& rp = p.rows;
     const int64_t row = blockIdx.x;
-    const RowPtrs<T> r = input_ptrs<T>(rp, row);
+    const RowPtrs<T> r = row_ptrs<T>(rp, row);  // rp.out is null: q is addressed below
     const int64_t nvec = rp.D / VEC;
     float y[VEC];
     float rstd = 1.f;
     if constexpr (OP >= kNorm) {
-      T* h_out = rp.h_out ? static_cast<T*>(rp.h_out) + row * rp.D : nullptr;
+      T* h_out = r.h_out;
       float sum_sq = 0.f;
       for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
         load_h<T, VEC, arity<OP>()>(r, j * VEC, y);
@@ -240,12 +227,16 @@ int threads_for(int64_t nvec, int vpt) {
   return static_cast<int>(per_row <= 32 ? 32 : (per_row + 31) / 32 * 32);
 }
 
-// Vectors a thread: the fewest of 2, 4, 8 that keep the row within `target` threads (LTXBENCH_FP8_THREADS, default
-// 256), else the most that fit kMaxThreads. Residual rows hold two or three raw vectors per slot: at most 4, which
-// covers 16384-wide 16-bit rows. The scalar path (unaligned or odd widths) keeps 8 one-element slots a thread.
+// Vectors a thread. One-input rows (the plain ops, the norm without a residual): 4, over as many threads as the row
+// needs (H100, 2x8064x2048 bf16 norm 54.4 -> 48.3 us, 2x8064x4096 109.7 -> 83.6 us against the fewest within 256
+// threads; docs/tuning.md#fp8-rows). Residual rows: the fewest of 2, 4, 8 that keep the row within 256 threads
+// (92-96% of the copy peak). LTXBENCH_FP8_THREADS=t (32..512) puts every row under the second rule with t threads.
+// Residual rows hold two or three raw vectors per slot: at most 4, which covers 16384-wide 16-bit rows. The scalar
+// path (unaligned or odd widths) keeps 8 one-element slots a thread.
 template <typename T, int VEC, int OP> cudaError_t launch_op(const Fp8Params& p, cudaStream_t stream) {
   static const int knob = tuning_knob("LTXBENCH_FP8_THREADS");
-  const int target = knob >= 32 && knob <= kMaxThreads ? knob : 256;
+  const bool forced = knob >= 32 && knob <= kMaxThreads;
+  const int target = forced ? knob : 256;
   const int64_t nvec = p.rows.D / VEC;
   const unsigned blocks = static_cast<unsigned>(p.rows.B * p.rows.S);
   const float inv_d = p.rows.D ? inverse_count(p.rows.D) : 0.f;
@@ -253,6 +244,8 @@ template <typename T, int VEC, int OP> cudaError_t launch_op(const Fp8Params& p,
   int vpt = 0;
   if constexpr (VEC == 1) {
     vpt = 8;
+  } else if (arity<OP>() == 1 && !forced) {
+    vpt = threads_for(nvec, 4) <= kMaxThreads ? 4 : 8;
   } else {
     for (int v = 2; v <= kMostVpt && !vpt; v *= 2) vpt = threads_for(nvec, v) <= target ? v : 0;
     if (!vpt) vpt = kMostVpt;

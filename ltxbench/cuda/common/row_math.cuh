@@ -25,7 +25,7 @@ template <typename T> __device__ __forceinline__ RowPtrs<T> row_ptrs(const RowOp
   r.gate = row_of<T>(p.gate, b, s);
   r.scale = row_of<T>(p.scale, b, s);
   r.shift = row_of<T>(p.shift, b, s);
-  r.out = static_cast<T*>(p.out) + row * p.D;
+  r.out = p.out ? static_cast<T*>(p.out) + row * p.D : nullptr;  // none: fp8.cu writes its own output
   r.h_out = p.h_out ? static_cast<T*>(p.h_out) + row * p.D : nullptr;
   return r;
 }
