@@ -35,10 +35,15 @@ def test_split_defaults_and_degrees(gpus, parallel, split, degrees):
         assert launch.degrees(split, gpus) == degrees and degrees[0] * degrees[1] == gpus
 
 
+def test_hybrid_uses_both_degrees_over_the_same_two_ranks():
+    assert launch.resolve_split(2, "hybrid") == "hybrid" and launch.degrees("hybrid", 2) == (2, 2)
+
+
 @pytest.mark.parametrize(("gpus", "parallel", "flag", "words"), [
     (0, None, "--gpus", "at least 1"),
     (1, "cfg", "--parallel", "needs --gpus 2 or more"),
-    (2, "tensor", "--parallel", "not one of cfg, ulysses, ring, cfg+ulysses"),
+    (2, "tensor", "--parallel", "not one of cfg, ulysses, ring, cfg+ulysses, hybrid"),
+    (4, "hybrid", "--parallel hybrid", "use --gpus 2"),
     (3, "cfg", "--parallel cfg", "use --gpus 2"),
     (4, "cfg", "--parallel cfg", "use --gpus 2"),
     (2, "cfg+ulysses", "--parallel cfg+ulysses", "even --gpus of at least 4"),
@@ -175,6 +180,7 @@ COMMANDS = {"generate": ["generate", "--prompt", "a fox"], "bench e2e": ["bench"
     (["--parallel", "cfg"], "--parallel"),
     (["--gpus", "3", "--parallel", "cfg"], "--parallel cfg"),
     (["--gpus", "0"], "--gpus 0"),
+    (["--gpus", "2", "--parallel", "hybrid"], "--parallel hybrid: the LTX-Video family splits as cfg, ulysses"),
 ])
 def test_bad_splits_are_usage_errors_before_any_process(command, extra, needle, no_relaunch, tmp_path):
     result = runner.invoke(app, [*COMMANDS[command], *TINY, "--output", _output(command, tmp_path), *extra])

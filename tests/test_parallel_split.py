@@ -62,16 +62,18 @@ def test_ltx_guidance_off_runs_whole_batch(tmp_path):
 
 
 @pytest.mark.parametrize("config", ["baseline", "optimized"])
-@pytest.mark.parametrize("split", ["cfg", "ulysses"])
+@pytest.mark.parametrize("split", ["cfg", "ulysses", "hybrid"])
 def test_ltx2_split_equals_one_process(tmp_path, split, config):
     """LTX-2: cfg splits the guidance pair (the STG and modality-isolated passes, batch 1, run whole on every rank);
     ulysses splits the video tokens of every pass, the audio stream and the prompt whole on every rank (their
-    attentions local), the video-to-audio attention through Ulysses with each rank's copy of the audio queries."""
+    attentions local), the video-to-audio attention through Ulysses with each rank's copy of the audio queries;
+    hybrid splits the pair by batch with context parallelism off, and the batch-1 passes' tokens with it on."""
     result = _run(tmp_path, "ltx2", split, config)
     assert result["error"] < TOL, result
     assert result["after_revert_equal"] and not result["hooks_left"], result
-    tokens = {shape[1] for shape in result["calls"]}
-    assert tokens == ({8} if split == "cfg" else {4}), result["calls"]
+    shapes = {tuple(shape[:2]) for shape in result["calls"]}
+    expected = {"cfg": {(1, 8)}, "ulysses": {(2, 4), (1, 4)}, "hybrid": {(1, 8), (1, 4)}}[split]
+    assert shapes == expected, result["calls"]
     if config == "optimized":  # the text keys/values kept for the generation on each rank
         assert result["caches"]["hits"] > result["caches"]["builds"] > 0, result["caches"]
 

@@ -20,6 +20,9 @@ def split_or_relaunch(family, gpus: int, parallel: str | None, device: str) -> s
     split = launch.resolve_split(gpus, parallel)
     if gpus > 1 and not family.supports_parallel:
         raise UsageError(f"--gpus {gpus}: the {family.title} family runs on one GPU")
+    if split is not None and split not in family.parallel_splits:
+        raise UsageError(f"--parallel {split}: the {family.title} family splits as "
+                         f"{', '.join(family.parallel_splits)}", hint=family.parallel_hint)
     if launch.under_launcher():
         started = launch.launcher_world_size()
         if started != gpus:

@@ -76,6 +76,7 @@ _GUIDANCE = ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale"
 class LTX2Family(VideoFamily):
     name, title = "ltx2", "LTX-2"
     precisions = ("bf16", "fp8")
+    parallel_splits = ("cfg", "ulysses", "ring", "cfg+ulysses", "hybrid")
     presets = {name: hub for name, (_, hub) in PRESETS.items()}
     settings_class = LTX2Settings
     options = OPTIONS

@@ -47,24 +47,34 @@ def parallelize(transformer, world, plan: ParallelPlan, tokens: int | None = Non
     """Apply `world`'s split (launch.World) to `transformer`; tokens: the video token count of the run (whether the
     context-parallel split is even). Call after the injection and before compiling."""
     from ltxbench.parallel import context, split
+    from ltxbench.parallel.launch import HYBRID
 
     device_type = "cuda" if str(world.device).startswith("cuda") else "cpu"
     cfg, ring, ulysses = context.degrees(world.split, world.cfg_degree, world.cp_degree)
-    device_mesh = context.mesh(device_type, cfg, ring, ulysses)
+    hybrid = world.split == HYBRID
+    # hybrid: the same ranks form the guidance group and the Ulysses group, a mesh each; else one (cfg, ring, ulysses)
+    device_mesh = context.mesh(device_type, 1 if hybrid else cfg, ring, ulysses)
+    cfg_mesh = (context.mesh(device_type, cfg, 1, 1) if hybrid else device_mesh)["cfg"]
     uneven = bool(tokens) and world.cp_degree > 1 and tokens % world.cp_degree != 0
     report = ParallelReport({"split": world.split, "world_size": world.size, "cfg_degree": cfg,
                                     "ring_degree": ring, "ulysses_degree": ulysses, "uneven_tokens": uneven})
-    cp_rank = 0
+    cp_rank, switch = 0, None
     if world.cp_degree > 1:
         config = context.context_config(device_mesh, ring, ulysses, uneven)
         below = plan.below_root(transformer)
         local = plan.local_attentions(transformer) if plan.local_attentions else []
         context.enable(transformer, config, below, local)
-        report._undo.append(lambda: context.disable(transformer, below))
+        switch = context.ContextSwitch(transformer) if hybrid else None
+
+        def undo_context(switch=switch, below=below):
+            if switch is not None:
+                switch.set(True)
+            context.disable(transformer, below)
+
+        report._undo.append(undo_context)
         cp_rank = config._flattened_mesh.get_local_rank()
-    cfg_mesh = device_mesh["cfg"]
     hook = split.SplitHook((cfg_mesh.get_group(), cfg, cfg_mesh.get_local_rank()),
-                           (world.cp_degree, cp_rank), plan.sequence_inputs)
+                           (world.cp_degree, cp_rank), plan.sequence_inputs, switch=switch)
     split.install(transformer, hook)
     report._undo.append(lambda: split.remove(transformer))
     return report

@@ -115,6 +115,41 @@ def disable(transformer, plan: dict) -> None:
     transformer._parallel_config = None
 
 
+class ContextSwitch:
+    """Context parallelism turned off and on again between transformer calls (the `hybrid` split: a guidance pair
+    split by batch runs whole-sequence on each rank, a batch-1 pass through Ulysses). Off: every attention's processor
+    without its parallel config, and diffusers' split and gather hooks below the root passing their values through;
+    on: as `enable` left them. Set before each call, never in the middle of one."""
+
+    def __init__(self, transformer):
+        from diffusers.hooks.context_parallel import ContextParallelGatherHook, ContextParallelSplitHook
+
+        self.processors = [(m.processor, m.processor._parallel_config) for m in _attentions(transformer)
+                           if m.processor._parallel_config is not None]
+        self.hooks = [hook for m in transformer.modules()
+                      for hook in getattr(vars(m).get("_diffusers_hook"), "hooks", {}).values()
+                      if isinstance(hook, ContextParallelSplitHook | ContextParallelGatherHook)]
+        self.active = True
+
+    def set(self, active: bool) -> None:
+        if active == self.active:
+            return
+        for processor, config in self.processors:
+            processor._parallel_config = config if active else None
+        for hook in self.hooks:  # the registry calls the bound methods it keeps in fn_ref
+            hook.fn_ref.pre_forward = hook.pre_forward if active else _through
+            hook.fn_ref.post_forward = hook.post_forward if active else _output_through
+        self.active = active
+
+
+def _through(module, *args, **kwargs):
+    return args, kwargs
+
+
+def _output_through(module, output):
+    return output
+
+
 def unwrap(module) -> None:
     """What diffusers' hook registry leaves on a module once its last hook is removed: the registry, and the bound
     forward it put back on the instance (which would hide a forward patched on the class later)."""

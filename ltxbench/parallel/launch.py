@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 
-SPLITS = ("cfg", "ulysses", "ring", "cfg+ulysses")
+SPLITS = ("cfg", "ulysses", "ring", "cfg+ulysses", "hybrid")
+HYBRID = "hybrid"  # the guidance pair split as cfg, a batch-1 pass as ulysses, over the same 2 ranks
 SPLIT_ENV = "LTXBENCH_PARALLEL_SPLIT"  # the resolved split, set for the re-launched processes
 OUR_EXIT_CODES = (1, 2, 3, 4, 130)    # ltxbench.errors' codes and Ctrl-C: the rank already said why
 LAUNCHER_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -25,7 +26,7 @@ _LAUNCHER_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher")
 @dataclass(frozen=True)
 class World:
     """This process's place in a multi-GPU run: cfg_degree ranks share the guidance pair, cp_degree ranks the video
-    tokens (cfg_degree * cp_degree == size)."""
+    tokens (cfg_degree * cp_degree == size; under `hybrid` both are the same 2 ranks, one split per call)."""
 
     rank: int
     size: int
@@ -49,6 +50,8 @@ def degrees(split: str, gpus: int) -> tuple[int, int]:
         return 2, 1
     if split == "cfg+ulysses":
         return 2, gpus // 2
+    if split == HYBRID:
+        return 2, 2
     return 1, gpus
 
 
@@ -67,6 +70,9 @@ def resolve_split(gpus: int, parallel: str | None) -> str | None:
     if parallel == "cfg" and gpus != 2:
         raise UsageError(f"--gpus {gpus}: --parallel cfg splits the guidance pair over 2 GPUs: use --gpus 2",
                          hint="or --parallel ulysses / ring / cfg+ulysses for more GPUs")
+    if parallel == HYBRID and gpus != 2:
+        raise UsageError(f"--gpus {gpus}: --parallel hybrid runs the guidance pair's halves and then a batch-1 "
+                         "pass's tokens over the same 2 GPUs: use --gpus 2")
     if parallel == "cfg+ulysses" and (gpus < 4 or gpus % 2):
         raise UsageError(f"--gpus {gpus}: --parallel cfg+ulysses needs an even --gpus of at least 4")
     return parallel

@@ -10,6 +10,10 @@ complements: they split what happens below the root, RoPE's output and the gathe
   on all of them. Samples of a batch are computed independently: any batch that divides by the guidance degree
   splits exactly (up to the rounding of a smaller GEMM); a batch that does not (LTX-2's batch-1 guidance passes) runs
   whole on every rank.
+- Both over the same 2 ranks (`hybrid`, LTX-2): a call whose batch splits (the guidance pair) splits by batch only,
+  with context parallelism switched off for it (context.ContextSwitch); any other (LTX-2's batch-1 passes) splits
+  its tokens, with context parallelism on. Each rank then runs one of the pair's samples whole, and half of a
+  batch-1 pass, instead of all of it (`cfg`) or half of every call (`ulysses`).
 - Tokens (`ulysses` / `ring` ranks): the video hidden states and every input that carries the video token count in
   the family's named dim (a per-token timestep) are split along the tokens, as diffusers' split hook would, with
   `tensor_split` so that a count that does not divide gives the balanced split diffusers' "anything" modes expect.
@@ -32,15 +36,18 @@ HOOK_NAME = "ltxbench_parallel_split"
 class SplitHook(ModelHook):
     """Root hook of a parallel transformer (see the module doc). cfg: (guidance group, its degree, this rank's index
     in it); cp: (context-parallel degree, this rank's index in its group); sequence_inputs: {forward argument: the dim
-    holding the video token count}; tokens_of: the argument whose dim 1 is that count."""
+    holding the video token count}; tokens_of: the argument whose dim 1 is that count; switch: the `hybrid` split's
+    context.ContextSwitch (one split per call), None otherwise."""
 
     _is_stateful = False
 
-    def __init__(self, cfg: tuple, cp: tuple, sequence_inputs: dict[str, int], tokens_of: str = "hidden_states"):
+    def __init__(self, cfg: tuple, cp: tuple, sequence_inputs: dict[str, int], tokens_of: str = "hidden_states",
+                 switch=None):
         super().__init__()
         self.cfg_group, self.cfg_degree, self.cfg_rank = cfg
         self.cp_degree, self.cp_rank = cp
         self.sequence_inputs, self.tokens_of = sequence_inputs, tokens_of
+        self.switch = switch
         self.params: list[str] = []
         self._gathers: list[bool] = []   # per open call: whether its output is gathered on the way out
         self._views: dict[str, tuple] = {}  # argument -> (source tensor, its part): one part object per source
@@ -78,6 +85,9 @@ class SplitHook(ModelHook):
             return bound, False
         batch, tokens = hidden.size(0), hidden.size(1)
         halves = self.cfg_degree > 1 and batch % self.cfg_degree == 0
+        split_tokens = self.cp_degree > 1 and not (halves and self.switch is not None)
+        if self.switch is not None:
+            self.switch.set(split_tokens)
         out = {}
         for name, value in bound.items():
             part = value
@@ -85,7 +95,7 @@ class SplitHook(ModelHook):
                 if halves and value.size(0) == batch:
                     part = part.tensor_split(self.cfg_degree)[self.cfg_rank]
                 dim = self.sequence_inputs.get(name)
-                if self.cp_degree > 1 and dim is not None and part.dim() > dim and part.size(dim) == tokens:
+                if split_tokens and dim is not None and part.dim() > dim and part.size(dim) == tokens:
                     part = part.tensor_split(self.cp_degree, dim=dim)[self.cp_rank]
                 part = self._stable(name, value, part)
             out[name] = part
