@@ -58,8 +58,11 @@ def test_ltx_2b_four_gpus_cfg_ulysses(tmp_path):
     _check(run_ranks(tmp_path, {**LTX_2B, "split": "cfg+ulysses", "config": "optimized"}, nproc=4), 1344)
 
 
-@pytest.mark.parametrize("split", ["cfg", pytest.param("ulysses", marks=BELOW_GATE)])
-def test_ltx2_two_gpus(tmp_path, split):
+@pytest.mark.parametrize(("split", "config"), [("cfg", "optimized"),
+                                               pytest.param("ulysses", "optimized", marks=BELOW_GATE),
+                                               ("hybrid", "optimized"), ("hybrid", "optimized+compile")])
+def test_ltx2_two_gpus(tmp_path, split, config):
+    """hybrid: context parallelism switched off for the guidance pair and on for the batch-1 pass, compiled too."""
     if _gpus() < 2:
         pytest.skip("needs 2 GPUs")
-    _check(run_ranks(tmp_path, {"family": "ltx2", "device": "cuda", "split": split, "config": "optimized"}))
+    _check(run_ranks(tmp_path, {"family": "ltx2", "device": "cuda", "split": split, "config": config}))
