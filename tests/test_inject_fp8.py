@@ -103,6 +103,40 @@ def test_revert_restores_the_exact_weights_and_output(runs):
     assert torch.equal(generate(pipe, embeddings, 3.0), exact)
 
 
+def test_the_fp8_weights_move_with_the_model(runs, monkeypatch):
+    """Model CPU offload moves the model with .to(device): the FP8 weights are buffers that move with it, and every
+    projection reads them where they are now. Simulated by replacing every tensor of the model with a copy, as a move
+    does: the output is unchanged and every FP8 weight a GEMM reads is one of the model's current buffers."""
+    pipe, embeddings, _, _ = runs
+    used = []
+    original = reference.linear_fp8
+
+    def recording(x, x_scale, weight, *args, **kwargs):
+        used.append(weight.untyped_storage().data_ptr())
+        return original(x, x_scale, weight, *args, **kwargs)
+
+    monkeypatch.setattr(reference, "linear_fp8", recording)
+    with apply_kernels(pipe, "reference", precision="fp8"):
+        first = generate(pipe, embeddings, 3.0)
+        pipe.transformer._apply(lambda t: t.clone())
+        used.clear()
+        moved = generate(pipe, embeddings, 3.0)
+        current = {t.untyped_storage().data_ptr() for t in pipe.transformer.buffers()}
+    assert used and set(used) <= current
+    assert torch.equal(first, moved)
+
+
+def test_a_cast_of_the_fp8_weights_fails_loudly(runs):
+    """module.to(dtype) casts every floating-point buffer, the FP8 weights included: the next call says so."""
+    pipe, embeddings, _, _ = runs
+
+    with apply_kernels(pipe, "reference", precision="fp8"):  # the revert removes the cast buffers
+        # what .to(torch.bfloat16) does to the FP8 buffers (the fp32 test model itself stays fp32)
+        pipe.transformer._apply(lambda t: t.to(torch.bfloat16) if t.dtype == torch.float8_e4m3fn else t)
+        with pytest.raises(RuntimeError, match=r"were cast to torch.bfloat16 \(a .to\(dtype\) after the injection"):
+            generate(pipe, embeddings, 3.0)
+
+
 def test_a_lora_fused_after_the_injection_fails_loudly(runs):
     """The FP8 weights are a copy: a later change of a projection's weight must not be silently ignored."""
     pipe, _, _, _ = runs
@@ -114,7 +148,8 @@ def test_a_lora_fused_after_the_injection_fails_loudly(runs):
 
 def test_the_weight_memory_counts_one_byte_per_projection_weight():
     """bf16 weights (2 bytes) leave the device, FP8 ones (1 byte + a 4-byte scale per output channel) stay: about
-    half at LTX-2B's widths (2048: the scales add 0.2%), measured by bench e2e."""
+    half at LTX-2B's widths (2048: the scales add 0.2%), measured by bench e2e. A concatenation (q/k/v) also keeps
+    its bias, concatenated (2 bytes per output channel)."""
     from ltxbench.models.ltx_build import build_pipeline
 
     pipe = build_pipeline("ltx-tiny", "random", "cpu", "bf16")
@@ -122,8 +157,12 @@ def test_the_weight_memory_counts_one_byte_per_projection_weight():
     layers = list(_block_projections(pipe.transformer))
     with apply_kernels(pipe, "reference", precision="fp8"):
         after = fp8.weight_bytes(pipe.transformer)
+        joined = [getattr(m, name) for m in pipe.transformer.modules()
+                  if isinstance(vars(m).get(fp8.WEIGHT_ATTR), fp8.Fp8Stored) for name in vars(m)[fp8.WEIGHT_ATTR].names]
+        assert joined  # attn1's q/k/v at least
     assert after["parameters"] == before - sum(2 * layer.weight.numel() for layer in layers)
-    assert after["fp8_weights"] == sum(layer.weight.numel() + 4 * layer.out_features for layer in layers)
+    assert after["fp8_weights"] == (sum(layer.weight.numel() + 4 * layer.out_features for layer in layers)
+                                    + sum(2 * layer.out_features for layer in joined if layer.bias is not None))
     assert fp8.weight_bytes(pipe.transformer)["total"] == before
 
 

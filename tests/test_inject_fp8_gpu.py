@@ -70,3 +70,27 @@ def test_ltx2_19b_blocks_fp8_within_the_gate_of_bf16():
     bf16, fp8 = run("bf16"), run("fp8")
     assert _cosine(fp8, bf16) >= 0.995, _cosine(fp8, bf16)
     assert 1e-4 < (fp8 - bf16).norm().item() / bf16.norm().item() < 0.1
+
+
+def test_fp8_under_model_cpu_offload_equals_fp8_on_the_gpu_and_leaves_with_the_model():
+    """enable_model_cpu_offload after the injection (as `generate --cpu-offload` does): the FP8 weights are buffers,
+    so the offload hooks bring them to the GPU with the transformer and take them back to the host after the
+    generation, and the latents are those of the resident FP8 pipeline."""
+    _hopper()
+    from test_inject_ltx_pipeline import _embeddings, _pipeline, generate
+
+    from ltxbench.inject import fp8
+    from ltxbench.inject.ltx import apply_kernels
+
+    pipe = _pipeline().to("cuda", torch.bfloat16)
+    embeddings = tuple(t.to("cuda", torch.bfloat16) if t.is_floating_point() else t.to("cuda")
+                       for t in _embeddings(pipe))
+    with apply_kernels(pipe, "cuda", precision="fp8"):
+        resident = generate(pipe, embeddings, 3.0).float()
+    with apply_kernels(pipe, "cuda", precision="fp8"):
+        pipe.enable_model_cpu_offload(device="cuda")
+        offloaded = generate(pipe, embeddings, 3.0).float()
+        stored = [t for m in pipe.transformer.modules() for name, t in m._buffers.items() if name == fp8.DATA]
+        assert stored and {t.device.type for t in stored} == {"cpu"}  # the transformer's offload took them along
+    pipe.remove_all_hooks()
+    assert (offloaded.cuda() - resident).abs().max().item() <= 1e-3 * resident.abs().max().item()

@@ -4,7 +4,10 @@ token, GEMMs on FP8 tensor cores with both scales in the epilogue and bf16 out (
 - `Quantized(data, scale)`: an activation in FP8 with its per-token scale, as the fused norm and GELU kernels
   write it (ops.*_fp8): the projection reading it needs no quantize pass of its own.
 - `store_weights` quantizes a group of nn.Linear layers (q/k/v concatenated: one GEMM) and frees their bf16
-  weights on the device (a host copy restores them on revert): the transformer's weight memory halves.
+  weights on the device (a host copy restores them on revert): the transformer's weight memory halves. The FP8
+  weights are buffers of the module that runs their GEMM (not persistent: no state_dict entry), so `.to(device)`,
+  and with it diffusers' / accelerate's model CPU offload, moves them with the model; the forwards read them at
+  every call (`stored_weight`), and a layer of a concatenation reads its rows of it.
 - `linear_forward` / `feed_forward_forward`: nn.Linear's and diffusers FeedForward's forwards on the stored FP8
   weights; the feed-forward's GELU writes FP8 for the down-projection (ops.gelu_tanh_fp8).
 - `Fp8Norms(ops)`: the provider the fused block code calls, whose modulated norms return `Quantized`.
@@ -22,7 +25,8 @@ import torch
 
 from ltxbench.errors import EnvironmentProblem
 
-WEIGHT_ATTR = "_ltxbench_fp8_weight"  # on an nn.Linear (or a FeedForward: (up, down); an attention: its q/k/v)
+WEIGHT_ATTR = "_ltxbench_fp8_weight"  # in a module's __dict__: its Fp8Stored (a FeedForward: (up, down) layers)
+DATA, SCALE, BIAS = "_ltxbench_fp8_data", "_ltxbench_fp8_scale", "_ltxbench_fp8_bias"  # buffers of the GEMM's owner
 PRECISIONS = ("bf16", "fp8")
 STORE_RULE = "fp8: weights stored per output channel (their bf16 copy off the device until revert)"
 
@@ -40,19 +44,40 @@ class Quantized(NamedTuple):
 
 class Fp8Weight(NamedTuple):
     """weight ≈ data * scale: data float8_e4m3fn (N, K), scale float32 (N, 1); bias and the output dtype as the
-    layer had them."""
+    layer had them. Built at each call from the owner's buffers (stored_weight)."""
 
     data: torch.Tensor
     scale: torch.Tensor
     bias: torch.Tensor | None
     out_dtype: torch.dtype
     splits: tuple[int, ...]  # the output widths of the layers it concatenates (q, k, v), one entry for one layer
-    names: tuple[str, ...] = ()  # those layers' attribute names on the module holding the concatenation
 
-    def rows(self, start: int, stop: int) -> Fp8Weight:
-        """The output channels [start, stop) (views: one layer of a concatenation)."""
-        bias = None if self.bias is None else self.bias[start:stop]
-        return Fp8Weight(self.data[start:stop], self.scale[start:stop], bias, self.out_dtype, (stop - start,))
+
+class Fp8Stored(NamedTuple):
+    """What a module's FP8 projection is, its tensors aside: `owner` holds the buffers (None: the module itself),
+    `rows` its output channels there (None: all); `names`: the layers a concatenation stands for, on the owner."""
+
+    out_dtype: torch.dtype
+    splits: tuple[int, ...]
+    names: tuple[str, ...] = ()
+    owner: torch.nn.Module | None = None
+    rows: tuple[int, int] | None = None
+
+
+def stored_weight(module) -> Fp8Weight:
+    """`module`'s FP8 weight as its owner's buffers hold it now (after any `.to(device)`)."""
+    stored = vars(module)[WEIGHT_ATTR]
+    owner = module if stored.owner is None else stored.owner
+    data, scale = getattr(owner, DATA), getattr(owner, SCALE)
+    if data.dtype != torch.float8_e4m3fn:
+        raise RuntimeError(f"the FP8 weights of {type(module).__name__} were cast to {data.dtype} (a .to(dtype) "
+                           "after the injection): revert the injection and inject again")
+    bias = getattr(owner, BIAS, None) if len(stored.splits) > 1 or stored.owner is not None else module.bias
+    if stored.rows is not None:
+        start, stop = stored.rows
+        data, scale = data[start:stop], scale[start:stop]
+        bias = None if bias is None else bias[start:stop]
+    return Fp8Weight(data, scale, bias, stored.out_dtype, stored.splits)
 
 
 def require_fp8(device) -> None:
@@ -86,9 +111,10 @@ def project_split(ops, x, weight: Fp8Weight) -> tuple:
 
 def store_weights(report, ops, owner, linears, what: str, classes: dict, names: tuple[str, ...] = ()) -> bool:
     """Quantize `linears` (plain nn.Linear, same input width; biased all or none), free their weights on the device
-    until the report's revert, and run each through its FP8 rows (linear_forward). Several layers (`names` on
-    `owner`, e.g. q/k/v) are also stored concatenated on `owner`, for one GEMM (fused_projection). False (and a skip
-    naming `what`) where they cannot."""
+    until the report's revert, and run each through its FP8 rows (linear_forward). One layer holds its own FP8
+    buffers; several (`names` on `owner`, e.g. q/k/v) are stored once, concatenated, as buffers of `owner`, for one
+    GEMM (fused_projection), each layer reading its rows of them. False (and a skip naming `what`) where they
+    cannot."""
     from ltxbench.inject import patch_forward, set_attr
 
     if not all(type(layer) is torch.nn.Linear for layer in linears):
@@ -97,16 +123,22 @@ def store_weights(report, ops, owner, linears, what: str, classes: dict, names: 
     if len({layer.in_features for layer in linears}) != 1 or len({layer.bias is None for layer in linears}) != 1:
         report.skip(what, "the layers differ in input width or in having a bias")
         return False
-    weight = torch.cat([layer.weight.detach() for layer in linears]) if len(linears) > 1 else linears[0].weight
-    data, scale = ops.quantize_fp8(weight.detach())
-    biases = [layer.bias.detach() for layer in linears if layer.bias is not None]
-    bias = (torch.cat(biases) if len(biases) > 1 else biases[0]) if biases else None
-    stored = Fp8Weight(data, scale, bias, weight.dtype, tuple(layer.out_features for layer in linears), names)
-    if len(linears) > 1:
-        set_attr(report, STORE_RULE, owner, WEIGHT_ATTR, stored)
+    joined = len(linears) > 1
+    holder = owner if joined else linears[0]
+    weight = torch.cat([layer.weight.detach() for layer in linears]) if joined else linears[0].weight.detach()
+    data, scale = ops.quantize_fp8(weight)
+    _add_buffer(report, holder, DATA, data)
+    _add_buffer(report, holder, SCALE, scale)
+    splits = tuple(layer.out_features for layer in linears)
+    if joined:
+        if linears[0].bias is not None:
+            _add_buffer(report, holder, BIAS, torch.cat([layer.bias.detach() for layer in linears]))
+        set_attr(report, STORE_RULE, owner, WEIGHT_ATTR, Fp8Stored(weight.dtype, splits, names))
     start, forward = 0, linear_forward(ops)
     for layer in linears:
-        own = stored if len(linears) == 1 else stored.rows(start, start + layer.out_features)
+        rows = (start, start + layer.out_features)
+        own = Fp8Stored(weight.dtype, (layer.out_features,), owner=owner, rows=rows) if joined else \
+            Fp8Stored(weight.dtype, splits)
         set_attr(report, STORE_RULE, layer, WEIGHT_ATTR, own)
         patch_forward(report, what, layer, forward, classes)
         start += layer.out_features
@@ -114,13 +146,19 @@ def store_weights(report, ops, owner, linears, what: str, classes: dict, names: 
     return True
 
 
+def _add_buffer(report, module, name: str, tensor) -> None:
+    """A non-persistent buffer of `module` until the report's revert (it moves with the module, and is not saved)."""
+    module.register_buffer(name, tensor, persistent=False)
+    report.on_revert(lambda: module._buffers.pop(name, None))
+
+
 def fused_projection(ops, module, names: tuple[str, ...], x) -> tuple | None:
     """The outputs of `module`'s layers `names` on x from their one FP8 GEMM, where store_weights stored exactly
     these together; else None."""
     stored = vars(module).get(WEIGHT_ATTR)
-    if not isinstance(stored, Fp8Weight) or stored.names != names:
+    if not isinstance(stored, Fp8Stored) or stored.names != names:
         return None
-    return project_split(ops, x, stored)
+    return project_split(ops, x, stored_weight(module))
 
 
 def _free_weight(report, layer) -> None:
@@ -142,7 +180,7 @@ def linear_forward(ops):
     """nn.Linear.forward on the layer's stored Fp8Weight."""
 
     def forward(self, input):
-        return project(ops, input, vars(self)[WEIGHT_ATTR])
+        return project(ops, input, stored_weight(self))
 
     return forward
 
@@ -154,8 +192,8 @@ def feed_forward_forward(ops):
 
     def forward(self, hidden_states, *args, **kwargs):
         up, down = vars(self)[WEIGHT_ATTR]
-        hidden = project(ops, hidden_states, up)
-        return project(ops, Quantized(*ops.gelu_tanh_fp8(hidden)), down)
+        hidden = project(ops, hidden_states, stored_weight(up))
+        return project(ops, Quantized(*ops.gelu_tanh_fp8(hidden)), stored_weight(down))
 
     return forward
 
@@ -186,7 +224,7 @@ def store_feed_forward(report, ops, ff, what: str, classes: dict) -> bool:
     up, down = ff.net[0].proj, ff.net[2]
     if not all(store_weights(report, ops, layer, [layer], what, classes) for layer in (up, down)):
         return False
-    ff.__dict__[WEIGHT_ATTR] = (vars(up)[WEIGHT_ATTR], vars(down)[WEIGHT_ATTR])
+    ff.__dict__[WEIGHT_ATTR] = (up, down)
     report.on_revert(lambda: ff.__dict__.pop(WEIGHT_ATTR, None))
     patch_forward(report, what, ff, feed_forward_forward(ops), classes)
     return True
@@ -212,17 +250,11 @@ class Fp8Norms:
 
 
 def weight_bytes(module) -> dict:
-    """Bytes of `module`'s parameters (and buffers: memory.module_bytes) and of the FP8 weights (and their scales)
-    stored on its submodules: the transformer's weight memory as the injection leaves it (q/k/v's concatenated
-    bias, a few KB, not counted)."""
+    """Bytes of `module`'s parameters and buffers (memory.module_bytes), and of those the FP8 buffers (weights,
+    scales, concatenated biases): the transformer's weight memory as the injection leaves it."""
     from ltxbench.models.memory import module_bytes
 
-    params = module_bytes(module)
-    storages = {}  # a layer of a concatenation holds views of it: each storage counted once
-    for sub in module.modules():
-        stored = vars(sub).get(WEIGHT_ATTR)
-        if isinstance(stored, Fp8Weight):
-            for t in (stored.data, stored.scale):
-                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-    fp8 = sum(storages.values())
-    return {"parameters": params, "fp8_weights": fp8, "total": params + fp8}
+    total = module_bytes(module)
+    fp8 = sum(t.numel() * t.element_size() for sub in module.modules() for name, t in sub._buffers.items()
+              if name in (DATA, SCALE, BIAS) and t is not None)
+    return {"parameters": total - fp8, "fp8_weights": fp8, "total": total}
