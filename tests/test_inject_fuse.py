@@ -64,6 +64,47 @@ def test_layers_that_stop_sharing_the_weight_get_none():
         assert fused_linear(x, layers, fused) is None  # weight is now computed: the fused copy would ignore it
 
 
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_moved_owner_fuses_again_and_lets_the_old_concatenation_go(bias):
+    """Model CPU offload moves a module with .to(): its layers' parameters move one by one. follow_moves concatenates
+    them again where they now are: the fused GEMM still runs, on one copy, and nothing holds the old concatenation
+    (simulated by replacing every tensor with a copy, as a move does; then a cast to fp64 and back)."""
+    import gc
+    import weakref
+
+    from ltxbench.inject import InjectionReport
+    from ltxbench.inject.fuse import follow_moves
+
+    owner = torch.nn.Module()
+    layers = _layers(bias)
+    for i, lin in enumerate(layers):
+        owner.add_module(f"p{i}", lin)
+    x = torch.randn(3, 5)
+    fused = fuse_linears(layers)
+    with torch.no_grad():
+        expected = fused_linear(x, layers, fused)
+    report = InjectionReport("owner")
+    follow_moves(report, owner, fused)
+    old = weakref.ref(fused.weight)
+    owner._apply(lambda t: t.clone())
+    gc.collect()
+    assert old() is None  # the old concatenation is gone
+    assert all(lin.weight.untyped_storage().data_ptr() == fused.weight.untyped_storage().data_ptr()
+               for lin in layers)
+    with torch.no_grad():
+        torch.testing.assert_close(fused_linear(x, layers, fused), expected, rtol=0, atol=0)
+        owner.double()
+        torch.testing.assert_close(fused_linear(x.double(), layers, fused), expected.double(), rtol=1e-6,
+                                   atol=1e-6)
+        owner.float()
+        assert fused_linear(x, layers, fused) is not None
+    report.revert()
+    assert "_apply" not in vars(owner)
+    kept = fused.weight
+    owner._apply(lambda t: t.clone())  # after the revert a move is plain torch again: the layers leave the set
+    assert fused.weight is kept and fused_linear(x, layers, fused) is None
+
+
 def test_training_needs_the_original_layers():
     layers = _layers()
     fused = fuse_linears(layers)

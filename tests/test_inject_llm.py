@@ -10,6 +10,7 @@ import torch
 
 from ltxbench.errors import EnvironmentProblem
 from ltxbench.inject import llm
+from ltxbench.inject.fuse import MOVES_RULE
 from ltxbench.inject.llm import attention as llm_attention
 from ltxbench.ops import reference
 
@@ -83,7 +84,8 @@ def test_patched_logits_match_and_revert_is_exact(model_type, spy):
         before = model(ids).logits
     report = llm.apply_kernels(model, "reference")
     norms = 2 * 2 + 1 + (2 * 2 if model_type == "qwen3" else 0)
-    assert dict(report.rules) == {llm.RULE_NORM: norms, llm.RULE_LAYER: 2, llm.RULE_MLP: 2, llm.RULE_ROPE: 2}
+    assert dict(report.rules) == {llm.RULE_NORM: norms, llm.RULE_LAYER: 2, llm.RULE_MLP: 2, llm.RULE_ROPE: 2,
+                                  MOVES_RULE: 2}
     assert report.skipped == []
     # the fused paths run: no separate q/k/v, gate/up or down projection module is called
     linear_calls: Counter = Counter()

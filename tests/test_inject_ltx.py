@@ -7,7 +7,7 @@ import torch
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject import ORIGINAL_CLASS
-from ltxbench.inject.fuse import FUSED_ATTR
+from ltxbench.inject.fuse import FUSED_ATTR, MOVES_RULE
 from ltxbench.inject.ltx import (
     ATTN2_RULES,
     ATTN_FORWARD_RULE,
@@ -296,7 +296,8 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
                                   "attn1: one q/k/v GEMM": 28, "attn2: one k/v GEMM": 28,
                                   "ff: up-projection + GELU-tanh as one GEMM (epilogue)": 28,
                                   ATTN_FORWARD_RULE: 56, CROSS_KV_RULE: 1, RESIDUAL_RULE: 28, PAIRED_RULE: 1,
-                                  TUNED_GEMM_RULE: 28 * 4}  # attn1/attn2 to_out, attn2 to_q, ff down
+                                  TUNED_GEMM_RULE: 28 * 4,  # attn1/attn2 to_out, attn2 to_q, ff down
+                                  MOVES_RULE: 56}  # the two fused sets of each block follow .to()
     skipped = {t for t, _ in report.skipped}
     assert {"VAE RMSNorm"} <= skipped
     assert all(isinstance(b.attn1.processor, FusedLTXAttnProcessor) for b in model.transformer_blocks)
@@ -314,6 +315,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
     for block, (p1, p2) in zip(model.transformer_blocks, processors, strict=True):
         assert "forward" not in vars(block) and block.attn1.processor is p1 and block.attn2.processor is p2
         assert not hasattr(block.attn1, FUSED_ATTR) and "forward" not in vars(block.ff.net[0])
+        assert "_apply" not in vars(block.attn1) and "_apply" not in vars(block.attn2)
 
 
 def test_a_hooked_model_forward_is_left_alone_and_reported():

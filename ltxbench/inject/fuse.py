@@ -4,11 +4,14 @@
 concatenation, so the model keeps one copy of the weights and `state_dict`/`load_state_dict` (in-place
 copies into the views) behave as before. `fused_linear` returns the fused projection, or None when the
 layers no longer share it (moved to another device/dtype, parameters replaced): the caller then runs the
-original layers. Inference only: callers run the original path when gradients are needed.
+original layers. `follow_moves` concatenates them again when the module holding them is moved or cast (`.to()`,
+model CPU offload), so that a move neither keeps the old concatenation alive nor ends the fusion. Inference only:
+callers run the original path when gradients are needed.
 """
 
 from __future__ import annotations
 
+import types
 import weakref
 
 import torch
@@ -60,6 +63,51 @@ def release(fused: FusedWeights) -> None:
             del _FUSED_OF[lin]
 
 
+def refuse(fused: FusedWeights) -> None:
+    """After the layers' tensors were moved or cast one by one (nn.Module._apply): concatenate them again where they
+    now are and make the parameters views of the new concatenation. The old one is no longer referenced (its memory,
+    on the device the model left, is freed) and the fused GEMM reads the new one. A set whose layers were replaced,
+    or whose tensors now differ in device or dtype, is left to run unfused (fused_linear)."""
+    current = [p.data_ptr() for p in fused.params]
+    if not fused.intact or (tuple(current) == fused.ptrs and fused.weight.device == fused.params[0].device
+                            and fused.weight.dtype == fused.params[0].dtype):
+        return  # not ours any more, or not moved (.to() of where it already is)
+    made = {}
+    for name in ("weight", "bias"):
+        if getattr(fused, name) is None:
+            continue
+        params = [lin._parameters.get(name) for lin in fused.linears]
+        if any(p is None for p in params) or len({(p.device, p.dtype) for p in params}) != 1:
+            return
+        made[name] = params
+    with torch.no_grad():
+        for name, params in made.items():
+            cat = torch.cat([p.detach() for p in params], dim=0)
+            start = 0
+            for p in params:
+                p.data = cat[start:start + p.shape[0]]
+                start += p.shape[0]
+            setattr(fused, name, cat)
+    fused.ptrs = tuple(p.data_ptr() for p in fused.params)
+
+
+MOVES_RULE = "fused projections: concatenated again where .to() moves or casts the model (model CPU offload)"
+
+
+def follow_moves(report, owner, fused: FusedWeights) -> None:
+    """`owner` (the module holding the fused layers) re-fuses them after each move or cast of its tensors, until the
+    report's revert: an instance-level `_apply`, which nn.Module.to() and .half() etc. recurse through (the class is
+    left alone: a patched class's fallback to its original would reach a second patch of it)."""
+    from ltxbench.inject import set_attr
+
+    def _apply(self, fn, recurse=True):
+        result = type(self)._apply(self, fn, recurse)
+        refuse(fused)
+        return result
+
+    set_attr(report, MOVES_RULE, owner, "_apply", types.MethodType(_apply, owner))
+
+
 def _track(linears, fused: FusedWeights) -> None:
     """Watch `linears` for replaced parameters or replacement in their parent (process-wide hooks, installed on
     first use)."""
@@ -107,7 +155,8 @@ def _intact(x, linears, fused: FusedWeights) -> bool:
         # Dynamo cannot compare data pointers, and every object it reads costs a guard per call (a parameter: a
         # tensor guard). So: no layer or parameter replaced since fusing (the registration hooks; checked per set only
         # once some set has lost one), and the fused weight where the input is (`.to()` moves the layers'
-        # parameters, not it; free: the graph guards on the fused weight's device and dtype anyway).
+        # parameters one by one, and follow_moves makes a new concatenation where its owner is moved; free: the graph
+        # guards on the fused weight's device and dtype anyway).
         same = not _any_broken or (fused.intact and all(a is b for a, b in zip(linears, fused.linears, strict=True)))
         return same and fused.weight.device == x.device and fused.weight.dtype == x.dtype
     # Eager, on every call (56 per LTX step, whose host time is close to its GPU time): read the layers' parameter
@@ -142,6 +191,7 @@ def fuse_layers(report, module, names: tuple, rule: str, skip_as: str | None = N
         report.skip(skip_as or rule, fused)
         return
     set_attr(report, rule, module, FUSED_ATTR, (names, fused))
+    follow_moves(report, module, fused)
     report.on_revert(lambda: release(fused))
 
 

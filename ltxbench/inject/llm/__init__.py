@@ -38,7 +38,7 @@ from ltxbench.inject import (
     patch_forward,
     require_provider,
 )
-from ltxbench.inject.fuse import fuse_linears, fused_linear, release
+from ltxbench.inject.fuse import follow_moves, fuse_linears, fused_linear, release
 from ltxbench.inject.llm.attention import (
     ATTN_SOURCE,
     CACHE_UPDATE_KWARGS,
@@ -219,6 +219,7 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
         else:
             setattr(mlp, FUSED_ATTR, fused)
             report.on_revert(lambda m=mlp: release(vars(m).pop(FUSED_ATTR)))
+            follow_moves(report, mlp, fused)
             patch_forward(report, RULE_MLP, mlp, mlp_forward, classes)
         attn = layer.self_attn
         sliding = sliding_kwarg(type(attn))
