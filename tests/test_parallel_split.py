@@ -78,6 +78,15 @@ def test_ltx2_split_equals_one_process(tmp_path, split, config):
         assert result["caches"]["hits"] > result["caches"]["builds"] > 0, result["caches"]
 
 
+def test_ltx2_hybrid_compiled_equals_one_process(tmp_path):
+    """hybrid under torch.compile: the context-parallel switch between the pair and the batch-1 pass changes what
+    the compiled code must do (the processors' parallel config, diffusers' split and gather hooks); the compiled
+    split's latents still equal one process's."""
+    result = _run(tmp_path, "ltx2", "hybrid", "optimized+compile")
+    assert result["error"] < TOL, result
+    assert {tuple(shape[:2]) for shape in result["calls"]} == {(1, 8), (1, 4)}, result["calls"]
+
+
 @pytest.mark.parametrize("family", ["ltx", "ltx2"])
 def test_fp8_split_equals_one_process(tmp_path, family):
     """--precision fp8 over the ranks: the activations are quantized per token, so splitting the tokens changes no
