@@ -21,7 +21,8 @@ from ltxbench.bench import micro, micro_report
 from ltxbench.bench.micro import Case, Measurement
 from ltxbench.cli import app
 from ltxbench.errors import UsageError
-from ltxbench.ops.registry import LLM_SHAPES, LTX_SHAPES, SEED_SHAPES, SPECS, get_spec
+from ltxbench.ops.registry import SPECS, get_spec
+from ltxbench.ops.shapes import LLM_SHAPES, LTX_SHAPES, SEED_SHAPES
 from ltxbench.results.io import load_result, write_result
 from ltxbench.results.schema import make_result, stats_from_samples, utc_now
 

@@ -13,7 +13,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import ltxbench.ops as ops
 from ltxbench.bench import micro
 from ltxbench.ops import eager, reference
-from ltxbench.ops.registry import DTYPES, SPECS, fp8_mismatch
+from ltxbench.ops.accuracy import fp8_mismatch
+from ltxbench.ops.registry import DTYPES, SPECS
 
 FP8 = torch.float8_e4m3fn
 FP8_OPS = ("rms_norm_modulate_fp8", "add_rms_norm_modulate_fp8", "gelu_tanh_fp8", "quantize_fp8")

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from ltxbench.ops import reference
+from ltxbench.ops.accuracy import fp8_mismatch, fp8_pairs
 from ltxbench.ops.inputs import LAYOUTS, relayout, restride
-from ltxbench.ops.registry import DTYPES, SPECS, fp8_mismatch, fp8_pairs
+from ltxbench.ops.registry import DTYPES, SPECS
 
 pytestmark = pytest.mark.gpu
 NAMES = sorted(SPECS)
@@ -41,7 +42,7 @@ def _same(a, b):
 
 
 def _check_fp8(got, ref, ref64, atol, rtol, fp32_tolerance):
-    """An FP8 output and its scale: against the fp32-math reference by the FP8 contract (registry.fp8_mismatch), and
+    """An FP8 output and its scale: against the fp32-math reference by the FP8 contract (accuracy.fp8_mismatch), and
     against float64 within the dtype's tolerance and one e4m3 step (float64 keeps h' unrounded)."""
     q, scale = got
     assert q.dtype == torch.float8_e4m3fn and scale.dtype == torch.float32 and q.is_contiguous()

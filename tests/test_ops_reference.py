@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from ltxbench.ops import eager, reference
-from ltxbench.ops.registry import DTYPES, SPECS, fp8_mismatch, fp8_pairs
+from ltxbench.ops.accuracy import fp8_mismatch, fp8_pairs
+from ltxbench.ops.registry import DTYPES, SPECS
 
 GEN_SEED = 1234
 

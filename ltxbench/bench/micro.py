@@ -13,8 +13,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ltxbench.errors import UsageError
-from ltxbench.ops.registry import (
-    DTYPES,
+from ltxbench.ops.accuracy import fp8_mismatch, fp8_pairs
+from ltxbench.ops.registry import DTYPES, SPECS, KernelSpec, get_spec
+from ltxbench.ops.shapes import (
     LLM_MLP_SHAPES,
     LLM_SHAPES,
     LTX2_CROSS_SHAPES,
@@ -25,11 +26,6 @@ from ltxbench.ops.registry import (
     LTX_LINEAR_SHAPES,
     LTX_SHAPES,
     SEED_SHAPES,
-    SPECS,
-    KernelSpec,
-    fp8_mismatch,
-    fp8_pairs,
-    get_spec,
 )
 from ltxbench.results.schema import STATS_KEYS
 
@@ -189,7 +185,7 @@ def make_provider(name: str, spec: KernelSpec, inputs: dict) -> Callable[[], obj
 
 def check_outputs(out, ref, atol: float, rtol: float, fp8_contract: bool = True) -> dict:
     """Max abs error over all outputs and pass/fail of |out - ref| <= atol + rtol*|ref| (NaN fails); an FP8 output
-    and its scale are judged together by registry.fp8_mismatch (its error: that of the dequantized values): by the
+    and its scale are judged together by accuracy.fp8_mismatch (its error: that of the dequantized values): by the
     kernels' contract, or (fp8_contract False) within (atol, rtol) and one e4m3 step."""
     outs = tuple(out) if isinstance(out, tuple | list) else (out,)
     refs = tuple(ref) if isinstance(ref, tuple | list) else (ref,)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ltxbench.ops import eager
+from ltxbench.ops.accuracy import TOLERANCES
 from ltxbench.ops.inputs import (
     LINEAR_OUT,
     SPLIT_ROPE_VARIANTS,
@@ -36,110 +37,25 @@ from ltxbench.ops.inputs import (
     inputs_rope_3d,
     inputs_swiglu,
 )
+from ltxbench.ops.shapes import (
+    FP8_TEST_SHAPES,
+    LLM_MLP_SHAPES,
+    LLM_SHAPES,
+    LTX2_CROSS_SHAPES,
+    LTX2_FFN_SHAPES,
+    LTX2_SELF_SHAPES,
+    LTX2_STREAM_SHAPES,
+    LTX_FFN_SHAPES,
+    LTX_LINEAR_SHAPES,
+    LTX_SHAPES,
+    ROPE_TEST_SHAPES,
+    SEED_SHAPES,
+    SPLIT_ROPE_TEST_SHAPES,
+    TEST_SHAPES,
+    XATTN_TEST_SHAPES,
+)
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-# (atol, rtol) against an fp32-math reference (docs/kernels.md#accuracy).
-TOLERANCES = {
-    "elementwise": {torch.float32: (1e-5, 1.3e-6), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1e-2, 1.6e-2)},
-    "reduction": {torch.float32: (1e-4, 1e-4), torch.float16: (1e-3, 1e-3), torch.bfloat16: (2e-2, 1.6e-2)},
-}
-# The FP8 ops: their q, x_scale pairs are judged by fp8_mismatch, any other output (h') as a reduction's.
-TOLERANCES["fp8"] = TOLERANCES["reduction"]
-
-FP8_SCALE_RTOL = 1e-5           # x_scale is amax / 448 in fp32: the kernel's amax differs by fp32 ulps only
-FP8_MISMATCH_FRACTION = 1e-3    # of the q values, that may differ from the reference's at all
-
-
-def fp8_mismatch(q, x_scale, q_ref, x_scale_ref, tolerance: tuple[float, float] | None = None):
-    """(max |q·x_scale − q_ref·x_scale_ref|, why an FP8 output and its per-row scale disagree with the reference's, or
-    None). The kernel's contract (tolerance None): (1) every scale within FP8_SCALE_RTOL of the reference's; (2) every
-    dequantized value within one e4m3 step of the reference's (|q_ref| / 8, 2^-9 in the subnormal range, times the
-    scale: where the kernel's fp32 y differs from the reference's by an ulp, it may round across an e4m3 rounding
-    boundary); (3) at most FP8_MISMATCH_FRACTION of the values different at all. fp32 noise moves ~1e-6 of the
-    values; y rounded to bf16 before the quantization ~2% of them (fp16: ~0.3%), a 1% different scale ~11%: (3) fails
-    them where (2) cannot. With tolerance (atol, rtol), for what computes y another way (the unfused baselines, which
-    round y to the model dtype; float64, which keeps h' unrounded): scales within rtol, values within one step plus
-    atol + rtol·|value|, any number of them moved."""
-    if q.dtype != torch.float8_e4m3fn or x_scale.dtype != torch.float32:
-        return math.nan, f"q must be float8_e4m3fn and x_scale float32, got {q.dtype} and {x_scale.dtype}"
-    if q.shape != q_ref.shape or x_scale.shape != x_scale_ref.shape:
-        return math.nan, (f"shapes {tuple(q.shape)}, {tuple(x_scale.shape)}, expected {tuple(q_ref.shape)}, "
-                          f"{tuple(x_scale_ref.shape)}")
-    atol, rtol = tolerance or (0.0, 0.0)
-    scale_rtol = rtol if tolerance else FP8_SCALE_RTOL
-    s, s_ref = x_scale.float(), x_scale_ref.float()
-    v, v_ref = q.float(), q_ref.float()
-    deq, deq_ref = v * s, v_ref * s_ref
-    diff = (deq - deq_ref).abs()
-    err = diff.max().item() if diff.numel() else 0.0
-    scale_off = ((s - s_ref).abs() > scale_rtol * s_ref.abs()) | s.isnan()
-    if scale_off.any():
-        worst = ((s - s_ref).abs() / s_ref.abs()).nan_to_num(math.inf).max().item()
-        return err, f"{int(scale_off.sum())} x_scale values off by up to {worst:.2g} (rtol {scale_rtol:g})"
-    step = v_ref.abs().mul(2.0 ** -3).clamp(min=2.0 ** -9) * s_ref
-    far = (diff > step * (1 + 1e-3) + atol + (rtol + 2 * scale_rtol) * deq_ref.abs()) | deq.isnan()
-    if far.any():
-        return err, f"{int(far.sum())} of {q.numel()} values more than one e4m3 step from the reference"
-    moved = int((v != v_ref).sum())
-    if not tolerance and moved > FP8_MISMATCH_FRACTION * q.numel():
-        return err, f"{moved} of {q.numel()} values differ from the reference (at most {FP8_MISMATCH_FRACTION:g} may)"
-    return err, None
-
-
-def fp8_pairs(outs, refs):
-    """outs zipped with refs, an FP8 output and the scale after it taken together: yields (out, ref), or
-    ((q, x_scale), (q_ref, x_scale_ref)) where refs has an FP8 tensor."""
-    i = 0
-    while i < len(refs):
-        if refs[i].dtype == torch.float8_e4m3fn and i + 1 < len(refs) and i + 1 < len(outs):
-            yield (outs[i], outs[i + 1]), (refs[i], refs[i + 1])
-            i += 2
-        else:
-            yield outs[i], refs[i]
-            i += 1
-
-# Odd widths that defeat 16-byte vectors, tiny and wide rows, few and many rows: (B, S, D). 2400 (300 16-bit
-# vectors over 160 threads) leaves some threads of a one-row-per-block row with fewer values than others.
-ODD_SHAPES = ((1, 1, 7), (2, 3, 83), (3, 5, 769), (1, 2, 5125))
-VECTOR_SHAPES = ((1, 1, 8), (2, 17, 64), (2, 33, 2048), (2, 3, 2400), (1, 4, 4096), (1, 2, 8200), (1, 2, 40960))
-TEST_SHAPES = ODD_SHAPES + VECTOR_SHAPES
-# Even widths for the pair-wise ops, covering D % 6 = 0, 2, 4 (LTX RoPE padding) and the pair path.
-ROPE_TEST_SHAPES = ((1, 1, 8), (2, 3, 84), (2, 5, 86), (1, 7, 88), (3, 5, 770), (2, 33, 2048), (1, 4, 4096))
-# Split RoPE (LTX-2): (B, S, D) split into inputs.split_rope_heads(D) heads. Odd token counts; head dims 128 (4096)
-# and 64 (2048); an odd half (86: one head, r = 43) and a half that 16-bit vectors miss (72: r = 36) for the scalar
-# path; 3 and 24 heads of 64 (16-bit rows of 16 threads; of 96, two a block); fp32 rows of two pairs a thread (8192).
-SPLIT_ROPE_TEST_SHAPES = ((1, 7, 4096), (2, 83, 2048), (1, 769, 4096), (1, 5125, 2048), (2, 5, 86), (3, 3, 192),
-                          (2, 3, 72), (2, 9, 1536), (1, 2, 8192))
-# FP8 rows up to LTX-2's feed-forward width (16384; every one-input op keeps it in registers).
-FP8_TEST_SHAPES = TEST_SHAPES + ((1, 3, 16384),)
-# cross_attention: (B, S, D) queries, D split into heads of the variant's head dim (inputs.XATTN_VARIANTS).
-XATTN_TEST_SHAPES = ((1, 1, 64), (2, 7, 64), (1, 83, 128), (2, 130, 256), (1, 769, 64), (3, 5, 192), (2, 300, 2048))
-
-SEED_SHAPES = {"seed-1x1024x2048": (1, 1024, 2048), "seed-2x1024x2048": (2, 1024, 2048),
-               "seed-4x1024x2048": (4, 1024, 2048), "seed-2x4096x3072": (2, 4096, 3072),
-               "seed-4x4096x3072": (4, 4096, 3072)}
-LTX_SHAPES = {"ltx2b-49f-cfg": (2, 2688, 2048), "ltx2b-161f-cfg": (2, 8064, 2048),
-              "ltx13b-161f-cfg": (2, 8064, 4096)}
-LTX_FFN_SHAPES = {"ltx2b-49f-ffn": (2, 2688, 8192), "ltx2b-161f-ffn": (2, 8064, 8192)}
-# LTX-2 19B with CFG: video self-attention (6144 tokens x 4096), audio self-attention (126 x 2048), and one side of
-# the audio/video cross-attentions (2048 wide: the video q or k, the audio q or k).
-LTX2_SELF_SHAPES = {"ltx2-video-self-2x6144x4096": (2, 6144, 4096), "ltx2-video-self-1x6144x4096": (1, 6144, 4096),
-                    "ltx2-audio-self-2x126x2048": (2, 126, 2048)}
-LTX2_CROSS_SHAPES = {"ltx2-av-cross-video-2x6144x2048": (2, 6144, 2048),
-                     "ltx2-av-cross-audio-2x126x2048": (2, 126, 2048)}
-# LTX-2 19B's residual streams with CFG (the modulated norms and gated residuals of each block)
-LTX2_STREAM_SHAPES = {"ltx2-video-2x6144x4096": (2, 6144, 4096), "ltx2-audio-2x126x2048": (2, 126, 2048)}
-LLM_MLP_SHAPES = {"llama3-8b-mlp-4096tok": (1, 4096, 14336), "llama3-8b-mlp-decode": (1, 1, 14336)}
-LLM_SHAPES = {"llama3-8b-decode": (1, 1, 4096), "llama3-8b-prefill": (1, 4096, 4096),
-              "norm-32768x2048": (1, 32768, 2048), "norm-8192x4096": (1, 8192, 4096)}
-# LTX-2 19B's video feed-forward hidden states with CFG (4 x 4096 wide)
-LTX2_FFN_SHAPES = {"ltx2-video-ffn-2x6144x16384": (2, 6144, 16384)}
-# linear's bench shapes: (B, S, K, N), LTX-2B's projections.
-LTX_LINEAR_SHAPES = {"ltx2b-49f-attn-out": (2, 2688, 2048, 2048), "ltx2b-49f-qkv": (2, 2688, 2048, 6144),
-                     "ltx2b-49f-ff-up": (2, 2688, 2048, 8192), "ltx2b-49f-ff-down": (2, 2688, 8192, 2048),
-                     "ltx2b-161f-ff-up": (2, 8064, 2048, 8192)}
-
 
 def io_bytes(inputs: dict, written: int) -> int:
     """Minimum traffic: every tensor input read once (at its real, un-broadcast size) + `written` bytes."""
