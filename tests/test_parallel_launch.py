@@ -39,6 +39,14 @@ def test_hybrid_uses_both_degrees_over_the_same_two_ranks():
     assert launch.resolve_split(2, "hybrid") == "hybrid" and launch.degrees("hybrid", 2) == (2, 2)
 
 
+def test_the_two_gpu_default_is_the_familys():
+    from ltxbench.models import family_of
+
+    assert [family_of(model).two_gpu_split for model in ("ltx-tiny", "ltx2-tiny")] == ["cfg", "hybrid"]
+    assert launch.resolve_split(2, None, "hybrid") == "hybrid"
+    assert launch.resolve_split(4, None, "hybrid") == "cfg+ulysses"
+
+
 @pytest.mark.parametrize(("gpus", "parallel", "flag", "words"), [
     (0, None, "--gpus", "at least 1"),
     (1, "cfg", "--parallel", "needs --gpus 2 or more"),

@@ -17,7 +17,7 @@ def split_or_relaunch(family, gpus: int, parallel: str | None, device: str) -> s
     """The split of this run (None: one process), after the command validated everything else, so that a usage
     error never starts N processes. Outside the launcher, --gpus N > 1 runs the original command line as N
     processes and exits with their exit code (typer.Exit); under it, the launcher's world must be --gpus."""
-    split = launch.resolve_split(gpus, parallel)
+    split = launch.resolve_split(gpus, parallel, family.two_gpu_split)
     if gpus > 1 and not family.supports_parallel:
         raise UsageError(f"--gpus {gpus}: the {family.title} family runs on one GPU")
     if split is not None and split not in family.parallel_splits:

@@ -55,8 +55,9 @@ def degrees(split: str, gpus: int) -> tuple[int, int]:
     return 1, gpus
 
 
-def resolve_split(gpus: int, parallel: str | None) -> str | None:
-    """The split of --gpus over --parallel (None for one GPU); a UsageError naming the flag for what cannot run."""
+def resolve_split(gpus: int, parallel: str | None, two_gpu_default: str = "cfg") -> str | None:
+    """The split of --gpus over --parallel (None for one GPU; without --parallel, two_gpu_default on 2 GPUs: the
+    family's); a UsageError naming the flag for what cannot run."""
     if gpus < 1:
         raise UsageError(f"--gpus {gpus} must be at least 1")
     if gpus == 1:
@@ -64,7 +65,7 @@ def resolve_split(gpus: int, parallel: str | None) -> str | None:
             raise UsageError(f"--parallel {parallel}: --parallel needs --gpus 2 or more")
         return None
     if parallel is None:
-        parallel = "cfg" if gpus == 2 else ("cfg+ulysses" if gpus % 2 == 0 else "ulysses")
+        parallel = two_gpu_default if gpus == 2 else ("cfg+ulysses" if gpus % 2 == 0 else "ulysses")
     if parallel not in SPLITS:
         raise UsageError(f"--parallel {parallel!r} is not one of {', '.join(SPLITS)}")
     if parallel == "cfg" and gpus != 2:
