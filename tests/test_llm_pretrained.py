@@ -20,6 +20,7 @@ from typer.testing import CliRunner
 from ltxbench.cli import app
 from ltxbench.errors import EnvironmentProblem
 from ltxbench.inject import llm
+from ltxbench.inject.fuse import MOVES_RULE
 from ltxbench.models import llm as llm_family
 from ltxbench.models import llm_build, llm_weights
 
@@ -67,7 +68,7 @@ def _greedy(model, batch, pad_token_id, **kwargs):
 def _assert_everything_patched(report, layers: int) -> None:
     assert report.skipped == []
     assert dict(report.rules) == {llm.RULE_NORM: 2 * layers + 1, llm.RULE_LAYER: layers, llm.RULE_MLP: layers,
-                                  llm.RULE_ROPE: layers}
+                                  llm.RULE_ROPE: layers, MOVES_RULE: layers}
 
 
 # --- CPU: the reference provider, fp32 ------------------------------------------------------------------------
