@@ -179,6 +179,7 @@ def test_bench_e2e_phase_transformer_times_the_loop_alone(tmp_path):
 def test_optimized_reports_its_rules_and_still_writes(tmp_path):
     """The optimized configuration runs LTX-2's rules (fused blocks, fused projections, the text keys/values once per
     generation) and says so."""
+    from ltxbench.inject.fuse import MOVES_RULE
     from ltxbench.inject.ltx2 import (
         BLOCK_RULE,
         GENERATION_RULE,
@@ -196,7 +197,7 @@ def test_optimized_reports_its_rules_and_still_writes(tmp_path):
     injection = doc["run"]["config"]["injection"]["optimized"]
     assert injection["applied"] is True
     assert injection["rules"] == {TEXT_KV_RULE: 4, PROJECTION_RULE: 2, GENERATION_RULE: 1, BLOCK_RULE: 2,
-                                  PROJECTIONS_RULE: 8, STG_RULE: 1}
+                                  PROJECTIONS_RULE: 8, STG_RULE: 1, MOVES_RULE: 8}  # each fused set follows .to()
     assert _names(doc["records"], "optimized") == {"denoise_step", "total"}
 
 
