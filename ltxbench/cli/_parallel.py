@@ -22,7 +22,7 @@ def split_or_relaunch(family, gpus: int, parallel: str | None, device: str) -> s
         raise UsageError(f"--gpus {gpus}: the {family.title} family runs on one GPU")
     if split is not None and split not in family.parallel_splits:
         raise UsageError(f"--parallel {split}: the {family.title} family splits as "
-                         f"{', '.join(family.parallel_splits)}", hint=family.parallel_hint)
+                         f"{', '.join(family.parallel_splits)}")
     if launch.under_launcher():
         started = launch.launcher_world_size()
         if started != gpus:

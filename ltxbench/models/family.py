@@ -91,7 +91,6 @@ class ModelFamily:
     makes_video: ClassVar[bool] = False             # `generate` takes it
     supports_parallel: ClassVar[bool] = False       # runs over several GPUs (--gpus N, --parallel)
     parallel_splits: ClassVar[tuple[str, ...]] = ("cfg", "ulysses", "ring", "cfg+ulysses")  # --parallel it takes
-    parallel_hint: ClassVar[str] = "--parallel hybrid is for LTX-2, whose step has batch-1 guidance passes"
     two_gpu_split: ClassVar[str] = "cfg"  # --gpus 2 without --parallel
     precisions: ClassVar[tuple[str, ...]] = ("bf16",)  # --precision values its injection takes
 

@@ -66,7 +66,7 @@ def parallelize(transformer, world, plan: ParallelPlan, tokens: int | None = Non
         context.enable(transformer, config, below, local)
         switch = context.ContextSwitch(transformer) if hybrid else None
 
-        def undo_context(switch=switch, below=below):
+        def undo_context():
             if switch is not None:
                 switch.set(True)
             context.disable(transformer, below)
