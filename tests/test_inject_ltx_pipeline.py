@@ -160,6 +160,35 @@ def test_cpu_offload_with_injection_matches_and_revert_restores_the_model(offloa
     assert error(after, expected) < TOL
 
 
+@pytest.mark.gpu
+def test_model_offload_on_the_gpu_keeps_one_fused_copy_in_use(monkeypatch):
+    """enable_model_cpu_offload after the injection moves the transformer to the GPU for the denoising and back after
+    it, one parameter at a time: each fused concatenation follows (fuse.follow_moves), so the fused GEMMs run, on one
+    copy of the weights, and none of it stays on the GPU once the model is back on the host."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs an NVIDIA GPU (no CUDA device visible)")
+    from ltxbench.inject import fuse
+
+    ran = []
+    original = fuse.fused_linear
+    monkeypatch.setattr(fuse, "fused_linear", lambda *a, **k: (lambda out: ran.append(out is not None) or out)(
+        original(*a, **k)))
+    pipe = _pipeline()
+    embeddings = tuple(t.to("cuda") for t in _embeddings(pipe))  # on the execution device, as encode_prompt gives
+    expected = generate(pipe.to("cuda"), embeddings, 3.0).cpu()
+    report = apply_kernels(pipe, "reference")
+    pipe.enable_model_cpu_offload(device="cuda")
+    got = generate(pipe, embeddings, 3.0).cpu()
+    sets = [vars(m)[fuse.FUSED_ATTR][1] for m in pipe.transformer.modules() if fuse.FUSED_ATTR in vars(m)]
+    assert sets and all(f.intact and f.weight.device.type == "cpu" for f in sets)
+    assert all(lin.weight.untyped_storage().data_ptr() == f.weight.untyped_storage().data_ptr()
+               for f in sets for lin in f.linears)
+    assert ran and all(ran)  # every projection set ran fused on the GPU
+    report.revert()
+    pipe.remove_all_hooks()
+    assert error(got, expected) < TOL
+
+
 @pytest.mark.parametrize("guidance", [1.0, 3.0])
 def test_videos_per_prompt_and_a_callback_that_edits_latents(pipe, guidance):
     embeddings = None  # from text: diffusers repeats encoded prompts per video, not prompt embeddings passed in
