@@ -146,6 +146,20 @@ def test_a_lora_fused_after_the_injection_fails_loudly(runs):
             layer.weight.data += torch.ones(layer.out_features, layer.in_features)
 
 
+def test_new_values_for_a_stored_weight_are_refused_moves_are_not(runs):
+    """`weight.data = w` keeps the Parameter, so nothing else sees it: refused with one line, where the FP8 copy
+    would otherwise go on computing with the old weight. A move of the empty placeholder (diffusers' group
+    offloading assigns `.data` too) passes, and the revert gives the layer its weight back as a plain Parameter."""
+    pipe, _, _, _ = runs
+    layer = pipe.transformer.transformer_blocks[0].attn1.to_q
+    with apply_kernels(pipe, "reference", precision="fp8"):
+        with pytest.raises(RuntimeError, match="held in FP8 by ltxbench's injection"):
+            layer.weight.data = torch.randn(layer.out_features, layer.in_features)
+        layer.weight.data = layer.weight.data.to("cpu")  # a move: still empty
+        assert layer.weight.numel() == 0
+    assert type(layer.weight) is torch.nn.Parameter and layer.weight.shape == (layer.out_features, layer.in_features)
+
+
 def test_the_weight_memory_counts_one_byte_per_projection_weight():
     """bf16 weights (2 bytes) leave the device, FP8 ones (1 byte + a 4-byte scale per output channel) stay: about
     half at LTX-2B's widths (2048: the scales add 0.2%), measured by bench e2e. A concatenation (q/k/v) also keeps

@@ -100,9 +100,10 @@ def test_a_moved_owner_fuses_again_and_lets_the_old_concatenation_go(bias):
         assert fused_linear(x, layers, fused) is not None
     report.revert()
     assert "_apply" not in vars(owner)
-    kept = fused.weight
+    old = weakref.ref(fused.weight)
     owner._apply(lambda t: t.clone())  # after the revert a move is plain torch again: the layers leave the set
-    assert fused.weight is kept and fused_linear(x, layers, fused) is None
+    gc.collect()
+    assert fused_linear(x, layers, fused) is None and old() is None  # and the set lets its concatenation go
 
 
 def test_training_needs_the_original_layers():
@@ -143,6 +144,48 @@ def test_compiled_projection_falls_back_when_a_layer_gets_a_new_parameter():
         layers[2].weight = torch.nn.Parameter(torch.zeros(4, 5))
         assert not fused.intact and project(x) is None
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("backend", ["eager", "inductor"])
+def test_compiled_projection_does_not_read_a_weight_given_new_storage(backend):
+    """`weight.data = new` keeps the Parameter and changes its storage (a user's weight swap, PEFT's safe merge). A
+    compiled graph cannot compare data pointers; the view's `.data` setter ends the fusion instead, so the graph
+    guards fail and the layers' own weights run. Without it, the compiled projection kept the old values."""
+    layers = _layers()
+    fused = fuse_linears(layers)
+    project = torch.compile(lambda x: fused_linear(x, layers, fused), fullgraph=True, backend=backend)
+    x = torch.randn(4, 5)
+    with torch.no_grad():
+        assert project(x) is not None
+        swapped = torch.randn_like(layers[1].weight)
+        layers[1].weight.data = swapped
+        assert not fused.intact and project(x) is None
+        torch.testing.assert_close(layers[1](x), x @ swapped.t() + layers[1].bias)
+    torch._dynamo.reset()
+
+
+def test_views_given_new_storage_let_the_concatenation_go():
+    """diffusers' group offloading moves parameters with `param.data = param.data.to(device)`, not through module
+    moves (follow_moves): the set stops running fused and nothing of ours keeps the old concatenation; the same
+    storage assigned again (a move to where it already is) changes nothing."""
+    import gc
+    import weakref
+
+    layers = _layers()
+    fused = fuse_linears(layers)
+    x = torch.randn(3, 5)
+    with torch.no_grad():
+        for lin in layers:
+            lin.weight.data = lin.weight.data.to("cpu")  # already there: the same tensor
+        assert fused.intact and fused_linear(x, layers, fused) is not None
+        old = weakref.ref(fused.weight)
+        expected = torch.cat([lin(x) for lin in layers], dim=-1)
+        for lin in layers:
+            for param in lin.parameters():
+                param.data = param.data.clone()
+        gc.collect()
+        assert old() is None and fused_linear(x, layers, fused) is None
+        torch.testing.assert_close(torch.cat([lin(x) for lin in layers], dim=-1), expected, rtol=0, atol=0)
 
 
 def test_compiled_projection_falls_back_when_a_layer_is_replaced_in_its_parent():

@@ -246,6 +246,26 @@ def test_injected_transformer_compiles_without_graph_breaks():
     assert explained.graph_break_count == 0, explained.break_reasons
 
 
+def test_compiled_patched_transformer_follows_a_weight_swapped_through_data():
+    """`to_k.weight.data = new` after injection and compile (a weight swap that keeps the Parameter): the compiled
+    patched transformer must compute with the new weight, as the unpatched one does, not with the fused copy."""
+    model = _transformer()
+    inputs = _inputs(model)
+    attn = model.transformer_blocks[0].attn1
+    swapped = torch.randn_like(attn.to_k.weight)
+    with torch.no_grad(), apply_kernels(model, "reference"):
+        compiled = torch.compile(model, backend="eager")
+        before = compiled(**inputs)[0]
+        attn.to_k.weight.data = swapped.clone()
+        after = compiled(**inputs)[0]
+    model._compiled_call_impl = None
+    with torch.no_grad():
+        expected = model(**inputs)[0]  # unpatched, with the swapped weight
+    assert not torch.allclose(after, before)
+    torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-5)
+    torch._dynamo.reset()
+
+
 def test_per_token_modulation_of_image_to_video_blocks():
     """I2V/condition pipelines give every token its own timestep: temb is (B, S, 6D), not (B, 1, 6D)."""
     model = _transformer()

@@ -12,8 +12,8 @@ token, GEMMs on FP8 tensor cores with both scales in the epilogue and bf16 out (
   weights; the feed-forward's GELU writes FP8 for the down-projection (ops.gelu_tanh_fp8).
 - `Fp8Norms(ops)`: the provider the fused block code calls, whose modulated norms return `Quantized`.
 
-A layer changed after the injection (a LoRA fused later) finds a zero-size weight and fails loudly: the FP8 copy
-is never silently stale. Inference only.
+A layer changed after the injection fails loudly: a LoRA fused later finds a zero-size weight, and new values given
+through `weight.data` are refused (Fp8Placeholder). The FP8 copy is never silently stale. Inference only.
 """
 
 from __future__ import annotations
@@ -161,14 +161,35 @@ def fused_projection(ops, module, names: tuple[str, ...], x) -> tuple | None:
     return project_split(ops, x, stored_weight(module))
 
 
+class Fp8Placeholder(torch.nn.Parameter):
+    """The weight of a layer whose GEMM runs on its FP8 copy: empty, so it holds no memory. Moves keep it empty
+    (`.to()`, diffusers' group offloading); values given to it (`weight.data = w`) would never reach the FP8 copy,
+    so they are refused with one line instead of leaving the layer silently stale."""
+
+    @property
+    def data(self):
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, value):
+        if value.numel():
+            raise RuntimeError("this layer's weight is held in FP8 by ltxbench's injection (--precision fp8): "
+                               "revert the injection before giving it new values")
+        torch.Tensor.data.__set__(self, value)
+
+
 def _free_weight(report, layer) -> None:
-    """layer.weight's storage on the device released (a zero-size tensor in its place), a host copy kept for revert."""
+    """layer.weight's storage on the device released (an Fp8Placeholder of zero size in its place), a host copy
+    kept for revert."""
     parameter = layer.weight
     host = parameter.detach().to("cpu", copy=True)
-    parameter.data = parameter.data.new_empty(0)
+    kind = type(parameter)
+    torch.Tensor.data.__set__(parameter, parameter.data.new_empty(0))
+    parameter.__class__ = Fp8Placeholder
 
     def undo():
-        parameter.data = host.to(parameter.device)
+        parameter.__class__ = kind
+        torch.Tensor.data.__set__(parameter, host.to(parameter.device))
 
     report.on_revert(undo)
 

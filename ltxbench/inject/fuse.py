@@ -5,8 +5,10 @@ concatenation, so the model keeps one copy of the weights and `state_dict`/`load
 copies into the views) behave as before. `fused_linear` returns the fused projection, or None when the
 layers no longer share it (moved to another device/dtype, parameters replaced): the caller then runs the
 original layers. `follow_moves` concatenates them again when the module holding them is moved or cast (`.to()`,
-model CPU offload), so that a move neither keeps the old concatenation alive nor ends the fusion. Inference only:
-callers run the original path when gradients are needed.
+model CPU offload), so that a move neither keeps the old concatenation alive nor ends the fusion. A view given other
+storage any other way (`param.data = ...`: a user's weight swap, PEFT's safe merge, diffusers' group offloading)
+ends its set's fusion at once (FusedView), which a compiled graph could not see by itself. Inference only: callers
+run the original path when gradients are needed.
 """
 
 from __future__ import annotations
@@ -28,6 +30,41 @@ class FusedWeights:
         self.weight, self.bias, self.linears, self.params = weight, bias, tuple(linears), params
         self.ptrs = tuple(p.data_ptr() for p in params)  # where each view starts inside weight / bias
         self.intact = True
+        self.moving = False  # inside its owner's _apply (follow_moves): the views' new storage is concatenated again
+        for param in params:
+            _SET_OF_VIEW[id(param)] = self
+
+
+class FusedView(torch.nn.Parameter):
+    """A fused layer's weight or bias: a view of its set's concatenation. `.data = other` (other storage) ends the
+    set's fusion and drops the set's hold on the concatenation (freed once no view uses it), except during a move of
+    the set's owner, which concatenates again (follow_moves). Why here: a compiled graph cannot compare data pointers,
+    so it would otherwise keep reading the old concatenation, stale after a weight swap and left on the GPU by
+    diffusers' group offloading."""
+
+    @property
+    def data(self):
+        return torch.Tensor.data.__get__(self)
+
+    @data.setter
+    def data(self, value):
+        same = (value.data_ptr() == self.data_ptr() and value.shape == self.shape and value.dtype == self.dtype
+                and value.device == self.device and value.stride() == self.stride())
+        torch.Tensor.data.__set__(self, value)
+        fused = _set_of(self)
+        if not same and fused is not None and fused.intact and not fused.moving:
+            _broken(fused)
+            fused.weight = fused.bias = None  # every reader checks intact first
+
+
+# id(view) -> its FusedWeights, which holds the view (so the id stays its own while the entry lives); tensors
+# compare elementwise, so they cannot be keys of a WeakKeyDictionary
+_SET_OF_VIEW: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+
+
+def _set_of(param) -> FusedWeights | None:
+    fused = _SET_OF_VIEW.get(id(param))
+    return fused if fused is not None and any(p is param for p in fused.params) else None
 
 
 _FUSED_OF: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # nn.Linear -> the FusedWeights it is part of
@@ -57,10 +94,16 @@ def _on_module_registered(parent, name, module):
 
 
 def release(fused: FusedWeights) -> None:
-    """Stop watching the layers of `fused` (on revert): replacing their parameters later is none of our business."""
+    """Stop watching the layers of `fused` (on revert): replacing their parameters later is none of our business.
+    The views stay (the layers' weights, whatever storage they now have), as plain Parameters again."""
     for lin in fused.linears:
         if _FUSED_OF.get(lin) is fused:
             del _FUSED_OF[lin]
+    for param in fused.params:
+        if _SET_OF_VIEW.get(id(param)) is fused:
+            del _SET_OF_VIEW[id(param)]
+        if type(param) is FusedView:
+            param.__class__ = torch.nn.Parameter
 
 
 def refuse(fused: FusedWeights) -> None:
@@ -85,7 +128,7 @@ def refuse(fused: FusedWeights) -> None:
             cat = torch.cat([p.detach() for p in params], dim=0)
             start = 0
             for p in params:
-                p.data = cat[start:start + p.shape[0]]
+                torch.Tensor.data.__set__(p, cat[start:start + p.shape[0]])  # not FusedView's setter: a re-fuse
                 start += p.shape[0]
             setattr(fused, name, cat)
     fused.ptrs = tuple(p.data_ptr() for p in fused.params)
@@ -101,7 +144,11 @@ def follow_moves(report, owner, fused: FusedWeights) -> None:
     from ltxbench.inject import set_attr
 
     def _apply(self, fn, recurse=True):
-        result = type(self)._apply(self, fn, recurse)
+        fused.moving = True
+        try:
+            result = type(self)._apply(self, fn, recurse)
+        finally:
+            fused.moving = False
         refuse(fused)
         return result
 
@@ -139,7 +186,7 @@ def fuse_linears(linears) -> FusedWeights | str:
             cat = torch.cat([p.detach() for p in parts], dim=0)
             start, made = 0, []
             for lin, old in zip(linears, parts, strict=True):
-                made.append(torch.nn.Parameter(cat[start:start + old.shape[0]], requires_grad=old.requires_grad))
+                made.append(FusedView(cat[start:start + old.shape[0]], requires_grad=old.requires_grad))
                 setattr(lin, name, made[-1])
                 start += old.shape[0]
             fused.append(cat)
@@ -164,7 +211,8 @@ def _intact(x, linears, fused: FusedWeights) -> bool:
     # counts as replaced), and compare data pointers with those recorded when fusing (`.to()` and `param.data =`
     # move a parameter without replacing it): 16.6 -> 2.6 us per call on a CPU).
     params = [p for lin in linears for name in ("weight", "bias") if (p := lin._parameters.get(name)) is not None]
-    return (len(params) == len(fused.params) and all(p is q for p, q in zip(params, fused.params, strict=True))
+    return (fused.intact and len(params) == len(fused.params)
+            and all(p is q for p, q in zip(params, fused.params, strict=True))
             and tuple(p.data_ptr() for p in params) == fused.ptrs)
 
 
