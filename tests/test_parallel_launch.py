@@ -352,3 +352,36 @@ def test_report_reads_a_multi_gpu_result(tmp_path):
     assert "## e2e-2gpu.json" in readme
     assert f"| 2× {doc['env']['gpus'][0]['name']}, cfg |" in readme  # the run's GPU count and split by its file
     shutil.rmtree(folder)
+
+
+# --- profile over several processes: every rank's trace and summary ---------------------------------------
+
+def test_profile_over_two_processes_keeps_every_ranks_trace_and_summary(tmp_path):
+    """`profile --gpus 2` (2 gloo processes on the CPU, the tiny LTX-Video): each rank keeps its chrome trace and
+    rank 0's result records every rank's time per family, so a rank that waits for the other at the collectives
+    shows."""
+    import subprocess
+
+    out = tmp_path / "p.json"
+    command = [sys.executable, "-m", "ltxbench", "profile", *TINY, "--configs", "baseline", "--gpus", "2",
+               "--parallel", "cfg", "--output", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads(out.read_text())["run"]["config"]
+    traces = config["rank_traces"]["baseline"]
+    assert traces == [str(tmp_path / "p-baseline.trace.json"), str(tmp_path / "p-baseline-rank1.trace.json")]
+    assert all(Path(path).is_file() for path in traces)
+    assert len(config["ranks"]) == 2
+    for summary in config["ranks"]:
+        row = summary["baseline"]
+        assert row["total_ms"] > 0 and row["families_ms"]["communication"] > 0  # the guidance pair's gather
+    assert "per rank" in done.stdout
+
+
+def test_profile_refuses_an_existing_trace_of_another_rank(tmp_path, no_relaunch):
+    (tmp_path / "r-baseline-rank1.trace.json").write_text("{}")
+    result = runner.invoke(app, ["profile", *TINY, "--configs", "baseline", "--gpus", "2", "--output",
+                                 str(tmp_path / "r.json")])
+    assert result.exit_code == 2 and "r-baseline-rank1.trace.json" in result.output, result.output
+    assert no_relaunch == []

@@ -193,6 +193,34 @@ def render_families(results: dict, unit: str):
     return table
 
 
+def rank_summary(results: dict) -> dict:
+    """One rank's share of a multi-GPU profile, per configuration: its kernel time in all and per family, the idle
+    time between its kernels and its SM clock. The ranks run the same work, so where one waits for another at the
+    collectives (a slower clock, a late launch) it shows as a difference in communication time between ranks."""
+    return {config: {"total_ms": res["total_ms"],
+                     "families_ms": {family: fam["ms"] for family, fam in res["families"].items()},
+                     "idle_ms": (res.get("timeline") or {}).get("idle_ms"),
+                     "sm_mhz": (res.get("gpu") or {}).get("gpu_sm_mhz_median")}
+            for config, res in results.items()}
+
+
+def render_ranks(ranks: list[dict], unit: str):
+    """Every rank's rank_summary side by side: total, communication, the rest, idle time and clock."""
+    from rich.table import Table
+
+    table = Table(title=f"per rank ({unit}, ms)")
+    for col in ("config", "rank", "total", "communication", "other kernels", "idle", "SM MHz"):
+        table.add_column(col, justify="left" if col == "config" else "right")
+    for config in ranks[0]:
+        for rank, summary in enumerate(ranks):
+            row = summary[config]
+            comm = row["families_ms"].get("communication", 0.0)
+            table.add_row(config, str(rank), f"{row['total_ms']:.3f}", f"{comm:.3f}", f"{row['total_ms'] - comm:.3f}",
+                          "-" if row["idle_ms"] is None else f"{row['idle_ms']:.3f}",
+                          "-" if row["sm_mhz"] is None else f"{row['sm_mhz']:.0f}")
+    return table
+
+
 def render_kernels(config: str, res: dict):
     from rich.table import Table
 

@@ -52,7 +52,8 @@ def profile_command(**values) -> None:
     json_path, csv_path = result_paths(default_path("profile") if output is None else output)
     traces_at = Path(values["trace_dir"]) if values["trace_dir"] is not None else json_path.parent
     traces = {c: traces_at / f"{json_path.stem}-{c.replace('+', '-')}.trace.json" for c in settings.configs}
-    check_outputs((json_path, csv_path, *traces.values()), force,
+    every_rank = [rank_trace(path, rank) for path in traces.values() for rank in range(1, max(settings.gpus, 1))]
+    check_outputs((json_path, csv_path, *traces.values(), *every_rank), force,
                   hint="pass --force to overwrite, or choose another --output/--trace-dir")
     settings.parallel = _parallel.split_or_relaunch(family, settings.gpus, settings.parallel, settings.device)
 
@@ -85,11 +86,11 @@ def _run(family, settings, json_path, traces: dict, force: bool, output, world) 
     def log(text: str) -> None:
         err.print(text, markup=False)
 
-    described = None
+    described = ranks = None
     if world is None:
         results = family.profile(target, settings, traces, log)
     else:
-        results, described = _profile_ranks(family, target, settings, traces, log, world)
+        results, described, ranks = _profile_ranks(family, target, settings, traces, log, world)
         if not world.main:
             return
     args = settings.as_args()
@@ -103,10 +104,16 @@ def _run(family, settings, json_path, traces: dict, force: bool, output, world) 
               "injection": {name: res["injection"] for name, res in results.items()}}
     if described is not None:
         config["parallel"] = described
+        config["ranks"] = ranks  # every rank's kernel time per family (profile.rank_summary), by rank
+        config["rank_traces"] = {name: [str(rank_trace(path, rank)) for rank in range(described["world_size"])]
+                                 for name, path in traces.items()}
     argv = command_line("profile", {**args, "trace_dir": str(traces_at), "output": str(json_path), "force": force})
     doc = make_result("profile", argv, config, settings.seed, started, utc_now(), records)
     written, csv_path = write_result(doc, json_path, force)
-    console.print(profile.render_families(results, "kernel time" if settings.device == "cuda" else "CPU self time"))
+    unit = "kernel time" if settings.device == "cuda" else "CPU self time"
+    console.print(profile.render_families(results, unit))
+    if ranks is not None:
+        console.print(profile.render_ranks(ranks, unit))
     for name, res in results.items():
         console.print(profile.render_kernels(name, res))
     for name, res in results.items():
@@ -114,16 +121,29 @@ def _run(family, settings, json_path, traces: dict, force: bool, output, world) 
             err.print(f"warning: {name}: kernel injection applied nothing ({res['injection']})", markup=False)
     for line in profile.external_commands(family, settings, results, traces_at, json_path.stem, shutil.which):
         console.print(line, markup=False)
-    console.print(f"wrote {written}, {csv_path} and {len(traces)} chrome trace(s) in {traces_at}", markup=False)
+    count = len(traces) * (described["world_size"] if described else 1)
+    console.print(f"wrote {written}, {csv_path} and {count} chrome trace(s) in {traces_at}", markup=False)
 
 
-def _profile_ranks(family, target, settings, traces: dict, log, world) -> tuple[dict, dict]:
-    """One rank's profile over several GPUs: every rank traces into a folder of its own, and rank 0 moves its traces
-    into place only once every rank has finished. (results, the `parallel` entry)."""
+def rank_trace(path, rank: int):
+    """Where rank `rank` keeps its chrome trace of a configuration whose trace is `path` (rank 0's)."""
+    from pathlib import Path
+
+    path = Path(path)
+    return path if rank == 0 else path.with_name(path.name.removesuffix(".trace.json") + f"-rank{rank}.trace.json")
+
+
+def _profile_ranks(family, target, settings, traces: dict, log, world) -> tuple[dict, dict, list]:
+    """One rank's profile over several GPUs: every rank traces into a folder of its own and, once every rank has
+    finished, moves its traces into place (rank_trace); every rank's summary goes to rank 0. (results, the `parallel`
+    entry, the ranks' profile.rank_summary by rank)."""
     import shutil
     import tempfile
     from pathlib import Path
 
+    import torch.distributed as dist
+
+    from ltxbench.bench.profile import rank_summary
     from ltxbench.cli import _parallel
 
     with tempfile.TemporaryDirectory(prefix="ltxbench-traces-") as staging:
@@ -135,10 +155,12 @@ def _profile_ranks(family, target, settings, traces: dict, log, world) -> tuple[
             log(text)
 
         results = family.profile(target, settings, staged, log_final)
+        ranks = [None] * world.size
+        dist.all_gather_object(ranks, rank_summary(results))
         described = _parallel.finished(world)
-        if world.main:
-            for name, path in traces.items():
-                path.parent.mkdir(parents=True, exist_ok=True)
-                shutil.move(staged[name], path)
-                results[name]["trace"] = str(path)
-    return results, described
+        for name, path in traces.items():
+            final = rank_trace(path, world.rank)
+            final.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(staged[name], final)
+            results[name]["trace"] = str(final)
+    return results, described, ranks
