@@ -216,6 +216,16 @@ def test_unreadable_result_is_exit_3_and_writes_nothing(folders):
     assert not (h100 / "README.md").exists() and not list(h100.glob("*.png"))
 
 
+def test_profile_chrome_traces_beside_the_results_are_not_read(folders):
+    """`profile` writes its chrome traces beside its result by default (one per rank with --gpus): not results."""
+    h100, _ = folders
+    (h100 / "profile-ltx-2b-49f-optimized.trace.json").write_text('{"traceEvents": []}', encoding="utf-8")
+    (h100 / "profile-ltx-2b-49f-optimized-rank1.trace.json").write_text('{"traceEvents": []}', encoding="utf-8")
+    result = _report(str(h100))
+    assert result.exit_code == 0, result.output
+    assert "trace.json" not in (h100 / "README.md").read_text(encoding="utf-8")
+
+
 @pytest.mark.parametrize("args, words", [
     (["missing"], "is not a folder"),
     (["empty"], "holds no result documents"),

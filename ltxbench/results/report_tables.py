@@ -68,10 +68,11 @@ class Document:
 
 
 def load_folder(folder: Path) -> list[Document]:
-    """Every result document (*.json) directly in `folder`, by file name; an unreadable one stops the report."""
+    """Every result document (*.json) directly in `folder`, by file name; an unreadable one stops the report. The
+    chrome traces `profile` writes beside its result (*.trace.json) are not result documents."""
     if not folder.is_dir():
         raise UsageError(f"RESULTS_DIR {folder} is not a folder")
-    paths = sorted(folder.glob("*.json"))
+    paths = sorted(p for p in folder.glob("*.json") if not p.name.endswith(".trace.json"))
     if not paths:
         raise UsageError(f"RESULTS_DIR {folder} holds no result documents (*.json)",
                          hint="point it at a folder that `ltxbench bench ... --output` wrote into")
