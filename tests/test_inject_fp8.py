@@ -153,17 +153,23 @@ def test_new_values_for_a_stored_weight_are_refused_moves_are_not(runs):
     pipe, _, _, _ = runs
     layer = pipe.transformer.transformer_blocks[0].attn1.to_q
     with apply_kernels(pipe, "reference", precision="fp8"):
-        with pytest.raises(RuntimeError, match="held in FP8 by ltxbench's injection"):
+        with pytest.raises(RuntimeError, match="held by ltxbench.s FP8 injection"):
             layer.weight.data = torch.randn(layer.out_features, layer.in_features)
         layer.weight.data = layer.weight.data.to("cpu")  # a move: still empty
         assert layer.weight.numel() == 0
+        # q/k/v run as one GEMM on a concatenated bias: the layer's own bias is held there too
+        with pytest.raises(RuntimeError, match="held by ltxbench.s FP8 injection"):
+            layer.bias.data = torch.randn(layer.out_features)
+        with torch.no_grad(), pytest.raises(RuntimeError):
+            layer.bias += torch.ones(layer.out_features)  # in place, as a merge adds its delta: on the empty one
     assert type(layer.weight) is torch.nn.Parameter and layer.weight.shape == (layer.out_features, layer.in_features)
+    assert type(layer.bias) is torch.nn.Parameter and layer.bias.shape == (layer.out_features,)
 
 
 def test_the_weight_memory_counts_one_byte_per_projection_weight():
     """bf16 weights (2 bytes) leave the device, FP8 ones (1 byte + a 4-byte scale per output channel) stay: about
     half at LTX-2B's widths (2048: the scales add 0.2%), measured by bench e2e. A concatenation (q/k/v) also keeps
-    its bias, concatenated (2 bytes per output channel)."""
+    its bias, concatenated (2 bytes per output channel), and its layers' own biases leave the device."""
     from ltxbench.models.ltx_build import build_pipeline
 
     pipe = build_pipeline("ltx-tiny", "random", "cpu", "bf16")
@@ -174,9 +180,9 @@ def test_the_weight_memory_counts_one_byte_per_projection_weight():
         joined = [getattr(m, name) for m in pipe.transformer.modules()
                   if isinstance(vars(m).get(fp8.WEIGHT_ATTR), fp8.Fp8Stored) for name in vars(m)[fp8.WEIGHT_ATTR].names]
         assert joined  # attn1's q/k/v at least
-    assert after["parameters"] == before - sum(2 * layer.weight.numel() for layer in layers)
-    assert after["fp8_weights"] == (sum(layer.weight.numel() + 4 * layer.out_features for layer in layers)
-                                    + sum(2 * layer.out_features for layer in joined if layer.bias is not None))
+    joined_bias = sum(2 * layer.out_features for layer in joined if layer.bias is not None)
+    assert after["parameters"] == before - sum(2 * layer.weight.numel() for layer in layers) - joined_bias
+    assert after["fp8_weights"] == sum(layer.weight.numel() + 4 * layer.out_features for layer in layers) + joined_bias
     assert fp8.weight_bytes(pipe.transformer)["total"] == before
 
 

@@ -4,7 +4,8 @@ token, GEMMs on FP8 tensor cores with both scales in the epilogue and bf16 out (
 - `Quantized(data, scale)`: an activation in FP8 with its per-token scale, as the fused norm and GELU kernels
   write it (ops.*_fp8): the projection reading it needs no quantize pass of its own.
 - `store_weights` quantizes a group of nn.Linear layers (q/k/v concatenated: one GEMM) and frees their bf16
-  weights on the device (a host copy restores them on revert): the transformer's weight memory halves. The FP8
+  weights (and a concatenation's biases, copied into it) on the device (a host copy restores them on revert): the
+  transformer's weight memory halves. The FP8
   weights are buffers of the module that runs their GEMM (not persistent: no state_dict entry), so `.to(device)`,
   and with it diffusers' / accelerate's model CPU offload, moves them with the model; the forwards read them at
   every call (`stored_weight`), and a layer of a concatenation reads its rows of it.
@@ -142,7 +143,9 @@ def store_weights(report, ops, owner, linears, what: str, classes: dict, names: 
         set_attr(report, STORE_RULE, layer, WEIGHT_ATTR, own)
         patch_forward(report, what, layer, forward, classes)
         start += layer.out_features
-        _free_weight(report, layer)
+        _free(report, layer, "weight")
+        if joined and layer.bias is not None:  # its rows of the owner's bias buffer are what the GEMM reads
+            _free(report, layer, "bias")
     return True
 
 
@@ -162,9 +165,10 @@ def fused_projection(ops, module, names: tuple[str, ...], x) -> tuple | None:
 
 
 class Fp8Placeholder(torch.nn.Parameter):
-    """The weight of a layer whose GEMM runs on its FP8 copy: empty, so it holds no memory. Moves keep it empty
-    (`.to()`, diffusers' group offloading); values given to it (`weight.data = w`) would never reach the FP8 copy,
-    so they are refused with one line instead of leaving the layer silently stale."""
+    """The weight of a layer whose GEMM runs on its FP8 copy (and the bias of one whose bias was copied into a
+    concatenation): empty, so it holds no memory. Moves keep it empty (`.to()`, diffusers' group offloading); values
+    given to it (`weight.data = w`) would never reach the copy, so they are refused with one line instead of leaving
+    the layer silently stale; an in-place edit by a full-size tensor (a LoRA merge's delta) fails on the empty one."""
 
     @property
     def data(self):
@@ -173,15 +177,15 @@ class Fp8Placeholder(torch.nn.Parameter):
     @data.setter
     def data(self, value):
         if value.numel():
-            raise RuntimeError("this layer's weight is held in FP8 by ltxbench's injection (--precision fp8): "
-                               "revert the injection before giving it new values")
+            raise RuntimeError("this layer's weights are held by ltxbench's FP8 injection (--precision fp8): "
+                               "revert the injection before giving them new values")
         torch.Tensor.data.__set__(self, value)
 
 
-def _free_weight(report, layer) -> None:
-    """layer.weight's storage on the device released (an Fp8Placeholder of zero size in its place), a host copy
-    kept for revert."""
-    parameter = layer.weight
+def _free(report, layer, name: str) -> None:
+    """The storage of layer's parameter `name` on the device released (an Fp8Placeholder of zero size in its place),
+    a host copy kept for revert."""
+    parameter = getattr(layer, name)
     host = parameter.detach().to("cpu", copy=True)
     kind = type(parameter)
     torch.Tensor.data.__set__(parameter, parameter.data.new_empty(0))
