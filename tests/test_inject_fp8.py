@@ -163,7 +163,8 @@ def test_new_values_for_a_stored_weight_are_refused_moves_are_not(runs):
         with torch.no_grad(), pytest.raises(RuntimeError):
             layer.bias += torch.ones(layer.out_features)  # in place, as a merge adds its delta: on the empty one
         # a scalar edit broadcasts over the empty placeholder: without the guard, a silent no-op
-        edits = {"weight *= 2": lambda: layer.weight.mul_(2), "weight.data *= 2": lambda: layer.weight.data.mul_(2),
+        edits = {"weight *= 2": lambda: layer.weight.__imul__(2), "weight.mul_(2)": lambda: layer.weight.mul_(2),
+                 "weight.data *= 2": lambda: layer.weight.data.mul_(2),
                  "init": lambda: torch.nn.init.zeros_(layer.weight), "bias.data += 1": lambda: layer.bias.data.add_(1),
                  "weight[:] = 0": lambda: layer.weight.__setitem__(slice(None), 0.0)}
         for name, edit in edits.items():
@@ -171,6 +172,7 @@ def test_new_values_for_a_stored_weight_are_refused_moves_are_not(runs):
                 edit()
                 pytest.fail(f"{name} passed")
         pipe.transformer.requires_grad_(False)  # metadata, not values: passes
+        pipe.transformer.requires_grad_(True)  # as the shared pipeline was
     assert type(layer.weight) is torch.nn.Parameter and layer.weight.shape == (layer.out_features, layer.in_features)
     assert type(layer.bias) is torch.nn.Parameter and layer.bias.shape == (layer.out_features,)
 
