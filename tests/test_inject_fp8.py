@@ -166,7 +166,8 @@ def test_new_values_for_a_stored_weight_are_refused_moves_are_not(runs):
         edits = {"weight *= 2": lambda: layer.weight.__imul__(2), "weight.mul_(2)": lambda: layer.weight.mul_(2),
                  "weight.data *= 2": lambda: layer.weight.data.mul_(2),
                  "init": lambda: torch.nn.init.zeros_(layer.weight), "bias.data += 1": lambda: layer.bias.data.add_(1),
-                 "weight[:] = 0": lambda: layer.weight.__setitem__(slice(None), 0.0)}
+                 "weight[:] = 0": lambda: layer.weight.__setitem__(slice(None), 0.0),
+                 "weight.set_(w)": lambda: layer.weight.set_(torch.randn(layer.out_features, layer.in_features))}
         for name, edit in edits.items():
             with torch.no_grad(), pytest.raises(RuntimeError, match="held by ltxbench.s FP8 injection"):
                 edit()

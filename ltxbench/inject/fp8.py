@@ -197,8 +197,8 @@ class Fp8Placeholder(torch.nn.Parameter):
     """The weight of a layer whose GEMM runs on its FP8 copy (and the bias of one whose bias was copied into a
     concatenation): empty, so it holds no memory. Moves keep it empty (`.to()`, diffusers' group offloading); values
     given to it would never reach the copy, so every way of giving them is refused with one line instead of leaving
-    the layer silently stale: `weight.data = w`, an in-place edit of the weight or of its `.data` (a scalar one
-    included). A full-size edit (a LoRA merge's delta) would also fail on the empty tensor's shape."""
+    the layer silently stale: `weight.data = w`, `weight.set_(w)`, an in-place edit of the weight or of its `.data`
+    (a scalar one included). A full-size edit (a LoRA merge's delta) would also fail on the empty tensor's shape."""
 
     __torch_function__ = classmethod(_guarded_torch_function)
 
@@ -212,6 +212,11 @@ class Fp8Placeholder(torch.nn.Parameter):
         if value.numel():
             raise RuntimeError(HELD_MESSAGE)
         torch.Tensor.data.__set__(self, value)
+
+    def set_(self, source=None, *args, **kwargs):  # torch does not route set_ through __torch_function__
+        if isinstance(source, torch.Tensor) and source.numel():
+            raise RuntimeError(HELD_MESSAGE)
+        return super().set_(source, *args, **kwargs)
 
 
 def _free(report, layer, name: str) -> None:
