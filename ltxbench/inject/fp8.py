@@ -14,7 +14,8 @@ token, GEMMs on FP8 tensor cores with both scales in the epilogue and bf16 out (
 - `Fp8Norms(ops)`: the provider the fused block code calls, whose modulated norms return `Quantized`.
 
 A layer changed after the injection fails loudly: a LoRA fused later finds a zero-size weight, and new values given
-through `weight.data` are refused (Fp8Placeholder). The FP8 copy is never silently stale. Inference only.
+through `weight.data` or `set_`, or written in place (a scalar `weight *= 2` included), are refused (Fp8Placeholder).
+The FP8 copy is never silently stale. Inference only.
 """
 
 from __future__ import annotations
