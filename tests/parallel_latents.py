@@ -8,7 +8,10 @@ argv[2]: a JSON spec: family (ltx | ltx2), model (a preset, default the tiny one
 optimized | optimized+compile | optimized-fp8: our kernels with the FP8 projections), device (cpu | cuda),
 num_frames, height, width, steps, guidance, image (image-to-video from a random first frame), mutation
 ("own-half": each guidance rank repeats its own half of the output instead of gathering both, which must fail
-the check; "local-keys": LTX-2's video-to-audio attention run on this rank's video keys alone).
+the check; "local-keys": LTX-2's video-to-audio attention run on this rank's video keys alone; "swapped-heads":
+our Ulysses attention's output exchange returns the head groups in reverse order), reference (GPU: the
+same model upcast to fp32 on rank 0 at the end, and each latent's cosine to it: the bf16 rounding of one GPU beside
+the split's).
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def main(out: str, spec_text: str) -> None:
     from ltxbench.parallel.launch import World, degrees
 
     spec = {"model": None, "config": "baseline", "device": "cpu", "num_frames": 9, "height": 64, "width": 64,
-            "steps": 3, "guidance": 3.0, "mutation": "", "image": False, **json.loads(spec_text)}
+            "steps": 3, "guidance": 3.0, "mutation": "", "image": False, "reference": False, **json.loads(spec_text)}
     spec["model"] = spec["model"] or ("ltx-tiny" if spec["family"] == "ltx" else "ltx2-tiny")
     cuda = spec["device"] == "cuda"
     if cuda:
@@ -122,6 +125,7 @@ def main(out: str, spec_text: str) -> None:
         return part, gather
 
     split_module.SplitHook.split = counting_split
+    exchanges = _count_exchanges(spec["mutation"] == "swapped-heads")
     tokens = ((spec["num_frames"] - 1) // 8 + 1) * (spec["height"] // 32) * (spec["width"] // 32)
     plan = family.parallel_plan()
     if spec["mutation"] == "local-keys":  # the video-to-audio attention run locally, on this rank's video keys
@@ -147,12 +151,43 @@ def main(out: str, spec_text: str) -> None:
                                                                   alone.flatten().double(), dim=0).item(),
                   "after_revert_equal": torch.equal(after, unpatched) and torch.equal(again, alone),
                   "alone_vs_unpatched": (alone - unpatched).abs().max().item() / unpatched.abs().max().item(),
-                  "calls": calls, "parallel": description, "caches": caches,
+                  "calls": calls, "parallel": description, "caches": caches, "exchanges": exchanges[0],
                   "hooks_left": _hooks_left(pipe.transformer)}
+        if spec["reference"]:  # the same weights in fp32 (bf16 values are exact in fp32): the math without rounding
+            reference = _runner(pipe.to(torch.float32), spec, device, torch.float32)()
+            result["vs_fp32"] = {name: _agreement(latents, reference) for name, latents in
+                                 (("unpatched", unpatched), ("alone", alone), ("together", together))}
         with open(out, "w") as file:
             json.dump(result, file)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _count_exchanges(swap_heads: bool) -> list:
+    """[calls of our Ulysses attention (ltxbench.parallel.ulysses)]; swap_heads: its output exchange hands each
+    rank the other ranks' heads in reverse order, which must fail the check."""
+    from ltxbench.parallel import ulysses
+
+    count, attention, exchange = [0], ulysses.attention, ulysses.exchange
+
+    def counting_attention(*args):
+        count[0] += 1
+        return attention(*args)
+
+    def swapped(tensor, group):
+        out = exchange(tensor, group)
+        return out.flip(0) if tensor.dim() == 4 else out  # the output's exchange: (ranks, tokens, heads, dim)
+
+    ulysses.attention = counting_attention
+    if swap_heads:
+        ulysses.exchange = swapped
+    return count
+
+
+def _agreement(latents, reference) -> dict:
+    latents, reference = latents.flatten().double(), reference.flatten().double()
+    return {"cosine": torch.nn.functional.cosine_similarity(latents, reference, dim=0).item(),
+            "relative_l2": ((latents - reference).norm() / reference.norm()).item()}
 
 
 def _cache_counts(model) -> dict:

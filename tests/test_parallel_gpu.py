@@ -1,8 +1,13 @@
 """The parallel splits on the GPUs of one host (NCCL, bf16, our CUDA kernels): LTX-2B's latents split over 2 (and
-4) GPUs equal one GPU's within bf16 rounding (cosine >= 0.9999), for every split, unpatched and with our kernels,
-compiled too; a token count that does not divide (diffusers' ulysses_anything); LTX-2's guidance pair and video
-tokens. Each test
-starts its ranks through torch's launcher (tests/parallel_latents.py)."""
+4) GPUs equal one GPU's within bf16 rounding, for every split, unpatched and with our kernels, compiled too; a token
+count that does not divide (diffusers' ulysses_anything); LTX-2's guidance pair and video tokens. Each test starts
+its ranks through torch's launcher (tests/parallel_latents.py).
+
+"Within bf16 rounding" is measured against the same model upcast to fp32: the split may be no farther from it than
+one GPU is (relative L2, 10% slack). A split that cuts the tokens runs each GEMM on fewer rows, so cuBLAS rounds
+differently; two bf16 runs then differ by about twice either one's own error, which for the tiny LTX-2 and
+unpatched LTX-2B is below cosine 0.9999 (docs/parallel.md#exactness). A 1% error in any gathered or exchanged value
+moves the split's relative L2 past that slack."""
 
 from __future__ import annotations
 
@@ -11,12 +16,10 @@ from test_parallel_split import run_ranks
 
 pytestmark = pytest.mark.gpu
 
-COSINE = 0.9999
-# measured on 2x H100 below the gate (see docs/parallel.md, "Exactness"): kept as expected failures so a fix shows
-BELOW_GATE = pytest.mark.xfail(reason="measured cosine below 0.9999 (ulysses: bf16 GEMMs on half the tokens); "
-                               "not yet traced", strict=False)
+SLACK = 1.1  # the split's relative L2 to fp32 over one GPU's
+COSINE = 0.9998  # to one GPU: a coarse bound beside the fp32 one
 LTX_2B = {"family": "ltx", "model": "ltx-2b", "device": "cuda", "num_frames": 49, "height": 512, "width": 768,
-          "steps": 3}
+          "steps": 3, "reference": True}
 
 
 def _gpus() -> int:
@@ -26,6 +29,8 @@ def _gpus() -> int:
 
 
 def _check(result: dict, tokens_per_rank: int | None = None) -> None:
+    fp32 = result["vs_fp32"]
+    assert fp32["together"]["relative_l2"] <= SLACK * fp32["alone"]["relative_l2"], result
     assert result["cosine"] >= COSINE, result
     assert result["after_revert_equal"] and not result["hooks_left"], {k: result[k] for k in ("after_revert_equal",
                                                                                              "hooks_left")}
@@ -34,8 +39,7 @@ def _check(result: dict, tokens_per_rank: int | None = None) -> None:
 
 
 @pytest.mark.parametrize(("split", "config"), [("cfg", "optimized"), ("cfg", "optimized+compile"),
-                                               ("ulysses", "optimized"),
-                                               pytest.param("ulysses", "baseline", marks=BELOW_GATE),
+                                               ("ulysses", "optimized"), ("ulysses", "baseline"),
                                                ("ring", "optimized")])
 def test_ltx_2b_two_gpus(tmp_path, split, config):
     if _gpus() < 2:
@@ -58,11 +62,11 @@ def test_ltx_2b_four_gpus_cfg_ulysses(tmp_path):
     _check(run_ranks(tmp_path, {**LTX_2B, "split": "cfg+ulysses", "config": "optimized"}, nproc=4), 1344)
 
 
-@pytest.mark.parametrize(("split", "config"), [("cfg", "optimized"),
-                                               pytest.param("ulysses", "optimized", marks=BELOW_GATE),
+@pytest.mark.parametrize(("split", "config"), [("cfg", "optimized"), ("ulysses", "optimized"),
                                                ("hybrid", "optimized"), ("hybrid", "optimized+compile")])
 def test_ltx2_two_gpus(tmp_path, split, config):
     """hybrid: context parallelism switched off for the guidance pair and on for the batch-1 pass, compiled too."""
     if _gpus() < 2:
         pytest.skip("needs 2 GPUs")
-    _check(run_ranks(tmp_path, {"family": "ltx2", "device": "cuda", "split": split, "config": config}))
+    _check(run_ranks(tmp_path, {"family": "ltx2", "device": "cuda", "split": split, "config": config,
+                                "reference": True}))

@@ -47,6 +47,9 @@ def test_ltx_split_equals_one_process(tmp_path, split, config):
     assert {tuple(shape[:2]) for shape in result["calls"]} == {(batch, tokens)}, result["calls"]
     if config == "optimized":  # the prompt's keys/values built once per generation on each rank, reused by its steps
         assert result["caches"] == {"builds": 1, "hits": 2}, result["caches"]
+    # ulysses runs the pair (batch 2) through diffusers' Ulysses attention, ours takes batch-1 calls only: block 0's
+    # attn1, which our kernels run once for the pair's two equal halves (inject/ltx/cfg.py), once per step
+    assert result["exchanges"] == (3 if (split, config) == ("ulysses", "optimized") else 0), result["exchanges"]
 
 
 def test_ring_refused_without_gpu(tmp_path):
@@ -76,6 +79,8 @@ def test_ltx2_split_equals_one_process(tmp_path, split, config):
     assert shapes == expected, result["calls"]
     if config == "optimized":  # the text keys/values kept for the generation on each rank
         assert result["caches"]["hits"] > result["caches"]["builds"] > 0, result["caches"]
+    # the batch-1 passes' video self-attentions through our Ulysses attention (one all-to-all for q, k, v)
+    assert (result["exchanges"] > 0) == (config == "optimized" and split != "cfg"), result["exchanges"]
 
 
 def test_ltx2_hybrid_compiled_equals_one_process(tmp_path):
@@ -108,11 +113,19 @@ def test_missing_gather_fails(tmp_path):
     assert result["error"] > 100 * TOL, result
 
 
+def test_swapped_heads_fail(tmp_path):
+    """The check can fail: our Ulysses attention handing back the head groups in the wrong order is far off."""
+    result = _run(tmp_path, "ltx2", "hybrid", "optimized", mutation="swapped-heads")
+    assert result["exchanges"] > 0 and result["error"] > 100 * TOL, result
+
+
 @pytest.mark.parametrize("family", ["ltx", "ltx2"])
 def test_cfg_ulysses_four_processes(tmp_path, family):
-    """cfg+ulysses on 4 processes: the (cfg, ring, ulysses) mesh's groups, each guidance half's tokens over 2 ranks."""
+    """cfg+ulysses on 4 processes: the (cfg, ring, ulysses) mesh's groups, each guidance half's tokens over 2 ranks,
+    its batch-1 self-attentions through our Ulysses attention."""
     result = _run(tmp_path, family, "cfg+ulysses", "optimized", nproc=4)
     assert result["error"] < TOL and result["after_revert_equal"], result
+    assert result["exchanges"] > 0, result
     assert {tuple(shape[:2]) for shape in result["calls"] if shape[0] == 1} == {(1, 4)}, result["calls"]
 
 

@@ -13,6 +13,7 @@ from ltxbench.inject import forward_source, original_class
 from ltxbench.inject.fp8 import fused_projection
 from ltxbench.inject.fuse import fused_outputs
 from ltxbench.ops.reference import ltx_cos_sin
+from ltxbench.parallel import ulysses
 
 
 def _rope_kwargs(image_rotary_emb) -> dict:
@@ -142,9 +143,12 @@ class FusedLTXAttnProcessor:
         if encoder_hidden_states is not None and per_key_mask and self._runs_own_cross_attention():
             hidden_states = self.ops.cross_attention(query, key, value, attention_mask)
             return self._output(attn, hidden_states.flatten(2, 3), residual)
-        hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
-                                              is_causal=False, backend=self._attention_backend,
-                                              parallel_config=self._parallel_config)
+        if ulysses.applies(query, key, attention_mask, self._parallel_config):  # one all-to-all for q, k, v
+            hidden_states = ulysses.attention(query, key, value, self._attention_backend, self._parallel_config)
+        else:
+            hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
+                                                  is_causal=False, backend=self._attention_backend,
+                                                  parallel_config=self._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
         return self._output(attn, hidden_states, residual)
 

@@ -11,6 +11,7 @@ import torch
 from ltxbench.inject.fp8 import WEIGHT_ATTR, fused_projection
 from ltxbench.inject.fuse import fused_outputs
 from ltxbench.inject.ltx.attention import eps_of
+from ltxbench.parallel import ulysses
 
 
 def plain_attention(attn) -> str | None:
@@ -72,10 +73,14 @@ def _attend(attn, query, key, value, mask=None):
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
     processor = attn.processor
-    out = dispatch_attention_fn(query.unflatten(2, (attn.heads, -1)), key.unflatten(2, (attn.heads, -1)),
-                                value.unflatten(2, (attn.heads, -1)), attn_mask=mask, dropout_p=0.0, is_causal=False,
-                                backend=getattr(processor, "_attention_backend", None),
-                                parallel_config=getattr(processor, "_parallel_config", None))
+    query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
+    backend = getattr(processor, "_attention_backend", None)
+    parallel = getattr(processor, "_parallel_config", None)
+    if ulysses.applies(query, key, mask, parallel):  # one all-to-all for q, k, v
+        out = ulysses.attention(query, key, value, backend, parallel)
+    else:
+        out = dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
+                                    backend=backend, parallel_config=parallel)
     return out.flatten(2, 3).to(query.dtype)
 
 

@@ -1,0 +1,60 @@
+"""Ulysses attention for our processors: diffusers' exchange, with fewer copies and collectives.
+
+diffusers' Ulysses attention (TemplatedUlyssesAttention) sends q, k and v in three all-to-alls, each with a layout
+copy before it (and one after it when the batch is above 1), and the output in a fourth with a copy on either side:
+at batch 1, five copies of a (tokens × width) tensor and four collectives per attention. Profiled on 2 GPUs these
+copies cost more GPU time than the all-to-alls themselves; on 4 H100s under CUDA graphs this exchange makes LTX-2B's
+`cfg+ulysses` step 3% faster (docs/parallel.md#measured).
+
+Here, for a batch-1 self-attention with every rank holding an equal share of the tokens (what the `ulysses`,
+`cfg+ulysses` and `hybrid` splits give our processors), q, k and v go in one all-to-all, packed per token
+(rank, token, q|k|v, head, dim): the received buffer, ranks in token order, is then the (token, q|k|v, head, dim)
+layout of a fused q/k/v projection, which attention reads in place. The output needs no copy before its all-to-all
+(its rows are already grouped by the rank that owns them) and one after. Same group, same mesh, same collective
+(torch's functional all-to-all on diffusers' Ulysses group), so the same values reach the same attention: exact.
+Anything else (ring, uneven token counts, masks, a batch above 1, queries and keys of different lengths) goes
+through diffusers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def applies(query, key, mask, parallel_config) -> bool:
+    """Can `attention` stand for diffusers' Ulysses attention on these inputs ((B, S, heads, dim) each)?"""
+    if parallel_config is None or mask is not None:
+        return False
+    config = parallel_config.context_parallel_config
+    if config is None or config.ring_degree != 1 or config.ulysses_degree < 2 or config.ulysses_anything:
+        return False
+    return (query.shape == key.shape and query.shape[0] == 1 and query.shape[2] % config.ulysses_degree == 0)
+
+
+def attention(query, key, value, backend, parallel_config):
+    """Attention over all ranks' tokens for this rank's (1, S_local, heads, dim) q/k/v, returned as (1, S_local,
+    heads, dim) like dispatch_attention_fn with the parallel config. Call only where `applies`."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    config = parallel_config.context_parallel_config
+    ranks, group = config.ulysses_degree, config._ulysses_mesh.get_group()
+    _, local_tokens, heads, dim = query.shape
+    heads_here = heads // ranks
+    packed = torch.empty((ranks, local_tokens, 3, heads_here, dim), dtype=query.dtype, device=query.device)
+    for index, tensor in enumerate((query, key, value)):  # to each rank its heads of every local token
+        packed[:, :, index] = tensor[0].unflatten(1, (ranks, heads_here)).transpose(0, 1)
+    received = exchange(packed, group).view(1, ranks * local_tokens, 3, heads_here, dim)
+    out = dispatch_attention_fn(*received.unbind(2), attn_mask=None, dropout_p=0.0, is_causal=False,
+                                backend=backend, parallel_config=None)
+    # (1, all tokens, heads_here, dim): rank r's rows are a contiguous block, sent back as they are
+    back = exchange(out.reshape(ranks, local_tokens, heads_here, dim), group)
+    return back.transpose(0, 1).reshape(1, local_tokens, heads, dim)
+
+
+def exchange(tensor, group):
+    """torch's functional all-to-all over `group` along dim 0 (equal chunks), waited for."""
+    from torch.distributed import _functional_collectives as funcol
+
+    shape = tensor.shape
+    out = funcol.all_to_all_single(tensor.contiguous().flatten(), None, None, group)
+    return funcol.wait_tensor(out).view(shape)
