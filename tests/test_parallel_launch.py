@@ -68,6 +68,27 @@ def test_world_main_is_rank_0():
     assert not world.main and launch.World(**{**world.__dict__, "rank": 0}).main
 
 
+def test_ranks_start_a_timed_generation_together(monkeypatch):
+    """Each rank's GPU drained, then a barrier: no rank starts its clock before the others (it would time its wait
+    for them at the first collective); one process does neither."""
+    import torch
+    import torch.distributed as dist
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("sync", device)))
+    monkeypatch.setattr(dist, "barrier", lambda *args, **kwargs: calls.append(("barrier",)))
+    monkeypatch.setattr(launch, "_world", None)
+    launch.start_together()
+    assert calls == []
+    monkeypatch.setattr(launch, "_world", launch.World(1, 2, 1, "cuda:1", "cfg", 2, 1))
+    launch.start_together()
+    assert calls == [("sync", "cuda:1"), ("barrier",)]
+    calls.clear()
+    monkeypatch.setattr(launch, "_world", _world(0))  # gloo on the CPU: the barrier alone
+    launch.start_together()
+    assert calls == [("barrier",)]
+
+
 def test_under_launcher_needs_all_three_variables(monkeypatch):
     for name in launch.LAUNCHER_ENV:
         monkeypatch.delenv(name, raising=False)

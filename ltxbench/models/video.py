@@ -31,6 +31,7 @@ def timed_generation(device, seed: int, encode: Callable, denoise: Callable, dec
     import torch
 
     from ltxbench.bench.timing import PhaseClock
+    from ltxbench.parallel import launch
 
     phase = phase or (lambda name: contextlib.nullcontext())
     clock = PhaseClock(device)
@@ -44,6 +45,7 @@ def timed_generation(device, seed: int, encode: Callable, denoise: Callable, dec
         return {}
 
     outputs, bounds = {}, {}
+    launch.start_together()  # over several GPUs: every rank's clock starts at once
     with torch.no_grad():
         start = clock.mark()
         if embeds is None:

@@ -212,6 +212,18 @@ def barrier() -> None:
         dist.barrier()
 
 
+def start_together() -> None:
+    """Before a timed generation over several GPUs: this rank's GPU idle and every rank here, so that all ranks start
+    their clocks at once (a rank that starts early times its wait for the others at the first collective)."""
+    if _world is not None:
+        import torch
+        import torch.distributed as dist
+
+        if _world.device.startswith("cuda"):
+            torch.cuda.synchronize(_world.device)
+        dist.barrier()
+
+
 def shutdown() -> None:
     """Leave the process group (idempotent)."""
     global _world
