@@ -171,7 +171,8 @@ def _count_exchanges(swap_heads: bool) -> list:
     count, attention, exchange = [0], ulysses.attention, ulysses.exchange
 
     def counting_attention(*args):
-        count[0] += 1
+        if not torch.compiler.is_compiling():  # traced, the count would be a guard: a recompile at every call
+            count[0] += 1
         return attention(*args)
 
     def swapped(tensor, group):
