@@ -147,8 +147,7 @@ def main(out: str, spec_text: str) -> None:
     after = run()
     if rank == 0:
         result = {"error": (together - alone).abs().max().item() / alone.abs().max().item(),
-                  "cosine": torch.nn.functional.cosine_similarity(together.flatten().double(),
-                                                                  alone.flatten().double(), dim=0).item(),
+                  "cosine": _agreement(together, alone)["cosine"],
                   "after_revert_equal": torch.equal(after, unpatched) and torch.equal(again, alone),
                   "alone_vs_unpatched": (alone - unpatched).abs().max().item() / unpatched.abs().max().item(),
                   "calls": calls, "parallel": description, "caches": caches, "exchanges": exchanges[0],

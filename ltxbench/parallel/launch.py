@@ -215,13 +215,11 @@ def barrier() -> None:
 def start_together() -> None:
     """Before a timed generation over several GPUs: this rank's GPU idle and every rank here, so that all ranks start
     their clocks at once (a rank that starts early times its wait for the others at the first collective)."""
-    if _world is not None:
+    if _world is not None and _world.device.startswith("cuda"):
         import torch
-        import torch.distributed as dist
 
-        if _world.device.startswith("cuda"):
-            torch.cuda.synchronize(_world.device)
-        dist.barrier()
+        torch.cuda.synchronize(_world.device)
+    barrier()
 
 
 def shutdown() -> None:
