@@ -126,6 +126,7 @@ def main(out: str, spec_text: str) -> None:
 
     split_module.SplitHook.split = counting_split
     exchanges = _count_exchanges(spec["mutation"] == "swapped-heads")
+    packs = _count_packs(report, spec["mutation"] == "scaled-packed-v")
     tokens = ((spec["num_frames"] - 1) // 8 + 1) * (spec["height"] // 32) * (spec["width"] // 32)
     plan = family.parallel_plan()
     if spec["mutation"] == "local-keys":  # the video-to-audio attention run locally, on this rank's video keys
@@ -151,6 +152,7 @@ def main(out: str, spec_text: str) -> None:
                   "after_revert_equal": torch.equal(after, unpatched) and torch.equal(again, alone),
                   "alone_vs_unpatched": (alone - unpatched).abs().max().item() / unpatched.abs().max().item(),
                   "calls": calls, "parallel": description, "caches": caches, "exchanges": exchanges[0],
+                  "packs": packs[0],
                   "hooks_left": _hooks_left(pipe.transformer)}
         if spec["reference"]:  # the same weights in fp32 (bf16 values are exact in fp32): the math without rounding
             reference = _runner(pipe.to(torch.float32), spec, device, torch.float32)()
@@ -167,7 +169,7 @@ def _count_exchanges(swap_heads: bool) -> list:
     rank the other ranks' heads in reverse order, which must fail the check."""
     from ltxbench.parallel import ulysses
 
-    count, attention, exchange = [0], ulysses.attention, ulysses.exchange
+    count, attention, exchange = [0], ulysses.exchanged_attention, ulysses.exchange
 
     def counting_attention(*args):
         if not torch.compiler.is_compiling():  # traced, the count would be a guard: a recompile at every call
@@ -178,9 +180,32 @@ def _count_exchanges(swap_heads: bool) -> list:
         out = exchange(tensor, group)
         return out.flip(0) if tensor.dim() == 4 else out  # the output's exchange: (ranks, tokens, heads, dim)
 
-    ulysses.attention = counting_attention
+    ulysses.exchanged_attention = counting_attention
     if swap_heads:
         ulysses.exchange = swapped
+    return count
+
+
+def _count_packs(report, scale_v: bool) -> list:
+    """[calls of the provider's qk_rms_norm_rope_pack (LTX-Video's processor writing the Ulysses send buffer)];
+    scale_v: its v slot 1% too large, which must fail the check."""
+    if report is None:
+        return [0]
+    from ltxbench import ops
+    from ltxbench.ops import reference
+
+    provider = ops if report.provider == "cuda" else reference
+    count, pack = [0], provider.qk_rms_norm_rope_pack
+
+    def counting_pack(*args, **kwargs):
+        if not torch.compiler.is_compiling():
+            count[0] += 1
+        out = pack(*args, **kwargs)
+        if scale_v:
+            out[..., 2, :] *= 1.01
+        return out
+
+    provider.qk_rms_norm_rope_pack = counting_pack
     return count
 
 

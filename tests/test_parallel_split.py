@@ -50,6 +50,8 @@ def test_ltx_split_equals_one_process(tmp_path, split, config):
     # ulysses runs the pair (batch 2) through diffusers' Ulysses attention, ours takes batch-1 calls only: block 0's
     # attn1, which our kernels run once for the pair's two equal halves (inject/ltx/cfg.py), once per step
     assert result["exchanges"] == (3 if (split, config) == ("ulysses", "optimized") else 0), result["exchanges"]
+    # each of them sent the buffer our q/k norm + RoPE kernel wrote (ops.qk_rms_norm_rope_pack), none packed again
+    assert result["packs"] == result["exchanges"], result
 
 
 def test_ring_refused_without_gpu(tmp_path):
@@ -81,6 +83,7 @@ def test_ltx2_split_equals_one_process(tmp_path, split, config):
         assert result["caches"]["hits"] > result["caches"]["builds"] > 0, result["caches"]
     # the batch-1 passes' video self-attentions through our Ulysses attention (one all-to-all for q, k, v)
     assert (result["exchanges"] > 0) == (config == "optimized" and split != "cfg"), result["exchanges"]
+    assert result["packs"] == 0, result  # LTX-2's processors pack in ulysses.attention (their split RoPE kernel)
 
 
 def test_ltx2_hybrid_compiled_equals_one_process(tmp_path):
@@ -119,13 +122,20 @@ def test_swapped_heads_fail(tmp_path):
     assert result["exchanges"] > 0 and result["error"] > 100 * TOL, result
 
 
+def test_scaled_packed_v_fails(tmp_path):
+    """The check can fail: the fused send buffer's v 1% too large, in the one attention a step it serves (block 0's
+    attn1 on the tiny model), is caught."""
+    result = _run(tmp_path, "ltx", "ulysses", "optimized", mutation="scaled-packed-v")
+    assert result["packs"] > 0 and result["error"] > 10 * TOL, result
+
+
 @pytest.mark.parametrize("family", ["ltx", "ltx2"])
 def test_cfg_ulysses_four_processes(tmp_path, family):
     """cfg+ulysses on 4 processes: the (cfg, ring, ulysses) mesh's groups, each guidance half's tokens over 2 ranks,
     its batch-1 self-attentions through our Ulysses attention."""
     result = _run(tmp_path, family, "cfg+ulysses", "optimized", nproc=4)
     assert result["error"] < TOL and result["after_revert_equal"], result
-    assert result["exchanges"] > 0, result
+    assert result["exchanges"] > 0 and result["packs"] == (result["exchanges"] if family == "ltx" else 0), result
     assert {tuple(shape[:2]) for shape in result["calls"] if shape[0] == 1} == {(1, 4)}, result["calls"]
 
 

@@ -322,13 +322,11 @@ std::tuple<Tensor, Tensor> rope_3d(const Tensor& q, const Tensor& k, const std::
   return run_rope_3d(p, dt, q, op);
 }
 
-std::tuple<Tensor, Tensor> qk_rms_norm_rope(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
-                                            double eps, const std::optional<Tensor>& cos,
-                                            const std::optional<Tensor>& sin, const std::optional<Tensor>& grid,
-                                            const std::optional<Tensor>& freqs) {
-  const char* op = "qk_rms_norm_rope";
-  const DType dt = check_primary(q, op, "q");
-  std::vector<Tensor> keep;
+// qk_rms_norm_rope's checks and params (outputs not yet attached).
+Rope3dParams qk_norm_rope_params(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk, double eps,
+                                 const std::optional<Tensor>& cos, const std::optional<Tensor>& sin,
+                                 const std::optional<Tensor>& grid, const std::optional<Tensor>& freqs, const char* op,
+                                 std::vector<Tensor>& keep) {
   Rope3dParams p = rope_3d_params(q, k, op, keep);
   TORCH_CHECK(p.D <= 8192, "ltxbench.", op, ": the inner dim D must be <= 8192, got ", num(p.D));
   for (auto [w, name] : {std::pair{&wq, "wq"}, std::pair{&wk, "wk"}}) {
@@ -342,7 +340,41 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope(const Tensor& q, const Tensor& k, co
   p.wk = keep.back().data_ptr();
   p.norm = true, p.eps = static_cast<float>(eps);
   attach_ltx_angles(p, q, cos, sin, grid, freqs, op, keep);
+  return p;
+}
+
+std::tuple<Tensor, Tensor> qk_rms_norm_rope(const Tensor& q, const Tensor& k, const Tensor& wq, const Tensor& wk,
+                                            double eps, const std::optional<Tensor>& cos,
+                                            const std::optional<Tensor>& sin, const std::optional<Tensor>& grid,
+                                            const std::optional<Tensor>& freqs) {
+  const char* op = "qk_rms_norm_rope";
+  const DType dt = check_primary(q, op, "q");
+  std::vector<Tensor> keep;
+  Rope3dParams p = qk_norm_rope_params(q, k, wq, wk, eps, cos, sin, grid, freqs, op, keep);
   return run_rope_3d(p, dt, q, op);
+}
+
+Tensor qk_rms_norm_rope_pack(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq, const Tensor& wk,
+                             double eps, const std::optional<Tensor>& cos, const std::optional<Tensor>& sin,
+                             const std::optional<Tensor>& grid, const std::optional<Tensor>& freqs, int64_t parts) {
+  const char* op = "qk_rms_norm_rope_pack";
+  const DType dt = check_primary(q, op, "q");
+  std::vector<Tensor> keep;
+  Rope3dParams p = qk_norm_rope_params(q, k, wq, wk, eps, cos, sin, grid, freqs, op, keep);
+  check_same(v, q, op, "v", "q");
+  TORCH_CHECK(v.sizes() == q.sizes(), "ltxbench.", op, ": v has shape ", shape(v.sizes()), " but q has ",
+              shape(q.sizes()));
+  TORCH_CHECK(parts >= 1 && p.D % parts == 0, "ltxbench.", op, ": parts must be >= 1 and divide the inner dim D = ",
+              num(p.D), ", got ", num(parts));
+  keep.push_back(unit_last_stride(v));
+  p.v = rows_of_3d(keep.back());
+  p.chunk = p.D / parts;
+  Tensor packed = at::empty({parts, p.B, p.S, 3, p.chunk}, q.options());
+  p.packed = packed.data_ptr();
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t err = launch_rope_3d(p, dt, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return packed;
 }
 
 // ---- LTX-2: q/k RMSNorm over all heads + split RoPE ----------------------------------------------------
@@ -751,6 +783,9 @@ TORCH_LIBRARY(ltxbench, m) {
   m.def(
       "qk_rms_norm_rope(Tensor q, Tensor k, Tensor wq, Tensor wk, float eps, Tensor? cos, Tensor? sin,"
       " Tensor? grid, Tensor? freqs) -> (Tensor, Tensor)");
+  m.def(
+      "qk_rms_norm_rope_pack(Tensor q, Tensor k, Tensor v, Tensor wq, Tensor wk, float eps, Tensor? cos, Tensor? sin,"
+      " Tensor? grid, Tensor? freqs, int parts) -> Tensor");
   m.def("rms_norm_rope_split(Tensor x, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor");
   m.def(
       "qk_rms_norm_rope_split(Tensor q, Tensor k, Tensor wq, Tensor wk, float eps, Tensor cos, Tensor sin)"
@@ -786,6 +821,7 @@ TORCH_LIBRARY(ltxbench, m) {
   m.impl("rope_1d", &ltxbench::rope_1d);                                     \
   m.impl("rope_3d", &ltxbench::rope_3d);                                     \
   m.impl("qk_rms_norm_rope", &ltxbench::qk_rms_norm_rope);                   \
+  m.impl("qk_rms_norm_rope_pack", &ltxbench::qk_rms_norm_rope_pack);         \
   m.impl("rms_norm_rope_split", &ltxbench::rms_norm_rope_split);             \
   m.impl("qk_rms_norm_rope_split", &ltxbench::qk_rms_norm_rope_split);       \
   m.impl("gelu_tanh", &ltxbench::gelu_tanh);                                 \

@@ -105,6 +105,25 @@ __global__ void rope3d_kernel(Rope3dParams p) {
   }
 }
 
+// Columns col..col+VEC-1 of row `token` into slot `slot` (q 0, k 1, v 2) of the packed (parts, rows, 3, chunk)
+// output: one vector store when the columns stay in one part, else one store per column.
+template <typename T, int VEC>
+__device__ __forceinline__ void store_packed(const Rope3dParams& p, int64_t token, int64_t col, int slot,
+                                             const float (&x)[VEC]) {
+  const int64_t part_stride = p.B * p.S * 3 * p.chunk;
+  T* const row = static_cast<T*>(p.packed) + (token * 3 + slot) * p.chunk;
+  if (p.chunk % VEC == 0) {
+    const int64_t part = col / p.chunk;
+    store_vec<T, VEC>(row + part * part_stride + (col - part * p.chunk), x);
+    return;
+  }
+#pragma unroll
+  for (int e = 0; e < VEC; ++e) {
+    const int64_t c = col + e, part = c / p.chunk;
+    row[part * part_stride + (c - part * p.chunk)] = from_float<T>(x[e]);
+  }
+}
+
 // RMSNorm of q and k over D (weights wq, wk), then the 3-D RoPE: one read and one write of each.
 // Rows are cached in registers (MAXV vectors per thread), q and k reduced together.
 // From the grid: two blocks of 512 (four of 256) per SM, 71 -> 64 registers, H100 bf16 2x8064x2048 103.0 -> 99.7
@@ -180,8 +199,16 @@ __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1)
       for (int e = 0; e < VEC; ++e) q[e] *= rq_std * wq[e], k[e] *= rk_std * wk[e];
       rotate_interleaved<VEC>(q, c[i], sn[i]);
       rotate_interleaved<VEC>(k, c[i], sn[i]);
-      store_vec<T, VEC>(static_cast<T*>(p.q_out) + token * p.D + col, q);
-      store_vec<T, VEC>(static_cast<T*>(p.k_out) + token * p.D + col, k);
+      if (p.packed != nullptr) {
+        float v[VEC];
+        load_vec<T, VEC>(at_row<T>(p.v, b, s) + col, v);
+        store_packed<T, VEC>(p, token, col, 0, q);
+        store_packed<T, VEC>(p, token, col, 1, k);
+        store_packed<T, VEC>(p, token, col, 2, v);
+      } else {
+        store_vec<T, VEC>(static_cast<T*>(p.q_out) + token * p.D + col, q);
+        store_vec<T, VEC>(static_cast<T*>(p.k_out) + token * p.D + col, k);
+      }
     }
   }
 }
@@ -446,6 +473,7 @@ template <typename T, bool FROM_GRID> cudaError_t launch_3d_typed(const Rope3dPa
   constexpr int V = vec_width<T>();
   const bool vec = p.D % V == 0 && rows_aligned(p.q, V) && rows_aligned(p.k, V) && aligned16(p.q_out) &&
                    aligned16(p.k_out) && aligned16(p.wq) && aligned16(p.wk) &&
+                   (p.packed == nullptr || (rows_aligned(p.v, V) && aligned16(p.packed))) &&
                    (FROM_GRID || (rows_aligned(p.cos, 4) && rows_aligned(p.sin, 4)));
   // Rows too wide for the vectorized register cache (fp32 beyond 4096) take the pair path (up to 8192).
   if (vec && (!p.norm || p.D / V <= 2 * kMaxRowThreads)) {

@@ -79,6 +79,16 @@ def qk_rms_norm_rope(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float = 
     return _lib().qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs)
 
 
+
+def qk_rms_norm_rope_pack(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tensor, eps: float = 1e-5,
+                          cos: Tensor | None = None, sin: Tensor | None = None, grid: Tensor | None = None,
+                          freqs: Tensor | None = None, parts: int = 1) -> Tensor:
+    """`qk_rms_norm_rope` with q, k and v written straight into a Ulysses all-to-all's send buffer: returns
+    (parts, B, S, 3, D / parts), part r holding channels [r·D/parts, (r+1)·D/parts) (its heads) of the normalized,
+    rotated q and k and of v. One launch reads q, k, v once and writes the buffer once, where the unpacked op and a
+    copy into the buffer read and write q and k twice. v (B, S, D) any row strides, like q and k."""
+    return _lib().qk_rms_norm_rope_pack(q, k, v, wq, wk, eps, cos, sin, grid, freqs, parts)
+
 def rms_norm_rope_split(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
     """LTX-2's q or k norm and split RoPE in one read and one write: `n = x · rsqrt(mean(x²) + eps) · weight` over the
     whole inner dim D (torch.nn.RMSNorm across the heads, fp32), then per head of x (B, S, D) seen as (B, S, H, hd),

@@ -101,6 +101,13 @@ def ltx_qk_rms_norm_rope(q, k, wq, wk, eps=1e-5, cos=None, sin=None, grid=None, 
     return diffusers_apply_rotary_emb(qn, cos, sin), diffusers_apply_rotary_emb(kn, cos, sin)
 
 
+
+def ltx_qk_rms_norm_rope_pack(q, k, v, wq, wk, eps=1e-5, cos=None, sin=None, grid=None, freqs=None, parts=1):
+    """ltx_qk_rms_norm_rope, then q, k and v copied into a Ulysses send buffer (reference.pack_qkv's layout)."""
+    from ltxbench.ops.reference import pack_qkv
+
+    return pack_qkv(*ltx_qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs), v, parts)
+
 def ltx2_apply_split_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """diffusers.models.transformers.transformer_ltx2.apply_split_rotary_emb for x (B, S, D) and cos/sin
     (B|1, H, S, r); x's batch and head dim are taken from x itself (diffusers reads them off cos, which leaves out

@@ -62,6 +62,16 @@ def _qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs):
     return _like(q), _like(q)
 
 
+
+@register_fake("ltxbench::qk_rms_norm_rope_pack")
+def _qk_rms_norm_rope_pack(q, k, v, wq, wk, eps, cos, sin, grid, freqs, parts):
+    torch._check(q.dim() == 3 and k.shape == q.shape and v.shape == q.shape,
+                 lambda: "qk_rms_norm_rope_pack: q, k and v must be (B, S, D)")
+    torch._check(parts >= 1 and q.shape[2] % parts == 0,
+                 lambda: "qk_rms_norm_rope_pack: parts must be >= 1 and divide the inner dim D")
+    b, s, d = q.shape
+    return q.new_empty((parts, b, s, 3, d // parts))
+
 @register_fake("ltxbench::rms_norm_rope_split")
 def _rms_norm_rope_split(x, weight, eps, cos, sin):
     torch._check(x.dim() == 3, lambda: "rms_norm_rope_split: x must be (B, S, D)")

@@ -102,6 +102,20 @@ def inputs_qk_norm_rope(shape, dtype, device, gen, variant):
             **_ltx_rope_source(b, s, d, device, gen, variant)}
 
 
+
+# qk_rms_norm_rope_pack: the send buffer of LTX-2B's cfg+ulysses split on 4 GPUs (2 parts, q/k/v column slices of the
+# fused projection, angles from coordinates), then tables in 1 part and coordinates in 4 (1 where D does not divide).
+PACK_VARIANTS = ("qkv-slices", "tables", "coords-4")
+
+
+def inputs_qk_norm_rope_pack(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    q, k, v = _projections(3, b, s, d, dtype, device, gen, variant)
+    parts = {"qkv-slices": 2, "tables": 1}.get(variant, 4 if d % 4 == 0 else 1)
+    return {"q": q, "k": k, "v": v, "wq": _weight(d, dtype, device, gen), "wk": _weight(d, dtype, device, gen),
+            "eps": 1e-5, **_ltx_rope_source(b, s, d, device, gen, "tables" if variant == "tables" else "coords"),
+            "parts": parts}
+
 # Tables from a video grid (diffusers' layout, batch B), from an audio time grid shared by the batch (batch 1), and
 # the video tables with q/k as column slices of a fused q|k|v projection.
 SPLIT_ROPE_VARIANTS = ("video", "audio-shared", "qkv-slices")

@@ -134,6 +134,19 @@ def qk_rms_norm_rope(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float = 
                  for t, w in ((q, wq), (k, wk)))
 
 
+
+def pack_qkv(q: Tensor, k: Tensor, v: Tensor, parts: int) -> Tensor:
+    """q, k, v (B, S, D) as (parts, B, S, 3, D / parts): part r holds channels [r·D/parts, (r+1)·D/parts) of each."""
+    b, s, d = q.shape
+    out = q.new_empty((parts, b, s, 3, d // parts))  # contiguous even when empty (.contiguous() keeps those strides)
+    return out.copy_(torch.stack((q, k, v), dim=2).unflatten(3, (parts, d // parts)).permute(3, 0, 1, 2, 4))
+
+
+def qk_rms_norm_rope_pack(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tensor, eps: float = 1e-5,
+                          cos: Tensor | None = None, sin: Tensor | None = None, grid: Tensor | None = None,
+                          freqs: Tensor | None = None, parts: int = 1) -> Tensor:
+    return pack_qkv(*qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs), v, parts)
+
 def ltx2_split_cos_sin(grid: Tensor, dim: int, heads: int, theta: float = 10000.0) -> tuple[Tensor, Tensor]:
     """diffusers' LTX2AudioVideoRotaryPosEmbed tables for rope_type "split", from the fractional coordinates grid
     (B, S, n) (n = 3 for video, 1 for audio): fp32 cos, sin as the (B, heads, S, dim / (2 heads)) swapaxes view of

@@ -17,6 +17,7 @@ from ltxbench.ops import eager
 from ltxbench.ops.accuracy import TOLERANCES
 from ltxbench.ops.inputs import (
     LINEAR_OUT,
+    PACK_VARIANTS,
     SPLIT_ROPE_VARIANTS,
     XATTN_VARIANTS,
     inputs_add_rms_mod,
@@ -28,6 +29,7 @@ from ltxbench.ops.inputs import (
     inputs_layer_mod,
     inputs_linear,
     inputs_qk_norm_rope,
+    inputs_qk_norm_rope_pack,
     inputs_qk_rms_norm_rope_split,
     inputs_quantize,
     inputs_rms_mod,
@@ -48,6 +50,7 @@ from ltxbench.ops.shapes import (
     LTX_FFN_SHAPES,
     LTX_LINEAR_SHAPES,
     LTX_SHAPES,
+    LTX_ULYSSES_SHAPES,
     ROPE_TEST_SHAPES,
     SEED_SHAPES,
     SPLIT_ROPE_TEST_SHAPES,
@@ -184,6 +187,16 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("qk_norm_rope", "ltx_qk_norm_rope"), test_shapes=ROPE_TEST_SHAPES,
         bench_shapes={**LTX_SHAPES},
         inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb",),
+    ),
+    KernelSpec(
+        name="qk_rms_norm_rope_pack",
+        summary="qk_rms_norm_rope, q/k/v written as a Ulysses send buffer (parts, B, S, 3, D / parts)",
+        make_inputs=inputs_qk_norm_rope_pack, variants=PACK_VARIANTS, n_outputs=1,
+        baselines={"eager": eager.ltx_qk_rms_norm_rope_pack},
+        aliases=("qkv_pack", "ulysses_pack"), test_shapes=ROPE_TEST_SHAPES,
+        bench_shapes={**LTX_ULYSSES_SHAPES},
+        inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb + the Ulysses all-to-all's q/k/v copy",),
+        written=lambda inp: 3 * _nbytes(inp["q"]),
     ),
     KernelSpec(
         name="rms_norm_rope_split",

@@ -23,6 +23,8 @@ SEED_SHAPES = {"seed-1x1024x2048": (1, 1024, 2048), "seed-2x1024x2048": (2, 1024
                "seed-4x4096x3072": (4, 4096, 3072)}
 LTX_SHAPES = {"ltx2b-49f-cfg": (2, 2688, 2048), "ltx2b-161f-cfg": (2, 8064, 2048),
               "ltx13b-161f-cfg": (2, 8064, 4096)}
+# One rank's self-attention under LTX-2B's cfg+ulysses split on 4 GPUs (batch 1, half the tokens).
+LTX_ULYSSES_SHAPES = {"ltx2b-161f-cfg-ulysses2": (1, 4032, 2048)}
 LTX_FFN_SHAPES = {"ltx2b-49f-ffn": (2, 2688, 8192), "ltx2b-161f-ffn": (2, 8064, 8192)}
 # LTX-2 19B with CFG: video self-attention (6144 tokens x 4096), audio self-attention (126 x 2048), and one side of
 # the audio/video cross-attentions (2048 wide: the video q or k, the audio q or k).

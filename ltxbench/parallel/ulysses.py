@@ -9,7 +9,9 @@ copies cost more GPU time than the all-to-alls themselves; on 4 H100s under CUDA
 Here, for a batch-1 self-attention with every rank holding an equal share of the tokens (what the `ulysses`,
 `cfg+ulysses` and `hybrid` splits give our processors), q, k and v go in one all-to-all, packed per token
 (rank, token, q|k|v, head, dim): the received buffer, ranks in token order, is then the (token, q|k|v, head, dim)
-layout of a fused q/k/v projection, which attention reads in place. The output needs no copy before its all-to-all
+layout of a fused q/k/v projection, which attention reads in place. LTX-Video's processor has its q/k norm + RoPE
+kernel write that buffer (ops.qk_rms_norm_rope_pack), so the packing costs no pass of its own; other callers pack
+here. The output needs no copy before its all-to-all
 (its rows are already grouped by the rank that owns them) and one after. Same group, same mesh, same collective
 (torch's functional all-to-all on diffusers' Ulysses group), so the same values reach the same attention: exact.
 Anything else (ring, uneven token counts, masks, a batch above 1, queries and keys of different lengths) goes
@@ -31,24 +33,36 @@ def applies(query, key, mask, parallel_config) -> bool:
     return (query.shape == key.shape and query.shape[0] == 1 and query.shape[2] % config.ulysses_degree == 0)
 
 
+def degree(parallel_config) -> int:
+    """Ranks of the Ulysses group (call only where `applies`)."""
+    return parallel_config.context_parallel_config.ulysses_degree
+
+
 def attention(query, key, value, backend, parallel_config):
     """Attention over all ranks' tokens for this rank's (1, S_local, heads, dim) q/k/v, returned as (1, S_local,
     heads, dim) like dispatch_attention_fn with the parallel config. Call only where `applies`."""
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-
-    config = parallel_config.context_parallel_config
-    ranks, group = config.ulysses_degree, config._ulysses_mesh.get_group()
+    ranks = degree(parallel_config)
     _, local_tokens, heads, dim = query.shape
     heads_here = heads // ranks
     packed = torch.empty((ranks, local_tokens, 3, heads_here, dim), dtype=query.dtype, device=query.device)
     for index, tensor in enumerate((query, key, value)):  # to each rank its heads of every local token
         packed[:, :, index] = tensor[0].unflatten(1, (ranks, heads_here)).transpose(0, 1)
+    return exchanged_attention(packed, backend, parallel_config)
+
+
+def exchanged_attention(packed, backend, parallel_config):
+    """`attention` from its send buffer (ranks, S_local, 3, heads / ranks, dim): what `attention` packs, or what
+    ops.qk_rms_norm_rope_pack writes in the kernel that normalizes and rotates q and k (LTX-Video's processor)."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    group = parallel_config.context_parallel_config._ulysses_mesh.get_group()
+    ranks, local_tokens, _, heads_here, dim = packed.shape
     received = exchange(packed, group).view(1, ranks * local_tokens, 3, heads_here, dim)
     out = dispatch_attention_fn(*received.unbind(2), attn_mask=None, dropout_p=0.0, is_causal=False,
                                 backend=backend, parallel_config=None)
     # (1, all tokens, heads_here, dim): rank r's rows are a contiguous block, sent back as they are
     back = exchange(out.reshape(ranks, local_tokens, heads_here, dim), group)
-    return back.transpose(0, 1).reshape(1, local_tokens, heads, dim)
+    return back.transpose(0, 1).reshape(1, local_tokens, ranks * heads_here, dim)
 
 
 def exchange(tensor, group):

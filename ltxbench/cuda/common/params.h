@@ -56,6 +56,11 @@ struct Rope3dParams {
   float eps = 1e-5f;
   void* q_out = nullptr;  // contiguous (B, S, D)
   void* k_out = nullptr;
+  // Packed instead (with norm only): q, k and v as (parts, B, S, 3, chunk), D = parts * chunk, written to `packed`
+  // in place of q_out / k_out; v (B, S, D) is copied as it is. The layout of a Ulysses all-to-all's send buffer.
+  Rows3 v;
+  void* packed = nullptr;
+  int64_t chunk = 0;
 };
 
 cudaError_t launch_rope_3d(const Rope3dParams& p, DType dtype, cudaStream_t stream);

@@ -112,6 +112,19 @@ class FusedLTXAttnProcessor:
             return self.ops.linear(hidden_states, project.weight, project.bias, "none", residual)
         return residual + attn.to_out[1](project(hidden_states))
 
+    def _ulysses_send_buffer(self, attn, query, key, value, attention_mask, image_rotary_emb):
+        """Self-attention under Ulysses (ulysses.applies): q and k normalized and rotated, and v, written by one
+        kernel straight into the all-to-all's send buffer (ranks, S_local, 3, heads / ranks, head_dim); else None."""
+        if image_rotary_emb is None or query.shape != key.shape or self._parallel_config is None:
+            return None
+        heads = (t.unflatten(2, (attn.heads, -1)) for t in (query, key))
+        if not ulysses.applies(*heads, attention_mask, self._parallel_config):
+            return None
+        ranks = ulysses.degree(self._parallel_config)
+        packed = self.ops.qk_rms_norm_rope_pack(query, key, value, attn.norm_q.weight, attn.norm_k.weight,
+                                                eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb), parts=ranks)
+        return packed.view(ranks, query.size(1), 3, attn.heads // ranks, -1)
+
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
                  cross_kv=None, residual=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -132,6 +145,10 @@ class FusedLTXAttnProcessor:
             key, value = cross_kv if cross_kv is not None else cross_key_value(self.ops, attn, encoder_hidden_states)
         else:
             query, key, value = _projections(self.ops, attn, hidden_states, encoder_hidden_states, self.linear)
+            packed = self._ulysses_send_buffer(attn, query, key, value, attention_mask, image_rotary_emb)
+            if packed is not None:  # the kernel below wrote q, k and v as the all-to-all sends them
+                hidden_states = ulysses.exchanged_attention(packed, self._attention_backend, self._parallel_config)
+                return self._output(attn, hidden_states.flatten(2, 3).to(query.dtype), residual)
             if image_rotary_emb is not None:  # self-attention: q and k have the same shape
                 query, key = self.ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
                                                        eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb))
