@@ -301,13 +301,18 @@ Rope3dParams rope_3d_params(const Tensor& q, const Tensor& k, const char* op, st
   return p;
 }
 
+// The launch on q's device and stream, with its error named after the op.
+void launch_3d_checked(const Rope3dParams& p, DType dt, const Tensor& q, const char* op) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  const cudaError_t err = launch_rope_3d(p, dt, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+}
+
 // Fresh contiguous q/k outputs, then the launch (shared by rope_3d and qk_rms_norm_rope).
 std::tuple<Tensor, Tensor> run_rope_3d(Rope3dParams& p, DType dt, const Tensor& q, const char* op) {
   Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(q.sizes(), q.options());
   p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaError_t err = launch_rope_3d(p, dt, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
-  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  launch_3d_checked(p, dt, q, op);
   return {q_out, k_out};
 }
 
@@ -371,9 +376,7 @@ Tensor qk_rms_norm_rope_pack(const Tensor& q, const Tensor& k, const Tensor& v, 
   p.chunk = p.D / parts;
   Tensor packed = at::empty({parts, p.B, p.S, 3, p.chunk}, q.options());
   p.packed = packed.data_ptr();
-  const c10::cuda::CUDAGuard guard(q.device());
-  const cudaError_t err = launch_rope_3d(p, dt, c10::cuda::getCurrentCUDAStream(q.get_device()).stream());
-  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  launch_3d_checked(p, dt, q, op);
   return packed;
 }
 

@@ -11,9 +11,9 @@ Here, for a batch-1 self-attention with every rank holding an equal share of the
 (rank, token, q|k|v, head, dim): the received buffer, ranks in token order, is then the (token, q|k|v, head, dim)
 layout of a fused q/k/v projection, which attention reads in place. LTX-Video's processor has its q/k norm + RoPE
 kernel write that buffer (ops.qk_rms_norm_rope_pack), so the packing costs no pass of its own; other callers pack
-here. The output needs no copy before its all-to-all
-(its rows are already grouped by the rank that owns them) and one after. Same group, same mesh, same collective
-(torch's functional all-to-all on diffusers' Ulysses group), so the same values reach the same attention: exact.
+here. The output needs no copy before its all-to-all (its rows are already grouped by the rank that owns them) and
+one after. Same group, same mesh, same collective (torch's functional all-to-all on diffusers' Ulysses group), so
+the same values reach the same attention: exact.
 Anything else (ring, uneven token counts, masks, a batch above 1, queries and keys of different lengths) goes
 through diffusers.
 """

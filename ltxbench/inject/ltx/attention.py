@@ -115,10 +115,8 @@ class FusedLTXAttnProcessor:
     def _ulysses_send_buffer(self, attn, query, key, value, attention_mask, image_rotary_emb):
         """Self-attention under Ulysses (ulysses.applies): q and k normalized and rotated, and v, written by one
         kernel straight into the all-to-all's send buffer (ranks, S_local, 3, heads / ranks, head_dim); else None."""
-        if image_rotary_emb is None or query.shape != key.shape or self._parallel_config is None:
-            return None
         heads = (t.unflatten(2, (attn.heads, -1)) for t in (query, key))
-        if not ulysses.applies(*heads, attention_mask, self._parallel_config):
+        if image_rotary_emb is None or not ulysses.applies(*heads, attention_mask, self._parallel_config):
             return None
         ranks = ulysses.degree(self._parallel_config)
         packed = self.ops.qk_rms_norm_rope_pack(query, key, value, attn.norm_q.weight, attn.norm_k.weight,
