@@ -88,9 +88,8 @@ def _ulysses_send_buffer(ops, attn, query, key, value, rope):
     """A self-attention under Ulysses (ulysses.applies): q and k normalized and rotated, and v, written by one kernel
     straight into the all-to-all's send buffer (ranks, S_local, 3, heads / ranks, head_dim); else None."""
     parallel = getattr(attn.processor, "_parallel_config", None)
-    if rope is None or parallel is None or query.shape != key.shape:
-        return None
-    if not ulysses.applies(*(t.unflatten(2, (attn.heads, -1)) for t in (query, key)), None, parallel):
+    heads = (t.unflatten(2, (attn.heads, -1)) for t in (query, key))
+    if rope is None or not ulysses.applies(*heads, None, parallel):
         return None
     ranks = ulysses.degree(parallel)
     wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, eps_of(attn.norm_q)
