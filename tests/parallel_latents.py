@@ -187,25 +187,29 @@ def _count_exchanges(swap_heads: bool) -> list:
 
 
 def _count_packs(report, scale_v: bool) -> list:
-    """[calls of the provider's qk_rms_norm_rope_pack (LTX-Video's processor writing the Ulysses send buffer)];
-    scale_v: its v slot 1% too large, which must fail the check."""
+    """[calls of the provider's Ulysses send-buffer kernels (qk_rms_norm_rope_pack, LTX-Video's and LTX-2's
+    interleaved RoPE; qk_rms_norm_rope_split_pack, LTX-2's split RoPE)]; scale_v: their v slot 1% too large, which
+    must fail the check."""
     if report is None:
         return [0]
     from ltxbench import ops
     from ltxbench.ops import reference
 
     provider = ops if report.provider == "cuda" else reference
-    count, pack = [0], provider.qk_rms_norm_rope_pack
+    count = [0]
 
-    def counting_pack(*args, **kwargs):
-        if not torch.compiler.is_compiling():
-            count[0] += 1
-        out = pack(*args, **kwargs)
-        if scale_v:
-            out[..., 2, :] *= 1.01
-        return out
+    def counting(pack):
+        def counting_pack(*args, **kwargs):
+            if not torch.compiler.is_compiling():
+                count[0] += 1
+            out = pack(*args, **kwargs)
+            if scale_v:
+                out[..., 2, :] *= 1.01
+            return out
+        return counting_pack
 
-    provider.qk_rms_norm_rope_pack = counting_pack
+    for name in ("qk_rms_norm_rope_pack", "qk_rms_norm_rope_split_pack"):
+        setattr(provider, name, counting(getattr(provider, name)))
     return count
 
 

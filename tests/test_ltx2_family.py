@@ -226,3 +226,13 @@ def test_bad_arguments_exit_2(command, extra, needle, tmp_path):
     assert result.exit_code == 2, result.output
     assert needle in result.output
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("command", [["bench", "e2e"], ["profile"]])
+def test_cuda_graph_compile_modes_are_refused(command, tmp_path):
+    """LTX-2 failed under CUDA graphs on the GPUs: the modes that replay them are refused before anything loads."""
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, [*command, *TINY, "--compile-mode", "reduce-overhead", "--output", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "--compile-mode reduce-overhead (CUDA graphs) is not supported here" in result.output
+    assert not list(tmp_path.iterdir())

@@ -467,6 +467,35 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope_split(const Tensor& q, const Tensor&
   return {q_out, k_out};
 }
 
+Tensor qk_rms_norm_rope_split_pack(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq,
+                                   const Tensor& wk, double eps, const Tensor& cos, const Tensor& sin, int64_t parts) {
+  const char* op = "qk_rms_norm_rope_split_pack";
+  const DType dt = check_primary(q, op, "q");
+  for (auto [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    check_same(*t, q, op, name, "q");
+    TORCH_CHECK(t->sizes() == q.sizes(), "ltxbench.", op, ": ", name, " has shape ", shape(t->sizes()), " but q has ",
+                shape(q.sizes()));
+  }
+  std::vector<Tensor> keep;
+  RopeSplitParams p = rope_split_params(q, "q", wq, "wq", cos, sin, eps, op, keep);
+  check_same(wk, q, op, "wk", "q");
+  TORCH_CHECK(wk.dim() == 1 && wk.size(0) == q.size(2), "ltxbench.", op, ": wk must have shape (", num(q.size(2)),
+              ",), got ", shape(wk.sizes()));
+  TORCH_CHECK(parts >= 1 && p.H % parts == 0, "ltxbench.", op, ": parts must be >= 1 and divide the heads (",
+              num(p.H), "), got ", num(parts));
+  keep.push_back(unit_last_stride(k));
+  p.k = rows_of_3d(keep.back());
+  keep.push_back(unit_last_stride(v));
+  p.v = rows_of_3d(keep.back());
+  keep.push_back(wk.contiguous());
+  p.wk = keep.back().data_ptr();
+  Tensor packed = at::empty({parts, q.size(0), q.size(1), 3, q.size(2) / parts}, q.options());
+  if (packed.numel() == 0) return packed;
+  p.packed = packed.data_ptr(), p.parts = parts;
+  run_rope_split(p, dt, q, op);
+  return packed;
+}
+
 std::tuple<Tensor, Tensor> rope_1d(const Tensor& q_in, const Tensor& k_in, const Tensor& cos, const Tensor& sin,
                                    const std::optional<Tensor>& positions, bool interleaved) {
   const char* op = "rope_1d";
@@ -793,6 +822,9 @@ TORCH_LIBRARY(ltxbench, m) {
   m.def(
       "qk_rms_norm_rope_split(Tensor q, Tensor k, Tensor wq, Tensor wk, float eps, Tensor cos, Tensor sin)"
       " -> (Tensor, Tensor)");
+  m.def(
+      "qk_rms_norm_rope_split_pack(Tensor q, Tensor k, Tensor v, Tensor wq, Tensor wk, float eps, Tensor cos,"
+      " Tensor sin, int parts) -> Tensor");
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("geglu(Tensor x, int gate_half=1, bool approximate=False) -> Tensor");
   m.def("swiglu(Tensor x, int gate_half=0) -> Tensor");
@@ -827,6 +859,7 @@ TORCH_LIBRARY(ltxbench, m) {
   m.impl("qk_rms_norm_rope_pack", &ltxbench::qk_rms_norm_rope_pack);         \
   m.impl("rms_norm_rope_split", &ltxbench::rms_norm_rope_split);             \
   m.impl("qk_rms_norm_rope_split", &ltxbench::qk_rms_norm_rope_split);       \
+  m.impl("qk_rms_norm_rope_split_pack", &ltxbench::qk_rms_norm_rope_split_pack); \
   m.impl("gelu_tanh", &ltxbench::gelu_tanh);                                 \
   m.impl("geglu", &ltxbench::geglu);                                         \
   m.impl("swiglu", &ltxbench::swiglu);                                       \

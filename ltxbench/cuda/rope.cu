@@ -213,6 +213,14 @@ __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1)
   }
 }
 
+// Head `head`'s row of slot `slot` (q 0, k 1, v 2) of `token` in the packed (parts, B·S, 3, D / parts) output.
+template <typename T>
+__device__ __forceinline__ T* packed_head(const RopeSplitParams& p, int64_t token, int slot, int64_t head) {
+  const int64_t per_part = p.H / p.parts, hd = 2 * p.half, width = per_part * hd, part = head / per_part;
+  return static_cast<T*>(p.packed) + part * (p.B * p.S * 3 * width) + (token * 3 + slot) * width +
+         (head - part * per_part) * hd;
+}
+
 // LTX-2: RMSNorm over the whole inner dim D (fp32 statistics, times the weight in fp32), then the split RoPE per
 // head, one read and one write of each tensor. One row (token) per `tpr` threads; NT = 2 normalizes q and k together
 // (one reduction, one table read for both), NT = 1 one tensor (the cross-attentions: q and k of other lengths and
@@ -306,9 +314,19 @@ __global__ void __launch_bounds__(kMaxRowThreads) rope_split_kernel(RopeSplitPar
           x1[e] = a * c[i][e] - a2 * sn[i][e];
           x2[e] = a2 * c[i][e] + a * sn[i][e];
         }
-        T* out = static_cast<T*>(outs[t]) + token * D + col;
+        T* out = p.packed != nullptr ? packed_head<T>(p, token, t, head[i]) + chunk[i] * VEC
+                                     : static_cast<T*>(outs[t]) + token * D + col;
         store_vec<T, VEC>(out, x1);
         store_vec<T, VEC>(out + half, x2);
+      }
+      if (NT == 2 && p.packed != nullptr) {  // v's columns of this pair, copied as they are
+        const T* vrow = at_row<T>(p.v, b, s) + col;
+        T* out = packed_head<T>(p, token, 2, head[i]) + chunk[i] * VEC;
+        float v1[VEC], v2[VEC];
+        load_vec<T, VEC>(vrow, v1);
+        load_vec<T, VEC>(vrow + half, v2);
+        store_vec<T, VEC>(out, v1);
+        store_vec<T, VEC>(out + half, v2);
       }
     }
   }
@@ -546,7 +564,8 @@ template <typename T> cudaError_t launch_split(const RopeSplitParams& p, cudaStr
   constexpr int V = vec_width<T>();
   const bool tables = aligned16(p.cos) && aligned16(p.sin) && p.t_sb % 4 == 0 && p.t_sh % 4 == 0 && p.t_ss % 4 == 0;
   const bool vec = p.half % V == 0 && rows_aligned(p.q, V) && rows_aligned(p.k, V) && aligned16(p.wq) &&
-                   aligned16(p.wk) && aligned16(p.q_out) && aligned16(p.k_out) && tables;
+                   aligned16(p.wk) && aligned16(p.q_out) && aligned16(p.k_out) && tables &&
+                   (p.packed == nullptr || (rows_aligned(p.v, V) && aligned16(p.packed)));
   if (vec) {
     return p.H * (p.half / V) <= kMaxRowThreads ? launch_split_with<T, V, 1>(p, stream)
                                                  : launch_split_with<T, V, 2>(p, stream);

@@ -22,6 +22,8 @@ from ltxbench.models.video import IMAGE_OPTION, VideoFamily
 PROMPT = "a red fox trotting through fresh snow at golden hour, its paws crunching, wind in the pines, cinematic"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted, noise, muffled audio"
 MAX_SEQUENCE_LENGTH = 1024  # the pipeline's default: Gemma's prompt length, padded
+CUDA_GRAPHS_REFUSED = ("LTX-2 under CUDA graphs read a graph output that a later replay had overwritten (2 H100s, "
+                       "docs/parallel.md#measured); use --compile-mode default or max-autotune-no-cudagraphs")
 
 
 @dataclass(kw_only=True)
@@ -92,6 +94,12 @@ class LTX2Family(VideoFamily):
         low = model.lower()
         index = Path(model).expanduser() / "model_index.json"
         return "ltx-2" in low or "ltx2" in low or (index.is_file() and "LTX2" in index.read_text())
+
+    def validate(self, settings: LTX2Settings, command: str) -> None:
+        from ltxbench.cli._validate import compile_mode_choice
+
+        super().validate(settings, command)
+        compile_mode_choice(settings.compile_mode, CUDA_GRAPHS_REFUSED)
 
     def inject(self, pipe, settings: LTX2Settings):
         from ltxbench.inject.ltx2 import apply_kernels

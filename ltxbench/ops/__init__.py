@@ -107,6 +107,14 @@ def qk_rms_norm_rope_split(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: fl
     return _lib().qk_rms_norm_rope_split(q, k, wq, wk, eps, cos, sin)
 
 
+def qk_rms_norm_rope_split_pack(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tensor, eps: float, cos: Tensor,
+                                sin: Tensor, parts: int = 1) -> Tensor:
+    """`qk_rms_norm_rope_split` with q, k and v written straight into a Ulysses all-to-all's send buffer, as
+    `qk_rms_norm_rope_pack` does for LTX-Video: (parts, B, S, 3, D / parts), part r holding heads [r·H/parts,
+    (r+1)·H/parts) (H = cos.size(1), which parts must divide) of the normalized, rotated q and k and of v."""
+    return _lib().qk_rms_norm_rope_split_pack(q, k, v, wq, wk, eps, cos, sin, parts)
+
+
 def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor | None = None,
             interleaved: bool = False) -> tuple[Tensor, Tensor]:
     """LLM RoPE on q (B, Hq, S, hd) and k (B, Hk, S, hd) — GQA allowed, any strides — with angles from fp32

@@ -136,6 +136,13 @@ def ltx2_qk_rms_norm_rope_split(q, k, wq, wk, eps, cos, sin):
     return ltx2_rms_norm_rope_split(q, wq, eps, cos, sin), ltx2_rms_norm_rope_split(k, wk, eps, cos, sin)
 
 
+def ltx2_qk_rms_norm_rope_split_pack(q, k, v, wq, wk, eps, cos, sin, parts=1):
+    """ltx2_qk_rms_norm_rope_split, then q, k and v copied into a Ulysses send buffer (reference.pack_qkv)."""
+    from ltxbench.ops.reference import pack_qkv
+
+    return pack_qkv(*ltx2_qk_rms_norm_rope_split(q, k, wq, wk, eps, cos, sin), v, parts)
+
+
 def hf_rope_1d(q, k, cos, sin, positions=None, interleaved=False):
     """transformers' apply_rotary_pos_emb (rotate-half); cos/sin built per token as LlamaRotaryEmbedding
     does, in the model dtype. Only the neox layout exists there: interleaved falls back to the reference."""

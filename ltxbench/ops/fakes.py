@@ -84,6 +84,16 @@ def _qk_rms_norm_rope_split(q, k, wq, wk, eps, cos, sin):
     return _like(q), _like(q)
 
 
+@register_fake("ltxbench::qk_rms_norm_rope_split_pack")
+def _qk_rms_norm_rope_split_pack(q, k, v, wq, wk, eps, cos, sin, parts):
+    torch._check(q.dim() == 3 and k.shape == q.shape and v.shape == q.shape,
+                 lambda: "qk_rms_norm_rope_split_pack: q, k and v must be (B, S, D)")
+    torch._check(cos.dim() == 4 and parts >= 1 and cos.shape[1] % parts == 0,
+                 lambda: "qk_rms_norm_rope_split_pack: parts must be >= 1 and divide the heads")
+    b, s, d = q.shape
+    return q.new_empty((parts, b, s, 3, d // parts))
+
+
 def _token_major(x: torch.Tensor) -> torch.Tensor:
     """(B, H, S, hd) viewing a dense (B, S, H, hd) buffer, as rope_1d allocates its outputs."""
     b, h, s, d = x.shape

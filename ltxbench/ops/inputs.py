@@ -162,6 +162,18 @@ def inputs_rms_norm_rope_split(shape, dtype, device, gen, variant):
             **_split_rope_tables(b, s, d, device, gen, variant)}
 
 
+def inputs_qk_rms_norm_rope_split_pack(shape, dtype, device, gen, variant):
+    """qk_rms_norm_rope_split's inputs with v, in the variant's layout, and the parts of the send buffer: 2 for
+    "qkv-slices" (LTX-2's video self-attention on 2 GPUs), 1 for "video", 4 for "audio-shared" (1 where the heads do
+    not divide)."""
+    b, s, d = shape
+    q, k, v = _projections(3, b, s, d, dtype, device, gen, variant)
+    parts = {"qkv-slices": 2, "video": 1}.get(variant, 4)
+    parts = parts if split_rope_heads(d) % parts == 0 else 1
+    return {"q": q, "k": k, "v": v, "wq": _weight(d, dtype, device, gen), "wk": _weight(d, dtype, device, gen),
+            "eps": 1e-6, **_split_rope_tables(b, s, d, device, gen, variant), "parts": parts}
+
+
 def inputs_qk_rms_norm_rope_split(shape, dtype, device, gen, variant):
     b, s, d = shape
     q, k = _projections(2, b, s, d, dtype, device, gen, variant)

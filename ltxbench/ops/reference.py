@@ -330,3 +330,8 @@ def linear_fp8(x: Tensor, x_scale: Tensor, weight: Tensor, weight_scale: Tensor,
     dequantized = x.float() * x_scale.float()
     w = weight.float() * weight_scale.float().reshape(-1, 1)
     return F.linear(dequantized, w, None if bias is None else bias.float()).to(out_dtype)
+
+
+def qk_rms_norm_rope_split_pack(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tensor, eps: float, cos: Tensor,
+                                sin: Tensor, parts: int = 1) -> Tensor:
+    return pack_qkv(*qk_rms_norm_rope_split(q, k, wq, wk, eps, cos, sin), v, parts)

@@ -102,6 +102,11 @@ struct RopeSplitParams {
   float eps = 1e-6f;
   void* q_out = nullptr;  // contiguous (B, S, D)
   void* k_out = nullptr;
+  // Packed instead (q and k together only): q, k and v as (parts, B, S, 3, D / parts), part r holding heads
+  // [r·H/parts, (r+1)·H/parts), written to `packed` in place of q_out / k_out; v (B, S, D) copied as it is.
+  Rows3 v;
+  void* packed = nullptr;
+  int64_t parts = 0;
 };
 
 cudaError_t launch_rope_split(const RopeSplitParams& p, DType dtype, cudaStream_t stream);
