@@ -36,8 +36,8 @@ SHARED = {o.name: o for o in (
     Option("compile", ("--compile",), bool, False, "With/without --use-optimized-kernels: one configuration.",
            ("generate", "bench e2e"), helps={"generate": "torch.compile the transformer (step 0 includes it)."}),
     Option("compile_mode", ("--compile-mode",), str, "default", "torch.compile mode of the compile configurations: "
-           "default, reduce-overhead (CUDA graphs: steadier steps with --gpus 4, docs/parallel.md), max-autotune, "
-           "max-autotune-no-cudagraphs.",
+           "default, reduce-overhead (CUDA graphs: steadier steps with --gpus 4, docs/parallel.md; not LTX-2), "
+           "max-autotune, max-autotune-no-cudagraphs.",
            ("bench e2e", "profile")),
     Option("compile_scope", ("--compile-scope",), str, None, "What the compile configurations compile: model (the "
            "whole transformer / LLM) or regional (each repeated block on its own, diffusers' regional compilation: "
