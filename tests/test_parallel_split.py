@@ -98,9 +98,12 @@ def test_ltx2_hybrid_compiled_equals_one_process(tmp_path):
 @pytest.mark.parametrize("family", ["ltx", "ltx2"])
 def test_fp8_split_equals_one_process(tmp_path, family):
     """--precision fp8 over the ranks: the activations are quantized per token, so splitting the tokens changes no
-    scale, and the split output equals one process's FP8 output."""
+    scale, and the split output equals one process's FP8 output up to the fp32 rounding of a smaller GEMM, which can
+    move a value across an e4m3 rounding boundary (3 mantissa bits): a few flipped roundings stay far below FP8's own
+    error, a scale taken over other tokens (every value rounded on another grid) is of its size."""
     result = _run(tmp_path, family, "ulysses", "optimized-fp8")
-    assert result["error"] < TOL and result["alone_vs_unpatched"] > 1e-3, result  # exact split of a real FP8 run
+    fp8_error = result["alone_vs_unpatched"]
+    assert fp8_error > 1e-3 and result["error"] < 0.1 * fp8_error, result  # the split of a real FP8 run
     assert result["after_revert_equal"] and not result["hooks_left"], result
 
 
