@@ -9,7 +9,8 @@ optimized | optimized+compile | optimized-fp8: our kernels with the FP8 projecti
 num_frames, height, width, steps, guidance, image (image-to-video from a random first frame), mutation
 ("own-half": each guidance rank repeats its own half of the output instead of gathering both, which must fail
 the check; "local-keys": LTX-2's video-to-audio attention run on this rank's video keys alone; "swapped-heads":
-our Ulysses attention's output exchange returns the head groups in reverse order), reference (GPU: the
+our Ulysses attention's output exchange returns the head groups in reverse order; "own-keys": our ring
+attention's all-gather returns this rank's own keys and values in every slot), reference (GPU: the
 same model upcast to fp32 on rank 0 at the end, and each latent's cosine to it: the bf16 rounding of one GPU beside
 the split's).
 """
@@ -126,6 +127,14 @@ def main(out: str, spec_text: str) -> None:
 
     split_module.SplitHook.split = counting_split
     exchanges = _count_exchanges(spec["mutation"] == "swapped-heads")
+    gathers = _count_gathers(spec["mutation"] == "own-keys")
+    if not cuda and "ring" in spec["split"]:
+        # diffusers' ring attention needs cuDNN's log-sum-exp, so the split refuses the CPU; our ring attention (one
+        # attention over the gathered keys) does not: let it run, where it serves every ring attention (LTX-Video's
+        # cfg+ring with our kernels; diffusers' ring attention, if reached, fails on the CPU)
+        from ltxbench.parallel import context
+
+        context._ring_backend = lambda transformer, local_attentions: None
     packs = _count_packs(report, spec["mutation"] == "scaled-packed-v")
     tokens = ((spec["num_frames"] - 1) // 8 + 1) * (spec["height"] // 32) * (spec["width"] // 32)
     plan = family.parallel_plan()
@@ -152,6 +161,7 @@ def main(out: str, spec_text: str) -> None:
                   "after_revert_equal": torch.equal(after, unpatched) and torch.equal(again, alone),
                   "alone_vs_unpatched": (alone - unpatched).abs().max().item() / unpatched.abs().max().item(),
                   "calls": calls, "parallel": description, "caches": caches, "exchanges": exchanges[0],
+                  "gathers": gathers[0],
                   "packs": packs[0],
                   "hooks_left": _hooks_left(pipe.transformer)}
         if spec["reference"]:  # the same weights in fp32 (bf16 values are exact in fp32): the math without rounding
@@ -183,6 +193,27 @@ def _count_exchanges(swap_heads: bool) -> list:
     ulysses.exchanged_attention = counting_attention
     if swap_heads:
         ulysses.exchange = swapped
+    return count
+
+
+def _count_gathers(own_keys: bool) -> list:
+    """[calls of our ring attention (ltxbench.parallel.ring)]; own_keys: its all-gather hands back this rank's own
+    keys and values in every slot, which must fail the check."""
+    from ltxbench.parallel import ring
+
+    count, attention, gather = [0], ring.attention, ring.gather
+
+    def counting_attention(*args):
+        if not torch.compiler.is_compiling():
+            count[0] += 1
+        return attention(*args)
+
+    def own(tensor, group):
+        return torch.cat([tensor] * gather(tensor, group).shape[0])
+
+    ring.attention = counting_attention
+    if own_keys:
+        ring.gather = own
     return count
 
 

@@ -62,6 +62,14 @@ def test_ltx_2b_four_gpus_cfg_ulysses(tmp_path):
     _check(run_ranks(tmp_path, {**LTX_2B, "split": "cfg+ulysses", "config": "optimized"}, nproc=4), 1344)
 
 
+def test_ltx_2b_four_gpus_cfg_ring(tmp_path):
+    if _gpus() < 4:
+        pytest.skip("needs 4 GPUs")
+    result = run_ranks(tmp_path, {**LTX_2B, "split": "cfg+ring", "config": "optimized"}, nproc=4)
+    _check(result, 1344)
+    assert result["gathers"] > 0 and result["exchanges"] == 0, result  # every self-attention through our ring path
+
+
 @pytest.mark.parametrize(("split", "config"), [("cfg", "optimized"), ("ulysses", "optimized"),
                                                ("hybrid", "optimized"), ("hybrid", "optimized+compile")])
 def test_ltx2_two_gpus(tmp_path, split, config):

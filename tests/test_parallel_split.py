@@ -143,6 +143,22 @@ def test_cfg_ulysses_four_processes(tmp_path, family):
     assert {tuple(shape[:2]) for shape in result["calls"] if shape[0] == 1} == {(1, 4)}, result["calls"]
 
 
+@pytest.mark.parametrize("config", ["optimized", "optimized+compile"])
+def test_ltx_cfg_ring_four_processes(tmp_path, config):
+    """cfg+ring on 4 processes: each guidance half's tokens over 2 ranks, every batch-1 self-attention through our
+    ring attention (k and v from the q/k kernel, one all-gather, one attention over all keys), compiled too."""
+    result = _run(tmp_path, "ltx", "cfg+ring", config, nproc=4)
+    assert result["error"] < TOL and result["after_revert_equal"] and not result["hooks_left"], result
+    assert (result["gathers"] > 0) == (config == "optimized") and result["exchanges"] == 0, result  # eager counts
+    assert {tuple(shape[:2]) for shape in result["calls"]} == {(1, 4)}, result["calls"]
+
+
+def test_ring_own_keys_fail(tmp_path):
+    """The check can fail: our ring attention over this rank's own keys and values alone is far off."""
+    result = _run(tmp_path, "ltx", "cfg+ring", "optimized", nproc=4, mutation="own-keys")
+    assert result["gathers"] > 0 and result["error"] > 100 * TOL, result
+
+
 @pytest.mark.parametrize("family", ["ltx", "ltx2"])
 def test_image_to_video_token_split(tmp_path, family):
     """Image-to-video: the timestep is per token (0 on the first frame's), so it is split with the tokens."""

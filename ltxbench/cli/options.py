@@ -66,9 +66,9 @@ SHARED = {o.name: o for o in (
     Option("gpus", ("--gpus",), int, 1, "GPUs of this host: N > 1 re-launches the command under torchrun, one "
            "process per GPU; only rank 0 prints and writes."),
     Option("parallel", ("--parallel",), str, None, "How N GPUs split the work: cfg (the guidance pair's halves on 2 "
-           "GPUs), ulysses or ring (diffusers' context parallelism over the video tokens), cfg+ulysses (both; 4+ "
-           "GPUs), hybrid (LTX-2, 2 GPUs: the guidance pair as cfg, each batch-1 pass as ulysses). Default: cfg "
-           "on 2 GPUs (LTX-2: hybrid), cfg+ulysses on 4 or more (even), else ulysses."),
+           "GPUs), ulysses or ring (diffusers' context parallelism over the video tokens), cfg+ulysses or cfg+ring "
+           "(both; 4+ GPUs), hybrid (LTX-2, 2 GPUs: the guidance pair as cfg, each batch-1 pass as ulysses). "
+           "Default: cfg on 2 GPUs (LTX-2: hybrid), cfg+ulysses on 4 or more (even), else ulysses."),
     Option("kernel_provider", ("--kernel-provider",), str, None, "cuda | reference (default: cuda on cuda, reference "
            "on cpu)."),
     Option("dtype", ("--dtype",), str, None, _DEVICE),

@@ -380,6 +380,28 @@ Tensor qk_rms_norm_rope_pack(const Tensor& q, const Tensor& k, const Tensor& v, 
   return packed;
 }
 
+// qk_rms_norm_rope with k and v written together per token, (B, S, 2, D): the send buffer of a ring attention's
+// key/value all-gather, whose gathered buffer attention then reads in place; q (B, S, D) on its own.
+std::tuple<Tensor, Tensor> qk_rms_norm_rope_kv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq,
+                                               const Tensor& wk, double eps, const std::optional<Tensor>& cos,
+                                               const std::optional<Tensor>& sin, const std::optional<Tensor>& grid,
+                                               const std::optional<Tensor>& freqs) {
+  const char* op = "qk_rms_norm_rope_kv";
+  const DType dt = check_primary(q, op, "q");
+  std::vector<Tensor> keep;
+  Rope3dParams p = qk_norm_rope_params(q, k, wq, wk, eps, cos, sin, grid, freqs, op, keep);
+  check_same(v, q, op, "v", "q");
+  TORCH_CHECK(v.sizes() == q.sizes(), "ltxbench.", op, ": v has shape ", shape(v.sizes()), " but q has ",
+              shape(q.sizes()));
+  keep.push_back(unit_last_stride(v));
+  p.v = rows_of_3d(keep.back());
+  p.chunk = p.D, p.slots = 2;
+  Tensor q_out = at::empty({p.B, p.S, p.D}, q.options()), kv = at::empty({p.B, p.S, 2, p.D}, q.options());
+  p.q_out = q_out.data_ptr(), p.packed = kv.data_ptr();
+  launch_3d_checked(p, dt, q, op);
+  return {q_out, kv};
+}
+
 // ---- LTX-2: q/k RMSNorm over all heads + split RoPE ----------------------------------------------------
 
 // x (B, S, D) (`name`: x or q) with its weight, and the shared tables cos/sin (B|1, H, S, D / 2H), any strides but
@@ -818,6 +840,9 @@ TORCH_LIBRARY(ltxbench, m) {
   m.def(
       "qk_rms_norm_rope_pack(Tensor q, Tensor k, Tensor v, Tensor wq, Tensor wk, float eps, Tensor? cos, Tensor? sin,"
       " Tensor? grid, Tensor? freqs, int parts) -> Tensor");
+  m.def(
+      "qk_rms_norm_rope_kv(Tensor q, Tensor k, Tensor v, Tensor wq, Tensor wk, float eps, Tensor? cos, Tensor? sin,"
+      " Tensor? grid, Tensor? freqs) -> (Tensor, Tensor)");
   m.def("rms_norm_rope_split(Tensor x, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor");
   m.def(
       "qk_rms_norm_rope_split(Tensor q, Tensor k, Tensor wq, Tensor wk, float eps, Tensor cos, Tensor sin)"
@@ -857,6 +882,7 @@ TORCH_LIBRARY(ltxbench, m) {
   m.impl("rope_3d", &ltxbench::rope_3d);                                     \
   m.impl("qk_rms_norm_rope", &ltxbench::qk_rms_norm_rope);                   \
   m.impl("qk_rms_norm_rope_pack", &ltxbench::qk_rms_norm_rope_pack);         \
+  m.impl("qk_rms_norm_rope_kv", &ltxbench::qk_rms_norm_rope_kv);             \
   m.impl("rms_norm_rope_split", &ltxbench::rms_norm_rope_split);             \
   m.impl("qk_rms_norm_rope_split", &ltxbench::qk_rms_norm_rope_split);       \
   m.impl("qk_rms_norm_rope_split_pack", &ltxbench::qk_rms_norm_rope_split_pack); \

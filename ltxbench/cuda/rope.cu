@@ -105,13 +105,13 @@ __global__ void rope3d_kernel(Rope3dParams p) {
   }
 }
 
-// Columns col..col+VEC-1 of row `token` into slot `slot` (q 0, k 1, v 2) of the packed (parts, rows, 3, chunk)
-// output: one vector store when the columns stay in one part, else one store per column.
+// Columns col..col+VEC-1 of row `token` into slot `slot` (q 0, k 1, v 2; with 2 slots k 0, v 1) of the packed
+// (parts, rows, slots, chunk) output: one vector store when the columns stay in one part, else one per column.
 template <typename T, int VEC>
 __device__ __forceinline__ void store_packed(const Rope3dParams& p, int64_t token, int64_t col, int slot,
                                              const float (&x)[VEC]) {
-  const int64_t part_stride = p.B * p.S * 3 * p.chunk;
-  T* const row = static_cast<T*>(p.packed) + (token * 3 + slot) * p.chunk;
+  const int64_t part_stride = p.B * p.S * p.slots * p.chunk;
+  T* const row = static_cast<T*>(p.packed) + (token * p.slots + slot) * p.chunk;
   if (p.chunk % VEC == 0) {
     const int64_t part = col / p.chunk;
     store_vec<T, VEC>(row + part * part_stride + (col - part * p.chunk), x);
@@ -202,9 +202,13 @@ __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1)
       if (p.packed != nullptr) {
         float v[VEC];
         load_vec<T, VEC>(at_row<T>(p.v, b, s) + col, v);
-        store_packed<T, VEC>(p, token, col, 0, q);
-        store_packed<T, VEC>(p, token, col, 1, k);
-        store_packed<T, VEC>(p, token, col, 2, v);
+        const int first = p.slots - 2;  // k's slot: 1 after q, or 0 with q in its own rows
+        if (first == 0)
+          store_vec<T, VEC>(static_cast<T*>(p.q_out) + token * p.D + col, q);
+        else
+          store_packed<T, VEC>(p, token, col, 0, q);
+        store_packed<T, VEC>(p, token, col, first, k);
+        store_packed<T, VEC>(p, token, col, first + 1, v);
       } else {
         store_vec<T, VEC>(static_cast<T*>(p.q_out) + token * p.D + col, q);
         store_vec<T, VEC>(static_cast<T*>(p.k_out) + token * p.D + col, k);

@@ -90,7 +90,8 @@ class ModelFamily:
     options: ClassVar[tuple[Option, ...]] = ()
     makes_video: ClassVar[bool] = False             # `generate` takes it
     supports_parallel: ClassVar[bool] = False       # runs over several GPUs (--gpus N, --parallel)
-    parallel_splits: ClassVar[tuple[str, ...]] = ("cfg", "ulysses", "ring", "cfg+ulysses")  # --parallel it takes
+    # --parallel it takes
+    parallel_splits: ClassVar[tuple[str, ...]] = ("cfg", "ulysses", "ring", "cfg+ulysses", "cfg+ring")
     two_gpu_split: ClassVar[str] = "cfg"  # --gpus 2 without --parallel
     precisions: ClassVar[tuple[str, ...]] = ("bf16",)  # --precision values its injection takes
 

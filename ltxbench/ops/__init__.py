@@ -89,6 +89,16 @@ def qk_rms_norm_rope_pack(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tenso
     copy into the buffer read and write q and k twice. v (B, S, D) any row strides, like q and k."""
     return _lib().qk_rms_norm_rope_pack(q, k, v, wq, wk, eps, cos, sin, grid, freqs, parts)
 
+def qk_rms_norm_rope_kv(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tensor, eps: float = 1e-5,
+                        cos: Tensor | None = None, sin: Tensor | None = None, grid: Tensor | None = None,
+                        freqs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """`qk_rms_norm_rope` with the rotated k and v written together, per token: returns (q (B, S, D), kv (B, S, 2,
+    D)), kv[:, :, 0] the normalized, rotated k and kv[:, :, 1] v. The send buffer of a ring attention's key/value
+    all-gather, which attention reads in place after it (ltxbench.parallel.ring). One launch reads q, k, v once and
+    writes each once. v (B, S, D) any row strides, like q and k."""
+    return _lib().qk_rms_norm_rope_kv(q, k, v, wq, wk, eps, cos, sin, grid, freqs)
+
+
 def rms_norm_rope_split(x: Tensor, weight: Tensor, eps: float, cos: Tensor, sin: Tensor) -> Tensor:
     """LTX-2's q or k norm and split RoPE in one read and one write: `n = x · rsqrt(mean(x²) + eps) · weight` over the
     whole inner dim D (torch.nn.RMSNorm across the heads, fp32), then per head of x (B, S, D) seen as (B, S, H, hd),

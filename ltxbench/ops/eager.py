@@ -108,6 +108,13 @@ def ltx_qk_rms_norm_rope_pack(q, k, v, wq, wk, eps=1e-5, cos=None, sin=None, gri
 
     return pack_qkv(*ltx_qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs), v, parts)
 
+def ltx_qk_rms_norm_rope_kv(q, k, v, wq, wk, eps=1e-5, cos=None, sin=None, grid=None, freqs=None):
+    """ltx_qk_rms_norm_rope, then k and v stacked per token (the send buffer of diffusers' ring attention's all-gather
+    is a torch.cat of k and v: a copy of both)."""
+    q, k = ltx_qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs)
+    return q, torch.stack((k, v), dim=2)
+
+
 def ltx2_apply_split_rotary_emb(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """diffusers.models.transformers.transformer_ltx2.apply_split_rotary_emb for x (B, S, D) and cos/sin
     (B|1, H, S, r); x's batch and head dim are taken from x itself (diffusers reads them off cos, which leaves out

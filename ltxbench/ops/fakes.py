@@ -72,6 +72,14 @@ def _qk_rms_norm_rope_pack(q, k, v, wq, wk, eps, cos, sin, grid, freqs, parts):
     b, s, d = q.shape
     return q.new_empty((parts, b, s, 3, d // parts))
 
+@register_fake("ltxbench::qk_rms_norm_rope_kv")
+def _qk_rms_norm_rope_kv(q, k, v, wq, wk, eps, cos, sin, grid, freqs):
+    torch._check(q.dim() == 3 and k.shape == q.shape and v.shape == q.shape,
+                 lambda: "qk_rms_norm_rope_kv: q, k and v must be (B, S, D)")
+    b, s, d = q.shape
+    return q.new_empty((b, s, d)), q.new_empty((b, s, 2, d))
+
+
 @register_fake("ltxbench::rms_norm_rope_split")
 def _rms_norm_rope_split(x, weight, eps, cos, sin):
     torch._check(x.dim() == 3, lambda: "rms_norm_rope_split: x must be (B, S, D)")

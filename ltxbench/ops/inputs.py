@@ -116,6 +116,18 @@ def inputs_qk_norm_rope_pack(shape, dtype, device, gen, variant):
             "eps": 1e-5, **_ltx_rope_source(b, s, d, device, gen, "tables" if variant == "tables" else "coords"),
             "parts": parts}
 
+# qk_rms_norm_rope_kv: one rank's q/k/v of LTX-2B's cfg+ring split on 4 GPUs (column slices of the fused projection,
+# angles from coordinates), then separate tensors with tables.
+KV_VARIANTS = ("qkv-slices", "tables")
+
+
+def inputs_qk_norm_rope_kv(shape, dtype, device, gen, variant):
+    b, s, d = shape
+    q, k, v = _projections(3, b, s, d, dtype, device, gen, variant)
+    return {"q": q, "k": k, "v": v, "wq": _weight(d, dtype, device, gen), "wk": _weight(d, dtype, device, gen),
+            "eps": 1e-5, **_ltx_rope_source(b, s, d, device, gen, "tables" if variant == "tables" else "coords")}
+
+
 # Tables from a video grid (diffusers' layout, batch B), from an audio time grid shared by the batch (batch 1), and
 # the video tables with q/k as column slices of a fused q|k|v projection.
 SPLIT_ROPE_VARIANTS = ("video", "audio-shared", "qkv-slices")

@@ -147,6 +147,13 @@ def qk_rms_norm_rope_pack(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tenso
                           freqs: Tensor | None = None, parts: int = 1) -> Tensor:
     return pack_qkv(*qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs), v, parts)
 
+def qk_rms_norm_rope_kv(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tensor, eps: float = 1e-5,
+                        cos: Tensor | None = None, sin: Tensor | None = None, grid: Tensor | None = None,
+                        freqs: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    q, k = qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs)
+    return q, torch.stack((k, v.to(k.dtype)), dim=2)
+
+
 def ltx2_split_cos_sin(grid: Tensor, dim: int, heads: int, theta: float = 10000.0) -> tuple[Tensor, Tensor]:
     """diffusers' LTX2AudioVideoRotaryPosEmbed tables for rope_type "split", from the fractional coordinates grid
     (B, S, n) (n = 3 for video, 1 for audio): fp32 cos, sin as the (B, heads, S, dim / (2 heads)) swapaxes view of

@@ -16,6 +16,7 @@ import torch
 from ltxbench.ops import eager
 from ltxbench.ops.accuracy import TOLERANCES
 from ltxbench.ops.inputs import (
+    KV_VARIANTS,
     LINEAR_OUT,
     PACK_VARIANTS,
     SPLIT_ROPE_VARIANTS,
@@ -29,6 +30,7 @@ from ltxbench.ops.inputs import (
     inputs_layer_mod,
     inputs_linear,
     inputs_qk_norm_rope,
+    inputs_qk_norm_rope_kv,
     inputs_qk_norm_rope_pack,
     inputs_qk_rms_norm_rope_split,
     inputs_qk_rms_norm_rope_split_pack,
@@ -51,6 +53,7 @@ from ltxbench.ops.shapes import (
     LTX2_ULYSSES_SHAPES,
     LTX_FFN_SHAPES,
     LTX_LINEAR_SHAPES,
+    LTX_RING_SHAPES,
     LTX_SHAPES,
     LTX_ULYSSES_SHAPES,
     ROPE_TEST_SHAPES,
@@ -198,6 +201,16 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("qkv_pack", "ulysses_pack"), test_shapes=ROPE_TEST_SHAPES,
         bench_shapes={**LTX_ULYSSES_SHAPES},
         inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb + the Ulysses all-to-all's q/k/v copy",),
+        written=lambda inp: 3 * _nbytes(inp["q"]),
+    ),
+    KernelSpec(
+        name="qk_rms_norm_rope_kv",
+        summary="qk_rms_norm_rope, k and v written together per token (B, S, 2, D): a ring all-gather's send buffer",
+        make_inputs=inputs_qk_norm_rope_kv, variants=KV_VARIANTS, n_outputs=2,
+        baselines={"eager": eager.ltx_qk_rms_norm_rope_kv},
+        aliases=("kv_pack", "ring_pack"), test_shapes=ROPE_TEST_SHAPES,
+        bench_shapes={**LTX_RING_SHAPES},
+        inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb + the ring all-gather's k/v copy",),
         written=lambda inp: 3 * _nbytes(inp["q"]),
     ),
     KernelSpec(

@@ -25,6 +25,8 @@ LTX_SHAPES = {"ltx2b-49f-cfg": (2, 2688, 2048), "ltx2b-161f-cfg": (2, 8064, 2048
               "ltx13b-161f-cfg": (2, 8064, 4096)}
 # One rank's self-attention under LTX-2B's cfg+ulysses split on 4 GPUs (batch 1, half the tokens).
 LTX_ULYSSES_SHAPES = {"ltx2b-161f-cfg-ulysses2": (1, 4032, 2048)}
+# The same under the cfg+ring split: a rank's own tokens, all heads.
+LTX_RING_SHAPES = {"ltx2b-161f-cfg-ring2": (1, 4032, 2048)}
 # LTX-2 19B's video self-attention, 121 frames, one of 2 ranks of a batch-1 pass (hybrid / ulysses).
 LTX2_ULYSSES_SHAPES = {"ltx2-19b-121f-video-ulysses2": (1, 3072, 4096)}
 LTX_FFN_SHAPES = {"ltx2b-49f-ffn": (2, 2688, 8192), "ltx2b-161f-ffn": (2, 8064, 8192)}

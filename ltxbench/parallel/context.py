@@ -30,7 +30,7 @@ def mesh(device_type: str, cfg_degree: int, ring_degree: int, ulysses_degree: in
 
 def degrees(split: str, cfg_degree: int, cp_degree: int) -> tuple[int, int, int]:
     """(cfg, ring, ulysses) degrees of a split."""
-    ring = cp_degree if split == "ring" else 1
+    ring = cp_degree if split in ("ring", "cfg+ring") else 1
     return cfg_degree, ring, cp_degree // ring
 
 

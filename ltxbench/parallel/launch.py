@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 
-SPLITS = ("cfg", "ulysses", "ring", "cfg+ulysses", "hybrid")
+SPLITS = ("cfg", "ulysses", "ring", "cfg+ulysses", "cfg+ring", "hybrid")
+GUIDANCE_AND_TOKENS = ("cfg+ulysses", "cfg+ring")  # the guidance pair over 2 groups, the tokens within each
 HYBRID = "hybrid"  # the guidance pair split as cfg, a batch-1 pass as ulysses, over the same 2 ranks
 SPLIT_ENV = "LTXBENCH_PARALLEL_SPLIT"  # the resolved split, set for the re-launched processes
 OUR_EXIT_CODES = (1, 2, 3, 4, 130)    # ltxbench.errors' codes and Ctrl-C: the rank already said why
@@ -48,7 +49,7 @@ def degrees(split: str, gpus: int) -> tuple[int, int]:
     """(cfg_degree, cp_degree) of `split` over `gpus` processes."""
     if split == "cfg":
         return 2, 1
-    if split == "cfg+ulysses":
+    if split in GUIDANCE_AND_TOKENS:
         return 2, gpus // 2
     if split == HYBRID:
         return 2, 2
@@ -70,12 +71,12 @@ def resolve_split(gpus: int, parallel: str | None, two_gpu_default: str = "cfg")
         raise UsageError(f"--parallel {parallel!r} is not one of {', '.join(SPLITS)}")
     if parallel == "cfg" and gpus != 2:
         raise UsageError(f"--gpus {gpus}: --parallel cfg splits the guidance pair over 2 GPUs: use --gpus 2",
-                         hint="or --parallel ulysses / ring / cfg+ulysses for more GPUs")
+                         hint="or --parallel ulysses / ring / cfg+ulysses / cfg+ring for more GPUs")
     if parallel == HYBRID and gpus != 2:
         raise UsageError(f"--gpus {gpus}: --parallel hybrid runs the guidance pair's halves and then a batch-1 "
                          "pass's tokens over the same 2 GPUs: use --gpus 2")
-    if parallel == "cfg+ulysses" and (gpus < 4 or gpus % 2):
-        raise UsageError(f"--gpus {gpus}: --parallel cfg+ulysses needs an even --gpus of at least 4")
+    if parallel in GUIDANCE_AND_TOKENS and (gpus < 4 or gpus % 2):
+        raise UsageError(f"--gpus {gpus}: --parallel {parallel} needs an even --gpus of at least 4")
     return parallel
 
 

@@ -58,9 +58,11 @@ struct Rope3dParams {
   void* k_out = nullptr;
   // Packed instead (with norm only): q, k and v as (parts, B, S, 3, chunk), D = parts * chunk, written to `packed`
   // in place of q_out / k_out; v (B, S, D) is copied as it is. The layout of a Ulysses all-to-all's send buffer.
+  // slots 2: k and v only, (1, B, S, 2, D) (chunk = D), and q to q_out: a ring attention's key/value all-gather.
   Rows3 v;
   void* packed = nullptr;
   int64_t chunk = 0;
+  int slots = 3;
 };
 
 cudaError_t launch_rope_3d(const Rope3dParams& p, DType dtype, cudaStream_t stream);

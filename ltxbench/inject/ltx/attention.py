@@ -13,7 +13,7 @@ from ltxbench.inject import forward_source, original_class
 from ltxbench.inject.fp8 import fused_projection
 from ltxbench.inject.fuse import fused_outputs
 from ltxbench.ops.reference import ltx_cos_sin
-from ltxbench.parallel import ulysses
+from ltxbench.parallel import ring, ulysses
 
 
 def _rope_kwargs(image_rotary_emb) -> dict:
@@ -123,6 +123,22 @@ class FusedLTXAttnProcessor:
                                                 eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb), parts=ranks)
         return packed.view(ranks, query.size(1), 3, attn.heads // ranks, -1)
 
+    def _ring_send_buffer(self, attn, query, key, value, attention_mask, image_rotary_emb):
+        """Self-attention under ring attention (ring.applies): q and k normalized and rotated by one kernel that also
+        writes k and v together as the all-gather's send buffer: (q (1, S, heads, dim), kv (1, S, 2, heads, dim));
+        else None."""
+        heads = (t.unflatten(2, (attn.heads, -1)) for t in (query, key))
+        if image_rotary_emb is None or not ring.applies(*heads, attention_mask, self._parallel_config):
+            return None
+        query, kv = self.ops.qk_rms_norm_rope_kv(query, key, value, attn.norm_q.weight, attn.norm_k.weight,
+                                                 eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb))
+        return query.unflatten(2, (attn.heads, -1)), kv.unflatten(3, (attn.heads, -1))
+
+    def _ring_attention_backend(self):
+        """The processor's backend, except the one the split set for diffusers' ring attention (context.py: it
+        needs the log-sum-exp; one attention over all keys does not)."""
+        return None if getattr(self, "_ltxbench_ring_backend", False) else self._attention_backend
+
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
                  cross_kv=None, residual=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
@@ -146,6 +162,10 @@ class FusedLTXAttnProcessor:
             packed = self._ulysses_send_buffer(attn, query, key, value, attention_mask, image_rotary_emb)
             if packed is not None:  # the kernel below wrote q, k and v as the all-to-all sends them
                 hidden_states = ulysses.exchanged_attention(packed, self._attention_backend, self._parallel_config)
+                return self._output(attn, hidden_states.flatten(2, 3).to(query.dtype), residual)
+            gathered = self._ring_send_buffer(attn, query, key, value, attention_mask, image_rotary_emb)
+            if gathered is not None:  # q, and k and v as the all-gather sends them
+                hidden_states = ring.attention(*gathered, self._ring_attention_backend(), self._parallel_config)
                 return self._output(attn, hidden_states.flatten(2, 3).to(query.dtype), residual)
             if image_rotary_emb is not None:  # self-attention: q and k have the same shape
                 query, key = self.ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
