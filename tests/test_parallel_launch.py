@@ -27,12 +27,20 @@ runner = CliRunner()
 @pytest.mark.parametrize(("gpus", "parallel", "split", "degrees"), [
     (1, None, None, None), (2, None, "cfg", (2, 1)), (3, None, "ulysses", (1, 3)), (4, None, "cfg+ulysses", (2, 2)),
     (8, None, "cfg+ulysses", (2, 4)), (2, "ulysses", "ulysses", (1, 2)), (4, "ring", "ring", (1, 4)),
-    (2, "cfg", "cfg", (2, 1)), (6, "cfg+ulysses", "cfg+ulysses", (2, 3)),
+    (2, "cfg", "cfg", (2, 1)), (6, "cfg+ulysses", "cfg+ulysses", (2, 3)), (4, "cfg+ring", "cfg+ring", (2, 2)),
 ])
 def test_split_defaults_and_degrees(gpus, parallel, split, degrees):
     assert launch.resolve_split(gpus, parallel) == split
     if split is not None:
         assert launch.degrees(split, gpus) == degrees and degrees[0] * degrees[1] == gpus
+
+
+@pytest.mark.parametrize(("split", "mesh"), [("cfg+ring", (2, 2, 1)), ("cfg+ulysses", (2, 1, 2)), ("ring", (1, 4, 1))])
+def test_mesh_degrees_of_the_token_splits(split, mesh):
+    """(cfg, ring, ulysses): cfg+ring puts a guidance half's ranks on the ring dim, cfg+ulysses on the Ulysses one."""
+    from ltxbench.parallel import context
+
+    assert context.degrees(split, *launch.degrees(split, 4)) == mesh
 
 
 def test_hybrid_uses_both_degrees_over_the_same_two_ranks():
@@ -50,12 +58,13 @@ def test_the_two_gpu_default_is_the_familys():
 @pytest.mark.parametrize(("gpus", "parallel", "flag", "words"), [
     (0, None, "--gpus", "at least 1"),
     (1, "cfg", "--parallel", "needs --gpus 2 or more"),
-    (2, "tensor", "--parallel", "not one of cfg, ulysses, ring, cfg+ulysses, hybrid"),
+    (2, "tensor", "--parallel", "not one of cfg, ulysses, ring, cfg+ulysses, cfg+ring, hybrid"),
     (4, "hybrid", "--parallel hybrid", "use --gpus 2"),
     (3, "cfg", "--parallel cfg", "use --gpus 2"),
     (4, "cfg", "--parallel cfg", "use --gpus 2"),
     (2, "cfg+ulysses", "--parallel cfg+ulysses", "even --gpus of at least 4"),
     (5, "cfg+ulysses", "--parallel cfg+ulysses", "even --gpus of at least 4"),
+    (2, "cfg+ring", "--parallel cfg+ring", "even --gpus of at least 4"),
 ])
 def test_split_refusals_name_the_flag_in_one_line(gpus, parallel, flag, words):
     with pytest.raises(UsageError) as err:
