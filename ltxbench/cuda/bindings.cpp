@@ -359,6 +359,15 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope(const Tensor& q, const Tensor& k, co
   return run_rope_3d(p, dt, q, op);
 }
 
+// v (B, S, D) beside q for the packed outputs, copied as it is: its checks, then its rows in the params.
+void attach_v(Rope3dParams& p, const Tensor& v, const Tensor& q, const char* op, std::vector<Tensor>& keep) {
+  check_same(v, q, op, "v", "q");
+  TORCH_CHECK(v.sizes() == q.sizes(), "ltxbench.", op, ": v has shape ", shape(v.sizes()), " but q has ",
+              shape(q.sizes()));
+  keep.push_back(unit_last_stride(v));
+  p.v = rows_of_3d(keep.back());
+}
+
 Tensor qk_rms_norm_rope_pack(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq, const Tensor& wk,
                              double eps, const std::optional<Tensor>& cos, const std::optional<Tensor>& sin,
                              const std::optional<Tensor>& grid, const std::optional<Tensor>& freqs, int64_t parts) {
@@ -366,13 +375,9 @@ Tensor qk_rms_norm_rope_pack(const Tensor& q, const Tensor& k, const Tensor& v, 
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;
   Rope3dParams p = qk_norm_rope_params(q, k, wq, wk, eps, cos, sin, grid, freqs, op, keep);
-  check_same(v, q, op, "v", "q");
-  TORCH_CHECK(v.sizes() == q.sizes(), "ltxbench.", op, ": v has shape ", shape(v.sizes()), " but q has ",
-              shape(q.sizes()));
+  attach_v(p, v, q, op, keep);
   TORCH_CHECK(parts >= 1 && p.D % parts == 0, "ltxbench.", op, ": parts must be >= 1 and divide the inner dim D = ",
               num(p.D), ", got ", num(parts));
-  keep.push_back(unit_last_stride(v));
-  p.v = rows_of_3d(keep.back());
   p.chunk = p.D / parts;
   Tensor packed = at::empty({parts, p.B, p.S, 3, p.chunk}, q.options());
   p.packed = packed.data_ptr();
@@ -390,11 +395,7 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope_kv(const Tensor& q, const Tensor& k,
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;
   Rope3dParams p = qk_norm_rope_params(q, k, wq, wk, eps, cos, sin, grid, freqs, op, keep);
-  check_same(v, q, op, "v", "q");
-  TORCH_CHECK(v.sizes() == q.sizes(), "ltxbench.", op, ": v has shape ", shape(v.sizes()), " but q has ",
-              shape(q.sizes()));
-  keep.push_back(unit_last_stride(v));
-  p.v = rows_of_3d(keep.back());
+  attach_v(p, v, q, op, keep);
   p.chunk = p.D, p.slots = 2;
   Tensor q_out = at::empty({p.B, p.S, p.D}, q.options()), kv = at::empty({p.B, p.S, 2, p.D}, q.options());
   p.q_out = q_out.data_ptr(), p.packed = kv.data_ptr();
