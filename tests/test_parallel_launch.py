@@ -226,6 +226,15 @@ def test_bad_splits_are_usage_errors_before_any_process(command, extra, needle, 
     assert needle in result.output and no_relaunch == []
 
 
+def test_ltx2_refuses_cfg_ring(no_relaunch, tmp_path):
+    """cfg+ring is LTX-Video's (our ring attention serves its self-attention); LTX-2 refuses it in one line."""
+    tiny = [*TINY[:1], "ltx2-tiny", *TINY[2:]]
+    result = runner.invoke(app, ["bench", "e2e", *tiny, "--output", _output("bench e2e", tmp_path), "--gpus", "4",
+                                 "--parallel", "cfg+ring"])
+    assert result.exit_code == 2, result.output
+    assert "--parallel cfg+ring: the LTX-2 family splits as" in result.output and no_relaunch == []
+
+
 @pytest.mark.parametrize("command", ["bench e2e", "profile"])
 def test_a_family_on_one_gpu_refuses_gpus(command, no_relaunch, tmp_path):
     result = runner.invoke(app, [*COMMANDS[command], "--model", "llama-tiny", "--device", "cpu", "--gpus", "2",
