@@ -57,7 +57,8 @@ def test_ltx_split_equals_one_process(tmp_path, split, config):
 def test_ring_refused_without_gpu(tmp_path):
     """Ring attention merges partial results by their log-sum-exp: torch's cuDNN attention, GPU only (the GPU test
     covers ring); on the CPU the split is refused with one line, not run wrong."""
-    assert "--parallel ring needs torch's cuDNN attention" in _run(tmp_path, "ltx", "ring", "baseline", fails=True)
+    assert "--parallel ring / cfg+ring need torch's cuDNN attention" in _run(tmp_path, "ltx", "ring", "baseline",
+                                                                            fails=True)
 
 
 def test_ltx_guidance_off_runs_whole_batch(tmp_path):

@@ -67,8 +67,9 @@ def _ring_backend(transformer, local_attentions) -> None:
     from ltxbench.errors import UsageError
 
     if not torch.cuda.is_available():
-        raise UsageError("--parallel ring needs torch's cuDNN attention (it returns the log-sum-exp that ring "
-                         "attention merges by), which runs on a GPU", hint="use --parallel ulysses")
+        raise UsageError("--parallel ring / cfg+ring need torch's cuDNN attention (it returns the log-sum-exp that "
+                         "diffusers' ring attention merges by), which runs on a GPU",
+                         hint="use --parallel ulysses / cfg+ulysses")
     local = {id(a) for a in local_attentions}
     for module in _attentions(transformer):
         if id(module) not in local and getattr(module.processor, "_attention_backend", "") is None:
