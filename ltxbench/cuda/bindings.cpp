@@ -466,6 +466,18 @@ Tensor rms_norm_rope_split(const Tensor& x, const Tensor& weight, double eps, co
   return out;
 }
 
+// k (checked against q by the caller) and wk beside q for the split-RoPE q/k kernels: wk's checks, then both in p.
+void attach_split_key(RopeSplitParams& p, const Tensor& k, const Tensor& wk, const Tensor& q, const char* op,
+                      std::vector<Tensor>& keep) {
+  check_same(wk, q, op, "wk", "q");
+  TORCH_CHECK(wk.dim() == 1 && wk.size(0) == q.size(2), "ltxbench.", op, ": wk must have shape (", num(q.size(2)),
+              ",), got ", shape(wk.sizes()));
+  keep.push_back(unit_last_stride(k));
+  p.k = rows_of_3d(keep.back());
+  keep.push_back(wk.contiguous());
+  p.wk = keep.back().data_ptr();
+}
+
 std::tuple<Tensor, Tensor> qk_rms_norm_rope_split(const Tensor& q, const Tensor& k, const Tensor& wq,
                                                   const Tensor& wk, double eps, const Tensor& cos,
                                                   const Tensor& sin) {
@@ -476,13 +488,7 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope_split(const Tensor& q, const Tensor&
               shape(q.sizes()));
   std::vector<Tensor> keep;
   RopeSplitParams p = rope_split_params(q, "q", wq, "wq", cos, sin, eps, op, keep);
-  check_same(wk, q, op, "wk", "q");
-  TORCH_CHECK(wk.dim() == 1 && wk.size(0) == q.size(2), "ltxbench.", op, ": wk must have shape (", num(q.size(2)),
-              ",), got ", shape(wk.sizes()));
-  keep.push_back(unit_last_stride(k));
-  p.k = rows_of_3d(keep.back());
-  keep.push_back(wk.contiguous());
-  p.wk = keep.back().data_ptr();
+  attach_split_key(p, k, wk, q, op, keep);
   Tensor q_out = at::empty(q.sizes(), q.options()), k_out = at::empty(q.sizes(), q.options());
   if (q_out.numel() == 0) return {q_out, k_out};
   p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
@@ -501,17 +507,11 @@ Tensor qk_rms_norm_rope_split_pack(const Tensor& q, const Tensor& k, const Tenso
   }
   std::vector<Tensor> keep;
   RopeSplitParams p = rope_split_params(q, "q", wq, "wq", cos, sin, eps, op, keep);
-  check_same(wk, q, op, "wk", "q");
-  TORCH_CHECK(wk.dim() == 1 && wk.size(0) == q.size(2), "ltxbench.", op, ": wk must have shape (", num(q.size(2)),
-              ",), got ", shape(wk.sizes()));
+  attach_split_key(p, k, wk, q, op, keep);
   TORCH_CHECK(parts >= 1 && p.H % parts == 0, "ltxbench.", op, ": parts must be >= 1 and divide the heads (",
               num(p.H), "), got ", num(parts));
-  keep.push_back(unit_last_stride(k));
-  p.k = rows_of_3d(keep.back());
   keep.push_back(unit_last_stride(v));
   p.v = rows_of_3d(keep.back());
-  keep.push_back(wk.contiguous());
-  p.wk = keep.back().data_ptr();
   Tensor packed = at::empty({parts, q.size(0), q.size(1), 3, q.size(2) / parts}, q.options());
   if (packed.numel() == 0) return packed;
   p.packed = packed.data_ptr(), p.parts = parts;
