@@ -108,14 +108,6 @@ def inputs_qk_norm_rope(shape, dtype, device, gen, variant):
 PACK_VARIANTS = ("qkv-slices", "tables", "coords-4")
 
 
-def inputs_qk_norm_rope_pack(shape, dtype, device, gen, variant):
-    b, s, d = shape
-    q, k, v = _projections(3, b, s, d, dtype, device, gen, variant)
-    parts = {"qkv-slices": 2, "tables": 1}.get(variant, 4 if d % 4 == 0 else 1)
-    return {"q": q, "k": k, "v": v, "wq": _weight(d, dtype, device, gen), "wk": _weight(d, dtype, device, gen),
-            "eps": 1e-5, **_ltx_rope_source(b, s, d, device, gen, "tables" if variant == "tables" else "coords"),
-            "parts": parts}
-
 # qk_rms_norm_rope_kv: one rank's q/k/v of LTX-2B's cfg+ring split on 4 GPUs (column slices of the fused projection,
 # angles from coordinates), then separate tensors with tables.
 KV_VARIANTS = ("qkv-slices", "tables")
@@ -126,6 +118,11 @@ def inputs_qk_norm_rope_kv(shape, dtype, device, gen, variant):
     q, k, v = _projections(3, b, s, d, dtype, device, gen, variant)
     return {"q": q, "k": k, "v": v, "wq": _weight(d, dtype, device, gen), "wk": _weight(d, dtype, device, gen),
             "eps": 1e-5, **_ltx_rope_source(b, s, d, device, gen, "tables" if variant == "tables" else "coords")}
+
+
+def inputs_qk_norm_rope_pack(shape, dtype, device, gen, variant):
+    parts = {"qkv-slices": 2, "tables": 1}.get(variant, 4 if shape[2] % 4 == 0 else 1)
+    return {**inputs_qk_norm_rope_kv(shape, dtype, device, gen, variant), "parts": parts}
 
 
 # Tables from a video grid (diffusers' layout, batch B), from an audio time grid shared by the batch (batch 1), and
