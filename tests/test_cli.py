@@ -280,6 +280,7 @@ def test_kernels_lists_every_op_and_never_compiles(as_json, tmp_path, monkeypatc
     from ltxbench.ops.registry import SPECS
 
     monkeypatch.setenv("LTXBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(build, "_loaded", None)  # as in a fresh process, whatever test loaded it before
     monkeypatch.setattr(build, "load", lambda *a, **k: pytest.fail("`kernels` must not build the extension"))
     result = runner.invoke(app, ["kernels", *(["--json"] if as_json else [])], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output

@@ -556,10 +556,11 @@ def test_linear_gelu_tanh_is_an_op_with_a_fake_for_compile_and_a_direct_call_out
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ltxbench import ops
+    from ltxbench.ops import gemm
 
     through_op = []
-    real_op = ops._linear_gelu_tanh
-    monkeypatch.setattr(ops, "_linear_gelu_tanh", lambda *a: through_op.append(1) or real_op(*a))
+    real_op = gemm._linear_gelu_tanh
+    monkeypatch.setattr(gemm, "_linear_gelu_tanh", lambda *a: through_op.append(1) or real_op(*a))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: compiling)
     with FakeTensorMode():
         x = torch.empty(2, 5, 8, device="cuda", dtype=torch.bfloat16)

@@ -207,6 +207,15 @@ def is_loaded() -> bool:
     return _loaded is not None
 
 
+def ops():
+    """torch.ops.ltxbench, the extension built and loaded first if it is not yet."""
+    if not is_loaded():
+        load()
+    import torch
+
+    return torch.ops.ltxbench
+
+
 def _arch_list_of(tag: str) -> str:
     """The arch list back from a cache folder's tag: 75-80-90a -> 7.5;8.0;9.0a (for builds without BUILD_INFO)."""
     archs = []
