@@ -206,6 +206,29 @@ def test_text_keys_values_are_kept_under_regional_compile(pipe):
     assert _error(first, expected) < CALL_ATOL and torch.equal(first[0], second[0])
 
 
+def test_no_tensor_the_compiled_block_keeps_is_made_in_its_graph(pipe, monkeypatch):
+    """The zero modulation a block keeps across calls is made outside the compiled graph: under CUDA graphs a tensor
+    made in the graph lives in the graph's pool, where the next replay overwrites it (torch then refuses to read it)."""
+    from ltxbench.inject.ltx2 import block as block_module
+
+    made_while_compiling = []
+    real = block_module._zeros
+    monkeypatch.setattr(block_module, "_zeros", lambda like: made_while_compiling.append(
+        torch.compiler.is_compiling()) or real(like, {}))
+    transformer = pipe.transformer
+    inputs = _inputs(transformer)
+    with inject_ltx2.apply_kernels(transformer, "reference"):
+        transformer.compile_repeated_blocks(backend="eager", dynamic=False)
+        try:
+            with inject_ltx2.generation(transformer):
+                _call(transformer, **inputs)
+        finally:
+            for block in transformer.transformer_blocks:
+                block._compiled_call_impl = None
+            torch._dynamo.reset()
+    assert made_while_compiling and not any(made_while_compiling)
+
+
 def test_interleaved_rope_the_class_default(pipe, fused_calls):
     """rope_type "interleaved" (LTX2VideoTransformer3DModel's default, not the release's): self-attention through
     LTX-Video's q/k norm + RoPE kernel, the audio<->video attentions' own tables through diffusers' rotation."""

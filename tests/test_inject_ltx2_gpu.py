@@ -127,3 +127,32 @@ def test_19b_two_blocks_regional_compile_of_the_patched_model(models):
                 block._compiled_call_impl = None
             torch._dynamo.reset()
     assert _cos(compiled, eager) >= 0.9999
+
+
+def test_tiny_pipeline_under_cuda_graphs_gives_its_eager_latents():
+    """Regional compile with CUDA graphs (mode reduce-overhead) over the patched blocks, as users run generations:
+    each step's three transformer calls (the guidance pair, the STG pass, the modality-isolated pass), two
+    generations. No tensor a graph made may be read after a later replay overwrote it (torch raises then), and the
+    latents are the eager patched pipeline's."""
+    from ltxbench.models import ltx2_build
+
+    pipe = ltx2_build.build_pipeline("ltx2-tiny", "random", "cuda", torch.bfloat16, seed=0)
+    pipe.set_progress_bar_config(disable=True)
+    call = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames=9, height=64, width=64,
+                num_inference_steps=3, output_type="latent", return_dict=False)
+
+    def generate():
+        with torch.no_grad():
+            return [t.clone() for t in pipe(**call, generator=torch.Generator("cpu").manual_seed(3))]
+
+    with inject_ltx2.apply_kernels(pipe, "cuda"):
+        eager = generate()
+        pipe.transformer.compile_repeated_blocks(mode="reduce-overhead", dynamic=False)
+        try:
+            graphed = [generate(), generate()]
+        finally:
+            for block in pipe.transformer.transformer_blocks:
+                block._compiled_call_impl = None
+            torch._dynamo.reset()
+    for latents in graphed:
+        assert _cos(latents, eager) >= 0.9999

@@ -52,9 +52,16 @@ def _text_kvs(block, cache, video_text, audio_text) -> tuple:
                  for name, text in (("attn2", video_text), ("audio_attn2", audio_text)))
 
 
-# Regional compile traces the block forward, inside which the cache would step aside: the lookup runs outside the
+def _kept_inputs(block, cache, video_text, audio_text, x, a) -> tuple:
+    """What the block reads that outlives its call: the text attentions' keys/values (_text_kvs) and each stream's zero
+    modulation (_zeros)."""
+    return (*_text_kvs(block, cache, video_text, audio_text), _zeros(x), _zeros(a))
+
+
+# Regional compile traces the block forward, inside which the text cache would step aside, and a tensor the graph made
+# and a dict kept would live in the CUDA-graph pool, where the next replay overwrites it: the lookups run outside the
 # graph instead, first thing in the block (one graph break, after which dynamo compiles the rest as one graph).
-_kept_text_kvs = torch.compiler.disable(_text_kvs)
+_kept_inputs_eagerly = torch.compiler.disable(_kept_inputs)
 
 
 def _runs_fused(block, attn) -> bool:
@@ -66,9 +73,9 @@ def _attention_call(ops, block, name, fused, original):
     return fused(ops, attn) if _runs_fused(block, attn) else original(attn)
 
 
-def _stream(ops, block, prefix, x, temb, rope, text, text_mask, text_kv):
+def _stream(ops, block, prefix, x, temb, rope, text, text_mask, text_kv, zeros):
     """Self-attention and text cross-attention of one stream (prefix "" video, "audio_"; text_kv: the text attention's
-    kept keys/values or None): returns (x, the FF's modulation (shift, scale, gate))."""
+    kept keys/values or None; zeros: _zeros(x)): returns (x, the FF's modulation (shift, scale, gate))."""
     table = getattr(block, f"{prefix}scale_shift_table")
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.get_mod_params(table, temb, x.size(0))[:6]
     norm1, norm2 = getattr(block, f"{prefix}norm1"), getattr(block, f"{prefix}norm2")
@@ -76,7 +83,6 @@ def _stream(ops, block, prefix, x, temb, rope, text, text_mask, text_kv):
     attn = _attention_call(ops, block, f"{prefix}attn1",
                            lambda ops, attn: self_attention(ops, attn, normed, rope),
                            lambda attn: attn(normed, encoder_hidden_states=None, query_rotary_emb=rope))
-    zeros = _zeros(x)
     normed, x = ops.add_rms_norm_modulate(x, attn, gate_msa, zeros, zeros, norm2.eps)
     name = f"{prefix}attn2"
     x = _attention_call(ops, block, name,
@@ -168,12 +174,13 @@ def fused_block_forward(ops, cache):
                 audio_self_attention_mask, a2v_cross_attention_mask, v2a_cross_attention_mask,
                 use_a2v_cross_attention, use_v2a_cross_attention, perturbation_mask, all_perturbed)
         # perturbation_mask / all_perturbed: read only by perturbed attention (LTX-2.3), which apply_kernels refuses
-        lookup = _kept_text_kvs if torch.compiler.is_compiling() else _text_kvs
-        video_kv, audio_kv = lookup(self, cache, encoder_hidden_states, audio_encoder_hidden_states)
+        lookup = _kept_inputs_eagerly if torch.compiler.is_compiling() else _kept_inputs
+        video_kv, audio_kv, video_zeros, audio_zeros = lookup(
+            self, cache, encoder_hidden_states, audio_encoder_hidden_states, hidden_states, audio_hidden_states)
         x, video_mlp = _stream(ops, self, "", hidden_states, temb, video_rotary_emb, encoder_hidden_states,
-                               encoder_attention_mask, video_kv)
+                               encoder_attention_mask, video_kv, video_zeros)
         a, audio_mlp = _stream(ops, self, "audio_", audio_hidden_states, temb_audio, audio_rotary_emb,
-                               audio_encoder_hidden_states, audio_encoder_attention_mask, audio_kv)
+                               audio_encoder_hidden_states, audio_encoder_attention_mask, audio_kv, audio_zeros)
         a2v = v2a = a2v_gate = v2a_gate = None
         if use_a2v_cross_attention or use_v2a_cross_attention:
             a2v, a2v_gate, v2a, v2a_gate = _cross_modal(
