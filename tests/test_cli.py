@@ -315,6 +315,9 @@ def _fake_build(home: Path, tag: str, arch: str | None) -> Path:
 def test_env_reports_the_test_suites_build_in_its_own_cache_key(recorded, tmp_path, monkeypatch):
     """After `make test` (TORCH_CUDA_ARCH_LIST=7.5;8.0;9.0) the library sits under sm75-80-90: `env` without the
     variable must say it is built, and for which archs (from the build's record, or else from the folder's name)."""
+    from ltxbench.ops import build
+
+    monkeypatch.setattr(build, "_loaded", None)  # as in a fresh process, whatever test loaded it before
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("LTXBENCH_CACHE", raising=False)
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
@@ -328,6 +331,9 @@ def test_env_reports_the_test_suites_build_in_its_own_cache_key(recorded, tmp_pa
 
 
 def test_env_says_which_archs_are_built_when_this_arch_is_not(tmp_path, monkeypatch):
+    from ltxbench.ops import build
+
+    monkeypatch.setattr(build, "_loaded", None)  # as in a fresh process, whatever test loaded it before
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.delenv("LTXBENCH_CACHE", raising=False)
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.6")
