@@ -657,3 +657,41 @@ def test_psnr_and_ssim_of_known_cases():
     mean = frames.mean().item()
     assert ssim(torch.full_like(frames, mean), torch.full_like(frames, mean + 0.1)) == pytest.approx(
         (2 * mean * (mean + 0.1) + 1e-4) / (mean**2 + (mean + 0.1) ** 2 + 1e-4), rel=1e-6)
+
+
+@pytest.mark.parametrize(("mode", "hooked"), [("reduce-overhead", True), ("max-autotune", True), ("default", False),
+                                              ("max-autotune-no-cudagraphs", False)])
+def test_regional_compile_under_cuda_graphs_opens_one_graph_step_per_model_call(mode, hooked):
+    """Regional compile replaying CUDA graphs: every model call starts one step of torch's CUDA-graph trees (a block
+    call alone would open a new generation each, whose replays may overwrite the previous block's output); other
+    modes and scopes add nothing; uncompile_module removes the hook with the compiled calls."""
+    import torch
+    from diffusers import ModelMixin
+    from torch._inductor import cudagraph_trees
+
+    class Block(torch.nn.Linear):
+        pass
+
+    class Model(ModelMixin):
+        _repeated_blocks = ["Block"]
+
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block(4, 4), Block(4, 4)])
+
+        def forward(self, x):
+            return x
+
+    model = Model()
+    e2e.compile_module(model, mode, "regional")
+    assert (e2e.GRAPH_STEP_HOOK in vars(model)) == hooked
+    before = cudagraph_trees.MarkStepBox.mark_step_counter
+    model(torch.ones(1, 4))
+    model(torch.ones(1, 4))
+    assert before - cudagraph_trees.MarkStepBox.mark_step_counter == (2 if hooked else 0)
+    e2e.uncompile_module(model)
+    assert e2e.GRAPH_STEP_HOOK not in vars(model) and not model._forward_pre_hooks
+    assert all(getattr(block, "_compiled_call_impl", None) is None for block in model.blocks)
+    e2e.compile_module(model, mode, "model")
+    assert e2e.GRAPH_STEP_HOOK not in vars(model) and not model._forward_pre_hooks
+    e2e.uncompile_module(model)

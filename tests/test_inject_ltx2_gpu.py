@@ -130,10 +130,11 @@ def test_19b_two_blocks_regional_compile_of_the_patched_model(models):
 
 
 def test_tiny_pipeline_under_cuda_graphs_gives_its_eager_latents():
-    """Regional compile with CUDA graphs (mode reduce-overhead) over the patched blocks, as users run generations:
-    each step's three transformer calls (the guidance pair, the STG pass, the modality-isolated pass), two
-    generations. No tensor a graph made may be read after a later replay overwrote it (torch raises then), and the
-    latents are the eager patched pipeline's."""
+    """Regional compile with CUDA graphs (mode reduce-overhead) over the patched blocks, as `bench e2e` compiles it
+    (bench.e2e.compile_module), as users run generations: each step's three transformer calls (the guidance pair, the
+    STG pass, the modality-isolated pass), two generations. No tensor a graph made may be read after a later replay
+    overwrote it (torch raises then), and the latents are the eager patched pipeline's."""
+    from ltxbench.bench import e2e
     from ltxbench.models import ltx2_build
 
     pipe = ltx2_build.build_pipeline("ltx2-tiny", "random", "cuda", torch.bfloat16, seed=0)
@@ -147,12 +148,11 @@ def test_tiny_pipeline_under_cuda_graphs_gives_its_eager_latents():
 
     with inject_ltx2.apply_kernels(pipe, "cuda"):
         eager = generate()
-        pipe.transformer.compile_repeated_blocks(mode="reduce-overhead", dynamic=False)
+        e2e.compile_module(pipe.transformer, "reduce-overhead", "regional")
         try:
             graphed = [generate(), generate()]
         finally:
-            for block in pipe.transformer.transformer_blocks:
-                block._compiled_call_impl = None
+            e2e.uncompile_module(pipe.transformer)
             torch._dynamo.reset()
     for latents in graphed:
         assert _cos(latents, eager) >= 0.9999

@@ -23,6 +23,8 @@ def precision_of(config: str) -> str:
     """What a configuration's projections run in: fp8 for the FP8 ones, else bf16 (the model's own dtype)."""
     return "fp8" if config.startswith("optimized-fp8") else "bf16"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
+GRAPH_STEP_HOOK = "_ltxbench_graph_step_hook"  # on a module compiled regionally under CUDA graphs: the hook's handle
 COMPILE_SCOPES = ("model", "regional")
 
 
@@ -45,8 +47,31 @@ def compile_module(module, mode: str = "default", scope: str = "model") -> None:
     compiles in the time of one block."""
     if scope == "regional":
         module.compile_repeated_blocks(mode=mode, dynamic=False)
+        if mode in CUDA_GRAPH_MODES:
+            vars(module)[GRAPH_STEP_HOOK] = module.register_forward_pre_hook(_one_graph_step_per_call)
     else:
         module.compile(mode=mode, dynamic=False)
+
+
+def uncompile_module(module) -> None:
+    """Undo compile_module: the compiled calls (the model's, or its blocks') and the CUDA-graph step hook."""
+    for part in module.modules():
+        if getattr(part, "_compiled_call_impl", None) is not None:
+            part._compiled_call_impl = None
+    hook = vars(module).pop(GRAPH_STEP_HOOK, None)
+    if hook is not None:
+        hook.remove()
+
+
+def _one_graph_step_per_call(_module, _args) -> None:
+    """Regional compile under CUDA graphs: every call of a compiled block would open a new generation of torch's
+    CUDA-graph trees, in which the next replays may overwrite the previous block's output while the next block still
+    reads it. One step per model call instead: the call's blocks replay as one chain; what the model returns is made
+    after its last block, outside the graphs."""
+    import torch
+
+    if not torch.compiler.is_compiling():
+        torch.compiler.cudagraph_mark_step_begin()
 
 
 @contextlib.contextmanager
@@ -67,9 +92,7 @@ def configuration(module, name: str, apply, compile_mode: str = "default", compi
             compile_module(module, compile_mode, compile_scope)
         yield report.as_dict() if report is not None else {"applied": False, "reason": f"config {name}"}
     finally:
-        for part in module.modules():  # the model, or its compiled blocks (regional)
-            if getattr(part, "_compiled_call_impl", None) is not None:
-                part._compiled_call_impl = None
+        uncompile_module(module)
         if report is not None:
             report.revert()
         torch._dynamo.reset()
