@@ -54,7 +54,6 @@ OPTIONS = (
            "mode of the decode step that generate() compiles itself (transformers' CompileConfig; its default).",
            ("bench e2e",)),
 )
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class LLMFamily(ModelFamily):
