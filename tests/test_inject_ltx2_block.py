@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import realistic_modulation
 
+from ltxbench.bench import e2e
 from ltxbench.inject import ltx2 as inject_ltx2
 from ltxbench.inject.fuse import FUSED_ATTR
 from ltxbench.models.video import to_image_to_video
@@ -199,8 +200,7 @@ def test_text_keys_values_are_kept_under_regional_compile(pipe):
                 first = _call(transformer, **inputs)
                 second = _call(transformer, **inputs)
         finally:
-            for block in transformer.transformer_blocks:
-                block._compiled_call_impl = None
+            e2e.uncompile_module(transformer)
             torch._dynamo.reset()
     assert cache.builds == 2 * 2 + 2 and cache.hits == cache.builds  # 2 blocks x 2 text attentions + 2 projections
     assert _error(first, expected) < CALL_ATOL and torch.equal(first[0], second[0])
@@ -223,8 +223,7 @@ def test_no_tensor_the_compiled_block_keeps_is_made_in_its_graph(pipe, monkeypat
             with inject_ltx2.generation(transformer):
                 _call(transformer, **inputs)
         finally:
-            for block in transformer.transformer_blocks:
-                block._compiled_call_impl = None
+            e2e.uncompile_module(transformer)
             torch._dynamo.reset()
     assert made_while_compiling and not any(made_while_compiling)
 

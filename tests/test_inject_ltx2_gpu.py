@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ltxbench.bench import e2e
 from ltxbench.inject import ltx2 as inject_ltx2
 
 pytestmark = pytest.mark.gpu
@@ -123,8 +124,7 @@ def test_19b_two_blocks_regional_compile_of_the_patched_model(models):
         try:
             compiled = bf16(**inputs)
         finally:
-            for block in bf16.transformer_blocks:
-                block._compiled_call_impl = None
+            e2e.uncompile_module(bf16)
             torch._dynamo.reset()
     assert _cos(compiled, eager) >= 0.9999
 
@@ -134,7 +134,6 @@ def test_tiny_pipeline_under_cuda_graphs_gives_its_eager_latents():
     (bench.e2e.compile_module), as users run generations: each step's three transformer calls (the guidance pair, the
     STG pass, the modality-isolated pass), two generations. No tensor a graph made may be read after a later replay
     overwrote it (torch raises then), and the latents are the eager patched pipeline's."""
-    from ltxbench.bench import e2e
     from ltxbench.models import ltx2_build
 
     pipe = ltx2_build.build_pipeline("ltx2-tiny", "random", "cuda", torch.bfloat16, seed=0)

@@ -67,11 +67,10 @@ def _one_graph_step_per_call(_module, _args) -> None:
     """Regional compile under CUDA graphs: every call of a compiled block would open a new generation of torch's
     CUDA-graph trees, in which the next replays may overwrite the previous block's output while the next block still
     reads it. One step per model call instead: the call's blocks replay as one chain; what the model returns is made
-    after its last block, outside the graphs."""
+    after its last block, outside the graphs. (The model itself runs eagerly: only its blocks are compiled.)"""
     import torch
 
-    if not torch.compiler.is_compiling():
-        torch.compiler.cudagraph_mark_step_begin()
+    torch.compiler.cudagraph_mark_step_begin()
 
 
 @contextlib.contextmanager
