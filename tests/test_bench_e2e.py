@@ -495,7 +495,7 @@ def test_peer_configurations_belong_to_their_family_and_need_a_gpu(tmp_path):
     """`--configs all` is ours, torch's and the family's peers; a peer's configuration is refused (exit 2, before
     the model is built) on the CPU, and unknown to a family that does not declare it."""
     assert family_of("llama-tiny").config_names() == (*family.CONFIG_NAMES, "liger", "liger+compile")
-    assert family_of("ltx-tiny").config_names() == family.CONFIG_NAMES + family.FP8_CONFIG_NAMES
+    assert family_of("ltx-tiny").config_names() == family.CONFIG_NAMES + e2e.PRECISION_CONFIGS["fp8-attention"]
     assert family.parse_configs("all", family_of("ltx-tiny").config_names()) == list(family.CONFIG_NAMES)
     out = tmp_path / "x.json"
     on_cpu = runner.invoke(app, [*LLAMA, "--configs", "all", "--output", str(out)])
@@ -599,7 +599,10 @@ def test_compile_scope_defaults_by_family_and_llms_refuse_regional(tmp_path, com
 # --- --precision fp8 ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("args", "needle"), [
-    ([*TINY, "--precision", "fp16"], "--precision 'fp16': LTX-Video runs bf16 or fp8"),
+    ([*TINY, "--precision", "fp16"], "--precision 'fp16': LTX-Video runs bf16 or fp8 or fp8-attention"),
+    (["bench", "e2e", "--model", "ltx2-tiny", "--weights", "random", "--device", "cpu", "--precision",
+      "fp8-attention"], "--precision 'fp8-attention': LTX-2 runs bf16 or fp8"),
+    ([*TINY, "--precision", "fp8-attention", "--gpus", "2"], "--precision fp8-attention runs on one GPU, not --gpus 2"),
     ([*LLAMA, "--precision", "fp8"], "--precision 'fp8': LLM runs bf16"),
 ])
 def test_a_precision_the_family_does_not_run_exits_2(args, needle, tmp_path):
@@ -623,7 +626,7 @@ def test_precision_fp8_adds_the_fp8_configurations_and_records_their_error(tmp_p
     assert error[0]["derived"]["weight_bytes_fp8"] < error[0]["derived"]["weight_bytes_bf16"]
     assert error[0]["derived"]["video_frames"] == 9 and 0.5 < error[0]["derived"]["video_ssim"] < 1.0
     assert error[0]["derived"]["video_psnr_db"] > 20
-    assert "FP8 step error: cosine" in result.output
+    assert "fp8 step error: cosine" in result.output
     injection = json.loads(out.read_text())["run"]["config"]["injection"]
     assert "fp8: weights stored per output channel" in " ".join(injection["optimized-fp8"]["rules"])
     assert not any(rule.startswith("fp8") for rule in injection["optimized"]["rules"])

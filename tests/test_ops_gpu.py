@@ -233,7 +233,8 @@ def test_bad_dtype_and_mismatch_name_the_ops_own_arguments(name):
     if others:
         cases.append(({others[0]: inputs[others[0]].half()},
                       head + rf"{others[0]} has dtype Half but {first} has BFloat16 \(they must match\)$"))
-    assert len(cases) == 2 or name in ("gelu_tanh", "geglu", "swiglu", "gelu_tanh_fp8", "quantize_fp8"), tensors
+    assert len(cases) == 2 or name in ("gelu_tanh", "geglu", "swiglu", "gelu_tanh_fp8", "quantize_fp8",
+                                       "quantize_fp8_heads"), tensors
     for change, pattern in cases:
         with pytest.raises(RuntimeError) as info:
             spec.fn(**{**inputs, **change})

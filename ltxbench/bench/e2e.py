@@ -17,10 +17,17 @@ import statistics
 
 CONFIG_NAMES = ("baseline", "optimized", "compile", "optimized+compile")  # ours and torch's; families add peers
 FP8_CONFIG_NAMES = ("optimized-fp8", "optimized-fp8+compile")  # our kernels with FP8 projections (--precision fp8)
+# and FP8 self-attention on FlashAttention-3 (--precision fp8-attention)
+FP8_ATTENTION_CONFIG_NAMES = ("optimized-fp8-attention", "optimized-fp8-attention+compile")
+PRECISION_CONFIGS = {"bf16": (), "fp8": FP8_CONFIG_NAMES,
+                     "fp8-attention": FP8_CONFIG_NAMES + FP8_ATTENTION_CONFIG_NAMES}
 
 
 def precision_of(config: str) -> str:
-    """What a configuration's projections run in: fp8 for the FP8 ones, else bf16 (the model's own dtype)."""
+    """What a configuration runs in: fp8-attention (FP8 projections and self-attention), fp8 (FP8 projections),
+    else bf16 (the model's own dtype)."""
+    if config.startswith("optimized-fp8-attention"):
+        return "fp8-attention"
     return "fp8" if config.startswith("optimized-fp8") else "bf16"
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs

@@ -36,7 +36,7 @@ def render_table(records, title: str = "ltxbench bench e2e"):
     # The configuration names stay whole whatever the width (commands print this table on a wide console when the
     # output is not a terminal: ltxbench.cli._console).
     table.add_column("config", no_wrap=True, min_width=max((len(c) for c in rows), default=6))
-    fp8 = any(rec.get("dtype") == "fp8" for row in rows.values() for rec in row.values())
+    fp8 = any(str(rec.get("dtype")).startswith("fp8") for row in rows.values() for rec in row.values())
     if fp8:  # which precision each row's numbers used
         table.add_column("precision")
     for phase in phases:
@@ -136,7 +136,7 @@ def phase_records(results: dict, params: dict, dtype: str, phases, step: str, ra
 
     records = []
     for name, res in results.items():
-        precision = "fp8" if precision_of(name) == "fp8" else dtype  # what the projections ran in
+        precision = dtype if precision_of(name) == "bf16" else precision_of(name)  # what the projections ran in
         common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
                   **gpu_summary(res.get("gpu_samples"), len(res["total_ms"]))}
         for record_name, key in phases:

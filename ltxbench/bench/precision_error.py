@@ -114,40 +114,41 @@ def ssim(got, expected, chunk: int = 16) -> float:
     return total / count
 
 
-def video_error(pipe, inject, run_full) -> dict:
-    """PSNR and SSIM of the decoded FP8 video against the bf16 one (our kernels both, the same seed): a full
-    generation each (`run_full()` -> (timings, outputs with "vae_decode"))."""
+def video_error(pipe, inject, run_full, precision: str = "fp8") -> dict:
+    """PSNR and SSIM of the decoded video in `precision` against the bf16 one (our kernels both, the same seed): a
+    full generation each (`run_full()` -> (timings, outputs with "vae_decode"))."""
     frames = {}
-    for precision in ("bf16", "fp8"):
-        report = inject(precision)
+    for name in ("bf16", precision):
+        report = inject(name)
         try:
-            frames[precision] = _pixels(pipe, run_full()[1]["vae_decode"])
+            frames[name] = _pixels(pipe, run_full()[1]["vae_decode"])
         finally:
             report.revert()
-    return {"psnr_db": psnr(frames["fp8"], frames["bf16"]), "ssim": ssim(frames["fp8"], frames["bf16"]),
+    return {"psnr_db": psnr(frames[precision], frames["bf16"]), "ssim": ssim(frames[precision], frames["bf16"]),
             "frames": frames["bf16"].shape[0]}
 
 
-def measure(pipe, inject, run_generation, log, run_full=None) -> dict:
-    """The record of the FP8 error: `inject(precision)` patches the pipeline (a report with revert()),
-    `run_generation()` runs one generation of the benchmark's workload; `run_full()` (optional) one generation
-    through the VAE, for the decoded video's PSNR / SSIM."""
+def measure(pipe, inject, run_generation, log, run_full=None, precision: str = "fp8") -> dict:
+    """The record of an FP8 precision's error (fp8, fp8-attention): `inject(precision)` patches the pipeline (a
+    report with revert()), `run_generation()` runs one generation of the benchmark's workload; `run_full()`
+    (optional) one generation through the VAE, for the decoded video's PSNR / SSIM."""
     from ltxbench.inject.fp8 import weight_bytes
 
     transformer = pipe.transformer
     args, kwargs = first_call_inputs(pipe, run_generation)
     outputs = {"baseline": _output(transformer, args, kwargs)}
     weights = {"bf16": weight_bytes(transformer)["total"]}
-    for precision, name in (("bf16", "optimized"), ("fp8", "optimized-fp8")):
-        report = inject(precision)
+    measured = f"optimized-{precision}"
+    for name, config in (("bf16", "optimized"), (precision, measured)):
+        report = inject(name)
         try:
-            outputs[name] = _output(transformer, args, kwargs)
-            if precision == "fp8":
+            outputs[config] = _output(transformer, args, kwargs)
+            if name == precision:
                 weights["fp8"] = weight_bytes(transformer)["total"]
         finally:
             report.revert()
     reference, skipped = _fp32_reference(transformer, args, kwargs, log)
-    result = {"fp8_vs_bf16": compare(outputs["optimized-fp8"], outputs["optimized"]),
+    result = {"precision": precision, "fp8_vs_bf16": compare(outputs[measured], outputs["optimized"]),
               "gate_cosine": FP8_COSINE_GATE,
               "weight_bytes": weights, "weight_ratio": weights["fp8"] / weights["bf16"],
               "input_shape": list(args[0].shape if args else kwargs["hidden_states"].shape)}
@@ -157,14 +158,15 @@ def measure(pipe, inject, run_generation, log, run_full=None) -> dict:
     else:
         result["vs_fp32"] = {name: compare(out, reference) for name, out in outputs.items()}
     if run_full is not None:
-        log("precision error: the decoded video, bf16 and FP8 (a full generation each)")
-        result["video"] = video_error(pipe, inject, run_full)
+        log(f"precision error: the decoded video, bf16 and {precision} (a full generation each)")
+        result["video"] = video_error(pipe, inject, run_full, precision)
     return result
 
 
 def summary(error: dict) -> str:
     """One line for the log."""
-    line = (f"FP8 step error: cosine {error['fp8_vs_bf16']['cosine']:.5f} to bf16 (gate {error['gate_cosine']}: "
+    line = (f"{error.get('precision', 'fp8')} step error: cosine {error['fp8_vs_bf16']['cosine']:.5f} to bf16 "
+            f"(gate {error['gate_cosine']}: "
             f"{'passed' if error['passed'] else 'FAILED'}), rel L2 {error['fp8_vs_bf16']['rel_l2']:.4f}")
     if "vs_fp32" in error:
         line += "; vs fp32: " + ", ".join(f"{k} cos {v['cosine']:.5f} rel L2 {v['rel_l2']:.4f}"
@@ -193,7 +195,8 @@ def error_records(results: dict, params: dict) -> list[dict]:
         for config, values in error.get("vs_fp32", {}).items():
             derived[f"{config}_cosine_vs_fp32"] = values["cosine"]
             derived[f"{config}_rel_l2_vs_fp32"] = values["rel_l2"]
-        records.append(make_record("step_error", name, "fp8", params, "cosine_vs_bf16", "1", "higher",
+        records.append(make_record("step_error", name, error.get("precision", "fp8"), params, "cosine_vs_bf16", "1",
+                                   "higher",
                                    stats_from_samples([error["fp8_vs_bf16"]["cosine"]]), derived=derived,
                                    check={"passed": error["passed"], "min_cosine": error["gate_cosine"],
                                           "weights": "random" if params.get("weights") == "random" else "given"}))

@@ -48,6 +48,9 @@ def generate_command(**values) -> None:
     family.validate(settings, "generate")
     if settings.precision != "bf16" and not values["use_optimized_kernels"]:
         raise UsageError(f"--precision {settings.precision} applies to our kernels: drop --no-optimized-kernels")
+    if settings.precision == "fp8-attention" and values["attention_backend"]:
+        raise UsageError(f"--precision fp8-attention runs FlashAttention-3 itself: drop --attention-backend "
+                         f"{values['attention_backend']}")
     if settings.device == "cpu" and values["cpu_offload"]:
         raise UsageError("--cpu-offload needs --device cuda")
     if settings.gpus > 1 and values["cpu_offload"]:
@@ -241,8 +244,8 @@ def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at
     if "parallel" in config:  # over several GPUs; one-GPU records stay as they were
         params["gpus"], params["parallel"] = config["gpus"], config["parallel"]["split"]
 
-    fp8 = injection.get("applied") and config.get("precision") == "fp8"
-    dtype = "fp8" if fp8 else config["dtype"]  # what the projections ran in
+    fp8 = injection.get("applied") and config.get("precision", "bf16") != "bf16"
+    dtype = config["precision"] if fp8 else config["dtype"]  # what the projections (and attention) ran in
 
     def record(name, samples, metric="time", unit="ms", derived=None):
         return make_record(name, provider, dtype, params, metric, unit, "lower", stats_from_samples(samples),

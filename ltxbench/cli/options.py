@@ -73,8 +73,10 @@ SHARED = {o.name: o for o in (
            "on cpu)."),
     Option("dtype", ("--dtype",), str, None, _DEVICE),
     Option("precision", ("--precision",), str, "bf16", "Our kernels' projections: bf16 (exact) or fp8 (e4m3 "
-           "weights and per-token activations on FP8 tensor cores; Hopper or newer; LTX-Video). bench e2e / profile: "
-           "fp8 adds the optimized-fp8 and optimized-fp8+compile configurations beside the others."),
+           "weights and per-token activations on FP8 tensor cores; Hopper or newer; LTX-Video, LTX-2); "
+           "fp8-attention: fp8 and self-attention in FP8 on FlashAttention-3 (LTX-Video, one GPU). bench e2e / "
+           "profile: fp8 adds the optimized-fp8 and optimized-fp8+compile configurations beside the others, "
+           "fp8-attention those and optimized-fp8-attention[+compile]."),
     Option("seed", ("--seed",), int, 42, "Seed of weights, noise and token ids (the same for every configuration)."),
     Option("output", ("--output", "-o"), str, None, "Result JSON (CSV beside it); default results/runs/.",
            defaults={"generate": "out.mp4"}, helps={"generate": "mp4 path; the result JSON goes beside it."}),

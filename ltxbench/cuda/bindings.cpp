@@ -668,6 +668,60 @@ std::tuple<Tensor, Tensor> fp8_of_rows(const Tensor& x, Fp8Op kind, const char* 
 std::tuple<Tensor, Tensor> gelu_tanh_fp8(const Tensor& x) { return fp8_of_rows(x, Fp8Op::GeluTanh, "gelu_tanh_fp8"); }
 std::tuple<Tensor, Tensor> quantize_fp8(const Tensor& x) { return fp8_of_rows(x, Fp8Op::Quantize, "quantize_fp8"); }
 
+// ---- FP8 (e4m3) with per-(batch, head) scales: FlashAttention-3's FP8 inputs -------------------------------
+
+void check_heads(int64_t D, int64_t heads, const char* op) {
+  TORCH_CHECK(heads >= 1 && D % heads == 0, "ltxbench.", op, ": heads must be >= 1 and divide the inner dim ",
+              num(D), ", got ", num(heads));
+}
+
+// (q, q_descale (B, heads), k, k_descale): qk_rms_norm_rope written as e4m3 with per-head power-of-two scales from
+// the norm weights (Rope3dParams, FP8 outputs).
+std::tuple<Tensor, Tensor, Tensor, Tensor> qk_rms_norm_rope_fp8(const Tensor& q, const Tensor& k, const Tensor& wq,
+                                                                const Tensor& wk, double eps, int64_t heads,
+                                                                const std::optional<Tensor>& cos,
+                                                                const std::optional<Tensor>& sin,
+                                                                const std::optional<Tensor>& grid,
+                                                                const std::optional<Tensor>& freqs) {
+  const char* op = "qk_rms_norm_rope_fp8";
+  const DType dt = check_primary(q, op, "q");
+  std::vector<Tensor> keep;
+  Rope3dParams p = qk_norm_rope_params(q, k, wq, wk, eps, cos, sin, grid, freqs, op, keep);
+  check_heads(p.D, heads, op);
+  TORCH_CHECK((p.D / heads) % 2 == 0, "ltxbench.", op, ": the head dim D / heads must be even (RoPE pairs), got ",
+              num(p.D / heads));
+  const auto fp8 = q.options().dtype(at::kFloat8_e4m3fn), f32 = q.options().dtype(at::kFloat);
+  Tensor q_out = at::empty(q.sizes(), fp8), k_out = at::empty(q.sizes(), fp8);
+  Tensor q_descale = at::empty({p.B, heads}, f32), k_descale = at::empty({p.B, heads}, f32);
+  Tensor scale8 = at::empty({2 * heads}, f32);
+  p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
+  p.heads = heads, p.scale8 = scale8.data_ptr<float>();
+  p.q_descale = q_descale.data_ptr<float>(), p.k_descale = k_descale.data_ptr<float>();
+  launch_3d_checked(p, dt, q, op);
+  return {q_out, q_descale, k_out, k_descale};
+}
+
+// (q, descale (B, heads)): x (B, S, D) in e4m3, one power-of-two scale per (batch, head) from its amax.
+std::tuple<Tensor, Tensor> quantize_fp8_heads(const Tensor& x, int64_t heads) {
+  const char* op = "quantize_fp8_heads";
+  const DType dt = check_primary(x, op, "x");
+  check_3d(x, op, "x");
+  check_heads(x.size(2), heads, op);
+  const Tensor rows = unit_last_stride(x);
+  Fp8HeadsParams p;
+  p.B = x.size(0), p.S = x.size(1), p.H = heads, p.hd = x.size(2) / heads;
+  p.x = rows_of_3d(rows);
+  Tensor q = at::empty(x.sizes(), x.options().dtype(at::kFloat8_e4m3fn));
+  Tensor descale = at::empty({p.B, heads}, x.options().dtype(at::kFloat));
+  Tensor amax = at::empty({p.B, heads}, x.options().dtype(at::kInt));
+  p.q = q.data_ptr(), p.descale = descale.data_ptr<float>();
+  p.amax = reinterpret_cast<unsigned*>(amax.data_ptr<int32_t>());
+  const c10::cuda::CUDAGuard guard(x.device());
+  const cudaError_t err = launch_fp8_heads(p, dt, c10::cuda::getCurrentCUDAStream(x.get_device()).stream());
+  TORCH_CHECK(err == cudaSuccess, "ltxbench.", op, ": kernel launch failed: ", cudaGetErrorString(err));
+  return {q, descale};
+}
+
 // ---- attention ----------------------------------------------------------------------------------------
 
 // Is t laid out for `elems`-element loads: data pointer and every stride but the last multiples of that?
@@ -863,6 +917,11 @@ TORCH_LIBRARY(ltxbench, m) {
       " -> (Tensor, Tensor, Tensor)");
   m.def("gelu_tanh_fp8(Tensor x) -> (Tensor, Tensor)");
   m.def("quantize_fp8(Tensor x) -> (Tensor, Tensor)");
+  // FP8 (e4m3) with one float32 descale per (batch, head), FlashAttention-3's FP8 inputs
+  m.def(
+      "qk_rms_norm_rope_fp8(Tensor q, Tensor k, Tensor wq, Tensor wk, float eps, int heads, Tensor? cos, Tensor? sin,"
+      " Tensor? grid, Tensor? freqs) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("quantize_fp8_heads(Tensor x, int heads) -> (Tensor, Tensor)");
   // Process-wide settings of linear's algorithm choice: no tensors, so one kernel for every dispatch key.
   m.def("gemm_tuning(bool enabled) -> bool", &ltxbench::gemm_tuning);
   m.def("gemm_choices() -> str[]", &ltxbench::gemm_choices);
@@ -895,7 +954,9 @@ TORCH_LIBRARY(ltxbench, m) {
   m.impl("rms_norm_modulate_fp8", &ltxbench::rms_norm_modulate_fp8);         \
   m.impl("add_rms_norm_modulate_fp8", &ltxbench::add_rms_norm_modulate_fp8); \
   m.impl("gelu_tanh_fp8", &ltxbench::gelu_tanh_fp8);                         \
-  m.impl("quantize_fp8", &ltxbench::quantize_fp8);
+  m.impl("quantize_fp8", &ltxbench::quantize_fp8);                           \
+  m.impl("qk_rms_norm_rope_fp8", &ltxbench::qk_rms_norm_rope_fp8);           \
+  m.impl("quantize_fp8_heads", &ltxbench::quantize_fp8_heads);
 
 TORCH_LIBRARY_IMPL(ltxbench, CUDA, m) { LTXBENCH_IMPLS(m) }
 TORCH_LIBRARY_IMPL(ltxbench, CPU, m) { LTXBENCH_IMPLS(m) }

@@ -5,9 +5,14 @@
 // One row per block. Where the row fits (VPT vectors a thread, up to kMaxThreads threads) it is read once into
 // registers: y in fp32, its amax by a block reduction, then q written. Wider rows are streamed (two passes for
 // GELU / quantize, three for the norm, the re-reads from L2).
-#include <cuda_fp8.h>
+//
+// Per (batch, head) instead (quantize_fp8_heads): the scales of FlashAttention-3's FP8 inputs, one per head of a
+// batch element. The amax of a head spans all its tokens, so it takes two passes: the amax (atomicMax over chunks
+// of tokens), then the quantization.
+#include <algorithm>
 
 #include "common/dtype.cuh"
+#include "common/fp8.cuh"
 #include "common/params.h"
 #include "common/reduce.cuh"
 #include "common/row_math.cuh"
@@ -17,7 +22,6 @@ namespace ltxbench {
 namespace {
 
 constexpr int kMaxThreads = 512;
-constexpr float kFp8Max = 448.f;   // largest finite e4m3
 constexpr float kMinAmax = 1e-12f;  // an all-zero (or empty) row: finite scale, q = 0
 
 // What produces y: compile-time, so that the plain ops carry no norm code. kNorm + 0/1/2: RMSNorm + modulation of
@@ -84,29 +88,8 @@ template <int VEC> __device__ __forceinline__ float abs_max(float m, const float
   return m;
 }
 
-// VEC values times 1 / x_scale to e4m3 (round to nearest even, saturated), stored as one access. The reciprocal
-// is within an fp32 ulp of the division by x_scale, far inside e4m3's 2^-4 relative rounding.
-template <int VEC> struct alignas(VEC) Fp8Vec {
-  uint8_t v[VEC];
-};
-
-template <int VEC> __device__ __forceinline__ void store_fp8(uint8_t* q, const float (&y)[VEC], float inv_scale) {
-  Fp8Vec<VEC> out;
-  if constexpr (VEC % 2 == 0) {
-#pragma unroll
-    for (int k = 0; k < VEC; k += 2) {
-      const __nv_fp8x2_storage_t pair =
-          __nv_cvt_float2_to_fp8x2(make_float2(y[k] * inv_scale, y[k + 1] * inv_scale), __NV_SATFINITE, __NV_E4M3);
-      out.v[k] = static_cast<uint8_t>(pair & 0xffu);
-      out.v[k + 1] = static_cast<uint8_t>(pair >> 8);
-    }
-  } else {
-#pragma unroll
-    for (int k = 0; k < VEC; ++k) out.v[k] = __nv_cvt_float_to_fp8(y[k] * inv_scale, __NV_SATFINITE, __NV_E4M3);
-  }
-  *reinterpret_cast<Fp8Vec<VEC>*>(q) = out;
-}
-
+// x_scale = amax / 448; the kernels multiply by its reciprocal, within an fp32 ulp of the division and far inside
+// e4m3's 2^-4 relative rounding.
 __device__ __forceinline__ float row_scale(float amax) { return fmaxf(amax, kMinAmax) / kFp8Max; }
 
 // The row held in registers: VPT vectors of VEC elements a thread, thread t holding vectors t, t + blockDim.x, ...
@@ -285,7 +268,88 @@ template <typename T> cudaError_t launch_typed(const Fp8Params& p, cudaStream_t 
   return vectorizable<T>(layout) ? launch_vec<T, vec_width<T>()>(p, stream) : launch_vec<T, 1>(p, stream);
 }
 
+// Per-head pass 1: the amax of each (batch, head) over a chunk of tokens into amax (B, H), as float bits (the
+// order of non-negative floats). Block (chunk, b); thread t holds column vectors t, t + blockDim.x, ... of every
+// row of its chunk, four rows in flight; a block's heads meet in shared memory first.
+template <typename T, int VEC>
+__global__ void __launch_bounds__(256) head_amax_kernel(Fp8HeadsParams p, int64_t rows_per_chunk) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    extern __shared__ unsigned head_max[];
+    for (int64_t h = threadIdx.x; h < p.H; h += blockDim.x) head_max[h] = 0u;
+    __syncthreads();
+    const int64_t b = blockIdx.y, nvec = p.H * p.hd / VEC;
+    const int64_t s0 = blockIdx.x * rows_per_chunk, s1 = min(p.S, s0 + rows_per_chunk);
+    for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
+      float m = 0.f;
+#pragma unroll 4
+      for (int64_t s = s0; s < s1; ++s) {
+        float y[VEC];
+        load_vec<T, VEC>(static_cast<const T*>(p.x.ptr) + b * p.x.sb + s * p.x.ss + j * VEC, y);
+        m = abs_max<VEC>(m, y);
+      }
+      atomicMax(&head_max[j * VEC / p.hd], __float_as_uint(m));
+    }
+    __syncthreads();
+    for (int64_t h = threadIdx.x; h < p.H; h += blockDim.x) {
+      if (head_max[h]) atomicMax(&p.amax[b * p.H + h], head_max[h]);
+    }
+  }
+}
+
+// Per-head pass 2: every vector times its head's fp8_pow2_scale, to e4m3; the first B·H threads also write the
+// descales (1 where a head is all zero, or has no tokens).
+template <typename T, int VEC>
+__global__ void quantize_heads_kernel(Fp8HeadsParams p) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    const int64_t D = p.H * p.hd, nvec = D / VEC, total = p.B * p.S * nvec;
+    const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+    if (first < p.B * p.H) p.descale[first] = 1.f / fp8_pow2_scale(__uint_as_float(p.amax[first]));
+    for (int64_t i = first; i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t token = i / nvec, j = i - token * nvec;
+      const int64_t b = token / p.S, s = token - b * p.S;
+      const float scale = fp8_pow2_scale(__uint_as_float(p.amax[b * p.H + j * VEC / p.hd]));
+      float y[VEC];
+      load_vec<T, VEC>(static_cast<const T*>(p.x.ptr) + b * p.x.sb + s * p.x.ss + j * VEC, y);
+      store_fp8<VEC>(static_cast<uint8_t*>(p.q) + token * D + j * VEC, y, scale);
+    }
+  }
+}
+
+template <typename T, int VEC> cudaError_t launch_heads_with(const Fp8HeadsParams& p, cudaStream_t stream) {
+  if (p.B * p.S > 0 && p.hd > 0) {
+    // about 8 blocks of 256 per SM of an H100 over the batch: enough loads in flight to stream x at full speed
+    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(p.S, (1024 + p.B - 1) / p.B));
+    const int64_t rows_per_chunk = (p.S + chunks - 1) / chunks;
+    const dim3 grid(static_cast<unsigned>((p.S + rows_per_chunk - 1) / rows_per_chunk), static_cast<unsigned>(p.B));
+    head_amax_kernel<T, VEC><<<grid, 256, p.H * sizeof(unsigned), stream>>>(p, rows_per_chunk);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  const int64_t work = std::max(p.B * p.S * (p.H * p.hd / VEC), p.B * p.H);
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, int64_t{1} << 16));  // grid-stride
+  quantize_heads_kernel<T, VEC><<<blocks, 256, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <typename T> cudaError_t launch_heads(const Fp8HeadsParams& p, cudaStream_t stream) {
+  constexpr int V = vec_width<T>();
+  const bool vec = p.hd % V == 0 && p.x.sb % V == 0 && p.x.ss % V == 0 &&
+                   reinterpret_cast<uintptr_t>(p.x.ptr) % 16 == 0 && reinterpret_cast<uintptr_t>(p.q) % 16 == 0;
+  return vec ? launch_heads_with<T, V>(p, stream) : launch_heads_with<T, 1>(p, stream);
+}
+
 }  // namespace
+
+cudaError_t launch_fp8_heads(const Fp8HeadsParams& p, DType dtype, cudaStream_t stream) {
+  if (p.B * p.H == 0) return cudaSuccess;
+  const cudaError_t err = cudaMemsetAsync(p.amax, 0, p.B * p.H * sizeof(unsigned), stream);
+  if (err != cudaSuccess) return err;
+  return dispatch_dtype(dtype, [&](auto tag) { return launch_heads<decltype(tag)>(p, stream); });
+}
 
 cudaError_t launch_fp8_rows(const Fp8Params& p, DType dtype, cudaStream_t stream) {
   if (p.rows.B * p.rows.S == 0) return cudaSuccess;

@@ -4,6 +4,7 @@
 // All rotation math in fp32. Angles from coordinates: the accurate sincosf for fp32 outputs (as torch's
 // cos/sin); for 16-bit outputs a two-constant range reduction and the hardware sin/cos (see angle_sincos).
 #include "common/dtype.cuh"
+#include "common/fp8.cuh"
 #include "common/params.h"
 #include "common/reduce.cuh"
 #include "common/tuning.h"
@@ -129,7 +130,9 @@ __device__ __forceinline__ void store_packed(const Rope3dParams& p, int64_t toke
 // From the grid: two blocks of 512 (four of 256) per SM, 71 -> 64 registers, H100 bf16 2x8064x2048 103.0 -> 99.7
 // us; the 8 bytes it then spilled went when q and k stayed packed across the reduction: H200 bf16 2.4-2.9% faster
 // at the LTX shapes, fp16 -0.3 to +1.4% (docs/tuning.md#rope). With tables the same cap spills 100-170 bytes.
-template <typename T, int VEC, int MAXV, bool FROM_GRID>
+// FP8: q and k written as e4m3, each head's values times its scale (scale8, written before by
+// fp8_head_scales_kernel); a vector never spans two heads (VEC divides the head dim).
+template <typename T, int VEC, int MAXV, bool FROM_GRID, bool FP8 = false>
 __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1)
     qk_norm_rope_kernel(Rope3dParams p, int tpr, float inv_d) {
   if constexpr (unsupported_here<T>()) {
@@ -199,7 +202,11 @@ __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1)
       for (int e = 0; e < VEC; ++e) q[e] *= rq_std * wq[e], k[e] *= rk_std * wk[e];
       rotate_interleaved<VEC>(q, c[i], sn[i]);
       rotate_interleaved<VEC>(k, c[i], sn[i]);
-      if (p.packed != nullptr) {
+      if constexpr (FP8) {
+        const int64_t head = col / (p.D / p.heads);
+        store_fp8<VEC>(static_cast<uint8_t*>(p.q_out) + token * p.D + col, q, p.scale8[head]);
+        store_fp8<VEC>(static_cast<uint8_t*>(p.k_out) + token * p.D + col, k, p.scale8[p.heads + head]);
+      } else if (p.packed != nullptr) {
         float v[VEC];
         load_vec<T, VEC>(at_row<T>(p.v, b, s) + col, v);
         const int first = p.slots - 2;  // k's slot: 1 after q, or 0 with q in its own rows
@@ -474,6 +481,21 @@ int next_pow2(int64_t v) {
   return p;
 }
 
+// Each head's FP8 scale for q (blockIdx.y 0) and k (1): fp8_pow2_scale of sqrt(D) · max |w| over the head's
+// channels (the bound in Rope3dParams), and its reciprocal for every batch element.
+template <typename T>
+__global__ void fp8_head_scales_kernel(Rope3dParams p) {
+  const int64_t h = blockIdx.x, hd = p.D / p.heads;
+  const T* w = static_cast<const T*>(blockIdx.y ? p.wk : p.wq) + h * hd;
+  float m = 0.f;
+  for (int64_t j = threadIdx.x; j < hd; j += 32) m = fmaxf(m, fabsf(to_float<T>(w[j])));
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const float scale = fp8_pow2_scale(__fmul_rn(__fsqrt_rn(static_cast<float>(p.D)), m));
+  if (threadIdx.x == 0) p.scale8[blockIdx.y * p.heads + h] = scale;
+  float* descale = blockIdx.y ? p.k_descale : p.q_descale;
+  for (int64_t b = threadIdx.x; b < p.B; b += 32) descale[b * p.heads + h] = 1.f / scale;
+}
+
 template <typename T, int VEC, int MAXV, bool FROM_GRID>
 cudaError_t launch_3d_with(const Rope3dParams& p, cudaStream_t stream) {
   if (!p.norm) {
@@ -485,15 +507,19 @@ cudaError_t launch_3d_with(const Rope3dParams& p, cudaStream_t stream) {
   const int tpr = per_row <= 32 ? next_pow2(per_row) : static_cast<int>((per_row + 31) / 32 * 32);
   const int rows_per_block = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
   const int64_t blocks = (p.B * p.S + rows_per_block - 1) / rows_per_block;
-  qk_norm_rope_kernel<T, VEC, MAXV, FROM_GRID>
-      <<<static_cast<unsigned>(blocks), rows_per_block * tpr, 0, stream>>>(
-          p, tpr, inverse_count(p.D));
+  const dim3 grid(static_cast<unsigned>(blocks)), block(rows_per_block * tpr);
+  if (p.scale8 == nullptr) {
+    qk_norm_rope_kernel<T, VEC, MAXV, FROM_GRID><<<grid, block, 0, stream>>>(p, tpr, inverse_count(p.D));
+  } else {
+    qk_norm_rope_kernel<T, VEC, MAXV, FROM_GRID, true><<<grid, block, 0, stream>>>(p, tpr, inverse_count(p.D));
+  }
   return cudaGetLastError();
 }
 
 template <typename T, bool FROM_GRID> cudaError_t launch_3d_typed(const Rope3dParams& p, cudaStream_t stream) {
   constexpr int V = vec_width<T>();
   const bool vec = p.D % V == 0 && rows_aligned(p.q, V) && rows_aligned(p.k, V) && aligned16(p.q_out) &&
+                   (p.scale8 == nullptr || (p.D / p.heads) % V == 0) &&
                    aligned16(p.k_out) && aligned16(p.wq) && aligned16(p.wk) &&
                    (p.packed == nullptr || (rows_aligned(p.v, V) && aligned16(p.packed))) &&
                    (FROM_GRID || (rows_aligned(p.cos, 4) && rows_aligned(p.sin, 4)));
@@ -580,6 +606,13 @@ template <typename T> cudaError_t launch_split(const RopeSplitParams& p, cudaStr
 }  // namespace
 
 cudaError_t launch_rope_3d(const Rope3dParams& p, DType dtype, cudaStream_t stream) {
+  if (p.scale8 != nullptr && p.heads > 0) {  // the FP8 scales first (descales too where there are no tokens)
+    const cudaError_t err = dispatch_dtype(dtype, [&](auto tag) {
+      fp8_head_scales_kernel<decltype(tag)><<<dim3(static_cast<unsigned>(p.heads), 2), 32, 0, stream>>>(p);
+      return cudaGetLastError();
+    });
+    if (err != cudaSuccess) return err;
+  }
   if (p.B * p.S == 0 || p.D == 0) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto tag) { return launch_3d<decltype(tag)>(p, stream); });
 }

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ltxbench.bench.e2e import CONFIG_NAMES, FP8_CONFIG_NAMES, precision_of
+from ltxbench.bench.e2e import CONFIG_NAMES, PRECISION_CONFIGS, precision_of
 from ltxbench.errors import UsageError
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -113,6 +113,9 @@ class ModelFamily:
         if settings.precision not in self.precisions:
             raise UsageError(f"--precision {settings.precision!r}: {self.title} runs "
                              f"{' or '.join(self.precisions)}", hint=f"choose from {', '.join(self.precisions)}")
+        if settings.precision == "fp8-attention" and settings.gpus > 1:  # FlashAttention-3 over one GPU's tokens
+            raise UsageError(f"--precision fp8-attention runs on one GPU, not --gpus {settings.gpus}",
+                             hint="use --precision fp8 over several GPUs")
         return settings
 
     def validate(self, settings: RunSettings, command: str) -> None:
@@ -123,9 +126,9 @@ class ModelFamily:
         return {}
 
     def config_names(self) -> tuple[str, ...]:
-        """Every configuration a run of this family can take: ours (FP8 ones where it takes fp8), then each peer
-        alone and compiled."""
-        fp8 = FP8_CONFIG_NAMES if "fp8" in self.precisions else ()
+        """Every configuration a run of this family can take: ours (the FP8 ones of each precision it takes), then
+        each peer alone and compiled."""
+        fp8 = tuple(dict.fromkeys(c for precision in self.precisions for c in PRECISION_CONFIGS[precision]))
         return CONFIG_NAMES + fp8 + tuple(n for peer in self.peers() for n in (peer, f"{peer}+compile"))
 
     # --- with torch ------------------------------------------------------------------------------------
@@ -144,7 +147,7 @@ class ModelFamily:
     def apply_config(self, target, settings: RunSettings, config: str):
         """What configuration `config` patches before its (optional) compile: ours for optimized*, a peer's for
         <peer>*, nothing (None) for baseline and compile."""
-        if config.startswith("optimized"):  # optimized-fp8*: the FP8 projections, else bf16
+        if config.startswith("optimized"):  # optimized-fp8*: FP8 projections (and attention), else bf16
             return self.inject(target, dataclasses.replace(settings, precision=precision_of(config)))
         peer = self.peers().get(config.removesuffix("+compile"))
         return peer.apply(target) if peer is not None else None
@@ -171,8 +174,9 @@ class ModelFamily:
 
 
 def with_precision(configs: list[str], precision: str) -> list[str]:
-    """--precision fp8 adds the FP8 configurations beside the ones chosen (bf16 ones stay: the comparison)."""
-    return configs + [c for c in FP8_CONFIG_NAMES if c not in configs] if precision == "fp8" else configs
+    """--precision fp8 adds the FP8 configurations beside the ones chosen (bf16 ones stay: the comparison);
+    fp8-attention adds those and the ones with FP8 attention as well."""
+    return configs + [c for c in PRECISION_CONFIGS.get(precision, ()) if c not in configs]
 
 
 def torch_dtype(name: str):
@@ -191,8 +195,8 @@ def parse_configs(text: str, allowed: tuple[str, ...] = CONFIG_NAMES) -> list[st
     names = [c.strip() for c in text.split(",") if c.strip()]
     if not names:
         raise UsageError("--configs is empty", hint=f"choose from {', '.join(allowed)} or all")
-    if names == ["all"]:  # the FP8 ones come with --precision fp8 (with_precision): they need a Hopper GPU
-        return [c for c in allowed if c not in FP8_CONFIG_NAMES]
+    if names == ["all"]:  # the FP8 ones come with --precision (with_precision): they need a Hopper GPU
+        return [c for c in allowed if precision_of(c) == "bf16"]
     bad = [c for c in names if c not in allowed]
     if bad:
         raise UsageError(f"--configs: unknown configuration {bad[0]!r}",

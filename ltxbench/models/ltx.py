@@ -67,7 +67,7 @@ OPTIONS = (
 
 class LTXVideoFamily(VideoFamily):
     name, title = "ltx", "LTX-Video"
-    precisions = ("bf16", "fp8")
+    precisions = ("bf16", "fp8", "fp8-attention")
     presets = {name: hub for name, (_, hub) in PRESETS.items()}
     settings_class = LTXSettings
     options = OPTIONS

@@ -220,7 +220,7 @@ class VideoFamily(ModelFamily):
 
         embeds = self.prepare(pipe, settings)
         after = self.before_configs(pipe, settings, embeds, log)
-        error = self.precision_error(pipe, settings, embeds, log)
+        errors = self.precision_errors(pipe, settings, embeds, log)
         results = run_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
                               lambda _config: self.iteration(pipe, settings, embeds)[0], settings.warmup,
                               settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
@@ -229,27 +229,30 @@ class VideoFamily(ModelFamily):
         for name, res in results.items():
             if name.startswith("optimized"):
                 res["injection"].update(extra)
-        fp8 = [name for name in results if precision_of(name) == "fp8"]
-        if fp8 and error is not None:  # one measurement, recorded once (under the first FP8 configuration)
-            results[fp8[0]]["precision_error"] = error
+        for precision, error in errors.items():  # one measurement each, under the precision's first configuration
+            results[next(n for n in results if precision_of(n) == precision)]["precision_error"] = error
         return results
 
-    def precision_error(self, pipe, settings, embeds, log) -> dict | None:
-        """With FP8 configurations on one GPU: their error on one transformer step (bench.precision_error), before
-        the timed runs; None otherwise."""
+    def precision_errors(self, pipe, settings, embeds, log) -> dict:
+        """{precision: its error on one transformer step (bench.precision_error)} for each FP8 precision among the
+        configurations, measured before the timed runs on one GPU; {} otherwise."""
         import dataclasses
 
         from ltxbench.parallel.launch import current_world
 
-        if not any(precision_of(name) == "fp8" for name in settings.configs) or current_world() is not None:
-            return None
+        precisions = list(dict.fromkeys(p for p in map(precision_of, settings.configs) if p != "bf16"))
+        if not precisions or current_world() is not None:
+            return {}
         from ltxbench.bench import precision_error
 
-        error = precision_error.measure(
-            pipe, lambda precision: self.inject(pipe, dataclasses.replace(settings, precision=precision)),
-            lambda: self.iteration(pipe, settings, embeds), log, run_full=lambda: self.iteration(pipe, settings))
-        log(precision_error.summary(error))
-        return error
+        errors = {}
+        for precision in precisions:
+            errors[precision] = precision_error.measure(
+                pipe, lambda p: self.inject(pipe, dataclasses.replace(settings, precision=p)),
+                lambda: self.iteration(pipe, settings, embeds), log, run_full=lambda: self.iteration(pipe, settings),
+                precision=precision)
+            log(precision_error.summary(errors[precision]))
+        return errors
 
     def records(self, results: dict, params: dict, settings) -> list[dict]:
         from ltxbench.bench.e2e_report import phase_records

@@ -194,6 +194,26 @@ def quantize_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
     return _lib().quantize_fp8(x)
 
 
+# ---- FP8 (e4m3) with one float32 descale per (batch, head): FlashAttention-3's FP8 attention inputs ------------
+
+def qk_rms_norm_rope_fp8(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float, heads: int,
+                         cos: Tensor | None = None, sin: Tensor | None = None, grid: Tensor | None = None,
+                         freqs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`qk_rms_norm_rope` written as FP8 in the same pass: (q8, q_descale, k8, k_descale), q8/k8 float8_e4m3fn
+    (B, S, D) and the descales float32 (B, heads). Each head's scale is a power of two from the norm weights alone:
+    RMSNorm bounds a normalized value by √D and the rotation keeps a pair's length, so |out| ≤ √D · max|w| over the
+    head, and the scale puts that bound in (224, 448]: no amax pass, nothing saturates, q8 · descale is exact.
+    The head dim D / heads even. The tables must rotate pairs by one angle (LTX's do)."""
+    return _lib().qk_rms_norm_rope_fp8(q, k, wq, wk, eps, heads, cos, sin, grid, freqs)
+
+
+def quantize_fp8_heads(x: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """x (B, S, D) as FP8 with one scale per (batch, head) over all its tokens: (q, descale (B, heads)), the
+    power-of-two scale putting the head's amax in (224, 448], so q · descale is exact. Two passes (the amax, then
+    the quantization); the value input of FP8 attention."""
+    return _lib().quantize_fp8_heads(x, heads)
+
+
 # AdaLN names of the earlier seed API, kept as thin aliases with their formulas spelled out.
 def adaln_rmsnorm(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:
     """`rms_norm(x) * (1 + scale) + shift` (no weight): LTX-Video's norm1/norm2 + modulation."""

@@ -21,15 +21,16 @@ FP8_MISMATCH_FRACTION = 1e-3    # of the q values, that may differ from the refe
 
 
 def fp8_mismatch(q, x_scale, q_ref, x_scale_ref, tolerance: tuple[float, float] | None = None):
-    """(max |q·x_scale − q_ref·x_scale_ref|, why an FP8 output and its per-row scale disagree with the reference's, or
-    None). The kernel's contract (tolerance None): (1) every scale within FP8_SCALE_RTOL of the reference's; (2) every
-    dequantized value within one e4m3 step of the reference's (|q_ref| / 8, 2^-9 in the subnormal range, times the
-    scale: where the kernel's fp32 y differs from the reference's by an ulp, it may round across an e4m3 rounding
-    boundary); (3) at most FP8_MISMATCH_FRACTION of the values different at all. fp32 noise moves ~1e-6 of the
-    values; y rounded to bf16 before the quantization ~2% of them (fp16: ~0.3%), a 1% different scale ~11%: (3) fails
-    them where (2) cannot. With tolerance (atol, rtol), for what computes y another way (the unfused baselines, which
-    round y to the model dtype; float64, which keeps h' unrounded): scales within rtol, values within one step plus
-    atol + rtol·|value|, any number of them moved."""
+    """(max |q·x_scale − q_ref·x_scale_ref|, why an FP8 output and its per-row scale (or per-(batch, head) descale:
+    x_scale (B, heads) for q (B, S, D)) disagree with the reference's, or None). The kernel's contract (tolerance
+    None): (1) every scale within FP8_SCALE_RTOL of the reference's; (2) every dequantized value within one e4m3
+    step of the reference's (|q_ref| / 8, 2^-9 in the subnormal range, times the scale: where the kernel's fp32 y
+    differs from the reference's by an ulp, it may round across an e4m3 rounding boundary); (3) at most
+    FP8_MISMATCH_FRACTION of the values different at all. fp32 noise moves ~1e-6 of the values; y rounded to bf16
+    before the quantization ~2% of them (fp16: ~0.3%), a 1% different scale ~11%: (3) fails them where (2) cannot.
+    With tolerance (atol, rtol), for what computes y another way (the unfused baselines, which round y to the model
+    dtype; float64, which keeps h' unrounded): scales within rtol, values within one step plus atol + rtol·|value|,
+    any number of them moved."""
     if q.dtype != torch.float8_e4m3fn or x_scale.dtype != torch.float32:
         return math.nan, f"q must be float8_e4m3fn and x_scale float32, got {q.dtype} and {x_scale.dtype}"
     if q.shape != q_ref.shape or x_scale.shape != x_scale_ref.shape:
@@ -39,6 +40,11 @@ def fp8_mismatch(q, x_scale, q_ref, x_scale_ref, tolerance: tuple[float, float] 
     scale_rtol = rtol if tolerance else FP8_SCALE_RTOL
     s, s_ref = x_scale.float(), x_scale_ref.float()
     v, v_ref = q.float(), q_ref.float()
+    if q.dim() == 3 and x_scale.dim() == 2:  # one scale per (batch, head): q (B, S, heads · hd)
+        b, t, d = q.shape
+        heads = x_scale.shape[1]
+        v, v_ref = v.reshape(b, t, heads, -1), v_ref.reshape(b, t, heads, -1)
+        s, s_ref = s[:, None, :, None], s_ref[:, None, :, None]
     deq, deq_ref = v * s, v_ref * s_ref
     diff = (deq - deq_ref).abs()
     err = diff.max().item() if diff.numel() else 0.0

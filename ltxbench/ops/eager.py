@@ -229,6 +229,33 @@ def fp8_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return (x.float() / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn), scale
 
 
+def fp8_heads(x: Tensor, heads: int, bound: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """Per-(batch, head) FP8 quantization in plain torch ops: the head's amax over its tokens (or a given bound,
+    (B, heads)), the power-of-two scale under 448 / bound, multiply, cast; (q, descale (B, heads))."""
+    from ltxbench.ops.reference import fp8_pow2_scale
+
+    b, s, d = x.shape
+    xs = x.float().reshape(b, s, heads, d // heads)
+    if bound is None:
+        bound = xs.abs().amax(dim=(1, 3)) if x.numel() else xs.new_zeros(b, heads)
+    scale = fp8_pow2_scale(bound)
+    q = (xs * scale[:, None, :, None]).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    return q.reshape(b, s, d), 1.0 / scale
+
+
+def ltx_qk_rms_norm_rope_fp8(q, k, wq, wk, eps, heads, cos=None, sin=None, grid=None, freqs=None):
+    """LTXAttention's q/k norm + RoPE (ltx_qk_rms_norm_rope, rounded to q's dtype), then each quantized per head
+    with the weight-bound scales (fp8_heads)."""
+    d = q.shape[-1]
+
+    def bound(w):
+        w_max = w.float().abs().reshape(heads, d // heads).amax(1) if d else w.new_zeros(heads, dtype=torch.float32)
+        return (torch.tensor(float(d), device=w.device).sqrt() * w_max).expand(q.shape[0], heads)
+
+    qr, kr = ltx_qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs)
+    return (*fp8_heads(qr, heads, bound(wq)), *fp8_heads(kr, heads, bound(wk)))
+
+
 def ltx_rms_norm_modulate_fp8(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6,
                               weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
     return fp8_rows(ltx_rms_norm_modulate(x, scale, shift, eps, weight))

@@ -178,3 +178,21 @@ def _gelu_tanh_fp8(x):
 def _quantize_fp8(x):
     torch._check(x.dim() >= 1, lambda: "quantize_fp8: x must have at least one dimension")
     return _fp8_rows(x)
+
+
+def _fp8_heads(x, heads):
+    """(q, descale): a contiguous float8_e4m3fn tensor of x's shape and one float32 descale per (batch, head)."""
+    return (torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device),
+            torch.empty((x.shape[0], heads), dtype=torch.float32, device=x.device))
+
+
+@register_fake("ltxbench::qk_rms_norm_rope_fp8")
+def _qk_rms_norm_rope_fp8(q, k, wq, wk, eps, heads, cos, sin, grid, freqs):
+    torch._check(q.dim() == 3 and k.shape == q.shape, lambda: "qk_rms_norm_rope_fp8: q and k must be (B, S, D)")
+    return (*_fp8_heads(q, heads), *_fp8_heads(k, heads))
+
+
+@register_fake("ltxbench::quantize_fp8_heads")
+def _quantize_fp8_heads(x, heads):
+    torch._check(x.dim() == 3, lambda: "quantize_fp8_heads: x must be (B, S, D)")
+    return _fp8_heads(x, heads)

@@ -330,6 +330,47 @@ def gelu_tanh_fp8(x: Tensor) -> tuple[Tensor, Tensor]:
     return _to_fp8_rows(F.gelu(x.to(_acc(x)), approximate="tanh"))
 
 
+def fp8_pow2_scale(bound: Tensor) -> Tensor:
+    """The power of two s (float32) with bound · s in (224, 448]; 1 where bound is 0, NaN or infinite."""
+    bound = bound.float()
+    ratio = torch.full_like(bound, FP8_MAX) / bound
+    exponent = torch.frexp(ratio).exponent  # ratio = m · 2^e, m in [0.5, 1)
+    scale = torch.ldexp(torch.ones_like(ratio), (exponent - 1).clamp(-126, 126).float())
+    scale = torch.where(ratio.isfinite(), scale, torch.full_like(scale, 2.0 ** 126))
+    return torch.where((bound > 0) & bound.isfinite(), scale, torch.ones_like(scale))
+
+
+def _to_fp8_heads(y: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
+    """y (B, S, D) times scale (B, H) per head, rounded to e4m3: (q, descale = 1 / scale)."""
+    b, s, d = y.shape
+    heads = y.float().reshape(b, s, scale.shape[1], d // scale.shape[1]) * scale[:, None, :, None]
+    return heads.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).reshape(b, s, d), 1.0 / scale
+
+
+def qk_rms_norm_rope_fp8(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float, heads: int,
+                         cos: Tensor | None = None, sin: Tensor | None = None, grid: Tensor | None = None,
+                         freqs: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """qk_rms_norm_rope in fp32 (never rounded to q.dtype), to FP8 per head with scales from the weight bound
+    √D · max|w| (the op's docstring)."""
+    cos, sin = _ltx_tables(q, cos, sin, grid, freqs)
+    b, _, d = q.shape
+    out = []
+    for t, w in ((q, wq), (k, wk)):
+        y = _rotate_interleaved(_rms(t.to(cos.dtype), eps) * w.to(cos.dtype), cos, sin)
+        w_max = w.float().abs().reshape(heads, d // heads).amax(1) if d else w.new_zeros(heads, dtype=torch.float32)
+        bound = torch.tensor(float(d), device=w.device).sqrt() * w_max
+        out += _to_fp8_heads(y, fp8_pow2_scale(bound).expand(b, heads))
+    return tuple(out)
+
+
+def quantize_fp8_heads(x: Tensor, heads: int) -> tuple[Tensor, Tensor]:
+    """x (B, S, D) to FP8 with one power-of-two scale per (batch, head), from the head's amax over all tokens."""
+    b, s, d = x.shape
+    y = x.to(_acc(x))
+    amax = y.abs().reshape(b, s, heads, d // heads).amax(dim=(1, 3)) if x.numel() else y.new_zeros(b, heads)
+    return _to_fp8_heads(y, fp8_pow2_scale(amax))
+
+
 def linear_fp8(x: Tensor, x_scale: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tensor | None = None,
                out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
     """(x * x_scale) @ (weight * weight_scale)ᵀ + bias in fp32, rounded once to out_dtype. x (..., K) FP8 with

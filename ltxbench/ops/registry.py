@@ -30,11 +30,13 @@ from ltxbench.ops.inputs import (
     inputs_layer_mod,
     inputs_linear,
     inputs_qk_norm_rope,
+    inputs_qk_norm_rope_fp8,
     inputs_qk_norm_rope_kv,
     inputs_qk_norm_rope_pack,
     inputs_qk_rms_norm_rope_split,
     inputs_qk_rms_norm_rope_split_pack,
     inputs_quantize,
+    inputs_quantize_heads,
     inputs_rms_mod,
     inputs_rms_norm,
     inputs_rms_norm_rope_split,
@@ -333,7 +335,38 @@ FP8_SPECS = (
         written=_fp8_written,
     ),
 )
-SPECS.update({s.name: s for s in FP8_SPECS})
+
+
+def _fp8_heads_written(inputs: dict, tensors: int = 1) -> int:
+    """Per FP8 output: 1 byte an element of the first input's shape and a 4-byte descale per (batch, head)."""
+    first = next(v for v in inputs.values() if isinstance(v, torch.Tensor))
+    return tensors * (first.numel() + 4 * first.shape[0] * inputs["heads"])
+
+
+# FP8 with one descale per (batch, head): the inputs of FlashAttention-3's FP8 attention (--precision fp8-attention)
+FP8_ATTENTION_SPECS = (
+    KernelSpec(
+        name="qk_rms_norm_rope_fp8",
+        summary="fp8 per head of qk_rms_norm_rope, each head's scale the power of two under 448 / (√D · max|w|)",
+        make_inputs=inputs_qk_norm_rope_fp8, variants=("tables", "coords"), n_outputs=4,
+        baselines={"eager": eager.ltx_qk_rms_norm_rope_fp8}, kind="fp8",
+        aliases=("qk_norm_rope_fp8",), test_shapes=ROPE_TEST_SHAPES,
+        bench_shapes={**LTX_SHAPES},
+        inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb feeding FP8 attention",),
+        written=lambda inp: _fp8_heads_written(inp, 2),
+    ),
+    KernelSpec(
+        name="quantize_fp8_heads",
+        summary="fp8 per (batch, head): scale the power of two under 448 / amax over the head's tokens",
+        make_inputs=inputs_quantize_heads, variants=("plain", "slices", "outliers"), n_outputs=2,
+        baselines={"eager": eager.fp8_heads}, kind="fp8",
+        aliases=("fp8_quantize_heads",), test_shapes=FP8_TEST_SHAPES,
+        bench_shapes={**LTX_SHAPES},
+        inject_targets=("LTXAttention's value feeding FP8 attention",),
+        written=_fp8_heads_written,
+    ),
+)
+SPECS.update({s.name: s for s in FP8_SPECS + FP8_ATTENTION_SPECS})
 
 ALIASES = {alias: spec.name for spec in SPECS.values() for alias in spec.aliases}
 

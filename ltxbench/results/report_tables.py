@@ -124,7 +124,7 @@ def e2e_table(doc: dict):
     records = [r for r in doc["records"] if r["metric"] == "time"]
     measures = list(dict.fromkeys(measure_label(r) for r in records if r["name"] != "compile"))
     main = main_measure(records)
-    fp8 = any(r["dtype"] == "fp8" for r in records)  # then each row says which precision its numbers used
+    fp8 = any(r["dtype"].startswith("fp8") for r in records)  # then each row says which precision its numbers used
     by_config: dict = {}
     for rec in records:
         by_config.setdefault(rec["provider"], {})[measure_label(rec)] = rec
@@ -161,7 +161,8 @@ def precision_error_lines(doc: dict) -> list[str]:
         if rec["name"] != "step_error":
             continue
         derived, check = rec["derived"], rec.get("check") or {}
-        line = (f"FP8 error, one transformer step from the first step's inputs ({check.get('weights', '?')} weights): "
+        line = (f"{rec['dtype']} error, one transformer step from the first step's inputs "
+                f"({check.get('weights', '?')} weights): "
                 f"cosine {rec['stats']['median']:.5f} to our bf16 output (gate {check.get('min_cosine')}: "
                 f"{'passed' if check.get('passed') else 'FAILED'}), relative L2 {derived['rel_l2_vs_bf16']:.4f}")
         against = [(name.removesuffix("_cosine_vs_fp32"), value) for name, value in derived.items()

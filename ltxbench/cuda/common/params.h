@@ -63,6 +63,14 @@ struct Rope3dParams {
   void* packed = nullptr;
   int64_t chunk = 0;
   int slots = 3;
+  // FP8 outputs instead (with norm only, not packed): q_out / k_out float8_e4m3fn, each head's values
+  // times its scale. The launch first writes the scales from the norm weights (q's `heads`, then k's, into scale8)
+  // and their reciprocals per (batch, head) into q_descale / k_descale (B, heads): RMSNorm bounds each normalized
+  // value by sqrt(D) and the rotation keeps a pair's length, so |out| <= sqrt(D) · max |w| over the head.
+  int64_t heads = 0;
+  float* scale8 = nullptr;
+  float* q_descale = nullptr;
+  float* k_descale = nullptr;
 };
 
 cudaError_t launch_rope_3d(const Rope3dParams& p, DType dtype, cudaStream_t stream);
@@ -141,6 +149,19 @@ struct Fp8Params {
 };
 
 cudaError_t launch_fp8_rows(const Fp8Params& p, DType dtype, cudaStream_t stream);
+
+// FP8 (e4m3) with one float32 scale per (batch, head), FlashAttention-3's FP8 input layout: x (B, S, H·hd) with any
+// row strides (unit last stride) -> q contiguous (B, S, H·hd), descale (B, H). Each scale is the power of two that
+// puts the head's amax in (224, 448] (fp8_pow2_scale), so q · descale is exact. amax: (B, H) scratch.
+struct Fp8HeadsParams {
+  int64_t B = 0, S = 0, H = 0, hd = 0;
+  Rows3 x;
+  void* q = nullptr;
+  float* descale = nullptr;
+  unsigned* amax = nullptr;
+};
+
+cudaError_t launch_fp8_heads(const Fp8HeadsParams& p, DType dtype, cudaStream_t stream);
 
 // softmax(q k^T * scale + mask) v per (batch, head): q (B, S, H, hd), k and v (B, L, H, hd) with any strides
 // (last dim contiguous), mask additive per key, broadcast over queries: (B|1, H|1, 1, L), fp32 or q's dtype,

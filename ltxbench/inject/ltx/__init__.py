@@ -38,6 +38,7 @@ from ltxbench.inject import (
     set_attr,
 )
 from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, require_fp8
+from ltxbench.inject.fp8_attention import FP8_ATTENTION, flash_attention_3
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx.attention import (
     ATTN_FORWARD_RULE,
@@ -169,6 +170,7 @@ MODEL_RULE = ("model: ff residual + next norm1 (add_rms_norm_modulate), final la
 CROSS_KV_RULE = "model: attn2 keys/values and caption projection once per generation (cross_kv cache)"
 GENERATION_RULE = "pipeline: each call one generation (what the model keeps across steps is forgotten after it)"
 RESIDUAL_RULE = "attn2: out-projection + residual add as one GEMM (ops.linear, beta = 1)"
+ATTN1_FP8_RULE = "attn1: FP8 attention (FlashAttention-3) on qk_rms_norm_rope_fp8's q/k and v per head"
 PAIRED_RULE = "model: block 0's attn1 once for classifier-free guidance's identical halves (checked per step)"
 ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
 # Head dims where ops.cross_attention beat SDPA (cuDNN) for attn2, bf16, H200 (results/h200/micro-xattn*-6f3727d):
@@ -203,10 +205,11 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     run on one half (cfg.py: checked on the device, the answer read one step late, so no synchronization
     before a step; needs the chained model forward). precision "fp8": every block projection stored and run in FP8,
     the modulated norms and the GELU writing their outputs in FP8 (precision.py; Hopper or newer); the bf16 weights
-    of those projections leave the device until revert.
+    of those projections leave the device until revert. precision "fp8-attention": "fp8", and attn1's attention in
+    FP8 on FlashAttention-3 (ltxbench.inject.fp8_attention; exit 4 where it is not installed).
     """
-    if precision not in PRECISIONS:
-        raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision not in (*PRECISIONS, FP8_ATTENTION):
+        raise UsageError(f"precision {precision!r} is not one of {', '.join((*PRECISIONS, FP8_ATTENTION))}")
     transformer = _transformer_of(target)
     if _patched_already(transformer):  # a second set of patches would stack, and reverting one would leave the other
         report = InjectionReport(provider)
@@ -218,7 +221,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         return report
     ops = get_provider(provider)
     require_provider(provider, ops, transformer, "transformer", move="pipeline")
-    fp8 = precision == "fp8"
+    fp8 = precision in ("fp8", FP8_ATTENTION)
+    flash_attention = flash_attention_3() if precision == FP8_ATTENTION else None  # exit 4 where it is missing
     if fp8:
         require_fp8(transformer.proj_in.weight.device)
         reason = unquantizable(transformer.transformer_blocks)
@@ -269,10 +273,12 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         own = cross_attention
         if own is None:
             own = block.attn2.to_q.out_features // block.attn2.heads in CROSS_ATTENTION_HEAD_DIMS
-        for name, rule in (("attn1", "attn1: qk_rms_norm_rope"), ("attn2", ATTN2_RULES[own])):
+        for name, rule in (("attn1", ATTN1_FP8_RULE if flash_attention else "attn1: qk_rms_norm_rope"),
+                           ("attn2", ATTN2_RULES[own])):
             attn = getattr(block, name)
             processor = FusedLTXAttnProcessor(ops, attn.processor, cross_attention=name == "attn2" and own,
-                                              tuned_gemm=tuned_gemm)
+                                              tuned_gemm=tuned_gemm,
+                                              flash_attention=flash_attention if name == "attn1" else None)
             set_attr(report, rule, attn, "processor", processor)
             if name == "attn2" and processor.fuses_residual(attn):
                 report.note(RESIDUAL_RULE)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject import forward_source, original_class
+from ltxbench.inject import forward_source, fp8_attention, original_class
 from ltxbench.inject.fp8 import fused_projection
 from ltxbench.inject.fuse import fused_outputs
 from ltxbench.ops.reference import ltx_cos_sin
@@ -77,11 +77,14 @@ class FusedLTXAttnProcessor:
     cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (cross_kv.py).
     tuned_gemm: the fused q/k/v GEMM through ops.linear (cuBLASLt, algorithm chosen by timing; torch's when a
     gradient is wanted), else torch's; and `residual` (the block's hidden states) taken into the out-projection's
-    GEMM (see fuses_residual), which returns `residual + to_out(attention)`."""
+    GEMM (see fuses_residual), which returns `residual + to_out(attention)`. flash_attention: FlashAttention-3's
+    forward, for self-attention in FP8 (fp8_attention.py)."""
 
-    def __init__(self, ops, original, cross_attention: bool = False, tuned_gemm: bool = False):
+    def __init__(self, ops, original, cross_attention: bool = False, tuned_gemm: bool = False,
+                 flash_attention=None):
         self.ops = ops
         self.cross_attention = cross_attention
+        self.flash_attention = flash_attention  # FlashAttention-3's forward: self-attention in FP8 (fp8_attention.py)
         self.tuned_gemm = tuned_gemm
         self.linear = tuned_linear(ops) if tuned_gemm else torch.nn.functional.linear
         self.original = original
@@ -167,6 +170,10 @@ class FusedLTXAttnProcessor:
             if gathered is not None:  # q, and k and v as the all-gather sends them
                 hidden_states = ring.attention(*gathered, self._ring_attention_backend(), self._parallel_config)
                 return self._output(attn, hidden_states.flatten(2, 3).to(query.dtype), residual)
+            if image_rotary_emb is not None and fp8_attention.runs_fp8_attention(self, attention_mask):
+                hidden_states = fp8_attention.attention(self.ops, self.flash_attention, attn, query, key, value,
+                                                        eps_of(attn.norm_q), _rope_kwargs(image_rotary_emb))
+                return self._output(attn, hidden_states, residual)
             if image_rotary_emb is not None:  # self-attention: q and k have the same shape
                 query, key = self.ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight,
                                                        eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb))
