@@ -80,25 +80,11 @@ def test_fp8_attention_against_float64_eager_and_compiled(tokens):
 
 def test_ltx_2b_blocks_with_fp8_attention_within_the_gate_and_equal_to_the_reference_path():
     _flash_attention_3()
-    from diffusers import LTXVideoTransformer3DModel
+    from test_inject_fp8_gpu import ltx_2b_two_blocks
 
     from ltxbench.inject.ltx import apply_kernels, generation
 
-    torch.manual_seed(0)
-    with torch.device("cuda"):  # LTX-2B's width and heads, 2 blocks; trained-model modulation magnitudes
-        model = LTXVideoTransformer3DModel(num_layers=2).to(torch.bfloat16).eval().requires_grad_(False)
-    with torch.no_grad():
-        for block in model.transformer_blocks:
-            block.scale_shift_table.normal_(0, 0.3)
-    gen = torch.Generator("cuda").manual_seed(1)
-    frames, height, width = 7, 16, 24  # 49 frames 512x768
-    inputs = dict(hidden_states=torch.randn(2, frames * height * width, 128, device="cuda", generator=gen),
-                  encoder_hidden_states=torch.randn(2, 128, 4096, device="cuda", generator=gen),
-                  timestep=torch.full((2,), 900.0, device="cuda"),
-                  encoder_attention_mask=torch.ones(2, 128, device="cuda"),
-                  num_frames=frames, height=height, width=width, return_dict=False)
-    inputs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-              for k, v in inputs.items()}
+    model, inputs = ltx_2b_two_blocks()
 
     def run(provider, precision, compiled=False):
         with apply_kernels(model, provider, precision=precision), generation(model), torch.no_grad():

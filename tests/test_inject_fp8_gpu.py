@@ -20,12 +20,10 @@ def _cosine(a, b) -> float:
     return torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_ltx_2b_block_fp8_kernels_equal_the_reference_fp8_path(compiled):
-    _hopper()
+def ltx_2b_two_blocks():
+    """LTX-2B's width and heads cut to 2 blocks, with trained-model modulation magnitudes, and a guidance pair of
+    inputs at 49 frames 512x768: (model, inputs)."""
     from diffusers import LTXVideoTransformer3DModel
-
-    from ltxbench.inject.ltx import apply_kernels, generation
 
     torch.manual_seed(0)
     with torch.device("cuda"):  # LTX-2B's width and heads, 2 blocks; trained-model modulation magnitudes
@@ -42,6 +40,15 @@ def test_ltx_2b_block_fp8_kernels_equal_the_reference_fp8_path(compiled):
                   num_frames=frames, height=height, width=width, return_dict=False)
     inputs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
               for k, v in inputs.items()}
+    return model, inputs
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_ltx_2b_block_fp8_kernels_equal_the_reference_fp8_path(compiled):
+    _hopper()
+    from ltxbench.inject.ltx import apply_kernels, generation
+
+    model, inputs = ltx_2b_two_blocks()
 
     def run(provider, precision):
         with apply_kernels(model, provider, precision=precision), generation(model), torch.no_grad():
