@@ -707,6 +707,8 @@ std::tuple<Tensor, Tensor> quantize_fp8_heads(const Tensor& x, int64_t heads) {
   const DType dt = check_primary(x, op, "x");
   check_3d(x, op, "x");
   check_heads(x.size(2), heads, op);
+  TORCH_CHECK(heads <= 8192, "ltxbench.", op, ": heads must be <= 8192 (one scale each in shared memory), got ",
+              num(heads));
   const Tensor rows = unit_last_stride(x);
   Fp8HeadsParams p;
   p.B = x.size(0), p.S = x.size(1), p.H = heads, p.hd = x.size(2) / heads;

@@ -298,40 +298,50 @@ __global__ void __launch_bounds__(256) head_amax_kernel(Fp8HeadsParams p, int64_
   }
 }
 
-// Per-head pass 2: every vector times its head's fp8_pow2_scale, to e4m3; the first B·H threads also write the
-// descales (1 where a head is all zero, or has no tokens).
+// Per-head pass 2, blocks as in pass 1: each head's scale once per block (shared memory), then every vector of the
+// chunk times its head's scale, to e4m3. Chunk 0 writes the descales (1 for a head that is all zero or has no
+// tokens).
 template <typename T, int VEC>
-__global__ void quantize_heads_kernel(Fp8HeadsParams p) {
+__global__ void __launch_bounds__(256) quantize_heads_kernel(Fp8HeadsParams p, int64_t rows_per_chunk) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
-    const int64_t D = p.H * p.hd, nvec = D / VEC, total = p.B * p.S * nvec;
-    const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-    if (first < p.B * p.H) p.descale[first] = 1.f / fp8_pow2_scale(__uint_as_float(p.amax[first]));
-    for (int64_t i = first; i < total; i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t token = i / nvec, j = i - token * nvec;
-      const int64_t b = token / p.S, s = token - b * p.S;
-      const float scale = fp8_pow2_scale(__uint_as_float(p.amax[b * p.H + j * VEC / p.hd]));
-      float y[VEC];
-      load_vec<T, VEC>(static_cast<const T*>(p.x.ptr) + b * p.x.sb + s * p.x.ss + j * VEC, y);
-      store_fp8<VEC>(static_cast<uint8_t*>(p.q) + token * D + j * VEC, y, scale);
+    extern __shared__ float head_scale[];
+    const int64_t b = blockIdx.y, D = p.H * p.hd, nvec = D / VEC;
+    for (int64_t h = threadIdx.x; h < p.H; h += blockDim.x) {
+      const float scale = fp8_pow2_scale(__uint_as_float(p.amax[b * p.H + h]));
+      head_scale[h] = scale;
+      if (blockIdx.x == 0) p.descale[b * p.H + h] = 1.f / scale;
+    }
+    __syncthreads();
+    const int64_t s0 = blockIdx.x * rows_per_chunk, s1 = min(p.S, s0 + rows_per_chunk);
+    for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
+      const float scale = head_scale[j * VEC / p.hd];
+      const T* x = static_cast<const T*>(p.x.ptr) + b * p.x.sb + j * VEC;
+      uint8_t* q = static_cast<uint8_t*>(p.q) + b * p.S * D + j * VEC;
+#pragma unroll 4
+      for (int64_t s = s0; s < s1; ++s) {
+        float y[VEC];
+        load_vec<T, VEC>(x + s * p.x.ss, y);
+        store_fp8<VEC>(q + s * D, y, scale);
+      }
     }
   }
 }
 
+// Both passes over (chunk, b) blocks: about 8 blocks of 256 threads per SM of an H100 over the batch, enough loads
+// in flight to stream x at full speed; one block per batch element without tokens (pass 2 still writes descales).
 template <typename T, int VEC> cudaError_t launch_heads_with(const Fp8HeadsParams& p, cudaStream_t stream) {
-  if (p.B * p.S > 0 && p.hd > 0) {
-    // about 8 blocks of 256 per SM of an H100 over the batch: enough loads in flight to stream x at full speed
-    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(p.S, (1024 + p.B - 1) / p.B));
-    const int64_t rows_per_chunk = (p.S + chunks - 1) / chunks;
-    const dim3 grid(static_cast<unsigned>((p.S + rows_per_chunk - 1) / rows_per_chunk), static_cast<unsigned>(p.B));
+  const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(p.S, (1024 + p.B - 1) / p.B));
+  const int64_t rows_per_chunk = std::max<int64_t>(1, (p.S + chunks - 1) / chunks);
+  const dim3 grid(static_cast<unsigned>(std::max<int64_t>(1, (p.S + rows_per_chunk - 1) / rows_per_chunk)),
+                  static_cast<unsigned>(p.B));
+  if (p.S > 0 && p.hd > 0) {
     head_amax_kernel<T, VEC><<<grid, 256, p.H * sizeof(unsigned), stream>>>(p, rows_per_chunk);
     const cudaError_t err = cudaGetLastError();
     if (err != cudaSuccess) return err;
   }
-  const int64_t work = std::max(p.B * p.S * (p.H * p.hd / VEC), p.B * p.H);
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((work + 255) / 256, int64_t{1} << 16));  // grid-stride
-  quantize_heads_kernel<T, VEC><<<blocks, 256, 0, stream>>>(p);
+  quantize_heads_kernel<T, VEC><<<grid, 256, p.H * sizeof(float), stream>>>(p, rows_per_chunk);
   return cudaGetLastError();
 }
 
