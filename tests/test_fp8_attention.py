@@ -235,3 +235,18 @@ def test_the_fp8_attention_path_is_what_the_model_runs(flash_stand_in):
     sys.modules["flash_attn_interface"].flash_attn_func = off_by_one_percent
     perturbed = run("fp8-attention")
     assert not torch.equal(perturbed, fp8_attention)
+
+
+def test_generate_with_fp8_attention_says_so_in_its_records(tmp_path, flash_stand_in):
+    from ltxbench.results.io import load_result
+
+    out = tmp_path / "v.mp4"
+    result = runner.invoke(app, ["generate", "--prompt", "a red fox in the snow", "--model", "ltx-tiny", "--weights",
+                                 "random", "--device", "cpu", "--num-frames", "9", "--height", "64", "--width", "64",
+                                 "--steps", "2", "--kernel-provider", "reference", "--precision", "fp8-attention",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = load_result(out.with_suffix(".json"))
+    assert doc["run"]["config"]["precision"] == "fp8-attention"
+    assert {r["dtype"] for r in doc["records"]} == {"fp8-attention"}
+    assert any(rule.startswith("attn1: FP8 attention") for rule in doc["injection"]["rules"]) and flash_stand_in
