@@ -43,7 +43,7 @@ def fp8_mismatch(q, x_scale, q_ref, x_scale_ref, tolerance: tuple[float, float] 
     if q.dim() == 3 and x_scale.dim() == 2:  # one scale per (batch, head): q (B, S, heads · hd)
         b, t, d = q.shape
         heads = x_scale.shape[1]
-        v, v_ref = v.reshape(b, t, heads, -1), v_ref.reshape(b, t, heads, -1)
+        v, v_ref = v.reshape(b, t, heads, d // heads), v_ref.reshape(b, t, heads, d // heads)
         s, s_ref = s[:, None, :, None], s_ref[:, None, :, None]
     deq, deq_ref = v * s, v_ref * s_ref
     diff = (deq - deq_ref).abs()

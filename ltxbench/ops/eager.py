@@ -246,14 +246,11 @@ def fp8_heads(x: Tensor, heads: int, bound: Tensor | None = None) -> tuple[Tenso
 def ltx_qk_rms_norm_rope_fp8(q, k, wq, wk, eps, heads, cos=None, sin=None, grid=None, freqs=None):
     """LTXAttention's q/k norm + RoPE (ltx_qk_rms_norm_rope, rounded to q's dtype), then each quantized per head
     with the weight-bound scales (fp8_heads)."""
-    d = q.shape[-1]
-
-    def bound(w):
-        w_max = w.float().abs().reshape(heads, d // heads).amax(1) if d else w.new_zeros(heads, dtype=torch.float32)
-        return (torch.tensor(float(d), device=w.device).sqrt() * w_max).expand(q.shape[0], heads)
+    from ltxbench.ops.reference import fp8_weight_bound
 
     qr, kr = ltx_qk_rms_norm_rope(q, k, wq, wk, eps, cos, sin, grid, freqs)
-    return (*fp8_heads(qr, heads, bound(wq)), *fp8_heads(kr, heads, bound(wk)))
+    return tuple(out for x, w in ((qr, wq), (kr, wk))
+                 for out in fp8_heads(x, heads, fp8_weight_bound(w, heads).expand(q.shape[0], heads)))
 
 
 def ltx_rms_norm_modulate_fp8(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6,

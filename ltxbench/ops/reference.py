@@ -340,6 +340,14 @@ def fp8_pow2_scale(bound: Tensor) -> Tensor:
     return torch.where((bound > 0) & bound.isfinite(), scale, torch.ones_like(scale))
 
 
+def fp8_weight_bound(w: Tensor, heads: int) -> Tensor:
+    """√D · max|w| over each head's channels of an RMSNorm weight w (D,): what bounds the normalized, rotated values
+    of that head (qk_rms_norm_rope_fp8), float32 (heads,)."""
+    d = w.shape[0]
+    w_max = w.float().abs().reshape(heads, d // heads).amax(1) if d else w.new_zeros(heads, dtype=torch.float32)
+    return torch.tensor(float(d), device=w.device).sqrt() * w_max
+
+
 def _to_fp8_heads(y: Tensor, scale: Tensor) -> tuple[Tensor, Tensor]:
     """y (B, S, D) times scale (B, H) per head, rounded to e4m3: (q, descale = 1 / scale)."""
     b, s, d = y.shape
@@ -353,13 +361,10 @@ def qk_rms_norm_rope_fp8(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: floa
     """qk_rms_norm_rope in fp32 (never rounded to q.dtype), to FP8 per head with scales from the weight bound
     √D · max|w| (the op's docstring)."""
     cos, sin = _ltx_tables(q, cos, sin, grid, freqs)
-    b, _, d = q.shape
     out = []
     for t, w in ((q, wq), (k, wk)):
         y = _rotate_interleaved(_rms(t.to(cos.dtype), eps) * w.to(cos.dtype), cos, sin)
-        w_max = w.float().abs().reshape(heads, d // heads).amax(1) if d else w.new_zeros(heads, dtype=torch.float32)
-        bound = torch.tensor(float(d), device=w.device).sqrt() * w_max
-        out += _to_fp8_heads(y, fp8_pow2_scale(bound).expand(b, heads))
+        out += _to_fp8_heads(y, fp8_pow2_scale(fp8_weight_bound(w, heads)).expand(q.shape[0], heads))
     return tuple(out)
 
 
