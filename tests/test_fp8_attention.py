@@ -10,6 +10,8 @@ import sys
 import types
 
 import pytest
+import test_bench_e2e
+import test_generate
 import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -23,9 +25,7 @@ from ltxbench.ops.registry import SPECS
 
 FP8 = torch.float8_e4m3fn
 runner = CliRunner()
-TINY = ["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--device", "cpu", "--num-frames", "9",
-        "--height", "64", "--width", "64", "--steps", "2", "--warmup-iterations", "1", "--repeats", "2",
-        "--kernel-provider", "reference", "--phase", "transformer"]
+TINY = [*test_bench_e2e.TINY, "--phase", "transformer"]  # bench e2e on the tiny LTX-Video, CPU, reference ops
 
 
 def _inputs(name, shape, variant=None, seed=0):
@@ -241,9 +241,8 @@ def test_generate_with_fp8_attention_says_so_in_its_records(tmp_path, flash_stan
     from ltxbench.results.io import load_result
 
     out = tmp_path / "v.mp4"
-    result = runner.invoke(app, ["generate", "--prompt", "a red fox in the snow", "--model", "ltx-tiny", "--weights",
-                                 "random", "--device", "cpu", "--num-frames", "9", "--height", "64", "--width", "64",
-                                 "--steps", "2", "--kernel-provider", "reference", "--precision", "fp8-attention",
+    result = runner.invoke(app, ["generate", "--prompt", "a red fox in the snow", *test_generate.TINY,
+                                 "--kernel-provider", "reference", "--precision", "fp8-attention",
                                  "--output", str(out)])
     assert result.exit_code == 0, result.output
     doc = load_result(out.with_suffix(".json"))
