@@ -604,6 +604,8 @@ def test_compile_scope_defaults_by_family_and_llms_refuse_regional(tmp_path, com
       "fp8-attention"], "--precision 'fp8-attention': LTX-2 runs bf16 or fp8"),
     ([*TINY, "--precision", "fp8-attention", "--gpus", "2"], "--precision fp8-attention runs on one GPU, not --gpus 2"),
     ([*LLAMA, "--precision", "fp8"], "--precision 'fp8': LLM runs bf16"),
+    ([*TINY, "--fp8-accumulation", "fast"], "--fp8-accumulation applies to the FP8 precisions"),
+    ([*TINY, "--precision", "fp8", "--fp8-accumulation", "fp16"], "--fp8-accumulation 'fp16': choose fast or fp32"),
 ])
 def test_a_precision_the_family_does_not_run_exits_2(args, needle, tmp_path):
     result = runner.invoke(app, [*args, "--output", str(tmp_path / "r.json")])
@@ -627,9 +629,25 @@ def test_precision_fp8_adds_the_fp8_configurations_and_records_their_error(tmp_p
     assert error[0]["derived"]["video_frames"] == 9 and 0.5 < error[0]["derived"]["video_ssim"] < 1.0
     assert error[0]["derived"]["video_psnr_db"] > 20
     assert "fp8 step error: cosine" in result.output
+    # the FP8 GEMMs' accumulation: fast by default, recorded, and in the table's precision column
+    assert {r["params"]["fp8_accumulation"] for r in records} == {"fast"}
+    assert "fp8, fast accumulation" in result.output
     injection = json.loads(out.read_text())["run"]["config"]["injection"]
     assert "fp8: weights stored per output channel" in " ".join(injection["optimized-fp8"]["rules"])
     assert not any(rule.startswith("fp8") for rule in injection["optimized"]["rules"])
+
+
+def test_fp8_accumulation_fp32_records_as_older_fp8_files_did(tmp_path):
+    """fp32 (partial sums promoted, as every FP8 result before the option): no fp8_accumulation in the records, so
+    they compare with older files."""
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, [*TINY, "--phase", "transformer", "--configs", "optimized-fp8", "--precision", "fp8",
+                                 "--fp8-accumulation", "fp32", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    records = _records(out)
+    assert records and not any("fp8_accumulation" in r["params"] for r in records)
+    assert "fast accumulation" not in result.output
+    assert json.loads(out.read_text())["run"]["config"]["fp8_accumulation"] == "fp32"
 
 
 def test_an_fp8_error_above_the_gate_exits_1_after_writing(tmp_path, monkeypatch):

@@ -446,6 +446,7 @@ def test_precision_fp8_generates_with_the_fp8_projections_and_says_so(tmp_path):
     assert result.exit_code == 0, result.output
     doc = load_result(out.with_suffix(".json"))
     assert doc["run"]["config"]["precision"] == "fp8" and {r["dtype"] for r in doc["records"]} == {"fp8"}
+    assert {r["params"]["fp8_accumulation"] for r in doc["records"]} == {"fast"}
     assert any(rule.startswith("fp8: weights stored") for rule in doc["injection"]["rules"])
 
 

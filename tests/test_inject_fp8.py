@@ -289,3 +289,34 @@ def test_every_fp8_projection_shares_one_patched_class(ltx2_runs):
         linears = {type(layer) for layer in _ltx2_block_projections(pipe.transformer)}
         feed_forwards = {type(block.ff) for block in blocks} | {type(block.audio_ff) for block in blocks}
     assert len(linears) == 1 and len(feed_forwards) == 1, (linears, feed_forwards)
+
+
+def _accumulations(monkeypatch) -> list:
+    """The fast_accumulation of every FP8 GEMM called from now on (through the reference provider)."""
+    seen, original = [], reference.linear_fp8
+
+    def recording(*args, fast_accumulation=False, **kwargs):
+        seen.append(fast_accumulation if len(args) < 7 else args[6])
+        return original(*args[:6], **kwargs)
+
+    monkeypatch.setattr(reference, "linear_fp8", recording)
+    return seen
+
+
+@pytest.mark.parametrize("accumulation", [None, "fast", "fp32"])
+def test_every_fp8_gemm_accumulates_as_the_injection_says(runs, ltx2_runs, monkeypatch, accumulation):
+    """Both families: fast (the default) or fp32 reaches every FP8 GEMM, and a third value is refused."""
+    from ltxbench.inject import ltx2 as inject_ltx2
+
+    seen = _accumulations(monkeypatch)
+    chosen = {} if accumulation is None else {"fp8_accumulation": accumulation}
+    (pipe, embeddings, _, _), (ltx2_pipe, _, _) = runs, ltx2_runs
+    with apply_kernels(pipe, "reference", precision="fp8", **chosen):
+        generate(pipe, embeddings, 3.0)
+    with inject_ltx2.apply_kernels(ltx2_pipe, "reference", precision="fp8", **chosen):
+        _ltx2_latents(ltx2_pipe)
+    assert seen and set(seen) == {accumulation != "fp32"}
+    for inject in (apply_kernels, inject_ltx2.apply_kernels):
+        with pytest.raises(UsageError, match="fp8_accumulation 'fp16' is not one of fast, fp32"):
+            inject(pipe if inject is apply_kernels else ltx2_pipe, "reference", precision="fp8",
+                   fp8_accumulation="fp16")

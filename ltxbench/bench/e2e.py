@@ -19,6 +19,7 @@ CONFIG_NAMES = ("baseline", "optimized", "compile", "optimized+compile")  # ours
 FP8_CONFIG_NAMES = ("optimized-fp8", "optimized-fp8+compile")  # our kernels with FP8 projections (--precision fp8)
 # and FP8 self-attention on FlashAttention-3 (--precision fp8-attention)
 FP8_ATTENTION_CONFIG_NAMES = ("optimized-fp8-attention", "optimized-fp8-attention+compile")
+FP8_ACCUMULATIONS = ("fast", "fp32")  # --fp8-accumulation: the FP8 GEMMs' (ops.linear_fp8), fast the default
 PRECISION_CONFIGS = {"bf16": (), "fp8": FP8_CONFIG_NAMES,
                      "fp8-attention": FP8_CONFIG_NAMES + FP8_ATTENTION_CONFIG_NAMES}
 
@@ -29,6 +30,14 @@ def precision_of(config: str) -> str:
     if config.startswith("optimized-fp8-attention"):
         return "fp8-attention"
     return "fp8" if config.startswith("optimized-fp8") else "bf16"
+
+
+def precision_label(record: dict) -> str:
+    """What a record's numbers ran in, for tables: its dtype, and for FP8 the GEMMs' accumulation when fast."""
+    fast = str(record["dtype"]).startswith("fp8") and record.get("params", {}).get("fp8_accumulation") == "fast"
+    return f"{record['dtype']}, fast accumulation" if fast else record["dtype"]
+
+
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
 GRAPH_STEP_HOOK = "_ltxbench_graph_step_hook"  # on a module compiled regionally under CUDA graphs: the hook's handle
@@ -38,9 +47,9 @@ COMPILE_SCOPES = ("model", "regional")
 def record_params(args: dict, drop: tuple[str, ...]) -> dict:
     """The run arguments that describe every record: `args` less `drop`; compile_mode, rounds, cross_kv_cache,
     tuned_gemm, pair_cfg_halves and gpus only when not the default, so that default records match older files
-    (bench e2e and profile)."""
+    (bench e2e and profile); fp8_accumulation only when fast (older FP8 files promoted their sums to fp32)."""
     defaults = {"compile_mode": "default", "compile_scope": "model", "rounds": 1, "cross_kv_cache": True,
-                "tuned_gemm": True, "pair_cfg_halves": True, "gpus": 1}
+                "tuned_gemm": True, "pair_cfg_halves": True, "gpus": 1, "fp8_accumulation": "fp32"}
     return {k: v for k, v in args.items() if k not in drop and not (k in defaults and v == defaults[k])}
 
 

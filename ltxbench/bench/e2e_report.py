@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from ltxbench.bench.e2e import CONFIG_NAMES, precision_of
+from ltxbench.bench.e2e import CONFIG_NAMES, precision_label, precision_of
 
 # derived key of a step record -> the rate column's title
 RATES = {"transformer_it_s": "it/s", "tokens_per_s": "tok/s"}
@@ -67,7 +67,7 @@ def render_table(records, title: str = "ltxbench bench e2e"):
                      if "gpu_sm_mhz_median" in gpu else "-"]
         if metered:
             gpu_cells.append(_fmt((step or {}).get("derived", {}).get("gpu_energy_j_per_step"), ".1f"))
-        precision = [next(iter(row.values()))["dtype"]] if fp8 else []
+        precision = [precision_label(next(iter(row.values())))] if fp8 else []
         table.add_row(config, *precision, *cells, _fmt(rate, ".2f"),
                       _fmt(derived.get("speedup_vs_baseline"), ".2f", "x"),
                       _fmt(derived.get("speedup_vs_compile"), ".2f", "x"), _fmt(derived.get("compile_s"), ".1f"),

@@ -246,6 +246,8 @@ def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at
 
     fp8 = injection.get("applied") and config.get("precision", "bf16") != "bf16"
     dtype = config["precision"] if fp8 else config["dtype"]  # what the projections (and attention) ran in
+    if fp8 and config.get("fp8_accumulation") == "fast":  # as bench e2e records it (older files: fp32)
+        params["fp8_accumulation"] = "fast"
 
     def record(name, samples, metric="time", unit="ms", derived=None):
         return make_record(name, provider, dtype, params, metric, unit, "lower", stats_from_samples(samples),

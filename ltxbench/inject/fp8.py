@@ -25,11 +25,13 @@ from typing import NamedTuple
 
 import torch
 
+from ltxbench.bench.e2e import FP8_ACCUMULATIONS
 from ltxbench.errors import EnvironmentProblem
 
 WEIGHT_ATTR = "_ltxbench_fp8_weight"  # in a module's __dict__: its Fp8Stored (a FeedForward: (up, down) layers)
 DATA, SCALE, BIAS = "_ltxbench_fp8_data", "_ltxbench_fp8_scale", "_ltxbench_fp8_bias"  # buffers of the GEMM's owner
 PRECISIONS = ("bf16", "fp8")
+ACCUMULATIONS = FP8_ACCUMULATIONS  # the FP8 GEMMs' accumulation (ops.linear_fp8's fast_accumulation): fast by default
 STORE_RULE = "fp8: weights stored per output channel (their bf16 copy off the device until revert)"
 
 
@@ -53,6 +55,7 @@ class Fp8Weight(NamedTuple):
     bias: torch.Tensor | None
     out_dtype: torch.dtype
     splits: tuple[int, ...]  # the output widths of the layers it concatenates (q, k, v), one entry for one layer
+    fast_accumulation: bool = True  # the GEMM accumulates on the tensor cores only (ops.linear_fp8)
 
 
 class Fp8Stored(NamedTuple):
@@ -64,6 +67,7 @@ class Fp8Stored(NamedTuple):
     names: tuple[str, ...] = ()
     owner: torch.nn.Module | None = None
     rows: tuple[int, int] | None = None
+    fast_accumulation: bool = True
 
 
 def stored_weight(module) -> Fp8Weight:
@@ -79,7 +83,7 @@ def stored_weight(module) -> Fp8Weight:
         start, stop = stored.rows
         data, scale = data[start:stop], scale[start:stop]
         bias = None if bias is None else bias[start:stop]
-    return Fp8Weight(data, scale, bias, stored.out_dtype, stored.splits)
+    return Fp8Weight(data, scale, bias, stored.out_dtype, stored.splits, stored.fast_accumulation)
 
 
 def require_fp8(device) -> None:
@@ -103,7 +107,8 @@ def quantize(ops, x) -> Quantized:
 def project(ops, x, weight: Fp8Weight) -> torch.Tensor:
     """x @ weightᵀ + bias in out_dtype, from FP8 x (quantized here where it is not already) and FP8 weight."""
     x = quantize(ops, x)
-    return ops.linear_fp8(x.data, x.scale, weight.data, weight.scale, weight.bias, weight.out_dtype)
+    return ops.linear_fp8(x.data, x.scale, weight.data, weight.scale, weight.bias, weight.out_dtype,
+                          weight.fast_accumulation)
 
 
 def project_split(ops, x, weight: Fp8Weight) -> tuple:
@@ -111,12 +116,13 @@ def project_split(ops, x, weight: Fp8Weight) -> tuple:
     return project(ops, x, weight).split(list(weight.splits), dim=-1)
 
 
-def store_weights(report, ops, owner, linears, what: str, classes: dict, names: tuple[str, ...] = ()) -> bool:
+def store_weights(report, ops, owner, linears, what: str, classes: dict, names: tuple[str, ...] = (),
+                  accumulation: str = "fast") -> bool:
     """Quantize `linears` (plain nn.Linear, same input width; biased all or none), free their weights on the device
     until the report's revert, and run each through its FP8 rows (linear_forward). One layer holds its own FP8
     buffers; several (`names` on `owner`, e.g. q/k/v) are stored once, concatenated, as buffers of `owner`, for one
-    GEMM (fused_projection), each layer reading its rows of them. False (and a skip naming `what`) where they
-    cannot."""
+    GEMM (fused_projection), each layer reading its rows of them. accumulation: of their GEMMs (ACCUMULATIONS).
+    False (and a skip naming `what`) where they cannot."""
     from ltxbench.inject import patch_forward, set_attr
 
     if not all(type(layer) is torch.nn.Linear for layer in linears):
@@ -132,15 +138,17 @@ def store_weights(report, ops, owner, linears, what: str, classes: dict, names: 
     _add_buffer(report, holder, DATA, data)
     _add_buffer(report, holder, SCALE, scale)
     splits = tuple(layer.out_features for layer in linears)
+    fast = _fast(accumulation)
     if joined:
         if linears[0].bias is not None:
             _add_buffer(report, holder, BIAS, torch.cat([layer.bias.detach() for layer in linears]))
-        set_attr(report, STORE_RULE, owner, WEIGHT_ATTR, Fp8Stored(weight.dtype, splits, names))
+        set_attr(report, STORE_RULE, owner, WEIGHT_ATTR, Fp8Stored(weight.dtype, splits, names,
+                                                                   fast_accumulation=fast))
     start, forward = 0, linear_forward(ops)
     for layer in linears:
         rows = (start, start + layer.out_features)
-        own = Fp8Stored(weight.dtype, (layer.out_features,), owner=owner, rows=rows) if joined else \
-            Fp8Stored(weight.dtype, splits)
+        own = Fp8Stored(weight.dtype, (layer.out_features,), owner=owner, rows=rows, fast_accumulation=fast) \
+            if joined else Fp8Stored(weight.dtype, splits, fast_accumulation=fast)
         set_attr(report, STORE_RULE, layer, WEIGHT_ATTR, own)
         patch_forward(report, what, layer, forward, classes)
         start += layer.out_features
@@ -148,6 +156,12 @@ def store_weights(report, ops, owner, linears, what: str, classes: dict, names: 
         if joined and layer.bias is not None:  # its rows of the owner's bias buffer are what the GEMM reads
             _free(report, layer, "bias")
     return True
+
+
+def _fast(accumulation: str) -> bool:
+    if accumulation not in ACCUMULATIONS:
+        raise ValueError(f"FP8 accumulation {accumulation!r} is not one of {', '.join(ACCUMULATIONS)}")
+    return accumulation == "fast"
 
 
 def _add_buffer(report, module, name: str, tensor) -> None:
@@ -275,7 +289,7 @@ def plain_feed_forward(ff) -> str | None:
     return None
 
 
-def store_feed_forward(report, ops, ff, what: str, classes: dict) -> bool:
+def store_feed_forward(report, ops, ff, what: str, classes: dict, accumulation: str = "fast") -> bool:
     """The feed-forward's two projections stored in FP8 ((up, down) on `ff` under WEIGHT_ATTR) and `ff` run as
     feed_forward_forward; False if not."""
     from ltxbench.inject import patch_forward
@@ -285,7 +299,8 @@ def store_feed_forward(report, ops, ff, what: str, classes: dict) -> bool:
         report.skip(what, reason)
         return False
     up, down = ff.net[0].proj, ff.net[2]
-    if not all(store_weights(report, ops, layer, [layer], what, classes) for layer in (up, down)):
+    if not all(store_weights(report, ops, layer, [layer], what, classes, accumulation=accumulation)
+               for layer in (up, down)):
         return False
     ff.__dict__[WEIGHT_ATTR] = (up, down)
     report.on_revert(lambda: ff.__dict__.pop(WEIGHT_ATTR, None))

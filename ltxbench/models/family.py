@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ltxbench.bench.e2e import CONFIG_NAMES, PRECISION_CONFIGS, precision_of
+from ltxbench.bench.e2e import CONFIG_NAMES, FP8_ACCUMULATIONS, PRECISION_CONFIGS, precision_of
 from ltxbench.errors import UsageError
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -51,6 +51,7 @@ class RunSettings:
     device: str = "cuda"
     dtype: str = "bf16"
     precision: str = "bf16"            # our kernels' projections: bf16 (exact) | fp8 (ltxbench.inject.fp8)
+    fp8_accumulation: str | None = None  # their FP8 GEMMs' accumulation: fast | fp32 (None: bf16 only)
     kernel_provider: str = "cuda"
     seed: int = 42
     warmup: int | None = None          # bench e2e: untimed iterations per configuration
@@ -113,6 +114,15 @@ class ModelFamily:
         if settings.precision not in self.precisions:
             raise UsageError(f"--precision {settings.precision!r}: {self.title} runs "
                              f"{' or '.join(self.precisions)}", hint=f"choose from {', '.join(self.precisions)}")
+        if settings.precision == "bf16" and settings.fp8_accumulation is not None:
+            raise UsageError("--fp8-accumulation applies to the FP8 precisions: add --precision fp8 or fp8-attention",
+                             hint="drop --fp8-accumulation, or choose an FP8 --precision")
+        if settings.precision != "bf16":
+            accumulation = settings.fp8_accumulation or FP8_ACCUMULATIONS[0]
+            if accumulation not in FP8_ACCUMULATIONS:
+                raise UsageError(f"--fp8-accumulation {accumulation!r}: choose {' or '.join(FP8_ACCUMULATIONS)}",
+                                 hint="fast (the default) or fp32")
+            settings = dataclasses.replace(settings, fp8_accumulation=accumulation)
         if settings.precision == "fp8-attention" and settings.gpus > 1:  # FlashAttention-3 over one GPU's tokens
             raise UsageError(f"--precision fp8-attention runs on one GPU, not --gpus {settings.gpus}",
                              hint="use --precision fp8 over several GPUs")

@@ -85,7 +85,8 @@ class LTXVideoFamily(VideoFamily):
 
         return apply_kernels(pipe, settings.kernel_provider, cross_kv_cache=settings.cross_kv_cache is not False,
                              tuned_gemm=settings.tuned_gemm is not False,
-                             pair_cfg_halves=settings.pair_cfg_halves is not False, precision=settings.precision)
+                             pair_cfg_halves=settings.pair_cfg_halves is not False, precision=settings.precision,
+                             fp8_accumulation=settings.fp8_accumulation or "fast")
 
     def parallel_plan(self):
         from ltxbench.parallel import ParallelPlan

@@ -106,7 +106,8 @@ class LTX2Family(VideoFamily):
     def inject(self, pipe, settings: LTX2Settings):
         from ltxbench.inject.ltx2 import apply_kernels
 
-        return apply_kernels(pipe, settings.kernel_provider, precision=settings.precision)
+        return apply_kernels(pipe, settings.kernel_provider, precision=settings.precision,
+                             fp8_accumulation=settings.fp8_accumulation or "fast")
 
     def parallel_plan(self):
         from ltxbench.parallel import ParallelPlan

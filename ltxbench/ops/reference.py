@@ -377,9 +377,10 @@ def quantize_fp8_heads(x: Tensor, heads: int) -> tuple[Tensor, Tensor]:
 
 
 def linear_fp8(x: Tensor, x_scale: Tensor, weight: Tensor, weight_scale: Tensor, bias: Tensor | None = None,
-               out_dtype: torch.dtype = torch.bfloat16) -> Tensor:
+               out_dtype: torch.dtype = torch.bfloat16, fast_accumulation: bool = False) -> Tensor:
     """(x * x_scale) @ (weight * weight_scale)ᵀ + bias in fp32, rounded once to out_dtype. x (..., K) FP8 with
-    x_scale (..., 1); weight (N, K) FP8 with weight_scale (N, 1) or (N,)."""
+    x_scale (..., 1); weight (N, K) FP8 with weight_scale (N, 1) or (N,). fast_accumulation: the tensor cores'
+    approximation of this sum; the oracle is the sum itself."""
     dequantized = x.float() * x_scale.float()
     w = weight.float() * weight_scale.float().reshape(-1, 1)
     return F.linear(dequantized, w, None if bias is None else bias.float()).to(out_dtype)

@@ -8,6 +8,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
+from ltxbench.bench.e2e import precision_label
 from ltxbench.errors import UsageError
 from ltxbench.results.compare import world_of
 from ltxbench.results.io import load_result
@@ -132,7 +133,7 @@ def e2e_table(doc: dict):
     for config, recs in by_config.items():
         row = {"config": config}
         if fp8:
-            row["precision"] = next(iter(recs.values()))["dtype"]
+            row["precision"] = precision_label(next(iter(recs.values())))
         for m in measures:
             row[f"{m} ms"] = _num(recs[m]["stats"]["median"]) if m in recs else DASH
         step = recs.get(main, {})
@@ -161,7 +162,7 @@ def precision_error_lines(doc: dict) -> list[str]:
         if rec["name"] != "step_error":
             continue
         derived, check = rec["derived"], rec.get("check") or {}
-        line = (f"{rec['dtype']} error, one transformer step from the first step's inputs "
+        line = (f"{precision_label(rec)} error, one transformer step from the first step's inputs "
                 f"({check.get('weights', '?')} weights): "
                 f"cosine {rec['stats']['median']:.5f} to our bf16 output (gate {check.get('min_cosine')}: "
                 f"{'passed' if check.get('passed') else 'FAILED'}), relative L2 {derived['rel_l2_vs_bf16']:.4f}")

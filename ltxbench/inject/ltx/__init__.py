@@ -37,7 +37,7 @@ from ltxbench.inject import (
     require_provider,
     set_attr,
 )
-from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, require_fp8
+from ltxbench.inject.fp8 import ACCUMULATIONS, PRECISIONS, Fp8Norms, require_fp8
 from ltxbench.inject.fp8_attention import FP8_ATTENTION, flash_attention_3
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx.attention import (
@@ -182,7 +182,8 @@ CROSS_ATTENTION_HEAD_DIMS = (64, 128)
 def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True, fuse_projections: bool = True,
                   gelu_epilogue: bool = True, gelu_tanh: bool = False,
                   cross_attention: bool | None = None, cross_kv_cache: bool = True,
-                  tuned_gemm: bool = True, pair_cfg_halves: bool = True, precision: str = "bf16") -> InjectionReport:
+                  tuned_gemm: bool = True, pair_cfg_halves: bool = True, precision: str = "bf16",
+                  fp8_accumulation: str = "fast") -> InjectionReport:
     """Patch an LTX pipeline's transformer (or the transformer itself) in place; returns the report, whose
     `revert()` (or use as a context manager) restores the original forwards and processors.
 
@@ -206,10 +207,13 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     before a step; needs the chained model forward). precision "fp8": every block projection stored and run in FP8,
     the modulated norms and the GELU writing their outputs in FP8 (precision.py; Hopper or newer); the bf16 weights
     of those projections leave the device until revert. precision "fp8-attention": "fp8", and attn1's attention in
-    FP8 on FlashAttention-3 (ltxbench.inject.fp8_attention; exit 4 where it is not installed).
+    FP8 on FlashAttention-3 (ltxbench.inject.fp8_attention; exit 4 where it is not installed). fp8_accumulation:
+    the FP8 GEMMs' (fast: on the tensor cores alone; fp32: partial sums promoted, ~18% slower; ops.linear_fp8).
     """
     if precision not in (*PRECISIONS, FP8_ATTENTION):
         raise UsageError(f"precision {precision!r} is not one of {', '.join((*PRECISIONS, FP8_ATTENTION))}")
+    if fp8_accumulation not in ACCUMULATIONS:
+        raise UsageError(f"fp8_accumulation {fp8_accumulation!r} is not one of {', '.join(ACCUMULATIONS)}")
     transformer = _transformer_of(target)
     if _patched_already(transformer):  # a second set of patches would stack, and reverting one would leave the other
         report = InjectionReport(provider)
@@ -287,7 +291,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             else:
                 report.skip(f"transformer_blocks.{index}.{name} forward", "not diffusers' processor shim: left as is")
         if fp8:
-            quantize_block(report, ops, block, classes)
+            quantize_block(report, ops, block, classes, fp8_accumulation)
         if fuse_projections:
             fuse_layers(report, block.attn1, ("to_q", "to_k", "to_v"), "attn1: one q/k/v GEMM")
             fuse_layers(report, block.attn2, ("to_k", "to_v"), "attn2: one k/v GEMM")

@@ -34,12 +34,13 @@ def unquantizable(blocks) -> str | None:
     return None
 
 
-def quantize_block(report, ops, block, classes: dict) -> None:
+def quantize_block(report, ops, block, classes: dict, accumulation: str = "fast") -> None:
     """Store `block`'s projections in FP8 (their bf16 weights freed until revert) and route them through it
-    (after `unquantizable` said they all can)."""
+    (after `unquantizable` said they all can), their GEMMs accumulating as `accumulation` says (fp8.ACCUMULATIONS)."""
     attn1, attn2 = block.attn1, block.attn2
     qkv = ("to_q", "to_k", "to_v")
-    store_weights(report, ops, attn1, [getattr(attn1, name) for name in qkv], QKV_RULE, classes, names=qkv)
+    store_weights(report, ops, attn1, [getattr(attn1, name) for name in qkv], QKV_RULE, classes, names=qkv,
+                  accumulation=accumulation)
     for layer in (attn1.to_out[0], attn2.to_q, attn2.to_k, attn2.to_v, attn2.to_out[0]):
-        store_weights(report, ops, layer, [layer], LINEAR_RULE, classes)
-    store_feed_forward(report, ops, block.ff, FF_RULE, classes)
+        store_weights(report, ops, layer, [layer], LINEAR_RULE, classes, accumulation=accumulation)
+    store_feed_forward(report, ops, block.ff, FF_RULE, classes, accumulation)

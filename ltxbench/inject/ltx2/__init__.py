@@ -34,7 +34,7 @@ from ltxbench.inject import (
     patch_forward,
     require_provider,
 )
-from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, require_fp8
+from ltxbench.inject.fp8 import ACCUMULATIONS, PRECISIONS, Fp8Norms, require_fp8
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx2.attention import plain_attention, plain_feed_forward
 from ltxbench.inject.ltx2.block import FUSED_PROCESSORS_ATTR, fused_block_forward
@@ -131,7 +131,7 @@ def _text_kv_processors(report: InjectionReport, transformer, cache: TextKVCache
 
 def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True, fused_blocks: bool = True,
                   fuse_projections: bool = True, reuse_stg_pass: bool = True,
-                  precision: str = "bf16") -> InjectionReport:
+                  precision: str = "bf16", fp8_accumulation: str = "fast") -> InjectionReport:
     """Patch an LTX2Pipeline (or its transformer) in place; revert with the report (or use it as a context manager).
 
     provider "cuda": our kernels (the transformer must be on a CUDA device); "reference": the same fusions in pure
@@ -141,9 +141,12 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     reuse_stg_pass: the STG pass answered from the guidance pair where it cannot differ (stg.py), in a generation.
     precision "fp8": every block projection stored and run in FP8, the norms and GELUs writing FP8 (precision.py;
     Hopper or newer; needs the fused blocks); the bf16 weights of those projections leave the device until revert.
+    fp8_accumulation: the FP8 GEMMs' (fast: on the tensor cores alone; fp32: partial sums promoted; ops.linear_fp8).
     """
     if precision not in PRECISIONS:
         raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if fp8_accumulation not in ACCUMULATIONS:
+        raise UsageError(f"fp8_accumulation {fp8_accumulation!r} is not one of {', '.join(ACCUMULATIONS)}")
     if precision == "fp8" and not fused_blocks:
         raise UsageError("precision fp8 needs the fused blocks (fused_blocks=True): their norms write FP8")
     from ltxbench.ops import get_provider
@@ -177,7 +180,7 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     elif not known_processor:
         report.skip(BLOCK_RULE, f"{cls.__name__}.__call__ is not the code the fused attentions reproduce")
     else:
-        _patch_blocks(report, transformer, ops, cache, fuse_projections, provider, precision)
+        _patch_blocks(report, transformer, ops, cache, fuse_projections, provider, precision, fp8_accumulation)
     if cache is not None and report.rules:
         keep_projections(report, transformer, cache)
         vars(transformer)[CACHE_ATTR] = cache
@@ -207,7 +210,8 @@ def _require_fp8_blocks(transformer) -> None:
         raise UsageError(f"precision fp8: {reason}", hint="run this model in bf16")
 
 
-def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provider: str, precision: str) -> None:
+def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provider: str, precision: str,
+                  fp8_accumulation: str) -> None:
     processors = (processor_class(), TextKVProcessor)
     fp8 = precision == "fp8"
     if fp8:
@@ -226,7 +230,7 @@ def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provi
         report.on_revert(lambda block=block: vars(block).pop(FUSED_PROCESSORS_ATTR, None))
         if fp8:
             with torch.no_grad():
-                quantize_block(report, ops, block, classes)
+                quantize_block(report, ops, block, classes, fp8_accumulation)
         if fuse_projections:
             with torch.no_grad():
                 for name, layers in FUSED_PROJECTIONS:

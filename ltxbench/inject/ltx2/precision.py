@@ -40,15 +40,17 @@ def unquantizable(blocks, fused_processors: tuple) -> str | None:
     return None
 
 
-def quantize_block(report, ops, block, classes: dict) -> None:
-    """Store `block`'s projections in FP8 (their bf16 weights freed until revert) and route them through it."""
+def quantize_block(report, ops, block, classes: dict, accumulation: str = "fast") -> None:
+    """Store `block`'s projections in FP8 (their bf16 weights freed until revert) and route them through it, their GEMMs
+    accumulating as `accumulation` says (fp8.ACCUMULATIONS)."""
     for name in ATTENTIONS:
         attn = getattr(block, name)
         group = GROUPS.get(name, ())
         if group:
-            store_weights(report, ops, attn, [getattr(attn, layer) for layer in group], RULE, classes, names=group)
+            store_weights(report, ops, attn, [getattr(attn, layer) for layer in group], RULE, classes, names=group,
+                          accumulation=accumulation)
         for layer in _layers(attn):
             if not any(layer is getattr(attn, member) for member in group):
-                store_weights(report, ops, layer, [layer], RULE, classes)
+                store_weights(report, ops, layer, [layer], RULE, classes, accumulation=accumulation)
     for name in ("ff", "audio_ff"):
-        store_feed_forward(report, ops, getattr(block, name), FF_RULE, classes)
+        store_feed_forward(report, ops, getattr(block, name), FF_RULE, classes, accumulation)
