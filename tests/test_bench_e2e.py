@@ -390,7 +390,7 @@ def test_the_gemm_search_is_one_untimed_step_before_the_configurations(monkeypat
         assert events == ["configs"] and "gemm_search_s" not in results["optimized"]["injection"]
         return
     assert events == [("inject", "cuda", {"cross_kv_cache": False, "tuned_gemm": True, "pair_cfg_halves": True,
-                                         "precision": "bf16"}),
+                                         "precision": "bf16", "fp8_accumulation": "fast"}),
                       ("step", 2, "embeds"),
                       "revert", "configs"]
     assert results["optimized"]["injection"]["gemm_search_s"] >= 0
