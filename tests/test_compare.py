@@ -237,6 +237,27 @@ def test_runs_over_the_same_gpus_and_split_compare(tmp_path, base):
     assert code == 0 and report["unchanged"] == 4
 
 
+def _fp8(doc: dict, accumulation: str | None) -> dict:
+    """doc as an FP8 run with that --fp8-accumulation wrote it (None: a file from before the option)."""
+    doc = copy.deepcopy(doc)
+    doc["run"]["config"]["precision"] = "fp8"
+    if accumulation is not None:
+        doc["run"]["config"]["fp8_accumulation"] = accumulation
+    return doc
+
+
+@pytest.mark.parametrize(("base_sum", "new_sum", "code"), [
+    (None, "fast", 3), ("fast", "fp32", 3), (None, "fp32", 0), ("fast", "fast", 0)])
+def test_fp8_runs_of_another_accumulation_are_incomparable(tmp_path, base, base_sum, new_sum, code):
+    """Files from before the option promoted their sums to fp32: they compare with fp32 runs only."""
+    paths = [_write(tmp_path, _fp8(base, s), f"{i}.json") for i, s in enumerate((base_sum, new_sum))]
+    result = _invoke(*paths, "--allow-env-mismatch")
+    assert result.exit_code == code, result.output
+    if code == 3:
+        words = f"base's FP8 GEMMs accumulated {base_sum or 'fp32'}, new's {new_sum}: not comparable"
+        assert words in " ".join(result.output.split()) and "--fp8-accumulation" in result.output
+
+
 def test_torch_version_difference_is_only_a_warning(tmp_path, base):
     new = copy.deepcopy(base)
     new["env"]["versions"]["torch"] = "2.12.0"

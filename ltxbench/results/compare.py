@@ -53,6 +53,14 @@ def world_of(doc: dict) -> tuple[int, str | None]:
     return (size if isinstance(size, int) and not isinstance(size, bool) else 1), parallel.get("split")
 
 
+def fp8_accumulation_of(doc: dict) -> str | None:
+    """How the run's FP8 GEMMs accumulated (fp32 in files from before --fp8-accumulation); None: no FP8 precision."""
+    config = doc.get("run", {}).get("config")
+    if not isinstance(config, dict) or config.get("precision", "bf16") == "bf16":
+        return None
+    return config.get("fp8_accumulation") or "fp32"
+
+
 def _world_text(world: tuple[int, str | None]) -> str:
     size, split = world
     return f"{size} GPU" + ("s" if size != 1 else "") + (f" (split {split})" if split else "")
@@ -259,6 +267,11 @@ def _check_env(base_doc: dict, new_doc: dict, allow_env_mismatch: bool, report: 
         raise IncomparableResults(
             f"base ran on {_world_text(base_world)}, new on {_world_text(new_world)}: not comparable",
             hint="compare runs over the same --gpus and --parallel (--allow-env-mismatch does not cover this)")
+    base_sum, new_sum = fp8_accumulation_of(base_doc), fp8_accumulation_of(new_doc)
+    if None not in (base_sum, new_sum) and base_sum != new_sum:
+        raise IncomparableResults(
+            f"base's FP8 GEMMs accumulated {base_sum}, new's {new_sum}: not comparable",
+            hint="compare runs with the same --fp8-accumulation (--allow-env-mismatch does not cover this)")
     base_gpu, new_gpu = gpu_name(base_doc), gpu_name(new_doc)
     if base_gpu != new_gpu:
         msg = f"results come from different GPUs: base {base_gpu!r}, new {new_gpu!r}"
