@@ -8,13 +8,8 @@ and the host-library formulas it replaces (its baselines).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass, field
-
-import torch
 
 from ltxbench.ops import eager
-from ltxbench.ops.accuracy import TOLERANCES
 from ltxbench.ops.inputs import (
     KV_VARIANTS,
     LINEAR_OUT,
@@ -30,13 +25,10 @@ from ltxbench.ops.inputs import (
     inputs_layer_mod,
     inputs_linear,
     inputs_qk_norm_rope,
-    inputs_qk_norm_rope_fp8,
     inputs_qk_norm_rope_kv,
     inputs_qk_norm_rope_pack,
     inputs_qk_rms_norm_rope_split,
     inputs_qk_rms_norm_rope_split_pack,
-    inputs_quantize,
-    inputs_quantize_heads,
     inputs_rms_mod,
     inputs_rms_norm,
     inputs_rms_norm_rope_split,
@@ -44,12 +36,11 @@ from ltxbench.ops.inputs import (
     inputs_rope_3d,
     inputs_swiglu,
 )
+from ltxbench.ops.registry_fp8 import FP8_ATTENTION_SPECS, FP8_SPECS
 from ltxbench.ops.shapes import (
-    FP8_TEST_SHAPES,
     LLM_MLP_SHAPES,
     LLM_SHAPES,
     LTX2_CROSS_SHAPES,
-    LTX2_FFN_SHAPES,
     LTX2_SELF_SHAPES,
     LTX2_STREAM_SHAPES,
     LTX2_ULYSSES_SHAPES,
@@ -61,64 +52,9 @@ from ltxbench.ops.shapes import (
     ROPE_TEST_SHAPES,
     SEED_SHAPES,
     SPLIT_ROPE_TEST_SHAPES,
-    TEST_SHAPES,
     XATTN_TEST_SHAPES,
 )
-
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-def io_bytes(inputs: dict, written: int) -> int:
-    """Minimum traffic: every tensor input read once (at its real, un-broadcast size) + `written` bytes."""
-    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor)) + written
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
-
-
-@dataclass(frozen=True)
-class KernelSpec:
-    name: str
-    summary: str                       # the formula, as documented to users
-    make_inputs: Callable              # (shape, dtype, device, generator, variant) -> kwargs of the op
-    variants: tuple[str, ...]
-    n_outputs: int
-    baselines: dict[str, Callable]     # provider name -> the host library's formula (same kwargs subset)
-    kind: str = "reduction"            # tolerance class
-    aliases: tuple[str, ...] = ()
-    test_shapes: tuple = TEST_SHAPES
-    bench_shapes: dict = field(default_factory=dict)
-    inject_targets: tuple[str, ...] = ()
-    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
-    # bytes the outputs occupy; default: n_outputs tensors the size of the first input
-    written: Callable | None = None
-
-    @property
-    def fn(self) -> Callable:
-        import ltxbench.ops as ops
-
-        return getattr(ops, self.name)
-
-    @property
-    def reference(self) -> Callable:
-        from ltxbench.ops import reference
-
-        return getattr(reference, self.name)
-
-    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
-        return TOLERANCES[self.kind][dtype]
-
-    def bytes_moved(self, inputs: dict) -> int:
-        if self.written is not None:
-            return io_bytes(inputs, self.written(inputs))
-        first = next(v for v in inputs.values() if isinstance(v, torch.Tensor))
-        return io_bytes(inputs, self.n_outputs * _nbytes(first))
-
-
-def _fp8_written(inputs: dict, with_h: bool = False) -> int:
-    """q (1 byte an element) and x_scale (4 bytes a row) of the first input's shape, and h' where the op returns it."""
-    first = next(v for v in inputs.values() if isinstance(v, torch.Tensor))
-    return first.numel() + 4 * math.prod(first.shape[:-1]) + (_nbytes(first) if with_h else 0)
+from ltxbench.ops.spec import DTYPES, KernelSpec, nbytes  # noqa: F401  (DTYPES: public here, beside SPECS)
 
 
 def _drop(*names):
@@ -203,7 +139,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("qkv_pack", "ulysses_pack"), test_shapes=ROPE_TEST_SHAPES,
         bench_shapes={**LTX_ULYSSES_SHAPES},
         inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb + the Ulysses all-to-all's q/k/v copy",),
-        written=lambda inp: 3 * _nbytes(inp["q"]),
+        written=lambda inp: 3 * nbytes(inp["q"]),
     ),
     KernelSpec(
         name="qk_rms_norm_rope_kv",
@@ -213,7 +149,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("kv_pack", "ring_pack"), test_shapes=ROPE_TEST_SHAPES,
         bench_shapes={**LTX_RING_SHAPES},
         inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb + the ring all-gather's k/v copy",),
-        written=lambda inp: 3 * _nbytes(inp["q"]),
+        written=lambda inp: 3 * nbytes(inp["q"]),
     ),
     KernelSpec(
         name="rms_norm_rope_split",
@@ -240,7 +176,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("ltx2_qkv_pack",), test_shapes=SPLIT_ROPE_TEST_SHAPES,
         bench_shapes={**LTX2_ULYSSES_SHAPES},
         inject_targets=("LTX2Attention norm_q/norm_k + apply_split_rotary_emb + the Ulysses all-to-all's q/k/v copy",),
-        written=lambda inp: 3 * _nbytes(inp["q"]),
+        written=lambda inp: 3 * nbytes(inp["q"]),
     ),
     KernelSpec(
         name="rope_1d", summary="LLM RoPE of q, k (neox or interleaved) from cos/sin tables at positions",
@@ -251,7 +187,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         bench_shapes={"llama3-8b-prefill": (1, 4096, 4096), "llama3-8b-decode": (1, 1, 4096),
                       "ltx-size-2x8064x2048": (2, 8064, 2048)},
         inject_targets=("LlamaAttention apply_rotary_pos_emb",),
-        written=lambda inp: _nbytes(inp["q"]) + _nbytes(inp["k"]),
+        written=lambda inp: nbytes(inp["q"]) + nbytes(inp["k"]),
     ),
     KernelSpec(
         name="gelu_tanh", summary="0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))",
@@ -266,7 +202,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         baselines={"eager": eager.diffusers_geglu}, kind="elementwise",
         aliases=("gelu_and_mul",), bench_shapes={**LTX_FFN_SHAPES},
         inject_targets=("diffusers GEGLU (SD 1.x/2.x/SDXL)",),
-        written=lambda inp: _nbytes(inp["x"]) // 2,
+        written=lambda inp: nbytes(inp["x"]) // 2,
     ),
     KernelSpec(
         name="swiglu", summary="value * silu(gate), [gate | up] halves (gate_half selects)",
@@ -274,7 +210,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         baselines={"eager": eager.llama_swiglu}, kind="elementwise",
         aliases=("silu_and_mul", "swiglu_fused"), bench_shapes={**LLM_MLP_SHAPES},
         inject_targets=("LlamaMLP act(gate) * up",),
-        written=lambda inp: _nbytes(inp["x"]) // 2,
+        written=lambda inp: nbytes(inp["x"]) // 2,
     ),
     KernelSpec(
         name="cross_attention", summary="softmax(q kᵀ / √hd + mask) v, q (B, S, H, hd) over a short k, v",
@@ -283,7 +219,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("xattn", "attn2"), test_shapes=XATTN_TEST_SHAPES,
         bench_shapes={**LTX_SHAPES},
         inject_targets=("LTXAttention attn2 (text cross-attention)",),
-        written=lambda inp: _nbytes(inp["q"]),
+        written=lambda inp: nbytes(inp["q"]),
     ),
     KernelSpec(
         name="linear", summary="act(x @ weight.T + bias) [+ residual] on cuBLASLt, algorithm chosen by timing",
@@ -296,76 +232,6 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
     ),
 )}
 
-FP8_SPECS = (
-    KernelSpec(
-        name="rms_norm_modulate_fp8", summary="fp8 per token of rms_norm(x) [* weight] * (1 + scale) + shift",
-        make_inputs=inputs_rms_mod, variants=("per-batch", "per-token", "ltx-unbind", "weight"), n_outputs=2,
-        baselines={"eager": eager.ltx_rms_norm_modulate_fp8}, kind="fp8",
-        aliases=("rmsnorm_modulate_fp8",), test_shapes=FP8_TEST_SHAPES,
-        bench_shapes={**LTX_SHAPES, **LTX2_STREAM_SHAPES},
-        inject_targets=("LTX norm1 + modulation feeding an FP8 attention projection",),
-        written=_fp8_written,
-    ),
-    KernelSpec(
-        name="add_rms_norm_modulate_fp8",
-        summary="h' = h + a [* gate]; (fp8 per token of rms_norm(h') * (1 + scale) + shift, h')",
-        make_inputs=inputs_add_rms_mod, variants=("gate", "no-gate"), n_outputs=3,
-        baselines={"eager": eager.ltx_add_rms_norm_modulate_fp8}, kind="fp8",
-        aliases=("add_rmsnorm_modulate_fp8",), test_shapes=FP8_TEST_SHAPES,
-        bench_shapes={**LTX_SHAPES, **LTX2_STREAM_SHAPES},
-        inject_targets=("LTX residual + norm2 feeding an FP8 feed-forward",),
-        written=lambda inp: _fp8_written(inp, with_h=True),
-    ),
-    KernelSpec(
-        name="gelu_tanh_fp8", summary="fp8 per row of 0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))",
-        make_inputs=inputs_gelu, variants=("plain",), n_outputs=2,
-        baselines={"eager": eager.diffusers_gelu_tanh_fp8}, kind="fp8",
-        aliases=("gelu_fp8",), test_shapes=FP8_TEST_SHAPES,
-        bench_shapes={**LTX_FFN_SHAPES, **LTX2_FFN_SHAPES},
-        inject_targets=("LTX FeedForward GELU(tanh) feeding an FP8 down projection",),
-        written=_fp8_written,
-    ),
-    KernelSpec(
-        name="quantize_fp8", summary="fp8 per row: x_scale = max(max|x|, 1e-12) / 448, q = x · (1 / x_scale)",
-        make_inputs=inputs_quantize, variants=("plain", "outliers"), n_outputs=2,
-        baselines={"eager": eager.fp8_rows}, kind="fp8",
-        aliases=("fp8_quantize",), test_shapes=FP8_TEST_SHAPES,
-        bench_shapes={**LTX_SHAPES, **LTX_FFN_SHAPES},
-        inject_targets=("activations and weights of FP8 projections",),
-        written=_fp8_written,
-    ),
-)
-
-
-def _fp8_heads_written(inputs: dict, tensors: int = 1) -> int:
-    """Per FP8 output: 1 byte an element of the first input's shape and a 4-byte descale per (batch, head)."""
-    first = next(v for v in inputs.values() if isinstance(v, torch.Tensor))
-    return tensors * (first.numel() + 4 * first.shape[0] * inputs["heads"])
-
-
-# FP8 with one descale per (batch, head): the inputs of FlashAttention-3's FP8 attention (--precision fp8-attention)
-FP8_ATTENTION_SPECS = (
-    KernelSpec(
-        name="qk_rms_norm_rope_fp8",
-        summary="fp8 per head of qk_rms_norm_rope, each head's scale the power of two under 448 / (√D · max|w|)",
-        make_inputs=inputs_qk_norm_rope_fp8, variants=("tables", "coords"), n_outputs=4,
-        baselines={"eager": eager.ltx_qk_rms_norm_rope_fp8}, kind="fp8",
-        aliases=("qk_norm_rope_fp8",), test_shapes=ROPE_TEST_SHAPES,
-        bench_shapes={**LTX_SHAPES},
-        inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb feeding FP8 attention",),
-        written=lambda inp: _fp8_heads_written(inp, 2),
-    ),
-    KernelSpec(
-        name="quantize_fp8_heads",
-        summary="fp8 per (batch, head): scale the power of two under 448 / amax over the head's tokens",
-        make_inputs=inputs_quantize_heads, variants=("plain", "slices", "outliers"), n_outputs=2,
-        baselines={"eager": eager.fp8_heads}, kind="fp8",
-        aliases=("fp8_quantize_heads",), test_shapes=FP8_TEST_SHAPES,
-        bench_shapes={**LTX_SHAPES},
-        inject_targets=("LTXAttention's value feeding FP8 attention",),
-        written=_fp8_heads_written,
-    ),
-)
 SPECS.update({s.name: s for s in FP8_SPECS + FP8_ATTENTION_SPECS})
 
 ALIASES = {alias: spec.name for spec in SPECS.values() for alias in spec.aliases}

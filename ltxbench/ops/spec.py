@@ -1,0 +1,62 @@
+"""The KernelSpec type: what one op's spec holds (registry.py, registry_fp8.py list one per op), and the byte count
+`bench micro` reads its bandwidth from."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ltxbench.ops.accuracy import TOLERANCES
+from ltxbench.ops.shapes import TEST_SHAPES
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def io_bytes(inputs: dict, written: int) -> int:
+    """Minimum traffic: every tensor input read once (at its real, un-broadcast size) + `written` bytes."""
+    return sum(v.numel() * v.element_size() for v in inputs.values() if isinstance(v, torch.Tensor)) + written
+
+
+def nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    summary: str                       # the formula, as documented to users
+    make_inputs: Callable              # (shape, dtype, device, generator, variant) -> kwargs of the op
+    variants: tuple[str, ...]
+    n_outputs: int
+    baselines: dict[str, Callable]     # provider name -> the host library's formula (same kwargs subset)
+    kind: str = "reduction"            # tolerance class
+    aliases: tuple[str, ...] = ()
+    test_shapes: tuple = TEST_SHAPES
+    bench_shapes: dict = field(default_factory=dict)
+    inject_targets: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
+    # bytes the outputs occupy; default: n_outputs tensors the size of the first input
+    written: Callable | None = None
+
+    @property
+    def fn(self) -> Callable:
+        import ltxbench.ops as ops
+
+        return getattr(ops, self.name)
+
+    @property
+    def reference(self) -> Callable:
+        from ltxbench.ops import reference
+
+        return getattr(reference, self.name)
+
+    def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
+        return TOLERANCES[self.kind][dtype]
+
+    def bytes_moved(self, inputs: dict) -> int:
+        if self.written is not None:
+            return io_bytes(inputs, self.written(inputs))
+        first = next(v for v in inputs.values() if isinstance(v, torch.Tensor))
+        return io_bytes(inputs, self.n_outputs * nbytes(first))
