@@ -12,7 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ltxbench.errors import IncomparableResults
-from ltxbench.results.schema import incomplete, record_key
+from ltxbench.results import comparable
+from ltxbench.results.comparable import gpu_name, torch_version
+from ltxbench.results.schema import record_key
 
 # Per metric; docs/compare.md gives the reasons. A bare --threshold value sets "time".
 DEFAULT_THRESHOLDS = {"time": 0.05, "compile": 0.25, "first_iteration": 0.25, "peak_memory": 0.02, "energy": 0.15,
@@ -32,44 +34,6 @@ CLOCK_WARNING = 0.02
 # verdict -> the report's list of its rows, in the order the report shows them
 BUCKETS = {"regression": "regressions", "not comparable": "not_comparable", "improvement": "improvements",
            "noise": "noise", "unchanged": "unchanged"}
-
-
-def gpu_name(doc: dict) -> str:
-    """Name of the first GPU in the document's env, or 'cpu' when it recorded none."""
-    env = doc.get("env") if isinstance(doc.get("env"), dict) else {}
-    gpus = env.get("gpus")
-    if isinstance(gpus, list) and gpus and isinstance(gpus[0], dict) and gpus[0].get("name"):
-        return str(gpus[0]["name"])
-    return "cpu"
-
-
-def world_of(doc: dict) -> tuple[int, str | None]:
-    """(world size, split) of the run: (1, None) for a one-process run (no `parallel` entry in run.config)."""
-    config = doc.get("run", {}).get("config")
-    parallel = config.get("parallel") if isinstance(config, dict) else None
-    if not isinstance(parallel, dict):
-        return 1, None
-    size = parallel.get("world_size")
-    return (size if isinstance(size, int) and not isinstance(size, bool) else 1), parallel.get("split")
-
-
-def fp8_accumulation_of(doc: dict) -> str | None:
-    """How the run's FP8 GEMMs accumulated (fp32 in files from before --fp8-accumulation); None: no FP8 precision."""
-    config = doc.get("run", {}).get("config")
-    if not isinstance(config, dict) or config.get("precision", "bf16") == "bf16":
-        return None
-    return config.get("fp8_accumulation") or "fp32"
-
-
-def _world_text(world: tuple[int, str | None]) -> str:
-    size, split = world
-    return f"{size} GPU" + ("s" if size != 1 else "") + (f" (split {split})" if split else "")
-
-
-def torch_version(doc: dict) -> str | None:
-    env = doc.get("env") if isinstance(doc.get("env"), dict) else {}
-    versions = env.get("versions") if isinstance(env.get("versions"), dict) else {}
-    return versions.get("torch")
 
 
 def inductor_cache_state(rec: dict) -> str:
@@ -248,41 +212,6 @@ def _judge(cls: str, b: dict, n: dict, better: str, base: float, new: float, p20
     return _verdict(better, base, new, None, None, t), f"single sample, {t * 100:g}%"
 
 
-def _check_env(base_doc: dict, new_doc: dict, allow_env_mismatch: bool, report: ComparisonReport) -> None:
-    cut_short = incomplete(base_doc)
-    if cut_short:
-        raise IncomparableResults(f"the base result is incomplete ({cut_short.get('reason', 'cut short')}; not "
-                                  f"measured: {', '.join(cut_short.get('not_measured', [])) or '?'}): not a baseline",
-                                  hint="compare against a complete run")
-    if incomplete(new_doc):
-        report.warnings.append(f"the new result is incomplete ({incomplete(new_doc).get('reason', 'cut short')}): "
-                               "what it did not measure is listed as missing")
-    if base_doc["kind"] != new_doc["kind"]:
-        raise IncomparableResults(
-            f"cannot compare a {base_doc['kind']!r} result with a {new_doc['kind']!r} result",
-            hint="compare two runs of the same benchmark kind (--allow-env-mismatch does not cover this)",
-        )
-    base_world, new_world = world_of(base_doc), world_of(new_doc)
-    if base_world != new_world:
-        raise IncomparableResults(
-            f"base ran on {_world_text(base_world)}, new on {_world_text(new_world)}: not comparable",
-            hint="compare runs over the same --gpus and --parallel (--allow-env-mismatch does not cover this)")
-    base_sum, new_sum = fp8_accumulation_of(base_doc), fp8_accumulation_of(new_doc)
-    if None not in (base_sum, new_sum) and base_sum != new_sum:
-        raise IncomparableResults(
-            f"base's FP8 GEMMs accumulated {base_sum}, new's {new_sum}: not comparable",
-            hint="compare runs with the same --fp8-accumulation (--allow-env-mismatch does not cover this)")
-    base_gpu, new_gpu = gpu_name(base_doc), gpu_name(new_doc)
-    if base_gpu != new_gpu:
-        msg = f"results come from different GPUs: base {base_gpu!r}, new {new_gpu!r}"
-        if not allow_env_mismatch:
-            raise IncomparableResults(msg, hint="compare runs from the same GPU, or pass --allow-env-mismatch")
-        report.warnings.append(msg + " (compared anyway: --allow-env-mismatch)")
-    base_torch, new_torch = torch_version(base_doc), torch_version(new_doc)
-    if base_torch != new_torch:
-        report.warnings.append(f"torch versions differ: base {base_torch}, new {new_torch}")
-
-
 def _warn_of_clock(row: Row, report: ComparisonReport) -> None:
     """A regression or improvement measured at clearly different SM clocks says so (the verdict stands)."""
     base, new = row.base_sm_mhz, row.new_sm_mhz
@@ -340,8 +269,8 @@ def _rows_of(b: dict, n: dict, thresholds: Mapping[str, float], report: Comparis
 def compare(base_doc: dict, new_doc: dict, thresholds: float | Mapping[str, float] | None = None,
             allow_env_mismatch: bool = False, allow_missing: bool = False) -> ComparisonReport:
     """Match records by record_key and judge each (thresholds: per metric, defaults DEFAULT_THRESHOLDS; a float sets
-    the sampled times' one); raises IncomparableResults on a kind, GPU, GPU count or split mismatch. A measurement
-    the base has and new lacks (removed, or n/a in new only) fails the check unless allow_missing."""
+    the sampled times' one); raises IncomparableResults where comparable.check finds the runs incomparable. A
+    measurement the base has and new lacks (removed, or n/a in new only) fails the check unless allow_missing."""
     limits = dict(DEFAULT_THRESHOLDS)
     if isinstance(thresholds, Mapping):
         limits.update(thresholds)
@@ -352,7 +281,7 @@ def compare(base_doc: dict, new_doc: dict, thresholds: float | Mapping[str, floa
         base_env={"kind": base_doc["kind"], "gpu": gpu_name(base_doc), "torch": torch_version(base_doc)},
         new_env={"kind": new_doc["kind"], "gpu": gpu_name(new_doc), "torch": torch_version(new_doc)},
     )
-    _check_env(base_doc, new_doc, allow_env_mismatch, report)
+    comparable.check(base_doc, new_doc, allow_env_mismatch, report.warnings)
     base, new = _index(base_doc, "base"), _index(new_doc, "new")
     report.removed = [_ident(base[k]) for k in sorted(base.keys() - new.keys())]
     report.added = [_ident(new[k]) for k in sorted(new.keys() - base.keys())]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ltxbench.bench.e2e import precision_label
 from ltxbench.errors import UsageError
-from ltxbench.results.compare import world_of
+from ltxbench.results.comparable import world_of
 from ltxbench.results.io import load_result
 
 OURS = "cuda"  # the provider name of ltxbench's own kernels in `bench micro`
