@@ -650,6 +650,16 @@ def test_fp8_accumulation_fp32_records_as_older_fp8_files_did(tmp_path):
     assert json.loads(out.read_text())["run"]["config"]["fp8_accumulation"] == "fp32"
 
 
+def test_an_fp8_configuration_named_in_configs_records_its_accumulation(tmp_path):
+    """--configs optimized-fp8 without --precision: the FP8 configuration still runs fast accumulation, so its
+    records must say so (else they would read as fp32, as older files)."""
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, [*TINY, "--phase", "transformer", "--configs", "optimized-fp8", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert {r["params"]["fp8_accumulation"] for r in _records(out)} == {"fast"}
+    assert json.loads(out.read_text())["run"]["config"]["fp8_accumulation"] == "fast"
+
+
 def test_an_fp8_error_above_the_gate_exits_1_after_writing(tmp_path, monkeypatch):
     from ltxbench.bench import precision_error
 

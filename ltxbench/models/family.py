@@ -114,10 +114,12 @@ class ModelFamily:
         if settings.precision not in self.precisions:
             raise UsageError(f"--precision {settings.precision!r}: {self.title} runs "
                              f"{' or '.join(self.precisions)}", hint=f"choose from {', '.join(self.precisions)}")
-        if settings.precision == "bf16" and settings.fp8_accumulation is not None:
+        # FP8 runs under --precision fp8*, or where --configs names an FP8 configuration itself
+        runs_fp8 = settings.precision != "bf16" or any(precision_of(c) != "bf16" for c in settings.configs or ())
+        if not runs_fp8 and settings.fp8_accumulation is not None:
             raise UsageError("--fp8-accumulation applies to the FP8 precisions: add --precision fp8 or fp8-attention",
                              hint="drop --fp8-accumulation, or choose an FP8 --precision")
-        if settings.precision != "bf16":
+        if runs_fp8:
             accumulation = settings.fp8_accumulation or FP8_ACCUMULATIONS[0]
             if accumulation not in FP8_ACCUMULATIONS:
                 raise UsageError(f"--fp8-accumulation {accumulation!r}: choose {' or '.join(FP8_ACCUMULATIONS)}",

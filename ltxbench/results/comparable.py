@@ -29,9 +29,9 @@ def world_of(doc: dict) -> tuple[int, str | None]:
 def fp8_accumulation_of(doc: dict) -> str | None:
     """How the run's FP8 GEMMs accumulated (fp32 in files from before --fp8-accumulation); None: no FP8 precision."""
     config = doc.get("run", {}).get("config")
-    if not isinstance(config, dict) or config.get("precision", "bf16") == "bf16":
+    if not isinstance(config, dict):
         return None
-    return config.get("fp8_accumulation") or "fp32"
+    return config.get("fp8_accumulation") or ("fp32" if config.get("precision", "bf16") != "bf16" else None)
 
 
 def _world_text(world: tuple[int, str | None]) -> str:
