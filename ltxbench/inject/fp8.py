@@ -26,7 +26,7 @@ from typing import NamedTuple
 import torch
 
 from ltxbench.bench.e2e import FP8_ACCUMULATIONS
-from ltxbench.errors import EnvironmentProblem
+from ltxbench.errors import EnvironmentProblem, UsageError
 
 WEIGHT_ATTR = "_ltxbench_fp8_weight"  # in a module's __dict__: its Fp8Stored (a FeedForward: (up, down) layers)
 DATA, SCALE, BIAS = "_ltxbench_fp8_data", "_ltxbench_fp8_scale", "_ltxbench_fp8_bias"  # buffers of the GEMM's owner
@@ -138,7 +138,7 @@ def store_weights(report, ops, owner, linears, what: str, classes: dict, names: 
     _add_buffer(report, holder, DATA, data)
     _add_buffer(report, holder, SCALE, scale)
     splits = tuple(layer.out_features for layer in linears)
-    fast = _fast(accumulation)
+    fast = is_fast_accumulation(accumulation)
     if joined:
         if linears[0].bias is not None:
             _add_buffer(report, holder, BIAS, torch.cat([layer.bias.detach() for layer in linears]))
@@ -158,9 +158,11 @@ def store_weights(report, ops, owner, linears, what: str, classes: dict, names: 
     return True
 
 
-def _fast(accumulation: str) -> bool:
+def is_fast_accumulation(accumulation: str) -> bool:
+    """Whether FP8 GEMMs accumulating as `accumulation` (ACCUMULATIONS) use the fast path; UsageError for a value
+    that is not one of them."""
     if accumulation not in ACCUMULATIONS:
-        raise ValueError(f"FP8 accumulation {accumulation!r} is not one of {', '.join(ACCUMULATIONS)}")
+        raise UsageError(f"fp8_accumulation {accumulation!r} is not one of {', '.join(ACCUMULATIONS)}")
     return accumulation == "fast"
 
 

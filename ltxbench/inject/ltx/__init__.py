@@ -37,7 +37,7 @@ from ltxbench.inject import (
     require_provider,
     set_attr,
 )
-from ltxbench.inject.fp8 import ACCUMULATIONS, PRECISIONS, Fp8Norms, require_fp8
+from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, is_fast_accumulation, require_fp8
 from ltxbench.inject.fp8_attention import FP8_ATTENTION, flash_attention_3
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx.attention import (
@@ -212,8 +212,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     """
     if precision not in (*PRECISIONS, FP8_ATTENTION):
         raise UsageError(f"precision {precision!r} is not one of {', '.join((*PRECISIONS, FP8_ATTENTION))}")
-    if fp8_accumulation not in ACCUMULATIONS:
-        raise UsageError(f"fp8_accumulation {fp8_accumulation!r} is not one of {', '.join(ACCUMULATIONS)}")
+    is_fast_accumulation(fp8_accumulation)  # a bad value is refused whatever the precision
     transformer = _transformer_of(target)
     if _patched_already(transformer):  # a second set of patches would stack, and reverting one would leave the other
         report = InjectionReport(provider)

@@ -34,7 +34,7 @@ from ltxbench.inject import (
     patch_forward,
     require_provider,
 )
-from ltxbench.inject.fp8 import ACCUMULATIONS, PRECISIONS, Fp8Norms, require_fp8
+from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, is_fast_accumulation, require_fp8
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx2.attention import plain_attention, plain_feed_forward
 from ltxbench.inject.ltx2.block import FUSED_PROCESSORS_ATTR, fused_block_forward
@@ -145,8 +145,7 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     """
     if precision not in PRECISIONS:
         raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
-    if fp8_accumulation not in ACCUMULATIONS:
-        raise UsageError(f"fp8_accumulation {fp8_accumulation!r} is not one of {', '.join(ACCUMULATIONS)}")
+    is_fast_accumulation(fp8_accumulation)  # a bad value is refused whatever the precision
     if precision == "fp8" and not fused_blocks:
         raise UsageError("precision fp8 needs the fused blocks (fused_blocks=True): their norms write FP8")
     from ltxbench.ops import get_provider
