@@ -53,9 +53,10 @@ def check(base_doc: dict, new_doc: dict, allow_env_mismatch: bool, warnings: lis
         raise IncomparableResults(f"the base result is incomplete ({cut_short.get('reason', 'cut short')}; not "
                                   f"measured: {', '.join(cut_short.get('not_measured', [])) or '?'}): not a baseline",
                                   hint="compare against a complete run")
-    if incomplete(new_doc):
-        warnings.append(f"the new result is incomplete ({incomplete(new_doc).get('reason', 'cut short')}): "
-                               "what it did not measure is listed as missing")
+    new_cut_short = incomplete(new_doc)
+    if new_cut_short:
+        warnings.append(f"the new result is incomplete ({new_cut_short.get('reason', 'cut short')}): "
+                        "what it did not measure is listed as missing")
     if base_doc["kind"] != new_doc["kind"]:
         raise IncomparableResults(
             f"cannot compare a {base_doc['kind']!r} result with a {new_doc['kind']!r} result",
