@@ -185,6 +185,7 @@ def test_two_nccl_ranks_each_on_its_gpu(tmp_path, worker_path):
     assert doc["sum"] == 3 and described["world_size"] == 2 and described["split"] == "cfg"
     assert described["gpus"] == [torch.cuda.get_device_name(i) for i in range(2)] and "backend" not in described
     assert described["interconnect"] is None or "GPU1" in described["interconnect"]
+    assert described["nccl"].count(".") == 2 and described["allocator"] == os.environ.get("PYTORCH_CUDA_ALLOC_CONF")
 
 
 @pytest.mark.parametrize(("args", "how"), [(["exit", "7", "1"], "rank 1 of 2 failed (exit 7)"),

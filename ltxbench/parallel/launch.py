@@ -236,7 +236,8 @@ def shutdown() -> None:
 
 def describe(world: World) -> dict:
     """What a result records of the run's GPUs (a collective: every rank calls it): world size, split, degrees, the
-    ranks' GPU names and `nvidia-smi topo -m` (None where it cannot be read); on the CPU the backend."""
+    ranks' GPU names, `nvidia-smi topo -m` (None where it cannot be read), NCCL's version and the CUDA allocator's
+    settings (PYTORCH_CUDA_ALLOC_CONF, None when unset); on the CPU the backend."""
     import torch.distributed as dist
 
     out = {"world_size": world.size, "split": world.split, "cfg_degree": world.cfg_degree,
@@ -247,7 +248,11 @@ def describe(world: World) -> dict:
 
     names: list = [None] * world.size
     dist.all_gather_object(names, torch.cuda.get_device_name(world.device))
-    return {**out, "gpus": names, "interconnect": _topology() if world.main else None}
+    nccl = torch.cuda.nccl.version()
+    # the allocator decides whether NCCL can register the exchange's buffers (zero-copy): docs/parallel.md
+    return {**out, "gpus": names, "interconnect": _topology() if world.main else None,
+            "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl),
+            "allocator": os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or None}
 
 
 def _topology(timeout_s: float = 10) -> str | None:
