@@ -12,7 +12,7 @@ from test_inject_ltx_pipeline import _embeddings, _pipeline, error, generate
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject import fp8
 from ltxbench.inject.ltx import apply_kernels
-from ltxbench.ops import reference
+from ltxbench.ops import reference, reference_fp8
 
 TOL = 2e-5  # fused FP8 vs the simulation: the same roundings, fp32 sums in another order
 
@@ -83,7 +83,7 @@ def test_a_perturbed_fp8_formula_fails_the_simulation(runs, monkeypatch, where):
                             lambda *a, **k: (lambda q, s, h: (q, s * 1.01, h))(*original(*a, **k)))
     elif where == "gelu before quantizing":  # the exact GELU swapped for the erf one
         monkeypatch.setattr(reference, "gelu_tanh_fp8",
-                            lambda x: reference._to_fp8_rows(torch.nn.functional.gelu(x.float())))
+                            lambda x: reference_fp8._to_fp8_rows(torch.nn.functional.gelu(x.float())))
     else:
         original = reference.quantize_fp8
         monkeypatch.setattr(reference, "quantize_fp8", lambda x: (lambda q, s: (q, s * 1.01))(*original(x)))
