@@ -40,7 +40,7 @@ def _pipeline(spec, device, dtype):
     else:
         pipe = ltx2_build.build_pipeline(spec["model"], "random", device, dtype, seed=0)
     if spec["image"]:  # image-to-video on the same components: per-token timesteps (the first frame's are 0)
-        from ltxbench.models.video import to_image_to_video
+        from ltxbench.models.video_image import to_image_to_video
 
         pipe = to_image_to_video(pipe, "LTXImageToVideoPipeline" if spec["family"] == "ltx"
                                  else "LTX2ImageToVideoPipeline")

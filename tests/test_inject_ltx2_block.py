@@ -13,7 +13,7 @@ from conftest import realistic_modulation
 from ltxbench.bench import e2e
 from ltxbench.inject import ltx2 as inject_ltx2
 from ltxbench.inject.fuse import FUSED_ATTR
-from ltxbench.models.video import to_image_to_video
+from ltxbench.models.video_image import to_image_to_video
 from ltxbench.ops import reference
 
 GENERATE = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames=9, height=64, width=64,

@@ -133,7 +133,7 @@ def test_image_to_video_serves_its_stg_pass_too(pipe, tmp_path):
     import numpy as np
     from PIL import Image
 
-    from ltxbench.models.video import to_image_to_video
+    from ltxbench.models.video_image import to_image_to_video
 
     image = Image.fromarray((np.random.default_rng(0).random((64, 64, 3)) * 255).astype(np.uint8))
     i2v = to_image_to_video(pipe, "LTX2ImageToVideoPipeline")

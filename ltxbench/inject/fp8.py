@@ -14,8 +14,8 @@ token, GEMMs on FP8 tensor cores with both scales in the epilogue and bf16 out (
 - `Fp8Norms(ops)`: the provider the fused block code calls, whose modulated norms return `Quantized`.
 
 A layer changed after the injection fails loudly: a LoRA fused later finds a zero-size weight, and new values given
-through `weight.data` or `set_`, or written in place (a scalar `weight *= 2` included), are refused (Fp8Placeholder).
-The FP8 copy is never silently stale. Inference only.
+through `weight.data` or `set_`, or written in place (a scalar `weight *= 2` included), are refused
+(fp8_held.Fp8Placeholder). The FP8 copy is never silently stale. Inference only.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import torch
 
 from ltxbench.bench.e2e import FP8_ACCUMULATIONS
 from ltxbench.errors import EnvironmentProblem, UsageError
+from ltxbench.inject.fp8_held import free_on_device
 
 WEIGHT_ATTR = "_ltxbench_fp8_weight"  # in a module's __dict__: its Fp8Stored (a FeedForward: (up, down) layers)
 DATA, SCALE, BIAS = "_ltxbench_fp8_data", "_ltxbench_fp8_scale", "_ltxbench_fp8_bias"  # buffers of the GEMM's owner
@@ -152,9 +153,9 @@ def store_weights(report, ops, owner, linears, what: str, classes: dict, names: 
         set_attr(report, STORE_RULE, layer, WEIGHT_ATTR, own)
         patch_forward(report, what, layer, forward, classes)
         start += layer.out_features
-        _free(report, layer, "weight")
+        free_on_device(report, layer, "weight")
         if joined and layer.bias is not None:  # its rows of the owner's bias buffer are what the GEMM reads
-            _free(report, layer, "bias")
+            free_on_device(report, layer, "bias")
     return True
 
 
@@ -179,77 +180,6 @@ def fused_projection(ops, module, names: tuple[str, ...], x) -> tuple | None:
     if not isinstance(stored, Fp8Stored) or stored.names != names:
         return None
     return project_split(ops, x, stored_weight(module))
-
-
-HELD_MESSAGE = ("this layer's weights are held by ltxbench's FP8 injection (--precision fp8): revert the injection "
-                "before giving them new values")
-# in-place methods that change a tensor's metadata, not its values
-_NOT_VALUE_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})
-
-
-def _refuse_value_writes(func, args) -> None:
-    """Raise where `func` writes values into a held tensor (args[0]): an in-place op (`weight *= 2`, `zero_()`,
-    `torch.nn.init.*_`, `w[i] = x`). On the empty placeholder it would do nothing, silently."""
-    name = getattr(func, "__name__", "")
-    if not args or not isinstance(args[0], (Fp8Placeholder, HeldData)):
-        return
-    if name == "__setitem__" or (name.endswith("_") and not name.startswith("_") and name not in _NOT_VALUE_WRITES):
-        raise RuntimeError(HELD_MESSAGE)
-
-
-def _guarded_torch_function(cls, func, types, args=(), kwargs=None):
-    _refuse_value_writes(func, args)
-    with torch._C.DisableTorchFunctionSubclass():  # results are plain tensors, as a Parameter's are
-        return func(*args, **(kwargs or {}))
-
-
-class HeldData(torch.Tensor):
-    """What `.data` of an Fp8Placeholder returns: its empty storage, refusing in-place writes as the placeholder
-    does (`weight.data.mul_(2)` would otherwise be a silent no-op); moves (`.data.to(device)`) pass."""
-
-    __torch_function__ = classmethod(_guarded_torch_function)
-
-
-class Fp8Placeholder(torch.nn.Parameter):
-    """The weight of a layer whose GEMM runs on its FP8 copy (and the bias of one whose bias was copied into a
-    concatenation): empty, so it holds no memory. Moves keep it empty (`.to()`, diffusers' group offloading); values
-    given to it would never reach the copy, so every way of giving them is refused with one line instead of leaving
-    the layer silently stale: `weight.data = w`, `weight.set_(w)`, an in-place edit of the weight or of its `.data`
-    (a scalar one included). A full-size edit (a LoRA merge's delta) would also fail on the empty tensor's shape."""
-
-    __torch_function__ = classmethod(_guarded_torch_function)
-
-    @property
-    def data(self):
-        with torch._C.DisableTorchFunctionSubclass():
-            return torch.Tensor.data.__get__(self).as_subclass(HeldData)
-
-    @data.setter
-    def data(self, value):
-        if value.numel():
-            raise RuntimeError(HELD_MESSAGE)
-        torch.Tensor.data.__set__(self, value)
-
-    def set_(self, source=None, *args, **kwargs):  # torch does not route set_ through __torch_function__
-        if isinstance(source, torch.Tensor) and source.numel():
-            raise RuntimeError(HELD_MESSAGE)
-        return super().set_(source, *args, **kwargs)
-
-
-def _free(report, layer, name: str) -> None:
-    """The storage of layer's parameter `name` on the device released (an Fp8Placeholder of zero size in its place),
-    a host copy kept for revert."""
-    parameter = getattr(layer, name)
-    host = parameter.detach().to("cpu", copy=True)
-    kind = type(parameter)
-    torch.Tensor.data.__set__(parameter, parameter.data.new_empty(0))
-    parameter.__class__ = Fp8Placeholder
-
-    def undo():
-        parameter.__class__ = kind
-        torch.Tensor.data.__set__(parameter, host.to(parameter.device))
-
-    report.on_revert(undo)
 
 
 # One function per provider: patch_forward makes one subclass per forward function, and regional compile guards on

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from ltxbench.models import ltx_build
 from ltxbench.models.family import Option, RunSettings
 from ltxbench.models.ltx_build import DEFAULT_HUB_ID, PRESETS, TOKENIZER_MAX_LENGTH
-from ltxbench.models.video import IMAGE_OPTION, VideoFamily
+from ltxbench.models.video import VideoFamily
+from ltxbench.models.video_image import IMAGE_OPTION
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted"
@@ -171,7 +172,8 @@ def decode(pipe, latents, num_frames: int, height: int, width: int, generator):
 def run_once(pipe, settings: LTXSettings, embeds=None, phase=None, on_step=None):
     """One generation, timed per phase (models.video.timed_generation): (timings, {"vae_decode": video} or {})."""
     from ltxbench.inject.ltx import new_generation
-    from ltxbench.models.video import conditioning_image, timed_generation
+    from ltxbench.models.video import timed_generation
+    from ltxbench.models.video_image import conditioning_image
 
     new_generation(pipe)  # each iteration is one generation: nothing kept from the last one (the patched configs)
     device = pipe._execution_device

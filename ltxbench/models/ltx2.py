@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from ltxbench.models import ltx2_build
 from ltxbench.models.family import Option, RunSettings
 from ltxbench.models.ltx2_build import PRESETS
-from ltxbench.models.video import IMAGE_OPTION, VideoFamily
+from ltxbench.models.video import VideoFamily
+from ltxbench.models.video_image import IMAGE_OPTION
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, its paws crunching, wind in the pines, cinematic"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted, noise, muffled audio"
@@ -207,7 +208,7 @@ def _first_frame(pipe, path: str | None):
     PyAV, which that needs, the image is used as it is: the conditioning differs slightly, the work timed does not."""
     import importlib.util
 
-    from ltxbench.models.video import conditioning_image
+    from ltxbench.models.video_image import conditioning_image
 
     if path is None:
         return None

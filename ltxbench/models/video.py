@@ -11,13 +11,13 @@ encode is part of the pipeline's set-up (step 0). Only the standard library at t
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable
 from types import ModuleType
 from typing import ClassVar
 
 from ltxbench.bench.e2e import precision_of
-from ltxbench.models.family import ModelFamily, Option
+from ltxbench.models.family import ModelFamily
+from ltxbench.models.video_image import to_image_to_video, validate_image
 
 PHASES = ("all", "transformer")  # --phase: the whole generation, or the denoising loop alone
 
@@ -68,59 +68,6 @@ def timed_generation(device, seed: int, encode: Callable, denoise: Callable, dec
     timings = {"step_ms": clock.intervals([encoded, *marks]), "total_ms": clock.ms(start, end)}
     timings.update({f"{name}_ms": clock.ms(a, b) for name, (a, b) in bounds.items()})
     return timings, outputs
-
-
-# --- image-to-video (--image): the first frame given, the pipeline continues it ---------------------------------
-IMAGE_OPTION = Option("image", ("--image",), str, None, "Image-to-video: the first frame (a PNG/JPEG path); the "
-                      "video continues it.", ("generate", "bench e2e", "profile"))
-
-
-def validate_image(path: str | None) -> None:
-    """--image names a file PIL can decode (UsageError naming it otherwise), checked before torch loads."""
-    from pathlib import Path
-
-    from ltxbench.errors import UsageError
-
-    if path is None:
-        return
-    file = Path(path).expanduser()
-    if not file.exists():
-        raise UsageError(f"--image {path} does not exist")
-    if not file.is_file():
-        raise UsageError(f"--image {path} is not a file")
-    from PIL import Image
-
-    try:
-        with Image.open(file) as image:
-            image.load()  # the whole decode: a truncated file fails here, not in the run
-    except (OSError, SyntaxError, ValueError) as exc:  # PIL's errors for unknown, truncated or corrupt files
-        raise UsageError(f"--image {path} is not an image PIL can read") from exc
-
-
-@functools.lru_cache(maxsize=4)
-def conditioning_image(path: str, crf: int = 0):
-    """The --image file as an RGB PIL image, read once per process: every iteration of a run reuses it, outside the
-    timed phases. crf > 0: re-compressed first as one H.264 frame at that CRF, as LTX-2's pipeline does (PyAV)."""
-    from pathlib import Path
-
-    from PIL import Image
-
-    with Image.open(Path(path).expanduser()) as file:
-        image = file.convert("RGB")
-    if crf:
-        import numpy as np
-        from diffusers.pipelines.ltx2.utils import apply_image_conditioning_crf
-
-        image = Image.fromarray(apply_image_conditioning_crf(np.array(image), crf))
-    return image
-
-
-def to_image_to_video(pipe, class_name: str):
-    """The image-to-video pipeline `class_name` (diffusers') on the same components as the text-to-video `pipe`:
-    the same modules, weights and device, random or pretrained; the injection patches them after this."""
-    import diffusers
-
-    return getattr(diffusers, class_name)(**pipe.components)
 
 
 # --- the video families' common behaviour ------------------------------------------------------------------------
