@@ -13,8 +13,9 @@ Per block (docs/models.md has the math):
 Model: norm_out (no-affine LayerNorm) + final modulation → layer_norm_modulate; what precedes the blocks built
 before the (compiled) forward (step.py); attn2's keys/values once per generation (cross_kv.py); block 0's attn1
 once for classifier-free guidance's identical halves (cfg.py). The patched block and model forwards are in
-forward.py, the attention processor and forward in attention.py. Modulation per batch
-(B, 1, D) or per token (B, S, D, image-to-video / condition pipelines) both go through the kernels' broadcast strides.
+forward.py, the attention processor and forward in attention.py, the block's GEMMs (tuned linears, GELU epilogue) in
+linears.py. Modulation per batch (B, 1, D) or per token (B, S, D, image-to-video / condition pipelines) both go
+through the kernels' broadcast strides.
 """
 
 from __future__ import annotations
@@ -46,18 +47,22 @@ from ltxbench.inject.ltx.attention import (
     attention_forward,
     cross_key_value,
     forward_only_calls_processor,
-    needs_autograd,
-    tuned_linear,
 )
 from ltxbench.inject.ltx.cfg import PAIRED_ATTR, HalvesCheck
 from ltxbench.inject.ltx.cross_kv import CACHE_ATTR, CrossKVCache, cache_sources
 from ltxbench.inject.ltx.forward import fused_block_forward, fused_model_forward
+from ltxbench.inject.ltx.linears import (
+    GELU_MEASURED,
+    TUNED_GEMM_RULE,
+    ff_gelu_forward,
+    tuned_linear_forward,
+    tuned_linears,
+)
 from ltxbench.inject.ltx.precision import quantize_block, unquantizable
 from ltxbench.inject.ltx.step import projected_prompt, step_call
 from ltxbench.ops import get_provider
 from ltxbench.ops.reference import ltx_rope_freqs, ltx_rope_grid
 
-GELU_MEASURED = "torch's F.gelu measured faster than ltxbench.gelu_tanh (H100, 2x8064x8192: 179.7 vs 203.8 us)"
 LEFT_ALONE = (
     ("VAE RMSNorm", "not touched: the VAE normalizes a strided channel dim (eps 1e-8) that no rule here targets"),
 )
@@ -82,45 +87,6 @@ def _cross_kv_builder(ops):
         return prompt, [cross_key_value(ops, block.attn2, prompt) for block in model.transformer_blocks]
 
     return build
-
-
-def _gelu_forward(ops, epilogue: bool, tuned_gemm: bool):
-    """diffusers GELU(approximate="tanh").forward as ONE GEMM with a GELU epilogue (`ops.linear` when tuned_gemm,
-    else torch's cuBLASLt binding `ops.linear_gelu_tanh`), or as proj + `ops.gelu_tanh`."""
-
-    def forward(self, hidden_states):
-        if self.proj.weight.is_meta:  # offloaded after the injection: proj's hook brings its weights in its forward
-            return original_class(self).forward(self, hidden_states)
-        if epilogue and tuned_gemm and not needs_autograd(hidden_states, self.proj.weight, self.proj.bias):
-            return ops.linear(hidden_states, self.proj.weight, self.proj.bias, "gelu_tanh")
-        if epilogue:
-            return ops.linear_gelu_tanh(hidden_states, self.proj.weight, self.proj.bias)
-        return ops.gelu_tanh(self.proj(hidden_states))
-
-    return forward
-
-
-def _linear_forward(ops):
-    """nn.Linear.forward through ops.linear (cuBLASLt with a measured algorithm choice)."""
-    linear = tuned_linear(ops)
-
-    def forward(self, input):
-        return linear(input, self.weight, self.bias)
-
-    return forward
-
-
-TUNED_GEMM_RULE = "linear: cuBLASLt GEMM, algorithm chosen by timing (ops.linear)"
-
-
-def _tuned_linears(block, fused: bool, epilogue: bool) -> list:
-    """The block's nn.Linear layers that run as themselves (not through a fused weight or the GELU epilogue)."""
-    layers = [block.attn1.to_out[0], block.attn2.to_q, block.attn2.to_out[0], block.ff.net[2]]
-    if not fused:
-        layers += [block.attn1.to_q, block.attn1.to_k, block.attn1.to_v]
-    if not epilogue and hasattr(block.ff.net[0], "proj"):
-        layers.append(block.ff.net[0].proj)
-    return layers
 
 
 def _transformer_of(target):
@@ -266,7 +232,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             report.skip(PAIRED_RULE, "turned off (pair_cfg_halves=False): both halves run block 0's attn1")
         patch_forward(report, MODEL_RULE, transformer, fused_model_forward(norms), classes, call=step_call)
     block_forward = fused_block_forward(norms)
-    linear_forward = _linear_forward(ops)
+    linear_forward = tuned_linear_forward(ops)
     for index, block in enumerate(transformer.transformer_blocks):
         if not _plain_norms(block):
             report.skip(f"transformer_blocks.{index}", "norm1/norm2 carry a weight: not the LTX block math")
@@ -295,7 +261,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
             fuse_layers(report, block.attn1, ("to_q", "to_k", "to_v"), "attn1: one q/k/v GEMM")
             fuse_layers(report, block.attn2, ("to_k", "to_v"), "attn2: one k/v GEMM")
         if tuned_gemm:
-            for layer in _tuned_linears(block, fuse_projections, gelu_epilogue):
+            for layer in tuned_linears(block, fuse_projections, gelu_epilogue):
                 if type(layer) is torch.nn.Linear:
                     patch_forward(report, TUNED_GEMM_RULE, layer, linear_forward, classes)
                 else:
@@ -305,7 +271,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         from diffusers.models.activations import GELU
 
         rule = "ff: up-projection + GELU-tanh as one GEMM (epilogue)" if gelu_epilogue else "ff: gelu_tanh"
-        gelu_forward = _gelu_forward(ops, gelu_epilogue, tuned_gemm)
+        gelu_forward = ff_gelu_forward(ops, gelu_epilogue, tuned_gemm)
         for index, block in enumerate(transformer.transformer_blocks):
             act = block.ff.net[0]
             if isinstance(act, GELU) and act.approximate == "tanh" and act.proj.bias is not None:
