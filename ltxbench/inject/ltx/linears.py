@@ -1,5 +1,6 @@
-"""The LTX-Video block's GEMMs under injection: nn.Linear layers through ops.linear (cuBLASLt, algorithm chosen by
-timing), and the feed-forward's GELU-tanh as the up-projection's epilogue or, where left as torch's, measured so."""
+"""The LTX-Video block's GEMMs under injection: its nn.Linear layers through ops.linear (cuBLASLt, the algorithm
+chosen by timing) and the feed-forward's GELU-tanh as the up-projection's epilogue. Without the epilogue torch's own
+GELU stays (GELU_MEASURED says why)."""
 
 from __future__ import annotations
 
