@@ -73,6 +73,11 @@ def parallelize(transformer, world, plan: ParallelPlan, tokens: int | None = Non
 
         report._undo.append(undo_context)
         cp_rank = config._flattened_mesh.get_local_rank()
+        if ulysses > 1:  # how our Ulysses attention exchanges q/k/v and its output (symmetric.py)
+            from ltxbench.parallel import symmetric
+
+            pushed = not uneven and symmetric.usable(config._ulysses_mesh.get_group())
+            report.description["ulysses_exchange"] = "symmetric memory" if pushed else "all-to-all"
     hook = split.SplitHook((cfg_mesh.get_group(), cfg, cfg_mesh.get_local_rank()),
                            (world.cp_degree, cp_rank), plan.sequence_inputs, switch=switch)
     split.install(transformer, hook)

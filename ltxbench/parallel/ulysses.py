@@ -14,6 +14,8 @@ kernel write that buffer (ops.qk_rms_norm_rope_pack), so the packing costs no pa
 here. The output needs no copy before its all-to-all (its rows are already grouped by the rank that owns them) and
 one after. Same group, same mesh, same collective (torch's functional all-to-all on diffusers' Ulysses group), so
 the same values reach the same attention: exact.
+Between GPUs that map each other's memory the exchange skips NCCL: each rank pushes its blocks into its peers'
+buffers (symmetric.py, the same values in the same order).
 Anything else (ring, uneven token counts, masks, a batch above 1, queries and keys of different lengths) goes
 through diffusers.
 """
@@ -55,7 +57,12 @@ def exchanged_attention(packed, backend, parallel_config):
     ops.qk_rms_norm_rope_pack writes in the kernel that normalizes and rotates q and k (LTX-Video's processor)."""
     from diffusers.models.attention_dispatch import dispatch_attention_fn
 
+    from ltxbench.parallel import symmetric
+
     group = parallel_config.context_parallel_config._ulysses_mesh.get_group()
+    if symmetric.usable(group):  # pushed into the peers' memory instead of NCCL's all-to-all (symmetric.py)
+        name = getattr(backend, "value", backend) or ""
+        return torch.ops.ltxbench_parallel.ulysses_attention(packed, group.group_name, name)
     ranks, local_tokens, _, heads_here, dim = packed.shape
     received = exchange(packed, group).view(1, ranks * local_tokens, 3, heads_here, dim)
     out = dispatch_attention_fn(*received.unbind(2), attn_mask=None, dropout_p=0.0, is_causal=False,

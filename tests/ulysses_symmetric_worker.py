@@ -1,0 +1,66 @@
+"""One rank of tests/test_ulysses_exchange.py's GPU tests (started by torch.distributed.run, NCCL): the Ulysses
+attention through symmetric memory (ltxbench.parallel.symmetric) against the same attention through NCCL's
+all-to-all, bit for bit, over consecutive calls with new values each (a buffer left stale shows), eager and compiled
+under CUDA graphs. argv: output JSON path, mutation ("" or "stale-push": the pushes stop after the first call)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from types import SimpleNamespace
+
+import torch
+import torch.distributed as dist
+
+from ltxbench.parallel import symmetric, ulysses
+
+CASES = ((torch.bfloat16, 83, 32, 64), (torch.float16, 769, 16, 128), (torch.bfloat16, 7, 2, 64))  # dtype, S, H, d
+
+
+def main(out: str, mutation: str) -> None:
+    rank = int(os.environ["LOCAL_RANK"])
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+    ranks = dist.get_world_size()
+    group = dist.new_group(list(range(ranks)))
+    mesh = SimpleNamespace(get_group=lambda: group)
+    config = SimpleNamespace(context_parallel_config=SimpleNamespace(
+        ulysses_degree=ranks, ring_degree=1, ulysses_anything=False, _ulysses_mesh=mesh))
+    result = {"usable": symmetric.prepare(group), "cases": []}
+
+    def through(pushed: bool, packed):
+        symmetric._usable[group.group_name] = pushed
+        return ulysses.exchanged_attention(packed, None, config)
+
+    def two_calls(first, second):  # the second call's send buffer depends on the first's output
+        out = ulysses.exchanged_attention(first, None, config)
+        return out, ulysses.exchanged_attention(second + out[0, 0, 0, 0], None, config)
+
+    compiled = torch.compile(two_calls, fullgraph=True, mode="reduce-overhead")
+    for dtype, tokens, heads, dim in CASES:
+        for call in range(3):
+            if mutation == "stale-push" and call == 1:
+                symmetric._Exchange._push = lambda self, sources, buffers, stream: None
+            gen = torch.Generator("cuda").manual_seed(1000 * call + rank)
+            first, second = (torch.randn(ranks, tokens, 3, heads // ranks, dim, device="cuda", generator=gen,
+                                         dtype=dtype) * 3 for _ in range(2))
+            nccl = through(False, first)
+            nccl_chain = two_calls(first, second)
+            pushed = through(True, first)
+            graphed = [t.clone() for t in compiled(first, second)]
+            result["cases"].append({
+                "dtype": str(dtype), "tokens": tokens, "heads": heads, "call": call, "shape": list(pushed.shape),
+                "eager_equal": bool(torch.equal(pushed, nccl)),
+                "graphed_equal": all(torch.equal(a, b) for a, b in zip(graphed, nccl_chain, strict=True)),
+                "differs_from_input": not torch.equal(nccl, first[:, :, 2].transpose(0, 1).reshape(nccl.shape))})
+    torch.cuda.synchronize()
+    if rank == 0:
+        with open(out, "w") as file:
+            json.dump(result, file)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "")
