@@ -103,3 +103,4 @@ def test_symmetric_exchange_can_be_switched_off(monkeypatch):
     monkeypatch.setattr(symmetric, "_usable", {})
     group = SimpleNamespace(group_name="pair")
     assert not symmetric.prepare(group) and not symmetric.usable(group)
+    assert symmetric.describe(group) == "all-to-all"

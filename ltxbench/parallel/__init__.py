@@ -76,8 +76,8 @@ def parallelize(transformer, world, plan: ParallelPlan, tokens: int | None = Non
         if ulysses > 1:  # how our Ulysses attention exchanges q/k/v and its output (symmetric.py)
             from ltxbench.parallel import symmetric
 
-            pushed = not uneven and symmetric.usable(config._ulysses_mesh.get_group())
-            report.description["ulysses_exchange"] = "symmetric memory" if pushed else "all-to-all"
+            group = config._ulysses_mesh.get_group()
+            report.description["ulysses_exchange"] = "all-to-all" if uneven else symmetric.describe(group)
     hook = split.SplitHook((cfg_mesh.get_group(), cfg, cfg_mesh.get_local_rank()),
                            (world.cp_degree, cp_rank), plan.sequence_inputs, switch=switch)
     split.install(transformer, hook)

@@ -224,8 +224,12 @@ def start_together() -> None:
 
 
 def shutdown() -> None:
-    """Leave the process group (idempotent)."""
+    """Leave the process group (idempotent), the Ulysses exchange's symmetric buffers freed first."""
     global _world
+    if _world is not None and _world.device.startswith("cuda"):
+        from ltxbench.parallel import symmetric
+
+        symmetric.release()
     _world = None
     with contextlib.suppress(ImportError):
         import torch.distributed as dist

@@ -30,6 +30,7 @@ ENV = "LTXBENCH_ULYSSES_EXCHANGE"  # "symmetric" (default where it works) or "nc
 BARRIER_TIMEOUT_MS = 600_000  # as the process group's: a dead peer ends the run instead of hanging it
 
 _usable: dict[str, bool] = {}  # group name -> every rank of it can use symmetric memory
+_why_not: dict[str, str] = {}  # group name -> why this rank could not (the error it met)
 _exchanges: dict[tuple, _Exchange] = {}
 
 
@@ -41,15 +42,16 @@ def prepare(group) -> bool:
 
     name = group.group_name
     if name not in _usable:
-        ok = os.environ.get(ENV, "symmetric") != "nccl" and dist.get_backend(group) == "nccl"
+        ok = (os.environ.get(ENV, "symmetric") != "nccl" and torch.cuda.is_available()
+              and "nccl" in str(dist.get_backend(group)))  # "nccl", or "cpu:gloo,cuda:nccl" as the launcher's
         if ok:
             try:
                 import torch.distributed._symmetric_memory as symm
 
                 probe = symm.empty(1, dtype=torch.uint8, device=torch.device("cuda", torch.cuda.current_device()))
                 ok = symm.rendezvous(probe, group) is not None
-            except Exception:  # no P2P between the GPUs, an older torch: NCCL's all-to-all instead
-                ok = False
+            except Exception as error:  # no P2P between the GPUs, an older torch: NCCL's all-to-all instead
+                ok, _why_not[name] = False, f"{type(error).__name__}: {error}"[:300]
             vote = torch.tensor([int(ok)], device="cuda")
             dist.all_reduce(vote, op=dist.ReduceOp.MIN, group=group)
             ok = bool(vote.item())
@@ -60,6 +62,25 @@ def prepare(group) -> bool:
 def usable(group) -> bool:
     """What `prepare` decided for `group` (False where it was not asked)."""
     return _usable.get(group.group_name, False)
+
+
+def describe(group) -> str:
+    """How the Ulysses exchange over `group` runs, for a result: "symmetric memory" or "all-to-all" (with the error
+    that ruled symmetric memory out on this rank, if one did)."""
+    if usable(group):
+        return "symmetric memory"
+    why = _why_not.get(group.group_name)
+    return f"all-to-all (symmetric memory: {why})" if why else "all-to-all"
+
+
+def release() -> None:
+    """Free every symmetric buffer (before the process group goes: their handles outlive it badly). Call when no
+    rank exchanges any more (after the run's last barrier)."""
+    if _exchanges:
+        torch.cuda.synchronize()
+    _exchanges.clear()
+    _usable.clear()
+    _why_not.clear()
 
 
 class _Exchange:
