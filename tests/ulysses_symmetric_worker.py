@@ -1,7 +1,7 @@
 """One rank of tests/test_ulysses_exchange.py's GPU tests (started by torch.distributed.run, NCCL): the Ulysses
 attention through symmetric memory (ltxbench.parallel.symmetric) against the same attention through NCCL's
 all-to-all, bit for bit, over consecutive calls with new values each (a buffer left stale shows), eager and compiled
-under CUDA graphs. argv: output JSON path, mutation ("" or "stale-push": the pushes stop after the first call)."""
+under CUDA graphs. argv: output JSON path, mutation ("" or "stale-push": from the second call on, nothing is pushed to the peers)."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def main(out: str, mutation: str) -> None:
     for dtype, tokens, heads, dim in CASES:
         for call in range(3):
             if mutation == "stale-push" and call == 1:
-                symmetric._Exchange._push = lambda self, sources, buffers, stream: None
+                symmetric._Exchange._push = lambda self, sources, buffers, stream: self.side.wait_stream(stream)
             gen = torch.Generator("cuda").manual_seed(1000 * call + rank)
             first, second = (torch.randn(ranks, tokens, 3, heads // ranks, dim, device="cuda", generator=gen,
                                          dtype=dtype) * 3 for _ in range(2))
