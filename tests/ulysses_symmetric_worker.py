@@ -1,7 +1,8 @@
 """One rank of tests/test_ulysses_exchange.py's GPU tests (started by torch.distributed.run, NCCL): the Ulysses
 attention through symmetric memory (ltxbench.parallel.symmetric) against the same attention through NCCL's
 all-to-all, bit for bit, over consecutive calls with new values each (a buffer left stale shows), eager and compiled
-under CUDA graphs. argv: output JSON path, mutation ("" or "stale-push": from the second call on, nothing is pushed to the peers)."""
+under CUDA graphs. argv: output JSON path, mutation ("" or "stale-push": from the second call on, nothing is
+pushed to the peers)."""
 
 from __future__ import annotations
 
