@@ -9,14 +9,8 @@ import math
 import torch
 
 from ltxbench.ops import eager
-from ltxbench.ops.inputs import (
-    inputs_add_rms_mod,
-    inputs_gelu,
-    inputs_qk_norm_rope_fp8,
-    inputs_quantize,
-    inputs_quantize_heads,
-    inputs_rms_mod,
-)
+from ltxbench.ops.inputs import inputs_add_rms_mod, inputs_gelu, inputs_rms_mod
+from ltxbench.ops.inputs_fp8 import inputs_qk_norm_rope_fp8, inputs_quantize, inputs_quantize_heads
 from ltxbench.ops.shapes import (
     FP8_TEST_SHAPES,
     LTX2_FFN_SHAPES,
