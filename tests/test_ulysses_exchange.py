@@ -16,13 +16,14 @@ import pytest
 TESTS = Path(__file__).parent
 
 
-def _run(tmp_path, mutation: str = "") -> dict:
-    out = tmp_path / "errors.json"
+def _run(tmp_path, mutation: str = "", worker: str = "ulysses_worker.py", timeout: int = 300) -> dict:
+    """`worker` on 2 processes (torch's launcher); its JSON."""
+    out = tmp_path / "result.json"
     path = [str(TESTS.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(TESTS / "ulysses_worker.py"), str(out), mutation]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+               str(TESTS / worker), str(out), mutation]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -41,14 +42,7 @@ def test_swapped_heads_fail(tmp_path):
 
 
 def _run_gpu(tmp_path, mutation: str = "") -> dict:
-    out = tmp_path / "symmetric.json"
-    path = [str(TESTS.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(TESTS / "ulysses_symmetric_worker.py"), str(out), mutation]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text())
+    return _run(tmp_path, mutation, "ulysses_symmetric_worker.py", timeout=600)
 
 
 def _two_gpus():
