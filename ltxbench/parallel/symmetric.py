@@ -4,9 +4,9 @@ their buffers and signals them, instead of NCCL's all-to-all.
 NCCL moves an all-to-all through its own staging buffers with kernels of its own; between GPUs that map each other's
 memory (NVLink), a rank can copy its send blocks into its peers' receive buffers with the copy engine and then meet
 them at a barrier of the buffer's signal pad (torch.distributed._symmetric_memory, the transport of torch's own
-low-contention collectives). Measured on 4× H100 (NV18), both pairs at once, under a CUDA graph, per exchange of
-LTX-2B's 161-frame `cfg+ulysses` attention: q/k/v (24.8 MB to the partner) 117.5 µs with NCCL, 86.6 µs pushed; the
-output with its layout copy 78.3 µs against 38.8 µs (docs/parallel.md#measured).
+low-contention collectives). Measured on 4× H100 (NV18), both pairs at once, under a CUDA graph, at LTX-2B's
+161-frame `cfg+ulysses` sizes: q/k/v (24.8 MB to the partner) 117.5 µs with NCCL, 86.6 µs pushed as here; the whole
+4-GPU step 46.82 → 45.72 ms (docs/parallel.md#measured).
 
 One op, `ltxbench_parallel::ulysses_attention`: the send buffer in, the attention output in the caller's layout out
 (a fresh tensor, so no buffer of the exchange escapes into inductor's memory planning, which could reuse it). Inside:
