@@ -77,7 +77,9 @@ def parallelize(transformer, world, plan: ParallelPlan, tokens: int | None = Non
             from ltxbench.parallel import symmetric
 
             group = config._ulysses_mesh.get_group()
-            report.description["ulysses_exchange"] = "all-to-all" if uneven else symmetric.describe(group)
+            if device_type == "cuda" and not uneven:  # uneven token counts go through diffusers' exchange
+                symmetric.prepare(group)  # collective: every rank decides the exchange here
+            report.description["ulysses_exchange"] = symmetric.describe(group)
     hook = split.SplitHook((cfg_mesh.get_group(), cfg, cfg_mesh.get_local_rank()),
                            (world.cp_degree, cp_rank), plan.sequence_inputs, switch=switch)
     split.install(transformer, hook)

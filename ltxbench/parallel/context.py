@@ -51,10 +51,6 @@ def enable(transformer, config, plan: dict, local_attentions) -> None:
         _ring_backend(transformer, local_attentions)
     if torch.accelerator.device_count():
         transformer.enable_parallelism(config=config, cp_plan=plan)
-        if config.ulysses_degree > 1 and not config.ulysses_anything:
-            from ltxbench.parallel import symmetric
-
-            symmetric.prepare(config._ulysses_mesh.get_group())  # collective: every rank decides the exchange here
     else:
         _enable_on_cpu(transformer, config, plan)
     for attention in local_attentions:
