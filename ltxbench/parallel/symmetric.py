@@ -112,7 +112,7 @@ class _Exchange:
                     buffers[r][self.rank].copy_(sources[r])
 
     def attention(self, packed, backend):
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
+        from ltxbench.parallel.ulysses import attend_received
 
         ranks, tokens, _, heads, dim = packed.shape
         stream = torch.cuda.current_stream()
@@ -121,8 +121,7 @@ class _Exchange:
         stream.wait_stream(self.side)
         self.input_handle.barrier(channel=0, timeout_ms=BARRIER_TIMEOUT_MS)
         received = self.inputs.view(1, ranks * tokens, 3, heads, dim)
-        out = dispatch_attention_fn(*received.unbind(2), attn_mask=None, dropout_p=0.0, is_causal=False,
-                                    backend=backend or None, parallel_config=None)
+        out = attend_received(received, backend or None)
         rows = out.reshape(ranks, tokens, heads, dim)  # rank r's tokens of this rank's heads
         self._push(rows, self.peer_outputs, stream)
         stream.wait_stream(self.side)

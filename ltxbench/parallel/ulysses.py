@@ -55,8 +55,6 @@ def attention(query, key, value, backend, parallel_config):
 def exchanged_attention(packed, backend, parallel_config):
     """`attention` from its send buffer (ranks, S_local, 3, heads / ranks, dim): what `attention` packs, or what
     ops.qk_rms_norm_rope_pack writes in the kernel that normalizes and rotates q and k (LTX-Video's processor)."""
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-
     from ltxbench.parallel import symmetric
 
     group = parallel_config.context_parallel_config._ulysses_mesh.get_group()
@@ -65,11 +63,19 @@ def exchanged_attention(packed, backend, parallel_config):
         return torch.ops.ltxbench_parallel.ulysses_attention(packed, group.group_name, name)
     ranks, local_tokens, _, heads_here, dim = packed.shape
     received = exchange(packed, group).view(1, ranks * local_tokens, 3, heads_here, dim)
-    out = dispatch_attention_fn(*received.unbind(2), attn_mask=None, dropout_p=0.0, is_causal=False,
-                                backend=backend, parallel_config=None)
+    out = attend_received(received, backend)
     # (1, all tokens, heads_here, dim): rank r's rows are a contiguous block, sent back as they are
     back = exchange(out.reshape(ranks, local_tokens, heads_here, dim), group)
     return back.transpose(0, 1).reshape(1, local_tokens, ranks * heads_here, dim)
+
+
+def attend_received(received, backend):
+    """Attention over the exchanged buffer (1, all tokens, 3, heads here, dim), read in place: (1, all tokens, heads
+    here, dim). The same call whichever transport filled the buffer."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    return dispatch_attention_fn(*received.unbind(2), attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 backend=backend, parallel_config=None)
 
 
 def exchange(tensor, group):
