@@ -63,6 +63,9 @@ def test_symmetric_exchange_equals_nccl(tmp_path):
     assert len(result["cases"]) == 9
     for case in result["cases"]:
         assert case["eager_equal"] and case["graphed_equal"] and case["differs_from_input"], case
+    assert len(result["written"]) == 9
+    for case in result["written"]:  # written by the q/k kernel into the peers' buffers: the packed path's bits
+        assert case["eager_equal"] and case["graphed_equal"], case
 
 
 @pytest.mark.gpu
@@ -71,6 +74,16 @@ def test_symmetric_exchange_with_stale_buffers_fails(tmp_path):
     _two_gpus()
     cases = _run_gpu(tmp_path, "stale-push")["cases"]
     assert cases[0]["eager_equal"], cases[0]
+    assert not any(case["eager_equal"] or case["graphed_equal"] for case in cases[1:]), cases
+
+
+@pytest.mark.gpu
+def test_kernel_writing_into_stale_slots_fails(tmp_path):
+    """From the second call on, the q/k kernel writes every rank's part into its own slot: the peers keep the first
+    call's values, and the check sees it."""
+    _two_gpus()
+    cases = _run_gpu(tmp_path, "stale-written")["written"]
+    assert all(case["eager_equal"] for case in cases[:1]), cases[0]
     assert not any(case["eager_equal"] or case["graphed_equal"] for case in cases[1:]), cases
 
 

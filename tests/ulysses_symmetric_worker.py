@@ -1,8 +1,9 @@
 """One rank of tests/test_ulysses_exchange.py's GPU tests (started by torch.distributed.run, NCCL): the Ulysses
 attention through symmetric memory (ltxbench.parallel.symmetric) against the same attention through NCCL's
 all-to-all, bit for bit, over consecutive calls with new values each (a buffer left stale shows), eager and compiled
-under CUDA graphs. argv: output JSON path, mutation ("" or "stale-push": from the second call on, nothing is
-pushed to the peers)."""
+under CUDA graphs; and the same with the q/k kernel writing each rank's part into that rank's buffer. argv: output
+JSON path, mutation ("", "stale-push": from the second call on nothing is pushed to the peers, or "stale-written":
+from the second call on the kernel writes every part into the rank's own slot)."""
 
 from __future__ import annotations
 
@@ -55,12 +56,54 @@ def main(out: str, mutation: str) -> None:
                 "eager_equal": bool(torch.equal(pushed, nccl)),
                 "graphed_equal": all(torch.equal(a, b) for a, b in zip(graphed, nccl_chain, strict=True)),
                 "differs_from_input": not torch.equal(nccl, first[:, :, 2].transpose(0, 1).reshape(nccl.shape))})
+    result["written"] = _written_cases(group, config, rank, mutation)
     symmetric.release()
     if rank == 0:
         with open(out, "w") as file:
             json.dump(result, file)
     dist.barrier()
     dist.destroy_process_group()
+
+
+# The q/k kernel writing every rank's part into that rank's buffer (ulysses.rope_attention with our CUDA ops):
+# (packing op's KernelSpec, variant, dtype, tokens per rank, D, heads). LTX-Video from coordinates and from tables,
+# LTX-2's split RoPE.
+WRITTEN = (("qk_rms_norm_rope_pack", "coords-4", torch.bfloat16, 83, 2048, 32),
+           ("qk_rms_norm_rope_pack", "tables", torch.float16, 769, 2048, 32),
+           ("qk_rms_norm_rope_split_pack", "video", torch.bfloat16, 83, 2048, 32))
+
+
+def _written_cases(group, config, rank: int, mutation: str) -> list:
+    from ltxbench import ops
+    from ltxbench.ops.registry import SPECS
+
+    def attend(inputs, split, heads):
+        rope = {k: inputs[k] for k in ("cos", "sin", "grid", "freqs") if inputs.get(k) is not None}
+        args = [inputs[k] for k in ("q", "k", "v", "wq", "wk", "eps")]
+        return ulysses.rope_attention(ops, *args, rope, split, heads, None, config)
+
+    def two_calls(first, second, split, heads):  # the second call's q depends on the first's output
+        out = attend(first, split, heads)
+        return out, attend({**second, "q": second["q"] + out[0, 0, 0, 0]}, split, heads)
+
+    compiled = torch.compile(two_calls, fullgraph=True, mode="reduce-overhead")
+    cases = []
+    for name, variant, dtype, tokens, width, heads in WRITTEN:
+        split = name == "qk_rms_norm_rope_split_pack"
+        for call in range(3):
+            if mutation == "stale-written" and call == 1:  # the kernel writes every part into this rank's own slot
+                symmetric._Exchange.slots = lambda self: [self.inputs[self.rank].flatten(2).unsqueeze(0)] * self.ranks
+            gen = torch.Generator().manual_seed(1000 * call + rank)
+            first, second = (SPECS[name].make_inputs((1, tokens, width), dtype, "cuda", gen, variant) for _ in range(2))
+            symmetric._usable[group.group_name] = False  # packed, then NCCL's all-to-all
+            nccl, nccl_chain = attend(first, split, heads), two_calls(first, second, split, heads)
+            symmetric._usable[group.group_name] = True
+            written = attend(first, split, heads)
+            graphed = [t.clone() for t in compiled(first, second, split, heads)]
+            cases.append({"op": name, "variant": variant, "dtype": str(dtype), "call": call,
+                          "shape": list(written.shape), "eager_equal": bool(torch.equal(written, nccl)),
+                          "graphed_equal": all(torch.equal(a, b) for a, b in zip(graphed, nccl_chain, strict=True))})
+    return cases
 
 
 if __name__ == "__main__":

@@ -385,6 +385,46 @@ Tensor qk_rms_norm_rope_pack(const Tensor& q, const Tensor& k, const Tensor& v, 
   return packed;
 }
 
+// `outs` as the parts of a packed q/k/v output, each (B, S, 3, chunk), contiguous, q's dtype, on q's device (a peer
+// GPU's memory mapped here counts as q's device): their pointers into part_out, the first also as `packed`.
+void attach_parts(void** part_out, void*& packed, at::TensorList outs, const Tensor& q, int64_t chunk, const char* op) {
+  const std::vector<int64_t> want{q.size(0), q.size(1), 3, chunk};
+  for (size_t r = 0; r < outs.size(); ++r) {
+    const Tensor& out = outs[r];
+    TORCH_CHECK(out.scalar_type() == q.scalar_type() && out.device() == q.device(), "ltxbench.", op, ": outs[", r,
+                "] must be ", q.scalar_type(), " on ", q.device(), ", got ", out.scalar_type(), " on ", out.device());
+    TORCH_CHECK(out.sizes() == c10::IntArrayRef(want) && out.is_contiguous(), "ltxbench.", op, ": outs[", r,
+                "] must be contiguous of shape ", shape(want), ", got ", shape(out.sizes()));
+    part_out[r] = out.data_ptr();
+  }
+  packed = part_out[0];
+}
+
+// The number of parts of a packed output written through `outs`, checked: 1 to kMaxPackParts, dividing `total`.
+int64_t parts_of(at::TensorList outs, int64_t total, const char* what, const char* op) {
+  const auto parts = static_cast<int64_t>(outs.size());
+  TORCH_CHECK(parts >= 1 && parts <= kMaxPackParts && total % parts == 0, "ltxbench.", op, ": outs must hold 1 to ",
+              kMaxPackParts, " tensors, as many as divide ", what, " (", num(total), "), got ", num(parts));
+  return parts;
+}
+
+// qk_rms_norm_rope_pack with part r written to outs[r] instead of one fresh buffer: a rank of a Ulysses exchange
+// writes its peers' parts straight into their receive buffers.
+void qk_rms_norm_rope_pack_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq, const Tensor& wk,
+                                double eps, const std::optional<Tensor>& cos, const std::optional<Tensor>& sin,
+                                const std::optional<Tensor>& grid, const std::optional<Tensor>& freqs,
+                                at::TensorList outs) {
+  const char* op = "qk_rms_norm_rope_pack_into";
+  const DType dt = check_primary(q, op, "q");
+  std::vector<Tensor> keep;
+  Rope3dParams p = qk_norm_rope_params(q, k, wq, wk, eps, cos, sin, grid, freqs, op, keep);
+  attach_v(p, v, q, op, keep);
+  p.chunk = p.D / parts_of(outs, p.D, "the inner dim D", op);
+  attach_parts(p.part_out, p.packed, outs, q, p.chunk, op);
+  if (q.numel() == 0) return;
+  launch_3d_checked(p, dt, q, op);
+}
+
 // qk_rms_norm_rope with k and v written together per token, (B, S, 2, D): the send buffer of a ring attention's
 // key/value all-gather, whose gathered buffer attention then reads in place; q (B, S, D) on its own.
 std::tuple<Tensor, Tensor> qk_rms_norm_rope_kv(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq,
@@ -517,6 +557,28 @@ Tensor qk_rms_norm_rope_split_pack(const Tensor& q, const Tensor& k, const Tenso
   p.packed = packed.data_ptr(), p.parts = parts;
   run_rope_split(p, dt, q, op);
   return packed;
+}
+
+// qk_rms_norm_rope_split_pack with part r written to outs[r] (as qk_rms_norm_rope_pack_into).
+void qk_rms_norm_rope_split_pack_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq,
+                                      const Tensor& wk, double eps, const Tensor& cos, const Tensor& sin,
+                                      at::TensorList outs) {
+  const char* op = "qk_rms_norm_rope_split_pack_into";
+  const DType dt = check_primary(q, op, "q");
+  for (auto [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    check_same(*t, q, op, name, "q");
+    TORCH_CHECK(t->sizes() == q.sizes(), "ltxbench.", op, ": ", name, " has shape ", shape(t->sizes()), " but q has ",
+                shape(q.sizes()));
+  }
+  std::vector<Tensor> keep;
+  RopeSplitParams p = rope_split_params(q, "q", wq, "wq", cos, sin, eps, op, keep);
+  attach_split_key(p, k, wk, q, op, keep);
+  p.parts = parts_of(outs, p.H, "the heads", op);
+  keep.push_back(unit_last_stride(v));
+  p.v = rows_of_3d(keep.back());
+  attach_parts(p.part_out, p.packed, outs, q, q.size(2) / p.parts, op);
+  if (q.numel() == 0) return;
+  run_rope_split(p, dt, q, op);
 }
 
 std::tuple<Tensor, Tensor> rope_1d(const Tensor& q_in, const Tensor& k_in, const Tensor& cos, const Tensor& sin,
@@ -898,6 +960,9 @@ TORCH_LIBRARY(ltxbench, m) {
       "qk_rms_norm_rope_pack(Tensor q, Tensor k, Tensor v, Tensor wq, Tensor wk, float eps, Tensor? cos, Tensor? sin,"
       " Tensor? grid, Tensor? freqs, int parts) -> Tensor");
   m.def(
+      "qk_rms_norm_rope_pack_into(Tensor q, Tensor k, Tensor v, Tensor wq, Tensor wk, float eps, Tensor? cos,"
+      " Tensor? sin, Tensor? grid, Tensor? freqs, Tensor(a!)[] outs) -> ()");
+  m.def(
       "qk_rms_norm_rope_kv(Tensor q, Tensor k, Tensor v, Tensor wq, Tensor wk, float eps, Tensor? cos, Tensor? sin,"
       " Tensor? grid, Tensor? freqs) -> (Tensor, Tensor)");
   m.def("rms_norm_rope_split(Tensor x, Tensor weight, float eps, Tensor cos, Tensor sin) -> Tensor");
@@ -907,6 +972,9 @@ TORCH_LIBRARY(ltxbench, m) {
   m.def(
       "qk_rms_norm_rope_split_pack(Tensor q, Tensor k, Tensor v, Tensor wq, Tensor wk, float eps, Tensor cos,"
       " Tensor sin, int parts) -> Tensor");
+  m.def(
+      "qk_rms_norm_rope_split_pack_into(Tensor q, Tensor k, Tensor v, Tensor wq, Tensor wk, float eps, Tensor cos,"
+      " Tensor sin, Tensor(a!)[] outs) -> ()");
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("geglu(Tensor x, int gate_half=1, bool approximate=False) -> Tensor");
   m.def("swiglu(Tensor x, int gate_half=0) -> Tensor");
@@ -944,10 +1012,12 @@ TORCH_LIBRARY(ltxbench, m) {
   m.impl("rope_3d", &ltxbench::rope_3d);                                     \
   m.impl("qk_rms_norm_rope", &ltxbench::qk_rms_norm_rope);                   \
   m.impl("qk_rms_norm_rope_pack", &ltxbench::qk_rms_norm_rope_pack);         \
+  m.impl("qk_rms_norm_rope_pack_into", &ltxbench::qk_rms_norm_rope_pack_into); \
   m.impl("qk_rms_norm_rope_kv", &ltxbench::qk_rms_norm_rope_kv);             \
   m.impl("rms_norm_rope_split", &ltxbench::rms_norm_rope_split);             \
   m.impl("qk_rms_norm_rope_split", &ltxbench::qk_rms_norm_rope_split);       \
   m.impl("qk_rms_norm_rope_split_pack", &ltxbench::qk_rms_norm_rope_split_pack); \
+  m.impl("qk_rms_norm_rope_split_pack_into", &ltxbench::qk_rms_norm_rope_split_pack_into); \
   m.impl("gelu_tanh", &ltxbench::gelu_tanh);                                 \
   m.impl("geglu", &ltxbench::geglu);                                         \
   m.impl("swiglu", &ltxbench::swiglu);                                       \

@@ -108,20 +108,25 @@ __global__ void rope3d_kernel(Rope3dParams p) {
 
 // Columns col..col+VEC-1 of row `token` into slot `slot` (q 0, k 1, v 2; with 2 slots k 0, v 1) of the packed
 // (parts, rows, slots, chunk) output: one vector store when the columns stay in one part, else one per column.
+// Part `part` of the packed output: at a pointer of its own, or after the parts before it in one buffer.
+template <typename T>
+__device__ __forceinline__ T* packed_part(void* packed, void* const* part_out, int64_t part, int64_t size) {
+  return part_out[0] != nullptr ? static_cast<T*>(part_out[part]) : static_cast<T*>(packed) + part * size;
+}
+
 template <typename T, int VEC>
 __device__ __forceinline__ void store_packed(const Rope3dParams& p, int64_t token, int64_t col, int slot,
                                              const float (&x)[VEC]) {
-  const int64_t part_stride = p.B * p.S * p.slots * p.chunk;
-  T* const row = static_cast<T*>(p.packed) + (token * p.slots + slot) * p.chunk;
+  const int64_t part_size = p.B * p.S * p.slots * p.chunk, row = (token * p.slots + slot) * p.chunk;
   if (p.chunk % VEC == 0) {
     const int64_t part = col / p.chunk;
-    store_vec<T, VEC>(row + part * part_stride + (col - part * p.chunk), x);
+    store_vec<T, VEC>(packed_part<T>(p.packed, p.part_out, part, part_size) + row + (col - part * p.chunk), x);
     return;
   }
 #pragma unroll
   for (int e = 0; e < VEC; ++e) {
     const int64_t c = col + e, part = c / p.chunk;
-    row[part * part_stride + (c - part * p.chunk)] = from_float<T>(x[e]);
+    packed_part<T>(p.packed, p.part_out, part, part_size)[row + (c - part * p.chunk)] = from_float<T>(x[e]);
   }
 }
 
@@ -221,6 +226,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1)
         store_vec<T, VEC>(static_cast<T*>(p.k_out) + token * p.D + col, k);
       }
     }
+    if (p.part_out[0] != nullptr) __threadfence_system();  // parts in peers' memory: stored before the barrier
   }
 }
 
@@ -228,7 +234,7 @@ __global__ void __launch_bounds__(kMaxRowThreads, FROM_GRID ? 2 : 1)
 template <typename T>
 __device__ __forceinline__ T* packed_head(const RopeSplitParams& p, int64_t token, int slot, int64_t head) {
   const int64_t per_part = p.H / p.parts, hd = 2 * p.half, width = per_part * hd, part = head / per_part;
-  return static_cast<T*>(p.packed) + part * (p.B * p.S * 3 * width) + (token * 3 + slot) * width +
+  return packed_part<T>(p.packed, p.part_out, part, p.B * p.S * 3 * width) + (token * 3 + slot) * width +
          (head - part * per_part) * hd;
 }
 
@@ -340,6 +346,7 @@ __global__ void __launch_bounds__(kMaxRowThreads) rope_split_kernel(RopeSplitPar
         store_vec<T, VEC>(out + half, v2);
       }
     }
+    if (p.part_out[0] != nullptr) __threadfence_system();  // parts in peers' memory: stored before the barrier
   }
 }
 
@@ -460,6 +467,12 @@ __global__ void rope1d_token_kernel(Rope1dParams p) {
 
 bool aligned16(const void* ptr) { return ptr == nullptr || reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 bool rows_aligned(const Rows3& r, int v) { return aligned16(r.ptr) && r.sb % v == 0 && r.ss % v == 0; }
+// Every part of a packed output 16-byte aligned (a part at a pointer of its own may start anywhere).
+bool parts_aligned16(const void* packed, void* const* part_out) {
+  for (int r = 0; r < kMaxPackParts; ++r)
+    if (!aligned16(part_out[r])) return false;
+  return aligned16(packed);
+}
 
 int grid_for(int64_t total) {
   int device = 0, sms = 0;
@@ -521,7 +534,9 @@ template <typename T, bool FROM_GRID> cudaError_t launch_3d_typed(const Rope3dPa
   const bool vec = p.D % V == 0 && rows_aligned(p.q, V) && rows_aligned(p.k, V) && aligned16(p.q_out) &&
                    (p.scale8 == nullptr || (p.D / p.heads) % V == 0) &&
                    aligned16(p.k_out) && aligned16(p.wq) && aligned16(p.wk) &&
-                   (p.packed == nullptr || (rows_aligned(p.v, V) && aligned16(p.packed))) &&
+                   // Parts are stored per column unless the chunk holds whole vectors: only then must each align.
+                   (p.packed == nullptr || (rows_aligned(p.v, V) && aligned16(p.packed) &&
+                                             (p.chunk % V != 0 || parts_aligned16(p.packed, p.part_out)))) &&
                    (FROM_GRID || (rows_aligned(p.cos, 4) && rows_aligned(p.sin, 4)));
   // Rows too wide for the vectorized register cache (fp32 beyond 4096) take the pair path (up to 8192).
   if (vec && (!p.norm || p.D / V <= 2 * kMaxRowThreads)) {
@@ -595,7 +610,7 @@ template <typename T> cudaError_t launch_split(const RopeSplitParams& p, cudaStr
   const bool tables = aligned16(p.cos) && aligned16(p.sin) && p.t_sb % 4 == 0 && p.t_sh % 4 == 0 && p.t_ss % 4 == 0;
   const bool vec = p.half % V == 0 && rows_aligned(p.q, V) && rows_aligned(p.k, V) && aligned16(p.wq) &&
                    aligned16(p.wk) && aligned16(p.q_out) && aligned16(p.k_out) && tables &&
-                   (p.packed == nullptr || (rows_aligned(p.v, V) && aligned16(p.packed)));
+                   (p.packed == nullptr || (rows_aligned(p.v, V) && parts_aligned16(p.packed, p.part_out)));
   if (vec) {
     return p.H * (p.half / V) <= kMaxRowThreads ? launch_split_with<T, V, 1>(p, stream)
                                                  : launch_split_with<T, V, 2>(p, stream);

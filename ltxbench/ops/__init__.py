@@ -93,6 +93,16 @@ def qk_rms_norm_rope_pack(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tenso
     copy into the buffer read and write q and k twice. v (B, S, D) any row strides, like q and k."""
     return _lib().qk_rms_norm_rope_pack(q, k, v, wq, wk, eps, cos, sin, grid, freqs, parts)
 
+
+def qk_rms_norm_rope_pack_into(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tensor, eps: float,
+                               cos: Tensor | None, sin: Tensor | None, grid: Tensor | None, freqs: Tensor | None,
+                               outs: list[Tensor]) -> None:
+    """`qk_rms_norm_rope_pack` with part r written into outs[r] ((B, S, 3, D / len(outs)), contiguous) instead of
+    one fresh buffer: the same values. A rank of a Ulysses exchange passes its peers' receive buffers (their memory
+    mapped into this process, ltxbench.parallel.symmetric), so the kernel's stores are the exchange."""
+    _lib().qk_rms_norm_rope_pack_into(q, k, v, wq, wk, eps, cos, sin, grid, freqs, outs)
+
+
 def qk_rms_norm_rope_kv(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tensor, eps: float = 1e-5,
                         cos: Tensor | None = None, sin: Tensor | None = None, grid: Tensor | None = None,
                         freqs: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -127,6 +137,12 @@ def qk_rms_norm_rope_split_pack(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk:
     `qk_rms_norm_rope_pack` does for LTX-Video: (parts, B, S, 3, D / parts), part r holding heads [r·H/parts,
     (r+1)·H/parts) (H = cos.size(1), which parts must divide) of the normalized, rotated q and k and of v."""
     return _lib().qk_rms_norm_rope_split_pack(q, k, v, wq, wk, eps, cos, sin, parts)
+
+
+def qk_rms_norm_rope_split_pack_into(q: Tensor, k: Tensor, v: Tensor, wq: Tensor, wk: Tensor, eps: float,
+                                     cos: Tensor, sin: Tensor, outs: list[Tensor]) -> None:
+    """`qk_rms_norm_rope_split_pack` with part r written into outs[r], as `qk_rms_norm_rope_pack_into`."""
+    _lib().qk_rms_norm_rope_split_pack_into(q, k, v, wq, wk, eps, cos, sin, outs)
 
 
 def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor | None = None,

@@ -72,6 +72,21 @@ def _qk_rms_norm_rope_pack(q, k, v, wq, wk, eps, cos, sin, grid, freqs, parts):
     b, s, d = q.shape
     return q.new_empty((parts, b, s, 3, d // parts))
 
+@register_fake("ltxbench::qk_rms_norm_rope_pack_into")
+def _qk_rms_norm_rope_pack_into(q, k, v, wq, wk, eps, cos, sin, grid, freqs, outs):
+    _check_parts_into(q, k, v, outs, q.shape[-1] if q.dim() == 3 else 0, "qk_rms_norm_rope_pack_into")
+
+
+def _check_parts_into(q, k, v, outs, total, op):
+    torch._check(q.dim() == 3 and k.shape == q.shape and v.shape == q.shape,
+                 lambda: f"{op}: q, k and v must be (B, S, D)")
+    torch._check(1 <= len(outs) <= 8 and total % len(outs) == 0, lambda: f"{op}: outs must hold 1 to 8 tensors")
+    b, s, d = q.shape
+    for out in outs:
+        torch._check(tuple(out.shape) == (b, s, 3, d // len(outs)),
+                     lambda: f"{op}: each of outs must be (B, S, 3, D / parts)")
+
+
 @register_fake("ltxbench::qk_rms_norm_rope_kv")
 def _qk_rms_norm_rope_kv(q, k, v, wq, wk, eps, cos, sin, grid, freqs):
     torch._check(q.dim() == 3 and k.shape == q.shape and v.shape == q.shape,
@@ -100,6 +115,11 @@ def _qk_rms_norm_rope_split_pack(q, k, v, wq, wk, eps, cos, sin, parts):
                  lambda: "qk_rms_norm_rope_split_pack: parts must be >= 1 and divide the heads")
     b, s, d = q.shape
     return q.new_empty((parts, b, s, 3, d // parts))
+
+
+@register_fake("ltxbench::qk_rms_norm_rope_split_pack_into")
+def _qk_rms_norm_rope_split_pack_into(q, k, v, wq, wk, eps, cos, sin, outs):
+    _check_parts_into(q, k, v, outs, cos.shape[1] if cos.dim() == 4 else 0, "qk_rms_norm_rope_split_pack_into")
 
 
 def _token_major(x: torch.Tensor) -> torch.Tensor:

@@ -112,13 +112,25 @@ class _Exchange:
                     buffers[r][self.rank].copy_(sources[r])
 
     def attention(self, packed, backend):
-        from ltxbench.parallel.ulysses import attend_received
-
-        ranks, tokens, _, heads, dim = packed.shape
+        """From a send buffer: each peer's block pushed into its buffer, this rank's copied into its own."""
         stream = torch.cuda.current_stream()
         self._push(packed, self.peer_inputs, stream)
         self.inputs[self.rank].copy_(packed[self.rank])
         stream.wait_stream(self.side)
+        return self.attend(backend, stream)
+
+    def slots(self) -> list:
+        """Where each rank's block of this rank's tokens goes: rank r's input buffer, this rank's slot, viewed as the
+        packing kernel's part (1, S, 3, heads · dim)."""
+        _, tokens, _, heads, dim = self.inputs.shape
+        return [self.peer_inputs[r][self.rank].view(1, tokens, 3, heads * dim) for r in range(self.ranks)]
+
+    def attend(self, backend, stream):
+        """Once this rank's block is in every rank's input buffer: the barrier, the attention over the buffer in
+        place, the output rows exchanged the same way, and this rank's tokens in the caller's layout."""
+        from ltxbench.parallel.ulysses import attend_received
+
+        ranks, tokens, _, heads, dim = self.inputs.shape
         self.input_handle.barrier(channel=0, timeout_ms=BARRIER_TIMEOUT_MS)
         received = self.inputs.view(1, ranks * tokens, 3, heads, dim)
         out = attend_received(received, backend or None)
@@ -130,17 +142,22 @@ class _Exchange:
         return torch.stack(parts, dim=1).view(1, tokens, ranks * heads, dim)
 
 
+def _exchange(group_name: str, shape, dtype, device) -> _Exchange:
+    key = (group_name, tuple(shape), dtype, device)
+    exchange = _exchanges.get(key)
+    if exchange is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("ltxbench_parallel: the first Ulysses exchange of a shape must run uncaptured (its "
+                               "symmetric buffers are allocated collectively)")
+        exchange = _exchanges[key] = _Exchange(group_name, shape, dtype, device)
+    return exchange
+
+
 @torch.library.custom_op("ltxbench_parallel::ulysses_attention", mutates_args=(), device_types="cuda")
 def ulysses_attention(packed: torch.Tensor, group_name: str, backend: str) -> torch.Tensor:
     """Attention of this rank's tokens over every rank's, from the send buffer (ranks, S, 3, heads / ranks, dim)
     that ulysses.exchanged_attention takes; (1, S, heads, dim). backend: diffusers' attention backend name, or ""."""
-    key = (group_name, tuple(packed.shape), packed.dtype, packed.device)
-    exchange = _exchanges.get(key)
-    if exchange is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("ltxbench_parallel::ulysses_attention: the first call of a shape must run uncaptured "
-                               "(its symmetric buffers are allocated collectively)")
-        exchange = _exchanges[key] = _Exchange(group_name, packed.shape, packed.dtype, packed.device)
+    exchange = _exchange(group_name, packed.shape, packed.dtype, packed.device)
     return exchange.attention(packed.contiguous(), backend)
 
 
@@ -148,3 +165,32 @@ def ulysses_attention(packed: torch.Tensor, group_name: str, backend: str) -> to
 def _(packed, group_name, backend):
     ranks, tokens, _, heads, dim = packed.shape
     return packed.new_empty((1, tokens, ranks * heads, dim))
+
+
+@torch.library.custom_op("ltxbench_parallel::ulysses_rope_attention", mutates_args=(), device_types="cuda")
+def ulysses_rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq: torch.Tensor, wk: torch.Tensor,
+                           eps: float, cos: torch.Tensor | None, sin: torch.Tensor | None, grid: torch.Tensor | None,
+                           freqs: torch.Tensor | None, split: bool, heads: int, group_name: str,
+                           backend: str) -> torch.Tensor:
+    """`ulysses_attention` of a self-attention whose q/k norm + RoPE kernel packs q, k and v (LTX-Video's
+    ops.qk_rms_norm_rope_pack, LTX-2's split variant with split=True): the kernel writes each rank's heads of this
+    rank's tokens straight into that rank's input buffer (ops.qk_rms_norm_rope_pack_into), so its stores are the
+    exchange. q, k, v (1, S, heads · dim); returns (1, S, heads, dim)."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    from ltxbench import ops
+
+    ranks = torch.distributed.get_world_size(_resolve_process_group(group_name))
+    _, tokens, width = q.shape
+    exchange = _exchange(group_name, (ranks, tokens, 3, heads // ranks, width // heads), q.dtype, q.device)
+    if split:
+        ops.qk_rms_norm_rope_split_pack_into(q, k, v, wq, wk, eps, cos, sin, exchange.slots())
+    else:
+        ops.qk_rms_norm_rope_pack_into(q, k, v, wq, wk, eps, cos, sin, grid, freqs, exchange.slots())
+    return exchange.attend(backend, torch.cuda.current_stream())
+
+
+@ulysses_rope_attention.register_fake
+def _(q, k, v, wq, wk, eps, cos, sin, grid, freqs, split, heads, group_name, backend):
+    _, tokens, width = q.shape
+    return q.new_empty((1, tokens, heads, width // heads))

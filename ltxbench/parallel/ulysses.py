@@ -52,6 +52,27 @@ def attention(query, key, value, backend, parallel_config):
     return exchanged_attention(packed, backend, parallel_config)
 
 
+def rope_attention(ops, q, k, v, wq, wk, eps: float, rope: dict, split: bool, heads: int, backend, parallel_config):
+    """Attention for a self-attention whose q/k norm + RoPE kernel writes q, k and v packed (ops.qk_rms_norm_rope_pack,
+    or ops.qk_rms_norm_rope_split_pack with split): q, k, v (1, S_local, heads · dim), rope the kernel's table or
+    coordinate arguments; returns (1, S_local, heads, dim). Through symmetric memory, with our CUDA kernels, the
+    kernel writes each rank's heads straight into that rank's buffer (symmetric.py); else it writes the send buffer
+    that exchanged_attention sends. Call only where `applies`."""
+    from ltxbench import ops as cuda_ops
+    from ltxbench.parallel import symmetric
+
+    group = parallel_config.context_parallel_config._ulysses_mesh.get_group()
+    if ops is cuda_ops and symmetric.usable(group):
+        name = getattr(backend, "value", backend) or ""
+        return torch.ops.ltxbench_parallel.ulysses_rope_attention(
+            q, k, v, wq, wk, eps, rope.get("cos"), rope.get("sin"), rope.get("grid"), rope.get("freqs"), split, heads,
+            group.group_name, name)
+    ranks = degree(parallel_config)
+    pack = ops.qk_rms_norm_rope_split_pack if split else ops.qk_rms_norm_rope_pack
+    packed = pack(q, k, v, wq, wk, eps, **rope, parts=ranks)
+    return exchanged_attention(packed.view(ranks, q.size(1), 3, heads // ranks, -1), backend, parallel_config)
+
+
 def exchanged_attention(packed, backend, parallel_config):
     """`attention` from its send buffer (ranks, S_local, 3, heads / ranks, dim): what `attention` packs, or what
     ops.qk_rms_norm_rope_pack writes in the kernel that normalizes and rotates q and k (LTX-Video's processor)."""

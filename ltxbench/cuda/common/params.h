@@ -38,6 +38,8 @@ struct RowOpParams {
 
 cudaError_t launch_row_op(const RowOpParams& p, DType dtype, cudaStream_t stream);
 
+constexpr int kMaxPackParts = 8;  // parts of a packed q/k/v output written through pointers of their own
+
 // LTX-Video's 3-D RoPE over the whole inner dim D (interleaved pairs 2i, 2i+1), for q and k together.
 // The angles come either from precomputed fp32 cos/sin (B|1, S, D) or, computed in-kernel, from the
 // fractional grid (B|1, S, 3) and the base frequencies freqs[D / 6]: channel c >= pad = D % 6 has
@@ -63,6 +65,9 @@ struct Rope3dParams {
   void* packed = nullptr;
   int64_t chunk = 0;
   int slots = 3;
+  // Or each part at a pointer of its own (part_out[0] set; `packed` = part_out[0]): part r's (B, S, slots, chunk)
+  // block at part_out[r], which may be a peer GPU's memory (a Ulysses exchange written in place).
+  void* part_out[kMaxPackParts] = {};
   // FP8 outputs instead (with norm only, not packed): q_out / k_out float8_e4m3fn, each head's values
   // times its scale. The launch first writes the scales from the norm weights (q's `heads`, then k's, into scale8)
   // and their reciprocals per (batch, head) into q_descale / k_descale (B, heads): RMSNorm bounds each normalized
@@ -117,6 +122,7 @@ struct RopeSplitParams {
   Rows3 v;
   void* packed = nullptr;
   int64_t parts = 0;
+  void* part_out[kMaxPackParts] = {};  // as Rope3dParams'
 };
 
 cudaError_t launch_rope_split(const RopeSplitParams& p, DType dtype, cudaStream_t stream);

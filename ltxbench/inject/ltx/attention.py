@@ -115,16 +115,15 @@ class FusedLTXAttnProcessor:
             return self.ops.linear(hidden_states, project.weight, project.bias, "none", residual)
         return residual + attn.to_out[1](project(hidden_states))
 
-    def _ulysses_send_buffer(self, attn, query, key, value, attention_mask, image_rotary_emb):
+    def _ulysses_attention(self, attn, query, key, value, attention_mask, image_rotary_emb):
         """Self-attention under Ulysses (ulysses.applies): q and k normalized and rotated, and v, written by one
-        kernel straight into the all-to-all's send buffer (ranks, S_local, 3, heads / ranks, head_dim); else None."""
+        kernel as the exchange sends them (ulysses.rope_attention); (1, S_local, heads, head_dim), else None."""
         heads = (t.unflatten(2, (attn.heads, -1)) for t in (query, key))
         if image_rotary_emb is None or not ulysses.applies(*heads, attention_mask, self._parallel_config):
             return None
-        ranks = ulysses.degree(self._parallel_config)
-        packed = self.ops.qk_rms_norm_rope_pack(query, key, value, attn.norm_q.weight, attn.norm_k.weight,
-                                                eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb), parts=ranks)
-        return packed.view(ranks, query.size(1), 3, attn.heads // ranks, -1)
+        return ulysses.rope_attention(self.ops, query, key, value, attn.norm_q.weight, attn.norm_k.weight,
+                                      eps_of(attn.norm_q), _rope_kwargs(image_rotary_emb), False, attn.heads,
+                                      self._attention_backend, self._parallel_config)
 
     def _ring_send_buffer(self, attn, query, key, value, attention_mask, image_rotary_emb):
         """Self-attention under ring attention (ring.applies): q and k normalized and rotated by one kernel that also
@@ -162,9 +161,8 @@ class FusedLTXAttnProcessor:
             key, value = cross_kv if cross_kv is not None else cross_key_value(self.ops, attn, encoder_hidden_states)
         else:
             query, key, value = _projections(self.ops, attn, hidden_states, encoder_hidden_states, self.linear)
-            packed = self._ulysses_send_buffer(attn, query, key, value, attention_mask, image_rotary_emb)
-            if packed is not None:  # the kernel below wrote q, k and v as the all-to-all sends them
-                hidden_states = ulysses.exchanged_attention(packed, self._attention_backend, self._parallel_config)
+            hidden_states = self._ulysses_attention(attn, query, key, value, attention_mask, image_rotary_emb)
+            if hidden_states is not None:  # q, k and v written by one kernel as the exchange sends them
                 return self._output(attn, hidden_states.flatten(2, 3).to(query.dtype), residual)
             gathered = self._ring_send_buffer(attn, query, key, value, attention_mask, image_rotary_emb)
             if gathered is not None:  # q, and k and v as the all-gather sends them

@@ -84,27 +84,24 @@ def _attend(attn, query, key, value, mask=None):
     return out.flatten(2, 3).to(query.dtype)
 
 
-def _ulysses_send_buffer(ops, attn, query, key, value, rope):
+def _ulysses_attention(ops, attn, query, key, value, rope):
     """A self-attention under Ulysses (ulysses.applies): q and k normalized and rotated, and v, written by one kernel
-    straight into the all-to-all's send buffer (ranks, S_local, 3, heads / ranks, head_dim); else None."""
+    as the exchange sends them (ulysses.rope_attention); (1, S_local, heads, head_dim), else None."""
     parallel = getattr(attn.processor, "_parallel_config", None)
     heads = (t.unflatten(2, (attn.heads, -1)) for t in (query, key))
     if rope is None or not ulysses.applies(*heads, None, parallel):
         return None
-    ranks = ulysses.degree(parallel)
-    wq, wk, eps = attn.norm_q.weight, attn.norm_k.weight, eps_of(attn.norm_q)
-    pack = ops.qk_rms_norm_rope_split_pack if attn.rope_type == "split" else ops.qk_rms_norm_rope_pack
-    packed = pack(query, key, value, wq, wk, eps, *rope, parts=ranks)
-    return packed.view(ranks, query.size(1), 3, attn.heads // ranks, -1)
+    tables = dict(zip(("cos", "sin"), rope, strict=True))
+    return ulysses.rope_attention(ops, query, key, value, attn.norm_q.weight, attn.norm_k.weight, eps_of(attn.norm_q),
+                                  tables, attn.rope_type == "split", attn.heads,
+                                  getattr(attn.processor, "_attention_backend", None), parallel)
 
 
 def self_attention(ops, attn, hidden_states, rope):
     """attn(hidden_states, query_rotary_emb=rope) without its residual (the caller gates it)."""
     query, key, value = _project(ops, attn, ("to_q", "to_k", "to_v"), hidden_states)
-    packed = _ulysses_send_buffer(ops, attn, query, key, value, rope)
-    if packed is not None:  # the kernel wrote q, k and v as the all-to-all sends them
-        out = ulysses.exchanged_attention(packed, getattr(attn.processor, "_attention_backend", None),
-                                          attn.processor._parallel_config)
+    out = _ulysses_attention(ops, attn, query, key, value, rope)
+    if out is not None:  # q, k and v written by one kernel as the exchange sends them
         return linear(ops, out.flatten(2, 3).to(query.dtype), attn.to_out[0])
     query, key = _norm_rope(ops, attn, query, key, rope, None)
     return linear(ops, _attend(attn, query, key, value), attn.to_out[0])
