@@ -16,6 +16,10 @@ the previous attention, which the peer reaches after its attention read that buf
 buffer only after the next input barrier, which the peer reaches after it has used its output. Same values, same
 order as the all-to-all: the attention sees the same inputs, so the result is the same bits.
 
+With our CUDA kernels a second op, `ltxbench_parallel::ulysses_rope_attention`, skips the q/k/v copy too: the q/k
+norm + RoPE kernel stores each rank's heads straight into that rank's input buffer (ops.qk_rms_norm_rope_pack_into),
+then the same barrier and what follows it. On 4× H200: 44.86 → 43.83 ms a step (docs/parallel.md#measured).
+
 Used where every rank of the Ulysses group agreed at set-up that it works (`prepare`, collective); the environment
 variable LTXBENCH_ULYSSES_EXCHANGE=nccl keeps NCCL's all-to-all.
 """
