@@ -95,6 +95,23 @@ def test_into_compiles_and_passes_opcheck(name):
     torch.library.opcheck(op, tuple(_into_args(name, inputs, outs)))
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_into_rejects_wrong_outs_in_one_line(name):
+    """Outs of the wrong shape, dtype or count: a RuntimeError naming the out (not a crash of the process)."""
+    spec = _spec(name)
+    inputs = _inputs(name, tuple(spec.test_shapes[-1]), spec.variants[0], torch.bfloat16)
+    expected = getattr(ops, name)(**inputs)
+    op = getattr(ops, CASES[name])
+    good = [torch.empty_like(expected[r]) for r in range(expected.shape[0])]
+    wrong = {"outs\\[0\\] must be contiguous of shape": [good[0].flatten(0, 1)] + good[1:],
+             "outs\\[0\\] must be BFloat16 on cuda": [good[0].float()] + good[1:],
+             "outs must hold 1 to 8 tensors": good * 9}
+    for message, outs in wrong.items():
+        with pytest.raises(RuntimeError, match=message):
+            op(*_into_args(name, inputs, outs))
+
+
 def test_into_fakes_and_checks():
     """Under FakeTensorMode the op checks its outs; on the CPU the first check names the device."""
     from torch._subclasses.fake_tensor import FakeTensorMode

@@ -391,10 +391,11 @@ void attach_parts(void** part_out, void*& packed, at::TensorList outs, const Ten
   const std::vector<int64_t> want{q.size(0), q.size(1), 3, chunk};
   for (size_t r = 0; r < outs.size(); ++r) {
     const Tensor& out = outs[r];
-    TORCH_CHECK(out.scalar_type() == q.scalar_type() && out.device() == q.device(), "ltxbench.", op, ": outs[", r,
-                "] must be ", q.scalar_type(), " on ", q.device(), ", got ", out.scalar_type(), " on ", out.device());
-    TORCH_CHECK(out.sizes() == c10::IntArrayRef(want) && out.is_contiguous(), "ltxbench.", op, ": outs[", r,
-                "] must be contiguous of shape ", shape(want), ", got ", shape(out.sizes()));
+    const std::string which = "outs[" + num(static_cast<int64_t>(r)) + "]";  // formatted here: see num()
+    TORCH_CHECK(out.scalar_type() == q.scalar_type() && out.device() == q.device(), "ltxbench.", op, ": ", which,
+                " must be ", dtype_name(q), " on ", dev(q), ", got ", dtype_name(out), " on ", dev(out));
+    TORCH_CHECK(out.sizes() == c10::IntArrayRef(want) && out.is_contiguous(), "ltxbench.", op, ": ", which,
+                " must be contiguous of shape ", shape(want), ", got ", shape(out.sizes()));
     part_out[r] = out.data_ptr();
   }
   packed = part_out[0];
@@ -404,7 +405,7 @@ void attach_parts(void** part_out, void*& packed, at::TensorList outs, const Ten
 int64_t parts_of(at::TensorList outs, int64_t total, const char* what, const char* op) {
   const auto parts = static_cast<int64_t>(outs.size());
   TORCH_CHECK(parts >= 1 && parts <= kMaxPackParts && total % parts == 0, "ltxbench.", op, ": outs must hold 1 to ",
-              kMaxPackParts, " tensors, as many as divide ", what, " (", num(total), "), got ", num(parts));
+              num(kMaxPackParts), " tensors, as many as divide ", what, " (", num(total), "), got ", num(parts));
   return parts;
 }
 
