@@ -75,23 +75,27 @@ def test_into_writes_the_packing_ops_bits(name, shape, variant, dtype):
     assert bool((buffer[gaps] == GUARD).all())  # nothing outside the outs was written
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("name", list(CASES))
-def test_into_compiles_and_passes_opcheck(name):
+def _largest_case(name):
+    """The packing op's inputs at its largest test shape (bf16, first variant), its output, and empty outs for it."""
     spec = _spec(name)
     inputs = _inputs(name, tuple(spec.test_shapes[-1]), spec.variants[0], torch.bfloat16)
     expected = getattr(ops, name)(**inputs)
+    return inputs, expected, [torch.empty_like(part) for part in expected]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CASES))
+def test_into_compiles_and_passes_opcheck(name):
+    inputs, expected, outs = _largest_case(name)
     op = getattr(torch.ops.ltxbench, CASES[name]).default
 
     def write(*args):
-        outs = [torch.empty_like(expected[r]) for r in range(expected.shape[0])]
-        op(*args[:-1], outs)
-        return torch.stack(outs)
+        fresh = [torch.empty_like(part) for part in expected]
+        op(*args[:-1], fresh)
+        return torch.stack(fresh)
 
-    args = _into_args(name, inputs, None)
-    got = torch.compile(write, fullgraph=True)(*args)
+    got = torch.compile(write, fullgraph=True)(*_into_args(name, inputs, None))
     assert torch.equal(got, expected)
-    outs = [torch.empty_like(expected[r]) for r in range(expected.shape[0])]
     torch.library.opcheck(op, tuple(_into_args(name, inputs, outs)))
 
 
@@ -99,11 +103,8 @@ def test_into_compiles_and_passes_opcheck(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_into_rejects_wrong_outs_in_one_line(name):
     """Outs of the wrong shape, dtype or count: a RuntimeError naming the out (not a crash of the process)."""
-    spec = _spec(name)
-    inputs = _inputs(name, tuple(spec.test_shapes[-1]), spec.variants[0], torch.bfloat16)
-    expected = getattr(ops, name)(**inputs)
+    inputs, _, good = _largest_case(name)
     op = getattr(ops, CASES[name])
-    good = [torch.empty_like(expected[r]) for r in range(expected.shape[0])]
     wrong = {"outs\\[0\\] must be contiguous of shape": [good[0].flatten(0, 1)] + good[1:],
              "outs\\[0\\] must be BFloat16 on cuda": [good[0].float()] + good[1:],
              "outs must hold 1 to 8 tensors": good * 9}
