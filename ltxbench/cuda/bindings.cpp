@@ -537,30 +537,22 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope_split(const Tensor& q, const Tensor&
   return {q_out, k_out};
 }
 
-// The params of LTX-2's split RoPE packing q, k and v (k and v checked against q; v's rows attached).
-RopeSplitParams split_pack_params(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq, const Tensor& wk,
-                                  double eps, const Tensor& cos, const Tensor& sin, const char* op,
-                                  std::vector<Tensor>& keep) {
+Tensor qk_rms_norm_rope_split_pack(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq,
+                                   const Tensor& wk, double eps, const Tensor& cos, const Tensor& sin, int64_t parts) {
+  const char* op = "qk_rms_norm_rope_split_pack";
+  const DType dt = check_primary(q, op, "q");
   for (auto [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
     check_same(*t, q, op, name, "q");
     TORCH_CHECK(t->sizes() == q.sizes(), "ltxbench.", op, ": ", name, " has shape ", shape(t->sizes()), " but q has ",
                 shape(q.sizes()));
   }
+  std::vector<Tensor> keep;
   RopeSplitParams p = rope_split_params(q, "q", wq, "wq", cos, sin, eps, op, keep);
   attach_split_key(p, k, wk, q, op, keep);
-  keep.push_back(unit_last_stride(v));
-  p.v = rows_of_3d(keep.back());
-  return p;
-}
-
-Tensor qk_rms_norm_rope_split_pack(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq,
-                                   const Tensor& wk, double eps, const Tensor& cos, const Tensor& sin, int64_t parts) {
-  const char* op = "qk_rms_norm_rope_split_pack";
-  const DType dt = check_primary(q, op, "q");
-  std::vector<Tensor> keep;
-  RopeSplitParams p = split_pack_params(q, k, v, wq, wk, eps, cos, sin, op, keep);
   TORCH_CHECK(parts >= 1 && p.H % parts == 0, "ltxbench.", op, ": parts must be >= 1 and divide the heads (",
               num(p.H), "), got ", num(parts));
+  keep.push_back(unit_last_stride(v));
+  p.v = rows_of_3d(keep.back());
   Tensor packed = at::empty({parts, q.size(0), q.size(1), 3, q.size(2) / parts}, q.options());
   if (packed.numel() == 0) return packed;
   p.packed = packed.data_ptr(), p.parts = parts;
@@ -574,9 +566,17 @@ void qk_rms_norm_rope_split_pack_into(const Tensor& q, const Tensor& k, const Te
                                       at::TensorList outs) {
   const char* op = "qk_rms_norm_rope_split_pack_into";
   const DType dt = check_primary(q, op, "q");
+  for (auto [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}}) {
+    check_same(*t, q, op, name, "q");
+    TORCH_CHECK(t->sizes() == q.sizes(), "ltxbench.", op, ": ", name, " has shape ", shape(t->sizes()), " but q has ",
+                shape(q.sizes()));
+  }
   std::vector<Tensor> keep;
-  RopeSplitParams p = split_pack_params(q, k, v, wq, wk, eps, cos, sin, op, keep);
+  RopeSplitParams p = rope_split_params(q, "q", wq, "wq", cos, sin, eps, op, keep);
+  attach_split_key(p, k, wk, q, op, keep);
   p.parts = parts_of(outs, p.H, "the heads", op);
+  keep.push_back(unit_last_stride(v));
+  p.v = rows_of_3d(keep.back());
   attach_parts(p.part_out, p.packed, outs, q, q.size(2) / p.parts, op);
   if (q.numel() == 0) return;
   run_rope_split(p, dt, q, op);
