@@ -61,12 +61,11 @@ def rope_attention(ops, q, k, v, wq, wk, eps: float, rope: dict, split: bool, he
     from ltxbench import ops as cuda_ops
     from ltxbench.parallel import symmetric
 
-    group = parallel_config.context_parallel_config._ulysses_mesh.get_group()
+    group = _group(parallel_config)
     if ops is cuda_ops and symmetric.usable(group):
-        name = getattr(backend, "value", backend) or ""
         return torch.ops.ltxbench_parallel.ulysses_rope_attention(
             q, k, v, wq, wk, eps, rope.get("cos"), rope.get("sin"), rope.get("grid"), rope.get("freqs"), split, heads,
-            group.group_name, name)
+            group.group_name, _backend_name(backend))
     ranks = degree(parallel_config)
     pack = ops.qk_rms_norm_rope_split_pack if split else ops.qk_rms_norm_rope_pack
     packed = pack(q, k, v, wq, wk, eps, **rope, parts=ranks)
@@ -78,16 +77,25 @@ def exchanged_attention(packed, backend, parallel_config):
     ops.qk_rms_norm_rope_pack writes in the kernel that normalizes and rotates q and k (LTX-Video's processor)."""
     from ltxbench.parallel import symmetric
 
-    group = parallel_config.context_parallel_config._ulysses_mesh.get_group()
+    group = _group(parallel_config)
     if symmetric.usable(group):  # pushed into the peers' memory instead of NCCL's all-to-all (symmetric.py)
-        name = getattr(backend, "value", backend) or ""
-        return torch.ops.ltxbench_parallel.ulysses_attention(packed, group.group_name, name)
+        return torch.ops.ltxbench_parallel.ulysses_attention(packed, group.group_name, _backend_name(backend))
     ranks, local_tokens, _, heads_here, dim = packed.shape
     received = exchange(packed, group).view(1, ranks * local_tokens, 3, heads_here, dim)
     out = attend_received(received, backend)
     # (1, all tokens, heads_here, dim): rank r's rows are a contiguous block, sent back as they are
     back = exchange(out.reshape(ranks, local_tokens, heads_here, dim), group)
     return back.transpose(0, 1).reshape(1, local_tokens, ranks * heads_here, dim)
+
+
+def _group(parallel_config):
+    """The process group of the Ulysses exchange (call only where `applies`)."""
+    return parallel_config.context_parallel_config._ulysses_mesh.get_group()
+
+
+def _backend_name(backend) -> str:
+    """diffusers' attention backend (an enum member, its name, or None) as the symmetric ops take it: a name or ""."""
+    return getattr(backend, "value", backend) or ""
 
 
 def attend_received(received, backend):
