@@ -22,6 +22,7 @@ import json
 import os
 import sys
 
+import rank_exit
 import torch
 import torch.distributed as dist
 
@@ -170,8 +171,7 @@ def main(out: str, spec_text: str) -> None:
                                  (("unpatched", unpatched), ("alone", alone), ("together", together))}
         with open(out, "w") as file:
             json.dump(result, file)
-    dist.barrier()
-    dist.destroy_process_group()
+    rank_exit.leave()
 
 
 def _count_exchanges(swap_heads: bool) -> list:

@@ -22,7 +22,7 @@ def run_ranks(tmp_path, spec: dict, nproc: int = 2, fails: bool = False):
     """tests/parallel_latents.py on `nproc` processes; its JSON (or, with fails, the failed run's stderr)."""
     out = tmp_path / "result.json"
     path = [str(TESTS.parent), str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
                str(TESTS / "parallel_latents.py"), str(out), json.dumps(spec)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)

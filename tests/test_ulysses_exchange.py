@@ -20,7 +20,7 @@ def _run(tmp_path, mutation: str = "", worker: str = "ulysses_worker.py", timeou
     """`worker` on 2 processes (torch's launcher); its JSON."""
     out = tmp_path / "result.json"
     path = [str(TESTS.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                str(TESTS / worker), str(out), mutation]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)

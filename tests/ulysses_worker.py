@@ -8,6 +8,7 @@ import json
 import sys
 from types import SimpleNamespace
 
+import rank_exit
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -36,8 +37,7 @@ def main(out: str, mutation: str) -> None:
     if rank == 0:
         with open(out, "w") as file:
             json.dump(errors, file)
-    dist.barrier()
-    dist.destroy_process_group()
+    rank_exit.leave()
 
 
 if __name__ == "__main__":
