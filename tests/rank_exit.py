@@ -1,7 +1,7 @@
 """How the test ranks started by torch.distributed.run end (tests/ulysses_worker.py, tests/ulysses_symmetric_worker.py,
 tests/parallel_latents.py): leave the process group, flush, and exit without the interpreter's finalization.
 
-Why: a rank of tests/test_ulysses_exchange.py aborted once in CI after its work ("terminate called without an
+Why: a rank of tests/test_ulysses_exchange.py aborted once in CI ("terminate called without an
 active exception", SIGABRT). The likely cause: a gloo worker thread still releasing the last collective's tensors
 needs the GIL while the interpreter finalizes; Python ends that thread and the C++ runtime aborts the process. The
 harnesses set PYTHONFAULTHANDLER, so that another abort shows the threads' stacks."""
