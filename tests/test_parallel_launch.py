@@ -170,6 +170,35 @@ def test_a_rank_that_exits_with_our_code_gives_that_code(worker_path, capfd):
     assert "error: worker 1 gives up" in err and "failed (" not in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize(("code", "status", "message"),
+                         [(None, 0, ""), (3, 3, ""), ("error: gave up", 1, "error: gave up\n")])
+def test_a_rank_ends_with_its_code_and_its_output_flushed(code, status, message):
+    """end_rank skips the interpreter's finalization: what the rank printed must still arrive (pipes buffer it)."""
+    import subprocess
+
+    program = ("import sys; from ltxbench.parallel import launch; print('done', end=''); sys.stderr.write('w'); "
+               f"launch.end_rank({code!r})")
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=REPO, env=buffered,
+                          timeout=120)
+    assert (done.returncode, done.stdout, done.stderr) == (status, "done", "w" + message)
+
+
+@pytest.mark.parametrize(("argv", "status", "stream", "expected"),
+                         [(["compare", "--help"], 0, "stdout", "Usage"),
+                          (["compare", "missing-a.json", "missing-b.json"], 3, "stderr", "missing-a.json")])
+def test_a_rank_of_the_cli_exits_with_the_command_code(tmp_path, argv, status, stream, expected):
+    """`python -m ltxbench` as one rank (the launcher's variables set) ends through end_rank, with the command's exit
+    code and its whole output."""
+    import subprocess
+
+    env = {**{name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"},
+           "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    done = subprocess.run([sys.executable, "-m", "ltxbench", *argv], capture_output=True, text=True, cwd=tmp_path,
+                          env=env, timeout=120)
+    assert done.returncode == status and expected in getattr(done, stream), done
+
+
 @pytest.mark.gpu
 def test_two_nccl_ranks_each_on_its_gpu(tmp_path, worker_path):
     import torch

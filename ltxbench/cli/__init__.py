@@ -129,4 +129,13 @@ _register()
 
 
 def main() -> None:
-    app()
+    from ltxbench.parallel import launch
+
+    if not launch.under_launcher():
+        app()
+        return
+    try:
+        app()
+    except SystemExit as done:  # typer ends every command so: the rank's exit code
+        launch.end_rank(done.code)
+    launch.end_rank(0)

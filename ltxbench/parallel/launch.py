@@ -85,6 +85,22 @@ def under_launcher() -> bool:
     return all(name in os.environ for name in LAUNCHER_ENV)
 
 
+def end_rank(code) -> None:
+    """Exit this rank's process with `code` (a SystemExit's: None, an int or a message) once its command returned,
+    without the interpreter's finalization: a collective's worker thread may still be releasing tensors then, and a
+    thread that needs the GIL while the interpreter finalizes aborts the whole process (SIGABRT) after a run that
+    succeeded. The process group is left and the files are written by then; the output streams are flushed here."""
+    import logging
+
+    if code is not None and not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
 def launcher_world_size() -> int:
     return int(os.environ["WORLD_SIZE"])
 
