@@ -173,15 +173,16 @@ def test_a_rank_that_exits_with_our_code_gives_that_code(worker_path, capfd):
 @pytest.mark.parametrize(("code", "status", "message"),
                          [(None, 0, ""), (3, 3, ""), ("error: gave up", 1, "error: gave up\n")])
 def test_a_rank_ends_with_its_code_and_its_output_flushed(code, status, message):
-    """end_rank skips the interpreter's finalization: what the rank printed must still arrive (pipes buffer it)."""
+    """end_rank skips the interpreter's finalization: what the rank printed must still arrive (pipes buffer it), and
+    the exit handlers still run (the GEMM choices are saved by one)."""
     import subprocess
 
-    program = ("import sys; from ltxbench.parallel import launch; print('done', end=''); sys.stderr.write('w'); "
-               f"launch.end_rank({code!r})")
+    program = ("import atexit, sys; from ltxbench.parallel import launch; atexit.register(print, '+', end=''); "
+               f"print('done', end=''); sys.stderr.write('w'); launch.end_rank({code!r})")
     buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
     done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, cwd=REPO, env=buffered,
                           timeout=120)
-    assert (done.returncode, done.stdout, done.stderr) == (status, "done", "w" + message)
+    assert (done.returncode, done.stdout, done.stderr) == (status, "done+", "w" + message)
 
 
 @pytest.mark.parametrize(("argv", "status", "stream", "expected"),

@@ -89,12 +89,15 @@ def end_rank(code) -> None:
     """Exit this rank's process with `code` (a SystemExit's: None, an int or a message) once its command returned,
     without the interpreter's finalization: a collective's worker thread may still be releasing tensors then, and a
     thread that needs the GIL while the interpreter finalizes aborts the whole process (SIGABRT) after a run that
-    succeeded. The process group is left and the files are written by then; the output streams are flushed here."""
+    succeeded. By then the process group is left and the files are written; the exit handlers (the GEMM choices'
+    save among them) still run, and the output streams are flushed."""
+    import atexit
     import logging
 
     if code is not None and not isinstance(code, int):
         print(code, file=sys.stderr)
         code = 1
+    atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
