@@ -57,5 +57,11 @@ def main(mode: str, *args: str) -> None:
         time.sleep(60)
 
 
-if __name__ == "__main__":
-    main(*sys.argv[1:])
+if __name__ == "__main__":  # ends as `python -m ltxbench` does under the launcher
+    from ltxbench.parallel.launch import end_rank
+
+    try:
+        main(*sys.argv[1:])
+    except SystemExit as done:
+        end_rank(done.code)
+    end_rank(0)
