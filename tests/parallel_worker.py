@@ -57,11 +57,7 @@ def main(mode: str, *args: str) -> None:
         time.sleep(60)
 
 
-if __name__ == "__main__":  # ends as `python -m ltxbench` does under the launcher
-    from ltxbench.parallel.launch import end_rank
+if __name__ == "__main__":
+    from ltxbench.parallel.launch import run_rank
 
-    try:
-        main(*sys.argv[1:])
-    except SystemExit as done:
-        end_rank(done.code)
-    end_rank(0)
+    run_rank(main, *sys.argv[1:])  # ends as `python -m ltxbench` does under the launcher

@@ -1,5 +1,5 @@
 """How the test ranks started by torch.distributed.run end (tests/ulysses_worker.py, tests/ulysses_symmetric_worker.py,
-tests/parallel_latents.py): leave the process group, flush, and exit without the interpreter's finalization.
+tests/parallel_latents.py): leave the process group and exit without the interpreter's finalization.
 
 Why: a rank of tests/test_ulysses_exchange.py aborted once in CI ("terminate called without an
 active exception", SIGABRT). The likely cause: a gloo worker thread still releasing the last collective's tensors
@@ -8,16 +8,13 @@ harnesses set PYTHONFAULTHANDLER, so that another abort shows the threads' stack
 
 from __future__ import annotations
 
-import os
-import sys
-
 
 def leave() -> None:
-    """Every rank here, the group left, the output flushed: exit 0 now."""
+    """Every rank here, the group left: exit 0 now, as the CLI's ranks do (launch.end_rank)."""
     import torch.distributed as dist
+
+    from ltxbench.parallel.launch import end_rank
 
     dist.barrier()
     dist.destroy_process_group()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    end_rank(0)

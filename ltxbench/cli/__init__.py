@@ -131,11 +131,7 @@ _register()
 def main() -> None:
     from ltxbench.parallel import launch
 
-    if not launch.under_launcher():
+    if launch.under_launcher():
+        launch.run_rank(app)  # the rank's process ends there
+    else:
         app()
-        return
-    try:
-        app()
-    except SystemExit as done:  # typer ends every command so: the rank's exit code
-        launch.end_rank(done.code)
-    launch.end_rank(0)

@@ -85,6 +85,16 @@ def under_launcher() -> bool:
     return all(name in os.environ for name in LAUNCHER_ENV)
 
 
+def run_rank(command, *args) -> None:
+    """Run `command(*args)` as this rank's work (`python -m ltxbench` under the launcher), then end the process with
+    the exit code it gave (end_rank)."""
+    try:
+        command(*args)
+    except SystemExit as done:  # typer ends every command so
+        end_rank(done.code)
+    end_rank(0)
+
+
 def end_rank(code) -> None:
     """Exit this rank's process with `code` (a SystemExit's: None, an int or a message) once its command returned,
     without the interpreter's finalization: a collective's worker thread may still be releasing tensors then, and a
