@@ -77,7 +77,9 @@ def _print_table(env: dict, build: dict) -> None:
 
     git = env.get("git")
     if isinstance(git, dict):
-        git_text = f"{git.get('sha') or 'no commits'}{' (dirty)' if git.get('dirty') else ''}"
+        from ltxbench.results.provenance import label
+
+        git_text = f"{label(git)} (from {git.get('source')})"
     else:
         git_text = _fmt(git) if git else "not a git checkout"
     table.add_row("git", git_text)

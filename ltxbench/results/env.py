@@ -131,15 +131,10 @@ def _nvcc(cuda_home: str | None) -> dict:
 
 
 def _git() -> dict | None:
-    """sha and dirty flag of the checkout this package was imported from; None outside a repository."""
-    here = Path(__file__).resolve().parent
-    sha = _run(["git", "rev-parse", "HEAD"], cwd=here)
-    if sha is None:
-        # A repository without commits has no HEAD but is still a checkout.
-        if _run(["git", "rev-parse", "--show-toplevel"], cwd=here) is None:
-            return None
-    status = _run(["git", "status", "--porcelain"], cwd=here)
-    return {"sha": sha.strip() if sha else None, "dirty": None if status is None else bool(status.strip())}
+    """The commit this package's code came from and whether tracked files differed (results.provenance)."""
+    from ltxbench.results.provenance import provenance
+
+    return provenance()
 
 
 def capture_env() -> dict:

@@ -12,6 +12,7 @@ from ltxbench.bench.e2e import precision_label
 from ltxbench.errors import UsageError
 from ltxbench.results.comparable import world_of
 from ltxbench.results.io import load_result
+from ltxbench.results.provenance import label as provenance_label
 
 OURS = "cuda"  # the provider name of ltxbench's own kernels in `bench micro`
 DASH = "–"
@@ -41,10 +42,7 @@ class Document:
 
     @property
     def commit(self) -> str:
-        git = (self.doc.get("env") or {}).get("git") or {}
-        if not git.get("sha"):
-            return "commit not recorded"
-        return f"{git['sha'][:7]}{' + local changes' if git.get('dirty') else ''}"
+        return provenance_label((self.doc.get("env") or {}).get("git"))
 
     @property
     def started(self) -> str:

@@ -1,0 +1,136 @@
+"""Which code a result measured: the commit, and whether the tracked files differed from it.
+
+A run from a git checkout asks git: the commit is HEAD, and the run is dirty when a TRACKED file differs from it
+(untracked files, such as a result written at the repository root, never make a run dirty); a dirty run records the
+SHA-256 of `git diff HEAD`, so that two runs of the same edit can be told apart from two different edits.
+
+A copy of the tree without `.git` (what a GPU machine is sent) cannot ask git. `python -m ltxbench.results.provenance
+stamp` writes `.ltxbench-commit.json` at the repository root before the copy: the commit and the git blob id of every
+tracked file. The copy then hashes its files the way git does and records that commit, clean when every listed file
+is there with its committed content; else dirty, with a hash of what differs. A stamp of a dirty checkout is refused:
+it would describe a commit the files do not hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+STAMP_NAME = ".ltxbench-commit.json"
+TIMEOUT_S = 20
+
+
+def repository_root() -> Path:
+    """The folder above the ltxbench package: a checkout's root (or site-packages in an installed wheel)."""
+    return Path(__file__).resolve().parents[2]
+
+
+def _git(args: list[str], root: Path) -> str | None:
+    try:
+        proc = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _is_checkout(root: Path) -> bool:
+    """git answers for this very folder (not for a repository that merely contains it)."""
+    top = _git(["rev-parse", "--show-toplevel"], root)
+    return top is not None and Path(top.strip()).resolve() == root.resolve()
+
+
+def blob_id(data: bytes) -> str:
+    """git's object id of a file's content (`git hash-object`)."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def from_git(root: Path) -> dict | None:
+    """{sha, dirty, diff_sha256, source: "git"} of a checkout; None where git does not answer for `root`."""
+    if not _is_checkout(root):
+        return None
+    sha = _git(["rev-parse", "HEAD"], root)
+    if sha is None:  # a repository without commits
+        return {"sha": None, "dirty": True, "diff_sha256": None, "source": "git"}
+    status = _git(["status", "--porcelain", "--untracked-files=no"], root)
+    dirty = None if status is None else bool(status.strip())
+    digest = None
+    if dirty:
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=root, capture_output=True, timeout=TIMEOUT_S)
+        digest = hashlib.sha256(diff.stdout).hexdigest() if diff.returncode == 0 else None
+    return {"sha": sha.strip(), "dirty": dirty, "diff_sha256": digest, "source": "git"}
+
+
+def from_stamp(root: Path) -> dict | None:
+    """{sha, dirty, diff_sha256, source: "stamp"} of a copy holding a stamp; None without one."""
+    path = root / STAMP_NAME
+    if not path.is_file():
+        return None
+    stamp = json.loads(path.read_text())
+    differing = []
+    for name, committed in sorted(stamp["files"].items()):
+        file = root / name
+        actual = blob_id(file.read_bytes()) if file.is_file() else None
+        if actual != committed:
+            differing.append(f"{name}\0{actual}")
+    digest = hashlib.sha256("\n".join(differing).encode()).hexdigest() if differing else None
+    return {"sha": stamp["sha"], "dirty": bool(differing), "diff_sha256": digest, "source": "stamp"}
+
+
+def provenance(root: Path | None = None) -> dict | None:
+    """The code this process runs: from git where the package sits in a checkout, else from a stamp; None when
+    neither is there (an installed wheel)."""
+    root = root or repository_root()
+    return from_git(root) or from_stamp(root)
+
+
+def write_stamp(root: Path | None = None) -> Path:
+    """The stamp of a clean checkout at its root; ValueError for a dirty or unreadable one."""
+    root = root or repository_root()
+    state = from_git(root)
+    if state is None or state["sha"] is None:
+        raise ValueError(f"{root} is not a git checkout with a commit")
+    if state["dirty"]:
+        raise ValueError("tracked files differ from HEAD: commit or stash them first (a stamp names one commit)")
+    listing = _git(["ls-files", "-s"], root) or ""
+    files = {}
+    for line in listing.splitlines():
+        meta, name = line.split("\t", 1)
+        mode, blob, _stage = meta.split()
+        if mode != "160000":  # submodules are not files
+            files[name] = blob
+    path = root / STAMP_NAME
+    path.write_text(json.dumps({"sha": state["sha"], "files": files}, indent=0, sort_keys=True) + "\n")
+    return path
+
+
+def label(git: dict | None) -> str:
+    """'abc1234', 'abc1234 + local changes (diff 1a2b3c4d)' or 'commit not recorded'."""
+    if not git or not git.get("sha"):
+        return "commit not recorded"
+    text = git["sha"][:7]
+    if git.get("dirty"):
+        digest = git.get("diff_sha256")
+        text += " + local changes" + (f" (diff {digest[:8]})" if digest else "")
+    return text
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["stamp"]:
+        try:
+            print(write_stamp())
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        return 0
+    if argv[:1] == ["show"]:
+        print(json.dumps(provenance()))
+        return 0
+    print("usage: python -m ltxbench.results.provenance stamp|show", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,116 @@
+"""Provenance of a result: the commit, tracked changes only, a diff hash; a copy without .git through the stamp."""
+
+import shutil
+import subprocess
+
+import pytest
+
+from ltxbench.results import provenance as prov
+
+pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+
+
+def _git(root, *args):
+    subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    root = tmp_path / "repo"
+    (root / "pkg").mkdir(parents=True)
+    (root / "pkg" / "a.py").write_text("A = 1\n")
+    (root / "README.md").write_text("readme\n")
+    (root / ".gitignore").write_text("/ignored/\n")
+    _git(root, "init", "-q")
+    _git(root, "add", ".")
+    _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
+    return root
+
+
+def _head(root) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+
+
+def test_a_clean_checkout_records_its_commit_clean(checkout):
+    state = prov.provenance(checkout)
+    assert state == {"sha": _head(checkout), "dirty": False, "diff_sha256": None, "source": "git"}
+
+
+def test_untracked_files_never_make_a_run_dirty(checkout):
+    (checkout / "fox.json").write_text("{}")  # e.g. a result written at the root
+    (checkout / "pkg" / "new.py").write_text("")
+    assert prov.provenance(checkout)["dirty"] is False
+
+
+def test_a_touched_but_unchanged_file_is_clean(checkout):
+    (checkout / "pkg" / "a.py").write_text("A = 1\n")  # new mtime, same content
+    assert prov.provenance(checkout)["dirty"] is False
+
+
+def test_a_tracked_change_is_dirty_with_a_hash_of_its_diff(checkout):
+    (checkout / "pkg" / "a.py").write_text("A = 2\n")
+    first = prov.provenance(checkout)
+    assert first["dirty"] is True and first["sha"] == _head(checkout) and len(first["diff_sha256"]) == 64
+    assert prov.provenance(checkout)["diff_sha256"] == first["diff_sha256"]  # the same edit, the same hash
+    (checkout / "pkg" / "a.py").write_text("A = 3\n")
+    assert prov.provenance(checkout)["diff_sha256"] != first["diff_sha256"]
+    assert prov.label(first) == f"{_head(checkout)[:7]} + local changes (diff {first['diff_sha256'][:8]})"
+
+
+def test_a_staged_or_deleted_file_is_dirty(checkout):
+    (checkout / "README.md").unlink()
+    assert prov.provenance(checkout)["dirty"] is True
+
+
+def _copy_without_git(checkout, tmp_path):
+    copy = tmp_path / "copy"
+    shutil.copytree(checkout, copy, ignore=shutil.ignore_patterns(".git"))
+    return copy
+
+
+def test_a_copy_without_git_records_the_stamped_commit_clean(checkout, tmp_path):
+    prov.write_stamp(checkout)
+    copy = _copy_without_git(checkout, tmp_path)
+    (copy / "results.json").write_text("{}")  # untracked in the copy: still clean
+    assert prov.provenance(copy) == {"sha": _head(checkout), "dirty": False, "diff_sha256": None, "source": "stamp"}
+
+
+@pytest.mark.parametrize("change", ["edit", "delete"])
+def test_a_changed_copy_is_dirty_with_a_hash_of_what_differs(checkout, tmp_path, change):
+    prov.write_stamp(checkout)
+    copy = _copy_without_git(checkout, tmp_path)
+    if change == "edit":
+        (copy / "pkg" / "a.py").write_text("A = 2\n")
+    else:
+        (copy / "pkg" / "a.py").unlink()
+    state = prov.provenance(copy)
+    assert state["sha"] == _head(checkout) and state["dirty"] is True and len(state["diff_sha256"]) == 64
+
+
+def test_the_stamp_hashes_files_as_git_does(checkout):
+    blob = subprocess.run(["git", "hash-object", "pkg/a.py"], cwd=checkout, capture_output=True, text=True)
+    assert prov.blob_id((checkout / "pkg" / "a.py").read_bytes()) == blob.stdout.strip()
+
+
+def test_a_dirty_checkout_cannot_be_stamped(checkout):
+    (checkout / "pkg" / "a.py").write_text("A = 2\n")
+    with pytest.raises(ValueError, match="commit or stash"):
+        prov.write_stamp(checkout)
+
+
+def test_git_wins_over_a_stale_stamp(checkout):
+    prov.write_stamp(checkout)
+    (checkout / "README.md").write_text("changed\n")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "second")
+    assert prov.provenance(checkout)["sha"] == _head(checkout)
+
+
+def test_a_folder_inside_another_repository_is_not_taken_for_it(checkout):
+    inner = checkout / "ignored" / "site"
+    inner.mkdir(parents=True)
+    assert prov.provenance(inner) is None
+
+
+def test_this_package_records_a_commit_where_it_runs_from_a_checkout():
+    state = prov.provenance()
+    assert state is None or set(state) == {"sha", "dirty", "diff_sha256", "source"}
