@@ -12,10 +12,11 @@ frame's. Only the standard library at top level.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ltxbench.models import ltx2_build
-from ltxbench.models.family import Option, RunSettings
+from ltxbench.models.family import Option, PeerConfig, RunSettings
 from ltxbench.models.ltx2_build import PRESETS
 from ltxbench.models.video import VideoFamily
 from ltxbench.models.video_image import IMAGE_OPTION
@@ -73,6 +74,9 @@ OPTIONS = (
     _scale("audio_modality_scale", 3.0, "modality guidance scale of the audio stream"),
     IMAGE_OPTION,
 )
+STG_OFF = "stg-off"  # the peer configuration: the pipeline as users can run it, without the STG pass
+STG_OFF_RULE = ("pipeline: stg_scale=0 and audio_stg_scale=0, the STG pass not run (no block has perturbed attention: "
+                "the same video, tests/test_ltx2_stg_off.py)")
 _GUIDANCE = ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale",
              "audio_stg_scale", "audio_modality_scale")
 
@@ -104,6 +108,27 @@ class LTX2Family(VideoFamily):
         super().validate(settings, command)
         compile_mode_choice(settings.compile_mode, CUDA_GRAPHS_REFUSED if settings.compile_scope == "model" else None)
 
+    def peers(self) -> dict[str, PeerConfig]:
+        return {STG_OFF: PeerConfig(STG_OFF, stg_pass_off)}
+
+    def settings_for(self, settings: LTX2Settings, config: str) -> LTX2Settings:
+        if config.removesuffix("+compile") != STG_OFF:
+            return settings
+        return dataclasses.replace(settings, stg_scale=0.0, audio_stg_scale=0.0)
+
+    def bench(self, pipe, settings: LTX2Settings, log) -> dict:
+        """The configurations timed; with stg-off among them, its video checked against the default's (untimed,
+        after them) and the check recorded in its injection entry."""
+        results = super().bench(pipe, settings, log)
+        off = [name for name in results if name.removesuffix("+compile") == STG_OFF]
+        if off:
+            check = stg_pass_check(pipe, settings)
+            log(f"{STG_OFF}: the latents without the STG pass against the default's: max |diff| "
+                f"{check['max_abs_diff']:.3g} ({'bit-identical' if check['bit_identical'] else 'not bit-identical'})")
+            for name in off:
+                results[name]["injection"]["same_video"] = check
+        return results
+
     def inject(self, pipe, settings: LTX2Settings):
         from ltxbench.inject.ltx2 import apply_kernels
 
@@ -130,6 +155,44 @@ class LTX2Family(VideoFamily):
     def audio(self, pipe, outputs: dict):
         """The first video's waveform (channels, n) at the vocoder's rate (24 kHz for the released model)."""
         return outputs["audio_decode"][0].float().cpu().numpy(), pipe.vocoder.config.output_sampling_rate
+
+
+class _StgPassOff:
+    """The report of the stg-off configuration: it patches nothing (settings_for drops the STG pass's scales)."""
+
+    def revert(self) -> None:
+        pass
+
+    def as_dict(self) -> dict:
+        return {"applied": True, "provider": "diffusers", "rules": {STG_OFF_RULE: 1}, "skipped": []}
+
+
+def stg_pass_off(pipe) -> _StgPassOff:
+    """The stg-off configuration: LTX-2.0's STG pass recomputes the guidance pair's positive half (no block has
+    perturbed attention), so the pipeline gives the same video with stg_scale=0 and one call fewer per step; the
+    strongest baseline a user can pick. Refused where a block perturbs attention (LTX-2.3): the video would differ."""
+    from ltxbench.errors import UsageError
+
+    perturbed = [i for i, block in enumerate(pipe.transformer.transformer_blocks)
+                 if getattr(block, "perturbed_attn", False)]
+    if perturbed:
+        raise UsageError(f"--configs {STG_OFF}: block {perturbed[0]} has perturbed attention, so the STG pass changes "
+                         "the video and cannot be left out", hint="compare against compile instead")
+    return _StgPassOff()
+
+
+def stg_pass_check(pipe, settings: LTX2Settings) -> dict:
+    """The denoising loop of the unpatched model with its STG pass and without (the same seed, prompt embeddings and
+    steps): the largest difference of the final latents, video and audio."""
+    import torch
+
+    device = pipe._execution_device
+    with torch.no_grad():
+        embeds = _encode(pipe, settings, device)
+        latents = [_denoise(pipe, embeds, run, torch.Generator("cpu").manual_seed(settings.seed), None)
+                   for run in (settings, dataclasses.replace(settings, stg_scale=0.0, audio_stg_scale=0.0))]
+    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(*latents, strict=True))
+    return {"max_abs_diff": diff, "bit_identical": diff == 0.0, "steps": settings.steps}
 
 
 def _context_plan(transformer) -> dict:

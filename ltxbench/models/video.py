@@ -101,6 +101,10 @@ class VideoFamily(ModelFamily):
         """The audio track of a generation, (waveform (channels, n), sample rate), or None."""
         return None
 
+    def settings_for(self, settings, config: str):
+        """The run settings of configuration `config` (a peer may change the pipeline's arguments)."""
+        return settings
+
     # --- the ModelFamily interface, for every video family ---
     def validate(self, settings, command: str) -> None:
         from ltxbench.errors import UsageError
@@ -169,7 +173,8 @@ class VideoFamily(ModelFamily):
         after = self.before_configs(pipe, settings, embeds, log)
         errors = self.precision_errors(pipe, settings, embeds, log)
         results = run_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
-                              lambda _config: self.iteration(pipe, settings, embeds)[0], settings.warmup,
+                              lambda c: self.iteration(pipe, self.settings_for(settings, c), embeds)[0],
+                              settings.warmup,
                               settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
                               compile_scope=settings.compile_scope)
         extra = after() if after is not None else {}
@@ -219,8 +224,15 @@ class VideoFamily(ModelFamily):
 
         embeds = self.prepare(pipe, settings)
         cuda = str(pipe._execution_device).startswith("cuda")
-        return profile_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
-                               lambda: self.iteration(pipe, settings, embeds, phase=lambda name: phase(name, cuda)),
+        applied = {}  # the configuration profile_configs applied last: its run settings (settings_for)
+
+        def apply(config):
+            applied["settings"] = self.settings_for(settings, config)
+            return self.apply_config(pipe, settings, config)
+
+        return profile_configs(pipe.transformer, settings.configs, apply,
+                               lambda: self.iteration(pipe, applied["settings"], embeds,
+                                                      phase=lambda name: phase(name, cuda)),
                                pipe._execution_device, traces, settings.top, log, settings.compile_mode,
                                compile_scope=settings.compile_scope)
 
