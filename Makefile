@@ -31,6 +31,16 @@ build-check:
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache
 
+# On a GPU machine: re-measure, at the checkout's commit, the canonical benchmarks of results/$(GPU) that do not
+# record it yet (ltxbench/results/manifest.py), then regenerate its README. Resumable: ONLY=a,b picks benchmarks,
+# BUDGET=9 starts none that would end after 9 minutes (exit 124: call again).
+.PHONY: results
+results:
+	@[ -n "$(GPU)" ] || { echo "make $@: set GPU to the results/ folder of this machine, e.g. GPU=h100 or GPU=h200x4" >&2; \
+	exit 2; }
+	$(PYTHON) -m ltxbench.results.manifest run results/$(GPU) $(if $(ONLY),--only $(ONLY)) \
+		$(if $(BUDGET),--budget-minutes $(BUDGET))
+
 # Regression check on a GPU machine (docs/compare.md): the pinned benchmarks, then `compare` against the baselines
 # stored in results/$(GPU)/, which bench-check-baseline writes. GPU: that folder's name (h100, h200).
 # BENCH_CHECK_SUMMARY=<file>: the Markdown reports are appended there too (a CI job summary).

