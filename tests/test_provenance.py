@@ -114,3 +114,18 @@ def test_a_folder_inside_another_repository_is_not_taken_for_it(checkout):
 def test_this_package_records_a_commit_where_it_runs_from_a_checkout():
     state = prov.provenance()
     assert state is None or set(state) == {"sha", "dirty", "diff_sha256", "source"}
+
+
+def test_a_copy_with_older_git_metadata_records_the_stamped_commit(checkout, tmp_path):
+    """A GPU machine's copy: the files of the new commit beside .git metadata of an older one."""
+    old_git = tmp_path / "old-git"
+    shutil.copytree(checkout / ".git", old_git)
+    (checkout / "pkg" / "a.py").write_text("A = 2\n")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "second")
+    prov.write_stamp(checkout)
+    copy = _copy_without_git(checkout, tmp_path)
+    shutil.copytree(old_git, copy / ".git")
+    assert prov.from_git(copy)["dirty"] is True
+    assert prov.provenance(copy) == {"sha": _head(checkout), "dirty": False, "diff_sha256": None, "source": "stamp"}
+    (copy / "README.md").write_text("edited on the copy\n")  # now neither is clean: git's answer stands
+    assert prov.provenance(copy)["source"] == "git"

@@ -7,7 +7,8 @@ SHA-256 of `git diff HEAD`, so that two runs of the same edit can be told apart 
 A copy of the tree without `.git` (what a GPU machine is sent) cannot ask git. `python -m ltxbench.results.provenance
 stamp` writes `.ltxbench-commit.json` at the repository root before the copy: the commit and the git blob id of every
 tracked file. The copy then hashes its files the way git does and records that commit, clean when every listed file
-is there with its committed content; else dirty, with a hash of what differs. A stamp of a dirty checkout is refused:
+is there with its committed content; else dirty, with a hash of what differs. Such a stamp also wins over `.git`
+metadata older than the files (which git would call dirty). A stamp of a dirty checkout is refused:
 it would describe a commit the files do not hold.
 """
 
@@ -81,9 +82,13 @@ def from_stamp(root: Path) -> dict | None:
 
 def provenance(root: Path | None = None) -> dict | None:
     """The code this process runs: from git where the package sits in a checkout, else from a stamp; None when
-    neither is there (an installed wheel)."""
+    neither is there (an installed wheel). A stamp whose every file holds its commit's content wins over a git that
+    calls the tree dirty: a copy can carry `.git` metadata older than its files (a GPU machine's copy does)."""
     root = root or repository_root()
-    return from_git(root) or from_stamp(root)
+    git, stamp = from_git(root), from_stamp(root)
+    if stamp is not None and not stamp["dirty"] and (git is None or git["dirty"]):
+        return stamp
+    return git or stamp
 
 
 def write_stamp(root: Path | None = None) -> Path:
