@@ -111,3 +111,6 @@ def test_bench_e2e_times_the_stg_off_configuration_without_the_pass(tmp_path, ca
     assert seen == {(1.0, 1.0): [1, 1, 1], (0.0, 0.0): [1, 1]}  # the untimed first; warmup + repeat each
     check = doc["run"]["config"]["injection"]["stg-off+compile"]["same_video"]
     assert check["steps"] == 2 and 0 <= check["max_abs_diff"] < 1e-4
+    assert set(check) == {"max_abs_diff", "bit_identical", "steps", "video", "audio"}
+    assert all(0 <= check[s]["rel_l2"] < 1e-5 and check[s]["max_abs_diff"] <= check["max_abs_diff"]
+               for s in ("video", "audio"))

@@ -76,7 +76,7 @@ OPTIONS = (
 )
 STG_OFF = "stg-off"  # the peer configuration: the pipeline as users can run it, without the STG pass
 STG_OFF_RULE = ("pipeline: stg_scale=0 and audio_stg_scale=0, the STG pass not run (no block has perturbed attention: "
-                "the same video, tests/test_ltx2_stg_off.py)")
+                "the same video up to the rounding of a batch of 1 against 2, measured in the run: same_video)")
 _GUIDANCE = ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale", "audio_guidance_scale",
              "audio_stg_scale", "audio_modality_scale")
 
@@ -123,8 +123,9 @@ class LTX2Family(VideoFamily):
         off = [name for name in results if name.removesuffix("+compile") == STG_OFF]
         if off:
             check = stg_pass_check(pipe, settings)
-            log(f"{STG_OFF}: the latents without the STG pass against the default's: max |diff| "
-                f"{check['max_abs_diff']:.3g} ({'bit-identical' if check['bit_identical'] else 'not bit-identical'})")
+            log(f"{STG_OFF}: the final latents without the STG pass against the default's: video rel-L2 "
+                f"{check['video']['rel_l2']:.3g} (max |diff| {check['video']['max_abs_diff']:.3g}), audio rel-L2 "
+                f"{check['audio']['rel_l2']:.3g} (max |diff| {check['audio']['max_abs_diff']:.3g})")
             for name in off:
                 results[name]["injection"]["same_video"] = check
         return results
@@ -183,7 +184,9 @@ def stg_pass_off(pipe) -> _StgPassOff:
 
 def stg_pass_check(pipe, settings: LTX2Settings) -> dict:
     """The denoising loop of the unpatched model with its STG pass and without (the same seed, prompt embeddings and
-    steps): the largest difference of the final latents, video and audio."""
+    steps): per stream (video, audio) the final latents' largest difference and relative L2 difference. Not zero
+    where the batch-1 STG pass rounds otherwise than the batch-2 pair's positive half (bf16 GEMMs choose their
+    algorithm by shape); the guidance multiplies that rounding by stg_scale."""
     import torch
 
     device = pipe._execution_device
@@ -191,8 +194,13 @@ def stg_pass_check(pipe, settings: LTX2Settings) -> dict:
         embeds = _encode(pipe, settings, device)
         latents = [_denoise(pipe, embeds, run, torch.Generator("cpu").manual_seed(settings.seed), None)
                    for run in (settings, dataclasses.replace(settings, stg_scale=0.0, audio_stg_scale=0.0))]
-    diff = max((a.float() - b.float()).abs().max().item() for a, b in zip(*latents, strict=True))
-    return {"max_abs_diff": diff, "bit_identical": diff == 0.0, "steps": settings.steps}
+    streams = {}
+    for name, with_pass, without in zip(("video", "audio"), *latents, strict=True):
+        diff = (without.float() - with_pass.float())
+        streams[name] = {"max_abs_diff": diff.abs().max().item(),
+                         "rel_l2": (diff.norm() / with_pass.float().norm().clamp_min(1e-30)).item()}
+    worst = max(s["max_abs_diff"] for s in streams.values())
+    return {"max_abs_diff": worst, "bit_identical": worst == 0.0, "steps": settings.steps, **streams}
 
 
 def _context_plan(transformer) -> dict:
