@@ -208,9 +208,9 @@ def test_compiled_projection_falls_back_when_a_layer_is_replaced_in_its_parent()
 
 
 def test_fusing_again_after_a_revert_breaks_nothing():
-    """apply, revert, apply (the e2e configurations in one process): the second fusion replaces the layers'
-    parameters with new views, which must not count as a user's replacement (it would cost every later compiled
-    call the per-set guards)."""
+    """apply, revert, apply (the e2e configurations in one process): the second fusion makes the layers' parameters
+    views again, which must not count as a user's replacement (it would cost every later compiled call the per-set
+    guards)."""
     from ltxbench.inject import fuse
 
     layers = _layers()
@@ -225,3 +225,28 @@ def test_fusing_again_after_a_revert_breaks_nothing():
     third = fuse_linears(layers)
     fuse_linears(layers)  # fused again while `third` still stands for them: its weights are no longer theirs
     assert not third.intact
+
+
+def _same(a, b) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
+def test_the_layers_keep_their_own_parameters_and_get_their_storage_back():
+    """Fusing makes each layer's own Parameter a view of the concatenation (a reference taken before, an optimizer's,
+    still reaches the layer); release gives each a plain Parameter with storage of its own again, values kept."""
+    from ltxbench.inject import fuse
+
+    layers = _layers()
+    params = [p for lin in layers for p in (lin.weight, lin.bias)]
+    values = [p.detach().clone() for p in params]
+    fused = fuse_linears(layers)
+    assert _same(params, [p for lin in layers for p in (lin.weight, lin.bias)]) and _same(params, fused.params)
+    with torch.no_grad():
+        params[2].mul_(2.0)  # through the old reference: the fused GEMM sees it
+        values[2] *= 2.0
+        x = torch.randn(3, 5)
+        torch.testing.assert_close(fused_linear(x, layers, fused)[:, 6:10], x @ values[2].t() + values[3])
+    fuse.release(fused)
+    assert _same(params, [p for lin in layers for p in (lin.weight, lin.bias)])
+    assert all(type(p) is torch.nn.Parameter and torch.equal(p, v) for p, v in zip(params, values, strict=True))
+    assert len({p.untyped_storage().data_ptr() for p in params}) == len(params)  # the concatenation let go

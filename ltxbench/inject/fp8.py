@@ -15,7 +15,8 @@ token, GEMMs on FP8 tensor cores with both scales in the epilogue and bf16 out (
 
 A layer changed after the injection fails loudly: a LoRA fused later finds a zero-size weight, and new values given
 through `weight.data` or `set_`, or written in place (a scalar `weight *= 2` included), are refused
-(fp8_held.Fp8Placeholder). The FP8 copy is never silently stale. Inference only.
+(fp8_held.Fp8Placeholder), as are a new weight Parameter and a held module replaced in its parent (a LoRA wrapped
+later; fp8_held.hold_modules). The FP8 copy is never silently stale. Inference only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """Weights held by the FP8 injection: a layer whose GEMM runs on its FP8 copy keeps an empty placeholder as its
 bf16 weight, and every way of giving that placeholder new values is refused with one line (the FP8 copy would not
 see them, and the layer would be silently stale). `free_on_device` puts the placeholder in and keeps a host copy
-for the report's revert."""
+for the report's revert. Replacing the placeholder by a new Parameter (`layer.weight = nn.Parameter(w)`), or a held
+module by another in its parent (`hold_modules`: peft's LoRA wrapping), is refused as it happens, by torch's
+registration hooks: nothing is checked per call."""
 
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -65,6 +69,7 @@ class Fp8Placeholder(torch.nn.Parameter):
 def free_on_device(report, layer, name: str) -> None:
     """The storage of layer's parameter `name` on the device released (an Fp8Placeholder of zero size in its place),
     a host copy kept for revert."""
+    _install_hooks()
     parameter = getattr(layer, name)
     host = parameter.detach().to("cpu", copy=True)
     kind = type(parameter)
@@ -76,3 +81,53 @@ def free_on_device(report, layer, name: str) -> None:
         torch.Tensor.data.__set__(parameter, host.to(parameter.device))
 
     report.on_revert(undo)
+
+
+REPLACED_HINT = "revert() the injection before replacing weights or layers, then apply it again"
+# module -> its name in the model: the modules hold_modules refuses to see replaced (process-wide, as the hooks are)
+_HELD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_hooks: list = []
+
+
+def _on_parameter_registered(module, name, param):
+    """`module.<name> = nn.Parameter(w)` (setattr, load_state_dict(assign=True)) where the old one is a placeholder:
+    the GEMM would go on reading the FP8 copy of the old weight. Raised before the assignment: nothing changes."""
+    old = module._parameters.get(name)
+    if isinstance(old, Fp8Placeholder) and param is not old:
+        where = _HELD.get(module) or type(module).__name__
+        raise RuntimeError(f"{where}.{name} is held by ltxbench's FP8 injection (--precision fp8), whose GEMM reads "
+                           f"an FP8 copy of the old weight, never a new Parameter: {REPLACED_HINT}")
+
+
+def _on_module_registered(parent, name, module):
+    """A held module replaced in its parent (setattr, peft wrapping a projection): the fused FP8 path reads the old
+    one's FP8 copy, or hands the new one an FP8 input it cannot read. Raised before the assignment."""
+    if not _HELD:
+        return
+    old = parent._modules.get(name)
+    if old is not None and old is not module and old in _HELD:
+        raise RuntimeError(f"{_HELD[old]} runs in FP8 under ltxbench's injection (--precision fp8), which would not "
+                           f"run a module put in its place: {REPLACED_HINT}")
+
+
+def _install_hooks() -> None:
+    if not _hooks:
+        registration = torch.nn.modules.module
+        _hooks.append(registration.register_module_parameter_registration_hook(_on_parameter_registered))
+        _hooks.append(registration.register_module_module_registration_hook(_on_module_registered))
+
+
+def hold_modules(report, root) -> None:
+    """Until the report's revert, refuse replacing a parameter emptied by free_on_device, and replacing in its parent
+    any module of `root` that holds one or leads to one (the blocks, attentions, feed-forwards: the fused FP8 path
+    reads their FP8 copies through its own records, and their norms write FP8 inputs). Named in the refusal."""
+    names = [name for name, m in root.named_modules()
+             if any(isinstance(p, Fp8Placeholder) for p in m._parameters.values())]
+    on_the_way = {".".join(parts[:end]) for parts in (n.split(".") for n in names) for end in range(len(parts) + 1)}
+    held = []
+    for name, module in root.named_modules():
+        if names and name in on_the_way:  # the root itself ("") too, where it holds any
+            _HELD[module] = name or type(root).__name__
+            held.append(module)
+    _install_hooks()
+    report.on_revert(lambda: [_HELD.pop(module, None) for module in held])

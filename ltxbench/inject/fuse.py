@@ -1,14 +1,15 @@
 """Several nn.Linear layers that read the same input, run as ONE GEMM (LLM gate/up, LTX q/k/v and k/v).
 
 `fuse_linears` concatenates the weights (and biases) once and makes each layer's Parameters views of the
-concatenation, so the model keeps one copy of the weights and `state_dict`/`load_state_dict` (in-place
-copies into the views) behave as before. `fused_linear` returns the fused projection, or None when the
-layers no longer share it (moved to another device/dtype, parameters replaced): the caller then runs the
-original layers. `follow_moves` concatenates them again when the module holding them is moved or cast (`.to()`,
-model CPU offload), so that a move neither keeps the old concatenation alive nor ends the fusion. A view given other
-storage any other way (`param.data = ...`: a user's weight swap, PEFT's safe merge, diffusers' group offloading)
-ends its set's fusion at once (FusedView), which a compiled graph could not see by itself. Inference only: callers
-run the original path when gradients are needed.
+concatenation (the same Parameter objects, given the view's storage), so the model keeps one copy of the weights,
+references taken before (an optimizer's, a user's) still reach the model, and `state_dict`/`load_state_dict`
+(in-place copies into the views) behave as before; `release` (on revert) gives each its own storage back.
+`fused_linear` returns the fused projection, or None when the layers no longer share it (moved to another
+device/dtype, parameters replaced): the caller then runs the original layers. `follow_moves` concatenates them again
+when the module holding them is moved or cast (`.to()`, model CPU offload), so that a move neither keeps the old
+concatenation alive nor ends the fusion. A view given other storage any other way (`param.data = ...`: a user's
+weight swap, PEFT's safe merge, diffusers' group offloading) ends its set's fusion at once (FusedView), which a
+compiled graph could not see by itself. Inference only: callers run the original path when gradients are needed.
 """
 
 from __future__ import annotations
@@ -95,15 +96,21 @@ def _on_module_registered(parent, name, module):
 
 def release(fused: FusedWeights) -> None:
     """Stop watching the layers of `fused` (on revert): replacing their parameters later is none of our business.
-    The views stay (the layers' weights, whatever storage they now have), as plain Parameters again."""
+    Each Parameter fused is a plain one again, the very object it was before fusing; one still a view of the
+    concatenation gets its own copy of its rows (a model whose weights share storage is not the model given: e.g.
+    safetensors refuses to save it), and the concatenation is freed with the set."""
     for lin in fused.linears:
         if _FUSED_OF.get(lin) is fused:
             del _FUSED_OF[lin]
-    for param in fused.params:
-        if _SET_OF_VIEW.get(id(param)) is fused:
+    with torch.no_grad():
+        for param, ptr in zip(fused.params, fused.ptrs, strict=True):
+            if _SET_OF_VIEW.get(id(param)) is not fused:
+                continue  # fused again since, by another set: that set's now
             del _SET_OF_VIEW[id(param)]
-        if type(param) is FusedView:
-            param.__class__ = torch.nn.Parameter
+            if type(param) is FusedView:
+                param.__class__ = torch.nn.Parameter
+            if param.data_ptr() == ptr:  # still its rows of the concatenation (not given other storage since)
+                torch.Tensor.data.__set__(param, param.detach().clone())
 
 
 def refuse(fused: FusedWeights) -> None:
@@ -176,6 +183,11 @@ def fuse_linears(linears) -> FusedWeights | str:
     if any(lin.in_features != first.in_features or lin.weight.dtype != first.weight.dtype
            or lin.weight.device != first.weight.device for lin in linears):
         return "the projections differ in input width, dtype or device"
+    if any(type(p) not in (torch.nn.Parameter, FusedView) for lin in linears for p in lin.parameters(recurse=False)):
+        return "a weight or bias is not a plain nn.Parameter (a subclass: held, quantized or distributed)"
+    own = [p for lin in linears for p in lin.parameters(recurse=False)]
+    if len({id(p) for p in own}) != len(own):
+        return "the projections share a weight or bias (tied)"
     fused, views = [], []
     with torch.no_grad():
         for name in ("weight", "bias"):
@@ -184,13 +196,18 @@ def fuse_linears(linears) -> FusedWeights | str:
                 continue
             parts = [getattr(lin, name) for lin in linears]
             cat = torch.cat([p.detach() for p in parts], dim=0)
-            start, made = 0, []
-            for lin, old in zip(linears, parts, strict=True):
-                made.append(FusedView(cat[start:start + old.shape[0]], requires_grad=old.requires_grad))
-                setattr(lin, name, made[-1])
-                start += old.shape[0]
+            start = 0
+            for param in parts:
+                earlier = _set_of(param)
+                if earlier is not None:  # fused again while another set stands for it: that one no longer does
+                    _broken(earlier)
+                # the layer's own Parameter made the view, not a new one: a reference taken before fusing (an
+                # optimizer's, `w = layer.weight`) still reaches the model, and revert has nothing to put back
+                torch.Tensor.data.__set__(param, cat[start:start + param.shape[0]])
+                param.__class__ = FusedView
+                start += param.shape[0]
             fused.append(cat)
-            views.append(made)
+            views.append(parts)
     params = [p for per_layer in zip(*views, strict=True) for p in per_layer]  # w1, b1, w2, b2, ...
     result = FusedWeights(fused[0], fused[1], linears, params)
     _track(linears, result)

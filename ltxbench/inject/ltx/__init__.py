@@ -40,6 +40,7 @@ from ltxbench.inject import (
 )
 from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, is_fast_accumulation, require_fp8
 from ltxbench.inject.fp8_attention import FP8_ATTENTION, flash_attention_3
+from ltxbench.inject.fp8_held import hold_modules
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx.attention import (
     ATTN_FORWARD_RULE,
@@ -280,6 +281,8 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
                 report.skip(rule, f"transformer_blocks.{index}.ff: not a biased GELU(approximate='tanh')")
     elif not fp8:
         report.skip("ff GELU-tanh", GELU_MEASURED + "; apply_kernels(..., gelu_tanh=True) routes it anyway")
+    if fp8:
+        hold_modules(report, transformer)  # a weight or layer replaced from now on is refused (fp8_held)
     for target_name, reason in LEFT_ALONE:
         report.skip(target_name, reason)
     return report

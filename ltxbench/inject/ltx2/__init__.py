@@ -35,6 +35,7 @@ from ltxbench.inject import (
     require_provider,
 )
 from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, is_fast_accumulation, require_fp8
+from ltxbench.inject.fp8_held import hold_modules
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx2.attention import plain_attention, plain_feed_forward
 from ltxbench.inject.ltx2.block import FUSED_PROCESSORS_ATTR, fused_block_forward
@@ -234,3 +235,5 @@ def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provi
             with torch.no_grad():
                 for name, layers in FUSED_PROJECTIONS:
                     fuse_layers(report, getattr(block, name), layers, PROJECTIONS_RULE, f"{name} projections")
+    if fp8:
+        hold_modules(report, transformer)  # a weight or layer replaced from now on is refused (fp8_held)
