@@ -21,6 +21,8 @@ def checkout(tmp_path):
     (root / "pkg" / "a.py").write_text("A = 1\n")
     (root / "README.md").write_text("readme\n")
     (root / ".gitignore").write_text("/ignored/\n")
+    (root / "results" / "h200").mkdir(parents=True)
+    (root / "results" / "h200" / "e2e.json").write_text("{}\n")
     _git(root, "init", "-q")
     _git(root, "add", ".")
     _git(root, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "first")
@@ -129,3 +131,13 @@ def test_a_copy_with_older_git_metadata_records_the_stamped_commit(checkout, tmp
     assert prov.provenance(copy) == {"sha": _head(checkout), "dirty": False, "diff_sha256": None, "source": "stamp"}
     (copy / "README.md").write_text("edited on the copy\n")  # now neither is clean: git's answer stands
     assert prov.provenance(copy)["source"] == "git"
+
+
+def test_stored_results_replaced_by_a_run_never_make_the_next_dirty(checkout, tmp_path):
+    """make results replaces tracked result files one benchmark at a time: the code measured is unchanged."""
+    prov.write_stamp(checkout)
+    copy = _copy_without_git(checkout, tmp_path)
+    for root in (checkout, copy):
+        (root / "results" / "h200" / "e2e.json").write_text('{"new": 1}\n')
+    assert prov.provenance(checkout)["dirty"] is False
+    assert prov.provenance(copy) == {"sha": _head(checkout), "dirty": False, "diff_sha256": None, "source": "stamp"}

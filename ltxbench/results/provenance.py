@@ -1,7 +1,8 @@
 """Which code a result measured: the commit, and whether the tracked files differed from it.
 
 A run from a git checkout asks git: the commit is HEAD, and the run is dirty when a TRACKED file differs from it
-(untracked files, such as a result written at the repository root, never make a run dirty); a dirty run records the
+(untracked files, such as a result written at the repository root, and the stored results under results/, which
+a run of `make results` replaces one by one, never make a run dirty); a dirty run records the
 SHA-256 of `git diff HEAD`, so that two runs of the same edit can be told apart from two different edits.
 
 A copy of the tree without `.git` (what a GPU machine is sent) cannot ask git. `python -m ltxbench.results.provenance
@@ -21,6 +22,7 @@ import sys
 from pathlib import Path
 
 STAMP_NAME = ".ltxbench-commit.json"
+OUTPUTS = "results/"  # what the runs write (tracked result documents): never the code a run measured
 TIMEOUT_S = 20
 
 
@@ -55,11 +57,12 @@ def from_git(root: Path) -> dict | None:
     sha = _git(["rev-parse", "HEAD"], root)
     if sha is None:  # a repository without commits
         return {"sha": None, "dirty": True, "diff_sha256": None, "source": "git"}
-    status = _git(["status", "--porcelain", "--untracked-files=no"], root)
+    status = _git(["status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){OUTPUTS}"], root)
     dirty = None if status is None else bool(status.strip())
     digest = None
     if dirty:
-        diff = subprocess.run(["git", "diff", "HEAD", "--binary"], cwd=root, capture_output=True, timeout=TIMEOUT_S)
+        diff = subprocess.run(["git", "diff", "HEAD", "--binary", "--", ".", f":(exclude){OUTPUTS}"], cwd=root,
+                              capture_output=True, timeout=TIMEOUT_S)
         digest = hashlib.sha256(diff.stdout).hexdigest() if diff.returncode == 0 else None
     return {"sha": sha.strip(), "dirty": dirty, "diff_sha256": digest, "source": "git"}
 
@@ -72,6 +75,8 @@ def from_stamp(root: Path) -> dict | None:
     stamp = json.loads(path.read_text())
     differing = []
     for name, committed in sorted(stamp["files"].items()):
+        if name.startswith(OUTPUTS):
+            continue
         file = root / name
         actual = blob_id(file.read_bytes()) if file.is_file() else None
         if actual != committed:
