@@ -15,7 +15,7 @@ import torch
 from ltxbench.errors import EnvironmentProblem
 from ltxbench.models import llm_peers
 
-TINY_CONFIG = Path(llm_peers.__file__).parent.parent / "configs" / "llm" / "llama-tiny.json"
+TINY_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "llm" / "llama-tiny.json"
 # The kernels Liger's llama patch swaps in, per rule: 2 layers x 2 norms + the final norm, 2 MLPs, one rope function
 LLAMA_RULES = {"rms_norm": 5, "swiglu": 2, "rope": 1}
 

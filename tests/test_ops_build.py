@@ -20,15 +20,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_only_bindings_includes_torch_headers():
-    for src in sorted((ROOT / "ltxbench" / "cuda").rglob("*")):
+    for src in sorted((ROOT / "cuda").rglob("*")):
         if src.suffix in {".cu", ".cuh", ".h"}:
             assert not re.search(r"#include\s*[<\"](torch|ATen|c10)/", src.read_text()), src
 
 
-def test_the_sources_are_package_data_and_the_override_still_works(monkeypatch, tmp_path):
-    import ltxbench
-
-    assert Path(str(build.SOURCES_DIR)) == Path(ltxbench.__file__).parent / "cuda"
+def test_the_checkouts_sources_are_found_and_the_override_still_works(monkeypatch, tmp_path):
+    assert Path(str(build.SOURCES_DIR)) == ROOT / "cuda"
     assert [p.name for p in build.sources(build.SOURCES_DIR)][:2] == ["bindings.cpp", "gemm.cpp"]
     monkeypatch.setenv("LTXBENCH_CUDA_SRC", str(tmp_path))
     assert build._sources_dir() == tmp_path
@@ -165,7 +163,7 @@ def test_compiler_error_is_reported_with_its_output(monkeypatch, tmp_path):
     if not (shutil.which("nvcc") or build.cuda_home()):
         pytest.skip("no nvcc")
     src = tmp_path / "cuda"
-    shutil.copytree(ROOT / "ltxbench" / "cuda", src)
+    shutil.copytree(ROOT / "cuda", src)
     (src / "broken.cu").write_text("this is not CUDA;\n")
     monkeypatch.setattr(build, "_loaded", None)
     monkeypatch.setattr(build, "SOURCES_DIR", src)

@@ -4,12 +4,12 @@ directory; the packaged presets of llm_weights from an installed package). Only 
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 
 from ltxbench.errors import EnvironmentProblem, UsageError
+from ltxbench.resources import configs_dir
 
-LLM_CONFIGS = resources.files("ltxbench") / "configs" / "llm"
+LLM_CONFIGS = configs_dir("llm")  # configs/llm/ of the checkout, or the installed package's copy
 # preset -> hub id for --weights pretrained (None: random only); the presets of llm_weights.PACKAGED load from an
 # installed package instead (the id says which model its file holds)
 LLM_PRESETS = {"llama-3-8b": "meta-llama/Meta-Llama-3-8B", "mistral-7b": "mistralai/Mistral-7B-v0.1",

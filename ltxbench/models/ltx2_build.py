@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from importlib import resources
 from pathlib import Path
 
 from ltxbench.errors import EnvironmentProblem, UsageError
@@ -20,8 +19,9 @@ from ltxbench.models.family import torch_dtype
 from ltxbench.models.hub import looks_like_path
 from ltxbench.models.ltx_build import allocate_on
 from ltxbench.models.ltx_build import validate_video_args as _validate_ltx_video_args
+from ltxbench.resources import configs_dir
 
-CONFIGS = resources.files("ltxbench") / "configs" / "ltx2"  # shipped inside the package (a wheel holds them too)
+CONFIGS = configs_dir("ltx2")  # configs/ltx2/ of the checkout, or the installed package's copy
 DEFAULT_HUB_ID = "Lightricks/LTX-2"
 # preset -> (config dirs, later ones override per component; hub id for --weights pretrained)
 PRESETS = {"ltx2-19b": (("ltx2-19b",), DEFAULT_HUB_ID), "ltx2-tiny": (("ltx2-tiny",), None)}

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-from importlib import resources
 from pathlib import Path
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.models.family import torch_dtype
 from ltxbench.models.hub import looks_like_path
+from ltxbench.resources import configs_dir
 
-CONFIGS = resources.files("ltxbench") / "configs" / "ltx"  # shipped inside the package (a wheel holds them too)
+CONFIGS = configs_dir("ltx")  # configs/ltx/ of the checkout, or the installed package's copy
 DEFAULT_HUB_ID = "Lightricks/LTX-Video"
 # preset -> (config dirs, later ones override per component; hub id for --weights pretrained)
 PRESETS = {

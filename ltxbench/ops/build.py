@@ -1,9 +1,10 @@
 """JIT build of the CUDA sources: the only caller of torch.utils.cpp_extension.load.
 
-The sources ship inside the package (ltxbench/cuda, found through importlib.resources; LTXBENCH_CUDA_SRC
-overrides). The extension is built on first use for the detected GPU arch (TORCH_CUDA_ARCH_LIST overrides),
-cached under ~/.cache/ltxbench/<torch>-<cuda>-<arch> (LTXBENCH_CACHE overrides), and loaded as a plain shared
-library whose TORCH_LIBRARY block registers the ops under torch.ops.ltxbench.
+The sources are cuda/ at the repository root, shipped inside the wheel as ltxbench/cuda (ltxbench.resources
+finds either; LTXBENCH_CUDA_SRC overrides). The extension is built on first use for the detected GPU arch
+(TORCH_CUDA_ARCH_LIST overrides), cached under ~/.cache/ltxbench/<torch>-<cuda>-<arch> (LTXBENCH_CACHE
+overrides), and loaded as a plain shared library whose TORCH_LIBRARY block registers the ops under
+torch.ops.ltxbench.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from importlib import resources
 from pathlib import Path
 
 from ltxbench.errors import BuildError
+from ltxbench.resources import cuda_dir
 
 EXTENSION_NAME = "ltxbench_ops"
 BUILD_INFO = "ltxbench-build.json"  # beside the library: the exact arch list it was built for
@@ -33,9 +35,9 @@ logging.getLogger("torch.utils.cpp_extension").addFilter(_quiet_cpu_build)
 
 
 def _sources_dir():
-    """LTXBENCH_CUDA_SRC, else the package's own copy (a Path for any installed or editable package)."""
+    """LTXBENCH_CUDA_SRC, else the checkout's cuda/ or the installed package's copy (ltxbench.resources)."""
     override = os.environ.get("LTXBENCH_CUDA_SRC")
-    return Path(override).expanduser() if override else resources.files("ltxbench") / "cuda"
+    return Path(override).expanduser() if override else cuda_dir()
 
 
 SOURCES_DIR = _sources_dir()
@@ -47,11 +49,11 @@ def sources(directory: Path | None = None) -> list[Path]:
     """The files to compile in `directory` (default SOURCES_DIR, which must then be a real folder)."""
     root = Path(SOURCES_DIR if directory is None else directory)
     if not (root / "bindings.cpp").is_file():
-        where = "LTXBENCH_CUDA_SRC" if os.environ.get("LTXBENCH_CUDA_SRC") else "the installed package"
+        where = "LTXBENCH_CUDA_SRC" if os.environ.get("LTXBENCH_CUDA_SRC") else "the checkout or installed package"
         raise BuildError(
             f"CUDA sources not found under {root} (from {where})",
             hint="point LTXBENCH_CUDA_SRC at a folder holding bindings.cpp, or reinstall ltxbench "
-            "(its wheel ships ltxbench/cuda)",
+            "(its wheel ships the sources as ltxbench/cuda)",
         )
     # Host-only sources (cuBLASLt plumbing) are .cpp files: g++ builds them, without nvcc's front end.
     host = sorted(p for p in root.glob("*.cpp") if p.name != "bindings.cpp")
