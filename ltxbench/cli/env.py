@@ -8,18 +8,24 @@ from __future__ import annotations
 
 import typer
 
-EXAMPLES = "Examples:\n\n  ltxbench env\n\n  ltxbench env --json > env.json"
+EXAMPLES = "Examples:\n\n  ltxbench env\n\n  ltxbench env --json > env.json\n\n  ltxbench env --variables"
 
 
 def env_command(
     json_: bool = typer.Option(
         False, "--json", help="Print {env, build} as JSON on stdout (parseable; for bug reports and CI)."
     ),
+    variables: bool = typer.Option(
+        False, "--variables", help="List every LTXBENCH_* environment variable, what it does and its value here."
+    ),
 ) -> None:
     """Show GPUs, driver, CUDA toolkit, package versions and whether the CUDA kernels are built.
 
     Works without a GPU: missing pieces are reported, never fatal (exit code 0).
     """
+    if variables:
+        _print_variables()
+        return
     from ltxbench.ops.build import build_status
     from ltxbench.results.env import capture_env
 
@@ -83,5 +89,23 @@ def _print_table(env: dict, build: dict) -> None:
     else:
         git_text = _fmt(git) if git else "not a git checkout"
     table.add_row("git", git_text)
+    set_here = env.get("variables") or {}
+    listed = ", ".join(f"{k}={v}" for k, v in set_here.items())
+    table.add_row("LTXBENCH_*", listed or "none set (--variables lists them)")
 
+    console().print(table)
+
+
+def _print_variables() -> None:
+    from rich.table import Table
+
+    from ltxbench.cli._console import console
+    from ltxbench.variables import VARIABLES, set_variables
+
+    values = set_variables()
+    table = Table("variable", "kind", "what it does", "here")
+    for var in VARIABLES:
+        table.add_row(var.name, var.kind, var.meaning, values.get(var.name, "—"))
+    for name in sorted(set(values) - {v.name for v in VARIABLES}):
+        table.add_row(name, "unknown", "not read by ltxbench (a typo?)", values[name])
     console().print(table)

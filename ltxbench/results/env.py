@@ -150,6 +150,9 @@ def capture_env() -> dict:
             env[key] = probe()
         except Exception as exc:  # noqa: BLE001
             env[key] = _error(exc)
+    from ltxbench.variables import set_variables
+
+    env["variables"] = set_variables()  # kernel knobs and build settings change what a run measures
     try:
         env["nvcc"] = _nvcc(env["cuda_home"] if isinstance(env["cuda_home"], str) else None)
     except Exception as exc:  # noqa: BLE001
