@@ -37,6 +37,7 @@ VARIABLES = (
     Variable("LTXBENCH_ROPE1D_TOKEN", "kernel knob", "0: no per-token blocks for the LLM RoPE"),
     Variable("LTXBENCH_FP8_THREADS", "kernel knob", "32..512: threads per row of the FP8 row kernels"),
     Variable("LTXBENCH_ACT_FAST", "kernel knob", "0: the libm forms of GELU-tanh and SiLU for 16-bit outputs"),
+    Variable("LTXBENCH_CPU_RANKS", "test", "1: --gpus N with --device cpu runs N CPU processes (gloo), for the tests"),
     Variable("LTXBENCH_PARALLEL_SPLIT", "internal", "the resolved --parallel split, set for re-launched ranks"),
     Variable("LTXBENCH_CI_VENV", "test", "the virtual environment .ci/run creates or reuses"),
 )

@@ -463,7 +463,8 @@ def test_ctrl_c_keeps_the_configurations_measured_and_marks_the_result_incomplet
     result = runner.invoke(app, [*TINY, "--configs", "baseline,optimized", "--output", str(out)])
     assert result.exit_code == 130, result.output
     lines = [line for line in result.output.splitlines() if line.startswith("interrupted")]
-    assert len(lines) == 1 and "1 of 2 configurations" in lines[0] and "marked incomplete" in lines[0]
+    assert len(lines) == 1 and lines[0].startswith("interrupted: kept 1 of 2 configurations (baseline) in ")
+    assert lines[0].endswith("marked incomplete (not a baseline for compare)") and str(out) in lines[0]
     doc = json.loads(out.read_text())
     assert doc["run"]["config"]["incomplete"] == {"reason": "interrupted (Ctrl-C)", "measured": ["baseline"],
                                                  "not_measured": ["optimized"]}
@@ -484,7 +485,9 @@ def test_ctrl_c_before_any_configuration_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(ltx, "run_once", interrupt)
     out = tmp_path / "none.json"
     result = runner.invoke(app, [*TINY, "--configs", "baseline", "--output", str(out)])
-    assert result.exit_code == 130 and "nothing written" in result.output
+    assert result.exit_code == 130, result.output
+    assert [ln for ln in result.output.splitlines() if ln.startswith("interrupted")] == [
+        "interrupted: nothing measured yet, nothing written"]
     assert not out.exists() and not list(tmp_path.iterdir())
 
 

@@ -211,6 +211,42 @@ def test_kind_mismatch_is_always_incomparable(tmp_path, base):
     assert "e2e" in result.output
 
 
+def _run_of(doc: dict, **settings) -> dict:
+    """doc as a run with other settings wrote it: in run.config, and in every record's params where they are."""
+    doc = copy.deepcopy(doc)
+    doc["run"]["config"].update(settings)
+    for rec in doc["records"]:
+        rec["params"].update({k: v for k, v in settings.items() if k in rec["params"]})
+    return doc
+
+
+@pytest.mark.parametrize(("settings", "words"), [
+    ({"model": "llama-3-8b", "family": "llm"}, "not comparable: model ltx-2b vs llama-3-8b"),
+    ({"num_frames": 97, "height": 768}, "not comparable: height 512 vs 768; num_frames 49 vs 97"),
+    ({"precision": "fp8", "fp8_accumulation": "fast"}, "not comparable: precision bf16 vs fp8"),
+    ({"dtype": "fp16"}, "not comparable: dtype bf16 vs fp16"),
+])
+def test_runs_of_another_model_shape_or_precision_are_not_comparable(tmp_path, settings, words):
+    """Not "N measurements missing" (exit 1): the setting that differs, exit 3, whichever file is the base."""
+    cold = io.load_result(COLD)
+    for pair, expected in (((cold, _run_of(cold, **settings)), words),
+                           ((_run_of(cold, **settings), cold), None)):
+        result = _invoke(*(_write(tmp_path, doc, f"{i}.json") for i, doc in enumerate(pair)), "--allow-env-mismatch")
+        assert result.exit_code == 3, result.output
+        line = " ".join(result.output.split())
+        assert "not comparable: " in line and "missing" not in line and "family" not in line
+        assert expected is None or expected in line, line
+
+
+def test_runs_that_differ_only_in_their_configurations_still_compare(tmp_path):
+    """Another --configs, --output or seed is no other workload: the records both runs have are compared."""
+    cold = io.load_result(COLD)
+    new = _run_of(cold, configs=["baseline"], output="other.json", seed=7)
+    new["records"] = [r for r in new["records"] if r["provider"] == "baseline"]
+    code, report = _json(_write(tmp_path, cold, "base.json"), _write(tmp_path, new), "--allow-missing")
+    assert code == 0 and report["unchanged"] > 0 and report["removed"]
+
+
 def _on_gpus(doc: dict, world: tuple[int, str] | None) -> dict:
     """doc as a run over world = (GPUs, split) wrote it (None: one process, no `parallel` entry)."""
     doc = copy.deepcopy(doc)

@@ -127,6 +127,26 @@ def test_hub_failures_are_told_apart():
     assert hub.hub_reason(wrapped) == "the hub has no public repository of that name"
 
 
+@pytest.mark.parametrize("module", ["ltx_build", "ltx2_build"])
+def test_random_weights_of_an_uncached_hub_id_are_not_told_to_use_random_weights(module, monkeypatch):
+    """--weights random of a hub id reads only its config files: when they are not there, the hint cannot be the
+    --weights random just given."""
+    import importlib
+
+    import huggingface_hub
+
+    from ltxbench.errors import EnvironmentProblem
+
+    def not_cached(*args, **kwargs):
+        raise OSError("Cannot find the requested files in the disk cache")
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", not_cached)
+    with pytest.raises(EnvironmentProblem) as err:
+        importlib.import_module(f"ltxbench.models.{module}").component_configs("owner/not-cached")
+    assert err.value.message.startswith("the config files of 'owner/not-cached' are not in the Hugging Face cache")
+    assert "hf download owner/not-cached" in err.value.hint and "use --weights random" not in err.value.hint
+
+
 def test_tiny_has_no_pretrained_weights(tmp_path):
     result = runner.invoke(app, ["generate", "--prompt", "x", *TINY, "--weights", "pretrained",
                                  "--output", str(tmp_path / "v.mp4")])

@@ -236,6 +236,7 @@ def no_relaunch(monkeypatch):
     monkeypatch.setattr(launch, "relaunch", lambda argv, gpus, split=None: calls.append((argv, gpus, split)) or 3)
     for name in launch.LAUNCHER_ENV:
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("LTXBENCH_CPU_RANKS", "1")  # --gpus N on --device cpu: N gloo processes
     return calls
 
 
@@ -435,7 +436,7 @@ def test_profile_over_two_processes_keeps_every_ranks_trace_and_summary(tmp_path
     out = tmp_path / "p.json"
     command = [sys.executable, "-m", "ltxbench", "profile", *TINY, "--configs", "baseline", "--gpus", "2",
                "--parallel", "cfg", "--output", str(out)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LTXBENCH_CPU_RANKS": "1"}
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
     assert done.returncode == 0, done.stderr[-3000:]
     config = json.loads(out.read_text())["run"]["config"]

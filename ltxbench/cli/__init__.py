@@ -47,6 +47,12 @@ def _report(err: LtxbenchError) -> None:
         console.print(f"[dim]hint:[/] {escape(err.hint)}", markup=True)
 
 
+def _interrupted(what: str) -> None:
+    import sys
+
+    print(f"interrupted: {what}", file=sys.stderr, flush=True)
+
+
 def _debug() -> bool:
     return os.environ.get("LTXBENCH_DEBUG") == "1"
 
@@ -67,8 +73,17 @@ class PolicyGroup(TyperGroup):
                 _print_traceback()
             _report(err)
             raise typer.Exit(err.exit_code) from None
-        except (typer.Exit, typer.Abort, KeyboardInterrupt):
+        except (typer.Exit, typer.Abort):
             raise
+        except KeyboardInterrupt:
+            # Ctrl-C that the command did not turn into a partial result (bench e2e keeps the configurations
+            # measured, and says so itself): one line, the shell's 130. A rank leaves it to the process that
+            # launched the ranks, which gets the same Ctrl-C.
+            from ltxbench.parallel import launch
+
+            if not launch.under_launcher():
+                _interrupted("nothing written")
+            raise typer.Exit(130) from None
         except Exception as exc:  # noqa: BLE001 - classification point of the policy
             mapped = _classify(exc, ctx.invoked_subcommand)
             if mapped is None:

@@ -7,10 +7,15 @@ Only the standard library and ltxbench's own light modules at top level (the com
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 
 from ltxbench.errors import UsageError
 from ltxbench.parallel import launch
+
+# --gpus N on --device cpu: N gloo processes, the multi-GPU code paths on a machine without GPUs (the tests'); a user
+# asking for GPUs on the CPU is refused unless this is "1"
+CPU_RANKS_ENV = "LTXBENCH_CPU_RANKS"
 
 
 def split_or_relaunch(family, gpus: int, parallel: str | None, device: str) -> str | None:
@@ -23,6 +28,9 @@ def split_or_relaunch(family, gpus: int, parallel: str | None, device: str) -> s
     if split is not None and split not in family.parallel_splits:
         raise UsageError(f"--parallel {split}: the {family.title} family splits as "
                          f"{', '.join(family.parallel_splits)}")
+    if gpus > 1 and device != "cuda" and os.environ.get(CPU_RANKS_ENV) != "1":
+        raise UsageError(f"--gpus {gpus} needs --device cuda: on --device {device} it would run {gpus} CPU processes, "
+                         "not GPUs", hint=f"drop --gpus {gpus} on the CPU, or run on --device cuda")
     if launch.under_launcher():
         started = launch.launcher_world_size()
         if started != gpus:

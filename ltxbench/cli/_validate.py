@@ -84,6 +84,29 @@ def _can_create_in(folder) -> bool:
         return False
 
 
+def known_model(model: str, weights: str | None) -> None:
+    """Refuse at once a --model that is no preset, no existing path and no hub id (owner/name) where it is a near
+    miss of a preset (`ltx-tiy`: not a hub lookup that fails after its retries), or where --weights random needs a
+    preset's config (a hub id's or a directory's serve too)."""
+    import difflib
+    from pathlib import Path
+
+    from ltxbench.models import presets
+    from ltxbench.models.hub import looks_like_path
+
+    names = list(presets())
+    path = Path(model).expanduser()
+    if model in names or "/" in model or looks_like_path(model) or path.suffix == ".json" or path.exists():
+        return  # a hub id, or a path: model_and_weights says when it does not exist
+    close = difflib.get_close_matches(model.lower(), names, n=1)
+    if close:
+        raise UsageError(f"unknown model {model!r}; did you mean {close[0]}?",
+                         hint=f"--model takes a preset ({', '.join(names)}), a hub id (owner/name) or a local path")
+    if weights == "random":
+        raise UsageError(f"unknown model {model!r}: --weights random builds a preset's config",
+                         hint=f"choose a preset ({', '.join(names)}), a hub id (owner/name) or a local directory")
+
+
 def model_and_weights(model: str, weights: str | None) -> str:
     """--weights for --model, before anything loads: a path that does not exist is a usage error; --weights defaults
     to random for the presets that only exist with random weights (ltx-tiny, llama-tiny), else to pretrained, and
@@ -114,16 +137,61 @@ def prompt_text(flag: str, text: str | None) -> str | None:
     return text
 
 
+def not_a_folder(flag: str, value: str | None, example: str) -> None:
+    """An output that names an existing folder is a usage error: the files would go beside it, under its name."""
+    from pathlib import Path
+
+    if value is not None and Path(value).is_dir():
+        raise UsageError(f"{flag} {value} is a directory; give a file path",
+                         hint=f"e.g. {flag} {Path(value) / example}")
+
+
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what the plots are saved as, by the name's suffix (matplotlib's savefig)
+
+
+def check_plot(plot: str | None) -> None:
+    """--plot names a file of a format the plots are written in, and matplotlib is there to draw it: refused before
+    the run, never after it."""
+    from pathlib import Path
+
+    if plot is None:
+        return
+    not_a_folder("--plot", plot, "plot.png")
+    if Path(plot).suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageError(f"--plot {plot} must end in {', '.join(PLOT_SUFFIXES[:-1])} or {PLOT_SUFFIXES[-1]}")
+    require_matplotlib()
+
+
 def result_outputs(output: str | None, plot: str | None) -> list:
-    """The files a benchmark writes for --output (JSON and CSV; none for the default, a fresh name) and --plot."""
+    """The files a benchmark writes for --output (JSON and CSV; none for the default, a fresh name) and --plot, once
+    neither names a folder and --plot names a format it can be drawn in."""
     from pathlib import Path
 
     from ltxbench.results.io import result_paths
 
+    not_a_folder("--output", output, "run.json")
+    check_plot(plot)
     return [*(result_paths(output) if output is not None else ()), *([Path(plot)] if plot is not None else [])]
 
 
 def require_matplotlib() -> None:
     if importlib.util.find_spec("matplotlib") is None:
         raise EnvironmentProblem("--plot needs matplotlib, which is not installed",
-                                 hint="pip install 'ltxbench[plot]' (or matplotlib), or drop --plot")
+                                 hint="pip install matplotlib (a dependency of ltxbench: reinstall it), or drop --plot")
+
+
+def require_mp4_writer(output, audio: bool) -> None:
+    """Before the model is built: the mp4 can be written. diffusers' export_to_video writes through imageio's ffmpeg
+    plugin (imageio-ffmpeg), or through OpenCV where imageio is not installed at all; an audio track is muxed by
+    imageio-ffmpeg's ffmpeg."""
+    try:
+        import imageio_ffmpeg
+
+        imageio_ffmpeg.get_ffmpeg_exe()  # RuntimeError when it finds no ffmpeg binary
+        return
+    except (ImportError, RuntimeError) as exc:
+        reason = "imageio-ffmpeg is not installed" if isinstance(exc, ImportError) else "imageio-ffmpeg finds no ffmpeg"
+    if not audio and importlib.util.find_spec("imageio") is None and importlib.util.find_spec("cv2") is not None:
+        return  # diffusers' OpenCV fallback
+    raise EnvironmentProblem(f"cannot write the mp4 {output}: {reason}",
+                             hint="pip install imageio-ffmpeg (a dependency of ltxbench: reinstall it)")

@@ -35,17 +35,20 @@ def e2e_command(**values) -> None:
         check_outputs,
         choice,
         compile_mode_choice,
+        known_model,
         model_and_weights,
-        require_matplotlib,
         result_outputs,
         runtime,
     )
+    from ltxbench.cli.options import refuse_foreign
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models import family_of
     from ltxbench.models.family import select_configs, with_precision
 
     # --- validation: nothing heavy is imported before this passes ---------------------------------------
+    known_model(values["model"], values["weights"])
     family = family_of(values["model"])
+    refuse_foreign("bench e2e", family, values["model"])
     values["configs"] = select_configs(values["configs"], values.pop("use_optimized_kernels"), values.pop("compile"),
                                        "baseline,optimized,compile,optimized+compile", family.config_names())
     values["configs"] = with_precision(values["configs"], values["precision"])
@@ -64,8 +67,6 @@ def e2e_command(**values) -> None:
     settings = family.settings("bench e2e", **values)
     family.validate(settings, "bench e2e")
     check_outputs(result_outputs(values["output"], values["plot"]), values["force"])
-    if values["plot"] is not None:
-        require_matplotlib()
     settings.parallel = _parallel.split_or_relaunch(family, settings.gpus, settings.parallel, settings.device)
 
     import torch
@@ -107,7 +108,7 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: keep what was measured (e2e.Interrupted carries it)
             results, interrupted = getattr(stop, "results", {}), True
     if interrupted and (not results or world is not None):
-        err.print("interrupted before any configuration was measured: nothing written" if world is None else
+        err.print("interrupted: nothing measured yet, nothing written" if world is None else
                   f"interrupted: nothing written (a run over {world.size} GPUs writes complete results only)",
                   markup=False)
         raise typer.Exit(130)
@@ -129,9 +130,8 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
     doc = make_result("e2e", argv, config, settings.seed, started, utc_now(), records)
     json_path, csv_path = write_result(doc, output, force)
     if interrupted:
-        err.print(f"interrupted: wrote the {len(results)} of {len(settings.configs)} configurations measured "
-                  f"({', '.join(results)}) to {json_path}, marked incomplete (not a baseline for compare)",
-                  markup=False)
+        err.print(f"interrupted: kept {len(results)} of {len(settings.configs)} configurations ({', '.join(results)}) "
+                  f"in {json_path}, marked incomplete (not a baseline for compare)", markup=False)
         raise typer.Exit(130)
     console.print(e2e_report.render_table(records))
     for name, res in results.items():

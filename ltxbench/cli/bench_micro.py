@@ -39,7 +39,8 @@ def micro_command(
     output: str | None = typer.Option(
         None, "--output", "-o", help="Result JSON path (a CSV is written beside it); default results/runs/."),
     force: bool = typer.Option(False, "--force", help="Overwrite --output if it exists."),
-    plot: str | None = typer.Option(None, "--plot", help="Also draw GB/s per shape and provider to this PNG."),
+    plot: str | None = typer.Option(
+        None, "--plot", help="Also draw GB/s per shape and provider to this file (.png, .svg or .pdf)."),
 ) -> None:
     """Time each kernel against the host libraries' formulas: median µs, GB/s, % of the copy peak, speedup.
 
@@ -47,7 +48,7 @@ def micro_command(
     """
 
     from ltxbench.bench import micro
-    from ltxbench.cli._validate import check_outputs, require_matplotlib, result_outputs
+    from ltxbench.cli._validate import check_outputs, result_outputs
     from ltxbench.errors import NoCudaDevice, UsageError
 
     specs = micro.resolve_kernels(kernels)
@@ -61,8 +62,6 @@ def micro_command(
     if not cases:
         raise UsageError("nothing to measure: " + "; ".join(notes))
     check_outputs(result_outputs(output, plot), force)
-    if plot is not None:
-        require_matplotlib()
 
     import torch
 

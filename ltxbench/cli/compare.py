@@ -17,8 +17,8 @@ EXAMPLES = (
     "  ltxbench compare base.json new.json --format json | jq '.regressions[].name'\n\n"
     "Exit codes: 0 no regression, 1 regression (or a measurement of BASE missing or n/a in NEW, unless "
     "--allow-missing), 2 bad arguments, "
-    "3 files unreadable, different schema, kind, GPU (see --allow-env-mismatch) or GPU count and split (--gpus, "
-    "--parallel). Rows that are not comparable "
+    "3 files unreadable, different schema, kind, workload (model, shape settings, --precision, --dtype), GPU (see "
+    "--allow-env-mismatch) or GPU count and split (--gpus, --parallel). Rows that are not comparable "
     "(compiles in different inductor cache states) are listed and do not count. How verdicts are decided: "
     "docs/compare.md."
 )

@@ -29,15 +29,26 @@ def generate_command(**values) -> None:
     """Generate a video (LTX-Video, LTX-2; from a first frame with --image) and time text encode, every denoising
     step and the decodes."""
     from ltxbench.cli import _parallel
-    from ltxbench.cli._validate import check_outputs, model_and_weights, prompt_text, runtime
+    from ltxbench.cli._validate import (
+        check_outputs,
+        known_model,
+        model_and_weights,
+        not_a_folder,
+        prompt_text,
+        require_mp4_writer,
+        runtime,
+    )
+    from ltxbench.cli.options import refuse_foreign
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models import family_of
 
     # --- validation: nothing heavy is imported before this passes ---------------------------------------
+    known_model(values["model"], values["weights"])
     family = family_of(values["model"])
     if not family.makes_video:
         raise UsageError(f"--model {values['model']} is an {family.title}: generate makes videos",
                          hint="time it with `ltxbench bench e2e` or `ltxbench profile`")
+    refuse_foreign("generate", family, values["model"])
     prompt_text("--prompt", values["prompt"])
     prompt_text("--negative-prompt", values["negative_prompt"])
     values["weights"] = model_and_weights(values["model"], values["weights"])
@@ -55,12 +66,14 @@ def generate_command(**values) -> None:
         raise UsageError("--cpu-offload needs --device cuda")
     if settings.gpus > 1 and values["cpu_offload"]:
         raise UsageError(f"--cpu-offload runs on one GPU: drop it, or --gpus {settings.gpus}")
+    not_a_folder("--output", values["output"], "out.mp4")
     output = Path(values["output"])
     if output.suffix.lower() != ".mp4":
         raise UsageError(f"--output {output} must end in .mp4 (the result JSON is written beside it)")
     json_path = output.with_suffix(".json")
     force = values["force"]
     check_outputs((output, json_path, json_path.with_suffix(".csv")), force)
+    require_mp4_writer(output, audio="audio_decode" in family.decodes)
     settings.parallel = _parallel.split_or_relaunch(family, settings.gpus, settings.parallel, settings.device)
 
     import torch

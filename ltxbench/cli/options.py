@@ -85,8 +85,8 @@ SHARED = {o.name: o for o in (
            defaults={"generate": "out.mp4"}, helps={"generate": "mp4 path; the result JSON goes beside it."}),
     Option("trace_dir", ("--trace-dir",), str, None, "Chrome traces (default: beside the result JSON).",
            ("profile",)),
-    Option("plot", ("--plot",), str, None, "Also draw the per-configuration phase split to this PNG.",
-           ("bench e2e",)),
+    Option("plot", ("--plot",), str, None, "Also draw the per-configuration phase split to this file (.png, .svg or "
+           ".pdf).", ("bench e2e",)),
     Option("force", ("--force",), bool, False, "Overwrite the outputs if they exist."),
 )}
 
@@ -134,6 +134,41 @@ def takes_options(command: str) -> Callable:
         return fn
 
     return decorate
+
+
+def refuse_foreign(command: str, family, model: str) -> None:
+    """A family's option typed on the command line for a model of another family (--stg-scale on LTX-Video,
+    --num-frames on an LLM) is a usage error: the run would drop it, and its recorded command line would hold it.
+    Defaults are not looked at: every command takes the union of the families' options."""
+    from ltxbench.errors import UsageError
+    from ltxbench.models import families
+
+    ctx = _context()
+    if ctx is None:  # called outside a command line
+        return
+    own = {o.name for o in family.options if command in o.commands}
+    for option in declared(command):
+        if option.name in SHARED or option.name in own:
+            continue
+        source = ctx.get_parameter_source(option.name)
+        if source is None or source.name != "COMMANDLINE":
+            continue
+        on, _, off = option.flags[0].partition("/")
+        flag = (on if ctx.params.get(option.name) else off) if off else "/".join(option.flags)
+        takers = [f.title for f in families() if any(o.name == option.name and command in o.commands
+                                                       for o in f.options)]
+        raise UsageError(f"{flag} does not apply to {family.title} ({model})",
+                         hint=f"drop {flag}: it is an option of {' and '.join(takers)} models")
+
+
+def _context():
+    """The running command's click context: from typer's own copy of click where it has one (typer 0.2x), else
+    click's."""
+    try:
+        from typer._click.globals import get_current_context
+    except ImportError:
+        from click import get_current_context
+    return get_current_context(silent=True)
 
 
 def command_line(command: str, values: dict) -> list[str]:

@@ -28,14 +28,25 @@ def profile_command(**values) -> None:
 
     from ltxbench.bench.e2e import COMPILE_SCOPES
     from ltxbench.cli import _parallel
-    from ltxbench.cli._validate import check_outputs, choice, compile_mode_choice, model_and_weights, runtime
+    from ltxbench.cli._validate import (
+        check_outputs,
+        choice,
+        compile_mode_choice,
+        known_model,
+        model_and_weights,
+        not_a_folder,
+        runtime,
+    )
+    from ltxbench.cli.options import refuse_foreign
     from ltxbench.errors import NoCudaDevice, UsageError
     from ltxbench.models import family_of
     from ltxbench.models.family import parse_configs, with_precision
     from ltxbench.results.io import default_path, result_paths
 
     # --- validation: nothing heavy is imported before this passes ---------------------------------------
+    known_model(values["model"], values["weights"])
     family = family_of(values["model"])
+    refuse_foreign("profile", family, values["model"])
     values["configs"] = with_precision(parse_configs(values["configs"] or "baseline,optimized",
                                                      family.config_names()), values["precision"])
     for flag, name in (("--top", "top"), ("--batch-size", "batch_size")):
@@ -49,6 +60,7 @@ def profile_command(**values) -> None:
     settings = family.settings("profile", **values)
     family.validate(settings, "profile")
     output, force = values["output"], values["force"]
+    not_a_folder("--output", output, "profile.json")
     json_path, csv_path = result_paths(default_path("profile") if output is None else output)
     traces_at = Path(values["trace_dir"]) if values["trace_dir"] is not None else json_path.parent
     traces = {c: traces_at / f"{json_path.stem}-{c.replace('+', '-')}.trace.json" for c in settings.configs}

@@ -22,7 +22,8 @@ COMMANDS = ("generate", "bench e2e", "profile")
 @dataclass(frozen=True)
 class Option:
     """One command-line option of a family, declared once: the settings field `name`, its flag(s) (a bool's as
-    "--x/--no-x"), its type, default (per command where they differ) and help, and the commands that take it."""
+    "--x/--no-x"), its type, default (per command where they differ) and help, the commands that take it, and the
+    (lowest, highest) value the family runs, checked before torch loads (ModelFamily.settings)."""
 
     name: str
     flags: tuple[str, ...]
@@ -32,6 +33,7 @@ class Option:
     commands: tuple[str, ...] = COMMANDS
     defaults: dict = field(default_factory=dict)  # command -> default, where a command differs
     helps: dict = field(default_factory=dict)     # command -> help, where a command differs
+    bounds: tuple | None = None                    # (lowest, highest) allowed value, both included
 
     def default_for(self, command: str) -> Any:
         return self.defaults.get(command, self.default)
@@ -111,6 +113,7 @@ class ModelFamily:
         # None: not given (an option whose default differs by family leaves it to this family's settings)
         settings = self.settings_class(family=self.name, **{k: v for k, v in values.items()
                                                             if k in names and v is not None})
+        self.check_bounds(settings, command)
         if settings.precision not in self.precisions:
             raise UsageError(f"--precision {settings.precision!r}: {self.title} runs "
                              f"{' or '.join(self.precisions)}", hint=f"choose from {', '.join(self.precisions)}")
@@ -129,6 +132,19 @@ class ModelFamily:
             raise UsageError(f"--precision fp8-attention runs on one GPU, not --gpus {settings.gpus}",
                              hint="use --precision fp8 over several GPUs")
         return settings
+
+    def check_bounds(self, settings: RunSettings, command: str) -> None:
+        """Refuse a value outside its option's declared bounds (UsageError naming the flag and the range): a frame
+        count or size far beyond what the model runs would otherwise fail only after the model is built."""
+        for option in self.options:
+            value = getattr(settings, option.name, None)
+            if option.bounds is None or command not in option.commands or value is None:
+                continue
+            lo, hi = option.bounds
+            if not lo <= value <= hi:
+                side = f"below {self.title}'s minimum of {lo}" if value < lo else \
+                    f"above {self.title}'s maximum of {hi}"
+                raise UsageError(f"{option.flags[0]} {value} is {side} (allowed: {lo} to {hi})")
 
     def validate(self, settings: RunSettings, command: str) -> None:
         """Refuse values this family cannot run (UsageError naming the flag), before anything heavy loads."""

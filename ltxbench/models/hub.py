@@ -41,9 +41,16 @@ def hub_reason(exc: BaseException) -> str:
     return "the hub cannot be reached to download them"
 
 
-def offline_error(model: str, exc: BaseException) -> EnvironmentProblem:
+def offline_error(model: str, exc: BaseException, configs_only: bool = False) -> EnvironmentProblem:
+    """The hub did not deliver `model`'s weights, or (configs_only: --weights random of a hub id) its config files,
+    whose hint then cannot be --weights random."""
     from huggingface_hub import constants
 
+    if configs_only:
+        return EnvironmentProblem(f"the config files of {model!r} are not in the Hugging Face cache "
+                                  f"({constants.HF_HUB_CACHE}) and {hub_reason(exc)}",
+                                  hint=f"download them where the hub is reachable (`hf download {model}`), or give "
+                                  "--weights random a preset (see --help)")
     return EnvironmentProblem(f"weights for {model!r} are not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
                               f"and {hub_reason(exc)}",
                               hint=f"download them where the hub is reachable (`hf download {model}`), or use "

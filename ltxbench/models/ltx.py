@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ltxbench.models import ltx_build
 from ltxbench.models.family import Option, RunSettings
-from ltxbench.models.ltx_build import DEFAULT_HUB_ID, PRESETS, TOKENIZER_MAX_LENGTH
+from ltxbench.models.ltx_build import DEFAULT_HUB_ID, MAX_FRAMES, MAX_SIDE, PRESETS, TOKENIZER_MAX_LENGTH
 from ltxbench.models.video import VideoFamily
 from ltxbench.models.video_image import IMAGE_OPTION
 
@@ -45,9 +45,12 @@ class LTXSettings(RunSettings):
 
 _BENCH, _PROFILE = ("bench e2e",), ("bench e2e", "profile")
 OPTIONS = (
-    Option("num_frames", ("--num-frames",), int, 161, "Frames, 8k+1 (video models)."),
-    Option("height", ("--height",), int, 512, "Height in pixels, a multiple of 32 (video models)."),
-    Option("width", ("--width",), int, 768, "Width in pixels, a multiple of 32 (video models)."),
+    Option("num_frames", ("--num-frames",), int, 161, f"Frames, 8k+1, at most {MAX_FRAMES} (video models).",
+           bounds=(1, MAX_FRAMES)),
+    Option("height", ("--height",), int, 512, f"Height in pixels, a multiple of 32, at most {MAX_SIDE} (video "
+           "models).", bounds=(32, MAX_SIDE)),
+    Option("width", ("--width",), int, 768, f"Width in pixels, a multiple of 32, at most {MAX_SIDE} (video "
+           "models).", bounds=(32, MAX_SIDE)),
     Option("steps", ("--steps",), int, 50, "Denoising steps (at least 2).", defaults={"profile": 2}),
     Option("guidance_scale", ("--guidance-scale",), float, 3.0, "Classifier-free guidance scale (> 1 doubles the "
            "batch)."),

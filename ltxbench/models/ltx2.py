@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ltxbench.models import ltx2_build
 from ltxbench.models.family import Option, PeerConfig, RunSettings
 from ltxbench.models.ltx2_build import PRESETS
+from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
 from ltxbench.models.video import VideoFamily
 from ltxbench.models.video_image import IMAGE_OPTION
 
@@ -56,9 +57,12 @@ def _scale(name: str, default: float, text: str) -> Option:
 
 
 OPTIONS = (
-    Option("num_frames", ("--num-frames",), int, 121, "Frames, 8k+1 (video models)."),
-    Option("height", ("--height",), int, 512, "Height in pixels, a multiple of 32 (video models)."),
-    Option("width", ("--width",), int, 768, "Width in pixels, a multiple of 32 (video models)."),
+    Option("num_frames", ("--num-frames",), int, 121, f"Frames, 8k+1, at most {MAX_FRAMES} (video models).",
+           bounds=(1, MAX_FRAMES)),
+    Option("height", ("--height",), int, 512, f"Height in pixels, a multiple of 32, at most {MAX_SIDE} (video "
+           "models).", bounds=(64, MAX_SIDE)),
+    Option("width", ("--width",), int, 768, f"Width in pixels, a multiple of 32, at most {MAX_SIDE} (video "
+           "models).", bounds=(64, MAX_SIDE)),
     Option("steps", ("--steps",), int, 30, "Denoising steps (at least 2).", defaults={"profile": 2}),
     Option("guidance_scale", ("--guidance-scale",), float, 3.0, "Classifier-free guidance scale (> 1 doubles the "
            "batch)."),

@@ -80,7 +80,7 @@ def component_configs(model: str) -> dict[str, dict]:
         return {comp: json.loads(Path(hf_hub_download(model, _config_file(comp), subfolder=comp)).read_text())
                 for comp in COMPONENTS}
     except Exception as exc:  # noqa: BLE001 - any hub/network/cache failure means "not here"
-        raise offline_error(model, exc) from exc
+        raise offline_error(model, exc, configs_only=True) from exc  # only --weights random reads them
 
 
 def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) -> None:

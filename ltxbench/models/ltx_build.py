@@ -31,6 +31,10 @@ COMPONENTS = ("transformer", "vae", "text_encoder", "scheduler")
 _DIFFUSERS_FILES = {"transformer": "config.json", "vae": "config.json", "text_encoder": "config.json",
                     "scheduler": "scheduler_config.json"}
 TOKENIZER_MAX_LENGTH = 128
+# The video families' --num-frames / --height / --width bounds (Option.bounds, checked before torch loads): generous
+# (1025 frames are 129 latent frames; 4096 pixels a side is beyond 4K), but a value past them would only end in an
+# allocation failure after the model was built.
+MAX_FRAMES, MAX_SIDE = 1025, 4096
 
 
 def validate_video_args(num_frames: int, height: int, width: int, steps: int) -> None:
@@ -82,7 +86,7 @@ def component_configs(model: str) -> dict[str, dict]:
         return {c: json.loads(Path(hf_hub_download(model, f, subfolder=c)).read_text())
                 for c, f in _DIFFUSERS_FILES.items()}
     except Exception as exc:  # noqa: BLE001 - any hub/network/cache failure means "not here"
-        raise offline_error(model, exc) from exc
+        raise offline_error(model, exc, configs_only=True) from exc  # only --weights random reads them
 
 
 def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) -> None:

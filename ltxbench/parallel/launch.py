@@ -2,7 +2,8 @@
 (what torchrun runs), one rank's process group, and what a result records of the run's GPUs.
 
 `--gpus N` with N > 1 re-launches the command as N processes, one per GPU (on `--device cpu` N processes with the
-gloo backend, which the tests use); each of them finds RANK / WORLD_SIZE / LOCAL_RANK set and runs as one rank.
+gloo backend, which the tests use: the CLI refuses it unless LTXBENCH_CPU_RANKS=1); each of them finds RANK /
+WORLD_SIZE / LOCAL_RANK set and runs as one rank.
 Only the standard library at top level: torch loads inside the functions, after the arguments were validated.
 """
 

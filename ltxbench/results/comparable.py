@@ -1,5 +1,6 @@
 """Whether two result documents can be compared at all, before any record is: the same benchmark kind, GPU count and
-split, FP8 accumulation and GPU model (docs/compare.md), and a complete base."""
+split, workload (model, shape settings, precision), FP8 accumulation and GPU model (docs/compare.md), and a complete
+base."""
 
 from __future__ import annotations
 
@@ -32,6 +33,40 @@ def fp8_accumulation_of(doc: dict) -> str | None:
     if not isinstance(config, dict):
         return None
     return config.get("fp8_accumulation") or ("fp32" if config.get("precision", "bf16") != "bf16" else None)
+
+
+# run.config settings that change what every configuration computes (the records' dtype, the FP8 configurations)
+RUN_SETTINGS = ("precision", "dtype")
+
+
+def _shared_params(doc: dict) -> dict:
+    """The parameters every record of the document carries with one value: the run's model, family and shape
+    settings (bench e2e, profile, generate); {} where the records differ in all of them (bench micro's shapes)."""
+    params = [r["params"] for r in doc.get("records", ()) if isinstance(r, dict) and isinstance(r.get("params"), dict)]
+    if not params:
+        return {}
+    return {k: v for k, v in params[0].items() if all(k in p and p[k] == v for p in params[1:])}
+
+
+def workload_differences(base_doc: dict, new_doc: dict) -> list[str]:
+    """What the two runs measured differently, as "model ltx-2b vs llama-3-8b": a parameter every record of each run
+    carries with another value (so that no record could match), or a setting of RUN_SETTINGS. Settings one file
+    lacks (written before they were recorded) are not compared, but for --precision (bf16 before it existed)."""
+    configs = [d.get("run", {}).get("config") for d in (base_doc, new_doc)]
+    # files from before --precision ran bf16 (as fp8_accumulation_of reads them)
+    configs = [{"precision": "bf16", **c} if isinstance(c, dict) else {} for c in configs]
+    differ = [(k, configs[0][k], configs[1][k]) for k in RUN_SETTINGS
+              if k in configs[0] and k in configs[1] and configs[0][k] != configs[1][k]]
+    base, new = _shared_params(base_doc), _shared_params(new_doc)
+    keys = sorted((k for k in base if k in new and base[k] != new[k]), key=lambda k: (k != "model", k))
+    if "model" in keys and "family" in keys:  # another model's family says nothing more
+        keys.remove("family")
+    differ = [(k, base[k], new[k]) for k in keys] + [d for d in differ if d[0] not in keys]
+    return [f"{key} {_text(a)} vs {_text(b)}" for key, a, b in differ]
+
+
+def _text(value) -> str:
+    return ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 
 def _world_text(world: tuple[int, str | None]) -> str:
@@ -67,6 +102,11 @@ def check(base_doc: dict, new_doc: dict, allow_env_mismatch: bool, warnings: lis
         raise IncomparableResults(
             f"base ran on {_world_text(base_world)}, new on {_world_text(new_world)}: not comparable",
             hint="compare runs over the same --gpus and --parallel (--allow-env-mismatch does not cover this)")
+    differences = workload_differences(base_doc, new_doc)
+    if differences:
+        raise IncomparableResults(
+            f"not comparable: {'; '.join(differences)}",
+            hint="compare two runs of the same model and settings (--allow-env-mismatch does not cover this)")
     base_sum, new_sum = fp8_accumulation_of(base_doc), fp8_accumulation_of(new_doc)
     if None not in (base_sum, new_sum) and base_sum != new_sum:
         raise IncomparableResults(

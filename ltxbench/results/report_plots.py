@@ -1,7 +1,7 @@
 """The figures of `ltxbench report`: one per result document, and the headline across GPUs.
 
 Each figure carries, under its plot, the result file(s) it was drawn from and the commit each recorded.
-matplotlib is the `plot` extra; without it the report refuses to start (exit 4).
+matplotlib is a dependency of ltxbench; where it is missing anyway the report refuses to start (exit 4).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ def require_matplotlib() -> None:
         import matplotlib
     except ImportError:
         raise EnvironmentProblem("ltxbench report draws its figures with matplotlib, which is not installed",
-                                 hint="install the `plot` extra of ltxbench, or pip install matplotlib") from None
+                                 hint="pip install matplotlib (a dependency of ltxbench: reinstall it)") from None
     matplotlib.use("Agg")
 
 
