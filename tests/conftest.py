@@ -17,6 +17,21 @@ def _cuda_available() -> bool:
         return False
 
 
+REQUIRE_GPU_MESSAGE = "make test-gpu needs an NVIDIA GPU: none is visible (torch.cuda.is_available() is False)"
+
+
+def pytest_addoption(parser):
+    parser.addoption("--require-gpu", action="store_true",
+                     help="fail at once when no CUDA device is visible, instead of skipping the gpu tests "
+                     "(make test-gpu)")
+
+
+# A GPU run on a machine without one would otherwise skip every test and exit 0: a green run that tested nothing.
+def pytest_configure(config):
+    if config.getoption("--require-gpu") and not _cuda_available():
+        raise pytest.UsageError(REQUIRE_GPU_MESSAGE)
+
+
 def pytest_collection_modifyitems(config, items):
     if _cuda_available():
         return

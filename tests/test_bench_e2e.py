@@ -615,6 +615,7 @@ def test_a_precision_the_family_does_not_run_exits_2(args, needle, tmp_path):
     assert needle in " ".join(result.output.split())
 
 
+@pytest.mark.slow
 def test_precision_fp8_adds_the_fp8_configurations_and_records_their_error(tmp_path):
     out = tmp_path / "r.json"
     result = runner.invoke(app, [*TINY, "--phase", "transformer", "--configs", "optimized", "--precision", "fp8",

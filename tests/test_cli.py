@@ -313,7 +313,7 @@ def _fake_build(home: Path, tag: str, arch: str | None) -> Path:
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU report")
 @pytest.mark.parametrize("recorded", [True, False])
 def test_env_reports_the_test_suites_build_in_its_own_cache_key(recorded, tmp_path, monkeypatch):
-    """After `make test` (TORCH_CUDA_ARCH_LIST=7.5;8.0;9.0) the library sits under sm75-80-90: `env` without the
+    """After `make test-all` (TORCH_CUDA_ARCH_LIST=7.5;8.0;9.0) the library sits under sm75-80-90: `env` without the
     variable must say it is built, and for which archs (from the build's record, or else from the folder's name)."""
     from ltxbench.ops import build
 

@@ -174,6 +174,7 @@ def flash_stand_in(monkeypatch):
     return calls
 
 
+@pytest.mark.slow
 def test_fp8_attention_configurations_run_record_their_precision_and_error(tmp_path, flash_stand_in):
     out = tmp_path / "r.json"
     result = runner.invoke(app, [*TINY, "--configs", "optimized", "--precision", "fp8-attention", "-o", str(out)])

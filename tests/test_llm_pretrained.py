@@ -39,6 +39,7 @@ NEW_TOKENS = 32
 runner = CliRunner()
 
 
+# The tests on the trained model are marked slow: its load and its 30 layers on the CPU take minutes in all.
 @pytest.fixture(scope="module")
 def smollm2():
     """(fp32 model on the CPU, tokenizer), loaded through the preset's own path. Without the extra: skipped, except
@@ -84,6 +85,7 @@ def _logits_unpatched_and_patched(model, batch):
     return before, patched
 
 
+@pytest.mark.slow
 def test_reference_kernels_give_the_unpatched_logits_within_1e5(smollm2, monkeypatch):
     """Every rule but one reproduces the model's fp32 arithmetic; the exception, the down projection's GEMM adding
     into the residual (one rounding instead of two), is swapped for the model's own separate add here, so that the
@@ -96,6 +98,7 @@ def test_reference_kernels_give_the_unpatched_logits_within_1e5(smollm2, monkeyp
     torch.testing.assert_close(patched, before, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_reference_kernels_as_shipped_stay_within_1e5_of_the_logit_scale(smollm2):
     """With the residual accumulated in the GEMM: 30 layers of one rounding less each move fp32 logits by about twice
     what running the unpatched model on another batch shape does (1.2e-4 vs 6.3e-5 of logits up to 40 here); the
@@ -112,6 +115,7 @@ def test_reference_kernels_as_shipped_stay_within_1e5_of_the_logit_scale(smollm2
     assert deviation <= 1e-5 * scale
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_reference_kernels_generate_the_same_32_tokens(smollm2, cache):
     model, tokenizer = smollm2
@@ -125,6 +129,7 @@ def test_reference_kernels_generate_the_same_32_tokens(smollm2, cache):
     assert torch.equal(tokens, expected)
 
 
+@pytest.mark.slow
 def test_the_trained_model_answers(smollm2):
     """The weights are the trained ones, read right: greedy decoding knows the capital of France."""
     model, tokenizer = smollm2
@@ -135,6 +140,7 @@ def test_the_trained_model_answers(smollm2):
     assert tokenizer.decode(out[0, ids["input_ids"].shape[1]:]).startswith(" Paris")
 
 
+@pytest.mark.slow
 def test_the_random_preset_has_the_trained_models_architecture(smollm2):
     """`--weights random` builds smollm2-135m from the shipped config: the same shapes as the file's model."""
     model, _ = smollm2
@@ -148,6 +154,7 @@ def test_the_random_preset_has_the_trained_models_architecture(smollm2):
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # tied, as in the file
 
 
+@pytest.mark.slow
 def test_bench_e2e_and_profile_run_the_preset_on_text(smollm2, monkeypatch, tmp_path):
     """`--model smollm2-135m` defaults to its trained weights; bench e2e reads the passage through the model's own
     tokenizer, and both commands patch all 30 layers and undo it. (The loader hands over the loaded model.)"""

@@ -201,6 +201,7 @@ def test_optimized_reports_its_rules_and_still_writes(tmp_path):
     assert _names(doc["records"], "optimized") == {"denoise_step", "total"}
 
 
+@pytest.mark.slow
 def test_profile_marks_each_phase_in_the_trace(tmp_path):
     out = tmp_path / "prof.json"
     result = runner.invoke(app, ["profile", *TINY, "--configs", "baseline", "--output", str(out)])
@@ -240,6 +241,7 @@ def test_cuda_graph_compile_modes_are_refused_for_the_whole_model(command, tmp_p
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_cuda_graph_compile_modes_run_regionally(tmp_path, captured, compile_calls):
     """Regional compile (LTX-2's default scope) runs under CUDA graphs (bench.e2e.compile_module opens one graph
     step per transformer call; tests/test_inject_ltx2_gpu.py checks the latents on the GPU)."""

@@ -159,6 +159,7 @@ def test_build_after_torch_compile_finds_the_toolkit(monkeypatch):
     assert cpp_extension.CUDA_HOME == home
 
 
+@pytest.mark.slow  # a second build of every source, in its own folder
 def test_compiler_error_is_reported_with_its_output(monkeypatch, tmp_path):
     if not (shutil.which("nvcc") or build.cuda_home()):
         pytest.skip("no nvcc")

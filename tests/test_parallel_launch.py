@@ -427,6 +427,7 @@ def test_report_reads_a_multi_gpu_result(tmp_path):
 
 # --- profile over several processes: every rank's trace and summary ---------------------------------------
 
+@pytest.mark.slow  # 2 processes, each profiling a generation
 def test_profile_over_two_processes_keeps_every_ranks_trace_and_summary(tmp_path):
     """`profile --gpus 2` (2 gloo processes on the CPU, the tiny LTX-Video): each rank keeps its chrome trace and
     rank 0's result records every rank's time per family, so a rank that waits for the other at the collectives

@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# Each test starts 2 or 4 processes that each build a pipeline: minutes in all (make test-all runs them).
+pytestmark = pytest.mark.slow
+
 TESTS = Path(__file__).parent
 TOL = 1e-5  # max |split - alone| / max |alone|: fp32, the same math in another grouping (a 2-row GEMM, a shard)
 

@@ -28,6 +28,7 @@ def _run(tmp_path, mutation: str = "", worker: str = "ulysses_worker.py", timeou
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # 2 processes
 def test_exchange_equals_one_process(tmp_path):
     errors = _run(tmp_path)
     assert set(errors) == {"heads8", "heads6"}
@@ -36,6 +37,7 @@ def test_exchange_equals_one_process(tmp_path):
         assert value["error"] < 1e-5, (key, value)
 
 
+@pytest.mark.slow  # 2 processes
 def test_swapped_heads_fail(tmp_path):
     errors = _run(tmp_path, "swapped-heads")
     assert all(value["error"] > 0.1 for value in errors.values()), errors

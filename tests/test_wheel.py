@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.wheel
+pytestmark = [pytest.mark.wheel, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 900
