@@ -133,7 +133,7 @@ def test_tiny_text_to_video_gives_frames_and_stereo_audio_in_seconds(tiny_pipe, 
     assert audio.ndim == 3 and audio.shape[:2] == (1, 2) and torch.isfinite(audio).all() and audio.std() > 0
     seconds = audio.shape[2] / pipe.vocoder.config.output_sampling_rate
     assert abs(seconds - 9 / 24) < 2 / 25, seconds  # 9 frames at 24 fps, to within two audio latents (25 per s)
-    assert elapsed < 10, f"{elapsed:.1f} s"  # under a second where the CPU is free
+    assert elapsed < 60, f"{elapsed:.1f} s"  # under a second where the CPU is free; CI machines are shared
 
 
 def test_prompt_goes_through_gemma_left_padded(tiny_pipe):
