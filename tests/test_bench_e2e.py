@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from ltxbench.bench import e2e, e2e_report
 from ltxbench.cli import app
+from ltxbench.configurations import STANDARD, added_by
 from ltxbench.errors import UsageError
 from ltxbench.models import family, family_of, ltx
 
@@ -48,7 +49,7 @@ def test_select_configs_maps_the_original_flags():
         family.select_configs("baseline", None, True, "baseline")
     with pytest.raises(UsageError, match="'fast'"):
         family.parse_configs("baseline,fast")
-    assert family.parse_configs("all") == list(family.CONFIG_NAMES)
+    assert family.parse_configs("all") == list(STANDARD)
     assert family.parse_configs("all", family_of("llama-tiny").config_names())[-2:] == ["liger", "liger+compile"]
     with pytest.raises(UsageError, match="'liger'"):  # a peer of another family
         family.parse_configs("liger", family_of("ltx-tiny").config_names())
@@ -496,9 +497,9 @@ def test_ctrl_c_before_any_configuration_writes_nothing(tmp_path, monkeypatch):
 def test_peer_configurations_belong_to_their_family_and_need_a_gpu(tmp_path):
     """`--configs all` is ours, torch's and the family's peers; a peer's configuration is refused (exit 2, before
     the model is built) on the CPU, and unknown to a family that does not declare it."""
-    assert family_of("llama-tiny").config_names() == (*family.CONFIG_NAMES, "liger", "liger+compile")
-    assert family_of("ltx-tiny").config_names() == family.CONFIG_NAMES + e2e.PRECISION_CONFIGS["fp8-attention"]
-    assert family.parse_configs("all", family_of("ltx-tiny").config_names()) == list(family.CONFIG_NAMES)
+    assert family_of("llama-tiny").config_names() == (*STANDARD, "liger", "liger+compile")
+    assert family_of("ltx-tiny").config_names() == STANDARD + added_by("fp8-attention")
+    assert family.parse_configs("all", family_of("ltx-tiny").config_names()) == list(STANDARD)
     out = tmp_path / "x.json"
     on_cpu = runner.invoke(app, [*LLAMA, "--configs", "all", "--output", str(out)])
     assert on_cpu.exit_code == 2 and "--configs liger needs --device cuda" in on_cpu.output

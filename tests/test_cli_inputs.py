@@ -97,7 +97,7 @@ def test_hub_ids_paths_and_far_names_are_not_taken_for_typos(tmp_path, monkeypat
     from ltxbench.cli._validate import known_model
 
     for model in ("ltx-tiny", "Lightricks/LTX-Video", "owner/ltx-tiy", "gpt2", "./ltx-tiy.json"):
-        known_model(model, None)  # a preset, hub ids (even close ones), a legacy hub id, a path model_and_weights checks
+        known_model(model, None)  # a preset, hub ids (even close ones), a legacy hub id, a path (checked later)
     known_model("Lightricks/LTX-Video", "random")  # random weights from a hub id's config
     monkeypatch.chdir(tmp_path)
     (tmp_path / "ltx-tiy").mkdir()

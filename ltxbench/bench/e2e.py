@@ -15,28 +15,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 
-CONFIG_NAMES = ("baseline", "optimized", "compile", "optimized+compile")  # ours and torch's; families add peers
-FP8_CONFIG_NAMES = ("optimized-fp8", "optimized-fp8+compile")  # our kernels with FP8 projections (--precision fp8)
-# and FP8 self-attention on FlashAttention-3 (--precision fp8-attention)
-FP8_ATTENTION_CONFIG_NAMES = ("optimized-fp8-attention", "optimized-fp8-attention+compile")
-FP8_ACCUMULATIONS = ("fast", "fp32")  # --fp8-accumulation: the FP8 GEMMs' (ops.linear_fp8), fast the default
-PRECISION_CONFIGS = {"bf16": (), "fp8": FP8_CONFIG_NAMES,
-                     "fp8-attention": FP8_CONFIG_NAMES + FP8_ATTENTION_CONFIG_NAMES}
-
-
-def precision_of(config: str) -> str:
-    """What a configuration runs in: fp8-attention (FP8 projections and self-attention), fp8 (FP8 projections),
-    else bf16 (the model's own dtype)."""
-    if config.startswith("optimized-fp8-attention"):
-        return "fp8-attention"
-    return "fp8" if config.startswith("optimized-fp8") else "bf16"
-
-
-def precision_label(record: dict) -> str:
-    """What a record's numbers ran in, for tables: its dtype, and for FP8 the GEMMs' accumulation when fast."""
-    fast = str(record["dtype"]).startswith("fp8") and record.get("params", {}).get("fp8_accumulation") == "fast"
-    return f"{record['dtype']}, fast accumulation" if fast else record["dtype"]
-
+from ltxbench.configurations import Configuration
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
@@ -103,7 +82,7 @@ def configuration(module, name: str, apply, compile_mode: str = "default", compi
     torch._dynamo.reset()
     report = apply(name)
     try:
-        if name.endswith("compile"):
+        if Configuration(name).compiled:
             compile_module(module, compile_mode, compile_scope)
         yield report.as_dict() if report is not None else {"applied": False, "reason": f"config {name}"}
     finally:
@@ -191,7 +170,7 @@ def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compi
                                                                if rounds > 1 else ""))
                     iterations.append(run(name))
                 timed.close()  # the sampling ends with the repeats
-                summary = summarize(name, iterations, warmup, name.endswith("compile"))
+                summary = summarize(name, iterations, warmup, Configuration(name).compiled)
                 if summary["compile_s"] is not None:  # inductor's on-disk caches outlive dynamo.reset(): say if hit
                     summary["compile_cache"] = compile_cache
                 summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 
-from ltxbench.bench.e2e import CONFIG_NAMES, precision_label, precision_of
+from ltxbench.configurations import Configuration, precision_label
 
 # derived key of a step record -> the rate column's title
 RATES = {"transformer_it_s": "it/s", "tokens_per_s": "tok/s"}
@@ -119,7 +119,7 @@ def speedups(results: dict, name: str, key: str) -> dict:
     peer configuration in the run (liger, liger+compile, ...)."""
     out = {}
     mine = statistics.median(results[name][key])
-    peers = [ref for ref in results if ref not in CONFIG_NAMES]
+    peers = [ref for ref in results if not Configuration(ref).standard]
     for ref in ("baseline", "compile", *peers):
         if ref in results and ref != name and key in results[ref] and mine > 0:
             out[f"speedup_vs_{ref}"] = statistics.median(results[ref][key]) / mine
@@ -136,7 +136,8 @@ def phase_records(results: dict, params: dict, dtype: str, phases, step: str, ra
 
     records = []
     for name, res in results.items():
-        precision = dtype if precision_of(name) == "bf16" else precision_of(name)  # what the projections ran in
+        ran_in = Configuration(name).precision
+        precision = dtype if ran_in == "bf16" else ran_in  # what the projections ran in
         common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
                   **gpu_summary(res.get("gpu_samples"), len(res["total_ms"]))}
         for record_name, key in phases:

@@ -17,6 +17,7 @@ import re
 from collections import defaultdict
 
 from ltxbench.bench.profile_families import FAMILIES, classify
+from ltxbench.configurations import Configuration
 
 _PHASE_NAMES: set[str] = set()  # every name `phase` has opened: ranges, not ops, in the profiler's events
 
@@ -253,7 +254,7 @@ def external_commands(family, settings, results: dict, out_dir, stem: str, which
                 "--warmup-iterations", "1", "--seed", str(settings.seed), "--batch-size", str(settings.batch_size),
                 "--compile-mode", settings.compile_mode, "--compile-scope", settings.compile_scope,
                 *family.bench_argv(settings)]
-        if config.startswith("optimized"):
+        if Configuration(config).ours:
             argv += ["--kernel-provider", "cuda"]
         tag = f"{out_dir}/{stem}-{config.replace('+', '-')}"
         if which("nsys"):

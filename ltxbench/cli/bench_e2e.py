@@ -10,6 +10,7 @@ import contextlib
 import typer
 
 from ltxbench.cli.options import command_line, takes_options
+from ltxbench.configurations import Configuration
 
 EXAMPLES = (
     "Examples:\n\n"
@@ -136,7 +137,7 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
     console.print(e2e_report.render_table(records))
     for name, res in results.items():
         inj = res["injection"]
-        if name not in ("baseline", "compile") and not inj.get("applied"):
+        if Configuration(name).patch != "none" and not inj.get("applied"):
             err.print(f"warning: {name}: kernel injection applied nothing ({inj})", markup=False)
     console.print(f"wrote {json_path} and {csv_path}", markup=False)
     if plot is not None:

@@ -7,6 +7,7 @@ Only typer and the standard library at top level; torch/diffusers/transformers l
 from __future__ import annotations
 
 from ltxbench.cli.options import command_line, takes_options
+from ltxbench.configurations import Configuration
 
 EXAMPLES = (
     "Examples:\n\n"
@@ -129,7 +130,7 @@ def _run(family, settings, json_path, traces: dict, force: bool, output, world) 
     for name, res in results.items():
         console.print(profile.render_kernels(name, res))
     for name, res in results.items():
-        if name not in ("baseline", "compile") and not res["injection"].get("applied"):
+        if Configuration(name).patch != "none" and not res["injection"].get("applied"):
             err.print(f"warning: {name}: kernel injection applied nothing ({res['injection']})", markup=False)
     for line in profile.external_commands(family, settings, results, traces_at, json_path.stem, shutil.which):
         console.print(line, markup=False)

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 import torch
 
-from ltxbench.bench.e2e import FP8_ACCUMULATIONS
+from ltxbench.configurations import FP8_ACCUMULATIONS
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject.fp8_held import free_on_device
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ltxbench.bench.e2e import CONFIG_NAMES, FP8_ACCUMULATIONS, PRECISION_CONFIGS, precision_of
+from ltxbench.configurations import FP8_ACCUMULATIONS, STANDARD, Configuration, added_by
 from ltxbench.errors import UsageError
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -118,7 +118,8 @@ class ModelFamily:
             raise UsageError(f"--precision {settings.precision!r}: {self.title} runs "
                              f"{' or '.join(self.precisions)}", hint=f"choose from {', '.join(self.precisions)}")
         # FP8 runs under --precision fp8*, or where --configs names an FP8 configuration itself
-        runs_fp8 = settings.precision != "bf16" or any(precision_of(c) != "bf16" for c in settings.configs or ())
+        runs_fp8 = settings.precision != "bf16" or any(Configuration(c).precision != "bf16"
+                                                       for c in settings.configs or ())
         if not runs_fp8 and settings.fp8_accumulation is not None:
             raise UsageError("--fp8-accumulation applies to the FP8 precisions: add --precision fp8 or fp8-attention",
                              hint="drop --fp8-accumulation, or choose an FP8 --precision")
@@ -156,8 +157,9 @@ class ModelFamily:
     def config_names(self) -> tuple[str, ...]:
         """Every configuration a run of this family can take: ours (the FP8 ones of each precision it takes), then
         each peer alone and compiled."""
-        fp8 = tuple(dict.fromkeys(c for precision in self.precisions for c in PRECISION_CONFIGS[precision]))
-        return CONFIG_NAMES + fp8 + tuple(n for peer in self.peers() for n in (peer, f"{peer}+compile"))
+        fp8 = tuple(dict.fromkeys(c for precision in self.precisions for c in added_by(precision)))
+        peers = tuple(Configuration.of(peer, compiled=compiled) for peer in self.peers() for compiled in (False, True))
+        return tuple(map(Configuration, STANDARD)) + fp8 + peers
 
     # --- with torch ------------------------------------------------------------------------------------
     def build(self, settings: RunSettings):
@@ -175,9 +177,10 @@ class ModelFamily:
     def apply_config(self, target, settings: RunSettings, config: str):
         """What configuration `config` patches before its (optional) compile: ours for optimized*, a peer's for
         <peer>*, nothing (None) for baseline and compile."""
-        if config.startswith("optimized"):  # optimized-fp8*: FP8 projections (and attention), else bf16
-            return self.inject(target, dataclasses.replace(settings, precision=precision_of(config)))
-        peer = self.peers().get(config.removesuffix("+compile"))
+        config = Configuration(config)
+        if config.ours:  # optimized-fp8*: FP8 projections (and attention), else bf16
+            return self.inject(target, dataclasses.replace(settings, precision=config.precision))
+        peer = self.peers().get(config.peer)
         return peer.apply(target) if peer is not None else None
 
     def bench(self, target, settings: RunSettings, log: Callable[[str], None]) -> dict:
@@ -204,7 +207,7 @@ class ModelFamily:
 def with_precision(configs: list[str], precision: str) -> list[str]:
     """--precision fp8 adds the FP8 configurations beside the ones chosen (bf16 ones stay: the comparison);
     fp8-attention adds those and the ones with FP8 attention as well."""
-    return configs + [c for c in PRECISION_CONFIGS.get(precision, ()) if c not in configs]
+    return configs + [c for c in added_by(precision) if c not in configs]
 
 
 def torch_dtype(name: str):
@@ -217,23 +220,23 @@ def torch_dtype(name: str):
 
 
 
-def parse_configs(text: str, allowed: tuple[str, ...] = CONFIG_NAMES) -> list[str]:
+def parse_configs(text: str, allowed: tuple[str, ...] = STANDARD) -> list[Configuration]:
     """'baseline,optimized' -> ['baseline', 'optimized'] (order kept, duplicates dropped); 'all' -> every allowed
     configuration but the FP8 ones; UsageError on others."""
     names = [c.strip() for c in text.split(",") if c.strip()]
     if not names:
         raise UsageError("--configs is empty", hint=f"choose from {', '.join(allowed)} or all")
     if names == ["all"]:  # the FP8 ones come with --precision (with_precision): they need a Hopper GPU
-        return [c for c in allowed if precision_of(c) == "bf16"]
+        return [Configuration(c) for c in allowed if Configuration(c).precision == "bf16"]
     bad = [c for c in names if c not in allowed]
     if bad:
         raise UsageError(f"--configs: unknown configuration {bad[0]!r}",
                          hint=f"choose from {', '.join(allowed)} or all")
-    return list(dict.fromkeys(names))
+    return [Configuration(c) for c in dict.fromkeys(names)]
 
 
 def select_configs(configs: str | None, optimized: bool | None, compile_: bool, default: str,
-                   allowed: tuple[str, ...] = CONFIG_NAMES) -> list[str]:
+                   allowed: tuple[str, ...] = STANDARD) -> list[Configuration]:
     """--configs, or the original script's single selection (--use-optimized-kernels/--compile); not both."""
     if configs is not None and (optimized is not None or compile_):
         raise UsageError("--configs cannot be combined with --use-optimized-kernels/--no-optimized-kernels/--compile",
@@ -242,5 +245,4 @@ def select_configs(configs: str | None, optimized: bool | None, compile_: bool, 
         return parse_configs(configs, allowed)
     if optimized is None and not compile_:
         return parse_configs(default, allowed)
-    return [{(False, False): "baseline", (True, False): "optimized", (False, True): "compile",
-             (True, True): "optimized+compile"}[(bool(optimized), compile_)]]
+    return [Configuration.of("ours" if optimized else "none", compiled=compile_)]

@@ -22,8 +22,9 @@ import importlib.util
 import statistics
 from dataclasses import dataclass
 
+from ltxbench.configurations import Configuration
 from ltxbench.errors import EnvironmentProblem, UsageError
-from ltxbench.models.family import CONFIG_NAMES, ModelFamily, Option, PeerConfig, RunSettings
+from ltxbench.models.family import ModelFamily, Option, PeerConfig, RunSettings
 from ltxbench.models.llm_build import LLM_PRESETS, build_llm, is_llm
 
 # The prompt text of the packaged presets: plain English, so that a trained model reads what it was trained on.
@@ -80,7 +81,7 @@ class LLMFamily(ModelFamily):
                 raise UsageError(f"{flag} {value} must be at least 1")
         if settings.decode_compile_mode is not None:
             compile_mode_choice(settings.decode_compile_mode, flag="--decode-compile-mode")
-        peers = sorted({c.removesuffix("+compile") for c in settings.configs or () if c.startswith("liger")})
+        peers = sorted({c.peer for c in map(Configuration, settings.configs or ()) if c.peer is not None})
         if peers and settings.device != "cuda":  # before the model is built, not after the other configurations ran
             raise UsageError(f"--configs {peers[0]} needs --device cuda: Liger-Kernel's kernels are Triton GPU kernels",
                              hint="leave the liger configurations out on the CPU")
@@ -117,8 +118,8 @@ class LLMFamily(ModelFamily):
         ids = {n: row.to(model.device) for n, row in prompt_ids(settings, model.config.vocab_size).items()}
         try:
             return run_configs(model, settings.configs, lambda c: self.apply_config(model, settings, c),
-                               lambda config: run_once(model, settings, ids, compiled=config.endswith("compile"),
-                                                       fullgraph=config in CONFIG_NAMES),
+                               lambda config: run_once(model, settings, ids, compiled=Configuration(config).compiled,
+                                                       fullgraph=Configuration(config).peer is None),
                                settings.warmup, settings.repeats, model.device, log, settings.compile_mode,
                                settings.rounds, compile_scope=settings.compile_scope)
         finally:
@@ -267,9 +268,9 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
                                        "lower", stats_from_samples(res[key]),
                                        derived={**common, **speedups(results, name, key)}))
         decode_params = {**params, "prompt_len": prompt_lengths[0], "new_tokens": new_tokens}
-        if name.endswith("compile"):
+        if Configuration(name).compiled:
             decode_params["decode_compile_mode"] = decode_compile_mode
-            if name not in CONFIG_NAMES:  # a peer's decode step compiles with its graph breaks (decode_kwargs)
+            if Configuration(name).peer is not None:  # a peer's decode step compiles with its graph breaks
                 decode_params["decode_fullgraph"] = False
         if res["step_ms"]:
             median = statistics.median(res["step_ms"])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ltxbench.configurations import Configuration
 from ltxbench.models import ltx_build
 from ltxbench.models.family import Option, RunSettings
 from ltxbench.models.ltx_build import DEFAULT_HUB_ID, MAX_FRAMES, MAX_SIDE, PRESETS, TOKENIZER_MAX_LENGTH
@@ -109,7 +110,7 @@ class LTXVideoFamily(VideoFamily):
         configurations report what ops.linear chose per shape, with the heuristic's time beside each (process-wide:
         every configuration's GEMMs)."""
         tuned = settings.kernel_provider == "cuda" and settings.tuned_gemm is not False
-        if not tuned or not any(name.startswith("optimized") for name in settings.configs):
+        if not tuned or not any(Configuration(name).ours for name in settings.configs):
             return None
         from ltxbench import ops
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ltxbench.configurations import Configuration
 from ltxbench.models import ltx2_build
 from ltxbench.models.family import Option, PeerConfig, RunSettings
 from ltxbench.models.ltx2_build import PRESETS
@@ -116,7 +117,7 @@ class LTX2Family(VideoFamily):
         return {STG_OFF: PeerConfig(STG_OFF, stg_pass_off)}
 
     def settings_for(self, settings: LTX2Settings, config: str) -> LTX2Settings:
-        if config.removesuffix("+compile") != STG_OFF:
+        if Configuration(config).peer != STG_OFF:
             return settings
         return dataclasses.replace(settings, stg_scale=0.0, audio_stg_scale=0.0)
 
@@ -124,7 +125,7 @@ class LTX2Family(VideoFamily):
         """The configurations timed; with stg-off among them, its video checked against the default's (untimed,
         after them) and the check recorded in its injection entry."""
         results = super().bench(pipe, settings, log)
-        off = [name for name in results if name.removesuffix("+compile") == STG_OFF]
+        off = [name for name in results if Configuration(name).peer == STG_OFF]
         if off:
             check = stg_pass_check(pipe, settings)
             log(f"{STG_OFF}: the final latents without the STG pass against the default's: video rel-L2 "

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import ClassVar
 
-from ltxbench.bench.e2e import precision_of
+from ltxbench.configurations import Configuration
 from ltxbench.models.family import ModelFamily
 from ltxbench.models.video_image import to_image_to_video, validate_image
 
@@ -179,10 +179,10 @@ class VideoFamily(ModelFamily):
                               compile_scope=settings.compile_scope)
         extra = after() if after is not None else {}
         for name, res in results.items():
-            if name.startswith("optimized"):
+            if Configuration(name).ours:
                 res["injection"].update(extra)
         for precision, error in errors.items():  # one measurement each, under the precision's first configuration
-            results[next(n for n in results if precision_of(n) == precision)]["precision_error"] = error
+            results[next(n for n in results if Configuration(n).precision == precision)]["precision_error"] = error
         return results
 
     def precision_errors(self, pipe, settings, embeds, log) -> dict:
@@ -192,7 +192,8 @@ class VideoFamily(ModelFamily):
 
         from ltxbench.parallel.launch import current_world
 
-        precisions = list(dict.fromkeys(p for p in map(precision_of, settings.configs) if p != "bf16"))
+        precisions = list(dict.fromkeys(c.precision for c in map(Configuration, settings.configs)
+                                        if c.precision != "bf16"))
         if not precisions or current_world() is not None:
             return {}
         from ltxbench.bench import precision_error

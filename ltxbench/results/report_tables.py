@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ltxbench.bench.e2e import precision_label
+from ltxbench.configurations import precision_label
 from ltxbench.errors import UsageError
 from ltxbench.results.comparable import world_of
 from ltxbench.results.io import load_result

@@ -1,0 +1,93 @@
+"""The run vocabulary: what a configuration patches, in which precision, and whether it is compiled.
+
+A `Configuration` is parsed once from its name (`--configs`, or the flags of a single selection) and its parts are
+read from it everywhere else: `patch` ("none", "ours" or a peer library's name), `precision` (what our projections
+run in) and `compiled`. It is a `str` whose value is its name, so that records, result keys and JSON keep the names
+users type. Names: baseline, compile, optimized[-<precision>][+compile], <peer>[+compile].
+
+Only the standard library: the CLI, the families, the runners and the result readers all import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+PRECISIONS = ("bf16", "fp8", "fp8-attention")  # --precision: ours in bf16, FP8 projections, and FP8 self-attention
+FP8_ACCUMULATIONS = ("fast", "fp32")  # --fp8-accumulation: the FP8 GEMMs' (ops.linear_fp8), fast the default
+COMPILED = "+compile"
+STANDARD = ("baseline", "optimized", "compile", "optimized+compile")  # ours and torch's; families add peers
+
+
+class Configuration(str):
+    """One configuration of a run, parsed from its name; the name itself is the value."""
+
+    patch: str      # "none" (the model as it is), "ours" (our kernels), or a peer library's name
+    precision: str  # what our projections run in: bf16, fp8 or fp8-attention (bf16 for every other patch)
+    compiled: bool  # torch.compile over the patch
+
+    def __new__(cls, name: str):
+        if isinstance(name, Configuration):
+            return name
+        self = super().__new__(cls, name)
+        base = name.removesuffix(COMPILED)
+        compiled = base != name
+        if name in ("baseline", "compile"):
+            self.patch, self.precision, self.compiled = "none", "bf16", name == "compile"
+            return self
+        if not base or base in ("baseline", "compile") or "+" in base:
+            raise ValueError(f"not a configuration: {name!r}")
+        if base == "optimized" or base.startswith("optimized-"):
+            precision = base.removeprefix("optimized").removeprefix("-") or "bf16"
+            if precision not in PRECISIONS or precision == "bf16" and base != "optimized":
+                raise ValueError(f"not a configuration: {name!r} (precision {precision!r})")
+            self.patch, self.precision = "ours", precision
+        else:
+            self.patch, self.precision = base, "bf16"
+        self.compiled = compiled
+        return self
+
+    @classmethod
+    def of(cls, patch: str, precision: str = "bf16", compiled: bool = False) -> Configuration:
+        if patch == "none":
+            return cls("compile" if compiled else "baseline")
+        base = ("optimized" if precision == "bf16" else f"optimized-{precision}") if patch == "ours" else patch
+        return cls(base + (COMPILED if compiled else ""))
+
+    @property
+    def name(self) -> str:
+        return str(self)
+
+    @property
+    def ours(self) -> bool:
+        return self.patch == "ours"
+
+    @property
+    def peer(self) -> str | None:
+        """The peer library's configuration name (without +compile), or None for ours and the unpatched model."""
+        return None if self.patch in ("none", "ours") else self.patch
+
+    @property
+    def standard(self) -> bool:
+        """One of the four every family runs: the unpatched model or ours in bf16, eager or compiled."""
+        return self in STANDARD
+
+    def __getnewargs__(self):  # pickling (multi-process runs) rebuilds it from its name
+        return (str(self),)
+
+
+def added_by(precision: str) -> tuple[Configuration, ...]:
+    """The configurations --precision adds beside the chosen ones: ours in that precision (fp8-attention: in fp8 too),
+    eager and compiled."""
+    precisions = {"fp8": ("fp8",), "fp8-attention": ("fp8", "fp8-attention")}.get(precision, ())
+    return tuple(Configuration.of("ours", p, compiled) for p in precisions for compiled in (False, True))
+
+
+def precision_label(record: dict) -> str:
+    """What a record's numbers ran in, for tables: its dtype, and for FP8 the GEMMs' accumulation when fast."""
+    fast = str(record["dtype"]).startswith("fp8") and record.get("params", {}).get("fp8_accumulation") == "fast"
+    return f"{record['dtype']}, fast accumulation" if fast else record["dtype"]
+
+
+def names(configs: Iterable[str]) -> list[Configuration]:
+    """Configurations from their names (order kept); ValueError on a name that is none."""
+    return [Configuration(c) for c in configs]

@@ -1,0 +1,71 @@
+"""The run vocabulary (ltxbench.configurations): every configuration name parsed once into patch, precision and
+compiled; names built back from the parts; nothing else in the package takes a name apart."""
+
+from __future__ import annotations
+
+import pickle
+import re
+from pathlib import Path
+
+import pytest
+
+from ltxbench.configurations import STANDARD, Configuration, added_by, precision_label
+from ltxbench.models import families
+
+PARTS = {
+    "baseline": ("none", "bf16", False), "compile": ("none", "bf16", True),
+    "optimized": ("ours", "bf16", False), "optimized+compile": ("ours", "bf16", True),
+    "optimized-fp8": ("ours", "fp8", False), "optimized-fp8+compile": ("ours", "fp8", True),
+    "optimized-fp8-attention": ("ours", "fp8-attention", False),
+    "optimized-fp8-attention+compile": ("ours", "fp8-attention", True),
+    "liger": ("liger", "bf16", False), "liger+compile": ("liger", "bf16", True),
+    "stg-off+compile": ("stg-off", "bf16", True),
+}
+
+
+@pytest.mark.parametrize("name", PARTS)
+def test_a_name_parses_into_its_parts_and_back(name):
+    config = Configuration(name)
+    assert (config.patch, config.precision, config.compiled) == PARTS[name]
+    assert config == name and config.name == name and isinstance(config, str)
+    assert Configuration.of(*PARTS[name]) == name
+    assert config.ours == (config.patch == "ours") and config.peer == (None if config.patch in ("none", "ours")
+                                                                       else config.patch)
+    assert config.standard == (name in STANDARD)
+    again = pickle.loads(pickle.dumps(config))
+    assert (again, again.patch, again.precision, again.compiled) == (name, *PARTS[name])
+
+
+@pytest.mark.parametrize("name", ["", "+compile", "baseline+compile", "compile+compile", "optimized-fp16",
+                                  "optimized-bf16", "optimized+compile+compile", "liger+x"])
+def test_what_is_not_a_configuration_is_refused(name):
+    with pytest.raises(ValueError, match="not a configuration"):
+        Configuration(name)
+
+
+def test_precision_adds_ours_in_that_precision_eager_and_compiled():
+    assert added_by("bf16") == () and added_by("unknown") == ()
+    assert added_by("fp8") == ("optimized-fp8", "optimized-fp8+compile")
+    assert added_by("fp8-attention") == ("optimized-fp8", "optimized-fp8+compile", "optimized-fp8-attention",
+                                         "optimized-fp8-attention+compile")
+
+
+def test_every_familys_configurations_parse():
+    for family in families():
+        for name in family.config_names():
+            assert isinstance(name, Configuration) and Configuration(name) == name
+
+
+def test_precision_label():
+    assert precision_label({"dtype": "bf16"}) == "bf16"
+    assert precision_label({"dtype": "fp8", "params": {"fp8_accumulation": "fast"}}) == "fp8, fast accumulation"
+
+
+def test_no_module_but_the_vocabulary_takes_a_name_apart():
+    """A grep for the name's parts outside ltxbench/configurations.py finds none (help texts may name them)."""
+    root = Path(__file__).resolve().parents[1] / "ltxbench"
+    parsing = re.compile(r"""(endswith|startswith|removesuffix|removeprefix)\(\s*"""
+                         r"""["'](\+?compile|optimized|liger)["'+-]""")
+    found = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "configurations.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if parsing.search(line)]
+    assert found == []
