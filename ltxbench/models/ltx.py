@@ -18,7 +18,7 @@ from ltxbench.configurations import Configuration
 from ltxbench.models import ltx_build
 from ltxbench.models.family import Option, RunSettings
 from ltxbench.models.ltx_build import DEFAULT_HUB_ID, MAX_FRAMES, MAX_SIDE, PRESETS, TOKENIZER_MAX_LENGTH
-from ltxbench.models.video import VideoFamily
+from ltxbench.models.video import VideoFamily, video_options
 from ltxbench.models.video_image import IMAGE_OPTION
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
@@ -44,20 +44,11 @@ class LTXSettings(RunSettings):
     image: str | None = None          # image-to-video: the first frame's file (recorded only when given)
 
 
-_BENCH, _PROFILE = ("bench e2e",), ("bench e2e", "profile")
+_BENCH = ("bench e2e",)
 OPTIONS = (
-    Option("num_frames", ("--num-frames",), int, 161, f"Frames, 8k+1, at most {MAX_FRAMES} (video models).",
-           bounds=(1, MAX_FRAMES)),
-    Option("height", ("--height",), int, 512, f"Height in pixels, a multiple of 32, at most {MAX_SIDE} (video "
-           "models).", bounds=(32, MAX_SIDE)),
-    Option("width", ("--width",), int, 768, f"Width in pixels, a multiple of 32, at most {MAX_SIDE} (video "
-           "models).", bounds=(32, MAX_SIDE)),
-    Option("steps", ("--steps",), int, 50, "Denoising steps (at least 2).", defaults={"profile": 2}),
-    Option("guidance_scale", ("--guidance-scale",), float, 3.0, "Classifier-free guidance scale (> 1 doubles the "
-           "batch)."),
-    Option("frame_rate", ("--frame-rate", "--fps"), int, 25, "Frame rate: LTX's RoPE conditioning, and the mp4's."),
-    Option("phase", ("--phase",), str, "all", "all (encode + denoise + decode) | transformer (denoising loop only).",
-           _PROFILE),
+    *video_options(frames=161, steps=50, frame_rate=25, max_frames=MAX_FRAMES, max_side=MAX_SIDE, min_side=32,
+                   frame_multiple=8, side_multiple=32,
+                   frame_rate_help="Frame rate: LTX's RoPE conditioning, and the mp4's."),
     Option("cross_kv_cache", ("--cross-kv-cache/--no-cross-kv-cache",), bool, True, "LTX optimized configs: attn2's "
            "keys/values once per generation (exact), or every step as the model does.", _BENCH),
     Option("tuned_gemm", ("--tuned-gemm/--no-tuned-gemm",), bool, True, "LTX optimized configs: the blocks' "

@@ -20,7 +20,7 @@ from ltxbench.models import ltx2_build
 from ltxbench.models.family import Option, PeerConfig, RunSettings
 from ltxbench.models.ltx2_build import PRESETS
 from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
-from ltxbench.models.video import VideoFamily
+from ltxbench.models.video import VideoFamily, video_options
 from ltxbench.models.video_image import IMAGE_OPTION
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, its paws crunching, wind in the pines, cinematic"
@@ -58,18 +58,10 @@ def _scale(name: str, default: float, text: str) -> Option:
 
 
 OPTIONS = (
-    Option("num_frames", ("--num-frames",), int, 121, f"Frames, 8k+1, at most {MAX_FRAMES} (video models).",
-           bounds=(1, MAX_FRAMES)),
-    Option("height", ("--height",), int, 512, f"Height in pixels, a multiple of 32, at most {MAX_SIDE} (video "
-           "models).", bounds=(64, MAX_SIDE)),
-    Option("width", ("--width",), int, 768, f"Width in pixels, a multiple of 32, at most {MAX_SIDE} (video "
-           "models).", bounds=(64, MAX_SIDE)),
-    Option("steps", ("--steps",), int, 30, "Denoising steps (at least 2).", defaults={"profile": 2}),
-    Option("guidance_scale", ("--guidance-scale",), float, 3.0, "Classifier-free guidance scale (> 1 doubles the "
-           "batch)."),
-    Option("frame_rate", ("--frame-rate", "--fps"), int, 24, "Frame rate: LTX's RoPE conditioning, and the mp4's."),
-    Option("phase", ("--phase",), str, "all", "all (encode + denoise + decode) | transformer (denoising loop only).",
-           ("bench e2e", "profile")),
+    # at least 64 pixels: the video VAE's decoder needs two latent pixels a side
+    *video_options(frames=121, steps=30, frame_rate=24, max_frames=MAX_FRAMES, max_side=MAX_SIDE, min_side=64,
+                   frame_multiple=8, side_multiple=32,
+                   frame_rate_help="Frame rate: LTX's RoPE conditioning, and the mp4's."),
     _scale("stg_scale", 1.0, "spatio-temporal guidance scale (0, with --audio-stg-scale 0: no STG pass)"),
     _scale("modality_scale", 3.0, "audio/video modality guidance scale (1, with --audio-modality-scale 1: no "
            "modality-isolated pass)"),

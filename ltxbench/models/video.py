@@ -16,10 +16,43 @@ from types import ModuleType
 from typing import ClassVar
 
 from ltxbench.configurations import Configuration
-from ltxbench.models.family import ModelFamily
+from ltxbench.models.family import ModelFamily, Option
 from ltxbench.models.video_image import to_image_to_video, validate_image
 
 PHASES = ("all", "transformer")  # --phase: the whole generation, or the denoising loop alone
+
+
+def video_options(frames: int, steps: int, frame_rate: int, max_frames: int, max_side: int, min_side: int,
+                  frame_multiple: int, side_multiple: int, frame_rate_help: str) -> tuple[Option, ...]:
+    """The options every video family takes, with the family's defaults and limits: frames (k * frame_multiple + 1,
+    the VAE's temporal compression), height and width (multiples of side_multiple), steps, guidance, frame rate, and
+    the phase bench e2e and profile time."""
+    side = f"a multiple of {side_multiple}, at most {max_side} (video models)."
+    return (
+        Option("num_frames", ("--num-frames",), int, frames,
+               f"Frames, {frame_multiple}k+1, at most {max_frames} (video models).", bounds=(1, max_frames)),
+        Option("height", ("--height",), int, 512, f"Height in pixels, {side}", bounds=(min_side, max_side)),
+        Option("width", ("--width",), int, 768, f"Width in pixels, {side}", bounds=(min_side, max_side)),
+        Option("steps", ("--steps",), int, steps, "Denoising steps (at least 2).", defaults={"profile": 2}),
+        Option("guidance_scale", ("--guidance-scale",), float, 3.0, "Classifier-free guidance scale (> 1 doubles "
+               "the batch)."),
+        Option("frame_rate", ("--frame-rate", "--fps"), int, frame_rate, frame_rate_help),
+        Option("phase", ("--phase",), str, "all", "all (encode + denoise + decode) | transformer (denoising loop "
+               "only).", ("bench e2e", "profile")),
+    )
+
+
+def video_tokens(pipe, num_frames: int, height: int, width: int) -> int:
+    """The transformer's video tokens for a generation: latent frames x height x width from the pipeline's own VAE
+    compression (LTX's pipelines: *_compression_ratio; Wan's: vae_scale_factor_*) over the transformer's patch."""
+    temporal = getattr(pipe, "vae_temporal_compression_ratio", None) or pipe.vae_scale_factor_temporal
+    spatial = getattr(pipe, "vae_spatial_compression_ratio", None) or pipe.vae_scale_factor_spatial
+    patch_t = getattr(pipe, "transformer_temporal_patch_size", None)
+    patch = getattr(pipe, "transformer_spatial_patch_size", None)
+    if patch is None or patch_t is None:  # a (t, h, w) patch in the transformer's config (Wan)
+        patch_t, patch, _ = pipe.transformer.config.patch_size
+    frames = (num_frames - 1) // temporal + 1
+    return (frames // patch_t) * (height // spatial // patch) * (width // spatial // patch)
 
 
 def timed_generation(device, seed: int, encode: Callable, denoise: Callable, decodes, embeds=None, phase=None,
@@ -136,16 +169,16 @@ class VideoFamily(ModelFamily):
         """This family's ParallelPlan (ltxbench.parallel)."""
         raise NotImplementedError
 
-    def tokens(self, settings) -> int:
-        """Video tokens of a generation: latent frames x latent height x latent width (VAE 8x32x32, patch 1)."""
-        return ((settings.num_frames - 1) // 8 + 1) * (settings.height // 32) * (settings.width // 32)
+    def tokens(self, pipe, settings) -> int:
+        """Video tokens of a generation, from the pipeline's VAE and patch sizes (video_tokens)."""
+        return video_tokens(pipe, settings.num_frames, settings.height, settings.width)
 
     def parallelize(self, pipe, settings):
         """The run's split (launch.current_world) applied to the transformer, after the injection; its report."""
         from ltxbench.parallel import parallelize
         from ltxbench.parallel.launch import current_world
 
-        return parallelize(pipe.transformer, current_world(), self.parallel_plan(), self.tokens(settings))
+        return parallelize(pipe.transformer, current_world(), self.parallel_plan(), self.tokens(pipe, settings))
 
     def apply_config(self, target, settings, config: str):
         """The configuration's patch, then, in a parallel run, the split on top (reverted first)."""
