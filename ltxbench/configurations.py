@@ -16,6 +16,10 @@ PRECISIONS = ("bf16", "fp8", "fp8-attention")  # --precision: ours in bf16, FP8 
 FP8_ACCUMULATIONS = ("fast", "fp32")  # --fp8-accumulation: the FP8 GEMMs' (ops.linear_fp8), fast the default
 COMPILED = "+compile"
 STANDARD = ("baseline", "optimized", "compile", "optimized+compile")  # ours and torch's; families add peers
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
+COMPILE_SCOPES = ("model", "regional")  # the whole model (nn.Module.compile) or each repeated block (regional)
+COMPILE_CACHES = ("shared", "cold")  # bench e2e --compile-cache: inductor's usual cache, or a fresh one
 
 
 class Configuration(str):

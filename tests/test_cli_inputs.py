@@ -252,3 +252,29 @@ def test_ctrl_c_while_the_model_is_built_says_nothing_was_written(command, tmp_p
     assert result.exit_code == 130, result.output
     assert [ln for ln in result.output.splitlines() if ln.strip()] == ["interrupted: nothing written"]
     assert not list(tmp_path.iterdir())
+
+
+# --- choices declared on the options ---------------------------------------------------------------------
+
+@pytest.mark.parametrize(("command", "flag", "value"), [
+    (["bench", "e2e"], "--compile-mode", "fast"), (["profile"], "--compile-mode", "fast"),
+    (["bench", "e2e"], "--compile-scope", "block"), (["profile"], "--compile-scope", "block"),
+    (["bench", "e2e"], "--compile-cache", "warm"), (["bench", "e2e"], "--phase", "decode"),
+    (["profile"], "--phase", "decode"),
+])
+def test_a_value_outside_the_declared_choices_is_refused_naming_the_flag(command, flag, value, tmp_path):
+    result = runner.invoke(app, [*command, *TINY, flag, value, "--output", str(tmp_path / "x.json")])
+    assert result.exit_code == 2, result.output
+    assert f"{flag} '{value}' is not one of" in result.output and not list(tmp_path.iterdir())
+
+
+def test_every_declared_choice_is_checked_before_the_command_runs():
+    from ltxbench.cli.options import check_choices, declared
+    from ltxbench.errors import UsageError
+
+    for command in ("generate", "bench e2e", "profile"):
+        for option in declared(command):
+            if option.choices:
+                check_choices(command, {option.name: option.choices[0]})
+                with pytest.raises(UsageError, match=f"{option.flags[0]} 'nope' is not one of"):
+                    check_choices(command, {option.name: "nope"})

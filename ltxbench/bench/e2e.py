@@ -15,12 +15,9 @@ from __future__ import annotations
 import contextlib
 import statistics
 
-from ltxbench.configurations import Configuration
+from ltxbench.configurations import CUDA_GRAPH_MODES, Configuration
 
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
 GRAPH_STEP_HOOK = "_ltxbench_graph_step_hook"  # on a module compiled regionally under CUDA graphs: the hook's handle
-COMPILE_SCOPES = ("model", "regional")
 
 
 def record_params(args: dict, drop: tuple[str, ...]) -> dict:
@@ -189,7 +186,6 @@ def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compi
                 torch.cuda.empty_cache()
 
 
-COMPILE_CACHES = ("shared", "cold")
 
 
 @contextlib.contextmanager

@@ -20,7 +20,7 @@ def choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
 
 def compile_mode_choice(value: str, no_cuda_graphs: str | None = None, flag: str = "--compile-mode") -> str:
     """One of torch.compile's modes; no_cuda_graphs: why the CUDA-graph modes are refused here (None: allowed)."""
-    from ltxbench.bench.e2e import COMPILE_MODES, CUDA_GRAPH_MODES
+    from ltxbench.configurations import COMPILE_MODES, CUDA_GRAPH_MODES
 
     choice(flag, value, COMPILE_MODES)
     if no_cuda_graphs and value in CUDA_GRAPH_MODES:

@@ -30,12 +30,9 @@ EXAMPLES = (
 def e2e_command(**values) -> None:
     """Time whole models per configuration: a video model's phases (encode, each step, decode) or an LLM's
     prefill/decode."""
-    from ltxbench.bench.e2e import COMPILE_CACHES, COMPILE_SCOPES
     from ltxbench.cli import _parallel
     from ltxbench.cli._validate import (
         check_outputs,
-        choice,
-        compile_mode_choice,
         known_model,
         model_and_weights,
         result_outputs,
@@ -59,10 +56,6 @@ def e2e_command(**values) -> None:
     if values["warmup"] < 1:  # a configuration's first iteration loads its kernels (and compiles): never timed
         raise UsageError(f"--warmup-iterations {values['warmup']} must be at least 1",
                          hint="each configuration's first iteration pays one-time costs (compilation, kernel loading)")
-    choice("--compile-cache", values["compile_cache"], COMPILE_CACHES)
-    if values["compile_scope"] is not None:
-        choice("--compile-scope", values["compile_scope"], COMPILE_SCOPES)
-    compile_mode_choice(values["compile_mode"])
     values["weights"] = model_and_weights(values["model"], values["weights"])
     values["kernel_provider"], values["dtype"] = runtime(values["device"], values["kernel_provider"], values["dtype"])
     settings = family.settings("bench e2e", **values)

@@ -9,12 +9,14 @@ Only typer and the standard library at top level (the families' modules are stan
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Optional
 
 import typer
 
+from ltxbench.configurations import COMPILE_CACHES, COMPILE_MODES, COMPILE_SCOPES
 from ltxbench.models.family import Option
 
 _DEVICE = "bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)."
@@ -38,14 +40,14 @@ SHARED = {o.name: o for o in (
     Option("compile_mode", ("--compile-mode",), str, "default", "torch.compile mode of the compile configurations: "
            "default, reduce-overhead (CUDA graphs: steadier steps with --gpus 4, docs/parallel.md; not LTX-2), "
            "max-autotune, max-autotune-no-cudagraphs.",
-           ("bench e2e", "profile")),
+           ("bench e2e", "profile"), choices=COMPILE_MODES),
     Option("compile_scope", ("--compile-scope",), str, None, "What the compile configurations compile: model (the "
            "whole transformer / LLM) or regional (each repeated block on its own, diffusers' regional compilation: "
            "much shorter compiles of large models) (default: the model family's; LTX-2: regional, else model).",
-           ("bench e2e", "profile")),
+           ("bench e2e", "profile"), choices=COMPILE_SCOPES),
     Option("compile_cache", ("--compile-cache",), str, "shared", "Inductor's on-disk cache for the compile configs: "
            "shared (the usual one; a compile may hit what an earlier run wrote) or cold (a fresh one for this run, "
-           "removed afterwards: compile times comparable between runs).", ("bench e2e",)),
+           "removed afterwards: compile times comparable between runs).", ("bench e2e",), choices=COMPILE_CACHES),
     Option("gemm_search", ("--gemm-search/--no-gemm-search",), bool, False, "With our kernels: time cuBLASLt's "
            "algorithms for each projection shape on its first use (10-55 s in step 0 for LTX-2B on an H100, then ~6% "
            "less step time) and store them for this GPU model; off, the projections run stored choices (from bench "
@@ -76,7 +78,7 @@ SHARED = {o.name: o for o in (
            "weights and per-token activations on FP8 tensor cores; Hopper or newer; LTX-Video, LTX-2); "
            "fp8-attention: fp8 and self-attention in FP8 on FlashAttention-3 (LTX-Video, one GPU). bench e2e / "
            "profile: fp8 adds the optimized-fp8 and optimized-fp8+compile configurations beside the others, "
-           "fp8-attention those and optimized-fp8-attention[+compile]."),
+           "fp8-attention those and optimized-fp8-attention[+compile]."),  # checked per family (its precisions)
     Option("fp8_accumulation", ("--fp8-accumulation",), str, None, "The FP8 GEMMs' accumulation: fast (on the "
            "tensor cores alone, as torchao's FP8 inference; ~18% faster GEMMs) or fp32 (partial sums promoted to "
            "fp32). Default with --precision fp8 / fp8-attention: fast (docs/precision.md#accumulation)."),
@@ -129,11 +131,25 @@ def takes_options(command: str) -> Callable:
     """Give `fn(**values)` the typer signature of `command`'s options."""
 
     def decorate(fn):
-        fn.__signature__ = inspect.Signature([_parameter(o, command) for o in declared(command)],
-                                             return_annotation=None)
-        return fn
+        @functools.wraps(fn)
+        def checked(**values):
+            check_choices(command, values)
+            return fn(**values)
+
+        checked.__signature__ = inspect.Signature([_parameter(o, command) for o in declared(command)],
+                                                  return_annotation=None)
+        return checked
 
     return decorate
+
+
+def check_choices(command: str, values: dict) -> None:
+    """A value outside its option's declared choices is a usage error naming the flag, before anything runs."""
+    from ltxbench.cli._validate import choice
+
+    for option in declared(command):
+        if option.choices is not None and values.get(option.name) is not None:
+            choice(option.flags[0], values[option.name], option.choices)
 
 
 def refuse_foreign(command: str, family, model: str) -> None:

@@ -27,12 +27,9 @@ def profile_command(**values) -> None:
     """Profile whole models per configuration: time per kernel family, top kernels, chrome traces."""
     from pathlib import Path
 
-    from ltxbench.bench.e2e import COMPILE_SCOPES
     from ltxbench.cli import _parallel
     from ltxbench.cli._validate import (
         check_outputs,
-        choice,
-        compile_mode_choice,
         known_model,
         model_and_weights,
         not_a_folder,
@@ -53,9 +50,6 @@ def profile_command(**values) -> None:
     for flag, name in (("--top", "top"), ("--batch-size", "batch_size")):
         if values[name] < 1:
             raise UsageError(f"{flag} {values[name]} must be at least 1")
-    compile_mode_choice(values["compile_mode"])
-    if values["compile_scope"] is not None:
-        choice("--compile-scope", values["compile_scope"], COMPILE_SCOPES)
     values["weights"] = model_and_weights(values["model"], values["weights"])
     values["kernel_provider"], values["dtype"] = runtime(values["device"], values["kernel_provider"], values["dtype"])
     settings = family.settings("profile", **values)

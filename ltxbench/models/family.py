@@ -34,6 +34,7 @@ class Option:
     defaults: dict = field(default_factory=dict)  # command -> default, where a command differs
     helps: dict = field(default_factory=dict)     # command -> help, where a command differs
     bounds: tuple | None = None                    # (lowest, highest) allowed value, both included
+    choices: tuple | None = None                   # the values it takes (cli.options checks them first)
 
     def default_for(self, command: str) -> Any:
         return self.defaults.get(command, self.default)

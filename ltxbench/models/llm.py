@@ -22,7 +22,7 @@ import importlib.util
 import statistics
 from dataclasses import dataclass
 
-from ltxbench.configurations import Configuration
+from ltxbench.configurations import COMPILE_MODES, Configuration
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.models.family import ModelFamily, Option, PeerConfig, RunSettings
 from ltxbench.models.llm_build import LLM_PRESETS, build_llm, is_llm
@@ -53,7 +53,7 @@ OPTIONS = (
            helps={"profile": "LLM decode steps profiled."}),
     Option("decode_compile_mode", ("--decode-compile-mode",), str, DECODE_COMPILE_DEFAULT, "LLM compile configs: "
            "mode of the decode step that generate() compiles itself (transformers' CompileConfig; its default).",
-           ("bench e2e",)),
+           ("bench e2e",), choices=COMPILE_MODES),
 )
 
 
@@ -79,8 +79,6 @@ class LLMFamily(ModelFamily):
         for flag, value in (("--new-tokens", settings.new_tokens), ("--prompt-length", settings.prompt_length)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value} must be at least 1")
-        if settings.decode_compile_mode is not None:
-            compile_mode_choice(settings.decode_compile_mode, flag="--decode-compile-mode")
         peers = sorted({c.peer for c in map(Configuration, settings.configs or ()) if c.peer is not None})
         if peers and settings.device != "cuda":  # before the model is built, not after the other configurations ran
             raise UsageError(f"--configs {peers[0]} needs --device cuda: Liger-Kernel's kernels are Triton GPU kernels",

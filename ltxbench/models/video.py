@@ -38,7 +38,7 @@ def video_options(frames: int, steps: int, frame_rate: int, max_frames: int, max
                "the batch)."),
         Option("frame_rate", ("--frame-rate", "--fps"), int, frame_rate, frame_rate_help),
         Option("phase", ("--phase",), str, "all", "all (encode + denoise + decode) | transformer (denoising loop "
-               "only).", ("bench e2e", "profile")),
+               "only).", ("bench e2e", "profile"), choices=PHASES),
     )
 
 
@@ -148,8 +148,6 @@ class VideoFamily(ModelFamily):
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(settings, name)} must not be negative")
         if settings.frame_rate < 1:
             raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
-        if settings.phase is not None and settings.phase not in PHASES:
-            raise UsageError(f"--phase {settings.phase!r} is not one of {', '.join(PHASES)}")
         validate_image(settings.image)
 
     def build(self, settings):
