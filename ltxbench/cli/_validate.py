@@ -18,26 +18,6 @@ def choice(flag: str, value: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
-def compile_mode_choice(value: str, no_cuda_graphs: str | None = None, flag: str = "--compile-mode") -> str:
-    """One of torch.compile's modes; no_cuda_graphs: why the CUDA-graph modes are refused here (None: allowed)."""
-    from ltxbench.configurations import COMPILE_MODES, CUDA_GRAPH_MODES
-
-    choice(flag, value, COMPILE_MODES)
-    if no_cuda_graphs and value in CUDA_GRAPH_MODES:
-        raise UsageError(f"{flag} {value} (CUDA graphs) is not supported here", hint=no_cuda_graphs)
-    return value
-
-
-def positive_ints(flag: str, text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise UsageError(f"{flag} {text!r} must be comma-separated integers") from None
-    if not values or min(values) < 1:
-        raise UsageError(f"{flag} {text!r} must list positive integers")
-    return values
-
-
 def runtime(device: str, kernel_provider: str | None, dtype: str | None, *, kernels_used: bool = True,
             cpu_hint: str = "use --kernel-provider reference on the CPU") -> tuple[str, str]:
     """(provider, dtype) for --device: provider cuda on cuda, reference on cpu; bf16 on cuda, fp32 on cpu.

@@ -263,9 +263,8 @@ class Fp8Norms:
 def weight_bytes(module) -> dict:
     """Bytes of `module`'s parameters and buffers (memory.module_bytes), and of those the FP8 buffers (weights,
     scales, concatenated biases): the transformer's weight memory as the injection leaves it."""
-    from ltxbench.models.memory import module_bytes
-
-    total = module_bytes(module)
+    tensors = {id(t): t for t in (*module.parameters(), *module.buffers())}  # each shared tensor once
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
     fp8 = sum(t.numel() * t.element_size() for sub in module.modules() for name, t in sub._buffers.items()
               if name in (DATA, SCALE, BIAS) and t is not None)
     return {"parameters": total - fp8, "fp8_weights": fp8, "total": total}

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ltxbench.configurations import FP8_ACCUMULATIONS, STANDARD, Configuration, added_by
+from ltxbench.configurations import CUDA_GRAPH_MODES, FP8_ACCUMULATIONS, STANDARD, Configuration, added_by
 from ltxbench.errors import UsageError
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -203,6 +203,23 @@ class ModelFamily:
     def bench_argv(self, settings: RunSettings) -> list[str]:
         """This family's options of a `bench e2e` command line that reruns a profiled workload (for nsys/ncu)."""
         return []
+
+
+def refuse_cuda_graphs(mode: str, why: str | None, flag: str = "--compile-mode") -> None:
+    """A CUDA-graph compile mode where the run cannot replay graphs (why: the hint; None: allowed)."""
+    if why and mode in CUDA_GRAPH_MODES:
+        raise UsageError(f"{flag} {mode} (CUDA graphs) is not supported here", hint=why)
+
+
+def positive_ints(flag: str, text: str) -> list[int]:
+    """'512,2048' -> [512, 2048]; UsageError naming the flag otherwise."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} {text!r} must be comma-separated integers") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} {text!r} must list positive integers")
+    return values
 
 
 def with_precision(configs: list[str], precision: str) -> list[str]:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ltxbench.configurations import COMPILE_MODES, Configuration
 from ltxbench.errors import EnvironmentProblem, UsageError
-from ltxbench.models.family import ModelFamily, Option, PeerConfig, RunSettings
+from ltxbench.models.family import ModelFamily, Option, PeerConfig, RunSettings, positive_ints, refuse_cuda_graphs
 from ltxbench.models.llm_build import LLM_PRESETS, build_llm, is_llm
 
 # The prompt text of the packaged presets: plain English, so that a trained model reads what it was trained on.
@@ -67,14 +67,12 @@ class LLMFamily(ModelFamily):
         return is_llm(model)
 
     def settings(self, command: str, **values) -> LLMSettings:
-        from ltxbench.cli._validate import positive_ints
 
         if isinstance(values.get("prompt_lengths"), str):
             values["prompt_lengths"] = positive_ints("--prompt-lengths", values["prompt_lengths"])
         return super().settings(command, **values)
 
     def validate(self, settings: LLMSettings, command: str) -> None:
-        from ltxbench.cli._validate import compile_mode_choice
 
         for flag, value in (("--new-tokens", settings.new_tokens), ("--prompt-length", settings.prompt_length)):
             if value is not None and value < 1:
@@ -90,7 +88,7 @@ class LLMFamily(ModelFamily):
             raise UsageError("--compile-scope regional is for diffusers models (their repeated blocks); LLMs compile "
                              "whole", hint="leave --compile-scope out, or pass --compile-scope model")
         if command == "profile":
-            compile_mode_choice(settings.compile_mode, "profile's LLM decode loop feeds each step the cache tensors "
+            refuse_cuda_graphs(settings.compile_mode, "profile's LLM decode loop feeds each step the cache tensors "
                                 "the previous CUDA-graph replay returned, which the next replay overwrites; use "
                                 "default or max-autotune-no-cudagraphs")
 

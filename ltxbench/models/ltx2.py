@@ -100,10 +100,10 @@ class LTX2Family(VideoFamily):
         return "ltx-2" in low or "ltx2" in low or (index.is_file() and "LTX2" in index.read_text())
 
     def validate(self, settings: LTX2Settings, command: str) -> None:
-        from ltxbench.cli._validate import compile_mode_choice
+        from ltxbench.models.family import refuse_cuda_graphs
 
         super().validate(settings, command)
-        compile_mode_choice(settings.compile_mode, CUDA_GRAPHS_REFUSED if settings.compile_scope == "model" else None)
+        refuse_cuda_graphs(settings.compile_mode, CUDA_GRAPHS_REFUSED if settings.compile_scope == "model" else None)
 
     def peers(self) -> dict[str, PeerConfig]:
         return {STG_OFF: PeerConfig(STG_OFF, stg_pass_off)}
