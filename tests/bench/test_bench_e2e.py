@@ -15,12 +15,10 @@ from ltxbench.bench import e2e, e2e_report
 from ltxbench.cli import app
 from ltxbench.errors import UsageError
 from ltxbench.models import family, family_of, ltx
+from tests.helpers import BENCH_E2E_LTX_TINY as TINY
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
-TINY = ["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--device", "cpu", "--num-frames", "9",
-        "--height", "64", "--width", "64", "--steps", "2", "--warmup-iterations", "1", "--repeats", "2",
-        "--kernel-provider", "reference"]
 LLAMA = ["bench", "e2e", "--model", "llama-tiny", "--weights", "random", "--device", "cpu", "--prompt-lengths",
          "16,32", "--new-tokens", "8", "--warmup-iterations", "1", "--repeats", "2"]
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REQUIRE_GPU_MESSAGE
+from tests.helpers import REQUIRE_GPU_MESSAGE
 
 ROOT = Path(__file__).resolve().parents[2]
 NO_GPU = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(ROOT)}

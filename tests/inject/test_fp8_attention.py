@@ -20,12 +20,11 @@ from ltxbench.cli import app
 from ltxbench.ops import reference
 from ltxbench.ops.accuracy import fp8_mismatch
 from ltxbench.ops.registry import SPECS
-from tests.bench import test_bench_e2e
-from tests.models import test_generate
+from tests.helpers import BENCH_E2E_LTX_TINY, LTX_TINY
 
 FP8 = torch.float8_e4m3fn
 runner = CliRunner()
-TINY = [*test_bench_e2e.TINY, "--phase", "transformer"]  # bench e2e on the tiny LTX-Video, CPU, reference ops
+TINY = [*BENCH_E2E_LTX_TINY, "--phase", "transformer"]  # bench e2e on the tiny LTX-Video, CPU, reference ops
 
 
 def _inputs(name, shape, variant=None, seed=0):
@@ -242,7 +241,7 @@ def test_generate_with_fp8_attention_says_so_in_its_records(tmp_path, flash_stan
     from ltxbench.results.io import load_result
 
     out = tmp_path / "v.mp4"
-    result = runner.invoke(app, ["generate", "--prompt", "a red fox in the snow", *test_generate.TINY,
+    result = runner.invoke(app, ["generate", "--prompt", "a red fox in the snow", *LTX_TINY,
                                  "--kernel-provider", "reference", "--precision", "fp8-attention",
                                  "--output", str(out)])
     assert result.exit_code == 0, result.output

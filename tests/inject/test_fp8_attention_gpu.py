@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import ltx_2b_two_blocks
+
 pytestmark = pytest.mark.gpu
 
 
@@ -81,7 +83,6 @@ def test_fp8_attention_against_float64_eager_and_compiled(tokens):
 def test_ltx_2b_blocks_with_fp8_attention_within_the_gate_and_equal_to_the_reference_path():
     _flash_attention_3()
     from ltxbench.inject.ltx import apply_kernels, generation
-    from tests.inject.test_inject_fp8_gpu import ltx_2b_two_blocks
 
     model, inputs = ltx_2b_two_blocks()
 

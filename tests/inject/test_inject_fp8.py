@@ -12,7 +12,7 @@ from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject import fp8
 from ltxbench.inject.ltx import apply_kernels
 from ltxbench.ops import reference, reference_fp8
-from tests.inject.test_inject_ltx_pipeline import _embeddings, _pipeline, error, generate
+from tests.helpers import build_ltx2_tiny, ltx2_generate, ltx_embeddings, ltx_generate, ltx_pipeline, max_rel_error
 
 TOL = 2e-5  # fused FP8 vs the simulation: the same roundings, fp32 sums in another order
 
@@ -48,7 +48,7 @@ def _simulated_fp8(pipe, embeddings, projections=_block_projections, run=None):
             layer.weight.copy_(_fake_fp8(layer.weight))
             handles.append(layer.register_forward_pre_hook(lambda _m, args: (_fake_fp8(args[0]),)))
     try:
-        return generate(pipe, embeddings, 3.0) if run is None else run(pipe)
+        return ltx_generate(pipe, embeddings, 3.0) if run is None else run(pipe)
     finally:
         for handle in handles:
             handle.remove()
@@ -59,19 +59,20 @@ def _simulated_fp8(pipe, embeddings, projections=_block_projections, run=None):
 
 @pytest.fixture(scope="module")
 def runs():
-    pipe = _pipeline()
-    embeddings = _embeddings(pipe)
-    return pipe, embeddings, generate(pipe, embeddings, 3.0), _simulated_fp8(pipe, embeddings)
+    pipe = ltx_pipeline()
+    embeddings = ltx_embeddings(pipe)
+    return pipe, embeddings, ltx_generate(pipe, embeddings, 3.0), _simulated_fp8(pipe, embeddings)
 
 
 def test_fp8_equals_a_simulation_of_fp8_on_the_unpatched_model(runs):
     pipe, embeddings, exact, simulated = runs
     with apply_kernels(pipe, "reference", precision="fp8") as report:
-        got = generate(pipe, embeddings, 3.0)
+        got = ltx_generate(pipe, embeddings, 3.0)
     # per block: the 10 projections, and q/k/v concatenated on attn1
     assert report.rules[fp8.STORE_RULE] == 2 * 11
-    assert error(got, simulated) <= TOL, error(got, simulated)
-    assert 1e-3 < error(got, exact) < 0.05, error(got, exact)  # really quantized, and close to the exact output
+    assert max_rel_error(got, simulated) <= TOL, max_rel_error(got, simulated)
+    # really quantized, and close to the exact output
+    assert 1e-3 < max_rel_error(got, exact) < 0.05, max_rel_error(got, exact)
 
 
 @pytest.mark.parametrize("where", ["norm scale 1%", "gelu before quantizing", "weight scale 1%"])
@@ -88,8 +89,8 @@ def test_a_perturbed_fp8_formula_fails_the_simulation(runs, monkeypatch, where):
         original = reference.quantize_fp8
         monkeypatch.setattr(reference, "quantize_fp8", lambda x: (lambda q, s: (q, s * 1.01))(*original(x)))
     with apply_kernels(pipe, "reference", precision="fp8"):
-        got = generate(pipe, embeddings, 3.0)
-    assert error(got, simulated) > 10 * TOL, error(got, simulated)
+        got = ltx_generate(pipe, embeddings, 3.0)
+    assert max_rel_error(got, simulated) > 10 * TOL, max_rel_error(got, simulated)
 
 
 def test_revert_restores_the_exact_weights_and_output(runs):
@@ -100,7 +101,7 @@ def test_revert_restores_the_exact_weights_and_output(runs):
     report.revert()
     after = pipe.transformer.state_dict()
     assert all(torch.equal(v, after[k]) for k, v in before.items())
-    assert torch.equal(generate(pipe, embeddings, 3.0), exact)
+    assert torch.equal(ltx_generate(pipe, embeddings, 3.0), exact)
 
 
 def test_the_fp8_weights_move_with_the_model(runs, monkeypatch):
@@ -117,10 +118,10 @@ def test_the_fp8_weights_move_with_the_model(runs, monkeypatch):
 
     monkeypatch.setattr(reference, "linear_fp8", recording)
     with apply_kernels(pipe, "reference", precision="fp8"):
-        first = generate(pipe, embeddings, 3.0)
+        first = ltx_generate(pipe, embeddings, 3.0)
         pipe.transformer._apply(lambda t: t.clone())
         used.clear()
-        moved = generate(pipe, embeddings, 3.0)
+        moved = ltx_generate(pipe, embeddings, 3.0)
         current = {t.untyped_storage().data_ptr() for t in pipe.transformer.buffers()}
     assert used and set(used) <= current
     assert torch.equal(first, moved)
@@ -134,7 +135,7 @@ def test_a_cast_of_the_fp8_weights_fails_loudly(runs):
         # what .to(torch.bfloat16) does to the FP8 buffers (the fp32 test model itself stays fp32)
         pipe.transformer._apply(lambda t: t.to(torch.bfloat16) if t.dtype == torch.float8_e4m3fn else t)
         with pytest.raises(RuntimeError, match=r"were cast to torch.bfloat16 \(a .to\(dtype\) after the injection"):
-            generate(pipe, embeddings, 3.0)
+            ltx_generate(pipe, embeddings, 3.0)
 
 
 def test_a_lora_fused_after_the_injection_fails_loudly(runs):
@@ -223,16 +224,12 @@ def test_gpus_without_fp8_tensor_cores_are_refused_with_exit_4(monkeypatch):
 # --- LTX-2 ----------------------------------------------------------------------------------------------
 
 def _ltx2_latents(pipe):
-    from tests.inject.test_inject_ltx2_pipeline import _generate
-
-    video, audio = _generate(pipe)
+    video, audio = ltx2_generate(pipe)
     return torch.cat([video.flatten(), audio.flatten()])
 
 
 @pytest.fixture(scope="module")
 def ltx2_runs():
-    from tests.conftest import build_ltx2_tiny
-
     pipe = build_ltx2_tiny()
     return pipe, _ltx2_latents(pipe), _simulated_fp8(pipe, None, _ltx2_block_projections, _ltx2_latents)
 
@@ -246,8 +243,9 @@ def test_ltx2_fp8_equals_the_simulation_and_reverts_exactly(ltx2_runs):
         assert pipe.transformer.transformer_blocks[0].video_to_audio_attn.to_k.weight.numel() == 0
     # per block: 6 attentions x 4 projections + 2 feed-forwards x 2, and 4 concatenations (q/k/v x 2, k/v x 2)
     assert report.rules[fp8.STORE_RULE] == 2 * (24 + 4 + 4)
-    assert error(got, simulated) <= TOL, error(got, simulated)
-    assert 1e-3 < error(got, exact) < 0.15, error(got, exact)  # the tiny model's 16-wide rows: coarse steps
+    assert max_rel_error(got, simulated) <= TOL, max_rel_error(got, simulated)
+    # the tiny model's 16-wide rows: coarse steps
+    assert 1e-3 < max_rel_error(got, exact) < 0.15, max_rel_error(got, exact)
     assert torch.equal(_ltx2_latents(pipe), exact)
 
 
@@ -260,7 +258,7 @@ def test_ltx2_a_perturbed_norm_fails_the_simulation(ltx2_runs, monkeypatch):
                         lambda *a, **k: (lambda q, s: (q, s * 1.01))(*original(*a, **k)))
     with inject_ltx2.apply_kernels(pipe, "reference", precision="fp8"):
         got = _ltx2_latents(pipe)
-    assert error(got, simulated) > 10 * TOL, error(got, simulated)
+    assert max_rel_error(got, simulated) > 10 * TOL, max_rel_error(got, simulated)
 
 
 def test_ltx2_fp8_is_refused_before_anything_is_patched(ltx2_runs):
@@ -312,7 +310,7 @@ def test_every_fp8_gemm_accumulates_as_the_injection_says(runs, ltx2_runs, monke
     chosen = {} if accumulation is None else {"fp8_accumulation": accumulation}
     (pipe, embeddings, _, _), (ltx2_pipe, _, _) = runs, ltx2_runs
     with apply_kernels(pipe, "reference", precision="fp8", **chosen):
-        generate(pipe, embeddings, 3.0)
+        ltx_generate(pipe, embeddings, 3.0)
     with inject_ltx2.apply_kernels(ltx2_pipe, "reference", precision="fp8", **chosen):
         _ltx2_latents(ltx2_pipe)
     assert seen and set(seen) == {accumulation != "fp32"}

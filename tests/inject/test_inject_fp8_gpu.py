@@ -8,6 +8,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers import (
+    cast_floats,
+    ltx2_cuda_inputs,
+    ltx2_cuda_transformer,
+    ltx_2b_two_blocks,
+    ltx_embeddings,
+    ltx_generate,
+    ltx_pipeline,
+)
+
 pytestmark = pytest.mark.gpu
 
 
@@ -18,29 +28,6 @@ def _hopper() -> None:
 
 def _cosine(a, b) -> float:
     return torch.nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0).item()
-
-
-def ltx_2b_two_blocks():
-    """LTX-2B's width and heads cut to 2 blocks, with trained-model modulation magnitudes, and a guidance pair of
-    inputs at 49 frames 512x768: (model, inputs)."""
-    from diffusers import LTXVideoTransformer3DModel
-
-    torch.manual_seed(0)
-    with torch.device("cuda"):  # LTX-2B's width and heads, 2 blocks; trained-model modulation magnitudes
-        model = LTXVideoTransformer3DModel(num_layers=2).to(torch.bfloat16).eval().requires_grad_(False)
-    with torch.no_grad():
-        for block in model.transformer_blocks:
-            block.scale_shift_table.normal_(0, 0.3)
-    gen = torch.Generator("cuda").manual_seed(1)
-    frames, height, width = 7, 16, 24  # 49 frames 512x768
-    inputs = dict(hidden_states=torch.randn(2, frames * height * width, 128, device="cuda", generator=gen),
-                  encoder_hidden_states=torch.randn(2, 128, 4096, device="cuda", generator=gen),
-                  timestep=torch.full((2,), 900.0, device="cuda"),
-                  encoder_attention_mask=torch.ones(2, 128, device="cuda"),
-                  num_frames=frames, height=height, width=width, return_dict=False)
-    inputs = {k: v.to(torch.bfloat16) if torch.is_tensor(v) and v.is_floating_point() else v
-              for k, v in inputs.items()}
-    return model, inputs
 
 
 @pytest.mark.parametrize("compiled", [False, True])
@@ -63,10 +50,9 @@ def test_ltx_2b_block_fp8_kernels_equal_the_reference_fp8_path(compiled):
 def test_ltx2_19b_blocks_fp8_within_the_gate_of_bf16():
     _hopper()
     from ltxbench.inject import ltx2 as inject_ltx2
-    from tests.inject.test_inject_ltx2_gpu import _cast, _inputs, _transformer
 
-    model = _transformer("ltx2-19b", torch.bfloat16)
-    inputs = _cast(_inputs(model, "guidance"), torch.bfloat16)
+    model = ltx2_cuda_transformer("ltx2-19b", torch.bfloat16)
+    inputs = cast_floats(ltx2_cuda_inputs(model, "guidance"), torch.bfloat16)
 
     def run(precision):
         with inject_ltx2.apply_kernels(model, "cuda", precision=precision), torch.no_grad():
@@ -85,16 +71,15 @@ def test_fp8_under_model_cpu_offload_equals_fp8_on_the_gpu_and_leaves_with_the_m
     _hopper()
     from ltxbench.inject import fp8
     from ltxbench.inject.ltx import apply_kernels
-    from tests.inject.test_inject_ltx_pipeline import _embeddings, _pipeline, generate
 
-    pipe = _pipeline().to("cuda", torch.bfloat16)
+    pipe = ltx_pipeline().to("cuda", torch.bfloat16)
     embeddings = tuple(t.to("cuda", torch.bfloat16) if t.is_floating_point() else t.to("cuda")
-                       for t in _embeddings(pipe))
+                       for t in ltx_embeddings(pipe))
     with apply_kernels(pipe, "cuda", precision="fp8"):
-        resident = generate(pipe, embeddings, 3.0).float()
+        resident = ltx_generate(pipe, embeddings, 3.0).float()
     with apply_kernels(pipe, "cuda", precision="fp8"):
         pipe.enable_model_cpu_offload(device="cuda")
-        offloaded = generate(pipe, embeddings, 3.0).float()
+        offloaded = ltx_generate(pipe, embeddings, 3.0).float()
         stored = [t for m in pipe.transformer.modules() for name, t in m._buffers.items() if name == fp8.DATA]
         assert stored and {t.device.type for t in stored} == {"cpu"}  # the transformer's offload took them along
     pipe.remove_all_hooks()

@@ -13,31 +13,9 @@ from ltxbench.inject import llm
 from ltxbench.inject.fuse import MOVES_RULE
 from ltxbench.inject.llm import attention as llm_attention
 from ltxbench.ops import reference
+from tests.helpers import LLM_FAMILY_EXTRA, LLM_TINY, llm_build, llm_prompt
 
-# rms_norm_eps 1e-5, not the ops' default 1e-6: a rule that dropped the model's eps would be seen
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            vocab_size=256, max_position_embeddings=256, rms_norm_eps=1e-5, tie_word_embeddings=False)
-FAMILY_EXTRA = {
-    "llama": {},
-    "mistral": {"sliding_window": 6},  # shorter than the prompt: the window matters
-    "qwen2": {},
-    "qwen3": {"head_dim": 16},
-}
-FAMILIES = tuple(FAMILY_EXTRA)
-
-
-def build(model_type: str, dtype=torch.float32, device="cpu", **overrides):
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    cfg = AutoConfig.for_model(model_type, **{**TINY, **FAMILY_EXTRA.get(model_type, {}), **overrides})
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    with torch.no_grad():  # non-trivial norm weights, so a dropped or misplaced weight shows
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.5 * torch.randn_like(p))
-    return model.eval()
+FAMILIES = tuple(LLM_FAMILY_EXTRA)
 
 
 def transformers_class(model_type: str, name: str):
@@ -66,10 +44,6 @@ def spy(monkeypatch):
     return calls
 
 
-def prompt(batch=2, length=12):
-    return torch.randint(0, TINY["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(1))
-
-
 def greedy(model, ids, mask, **kwargs):
     with torch.no_grad():
         return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False,
@@ -78,8 +52,8 @@ def greedy(model, ids, mask, **kwargs):
 
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_patched_logits_match_and_revert_is_exact(model_type, spy):
-    model = build(model_type)
-    ids = prompt()
+    model = llm_build(model_type)
+    ids = llm_prompt()
     with torch.no_grad():
         before = model(ids).logits
     report = llm.apply_kernels(model, "reference")
@@ -131,8 +105,8 @@ def test_patched_logits_match_and_revert_is_exact(model_type, spy):
 @pytest.mark.parametrize("model_type", FAMILIES)
 @pytest.mark.parametrize("cache", ["dynamic", "static"])
 def test_generate_same_tokens(model_type, cache, spy):
-    model = build(model_type)
-    ids = prompt()
+    model = llm_build(model_type)
+    ids = llm_prompt()
     mask = torch.ones_like(ids)
     mask[1, :3] = 0  # left padding: row 1 has shifted position_ids
     kwargs = {"cache_implementation": "static"} if cache == "static" else {}
@@ -146,8 +120,8 @@ def test_generate_same_tokens(model_type, cache, spy):
 
 def test_mlp_residual_fallbacks_stay_exact(spy):
     """A down projection with a bias: the residual add runs unfused, still the same logits."""
-    model = build("llama", mlp_bias=True)
-    ids = prompt()
+    model = llm_build("llama", mlp_bias=True)
+    ids = llm_prompt()
     with torch.no_grad():
         before = model(ids).logits
     with llm.apply_kernels(model, "reference"):
@@ -160,8 +134,8 @@ def test_mlp_residual_fallbacks_stay_exact(spy):
 
 
 def test_qkv_that_cannot_fuse_keep_three_gemms(spy):
-    model = build("llama")
-    ids = prompt()
+    model = llm_build("llama")
+    ids = llm_prompt()
     attn = model.model.layers[1].self_attn
     attn.k_proj.bias = torch.nn.Parameter(torch.zeros(attn.k_proj.out_features))  # only k has a bias now
     with torch.no_grad():
@@ -175,8 +149,8 @@ def test_qkv_that_cannot_fuse_keep_three_gemms(spy):
 
 
 def test_unsupported_family_is_skipped_untouched(spy):
-    model = build("gemma", head_dim=16)
-    ids = prompt()
+    model = llm_build("gemma", head_dim=16)
+    ids = llm_prompt()
     with torch.no_grad():
         before = model(ids).logits
     report = llm.apply_kernels(model, "reference")
@@ -189,8 +163,8 @@ def test_unsupported_family_is_skipped_untouched(spy):
 
 
 def test_unverified_norm_class_is_skipped(spy):
-    model = build("llama")
-    ids = prompt()
+    model = llm_build("llama")
+    ids = llm_prompt()
     with torch.no_grad():
         before = model(ids).logits
 
@@ -208,9 +182,9 @@ def test_unverified_norm_class_is_skipped(spy):
 
 
 def test_mlp_with_one_bias_is_skipped():
-    model = build("llama")
+    model = llm_build("llama")
     mlp = model.model.layers[0].mlp
-    mlp.gate_proj.bias = torch.nn.Parameter(torch.zeros(TINY["intermediate_size"]))
+    mlp.gate_proj.bias = torch.nn.Parameter(torch.zeros(LLM_TINY["intermediate_size"]))
     report = llm.apply_kernels(model, "reference")
     assert report.rules[llm.RULE_MLP] == 1
     assert any(rule == llm.RULE_MLP and "bias" in why for rule, why in report.skipped)
@@ -219,7 +193,7 @@ def test_mlp_with_one_bias_is_skipped():
 
 def test_cuda_provider_refuses_cpu_model():
     with pytest.raises(EnvironmentProblem):
-        llm.apply_kernels(build("llama"), "cuda")
+        llm.apply_kernels(llm_build("llama"), "cuda")
 
 
 def _unpatched_then_patched(model, ids, generate_kwargs):
@@ -257,8 +231,8 @@ def test_llama3_width_bf16_cuda_kernels():
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])
 def test_patched_model_compiles_without_graph_breaks(model_type):
-    model = build(model_type)
-    ids = torch.randint(0, TINY["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(0))
+    model = llm_build(model_type)
+    ids = torch.randint(0, LLM_TINY["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(0))
     with torch.no_grad(), llm.apply_kernels(model, "reference") as report:
         assert report.rules[llm.RULE_MLP] == 2 and report.rules[llm.RULE_ROPE] == 2
         explained = torch._dynamo.explain(model)(ids)
@@ -299,8 +273,8 @@ def test_a_compiled_patched_model_guards_no_more_than_the_original(monkeypatch):
     from ltxbench.inject import fuse
 
     monkeypatch.setattr(fuse, "_any_broken", False)  # as in a process where no test has broken a fused set
-    model = build("llama")
-    ids = prompt(batch=1, length=5)
+    model = llm_build("llama")
+    ids = llm_prompt(batch=1, length=5)
     original = _guards_of_compiled(model, ids)
     with llm.apply_kernels(model, "reference"):
         patched = _guards_of_compiled(model, ids)
@@ -315,7 +289,7 @@ def test_a_compiled_patched_model_guards_no_more_than_the_original(monkeypatch):
 
 
 def test_applying_twice_patches_nothing_more():
-    model = build("llama")
+    model = llm_build("llama")
     with llm.apply_kernels(model, "reference") as first:
         second = llm.apply_kernels(model, "reference")
         assert not second.rules and len(second.skipped) >= 4
@@ -328,8 +302,8 @@ def test_compiled_patched_model_does_not_recompile_and_matches_eager():
     of the same shape run one graph. Also: the compiled path (out-of-place residual GEMM) gives the eager logits."""
     from torch._dynamo.utils import counters
 
-    model = build("llama")
-    ids = prompt(batch=1, length=9)
+    model = llm_build("llama")
+    ids = llm_prompt(batch=1, length=9)
     torch._dynamo.reset()
     counters.clear()
     with torch.no_grad(), llm.apply_kernels(model, "reference"):
@@ -393,8 +367,8 @@ def test_the_kv_cache_is_found_under_both_of_its_names():
 
     from transformers import DynamicCache
 
-    model = build("llama")
-    ids = prompt(batch=1, length=6)
+    model = llm_build("llama")
+    ids = llm_prompt(batch=1, length=6)
     attn = model.model.layers[0].self_attn
     names = ["past_key_values"] + (["cache"] if "cache" in inspect.signature(type(attn).forward).parameters else [])
     with torch.no_grad():
@@ -410,7 +384,7 @@ def test_the_kv_cache_is_found_under_both_of_its_names():
 def test_qkv_fusion_needs_projections_of_the_gqa_widths():
     """The fused q/k/v output is split by widths derived from head_dim and num_key_value_groups (no guard per
     projection): projections of other widths are not fused, and the report says so."""
-    model = build("llama")
+    model = llm_build("llama")
     attn = model.model.layers[0].self_attn
     widths = [p.out_features for p in (attn.q_proj, attn.k_proj, attn.v_proj)]
     assert llm_attention.qkv_widths(attn, sum(widths)) == widths and widths[0] == 2 * widths[1]  # the tiny config's GQA

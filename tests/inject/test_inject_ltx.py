@@ -21,42 +21,9 @@ from ltxbench.inject.ltx import (
 )
 from ltxbench.inject.ltx.cfg import PAIRED_ATTR
 from ltxbench.inject.ltx.cross_kv import CACHE_ATTR
-from ltxbench.models.ltx_build import component_configs
+from tests.helpers import ltx_inputs, ltx_transformer
 
 BLOCK_RULE = "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"
-
-
-def _transformer(model="ltx-tiny", num_layers=None, device="cpu", dtype=torch.float32):
-    from diffusers import LTXVideoTransformer3DModel
-
-    cfg = {k: v for k, v in component_configs(model)["transformer"].items() if not k.startswith("_")}
-    if num_layers:
-        cfg["num_layers"] = num_layers
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = LTXVideoTransformer3DModel(**cfg).to(dtype).eval()
-    with torch.no_grad():  # non-trivial modulation tables and norm weights (the defaults are ones/zeros-ish)
-        for name, p in model.named_parameters():
-            if "scale_shift_table" in name or "norm_q" in name or "norm_k" in name:
-                p.add_(0.1 * torch.randn_like(p))
-    return model
-
-
-def _inputs(model, device="cpu", dtype=torch.float32, frames=3, height=4, width=6, batch=2, text=7):
-    g = torch.Generator().manual_seed(1)
-    cfg = model.config
-    s = frames * height * width
-
-    def rand(*shape):
-        return torch.randn(*shape, generator=g).to(device=device, dtype=dtype)
-
-    mask = torch.ones(batch, text, device=device)
-    mask[0, -2:] = 0  # a padded prompt: attn2 gets a real additive mask
-    return {"hidden_states": rand(batch, s, cfg.in_channels),
-            "encoder_hidden_states": rand(batch, text, cfg.caption_channels),
-            "timestep": torch.tensor([500.0, 20.0], device=device), "encoder_attention_mask": mask,
-            "num_frames": frames, "height": height, "width": width, "rope_interpolation_scale": (8 / 25, 32, 32),
-            "return_dict": False}
 
 
 FEATURES = {  # apply_kernels keyword sets: the defaults, each optional part off, and the GELU kernel rule
@@ -71,8 +38,8 @@ FEATURES = {  # apply_kernels keyword sets: the defaults, each optional part off
 
 @pytest.mark.parametrize("features", list(FEATURES))
 def test_reference_provider_matches_unpatched_transformer(features):
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     kwargs = FEATURES[features]
     with torch.no_grad():
         expected = model(**inputs)[0]
@@ -97,8 +64,8 @@ def test_cross_attention_kernel_only_where_diffusers_runs_its_default_backend(mo
 
     from ltxbench.ops import reference
 
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     calls, original = [], reference.cross_attention
     monkeypatch.setattr(reference, "cross_attention", lambda *a: calls.append(a[3]) or original(*a))
 
@@ -122,18 +89,19 @@ def test_cross_attention_kernel_only_where_diffusers_runs_its_default_backend(mo
 
 
 def test_cross_attention_by_default_only_at_the_head_dims_where_it_won():
-    two_b, thirteen_b = _transformer("ltx-2b", device="meta"), _transformer("ltx-13b", device="meta")
+    two_b, thirteen_b = ltx_transformer("ltx-2b", device="meta"), ltx_transformer("ltx-13b", device="meta")
     assert apply_kernels(two_b, "reference").rules[ATTN2_RULES[True]] == 28  # head dim 64
     assert apply_kernels(thirteen_b, "reference").rules[ATTN2_RULES[True]] == 48  # head dim 128
-    tiny = _transformer(device="meta")  # head dim 32: the scalar path, never measured faster: SDPA stays
+    tiny = ltx_transformer(device="meta")  # head dim 32: the scalar path, never measured faster: SDPA stays
     assert apply_kernels(tiny, "reference").rules[ATTN2_RULES[False]] == 2
-    assert apply_kernels(_transformer(device="meta"), "reference", cross_attention=True).rules[ATTN2_RULES[True]] == 2
-    assert apply_kernels(_transformer("ltx-2b", device="meta"), "reference",
+    assert apply_kernels(ltx_transformer(device="meta"), "reference",
+                         cross_attention=True).rules[ATTN2_RULES[True]] == 2
+    assert apply_kernels(ltx_transformer("ltx-2b", device="meta"), "reference",
                          cross_attention=False).rules[ATTN2_RULES[False]] == 28
 
 
 def test_fused_projections_are_used_and_keep_one_copy_of_the_weights(monkeypatch):
-    model = _transformer()
+    model = ltx_transformer()
     attn1, attn2 = model.transformer_blocks[0].attn1, model.transformer_blocks[0].attn2
     with torch.no_grad(), apply_kernels(model, "reference"):
         (names1, fused1), (names2, _) = getattr(attn1, FUSED_ATTR), getattr(attn2, FUSED_ATTR)
@@ -142,7 +110,7 @@ def test_fused_projections_are_used_and_keep_one_copy_of_the_weights(monkeypatch
         calls = []
         for lin in (attn1.to_q, attn1.to_k, attn1.to_v, attn2.to_k, attn2.to_v):
             monkeypatch.setattr(lin, "forward", lambda *a, _c=calls: _c.append(1))
-        model(**_inputs(model))
+        model(**ltx_inputs(model))
     assert calls == []  # every q/k/v of attn1 and k/v of attn2 came from the fused GEMMs
 
 
@@ -154,8 +122,8 @@ def test_the_blocks_gemms_go_through_ops_linear_unless_turned_off(monkeypatch, f
     processor keeps torch's linear."""
     from ltxbench.ops import reference
 
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     real, calls = reference.linear, []
 
     def spy(*args, **kwargs):
@@ -184,7 +152,7 @@ def test_attn2_takes_the_residual_into_its_gemm_only_where_that_is_the_same_math
     and no active dropout; with a gradient wanted the processor adds it with torch (ops.linear has no backward)."""
     from ltxbench.inject.ltx.attention import attention_forward, takes_residual
 
-    model = _transformer()
+    model = ltx_transformer()
     attn2 = model.transformer_blocks[0].attn2
     assert not takes_residual(attn2)  # diffusers' processor
     with apply_kernels(model, "reference"):
@@ -214,7 +182,7 @@ def test_tuned_gemms_leave_wrapped_layers_and_autograd_to_torch(monkeypatch):
         def forward(self, x):
             return 2 * super().forward(x)
 
-    model = _transformer()
+    model = ltx_transformer()
     block = model.transformer_blocks[0]
     old = block.ff.net[2]
     block.ff.net[2] = ScaledLinear(old.in_features, old.out_features)
@@ -239,8 +207,8 @@ def test_tuned_gemms_leave_wrapped_layers_and_autograd_to_torch(monkeypatch):
 
 def test_injected_transformer_compiles_without_graph_breaks():
     """The optimized+compile configuration: dynamo sees the whole patched forward as one graph."""
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     with torch.no_grad(), apply_kernels(model, "reference"):
         explained = torch._dynamo.explain(model)(**inputs)
     assert explained.graph_break_count == 0, explained.break_reasons
@@ -249,8 +217,8 @@ def test_injected_transformer_compiles_without_graph_breaks():
 def test_compiled_patched_transformer_follows_a_weight_swapped_through_data():
     """`to_k.weight.data = new` after injection and compile (a weight swap that keeps the Parameter): the compiled
     patched transformer must compute with the new weight, as the unpatched one does, not with the fused copy."""
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     attn = model.transformer_blocks[0].attn1
     swapped = torch.randn_like(attn.to_k.weight)
     with torch.no_grad(), apply_kernels(model, "reference"):
@@ -268,7 +236,7 @@ def test_compiled_patched_transformer_follows_a_weight_swapped_through_data():
 
 def test_per_token_modulation_of_image_to_video_blocks():
     """I2V/condition pipelines give every token its own timestep: temb is (B, S, 6D), not (B, 1, 6D)."""
-    model = _transformer()
+    model = ltx_transformer()
     block = model.transformer_blocks[0]
     b, s, d = 2, 12, model.config.num_attention_heads * model.config.attention_head_dim
     g = torch.Generator().manual_seed(2)
@@ -284,8 +252,8 @@ def test_per_token_modulation_of_image_to_video_blocks():
 
 def test_per_token_timesteps_through_the_chained_model_forward():
     """Condition pipelines pass a timestep per token (B, S): the model forward's modulation goes block by block."""
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     tokens = inputs["hidden_states"].shape[1]
     inputs["timestep"] = torch.linspace(0.0, 900.0, 2 * tokens).reshape(2, tokens)
     with torch.no_grad():
@@ -298,8 +266,8 @@ def test_per_token_timesteps_through_the_chained_model_forward():
 
 def test_rope_from_coords_hands_the_kernels_a_contiguous_grid():
     """diffusers builds the grid as a transposed view; made contiguous once per forward, not copied per attn1 call."""
-    model = _transformer()
-    h = _inputs(model)["hidden_states"]
+    model = ltx_transformer()
+    h = ltx_inputs(model)["hidden_states"]
     diffusers_grid = model.rope._prepare_video_coords(2, 3, 4, 6, (8 / 25, 32, 32), h.device)
     with apply_kernels(model, "reference"):
         grid, freqs = model.rope(h, 3, 4, 6, (8 / 25, 32, 32))
@@ -308,7 +276,7 @@ def test_rope_from_coords_hands_the_kernels_a_contiguous_grid():
 
 
 def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
-    model = _transformer("ltx-2b", device="meta")
+    model = ltx_transformer("ltx-2b", device="meta")
     processors = [(b.attn1.processor, b.attn2.processor) for b in model.transformer_blocks]
     report = apply_kernels(model, "reference")
     assert dict(report.rules) == {"rope: angles from coordinates": 1, MODEL_RULE: 1, BLOCK_RULE: 28,
@@ -339,7 +307,7 @@ def test_report_counts_on_the_2b_structure_and_revert_restores_everything():
 
 
 def test_a_hooked_model_forward_is_left_alone_and_reported():
-    model = _transformer()
+    model = ltx_transformer()
     hooked = model.forward  # what accelerate / context-parallel hooks leave: an instance-level forward
     model.forward = hooked
     with apply_kernels(model, "reference") as report:
@@ -350,7 +318,7 @@ def test_a_hooked_model_forward_is_left_alone_and_reported():
 def test_attention_forward_skips_the_signature_check_but_extra_kwargs_take_the_original_path(monkeypatch):
     import inspect
 
-    model = _transformer()
+    model = ltx_transformer()
     attn = model.transformer_blocks[0].attn1
     h = torch.randn(2, 12, model.config.num_attention_heads * model.config.attention_head_dim)
     calls = []
@@ -369,8 +337,8 @@ def test_attention_forward_skips_the_signature_check_but_extra_kwargs_take_the_o
 def test_attn2_mask_is_prepared_once_per_forward(monkeypatch):
     from diffusers.models.transformers.transformer_ltx import LTXAttention
 
-    model = _transformer(num_layers=3)
-    inputs = _inputs(model)  # a padded prompt: a real additive mask
+    model = ltx_transformer(num_layers=3)
+    inputs = ltx_inputs(model)  # a padded prompt: a real additive mask
     calls = []
     prepare = LTXAttention.prepare_attention_mask
     monkeypatch.setattr(LTXAttention, "prepare_attention_mask", lambda *a, **k: calls.append(1) or prepare(*a, **k))
@@ -391,7 +359,7 @@ def test_an_attention_whose_forward_is_not_the_processor_shim_keeps_it():
         def forward(self, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None):
             return 2 * super().forward(hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)
 
-    model = _transformer()
+    model = ltx_transformer()
     model.transformer_blocks[0].attn1.__class__ = Custom
     with apply_kernels(model, "reference") as report:
         assert report.rules[ATTN_FORWARD_RULE] == 3  # the other three attentions of the two blocks
@@ -400,7 +368,7 @@ def test_an_attention_whose_forward_is_not_the_processor_shim_keeps_it():
 
 
 def test_processor_keeps_attention_backend_and_parallel_config():
-    model = _transformer()
+    model = ltx_transformer()
     original = model.transformer_blocks[0].attn1.processor
     original._attention_backend, original._parallel_config = "native", object()
     with apply_kernels(model, "reference"):
@@ -410,7 +378,7 @@ def test_processor_keeps_attention_backend_and_parallel_config():
 
 def test_cuda_provider_refuses_a_cpu_model_and_non_ltx_targets():
     with pytest.raises(EnvironmentProblem, match="needs the transformer on a CUDA device"):
-        apply_kernels(_transformer(), "cuda")
+        apply_kernels(ltx_transformer(), "cuda")
     with pytest.raises(UsageError, match="expects an LTX pipeline"):
         apply_kernels(torch.nn.Linear(2, 2), "reference")
 
@@ -418,8 +386,8 @@ def test_cuda_provider_refuses_a_cpu_model_and_non_ltx_targets():
 @pytest.mark.gpu
 @pytest.mark.parametrize("rope_from_coords", [True, False])
 def test_cuda_provider_on_a_two_layer_2b_width_model(rope_from_coords):
-    model = _transformer("ltx-2b", num_layers=2, device="cuda", dtype=torch.bfloat16)
-    inputs = _inputs(model, "cuda", torch.bfloat16, frames=3, height=8, width=12)
+    model = ltx_transformer("ltx-2b", num_layers=2, device="cuda", dtype=torch.bfloat16)
+    inputs = ltx_inputs(model, "cuda", torch.bfloat16, frames=3, height=8, width=12)
     with torch.no_grad():
         expected = model(**inputs)[0].float()
         with apply_kernels(model, "cuda", rope_from_coords=rope_from_coords):
@@ -436,8 +404,8 @@ def test_cuda_provider_in_fp32_is_the_unpatched_math(cross_attention):
     """In fp32 (no TF32 anywhere: cuBLASLt and torch's matmuls both run full fp32) the cuda kernels compute what the
     unpatched model does to rounding, so an error the bf16 cosine checks cannot see (a wrong eps moves the output
     by ~3e-6, a dropped gate or a swapped shift by O(1)) fails here."""
-    model = _transformer(num_layers=2, device="cuda", dtype=torch.float32)
-    inputs = _inputs(model, "cuda", torch.float32, frames=3, height=8, width=12)
+    model = ltx_transformer(num_layers=2, device="cuda", dtype=torch.float32)
+    inputs = ltx_inputs(model, "cuda", torch.float32, frames=3, height=8, width=12)
     assert not torch.backends.cuda.matmul.allow_tf32
     with torch.no_grad():
         expected = model(**inputs)[0]
@@ -487,8 +455,8 @@ def test_injection_stays_active_under_accelerate_offload_hooks(monkeypatch):
     calls = []
     original = reference.add_rms_norm_modulate
     monkeypatch.setattr(reference, "add_rms_norm_modulate", lambda *a, **k: calls.append(1) or original(*a, **k))
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     with torch.no_grad():
         expected = model(**inputs)[0]
         with apply_kernels(model, "reference"):
@@ -504,8 +472,8 @@ def test_injection_stays_active_under_accelerate_offload_hooks(monkeypatch):
 
 
 def test_a_second_injection_is_refused_and_one_revert_restores_the_model():
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     with torch.no_grad():
         expected = model(**inputs)[0]
         first = apply_kernels(model, "reference")

@@ -14,10 +14,8 @@ from ltxbench.inject import ltx2 as inject_ltx2
 from ltxbench.inject.fuse import FUSED_ATTR
 from ltxbench.models.video_image import to_image_to_video
 from ltxbench.ops import reference
-from tests.conftest import realistic_modulation
+from tests.helpers import ltx2_call, ltx2_generate, ltx2_inputs, max_rel_error, realistic_modulation
 
-GENERATE = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames=9, height=64, width=64,
-                num_inference_steps=2, output_type="latent", return_dict=False)
 # max |patched - unpatched| / max |unpatched|, fp32 (the fused formulas round once where the model rounds per op):
 CALL_ATOL = 1e-6  # one transformer call
 ATOL = 1e-5  # the pipeline's latents after two steps, the guidance scales (3, 7) multiplying the differences
@@ -28,58 +26,25 @@ def pipe(ltx2_tiny):
     return ltx2_tiny
 
 
-def _generate(pipe, **overrides):
-    with torch.no_grad():
-        return pipe(**{**GENERATE, **overrides}, generator=torch.Generator("cpu").manual_seed(3))
-
-
-def _error(got, expected) -> float:
-    return max(((g - e).abs().max() / e.abs().max()).item() for g, e in zip(got, expected, strict=True))
-
-
-def _inputs(transformer, batch=2, per_token=False):
-    """One transformer call's inputs at 9 frames 64x64 (3 latent frames, 2x2 tokens each) and 16 text tokens."""
-    gen = torch.Generator().manual_seed(5)
-    config = transformer.config
-    video_tokens, audio_tokens = 3 * 2 * 2, 5
-    timestep = torch.rand(batch, generator=gen) * 1000
-    if per_token:  # image-to-video: frame 0's tokens conditioned (timestep 0)
-        timestep = timestep[:, None].repeat(1, video_tokens)
-        timestep[:, :4] = 0
-    return dict(
-        hidden_states=torch.randn(batch, video_tokens, config.in_channels, generator=gen),
-        audio_hidden_states=torch.randn(batch, audio_tokens, config.audio_in_channels, generator=gen),
-        encoder_hidden_states=torch.randn(batch, 16, config.caption_channels, generator=gen),
-        audio_encoder_hidden_states=torch.randn(batch, 16, config.caption_channels, generator=gen),
-        encoder_attention_mask=torch.ones(batch, 16), audio_encoder_attention_mask=torch.ones(batch, 16),
-        timestep=timestep, audio_timestep=timestep if not per_token else timestep[:, 0],
-        num_frames=3, height=2, width=2, fps=24.0, audio_num_frames=audio_tokens, return_dict=False)
-
-
-def _call(transformer, **overrides):
-    with torch.no_grad():
-        return transformer(**{**_inputs(transformer), **overrides})
-
-
 def test_the_fused_pipeline_gives_the_models_latents(pipe):
     """Default guidance: per step the CFG pair (batch 2), the STG pass and the modality-isolated pass (no a2v/v2a)."""
-    expected = _generate(pipe)
+    expected = ltx2_generate(pipe)
     with inject_ltx2.apply_kernels(pipe, "reference") as report:
         assert report.rules[inject_ltx2.BLOCK_RULE] == 2 and report.rules[inject_ltx2.PROJECTIONS_RULE] == 8
         assert not [s for s in report.skipped if s[0].startswith("transformer_blocks")]
-        got = _generate(pipe)
-    assert 0 < _error(got, expected) < ATOL or _error(got, expected) == 0
+        got = ltx2_generate(pipe)
+    assert 0 < max_rel_error(got, expected) < ATOL or max_rel_error(got, expected) == 0
 
 
 def test_image_to_video_per_token_timesteps(pipe):
     """Per-token modulation (B, Sv, D) through the kernels' broadcast strides, as the image-to-video pipeline runs."""
     transformer = pipe.transformer
-    inputs = _inputs(transformer, per_token=True)
+    inputs = ltx2_inputs(transformer, per_token=True)
     with torch.no_grad():
         expected = transformer(**inputs)
         with inject_ltx2.apply_kernels(transformer, "reference"):
             got = transformer(**inputs)
-    assert _error(got, expected) < CALL_ATOL
+    assert max_rel_error(got, expected) < CALL_ATOL
     assert to_image_to_video(pipe, "LTX2ImageToVideoPipeline").transformer is transformer
 
 
@@ -87,12 +52,12 @@ def test_image_to_video_per_token_timesteps(pipe):
 def test_one_call_batch_1_and_2(pipe, isolate):
     transformer = pipe.transformer
     for batch in (1, 2):
-        inputs = {**_inputs(transformer, batch=batch), "isolate_modalities": isolate}
+        inputs = {**ltx2_inputs(transformer, batch=batch), "isolate_modalities": isolate}
         with torch.no_grad():
             expected = transformer(**inputs)
             with inject_ltx2.apply_kernels(transformer, "reference"):
                 got = transformer(**inputs)
-        assert _error(got, expected) < CALL_ATOL, (batch, isolate)
+        assert max_rel_error(got, expected) < CALL_ATOL, (batch, isolate)
 
 
 def _perturbed(name, index=0):
@@ -124,27 +89,27 @@ MUTATIONS = {
 @pytest.mark.parametrize("mutation", MUTATIONS)
 def test_a_one_percent_error_in_any_fused_formula_fails_parity(pipe, monkeypatch, mutation):
     transformer = pipe.transformer
-    expected = _call(transformer)
+    expected = ltx2_call(transformer)
     name, index = MUTATIONS[mutation]
     monkeypatch.setattr(reference, name, _perturbed(name, index))
     with inject_ltx2.apply_kernels(transformer, "reference"):
-        got = _call(transformer)
-    assert _error(got, expected) > 10 * ATOL, mutation  # the parity bound, with a margin of 10
+        got = ltx2_call(transformer)
+    assert max_rel_error(got, expected) > 10 * ATOL, mutation  # the parity bound, with a margin of 10
 
 
 def test_calls_the_fused_path_does_not_reproduce_run_the_original(pipe, fused_calls):
     transformer = pipe.transformer
     with inject_ltx2.apply_kernels(transformer, "reference"):
         with torch.enable_grad():  # the kernels have no backward: the block's own forward
-            transformer(**_inputs(transformer))
+            transformer(**ltx2_inputs(transformer))
         assert not fused_calls
-        _call(transformer)
+        ltx2_call(transformer)
         assert "qk_rms_norm_rope_split" in fused_calls and "rms_norm_rope_split" in fused_calls
 
 
 def test_a_processor_replaced_after_injection_runs(pipe):
     transformer = pipe.transformer
-    expected = _call(transformer)
+    expected = ltx2_call(transformer)
     seen = []
     with inject_ltx2.apply_kernels(transformer, "reference"):
         attn = transformer.transformer_blocks[1].audio_to_video_attn
@@ -155,9 +120,9 @@ def test_a_processor_replaced_after_injection_runs(pipe):
             return original(*args, **kwargs)
 
         attn.processor = recording
-        got = _call(transformer)
+        got = ltx2_call(transformer)
         attn.processor = original
-    assert len(seen) == 1 and _error(got, expected) < CALL_ATOL
+    assert len(seen) == 1 and max_rel_error(got, expected) < CALL_ATOL
 
 
 def test_ltx2_3_blocks_and_unknown_sources_are_refused(pipe, monkeypatch):
@@ -190,20 +155,20 @@ def test_text_keys_values_are_kept_under_regional_compile(pipe):
     """Regional compile traces the block forward: the cache lookup runs outside its graph, so the keys/values are
     still built once per input in a generation (dynamo with the eager backend: the mechanics, not inductor)."""
     transformer = pipe.transformer
-    inputs = _inputs(transformer)  # one prompt for both calls, as a generation's steps
-    expected = _call(transformer, **inputs)
+    inputs = ltx2_inputs(transformer)  # one prompt for both calls, as a generation's steps
+    expected = ltx2_call(transformer, **inputs)
     with inject_ltx2.apply_kernels(transformer, "reference"):
         cache = vars(transformer)[inject_ltx2.CACHE_ATTR]
         transformer.compile_repeated_blocks(backend="eager", dynamic=False)
         try:
             with inject_ltx2.generation(transformer):
-                first = _call(transformer, **inputs)
-                second = _call(transformer, **inputs)
+                first = ltx2_call(transformer, **inputs)
+                second = ltx2_call(transformer, **inputs)
         finally:
             e2e.uncompile_module(transformer)
             torch._dynamo.reset()
     assert cache.builds == 2 * 2 + 2 and cache.hits == cache.builds  # 2 blocks x 2 text attentions + 2 projections
-    assert _error(first, expected) < CALL_ATOL and torch.equal(first[0], second[0])
+    assert max_rel_error(first, expected) < CALL_ATOL and torch.equal(first[0], second[0])
 
 
 def test_no_tensor_the_compiled_block_keeps_is_made_in_its_graph(pipe, monkeypatch):
@@ -216,12 +181,12 @@ def test_no_tensor_the_compiled_block_keeps_is_made_in_its_graph(pipe, monkeypat
     monkeypatch.setattr(block_module, "_zeros", lambda like: made_while_compiling.append(
         torch.compiler.is_compiling()) or real(like, {}))
     transformer = pipe.transformer
-    inputs = _inputs(transformer)
+    inputs = ltx2_inputs(transformer)
     with inject_ltx2.apply_kernels(transformer, "reference"):
         transformer.compile_repeated_blocks(backend="eager", dynamic=False)
         try:
             with inject_ltx2.generation(transformer):
-                _call(transformer, **inputs)
+                ltx2_call(transformer, **inputs)
         finally:
             e2e.uncompile_module(transformer)
             torch._dynamo.reset()
@@ -237,9 +202,9 @@ def test_interleaved_rope_the_class_default(pipe, fused_calls):
     transformer = LTX2VideoTransformer3DModel.from_config({**pipe.transformer.config, "rope_type": "interleaved"})
     transformer = transformer.eval().requires_grad_(False)
     realistic_modulation(transformer)
-    expected = _call(transformer)
+    expected = ltx2_call(transformer)
     with inject_ltx2.apply_kernels(transformer, "reference") as report:
         assert report.rules[inject_ltx2.BLOCK_RULE] == 2
-        got = _call(transformer)
+        got = ltx2_call(transformer)
     assert "qk_rms_norm_rope" in fused_calls and "qk_rms_norm_rope_split" not in fused_calls
-    assert _error(got, expected) < CALL_ATOL
+    assert max_rel_error(got, expected) < CALL_ATOL

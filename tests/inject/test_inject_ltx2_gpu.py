@@ -11,57 +11,9 @@ import torch
 
 from ltxbench.bench import e2e
 from ltxbench.inject import ltx2 as inject_ltx2
+from tests.helpers import cast_floats, ltx2_cuda_inputs, ltx2_cuda_transformer
 
 pytestmark = pytest.mark.gpu
-
-
-def _transformer(model: str, dtype, num_layers: int = 2):
-    from diffusers import LTX2VideoTransformer3DModel
-
-    from ltxbench.models.ltx2_build import component_configs
-
-    config = {**component_configs(model)["transformer"], "num_layers": num_layers}
-    torch.manual_seed(0)
-    with torch.device("cuda"):
-        model = LTX2VideoTransformer3DModel.from_config(config).to(dtype).eval().requires_grad_(False)
-    gen = torch.Generator("cuda").manual_seed(1)
-    with torch.no_grad():  # trained-model magnitudes for the modulation (init's 1/sqrt(D) would damp every error)
-        for name, param in model.named_parameters():
-            if "scale_shift_table" in name:
-                param.copy_(torch.randn(param.shape, device="cuda", generator=gen) * 0.7)
-    return model
-
-
-def _inputs(model, case: str, frames: int = 16, height: int = 16, width: int = 24, text: int = 1024,
-            audio: int = 126):
-    """Latent sizes (121 frames 512x768 by default: 16 x 16 x 24), fp32 inputs; batch 2 (a guidance pair) except
-    for the isolated pass, which the pipeline runs on the positive half."""
-    config = model.config
-    gen = torch.Generator("cuda").manual_seed(2)
-    batch = 1 if case == "isolated" else 2
-    tokens = frames * height * width
-
-    def randn(*shape):
-        return torch.randn(*shape, device="cuda", generator=gen)
-
-    timestep = torch.full((batch,), 700.0, device="cuda")
-    video_timestep = timestep
-    if case == "i2v":  # the image's latent frame conditioned: its tokens at timestep 0
-        video_timestep = timestep[:, None].repeat(1, tokens)
-        video_timestep[:, : height * width] = 0
-    return dict(hidden_states=randn(batch, tokens, config.in_channels),
-                audio_hidden_states=randn(batch, audio, config.audio_in_channels),
-                encoder_hidden_states=randn(batch, text, config.caption_channels),
-                audio_encoder_hidden_states=randn(batch, text, config.caption_channels),
-                encoder_attention_mask=torch.ones(batch, text, device="cuda"),
-                audio_encoder_attention_mask=torch.ones(batch, text, device="cuda"),
-                timestep=video_timestep, audio_timestep=timestep, num_frames=frames, height=height, width=width,
-                fps=24.0, audio_num_frames=audio, isolate_modalities=case == "isolated", return_dict=False)
-
-
-def _cast(inputs: dict, dtype) -> dict:
-    return {k: v.to(dtype) if torch.is_tensor(v) and v.is_floating_point() and "timestep" not in k else v
-            for k, v in inputs.items()}
 
 
 def _rel(got, reference) -> float:
@@ -77,8 +29,8 @@ def _cos(a, b) -> float:
 def test_fp32_kernels_compute_the_models_math():
     """fp32, TF32 off: the fused path differs from the unpatched model by rounding only, so a wrong eps, gate or
     shift (which a bf16 cosine could miss) fails here."""
-    model = _transformer("ltx2-19b", torch.float32)
-    inputs = _inputs(model, "t2v", frames=2, height=4, width=6, text=64, audio=9)
+    model = ltx2_cuda_transformer("ltx2-19b", torch.float32)
+    inputs = ltx2_cuda_inputs(model, "t2v", frames=2, height=4, width=6, text=64, audio=9)
     assert not torch.backends.cuda.matmul.allow_tf32
     with torch.no_grad():
         expected = model(**inputs)
@@ -92,8 +44,8 @@ def test_fp32_kernels_compute_the_models_math():
 @pytest.fixture(scope="module")
 def models():
     """The 19B config cut to 2 blocks, in fp32 (the reference) and bf16 (the same weights)."""
-    fp32 = _transformer("ltx2-19b", torch.float32)
-    bf16 = _transformer("ltx2-19b", torch.float32).to(torch.bfloat16)
+    fp32 = ltx2_cuda_transformer("ltx2-19b", torch.float32)
+    bf16 = ltx2_cuda_transformer("ltx2-19b", torch.float32).to(torch.bfloat16)
     yield fp32, bf16
     del fp32, bf16
     torch.cuda.empty_cache()
@@ -102,10 +54,10 @@ def models():
 @pytest.mark.parametrize("case", ["t2v", "i2v", "isolated"])
 def test_19b_two_blocks_bf16_error_against_fp32_at_most_the_models(models, case):
     fp32, bf16 = models
-    inputs = _inputs(fp32, case)
+    inputs = ltx2_cuda_inputs(fp32, case)
     with torch.no_grad():
         reference = fp32(**inputs)
-        low = _cast(inputs, torch.bfloat16)
+        low = cast_floats(inputs, torch.bfloat16)
         unpatched = bf16(**low)
         with inject_ltx2.apply_kernels(bf16, "cuda"):
             patched = bf16(**low)
@@ -117,7 +69,7 @@ def test_19b_two_blocks_bf16_error_against_fp32_at_most_the_models(models, case)
 
 def test_19b_two_blocks_regional_compile_of_the_patched_model(models):
     _, bf16 = models
-    inputs = _cast(_inputs(bf16, "t2v"), torch.bfloat16)
+    inputs = cast_floats(ltx2_cuda_inputs(bf16, "t2v"), torch.bfloat16)
     with torch.no_grad(), inject_ltx2.apply_kernels(bf16, "cuda"):
         eager = bf16(**inputs)
         bf16.compile_repeated_blocks(dynamic=False)

@@ -8,24 +8,13 @@ import pytest
 import torch
 
 from ltxbench.inject import ltx2 as inject_ltx2
-from tests.conftest import build_ltx2_tiny
+from tests.helpers import build_ltx2_tiny, ltx2_generate, max_abs_error
 
-GENERATE = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames=9, height=64, width=64,
-                num_inference_steps=2, output_type="latent", return_dict=False)
 ATOL = 1e-5
 
 
 def _pipeline():
     return build_ltx2_tiny()
-
-
-def _generate(pipe, **overrides):
-    with torch.no_grad():
-        return pipe(**{**GENERATE, **overrides}, generator=torch.Generator("cpu").manual_seed(3))
-
-
-def _error(got, expected) -> float:
-    return max((g - e).abs().max().item() for g, e in zip(got, expected, strict=True))
 
 
 @pytest.mark.parametrize("order", ["adapter after injection", "adapter before injection"])
@@ -45,34 +34,34 @@ def test_lora_fuse_and_unfuse_match_the_unpatched_pipeline(order):
     if order == "adapter before injection":
         add_adapter(patched)
     report = inject_ltx2.apply_kernels(patched, "reference")
-    _generate(patched)
+    ltx2_generate(patched)
     if order == "adapter after injection":
         add_adapter(patched)
-    results = {"adapter": _generate(patched)}
+    results = {"adapter": ltx2_generate(patched)}
     patched.fuse_lora(components=["transformer"])
-    results["fused"] = _generate(patched)
+    results["fused"] = ltx2_generate(patched)
     patched.unfuse_lora(components=["transformer"])
-    results["unfused"] = _generate(patched)
+    results["unfused"] = ltx2_generate(patched)
     report.revert()
-    expected = _generate(unpatched)
-    assert _error(expected, _generate(_pipeline())) > 100 * ATOL  # the adapter matters
+    expected = ltx2_generate(unpatched)
+    assert max_abs_error(expected, ltx2_generate(_pipeline())) > 100 * ATOL  # the adapter matters
     for name, got in results.items():
-        assert _error(got, expected) < ATOL, name
+        assert max_abs_error(got, expected) < ATOL, name
 
 
 @pytest.mark.parametrize("when", ["before injection", "after injection"])
 def test_model_cpu_offload_matches(when, fused_calls):
     pipe = _pipeline()
-    expected = _generate(pipe)
+    expected = ltx2_generate(pipe)
     if when == "before injection":
         pipe.enable_model_cpu_offload(device="cpu")
     report = inject_ltx2.apply_kernels(pipe, "reference")
     if when == "after injection":
         pipe.enable_model_cpu_offload(device="cpu")
-    got = _generate(pipe)
+    got = ltx2_generate(pipe)
     assert "qk_rms_norm_rope_split" in fused_calls  # whole-model offload keeps the kernels
     report.revert()
-    assert _error(got, expected) < ATOL
+    assert max_abs_error(got, expected) < ATOL
 
 
 def test_reused_prompt_embeddings_across_generations():
@@ -82,12 +71,12 @@ def test_reused_prompt_embeddings_across_generations():
     embeds = pipe.encode_prompt("a fox in the snow", "blurry", device="cpu")
     names = ("prompt_embeds", "prompt_attention_mask", "negative_prompt_embeds", "negative_prompt_attention_mask")
     given = dict(zip(names, embeds, strict=True), prompt=None, negative_prompt=None)
-    expected = _generate(pipe, **given)
+    expected = ltx2_generate(pipe, **given)
     with inject_ltx2.apply_kernels(pipe, "reference"):
-        first, second = _generate(pipe, **given), _generate(pipe, **given)
+        first, second = ltx2_generate(pipe, **given), ltx2_generate(pipe, **given)
         with torch.no_grad():
             pipe.transformer.transformer_blocks[0].attn2.to_k.weight.data.mul_(1.5)
-        changed = _generate(pipe, **given)
-    unpatched_changed = _generate(pipe, **given)
-    assert _error(first, expected) < ATOL and torch.equal(first[0], second[0])
-    assert _error(changed, unpatched_changed) < ATOL and _error(changed, first) > 100 * ATOL
+        changed = ltx2_generate(pipe, **given)
+    unpatched_changed = ltx2_generate(pipe, **given)
+    assert max_abs_error(first, expected) < ATOL and torch.equal(first[0], second[0])
+    assert max_abs_error(changed, unpatched_changed) < ATOL and max_abs_error(changed, first) > 100 * ATOL

@@ -10,6 +10,7 @@ import torch
 
 from ltxbench.inject import ltx2 as inject_ltx2
 from ltxbench.inject.ltx2 import stg
+from tests.helpers import max_abs_error
 
 GENERATE = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames=9, height=64, width=64,
                 num_inference_steps=3, output_type="latent", return_dict=False)
@@ -24,10 +25,6 @@ def pipe(ltx2_tiny):
 def _generate(pipe, **overrides):
     with torch.no_grad():
         return pipe(**{**GENERATE, **overrides}, generator=torch.Generator("cpu").manual_seed(3))
-
-
-def _error(got, expected) -> float:
-    return max((g - e).abs().max().item() for g, e in zip(got, expected, strict=True))
 
 
 def _memo(pipe) -> stg.PairMemo:
@@ -46,7 +43,7 @@ def test_served_once_per_step_with_the_models_latents(pipe):
         got = _generate(pipe)
         memo = _memo(pipe)
         assert memo.served == GENERATE["num_inference_steps"] == memo.pairs and memo.last is None
-    assert _error(got, expected) < ATOL
+    assert max_abs_error(got, expected) < ATOL
 
 
 def test_not_served_where_a_block_perturbs_or_without_a_pair(pipe):
@@ -125,7 +122,7 @@ def test_a_wrong_memo_fails_the_parity_check(pipe, monkeypatch, mutation):
         monkeypatch.setattr(stg.PairMemo, "answer", answer)
     with _stg_only(pipe):
         got = _generate(pipe)
-    assert _error(got, expected) > 10 * ATOL, mutation
+    assert max_abs_error(got, expected) > 10 * ATOL, mutation
 
 
 def test_image_to_video_serves_its_stg_pass_too(pipe, tmp_path):
@@ -142,4 +139,4 @@ def test_image_to_video_serves_its_stg_pass_too(pipe, tmp_path):
     with _stg_only(i2v):
         got = _generate(i2v, image=image, image_crf=0)
         assert _memo(i2v).served == GENERATE["num_inference_steps"]
-    assert _error(got, expected) < ATOL
+    assert max_abs_error(got, expected) < ATOL

@@ -7,7 +7,7 @@ from torch._dynamo.testing import EagerAndRecordGraphs
 
 from ltxbench.inject.ltx import PAIRED_RULE, apply_kernels
 from ltxbench.inject.ltx.cfg import Answer, HalvesCheck, compare_halves, first_half
-from tests.inject.test_inject_ltx import _inputs, _transformer
+from tests.helpers import ltx_inputs, ltx_transformer
 
 
 def identical_halves(hidden_states, timestep, video_coords=None) -> bool:
@@ -17,7 +17,7 @@ def identical_halves(hidden_states, timestep, video_coords=None) -> bool:
 
 def _cfg_inputs(model):
     """What diffusers' LTX pipeline passes with guidance: cat([latents] * 2), t.expand(2), two different prompts."""
-    inputs = _inputs(model)
+    inputs = ltx_inputs(model)
     latents = inputs["hidden_states"][:1]
     inputs["hidden_states"] = torch.cat([latents] * 2)
     inputs["timestep"] = torch.tensor(700.0).expand(2)
@@ -61,7 +61,7 @@ def test_first_half_slices_what_has_the_batch_and_leaves_the_rest():
 @pytest.mark.parametrize("rope_from_coords,per_token", [(True, False), (False, False), (True, True)])
 def test_guided_batch_runs_block_0_attn1_on_one_half_with_the_same_result(rope_from_coords, per_token):
     """per_token: the image-to-video pipeline's timestep, one per token (B, S) and the same in both halves."""
-    model = _transformer(num_layers=2)
+    model = ltx_transformer(num_layers=2)
     inputs = _cfg_inputs(model)
     if per_token:
         tokens = inputs["hidden_states"].shape[1]
@@ -81,7 +81,7 @@ def test_guided_batch_runs_block_0_attn1_on_one_half_with_the_same_result(rope_f
 
 
 def test_halves_that_differ_run_the_whole_batch():
-    model = _transformer(num_layers=2)
+    model = ltx_transformer(num_layers=2)
     inputs = _cfg_inputs(model)
     inputs["hidden_states"] = inputs["hidden_states"].clone()
     inputs["hidden_states"][1, 0, 0] += 0.5
@@ -100,7 +100,7 @@ def test_halves_that_differ_run_the_whole_batch():
 def _after_a_paired_step(change):
     """A 2-layer model's output for change(guided inputs), run right after a paired guided step, the unpatched
     model's output for the same inputs, and the attn1 batch sizes per block during the patched calls."""
-    model = _transformer(num_layers=2)
+    model = ltx_transformer(num_layers=2)
     guided = _cfg_inputs(model)
     inputs = change(guided)
     with torch.no_grad():
@@ -133,7 +133,7 @@ def test_an_answer_the_structure_gives_is_not_overridden_by_the_last_step():
 def test_a_step_runs_by_the_last_answer_and_again_on_the_whole_batch_when_its_own_differs():
     """The answer is read one step late (no wait before the step): CFG, then different halves (ran paired, so
     again unpaired), then CFG (runs unpaired by the last answer), then CFG (paired)."""
-    model = _transformer(num_layers=2)
+    model = ltx_transformer(num_layers=2)
     guided = _cfg_inputs(model)
     other = dict(guided, hidden_states=guided["hidden_states"].clone())
     other["hidden_states"][1] += 0.25
@@ -165,10 +165,10 @@ def test_the_check_answers_from_the_structure_where_it_can_and_else_on_the_devic
 
 
 def test_turned_off_it_is_reported_and_compiled_forwards_specialize_on_the_check():
-    model = _transformer(num_layers=2)
+    model = ltx_transformer(num_layers=2)
     with apply_kernels(model, "reference", pair_cfg_halves=False) as report:
         assert PAIRED_RULE in {rule for rule, _ in report.skipped}
-    paired, unpaired = _cfg_inputs(model), _inputs(model)
+    paired, unpaired = _cfg_inputs(model), ltx_inputs(model)
     with torch.no_grad():
         expected = [model(**paired)[0], model(**unpaired)[0]]
         with apply_kernels(model, "reference"):
@@ -210,8 +210,8 @@ def test_a_guided_pipeline_pairs_every_step():
 @pytest.mark.gpu
 @pytest.mark.parametrize("rope_from_coords", [True, False])
 def test_cuda_kernels_pair_the_halves_eagerly_and_under_module_compile(rope_from_coords):
-    model = _transformer("ltx-2b", num_layers=2, device="cuda", dtype=torch.bfloat16)
-    inputs = _inputs(model, "cuda", torch.bfloat16, frames=3, height=8, width=12)
+    model = ltx_transformer("ltx-2b", num_layers=2, device="cuda", dtype=torch.bfloat16)
+    inputs = ltx_inputs(model, "cuda", torch.bfloat16, frames=3, height=8, width=12)
     inputs["hidden_states"] = torch.cat([inputs["hidden_states"][:1]] * 2)
     inputs["timestep"] = torch.tensor(700.0, device="cuda").expand(2)
     other = dict(inputs, hidden_states=inputs["hidden_states"].clone())

@@ -7,7 +7,7 @@ import torch
 
 from ltxbench.inject.ltx import CROSS_KV_RULE, GENERATION_RULE, apply_kernels, generation
 from ltxbench.inject.ltx.cross_kv import CACHE_ATTR
-from tests.inject.test_inject_ltx import _inputs, _transformer
+from tests.helpers import ltx_inputs, ltx_transformer
 
 
 def _cache(model):
@@ -19,8 +19,8 @@ def _run(model, inputs, **changes):
 
 
 def test_steps_with_one_prompt_compute_its_keys_values_once_and_match_every_step_computing_them():
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     projections = []
     model.caption_projection.register_forward_hook(lambda *_: projections.append(1))
     with torch.no_grad():
@@ -48,8 +48,8 @@ def test_steps_with_one_prompt_compute_its_keys_values_once_and_match_every_step
                                     "caption projection in place", "caption linear_1 in place", "to_v replaced",
                                     "norm_k .data replaced"])
 def test_a_changed_prompt_or_weight_rebuilds_the_entry(change):
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     attn2 = model.transformer_blocks[1].attn2
     with torch.no_grad():
         with apply_kernels(model, "reference"), generation(model):
@@ -80,8 +80,8 @@ def test_a_changed_prompt_or_weight_rebuilds_the_entry(change):
 def test_outside_a_generation_every_step_computes_its_keys_values():
     """The transformer called on its own, with no generation scope: nothing is kept from one call to the next, so a
     weight written through `.data` (what PEFT's fuse_lora does; no version bump) is seen by the next call."""
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     to_k = model.transformer_blocks[0].attn2.to_k
     with torch.no_grad(), apply_kernels(model, "reference"):
         first = _run(model, inputs)
@@ -95,8 +95,8 @@ def test_outside_a_generation_every_step_computes_its_keys_values():
 
 
 def test_a_generation_forgets_its_entry_on_exit_and_on_an_error():
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     to_k = model.transformer_blocks[0].attn2.to_k
     with torch.no_grad(), apply_kernels(model, "reference"):
         cache = _cache(model)
@@ -120,8 +120,8 @@ def test_a_generation_forgets_its_entry_on_exit_and_on_an_error():
 def test_no_entry_where_a_change_could_go_unseen():
     """A module wrapper (LoRA), a forward pre-hook, an offload hook's forward, inference tensors and autograd all
     compute every step; the results stay the unpatched model's."""
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     with torch.no_grad():
         expected = _run(model, inputs)
         with apply_kernels(model, "reference"), generation(model):
@@ -167,8 +167,8 @@ def test_compiled_forward_takes_the_entry_as_an_input_without_recompiling():
     dynamo.explain) there is no cache and still no graph break."""
     from torch._dynamo.testing import CompileCounter
 
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     counter = CompileCounter()
     with torch.no_grad():
         expected = [_run(model, inputs, timestep=torch.tensor([t, 20.0])) for t in (500.0, 400.0)]
@@ -192,8 +192,8 @@ def test_compiled_forward_takes_the_entry_as_an_input_without_recompiling():
 def test_cuda_kernels_with_the_cache_under_module_compile_match_the_unpatched_model():
     """The optimized+compile configuration of `bench e2e`: cuda provider, nn.Module.compile() (inductor), two steps
     with one prompt on a two-layer 2B-width model in bf16, against the unpatched eager model."""
-    model = _transformer("ltx-2b", num_layers=2, device="cuda", dtype=torch.bfloat16)
-    inputs = _inputs(model, "cuda", torch.bfloat16, frames=3, height=8, width=12)
+    model = ltx_transformer("ltx-2b", num_layers=2, device="cuda", dtype=torch.bfloat16)
+    inputs = ltx_inputs(model, "cuda", torch.bfloat16, frames=3, height=8, width=12)
     steps = [torch.tensor([t, 20.0], device="cuda") for t in (500.0, 400.0)]
     with torch.no_grad():
         expected = [_run(model, inputs, timestep=t).float() for t in steps]
@@ -221,8 +221,8 @@ def test_the_change_test_fails_when_the_key_forgets_what_an_entry_came_from(kept
         monkeypatch.setattr(ltx_inject, "cache_sources", lambda model, states, processor_type: [states])
     else:
         monkeypatch.setattr(torch.Tensor, "_version", property(lambda self: 0))
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     with torch.no_grad():
         with apply_kernels(model, "reference"), generation(model):
             _run(model, inputs)

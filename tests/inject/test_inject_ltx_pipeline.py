@@ -13,53 +13,13 @@ from ltxbench.inject import OFFLOADED, ORIGINAL_CLASS, llm
 from ltxbench.inject import ltx as ltx_inject
 from ltxbench.inject.ltx import apply_kernels
 from ltxbench.inject.ltx.cross_kv import CACHE_ATTR, CrossKVCache
+from tests.helpers import llm_build, ltx_embeddings, ltx_generate, ltx_pipeline, ltx_transformer, max_rel_error
 
 TOL = 1e-5  # max |patched - unpatched| / max |unpatched| over the latents (the reference path: same math op for op)
 
-def _pipeline():
-    from ltxbench.models.ltx_build import build_pipeline
-
-    pipe = build_pipeline("ltx-tiny", "random", "cpu", "fp32")
-    pipe.set_progress_bar_config(disable=True)
-    model = pipe.transformer
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():  # modulation of the size trained models carry (test_inject_mutations says why)
-        for table in [b.scale_shift_table for b in model.transformer_blocks] + [model.scale_shift_table]:
-            table.copy_(0.3 * torch.randn(table.shape, generator=g))
-        temb, _ = model.time_embed(torch.tensor([1000.0]), batch_size=1, hidden_dtype=torch.float32)
-        model.time_embed.linear.weight.mul_(0.5 / temb.std())
-    return pipe
-
-
 @pytest.fixture
 def pipe():
-    return _pipeline()
-
-
-def _embeddings(pipe):
-    channels = pipe.transformer.config.caption_channels
-    embeds = torch.randn(1, 8, channels, generator=torch.Generator().manual_seed(1))
-    mask = torch.ones(1, 8)
-    mask[:, -2:] = 0  # a padded prompt
-    return embeds, mask
-
-
-def generate(pipe, embeddings, guidance: float, **kwargs):
-    """The latents of a 3-step generation from the prompt embeddings (or, with embeddings None, from text)."""
-    if embeddings is None:
-        prompts = {"prompt": "a red fox in fresh snow", "negative_prompt": "blurry"}
-    else:
-        embeds, mask = embeddings
-        prompts = {"prompt_embeds": embeds, "prompt_attention_mask": mask}
-        if guidance > 1:
-            prompts.update(negative_prompt_embeds=-embeds, negative_prompt_attention_mask=mask)
-    with torch.no_grad():
-        return pipe(**prompts, num_frames=9, height=64, width=64, num_inference_steps=3, guidance_scale=guidance,
-                    generator=torch.Generator().manual_seed(0), output_type="latent", **kwargs).frames
-
-
-def error(got, expected) -> float:
-    return ((got - expected).abs().max() / expected.abs().max()).item()
+    return ltx_pipeline()
 
 
 def _write_through_data(pipe, scale: float) -> None:
@@ -72,20 +32,20 @@ def _write_through_data(pipe, scale: float) -> None:
 
 def _weight_change_between_calls(pipe, guidance):
     """(patched result after the change, the unpatched pipeline's result after it, the patched result before)."""
-    embeddings = _embeddings(pipe)
+    embeddings = ltx_embeddings(pipe)
     with apply_kernels(pipe, "reference"):
-        before = generate(pipe, embeddings, guidance)
+        before = ltx_generate(pipe, embeddings, guidance)
         assert vars(pipe.transformer)[CACHE_ATTR].builds == 1  # the cache was used
         _write_through_data(pipe, 0.5)
-        after = generate(pipe, embeddings, guidance)
-    return after, generate(pipe, embeddings, guidance), before
+        after = ltx_generate(pipe, embeddings, guidance)
+    return after, ltx_generate(pipe, embeddings, guidance), before
 
 
 @pytest.mark.parametrize("guidance", [1.0, 3.0])
 def test_a_weight_written_through_data_between_calls_reaches_the_next_call(pipe, guidance):
     after, expected, before = _weight_change_between_calls(pipe, guidance)
-    assert error(before, after) > 100 * TOL  # the change matters, so an old entry would be seen
-    assert error(after, expected) < TOL
+    assert max_rel_error(before, after) > 100 * TOL  # the change matters, so an old entry would be seen
+    assert max_rel_error(after, expected) < TOL
 
 
 def test_the_weight_check_fails_when_an_entry_outlives_its_generation(pipe, monkeypatch):
@@ -93,7 +53,7 @@ def test_the_weight_check_fails_when_an_entry_outlives_its_generation(pipe, monk
     monkeypatch.setattr(ltx_inject, "new_generation", lambda target: None)
     monkeypatch.setattr(CrossKVCache, "generations", property(lambda self: 1, lambda self, value: None), raising=False)
     after, expected, _ = _weight_change_between_calls(pipe, 1.0)
-    assert error(after, expected) > 100 * TOL
+    assert max_rel_error(after, expected) > 100 * TOL
 
 
 @pytest.mark.parametrize("order", ["adapter after injection", "adapter before injection"])
@@ -101,8 +61,8 @@ def test_lora_fuse_and_unfuse_match_the_unpatched_pipeline(order):
     pytest.importorskip("peft")
     from peft import LoraConfig
 
-    patched, unpatched = _pipeline(), _pipeline()
-    embeddings = _embeddings(patched)
+    patched, unpatched = ltx_pipeline(), ltx_pipeline()
+    embeddings = ltx_embeddings(patched)
     config = LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
                         init_lora_weights=False)  # random A and B: the adapter changes the result
 
@@ -114,29 +74,29 @@ def test_lora_fuse_and_unfuse_match_the_unpatched_pipeline(order):
     if order == "adapter before injection":
         add_adapter(patched)
     report = apply_kernels(patched, "reference")
-    generate(patched, embeddings, 1.0)
+    ltx_generate(patched, embeddings, 1.0)
     if order == "adapter after injection":
         add_adapter(patched)
-    results = {"adapter": generate(patched, embeddings, 1.0)}
+    results = {"adapter": ltx_generate(patched, embeddings, 1.0)}
     patched.fuse_lora(components=["transformer"])
-    results["fused"] = generate(patched, embeddings, 1.0)
+    results["fused"] = ltx_generate(patched, embeddings, 1.0)
     patched.unfuse_lora(components=["transformer"])
-    results["unfused"] = generate(patched, embeddings, 1.0)
+    results["unfused"] = ltx_generate(patched, embeddings, 1.0)
     report.revert()
-    expected = generate(unpatched, embeddings, 1.0)
-    assert error(expected, generate(_pipeline(), embeddings, 1.0)) > 100 * TOL  # the adapter matters
+    expected = ltx_generate(unpatched, embeddings, 1.0)
+    assert max_rel_error(expected, ltx_generate(ltx_pipeline(), embeddings, 1.0)) > 100 * TOL  # the adapter matters
     for name, got in results.items():
-        assert error(got, expected) < TOL, name
+        assert max_rel_error(got, expected) < TOL, name
 
 
 # accelerate's sequential offload needs an accelerator to run on (on a CPU its hooks fail unpatched as well)
 @pytest.mark.parametrize("offload", ["model", pytest.param("sequential", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("when", ["before injection", "after injection"])
 def test_cpu_offload_with_injection_matches_and_revert_restores_the_model(offload, when, fused_calls):
-    pipe = _pipeline()
+    pipe = ltx_pipeline()
     device = "cuda" if offload == "sequential" else "cpu"
-    embeddings = tuple(t.to(device) for t in _embeddings(pipe))  # on the execution device, as encode_prompt gives
-    expected = generate(pipe.to(device), embeddings, 3.0).cpu()
+    embeddings = tuple(t.to(device) for t in ltx_embeddings(pipe))  # on the execution device, as encode_prompt gives
+    expected = ltx_generate(pipe.to(device), embeddings, 3.0).cpu()
     pipe.to("cpu")
 
     def enable():
@@ -149,15 +109,15 @@ def test_cpu_offload_with_injection_matches_and_revert_restores_the_model(offloa
         assert not report.active and report.skipped == [("transformer", OFFLOADED)]
     if when == "after injection":
         enable()
-    got = generate(pipe, embeddings, 3.0).cpu()
+    got = ltx_generate(pipe, embeddings, 3.0).cpu()
     ran_fused = bool(fused_calls)
     report.revert()
     fused_calls.clear()
-    after = generate(pipe, embeddings, 3.0).cpu()
-    assert error(got, expected) < TOL
+    after = ltx_generate(pipe, embeddings, 3.0).cpu()
+    assert max_rel_error(got, expected) < TOL
     assert ran_fused or (offload == "sequential" and when == "before injection")  # hooks own every forward there
     assert not fused_calls, f"the reverted pipeline still runs {sorted(set(fused_calls))}"
-    assert error(after, expected) < TOL
+    assert max_rel_error(after, expected) < TOL
 
 
 @pytest.mark.gpu
@@ -173,12 +133,12 @@ def test_model_offload_on_the_gpu_keeps_one_fused_copy_in_use(monkeypatch):
     original = fuse.fused_linear
     monkeypatch.setattr(fuse, "fused_linear", lambda *a, **k: (lambda out: ran.append(out is not None) or out)(
         original(*a, **k)))
-    pipe = _pipeline()
-    embeddings = tuple(t.to("cuda") for t in _embeddings(pipe))  # on the execution device, as encode_prompt gives
-    expected = generate(pipe.to("cuda"), embeddings, 3.0).cpu()
+    pipe = ltx_pipeline()
+    embeddings = tuple(t.to("cuda") for t in ltx_embeddings(pipe))  # on the execution device, as encode_prompt gives
+    expected = ltx_generate(pipe.to("cuda"), embeddings, 3.0).cpu()
     report = apply_kernels(pipe, "reference")
     pipe.enable_model_cpu_offload(device="cuda")
-    got = generate(pipe, embeddings, 3.0).cpu()
+    got = ltx_generate(pipe, embeddings, 3.0).cpu()
     sets = [vars(m)[fuse.FUSED_ATTR][1] for m in pipe.transformer.modules() if fuse.FUSED_ATTR in vars(m)]
     assert sets and all(f.intact and f.weight.device.type == "cpu" for f in sets)
     assert all(lin.weight.untyped_storage().data_ptr() == f.weight.untyped_storage().data_ptr()
@@ -186,7 +146,7 @@ def test_model_offload_on_the_gpu_keeps_one_fused_copy_in_use(monkeypatch):
     assert ran and all(ran)  # every projection set ran fused on the GPU
     report.revert()
     pipe.remove_all_hooks()
-    assert error(got, expected) < TOL
+    assert max_rel_error(got, expected) < TOL
 
 
 @pytest.mark.parametrize("guidance", [1.0, 3.0])
@@ -197,20 +157,18 @@ def test_videos_per_prompt_and_a_callback_that_edits_latents(pipe, guidance):
         return {"latents": kwargs["latents"] * 0.9} if step == 0 else {}
 
     options = {"num_videos_per_prompt": 2, "callback_on_step_end": damp}
-    expected = generate(pipe, embeddings, guidance, **options)
+    expected = ltx_generate(pipe, embeddings, guidance, **options)
     with apply_kernels(pipe, "reference"):
-        got = generate(pipe, embeddings, guidance, **options)
+        got = ltx_generate(pipe, embeddings, guidance, **options)
     assert got.shape[0] == 2
-    assert error(got, expected) < TOL
+    assert max_rel_error(got, expected) < TOL
 
 
 def test_offloaded_parameters_are_refused_with_the_reason():
     """Parameters on the meta device (accelerate's offload keeps the real ones elsewhere) are read by the fused paths
     across modules: nothing is patched, and the report says why (LTX and LLM)."""
-    from tests.inject.test_inject_llm import build
-    from tests.inject.test_inject_ltx import _transformer
 
-    model, lm = _transformer(), build("llama")
+    model, lm = ltx_transformer(), llm_build("llama")
     for module in (model.transformer_blocks[1].attn2.to_k, lm.model.layers[1].mlp.up_proj):
         module.weight = torch.nn.Parameter(torch.empty_like(module.weight, device="meta"), requires_grad=False)
     for report, target in ((apply_kernels(model, "reference"), "transformer"),

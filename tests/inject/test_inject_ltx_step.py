@@ -5,7 +5,7 @@ import torch
 from torch._dynamo.testing import EagerAndRecordGraphs
 
 from ltxbench.inject.ltx import apply_kernels, generation
-from tests.inject.test_inject_ltx import _inputs, _transformer
+from tests.helpers import ltx_inputs, ltx_transformer
 
 
 def _graph_names(graphs) -> set[str]:
@@ -13,8 +13,8 @@ def _graph_names(graphs) -> set[str]:
 
 
 def test_module_compile_graph_takes_the_step_inputs_and_traced_calls_build_them():
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     with torch.no_grad():
         expected = model(**inputs)[0]
         with apply_kernels(model, "reference"):
@@ -39,8 +39,8 @@ def test_module_compile_graph_takes_the_step_inputs_and_traced_calls_build_them(
 
 
 def test_positional_and_keyword_calls_build_the_same_step():
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     positional = [inputs.pop(name) for name in ("hidden_states", "encoder_hidden_states", "timestep",
                                                  "encoder_attention_mask")]
     with torch.no_grad():
@@ -57,8 +57,8 @@ def test_a_lora_scale_leaves_the_step_inputs_to_the_forward():
     a step built before it would run proj_in, time_embed and the caption projection unscaled."""
     from ltxbench.inject.ltx.cross_kv import CACHE_ATTR
 
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     with torch.no_grad():
         expected = model(**inputs, attention_kwargs={"scale": 0.5})[0]
         with apply_kernels(model, "reference"), generation(model):

@@ -18,8 +18,7 @@ import torch
 
 from ltxbench.inject import llm
 from ltxbench.inject.ltx import apply_kernels
-from tests.inject.test_inject_llm import build, prompt
-from tests.inject.test_inject_ltx import _inputs, _transformer
+from tests.helpers import llm_build, llm_prompt, ltx_inputs, ltx_transformer, max_rel_error
 
 # max |patched - unpatched| / max |unpatched|, fp32: the reference path is the same math op for op (0 measured on
 # the CPU); the cuda kernels round differently (full fp32, no TF32: a few 1e-7)
@@ -28,8 +27,8 @@ PARITY_TOL = {"reference": 2e-6, "cuda": 2e-5}
 
 def realistic_ltx(device="cpu"):
     """Tiny LTX transformer with trained-size modulation and a quiet first token; (model, inputs)."""
-    model = _transformer(device=device)
-    inputs = _inputs(model, device)
+    model = ltx_transformer(device=device)
+    inputs = ltx_inputs(model, device)
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for table in [b.scale_shift_table for b in model.transformer_blocks] + [model.scale_shift_table]:
@@ -40,10 +39,6 @@ def realistic_ltx(device="cpu"):
         model.proj_in.bias.zero_()
         inputs["hidden_states"][:, 0] *= 1e-3  # proj_in of it: mean square ~1e-6, block 0's norm1 eps
     return model, inputs
-
-
-def relative_error(got, expected) -> float:
-    return ((got - expected).abs().max() / expected.abs().max()).item()
 
 
 def _provider(name: str):
@@ -117,7 +112,7 @@ def _ltx_error(provider="reference", mutation=None, monkeypatch=None) -> float:
         _mutate(provider, mutation or {}, monkeypatch)
         with apply_kernels(model, provider):
             got = model(**inputs)[0]
-    return relative_error(got, expected)
+    return max_rel_error(got, expected)
 
 
 def _check(family: str, error_of, mutations: dict, provider: str, formula, monkeypatch) -> None:
@@ -159,15 +154,15 @@ LLM_MUTATIONS = {
 
 def _llm_error(provider="reference", mutation=None, monkeypatch=None) -> float:
     device = "cpu" if provider == "reference" else "cuda"
-    model = build("llama", device=device)
+    model = llm_build("llama", device=device)
     assert math.isclose(model.model.embed_tokens.weight.std().item(), 0.02, rel_tol=0.1)  # trained-size embeddings
-    ids = prompt().to(device)
+    ids = llm_prompt().to(device)
     with torch.no_grad():
         expected = model(input_ids=ids).logits
         _mutate(provider, mutation or {}, monkeypatch)
         with llm.apply_kernels(model, provider):
             got = model(input_ids=ids).logits
-    return relative_error(got, expected)
+    return max_rel_error(got, expected)
 
 
 def _check_llm(provider, formula, monkeypatch):

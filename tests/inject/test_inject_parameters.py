@@ -12,30 +12,27 @@ import torch
 from ltxbench.inject import llm
 from ltxbench.inject import ltx as inject_ltx
 from ltxbench.inject import ltx2 as inject_ltx2
-from tests.conftest import build_ltx2_tiny
-from tests.inject.test_inject_llm import build, prompt
-from tests.inject.test_inject_ltx import _inputs, _transformer
-from tests.inject.test_inject_ltx2_block import _call
+from tests.helpers import build_ltx2_tiny, llm_build, llm_prompt, ltx2_call, ltx_inputs, ltx_transformer
 
 HELD = r"is held by ltxbench's FP8 injection \(--precision fp8\).*revert\(\) the injection before replacing"
 IN_ITS_PLACE = r"runs in FP8 under ltxbench's injection.*revert\(\) the injection before replacing"
 
 
 def _ltx():
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     return model, lambda: model(**inputs)[0], inject_ltx.apply_kernels
 
 
 def _ltx2():
     model = build_ltx2_tiny().transformer
-    return model, lambda: torch.cat([t.flatten() for t in _call(model)]), inject_ltx2.apply_kernels
+    return model, lambda: torch.cat([t.flatten() for t in ltx2_call(model)]), inject_ltx2.apply_kernels
 
 
 def _llm(family):
     def make():
-        model = build(family)
-        ids = prompt()
+        model = llm_build(family)
+        ids = llm_prompt()
         return model, lambda: model(input_ids=ids).logits, llm.apply_kernels
 
     return make

@@ -10,8 +10,7 @@ import torch
 
 from ltxbench.inject import ORIGINAL_CLASS, RevertRefused, llm
 from ltxbench.inject.ltx import apply_kernels
-from tests.inject.test_inject_llm import build, prompt
-from tests.inject.test_inject_ltx import _inputs, _transformer
+from tests.helpers import llm_build, llm_prompt, ltx_inputs, ltx_transformer
 
 
 def _unpatched(model) -> bool:
@@ -21,8 +20,8 @@ def _unpatched(model) -> bool:
 def test_revert_through_accelerate_hooks_installed_after_the_injection(fused_calls):
     from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
 
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     with torch.no_grad():
         expected = model(**inputs)[0]
         report = apply_kernels(model, "reference")
@@ -43,8 +42,8 @@ def test_revert_through_accelerate_hooks_installed_after_the_injection(fused_cal
 def test_revert_through_a_diffusers_hook_registered_after_the_injection(fused_calls):
     from diffusers.hooks import HookRegistry, ModelHook
 
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     with torch.no_grad():
         expected = model(**inputs)[0]
         report = apply_kernels(model, "reference")
@@ -61,8 +60,8 @@ def test_revert_through_a_diffusers_hook_registered_after_the_injection(fused_ca
 
 
 def test_revert_refuses_a_wrapper_it_cannot_see_through_and_undoes_nothing(fused_calls):
-    model = _transformer()
-    inputs = _inputs(model)
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
     block = model.transformer_blocks[1]
     with torch.no_grad():
         expected = model(**inputs)[0]
@@ -89,8 +88,8 @@ def test_revert_refuses_a_wrapper_it_cannot_see_through_and_undoes_nothing(fused
 def test_llm_revert_through_accelerate_hooks_on_its_layers(fused_calls):
     from accelerate.hooks import ModelHook, add_hook_to_module
 
-    model = build("llama")
-    ids = prompt()
+    model = llm_build("llama")
+    ids = llm_prompt()
     with torch.no_grad():
         expected = model(input_ids=ids).logits
         report = llm.apply_kernels(model, "reference")

@@ -15,11 +15,10 @@ from typer.testing import CliRunner
 from ltxbench.cli import app
 from ltxbench.errors import UsageError
 from ltxbench.models import ltx, ltx_build
+from tests.helpers import LTX_TINY as TINY
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
-TINY = ["--model", "ltx-tiny", "--weights", "random", "--device", "cpu", "--num-frames", "9", "--height", "64",
-        "--width", "64", "--steps", "2"]
 
 
 def _env(**extra) -> dict:

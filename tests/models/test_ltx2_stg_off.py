@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 from ltxbench.cli import app
 from ltxbench.errors import UsageError
 from ltxbench.models import family_of, ltx2
+from tests.helpers import max_abs_error
 
 GENERATE = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames=9, height=64, width=64,
                 num_inference_steps=3, output_type="latent", return_dict=False)
@@ -32,10 +33,6 @@ def _generate(pipe, calls: list | None = None, **overrides):
             hook.remove()
 
 
-def _error(got, expected) -> float:
-    return max((g - e).abs().max().item() for g, e in zip(got, expected, strict=True))
-
-
 def test_the_same_video_without_the_stg_pass_one_call_fewer_a_step(ltx2_tiny):
     default_calls, off_calls = [], []
     default = _generate(ltx2_tiny, default_calls)
@@ -45,7 +42,7 @@ def test_the_same_video_without_the_stg_pass_one_call_fewer_a_step(ltx2_tiny):
     assert off_calls.count(True) == 0 and len(off_calls) == 2 * steps
     # the STG term is the positive half minus the STG pass's recomputation of it: the rounding of a batch of 1
     # against 2 here (fp32 on the CPU); bit-identical in bf16 on the GPU, which bench e2e checks and records
-    assert _error(off, default) < 1e-5
+    assert max_abs_error(off, default) < 1e-5
 
 
 def test_where_the_stg_pass_differs_the_check_sees_it(ltx2_tiny):
@@ -61,7 +58,7 @@ def test_where_the_stg_pass_differs_the_check_sees_it(ltx2_tiny):
         perturbed = _generate(ltx2_tiny)
     finally:
         hook.remove()
-    assert _error(off, perturbed) > 1e-4
+    assert max_abs_error(off, perturbed) > 1e-4
 
 
 def test_settings_drop_both_stg_scales_for_the_stg_off_configurations_only():

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import WORKERS
+
 pytestmark = pytest.mark.gpu
 
-WORKLOAD = Path(__file__).resolve().parents[1] / "workers" / "sanitize_ops.py"
+WORKLOAD = WORKERS / "sanitize_ops.py"
 
 
 def _sanitizer() -> str | None:

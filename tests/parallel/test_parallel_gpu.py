@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.parallel.test_parallel_split import run_ranks
+from tests.helpers import run_ranks
 
 pytestmark = pytest.mark.gpu
 

@@ -17,6 +17,7 @@ from typer.testing import CliRunner
 from ltxbench.cli import app
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.parallel import launch
+from tests.helpers import WORKERS
 
 REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
@@ -146,7 +147,7 @@ def test_the_interconnect_is_nvidia_smi_topo_without_its_legend_and_escapes(monk
 @pytest.fixture
 def worker_path(monkeypatch):
     """`python -m parallel_worker` finds tests/parallel_worker.py (and ltxbench) in the launched processes."""
-    path = os.pathsep.join(filter(None, [str(REPO / "tests" / "workers"), str(REPO), os.environ.get("PYTHONPATH")]))
+    path = os.pathsep.join(filter(None, [str(WORKERS), str(REPO), os.environ.get("PYTHONPATH")]))
     monkeypatch.setenv("PYTHONPATH", path)
     monkeypatch.delenv(launch.SPLIT_ENV, raising=False)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

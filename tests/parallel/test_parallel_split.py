@@ -6,34 +6,14 @@ as it was; a split whose halves are not gathered back fails the check."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+
+from tests.helpers import run_ranks
 
 # Each test starts 2 or 4 processes that each build a pipeline: minutes in all (make test-all runs them).
 pytestmark = pytest.mark.slow
 
-TESTS = Path(__file__).resolve().parents[1]
 TOL = 1e-5  # max |split - alone| / max |alone|: fp32, the same math in another grouping (a 2-row GEMM, a shard)
-
-
-def run_ranks(tmp_path, spec: dict, nproc: int = 2, fails: bool = False):
-    """tests/parallel_latents.py on `nproc` processes; its JSON (or, with fails, the failed run's stderr)."""
-    out = tmp_path / "result.json"
-    path = [str(TESTS.parent), str(TESTS), *filter(None, [os.environ.get("PYTHONPATH")])]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               str(TESTS / "workers" / "parallel_latents.py"), str(out), json.dumps(spec)]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
-    if fails:
-        assert done.returncode != 0
-        return done.stderr
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(out.read_text())
 
 
 def _run(tmp_path, family, split, config, fails=False, nproc=2, **spec):

@@ -9,20 +9,19 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-TESTS = Path(__file__).resolve().parents[1]
+from tests.helpers import REPO, WORKERS
 
 
 def _run(tmp_path, mutation: str = "", worker: str = "ulysses_worker.py", timeout: int = 300) -> dict:
     """`worker` on 2 processes (torch's launcher); its JSON."""
     out = tmp_path / "result.json"
-    path = [str(TESTS.parent), *filter(None, [os.environ.get("PYTHONPATH")])]
+    path = [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-               str(TESTS / "workers" / worker), str(out), mutation]
+               str(WORKERS / worker), str(out), mutation]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())

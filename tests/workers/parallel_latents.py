@@ -28,9 +28,8 @@ import torch.distributed as dist
 
 
 def _pipeline(spec, device, dtype):
-    from conftest import realistic_modulation
-
     from ltxbench.models import ltx2_build, ltx_build
+    from tests.helpers import realistic_modulation
 
     if spec["family"] == "ltx":  # the prompt comes as embeddings: the tiny T5 stands in for T5-XXL (faster to build)
         from diffusers import LTXPipeline
