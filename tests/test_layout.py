@@ -1,9 +1,12 @@
 """The test suite's own layout: test modules live in area packages and share code through tests/helpers.py (fixtures
-through conftest.py), never by importing one another, so that moving or renaming one breaks no other."""
+through conftest.py), never by importing one another, so that moving or renaming one breaks no other. A test that
+needs a GPU says so with the gpu marker alone: conftest.py skips it without CUDA, and --require-gpu (make test-gpu)
+fails the run instead."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -49,3 +52,21 @@ def test_each_area_is_a_package():
     areas = {p.parent for p in TESTS.rglob("test_*.py")}
     assert {area for area in areas if not (area / "__init__.py").is_file()} == set()
     assert (TESTS / "__init__.py").is_file()
+
+
+# A test's own "no CUDA: skip" would also skip under make test-gpu on a machine whose GPU is not visible: a green run
+# that tested nothing. Skips for what the gpu marker does not cover (compute capability, GPU count) stay in the tests.
+OWN_CUDA_SKIP = re.compile(r"not\s+(torch|__import__\([\"']torch[\"']\))\.cuda\.is_available\(\)")
+
+
+def test_a_test_that_needs_a_gpu_has_the_gpu_marker_and_no_skip_of_its_own():
+    own = {str(p.relative_to(TESTS)) for p in SOURCES
+           if p.name not in ("conftest.py", "test_layout.py") and OWN_CUDA_SKIP.search(p.read_text(encoding="utf-8"))}
+    assert not own, f"mark these tests @pytest.mark.gpu instead of skipping them on torch.cuda.is_available(): {own}"
+
+
+def test_the_cuda_skip_check_sees_each_form():
+    for line in ("if not torch.cuda.is_available():", "if not torch.cuda.is_available() or capability < (9, 0):",
+                 '@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")'):
+        assert OWN_CUDA_SKIP.search(line), line
+    assert not OWN_CUDA_SKIP.search('@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")')

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _flash_attention_3():
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+    if torch.cuda.get_device_capability() < (9, 0):  # the gpu marker skips where no GPU is visible
         pytest.skip("needs a GPU with FP8 tensor cores (compute capability 9.0+)")
     return pytest.importorskip("flash_attn_interface", reason="FlashAttention-3 (hopper/ build) not installed")
 

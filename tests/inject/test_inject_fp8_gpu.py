@@ -22,7 +22,7 @@ pytestmark = pytest.mark.gpu
 
 
 def _hopper() -> None:
-    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+    if torch.cuda.get_device_capability() < (9, 0):  # the gpu marker skips where no GPU is visible
         pytest.skip("needs a GPU with FP8 tensor cores (compute capability 9.0+)")
 
 
