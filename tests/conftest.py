@@ -6,7 +6,7 @@ from tests.helpers import REQUIRE_GPU_MESSAGE, build_ltx2_tiny
 
 # The stored GEMM choices (the user's file and the ones the package ships, ltxbench.ops.gemm_cache) stay out of the
 # tests: a GPU test that searches a problem must find it unsearched whatever ran on the machine before, and no test
-# writes its problems into the user's file. tests/test_gemm_cache.py sets the variable per test.
+# writes its problems into the user's file. tests/ops/test_gemm_cache.py sets the variable per test.
 os.environ["LTXBENCH_GEMM_CACHE"] = "off"
 
 

@@ -1,7 +1,7 @@
 """FP8 self-attention (--precision fp8-attention): the per-head FP8 references (weight-bound scales for q/k, amax
 scales for v), the ops' fakes, the CLI's refusals, and the mechanics on the CPU with a stand-in for FlashAttention-3
 (attention over the dequantized inputs in fp32). The kernels against the references, and FlashAttention-3 itself:
-tests/test_ops_gpu.py (through the KernelSpecs) and tests/test_fp8_attention_gpu.py."""
+tests/ops/test_ops_gpu.py (through the KernelSpecs) and tests/inject/test_fp8_attention_gpu.py."""
 
 import importlib.machinery
 import json

@@ -1,5 +1,5 @@
 """The LTX-2 family (ltxbench.models.ltx2) through the commands on the CPU: --model resolution, per-family defaults,
-generate's mp4 with its audio track, bench e2e, profile and validation. The builder: tests/test_ltx2_build.py."""
+generate's mp4 with its audio track, bench e2e, profile and validation. The builder: tests/models/test_ltx2_build.py."""
 
 from __future__ import annotations
 
@@ -244,7 +244,7 @@ def test_cuda_graph_compile_modes_are_refused_for_the_whole_model(command, tmp_p
 @pytest.mark.slow
 def test_cuda_graph_compile_modes_run_regionally(tmp_path, captured, compile_calls):
     """Regional compile (LTX-2's default scope) runs under CUDA graphs (bench.e2e.compile_module opens one graph
-    step per transformer call; tests/test_inject_ltx2_gpu.py checks the latents on the GPU)."""
+    step per transformer call; tests/inject/test_inject_ltx2_gpu.py checks the latents on the GPU)."""
     out = tmp_path / "r.json"
     result = runner.invoke(app, ["bench", "e2e", *TINY, "--configs", "compile", "--compile-mode", "reduce-overhead",
                                  "--output", str(out)])

@@ -1,5 +1,5 @@
 """ops.gemm_cache on the CPU: where the files go, how records merge, what is refused, and load/save against a
-stand-in for the extension's gemm_import/gemm_export (the real ones run in tests/test_ops_gpu.py)."""
+stand-in for the extension's gemm_import/gemm_export (the real ones run in tests/ops/test_ops_gpu.py)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """FP8 (e4m3, one float32 scale per row): the reference's own properties, the comparison rule the generic tests and
 `bench micro` apply to FP8 outputs (and the kernels it must fail), the fakes and schemas, and linear_fp8 (torch's
 row-wise _scaled_mm, which also runs on the CPU). The kernels against the reference on every spec's shapes, dtypes,
-layouts and empty inputs, opcheck and fullgraph compile: tests/test_ops_gpu.py, through the KernelSpecs."""
+layouts and empty inputs, opcheck and fullgraph compile: tests/ops/test_ops_gpu.py, through the KernelSpecs."""
 
 import inspect
 

@@ -1,6 +1,6 @@
 """The `_into` variants of the Ulysses packing kernels (ops.qk_rms_norm_rope_pack_into,
 ops.qk_rms_norm_rope_split_pack_into): part r written into outs[r] gives, bit for bit, part r of the packing op,
-whose own tests check it against the fp32 reference (tests/test_ops_gpu.py). Every test shape, variant and dtype of
+whose own tests check it against the fp32 reference (tests/ops/test_ops_gpu.py). Every test shape, variant and dtype of
 the packing op's KernelSpec; the outs placed in one larger buffer at offsets (as a peer's receive buffer is), with
 guard values around them that must stay; torch.compile(fullgraph=True) and opcheck. On the CPU: the fakes and the
 argument checks."""

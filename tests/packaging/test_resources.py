@@ -1,5 +1,5 @@
 """ltxbench.resources: cuda/ and configs/ at the repository root in a checkout, the package's copy once installed;
-and pyproject.toml ships them (and every package) in the wheel. tests/test_wheel.py runs the built wheel."""
+and pyproject.toml ships them (and every package) in the wheel. tests/packaging/test_wheel.py runs the built wheel."""
 
 import os
 import subprocess

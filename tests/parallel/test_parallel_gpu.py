@@ -1,7 +1,7 @@
 """The parallel splits on the GPUs of one host (NCCL, bf16, our CUDA kernels): LTX-2B's latents split over 2 (and
 4) GPUs equal one GPU's within bf16 rounding, for every split, unpatched and with our kernels, compiled too; a token
 count that does not divide (diffusers' ulysses_anything); LTX-2's guidance pair and video tokens. Each test starts
-its ranks through torch's launcher (tests/parallel_latents.py).
+its ranks through torch's launcher (tests/workers/parallel_latents.py).
 
 "Within bf16 rounding" is measured against the same model upcast to fp32: the split may be no farther from it than
 one GPU is (relative L2, 10% slack). A split that cuts the tokens runs each GEMM on fewer rows, so cuBLAS rounds

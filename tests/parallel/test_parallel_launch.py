@@ -1,6 +1,6 @@
 """--gpus / --parallel: the split's validation, the re-launch as N processes (gloo on the CPU, through
-tests/parallel_worker.py in place of `python -m ltxbench`), one rank's process group, rank-0-only output and files,
-the records of a multi-GPU run and `ltxbench report` on them (CPU only, no model built)."""
+tests/workers/parallel_worker.py in place of `python -m ltxbench`), one rank's process group, rank-0-only output and
+files, the records of a multi-GPU run and `ltxbench report` on them (CPU only, no model built)."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ def test_the_interconnect_is_nvidia_smi_topo_without_its_legend_and_escapes(monk
 
 @pytest.fixture
 def worker_path(monkeypatch):
-    """`python -m parallel_worker` finds tests/parallel_worker.py (and ltxbench) in the launched processes."""
+    """`python -m parallel_worker` finds tests/workers/parallel_worker.py (and ltxbench) in the launched processes."""
     path = os.pathsep.join(filter(None, [str(WORKERS), str(REPO), os.environ.get("PYTHONPATH")]))
     monkeypatch.setenv("PYTHONPATH", path)
     monkeypatch.delenv(launch.SPLIT_ENV, raising=False)

@@ -1,8 +1,8 @@
 """The parallel splits' mechanics on the CPU: 2 (or 4) gloo processes run a tiny LTX-Video / LTX-2 generation alone,
-split over the ranks (ltxbench.parallel: the guidance batch, the video tokens through diffusers' context
-parallelism) and alone again after the revert (tests/parallel_latents.py). Unpatched and with our kernels (reference
-provider): the split latents equal the one-process latents up to fp32 rounding; the revert leaves the model exactly
-as it was; a split whose halves are not gathered back fails the check."""
+split over the ranks (ltxbench.parallel: the guidance batch, the video tokens through diffusers' context parallelism)
+and alone again after the revert (tests/workers/parallel_latents.py). Unpatched and with our kernels (reference
+provider): the split latents equal the one-process latents up to fp32 rounding; the revert leaves the model exactly as
+it was; a split whose halves are not gathered back fails the check."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Our Ulysses attention (ltxbench.parallel.ulysses) on 2 gloo processes, with several heads a rank (the tiny
-pipelines of tests/test_parallel_split.py have one): each rank's output equals one process's attention over all
+pipelines of tests/parallel/test_parallel_split.py have one): each rank's output equals one process's attention over all
 tokens; the output's head groups handed back in the wrong order fail the check. On 2 GPUs: the exchange through
 symmetric memory (ltxbench.parallel.symmetric) gives NCCL's bits, and fails when its buffers go stale."""
 

@@ -1,5 +1,5 @@
-"""A tiny program that `ltxbench.parallel.launch.relaunch` starts as N processes in tests/test_parallel_launch.py
-(`python -m parallel_worker MODE ...`), in place of `python -m ltxbench`.
+"""A tiny program that `ltxbench.parallel.launch.relaunch` starts as N processes in
+tests/parallel/test_parallel_launch.py (`python -m parallel_worker MODE ...`), in place of `python -m ltxbench`.
 
 Modes: `world OUT [DEVICE]` (join the group, gloo on the CPU or NCCL on cuda, check what every rank sees; rank 0
 writes it to OUT as JSON), `exit CODE

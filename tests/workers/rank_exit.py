@@ -1,11 +1,12 @@
-"""How the test ranks started by torch.distributed.run end (tests/ulysses_worker.py, tests/ulysses_symmetric_worker.py,
-tests/parallel_latents.py): leave the process group and exit without the interpreter's finalization.
+"""How the test ranks started by torch.distributed.run end (tests/workers/ulysses_worker.py,
+tests/workers/ulysses_symmetric_worker.py, tests/workers/parallel_latents.py): leave the process group and exit without
+the interpreter's finalization.
 
-Why: a rank of tests/test_ulysses_exchange.py aborted once in CI ("terminate called without an active exception",
-SIGABRT) after a normal end (barrier, destroy_process_group, return): a gloo worker thread still releasing the last
-collective's tensors needs the GIL while the interpreter finalizes; Python ends that thread and the C++ runtime
-aborts the process. docs/parallel.md has the numbers of the reproduction. The harnesses set PYTHONFAULTHANDLER, so
-that another abort shows the threads' stacks."""
+Why: a rank of tests/parallel/test_ulysses_exchange.py aborted once in CI ("terminate called without an active
+exception", SIGABRT) after a normal end (barrier, destroy_process_group, return): a gloo worker thread still releasing
+the last collective's tensors needs the GIL while the interpreter finalizes; Python ends that thread and the C++ runtime
+aborts the process. docs/parallel.md has the numbers of the reproduction. The harnesses set PYTHONFAULTHANDLER, so that
+another abort shows the threads' stacks."""
 
 from __future__ import annotations
 

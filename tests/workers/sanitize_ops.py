@@ -2,7 +2,7 @@
 (inputs.LAYOUTS) and on empty shapes: the workload `test_sanitizer.py` runs under compute-sanitizer. Prints the
 number of op calls last, so the test can tell a run that did nothing.
 
-    python tests/sanitize_ops.py [--dtypes bf16,fp16,fp32] [--min-width 0] [--no-layouts]
+    python tests/workers/sanitize_ops.py [--dtypes bf16,fp16,fp32] [--min-width 0] [--no-layouts]
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""One rank of tests/test_ulysses_exchange.py's GPU tests (started by torch.distributed.run, NCCL): the Ulysses
+"""One rank of tests/parallel/test_ulysses_exchange.py's GPU tests (started by torch.distributed.run, NCCL): the Ulysses
 attention through symmetric memory (ltxbench.parallel.symmetric) against the same attention through NCCL's
 all-to-all, bit for bit, over consecutive calls with new values each (a buffer left stale shows), eager and compiled
 under CUDA graphs; and the same with the q/k kernel writing each rank's part into that rank's buffer. argv: output

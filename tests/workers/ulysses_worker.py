@@ -1,4 +1,4 @@
-"""One rank of tests/test_ulysses_exchange.py (started by torch.distributed.run, gloo): our Ulysses attention
+"""One rank of tests/parallel/test_ulysses_exchange.py (started by torch.distributed.run, gloo): our Ulysses attention
 (ltxbench.parallel.ulysses.attention) against one process's attention over all tokens, per head count.
 argv: output JSON path, mutation ("" or "swapped-heads")."""
 
