@@ -2,7 +2,7 @@
 
 `ltxbench env` prints the ones set (`--variables`: all of them), and every result records the ones set
 (`env.variables`), since the kernel knobs change what a run measures. docs/architecture.md has the same table;
-tests/test_variables.py checks that the sources read no variable missing here and that the docs list them all.
+tests/cli/test_variables.py checks that the sources read no variable missing here and that the docs list them all.
 Only the standard library.
 """
 

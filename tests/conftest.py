@@ -2,9 +2,11 @@ import os
 
 import pytest
 
+from tests.helpers import REQUIRE_GPU_MESSAGE, build_ltx2_tiny
+
 # The stored GEMM choices (the user's file and the ones the package ships, ltxbench.ops.gemm_cache) stay out of the
 # tests: a GPU test that searches a problem must find it unsearched whatever ran on the machine before, and no test
-# writes its problems into the user's file. tests/test_gemm_cache.py sets the variable per test.
+# writes its problems into the user's file. tests/ops/test_gemm_cache.py sets the variable per test.
 os.environ["LTXBENCH_GEMM_CACHE"] = "off"
 
 
@@ -15,9 +17,6 @@ def _cuda_available() -> bool:
         return torch.cuda.is_available()
     except Exception:  # noqa: BLE001
         return False
-
-
-REQUIRE_GPU_MESSAGE = "make test-gpu needs an NVIDIA GPU: none is visible (torch.cuda.is_available() is False)"
 
 
 def pytest_addoption(parser):
@@ -107,30 +106,6 @@ def compile_calls(monkeypatch):
 
     monkeypatch.setattr(e2e, "compile_module", fake_compile)
     return calls
-
-
-def realistic_modulation(transformer, scale: float = 0.7, seed: int = 1) -> None:
-    """Random weights at init scale damp every error (LTX-2's modulation tables start at 1/sqrt(D)): give the tables
-    the O(1) magnitudes of a trained model's scales, shifts and gates, so that a wrong formula shows."""
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, param in transformer.named_parameters():
-            if "scale_shift_table" in name:
-                param.copy_(torch.randn(param.shape, generator=gen) * scale)
-
-
-def build_ltx2_tiny():
-    """A fresh ltx2-tiny pipeline (random weights, seed 0; CPU, fp32) with realistic modulation tables."""
-    import torch
-
-    from ltxbench.models import ltx2_build
-
-    pipe = ltx2_build.build_pipeline("ltx2-tiny", "random", "cpu", torch.float32, seed=0)
-    realistic_modulation(pipe.transformer)
-    pipe.set_progress_bar_config(disable=True)
-    return pipe
 
 
 @pytest.fixture

@@ -201,7 +201,7 @@ def sdpa_cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = 
     if mask is not None:
         mask = mask.to(q.dtype)  # SDPA takes a float mask in the query's dtype only
     # SDPA's memory-efficient kernel faulted (misaligned address) on fp32 views 8 bytes past a 16-byte boundary
-    # (torch 2.11, H200, tests/test_ops_gpu.py::test_strided_inputs[misaligned-fp32]): such inputs are copied.
+    # (torch 2.11, H200, tests/ops/test_ops_gpu.py::test_strided_inputs[misaligned-fp32]): such inputs are copied.
     q, k, v, mask = (t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v, mask))
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                          scale=scale)

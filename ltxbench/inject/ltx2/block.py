@@ -13,8 +13,8 @@ block adds them:
   ff: Linear + GELU-tanh, Linear                              → ops.linear with a GELU epilogue, ops.linear
   x + ff * gate_mlp                                           → gated_residual
 
-Each fused op rounds once where the block rounds after every elementwise op: the error against float32 is the
-parity tests' measure (tests/test_inject_ltx2_block.py). Calls the fused path does not reproduce take the original
+Each fused op rounds once where the block rounds after every elementwise op: the error against float32 is the parity
+tests' measure (tests/inject/test_inject_ltx2_block.py). Calls the fused path does not reproduce take the original
 forward: gradients enabled, attention masks on the self- or modality attentions, modulation in another dtype than the
 activations, weights offloaded after the injection. An attention whose processor was replaced after the injection runs
 as a module (its own processor).

@@ -1,0 +1,147 @@
+"""The canonical benchmarks and their re-measurement (ltxbench.results.manifest): only what is not current at the
+checkout's commit runs, each benchmark's files replace the old ones only once it finished, a budget or a failure
+stops the run where it can resume, a dirty tree is refused; every benchmark's command takes the options it names."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from ltxbench.cli import app
+from ltxbench.results import manifest
+
+HEAD = {"sha": "a" * 40, "dirty": False, "diff_sha256": None, "source": "git"}
+
+
+@pytest.fixture
+def head(monkeypatch):
+    state = dict(HEAD)
+    monkeypatch.setattr(manifest, "provenance", lambda: state)
+    monkeypatch.setattr(manifest, "missing_needs", lambda bench: [])
+    return state
+
+
+def _doc(git: dict) -> str:
+    return json.dumps({"kind": "e2e", "env": {"git": git}, "records": []})
+
+
+class FakeRunner:
+    """Writes a result recording `git` (what the real command records) unless told to fail."""
+
+    def __init__(self, git: dict, fail: str | None = None):
+        self.git, self.fail, self.ran = git, fail, []
+
+    def __call__(self, argv, output: Path, timeout_s):
+        name = output.stem
+        self.ran.append(name)
+        output.write_text(_doc(self.git))
+        output.with_suffix(".csv").write_text("csv\n")
+        return 1 if name == self.fail else 0
+
+
+def _run(folder, runner, **kwargs):
+    regenerated = []
+    code = manifest.run(folder, runner=runner, regenerate=regenerated.append, **kwargs)
+    return code, regenerated
+
+
+def test_runs_what_is_not_current_then_resumes_with_nothing_to_do(tmp_path, head):
+    folder = tmp_path / "results" / "h200"
+    names = [b.name for b in manifest.benchmarks_for(folder)]
+    folder.mkdir(parents=True)
+    (folder / f"{names[0]}.json").write_text(_doc(HEAD))  # current already
+    (folder / f"{names[1]}.json").write_text(_doc({**HEAD, "sha": "b" * 40}))  # an older commit
+    (folder / f"{names[2]}.json").write_text(_doc({**HEAD, "dirty": True}))  # the same commit, dirty
+    runner = FakeRunner(HEAD)
+    code, regenerated = _run(folder, runner)
+    assert code == 0 and runner.ran == names[1:] and regenerated == [folder]
+    assert all(manifest.is_current(folder / f"{n}.json", HEAD) for n in names)
+    assert (folder / f"{names[1]}.csv").read_text() == "csv\n"
+    runner.ran.clear()
+    code, regenerated = _run(folder, runner)
+    assert code == 0 and runner.ran == [] and regenerated == []
+
+
+def test_a_failure_keeps_the_stored_file_and_stops(tmp_path, head):
+    folder = tmp_path / "h200"
+    first, second = (b.name for b in manifest.benchmarks_for(folder)[:2])
+    folder.mkdir()
+    (folder / f"{second}.json").write_text(_doc({**HEAD, "sha": "b" * 40}))
+    code, regenerated = _run(folder, FakeRunner(HEAD, fail=second))
+    assert code == 1 and regenerated == [folder]  # the first one's README entry is regenerated
+    assert manifest.recorded_git(folder / f"{second}.json")["sha"] == "b" * 40
+    assert manifest.is_current(folder / f"{first}.json", HEAD)
+
+
+def test_the_budget_leaves_the_rest_pending(tmp_path, head):
+    folder = tmp_path / "h200"
+    benches = manifest.benchmarks_for(folder)
+    runner = FakeRunner(HEAD)
+    code, _ = _run(folder, runner, budget_minutes=benches[0].minutes + 0.5)
+    assert code == 124 and runner.ran == [benches[0].name]
+
+
+def test_a_dirty_tree_or_an_unknown_benchmark_is_refused(tmp_path, head, capsys):
+    head["dirty"] = True
+    runner = FakeRunner(HEAD)
+    assert _run(tmp_path / "h200", runner)[0] == 2 and "commit them first" in capsys.readouterr().err
+    head["dirty"] = False
+    assert _run(tmp_path / "h200", runner, only=["e2e-ltx-2b-161f-4gpu-cfg-ulysses-graphs"])[0] == 2
+    assert runner.ran == []
+
+
+def test_only_and_redo(tmp_path, head):
+    folder = tmp_path / "h200"
+    runner = FakeRunner(HEAD)
+    _run(folder, runner, only=["micro-all"])
+    _run(folder, runner, only=["micro-all"])
+    _run(folder, runner, only=["micro-all"], redo=True)
+    assert runner.ran == ["micro-all", "micro-all"]
+
+
+def test_each_folder_kind_gets_its_set():
+    one = {b.name for b in manifest.benchmarks_for(Path("results/h100"))}
+    two = [b.name for b in manifest.benchmarks_for(Path("results/h200x2"))]
+    four = {b.name for b in manifest.benchmarks_for(Path("results/h100x4"))}
+    assert {"e2e-ltx-2b-49f", "e2e-ltx-2b-161f", "e2e-ltx2-19b-121f", "e2e-ltx-2b-161f-fp8", "e2e-ltx2-19b-121f-fp8",
+            "e2e-llama-3-8b-peers", "micro-all"} <= one
+    assert two[0].endswith("-1gpu") and "e2e-ltx-2b-161f-4gpu-cfg-ulysses-graphs" not in two
+    assert "e2e-ltx-2b-161f-4gpu-cfg-ulysses-graphs" in four and not one & four
+    assert len({b.name for b in manifest.BENCHMARKS}) == len(manifest.BENCHMARKS)
+
+
+def test_ltx2_comparisons_carry_the_compile_row_without_the_stg_pass():
+    for bench in manifest.BENCHMARKS:
+        if "ltx2-19b" in bench.argv and bench.gpus == 1:
+            configs = bench.argv[bench.argv.index("--configs") + 1]
+            assert "stg-off+compile" in configs.split(","), bench.name
+
+
+_HELP = {}
+
+
+def _options_of(command: tuple[str, ...]) -> set[str]:
+    if command not in _HELP:
+        result = CliRunner().invoke(app, [*command, "--help"], env={"COLUMNS": "300", "NO_COLOR": "1"})
+        assert result.exit_code == 0, result.output
+        _HELP[command] = set(re.findall(r"--[a-z0-9][a-z0-9-]*", result.output))
+    return _HELP[command]
+
+
+@pytest.mark.parametrize("bench", manifest.BENCHMARKS, ids=lambda b: b.name)
+def test_every_benchmark_names_only_options_its_command_takes(bench):
+    command = tuple(bench.argv[:2]) if bench.argv[0] == "bench" else (bench.argv[0],)
+    flags = {a for a in bench.argv if a.startswith("--")}
+    assert flags <= _options_of(command), sorted(flags - _options_of(command))
+
+
+def test_the_bench_check_baselines_are_the_makefiles_commands():
+    makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
+    for name, variable in (("bench-check-e2e", "BENCH_CHECK_E2E"), ("bench-check-micro", "BENCH_CHECK_MICRO")):
+        text = re.search(rf"^{variable} = (.*?)(?<!\\)$", makefile, re.M | re.S).group(1).replace("\\\n", " ")
+        bench = next(b for b in manifest.BENCHMARKS if b.name == name)
+        assert sorted(text.split()) == sorted(bench.argv), name
