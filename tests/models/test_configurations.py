@@ -63,7 +63,7 @@ def test_precision_label():
 
 def test_no_module_but_the_vocabulary_takes_a_name_apart():
     """A grep for the name's parts outside ltxbench/configurations.py finds none (help texts may name them)."""
-    root = Path(__file__).resolve().parents[1] / "ltxbench"
+    root = Path(__file__).resolve().parents[2] / "ltxbench"
     parsing = re.compile(r"""(endswith|startswith|removesuffix|removeprefix)\(\s*"""
                          r"""["'](\+?compile|optimized|liger)["'+-]""")
     found = [f"{p.relative_to(root)}:{i}" for p in root.rglob("*.py") if p.name != "configurations.py"

@@ -9,7 +9,7 @@ import pytest
 
 from ltxbench.results.report import README, load_folder, render_readme
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = sorted(p.relative_to(ROOT) for p in (ROOT / "results").iterdir() if p.is_dir() and p.name != "runs")
 
 
