@@ -10,8 +10,6 @@ Only the standard library: the CLI, the families, the runners and the result rea
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 PRECISIONS = ("bf16", "fp8", "fp8-attention")  # --precision: ours in bf16, FP8 projections, and FP8 self-attention
 FP8_ACCUMULATIONS = ("fast", "fp32")  # --fp8-accumulation: the FP8 GEMMs' (ops.linear_fp8), fast the default
 COMPILED = "+compile"
@@ -90,8 +88,3 @@ def precision_label(record: dict) -> str:
     """What a record's numbers ran in, for tables: its dtype, and for FP8 the GEMMs' accumulation when fast."""
     fast = str(record["dtype"]).startswith("fp8") and record.get("params", {}).get("fp8_accumulation") == "fast"
     return f"{record['dtype']}, fast accumulation" if fast else record["dtype"]
-
-
-def names(configs: Iterable[str]) -> list[Configuration]:
-    """Configurations from their names (order kept); ValueError on a name that is none."""
-    return [Configuration(c) for c in configs]

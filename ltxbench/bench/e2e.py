@@ -186,8 +186,6 @@ def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compi
                 torch.cuda.empty_cache()
 
 
-
-
 @contextlib.contextmanager
 def inductor_cache(mode: str):
     """--compile-cache cold: inductor, and Triton under it (else ~/.triton), cache in a fresh directory removed

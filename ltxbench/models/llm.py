@@ -67,13 +67,11 @@ class LLMFamily(ModelFamily):
         return is_llm(model)
 
     def settings(self, command: str, **values) -> LLMSettings:
-
         if isinstance(values.get("prompt_lengths"), str):
             values["prompt_lengths"] = positive_ints("--prompt-lengths", values["prompt_lengths"])
         return super().settings(command, **values)
 
     def validate(self, settings: LLMSettings, command: str) -> None:
-
         for flag, value in (("--new-tokens", settings.new_tokens), ("--prompt-length", settings.prompt_length)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value} must be at least 1")

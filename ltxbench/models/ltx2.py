@@ -109,9 +109,7 @@ class LTX2Family(VideoFamily):
         return {STG_OFF: PeerConfig(STG_OFF, stg_pass_off)}
 
     def settings_for(self, settings: LTX2Settings, config: str) -> LTX2Settings:
-        if Configuration(config).peer != STG_OFF:
-            return settings
-        return dataclasses.replace(settings, stg_scale=0.0, audio_stg_scale=0.0)
+        return without_stg_pass(settings) if Configuration(config).peer == STG_OFF else settings
 
     def bench(self, pipe, settings: LTX2Settings, log) -> dict:
         """The configurations timed; with stg-off among them, its video checked against the default's (untimed,
@@ -165,10 +163,16 @@ class _StgPassOff:
         return {"applied": True, "provider": "diffusers", "rules": {STG_OFF_RULE: 1}, "skipped": []}
 
 
+def without_stg_pass(settings: LTX2Settings) -> LTX2Settings:
+    """The run settings of the pipeline without its STG pass: both streams' STG scales 0."""
+    return dataclasses.replace(settings, stg_scale=0.0, audio_stg_scale=0.0)
+
+
 def stg_pass_off(pipe) -> _StgPassOff:
     """The stg-off configuration: LTX-2.0's STG pass recomputes the guidance pair's positive half (no block has
-    perturbed attention), so the pipeline gives the same video with stg_scale=0 and one call fewer per step; the
-    strongest baseline a user can pick. Refused where a block perturbs attention (LTX-2.3): the video would differ."""
+    perturbed attention), so the pipeline gives the same video up to rounding (stg_pass_check measures it) with
+    stg_scale=0 and one call fewer per step; the strongest baseline a user can pick. Refused where a block perturbs
+    attention (LTX-2.3): the video would differ."""
     from ltxbench.errors import UsageError
 
     perturbed = [i for i, block in enumerate(pipe.transformer.transformer_blocks)
@@ -190,7 +194,7 @@ def stg_pass_check(pipe, settings: LTX2Settings) -> dict:
     with torch.no_grad():
         embeds = _encode(pipe, settings, device)
         latents = [_denoise(pipe, embeds, run, torch.Generator("cpu").manual_seed(settings.seed), None)
-                   for run in (settings, dataclasses.replace(settings, stg_scale=0.0, audio_stg_scale=0.0))]
+                   for run in (settings, without_stg_pass(settings))]
     streams = {}
     for name, with_pass, without in zip(("video", "audio"), *latents, strict=True):
         diff = (without.float() - with_pass.float())

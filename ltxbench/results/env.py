@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ltxbench.results.provenance import provenance
+
 PROBE_TIMEOUT_S = 5
 PACKAGES = ("torch", "triton", "diffusers", "transformers", "accelerate")
 
@@ -130,13 +132,6 @@ def _nvcc(cuda_home: str | None) -> dict:
     return {"path": str(path), "version": match.group(1) if match else None}
 
 
-def _git() -> dict | None:
-    """The commit this package's code came from and whether tracked files differed (results.provenance)."""
-    from ltxbench.results.provenance import provenance
-
-    return provenance()
-
-
 def capture_env() -> dict:
     """Host, GPUs, driver, package/CUDA/nvcc versions and git state; never raises."""
     env: dict = {"host": _host()}
@@ -144,7 +139,7 @@ def capture_env() -> dict:
     versions.update(cuda=None, cudnn=None, ltxbench=_ltxbench_version())
     env["versions"] = versions
     _torch_info(env)
-    probes = (("driver", _driver), ("cuda_home", _cuda_home), ("git", _git))
+    probes = (("driver", _driver), ("cuda_home", _cuda_home), ("git", provenance))  # git: the code that ran
     for key, probe in probes:
         try:
             env[key] = probe()
