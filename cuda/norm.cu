@@ -6,6 +6,7 @@
 // in registers (MAXV vectors), so the input is read from memory exactly once; wider rows are streamed
 // twice (or three times for LayerNorm) and rely on L2 for the re-reads.
 #include "common/dtype.cuh"
+#include "common/launch.h"
 #include "common/params.h"
 #include "common/reduce.cuh"
 #include "common/row_math.cuh"
@@ -134,21 +135,14 @@ __global__ void __launch_bounds__(1024) row_op_streamed(RowOpParams p) {
   }
 }
 
-int next_pow2(int64_t v) {
-  int p = 1;
-  while (p < v) p <<= 1;
-  return p;
-}
-
 template <typename T, int VEC, int MAXV, int ARITY>
 cudaError_t launch_with(const RowOpParams& p, cudaStream_t stream) {
   const int64_t rows = p.B * p.S;
   const int64_t nvec = p.D / VEC;
   if (nvec <= static_cast<int64_t>(kMaxCachedThreads) * MAXV) {
-    // Up to a warp: a power of two (the shuffle groups must tile the warp); beyond: whole warps, so that
-    // every thread holds MAXV vectors, e.g. 96 threads for a 3072-wide bf16 row rather than 128.
+    // Every thread holds MAXV vectors, e.g. 96 threads for a 3072-wide bf16 row rather than 128.
     const int64_t per_row = (nvec + MAXV - 1) / MAXV;
-    const int tpr = per_row <= 32 ? next_pow2(per_row) : static_cast<int>((per_row + 31) / 32 * 32);
+    const int tpr = threads_per_row(per_row);
     const int rows_per_block = tpr >= kBlockThreads ? 1 : kBlockThreads / tpr;
     const int threads = rows_per_block * tpr;
     const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;

@@ -31,7 +31,7 @@ def folder(name: str) -> Traversable:
 
 
 def cuda_dir() -> Traversable:
-    """The folder of the CUDA sources (bindings.cpp, *.cu, common/)."""
+    """The folder of the CUDA sources (bindings/, *.cu, common/)."""
     return folder("cuda")
 
 

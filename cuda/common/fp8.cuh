@@ -1,5 +1,5 @@
 // FP8 (e4m3) stores and scales shared by the kernels that write FP8: fp8.cu (per-row and per-head scales) and
-// rope.cu (the q/k norm + RoPE writing FlashAttention-3's FP8 inputs).
+// rope_3d.cu (the q/k norm + RoPE writing FlashAttention-3's FP8 inputs).
 #pragma once
 
 #include <cuda_fp8.h>

@@ -1,4 +1,4 @@
-// Launch parameters shared by bindings.cpp (which includes torch) and the .cu files (which do not).
+// Launch parameters shared by bindings/*.cpp (which include torch) and the .cu files (which do not).
 // Plain C++ and the CUDA runtime API only: keeps nvcc translation units free of torch headers.
 #pragma once
 #include <cstdint>

@@ -19,19 +19,51 @@ from ltxbench.ops.registry import DTYPES, SPECS
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_only_bindings_includes_torch_headers():
+TORCH_INCLUDE = re.compile(r"#include\s*[<\"](torch|ATen|c10)/")
+
+
+def test_only_the_bindings_include_torch_headers():
+    bindings = ROOT / "cuda" / "bindings"
     for src in sorted((ROOT / "cuda").rglob("*")):
-        if src.suffix in {".cu", ".cuh", ".h"}:
-            assert not re.search(r"#include\s*[<\"](torch|ATen|c10)/", src.read_text()), src
+        if src.is_file() and src.parent != bindings:
+            assert not TORCH_INCLUDE.search(src.read_text()), src
+    assert all(TORCH_INCLUDE.search(p.read_text()) for p in bindings.glob("*.cpp"))  # the check above is not empty
+
+
+def test_each_bindings_file_takes_the_light_torch_headers_first():
+    """checks.h, included first, defines TORCH_ASSERT_ONLY_METHOD_OPERATORS: the per-op ATen headers, not the
+    whole of ATen (seconds more of parsing)."""
+    for src in sorted((ROOT / "cuda" / "bindings").glob("*.cpp")):
+        includes = re.findall(r"^#include\s*([<\"][^>\"]+[>\"])", src.read_text(), re.M)
+        assert includes[0] == '"bindings/checks.h"', src
+        assert not {"<ATen/ATen.h>", "<torch/extension.h>", "<torch/all.h>"} & set(includes), src
+    assert "#define TORCH_ASSERT_ONLY_METHOD_OPERATORS" in (ROOT / "cuda" / "bindings" / "checks.h").read_text()
 
 
 def test_the_checkouts_sources_are_found_and_the_override_still_works(monkeypatch, tmp_path):
     assert Path(str(build.SOURCES_DIR)) == ROOT / "cuda"
-    assert [p.name for p in build.sources(build.SOURCES_DIR)][:2] == ["bindings.cpp", "gemm.cpp"]
+    found = [p.relative_to(ROOT / "cuda").as_posix() for p in build.sources(build.SOURCES_DIR)]
+    bindings = sorted(f"bindings/{p.name}" for p in (ROOT / "cuda" / "bindings").glob("*.cpp"))
+    assert found[: len(bindings) + 1] == [*bindings, "gemm.cpp"]  # the host-only gemm.cpp too, for g++
+    assert {"bindings/norm.cpp", "norm.cu", "rope_3d.cu", "rope_split.cu", "rope_1d.cu"} <= set(found)
+    assert not any(name.startswith("common/") for name in found)  # headers are not compiled alone
     monkeypatch.setenv("LTXBENCH_CUDA_SRC", str(tmp_path))
     assert build._sources_dir() == tmp_path
     with pytest.raises(BuildError, match=f"CUDA sources not found under {tmp_path} \\(from LTXBENCH_CUDA_SRC\\)"):
         build.sources(tmp_path)
+
+
+def test_the_bindings_are_compiled_as_one_unit_rewritten_only_when_it_changes(tmp_path):
+    """torch's headers are parsed once for all the bindings files; an unchanged unit keeps its mtime (else ninja
+    would rebuild it at every load)."""
+    units = build._translation_units(build.SOURCES_DIR, tmp_path)
+    bindings = sorted((ROOT / "cuda" / "bindings").glob("*.cpp"))
+    assert units[0] == tmp_path / build.BINDINGS_UNIT and not set(bindings) & set(units)
+    assert units[1:] == [s for s in build.sources(build.SOURCES_DIR) if s not in bindings]
+    assert units[0].read_text().splitlines() == [f'#include "{p}"' for p in bindings]
+    stamp = units[0].stat().st_mtime_ns
+    build._translation_units(build.SOURCES_DIR, tmp_path)
+    assert units[0].stat().st_mtime_ns == stamp
 
 
 @pytest.mark.skipif(torch.cuda.is_available() or not shutil.which("nvcc"), reason="checks the no-GPU build's log")

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_a_checkout_uses_its_own_folders():
-    assert resources.cuda_dir() == ROOT / "cuda" and (ROOT / "cuda" / "bindings.cpp").is_file()
+    assert resources.cuda_dir() == ROOT / "cuda" and (ROOT / "cuda" / "bindings" / "checks.h").is_file()
     assert resources.configs_dir("ltx") == ROOT / "configs" / "ltx"
     assert (resources.configs_dir("llm") / "llama-tiny.json").is_file()
 
@@ -73,7 +73,7 @@ def test_pyproject_ships_every_package_and_the_two_folders():
     assert sorted(setuptools["packages"]) == sorted(expected)
     assert setuptools["package-dir"] == {"ltxbench.cuda": "cuda", "ltxbench.configs": "configs"}
     data = setuptools["package-data"]
-    assert {"*.cu", "*.cpp"} <= set(data["ltxbench.cuda"]) and "**/*.json" in data["ltxbench.configs"]
+    assert {"*.cu", "*.cpp", "bindings/*.cpp"} <= set(data["ltxbench.cuda"]) and "**/*.json" in data["ltxbench.configs"]
 
 
 def _installed(distribution: str) -> bool:

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from ltxbench.ops.build import BINDINGS_UNIT
+
 pytestmark = [pytest.mark.wheel, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
@@ -95,8 +97,9 @@ def installed(tmp_path_factory):
 
 def test_the_wheel_carries_the_cuda_sources_and_the_configs(installed):
     names = set(zipfile.ZipFile(installed["wheel"]).namelist())
-    shipped = {"ltxbench/cuda/bindings.cpp", "ltxbench/cuda/gemm.cpp", "ltxbench/cuda/norm.cu",
-               "ltxbench/cuda/common/dtype.cuh", "ltxbench/cuda/common/params.h",
+    shipped = {"ltxbench/cuda/bindings/checks.h", "ltxbench/cuda/bindings/norm.cpp", "ltxbench/cuda/gemm.cpp",
+               "ltxbench/cuda/norm.cu", "ltxbench/cuda/rope_3d.cu", "ltxbench/cuda/common/dtype.cuh",
+               "ltxbench/cuda/common/params.h",
                "ltxbench/configs/ltx/ltx-tiny/scheduler.json", "ltxbench/configs/ltx/ltx-video-2b/transformer.json",
                "ltxbench/configs/llm/llama-tiny.json", "ltxbench/ops/gemm_choices/NVIDIA-H200.json"}
     assert shipped <= names, sorted(shipped - names)
@@ -150,7 +153,9 @@ def test_cpu_compile_of_the_installed_kernels(installed, tmp_path):
     python = installed["venv"] / "bin" / "python"
     proc = _run([python, "-c", "import ltxbench.ops.build as b; print(b.load()['path'])"], installed["work"], env)
     log = proc.stdout + proc.stderr
-    assert f"{installed['site'] / 'ltxbench' / 'cuda' / 'bindings.cpp'}" in log
+    cuda = installed["site"] / "ltxbench" / "cuda"
+    assert f"{cuda / 'norm.cu'}" in log
+    assert f'#include "{cuda / "bindings" / "norm.cpp"}"' in (tmp_path / "cache" / BINDINGS_UNIT).read_text()
     assert str(REPO / "ltxbench") not in log and str(REPO / "cuda") not in log
     assert Path(proc.stdout.strip().splitlines()[-1]).is_file()
     status = _run([installed["venv"] / "bin" / "ltxbench", "env"], installed["work"],

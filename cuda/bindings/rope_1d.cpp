@@ -1,0 +1,75 @@
+// The 1-D RoPE of LLMs (rope_1d.cu): neox or interleaved pairs, angles from tables gathered at positions.
+#include "bindings/checks.h"
+
+#include <ATen/ops/empty.h>
+
+#include <optional>
+#include <tuple>
+
+namespace ltxbench {
+namespace {
+
+std::tuple<Tensor, Tensor> rope_1d(const Tensor& q_in, const Tensor& k_in, const Tensor& cos, const Tensor& sin,
+                                   const std::optional<Tensor>& positions, bool interleaved) {
+  const char* op = "rope_1d";
+  const DType dt = check_primary(q_in, op, "q");
+  check_same(k_in, q_in, op, "k", "q");
+  TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4, "ltxbench.", op,
+              ": q and k must be 4-D (B, heads, S, head_dim), got ", shape(q_in.sizes()), " and ", shape(k_in.sizes()));
+  const int64_t B = q_in.size(0), S = q_in.size(2), hd = q_in.size(3);
+  TORCH_CHECK(k_in.size(0) == B && k_in.size(2) == S && k_in.size(3) == hd, "ltxbench.", op, ": k has shape ",
+              shape(k_in.sizes()), " but q has ", shape(q_in.sizes()), " (B, S and head_dim must match)");
+  for (auto [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_f32_table(*t, q_in, op, name);
+    TORCH_CHECK(t->dim() == 2 && t->sizes() == cos.sizes() && 2 * t->size(1) <= hd && t->size(1) > 0, "ltxbench.",
+                op, ": ", name, " must be a (positions, rot/2) table with rot <= head_dim = ", num(hd),
+                ", got ", shape(t->sizes()));
+  }
+  Tensor pos;
+  if (positions) {
+    TORCH_CHECK(positions->device() == q_in.device() && positions->scalar_type() == at::kLong, "ltxbench.", op,
+                ": positions must be an int64 tensor on ", dev(q_in));
+    TORCH_CHECK(positions->dim() == 2 && (positions->size(0) == B || positions->size(0) == 1) &&
+                positions->size(1) == S, "ltxbench.", op, ": positions must have shape (B|1, S) = (", num(B), "|1, ",
+                num(S), "), got ", shape(positions->sizes()));
+    pos = positions->expand({B, S});
+  } else {
+    TORCH_CHECK(cos.size(0) == B * S || cos.size(0) == S, "ltxbench.", op, ": without positions, cos/sin must have ",
+                "one row per token (B*S = ", num(B * S), ") or per position (S = ", num(S), "), got ",
+                num(cos.size(0)), " rows");
+  }
+  const Tensor q = unit_last_stride(q_in), k = unit_last_stride(k_in);
+  const Tensor c = cos.contiguous(), s = sin.contiguous();
+  // Token-major outputs (B, S, H, hd) seen as (B, H, S, hd): see rope1d_kernel.
+  Tensor q_out = at::empty({B, S, q.size(1), hd}, q.options()).transpose(1, 2);
+  Tensor k_out = at::empty({B, S, k.size(1), hd}, k.options()).transpose(1, 2);
+  Rope1dParams p;
+  p.B = B, p.S = S, p.Hq = q.size(1), p.Hk = k.size(1), p.hd = hd, p.half = c.size(1);
+  p.q = q.data_ptr(), p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_ss = q.stride(2);
+  p.k = k.data_ptr(), p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_ss = k.stride(2);
+  p.cos = c.data_ptr<float>(), p.sin = s.data_ptr<float>(), p.table_stride = c.size(1), p.table_rows = c.size(0);
+  if (positions) {
+    p.pos = pos.data_ptr<int64_t>(), p.pos_sb = pos.stride(0), p.pos_ss = pos.stride(1);
+  } else {  // the table row is the token's own: b * S + s, or s when the batch shares the table
+    p.pos_sb = c.size(0) == B * S ? S : 0, p.pos_ss = 1;
+  }
+  p.interleaved = interleaved;
+  p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
+  launch_checked(q, op, [&](cudaStream_t stream) { return launch_rope_1d(p, dt, stream); });
+  return {q_out, k_out};
+}
+
+void register_rope_1d(torch::Library& m) { m.impl("rope_1d", &rope_1d); }
+
+}  // namespace
+}  // namespace ltxbench
+
+TORCH_LIBRARY_FRAGMENT(ltxbench, m) {
+  m.set_python_module("ltxbench.ops.fakes");
+  m.def(
+      "rope_1d(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? positions=None, bool interleaved=False)"
+      " -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(ltxbench, CUDA, m) { ltxbench::register_rope_1d(m); }
+TORCH_LIBRARY_IMPL(ltxbench, CPU, m) { ltxbench::register_rope_1d(m); }
