@@ -9,9 +9,9 @@ Two tables, each tried in order; the first strategy whose `applies` accepts the 
   exchange's send buffer: the Ulysses all-to-all's (ulysses.rope_attention), or the k|v buffer of our ring attention's
   all-gather (ring.py). None when none applies: the caller normalizes and rotates q and k itself and calls `attend`.
 
-A strategy is a name, `applies(...)` (reads only shapes, the mask and the parallel config) and its call. Both tables
-end their callers' choice: no processor names ulysses.py or ring.py. A new strategy is one entry here, in the order it
-is to be tried (docs/architecture.md#checklist-add-a-parallel-strategy).
+A strategy is a name, `applies(...)` (it reads only shapes, the mask, the parallel config and the RoPE form) and its
+call. The processors choose nothing themselves and name neither ulysses.py nor ring.py: a new strategy is one entry
+here, where it is to be tried (docs/architecture.md#checklist-add-a-parallel-strategy).
 """
 
 from __future__ import annotations
