@@ -288,6 +288,18 @@ def llm_prompt(batch=2, length=12):
     return torch.randint(0, LLM_TINY["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(1))
 
 
+# --- parallel configs -------------------------------------------------------------------------------------------
+
+def parallel_config(ring_degree=1, ulysses_degree=1, ulysses_anything=False, ring_anything=False):
+    """What ltxbench.parallel.attend reads of a processor's `_parallel_config` (diffusers' ParallelConfig), without a
+    process group: for the choice of a strategy, not for running one."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(context_parallel_config=SimpleNamespace(
+        ring_degree=ring_degree, ulysses_degree=ulysses_degree, ulysses_anything=ulysses_anything,
+        ring_anything=ring_anything))
+
+
 # --- processes -------------------------------------------------------------------------------------------------
 
 def run_ranks(tmp_path, spec: dict, nproc: int = 2, fails: bool = False):

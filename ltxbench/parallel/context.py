@@ -60,6 +60,13 @@ def enable(transformer, config, plan: dict, local_attentions) -> None:
 
 RING_BACKEND = "_native_cudnn"  # ring attention merges partial results by their log-sum-exp, which SDPA's
 # default (native) dispatch does not return; torch's cuDNN attention does (bf16 / fp16, on a GPU)
+RING_BACKEND_SET = "_ltxbench_ring_backend"  # marks a processor whose RING_BACKEND `enable` set (disable undoes it)
+
+
+def chosen_backend(processor):
+    """The processor's attention backend, except RING_BACKEND where `enable` set it for diffusers' ring attention:
+    None then (our ring attention runs one attention over all keys, which needs no log-sum-exp)."""
+    return None if getattr(processor, RING_BACKEND_SET, False) else getattr(processor, "_attention_backend", None)
 
 
 def _ring_backend(transformer, local_attentions) -> None:
@@ -74,7 +81,7 @@ def _ring_backend(transformer, local_attentions) -> None:
     for module in _attentions(transformer):
         if id(module) not in local and getattr(module.processor, "_attention_backend", "") is None:
             module.processor._attention_backend = RING_BACKEND
-            module.processor._ltxbench_ring_backend = True
+            setattr(module.processor, RING_BACKEND_SET, True)
 
 
 def _attentions(transformer):
@@ -111,7 +118,7 @@ def disable(transformer, plan: dict) -> None:
         unwrap(transformer.get_submodule(name) if name else transformer)
     for module in _attentions(transformer):
         module.processor._parallel_config = None
-        if vars(module.processor).pop("_ltxbench_ring_backend", False):
+        if vars(module.processor).pop(RING_BACKEND_SET, False):
             module.processor._attention_backend = None
     transformer._parallel_config = None
 

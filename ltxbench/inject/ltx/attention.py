@@ -1,8 +1,9 @@
 """LTX-Video's attention under injection: the replacement processor (fused projections, the q/k RMSNorm + RoPE
 kernel, our cross-attention kernel) and the attention forward that calls it without diffusers' per-call signature
-check. The processor keeps `_attention_backend`/`_parallel_config` and calls dispatch_attention_fn, so attention
-backends and context parallelism behave as before; our cross-attention kernel runs only where diffusers would run its
-default backend. Rules and the rest of the block: ltx/__init__.py.
+check. The processor keeps `_attention_backend`/`_parallel_config` and attends through ltxbench.parallel.attend
+(diffusers' dispatch_attention_fn, or our exchanges under context parallelism), so attention backends and context
+parallelism behave as before; our cross-attention kernel runs only where diffusers would run its default backend.
+Rules and the rest of the block: ltx/__init__.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from ltxbench.inject import forward_source, fp8_attention, original_class
 from ltxbench.inject.fp8 import fused_projection
 from ltxbench.inject.fuse import fused_outputs
 from ltxbench.ops.reference import ltx_cos_sin
-from ltxbench.parallel import ring, ulysses
+from ltxbench.parallel.attend import attend, rope_attention
 
 
 def _rope_kwargs(image_rotary_emb) -> dict:
@@ -115,36 +116,16 @@ class FusedLTXAttnProcessor:
             return self.ops.linear(hidden_states, project.weight, project.bias, "none", residual)
         return residual + attn.to_out[1](project(hidden_states))
 
-    def _ulysses_attention(self, attn, query, key, value, attention_mask, image_rotary_emb):
-        """Self-attention under Ulysses (ulysses.applies): q and k normalized and rotated, and v, written by one
-        kernel as the exchange sends them (ulysses.rope_attention); (1, S_local, heads, head_dim), else None."""
-        heads = (t.unflatten(2, (attn.heads, -1)) for t in (query, key))
-        if image_rotary_emb is None or not ulysses.applies(*heads, attention_mask, self._parallel_config):
+    def _exchanged_attention(self, attn, query, key, value, attention_mask, image_rotary_emb):
+        """Self-attention under context parallelism with q and k normalized and rotated by the kernel that writes
+        the exchange's send buffer (rope_attention): (1, S_local, heads, head_dim), else None."""
+        if image_rotary_emb is None:
             return None
-        return ulysses.rope_attention(self.ops, query, key, value, attn.norm_q.weight, attn.norm_k.weight,
-                                      eps_of(attn.norm_q), _rope_kwargs(image_rotary_emb), False, attn.heads,
-                                      self._attention_backend, self._parallel_config)
-
-    def _ring_send_buffer(self, attn, query, key, value, attention_mask, image_rotary_emb):
-        """Self-attention under ring attention (ring.applies): q and k normalized and rotated by one kernel that also
-        writes k and v together as the all-gather's send buffer: (q (1, S, heads, dim), kv (1, S, 2, heads, dim));
-        else None."""
-        heads = (t.unflatten(2, (attn.heads, -1)) for t in (query, key))
-        if image_rotary_emb is None or not ring.applies(*heads, attention_mask, self._parallel_config):
-            return None
-        query, kv = self.ops.qk_rms_norm_rope_kv(query, key, value, attn.norm_q.weight, attn.norm_k.weight,
-                                                 eps_of(attn.norm_q), **_rope_kwargs(image_rotary_emb))
-        return query.unflatten(2, (attn.heads, -1)), kv.unflatten(3, (attn.heads, -1))
-
-    def _ring_attention_backend(self):
-        """The processor's backend, except the one the split set for diffusers' ring attention (context.py: it
-        needs the log-sum-exp; one attention over all keys does not)."""
-        return None if getattr(self, "_ltxbench_ring_backend", False) else self._attention_backend
+        return rope_attention(self.ops, query, key, value, attn.norm_q.weight, attn.norm_k.weight, eps_of(attn.norm_q),
+                              _rope_kwargs(image_rotary_emb), False, attn.heads, self, attention_mask)
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
                  cross_kv=None, residual=None):
-        from diffusers.models.attention_dispatch import dispatch_attention_fn
-
         if attn.norm_q.weight.is_meta:  # offloaded after the injection: the layers' hooks bring their own weights
             if image_rotary_emb is not None and "grid" in _rope_kwargs(image_rotary_emb):  # our rope's coordinates
                 image_rotary_emb = ltx_cos_sin(*image_rotary_emb, attn.to_q.out_features)
@@ -161,12 +142,8 @@ class FusedLTXAttnProcessor:
             key, value = cross_kv if cross_kv is not None else cross_key_value(self.ops, attn, encoder_hidden_states)
         else:
             query, key, value = _projections(self.ops, attn, hidden_states, encoder_hidden_states, self.linear)
-            hidden_states = self._ulysses_attention(attn, query, key, value, attention_mask, image_rotary_emb)
-            if hidden_states is not None:  # q, k and v written by one kernel as the exchange sends them
-                return self._output(attn, hidden_states.flatten(2, 3).to(query.dtype), residual)
-            gathered = self._ring_send_buffer(attn, query, key, value, attention_mask, image_rotary_emb)
-            if gathered is not None:  # q, and k and v as the all-gather sends them
-                hidden_states = ring.attention(*gathered, self._ring_attention_backend(), self._parallel_config)
+            hidden_states = self._exchanged_attention(attn, query, key, value, attention_mask, image_rotary_emb)
+            if hidden_states is not None:  # q and k (and v) written by one kernel as the exchange sends them
                 return self._output(attn, hidden_states.flatten(2, 3).to(query.dtype), residual)
             if image_rotary_emb is not None and fp8_attention.runs_fp8_attention(self, attention_mask):
                 hidden_states = fp8_attention.attention(self.ops, self.flash_attention, attn, query, key, value,
@@ -183,12 +160,7 @@ class FusedLTXAttnProcessor:
         if encoder_hidden_states is not None and per_key_mask and self._runs_own_cross_attention():
             hidden_states = self.ops.cross_attention(query, key, value, attention_mask)
             return self._output(attn, hidden_states.flatten(2, 3), residual)
-        if ulysses.applies(query, key, attention_mask, self._parallel_config):  # one all-to-all for q, k, v
-            hidden_states = ulysses.attention(query, key, value, self._attention_backend, self._parallel_config)
-        else:
-            hidden_states = dispatch_attention_fn(query, key, value, attn_mask=attention_mask, dropout_p=0.0,
-                                                  is_causal=False, backend=self._attention_backend,
-                                                  parallel_config=self._parallel_config)
+        hidden_states = attend(query, key, value, attention_mask, self._attention_backend, self._parallel_config)
         hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
         return self._output(attn, hidden_states, residual)
 

@@ -1,7 +1,7 @@
 """LTX-2's attentions inside the fused block (block.py), as LTX2AudioVideoAttnProcessor computes them: the projections
-that read one input as one GEMM, the q/k RMSNorm across heads and the RoPE as one kernel, diffusers' attention
-dispatch (the processor's backend and parallel config, so attention backends behave as before), the out-projection
-with the residual added in its GEMM where one follows.
+that read one input as one GEMM, the q/k RMSNorm across heads and the RoPE as one kernel, the attention through
+ltxbench.parallel.attend (the processor's backend and parallel config, so attention backends and context parallelism
+behave as before), the out-projection with the residual added in its GEMM where one follows.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from ltxbench.inject.fp8 import WEIGHT_ATTR, fused_projection
 from ltxbench.inject.fuse import fused_outputs
 from ltxbench.inject.ltx.attention import eps_of
-from ltxbench.parallel import ulysses
+from ltxbench.parallel.attend import attend, rope_attention
 
 
 def plain_attention(attn) -> str | None:
@@ -70,38 +70,29 @@ def _norm_rope(ops, attn, query, key, query_rope, key_rope):
 
 
 def _attend(attn, query, key, value, mask=None):
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-
     processor = attn.processor
     query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
-    backend = getattr(processor, "_attention_backend", None)
-    parallel = getattr(processor, "_parallel_config", None)
-    if ulysses.applies(query, key, mask, parallel):  # one all-to-all for q, k, v
-        out = ulysses.attention(query, key, value, backend, parallel)
-    else:
-        out = dispatch_attention_fn(query, key, value, attn_mask=mask, dropout_p=0.0, is_causal=False,
-                                    backend=backend, parallel_config=parallel)
+    out = attend(query, key, value, mask, getattr(processor, "_attention_backend", None),
+                 getattr(processor, "_parallel_config", None))
     return out.flatten(2, 3).to(query.dtype)
 
 
-def _ulysses_attention(ops, attn, query, key, value, rope):
-    """A self-attention under Ulysses (ulysses.applies): q and k normalized and rotated, and v, written by one kernel
-    as the exchange sends them (ulysses.rope_attention); (1, S_local, heads, head_dim), else None."""
-    parallel = getattr(attn.processor, "_parallel_config", None)
-    heads = (t.unflatten(2, (attn.heads, -1)) for t in (query, key))
-    if rope is None or not ulysses.applies(*heads, None, parallel):
+def _exchanged_attention(ops, attn, query, key, value, rope):
+    """A self-attention under context parallelism with q and k normalized and rotated by the kernel that writes the
+    exchange's send buffer (rope_attention); (1, S_local, heads, head_dim), else None. Not our ring attention: LTX-2
+    under `ring` keeps diffusers' (its streams were not validated with ours)."""
+    if rope is None:
         return None
     tables = dict(zip(("cos", "sin"), rope, strict=True))
-    return ulysses.rope_attention(ops, query, key, value, attn.norm_q.weight, attn.norm_k.weight, eps_of(attn.norm_q),
-                                  tables, attn.rope_type == "split", attn.heads,
-                                  getattr(attn.processor, "_attention_backend", None), parallel)
+    return rope_attention(ops, query, key, value, attn.norm_q.weight, attn.norm_k.weight, eps_of(attn.norm_q), tables,
+                          attn.rope_type == "split", attn.heads, attn.processor, skip=("ring",))
 
 
 def self_attention(ops, attn, hidden_states, rope):
     """attn(hidden_states, query_rotary_emb=rope) without its residual (the caller gates it)."""
     query, key, value = _project(ops, attn, ("to_q", "to_k", "to_v"), hidden_states)
-    out = _ulysses_attention(ops, attn, query, key, value, rope)
-    if out is not None:  # q, k and v written by one kernel as the exchange sends them
+    out = _exchanged_attention(ops, attn, query, key, value, rope)
+    if out is not None:  # q and k (and v) written by one kernel as the exchange sends them
         return linear(ops, out.flatten(2, 3).to(query.dtype), attn.to_out[0])
     query, key = _norm_rope(ops, attn, query, key, rope, None)
     return linear(ops, _attend(attn, query, key, value), attn.to_out[0])
