@@ -195,6 +195,7 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
             break
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
+        started = time.monotonic()
         code = runner(list(bench.argv), work / target.name, left if left is not None else 24 * 3600)
         if code != 0:
             print(f"{bench.name}: failed (exit {code}); the stored file is left as it was", flush=True)
@@ -204,7 +205,8 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
             if produced.is_file():
                 shutil.move(produced, folder / produced.name)
         measured.append(bench.name)
-        print(f"{bench.name}: measured at {label(head)}", flush=True)
+        # the wall time, to check the `minutes` estimate that the budget goes by
+        print(f"{bench.name}: measured at {label(head)} in {(time.monotonic() - started) / 60:.1f} min", flush=True)
     shutil.rmtree(work, ignore_errors=True)
     if measured:
         (regenerate or _regenerate)(folder)
