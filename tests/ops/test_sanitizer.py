@@ -22,20 +22,19 @@ def _sanitizer() -> str | None:
     return found if Path(found).exists() else None
 
 
-# racecheck is slow: the shapes whose rows span several warps (the reductions through shared memory). It checks our
-# kernels only (namespace ltxbench): on the H200 it reports hazards inside cuBLAS's own warp-specialized GEMM kernels
-# (nvjet_sm90_*, which our projection ops call), which are not ours to fix.
-RACECHECK_OURS = ["--kernel-name", "kns=ltxbench"]
+# racecheck is slow: the shapes whose rows span several warps (the reductions through shared memory). It leaves out
+# `linear`, whose work is cuBLASLt's GEMM kernels (memcheck runs it): on the H200, racecheck reports hazards inside
+# cuBLAS's warp-specialized nvjet_sm90 kernels, and with those kernels filtered out (--kernel-name) the sanitizer
+# itself fails with an internal error in them. Our kernels are what it is here to check.
+RACECHECK = ["--dtypes", "bf16", "--min-width", "2048", "--no-layouts", "--skip", "linear"]
 
 
-@pytest.mark.parametrize("tool,extra", [("memcheck", []),
-                                        ("racecheck", ["--dtypes", "bf16", "--min-width", "2048", "--no-layouts"])])
+@pytest.mark.parametrize("tool,extra", [("memcheck", []), ("racecheck", RACECHECK)])
 def test_sanitizer_clean(built_ops, tool, extra):
     exe = _sanitizer()
     if exe is None:
         pytest.skip("compute-sanitizer not found (CUDA_HOME/bin or PATH)")
-    scope = RACECHECK_OURS if tool == "racecheck" else []
-    cmd = [exe, "--tool", tool, *scope, "--error-exitcode", "9", sys.executable, str(WORKLOAD), *extra]
+    cmd = [exe, "--tool", tool, "--error-exitcode", "9", sys.executable, str(WORKLOAD), *extra]
     run = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-4000:]

@@ -2,7 +2,7 @@
 (inputs.LAYOUTS) and on empty shapes: the workload `test_sanitizer.py` runs under compute-sanitizer. Prints the
 number of op calls last, so the test can tell a run that did nothing.
 
-    python tests/workers/sanitize_ops.py [--dtypes bf16,fp16,fp32] [--min-width 0] [--no-layouts]
+    python tests/workers/sanitize_ops.py [--dtypes bf16,fp16,fp32] [--min-width 0] [--no-layouts] [--skip op,...]
 """
 
 import argparse
@@ -18,9 +18,14 @@ def main() -> None:
     parser.add_argument("--dtypes", default="bf16,fp16,fp32")
     parser.add_argument("--min-width", type=int, default=0, help="only shapes at least this wide (last dim)")
     parser.add_argument("--no-layouts", action="store_true", help="skip the layout and empty-shape calls")
+    parser.add_argument("--skip", default="", help="ops not to run (comma-separated names)")
     args = parser.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    unknown = skip - set(SPECS)
+    if unknown:
+        parser.error(f"--skip: unknown op {sorted(unknown)[0]!r}")
     calls = 0
-    for name in sorted(SPECS):
+    for name in sorted(set(SPECS) - skip):
         spec = SPECS[name]
         for dtype in args.dtypes.split(","):
             for shape in spec.test_shapes:
