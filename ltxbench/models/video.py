@@ -115,6 +115,10 @@ class VideoFamily(ModelFamily):
     image_to_video: ClassVar[str]                          # diffusers' image-to-video pipeline class
     builder: ClassVar[ModuleType]  # its models/<family>_build module: validate_video_args, build_pipeline
     guidance: ClassVar[tuple[str, ...]] = ("guidance_scale",)  # settings that must not be negative
+    # --memory-budget (ltxbench.memory): component -> its stack of layers that can stream; parts left on the host
+    memory_stacks: ClassVar[dict[str, str]] = {}
+    memory_host_only: ClassVar[tuple[str, ...]] = ()
+    text_tokens: ClassVar[int] = 0  # the prompt length the text encoder runs
 
     # --- what a video family implements ---
     def encode(self, pipe, settings, device):
