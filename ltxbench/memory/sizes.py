@@ -76,7 +76,7 @@ def footprint(family, settings, parts: dict) -> Footprint:
 
 
 def plan_for(family, settings) -> MemoryPlan:
-    """The plan of `settings.memory_budget` for this run (the components built on the meta device from the model's
+    """The plan of `settings.memory_budget_gib` for this run (the components built on the meta device from the model's
     configs; the host's available memory read now, before the pipeline is built there). EnvironmentProblem (exit 4)
     where it cannot be met."""
     from ltxbench.models.family import torch_dtype
@@ -85,4 +85,4 @@ def plan_for(family, settings) -> MemoryPlan:
     configs = family.builder.component_configs(settings.model)
     parts = family.builder.build_components(configs, "meta", torch_dtype(settings.dtype))
     host_free, _ = available("cpu")
-    return plan_memory(settings.memory_budget, footprint(family, settings, parts), host_free)
+    return plan_memory(settings.memory_budget_gib, footprint(family, settings, parts), host_free)

@@ -182,10 +182,24 @@ class VideoFamily(ModelFamily):
 
         return parallelize(pipe.transformer, current_world(), self.parallel_plan(), self.tokens(pipe, settings))
 
+    def inject_placed(self, pipe, settings):
+        """inject(); under --memory-budget with the streamers uninstalled around it (memory.apply.Placement.around),
+        and its report's revert likewise."""
+        from ltxbench.memory.apply import placement_of
+
+        placement = placement_of(pipe)
+        return self.inject(pipe, settings) if placement is None else placement.around(
+            lambda: self.inject(pipe, settings))
+
     def apply_config(self, target, settings, config: str):
-        """The configuration's patch, then, in a parallel run, the split on top (reverted first)."""
+        """The configuration's patch (ours under --memory-budget: with the streamers uninstalled around it), then, in
+        a parallel run, the split on top (reverted first)."""
+        from ltxbench.memory.apply import placement_of
         from ltxbench.parallel.launch import current_world
 
+        placement = placement_of(target)
+        if placement is not None and Configuration(config).ours:
+            return placement.around(lambda: ModelFamily.apply_config(self, target, settings, config))
         report = super().apply_config(target, settings, config)
         if current_world() is None:
             return report
@@ -211,7 +225,7 @@ class VideoFamily(ModelFamily):
                               lambda c: self.iteration(pipe, self.settings_for(settings, c), embeds)[0],
                               settings.warmup,
                               settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
-                              compile_scope=settings.compile_scope)
+                              compile_scope=settings.compile_scope, warmed_up=_budget_enforcer(pipe, log))
         extra = after() if after is not None else {}
         for name, res in results.items():
             if Configuration(name).ours:
@@ -236,7 +250,7 @@ class VideoFamily(ModelFamily):
         errors = {}
         for precision in precisions:
             errors[precision] = precision_error.measure(
-                pipe, lambda p: self.inject(pipe, dataclasses.replace(settings, precision=p)),
+                pipe, lambda p: self.inject_placed(pipe, dataclasses.replace(settings, precision=p)),
                 lambda: self.iteration(pipe, settings, embeds), log, run_full=lambda: self.iteration(pipe, settings),
                 precision=precision)
             log(precision_error.summary(errors[precision]))
@@ -291,6 +305,24 @@ class VideoFamily(ModelFamily):
         timings["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         frames = pipe.video_processor.postprocess_video(outputs["vae_decode"].float(), output_type="np")[0]
         return list(frames), timings, self.audio(pipe, outputs)
+
+
+def _budget_enforcer(pipe, log):
+    """Under --memory-budget on a GPU: what run_configs calls after its untimed first iteration, which caps the
+    caching allocator so that the budget holds (memory.budget.enforce); None otherwise."""
+    from ltxbench.memory.apply import placement_of
+
+    placement = placement_of(pipe)
+    if placement is None or placement.device.type != "cuda":
+        return None
+
+    def enforce():
+        from ltxbench.memory.budget import enforce
+
+        placement.enforced = enforce(placement.device, placement.plan.budget_bytes)
+        log(f"memory budget enforced: {placement.enforced['describe']}")
+
+    return enforce
 
 
 class _WithParallel:

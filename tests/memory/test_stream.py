@@ -122,6 +122,26 @@ def test_with_our_injection_the_streamed_ltx2_keeps_its_fusions_and_its_output()
         report.revert()
 
 
+def test_fp8_weights_stream_with_their_scales_and_the_placeholders_stay_empty():
+    """precision fp8 (reference provider): the FP8 weights, scales and concatenated biases are buffers of the
+    blocks, streamed like the rest; the emptied bf16 placeholders have nothing to stream."""
+    from ltxbench.inject.fp8 import DATA
+    from ltxbench.inject.fp8_held import Fp8Placeholder
+
+    model = ltx2_transformer()
+    report = inject_ltx2.apply_kernels(model, "reference", precision="fp8")
+    expected = ltx2_call(model)
+    streamer = BlockStreamer(model.transformer_blocks, (0, 2, 3, 5), 2, "cpu")
+    placeholders = [p for p in model.parameters() if isinstance(p, Fp8Placeholder)]
+    assert placeholders and all(p.numel() == 0 for p in placeholders)
+    blocks = model.transformer_blocks  # blocks 0 and 3 live in slot 0: their FP8 weights at one address
+    assert getattr(blocks[0].attn1, DATA).data_ptr() == getattr(blocks[3].attn1, DATA).data_ptr()
+    got = [ltx2_call(model) for _ in range(2)]
+    streamer.revert()
+    report.revert()
+    assert all(_equal(g, expected) for g in got)
+
+
 def test_revert_gives_back_the_same_tensors_where_they_were_with_their_values():
     model = ltx2_transformer()
     inject = inject_ltx2.apply_kernels(model, "reference")  # the fused views too

@@ -96,3 +96,21 @@ def test_regional_compile_of_streamed_blocks_gives_the_compiled_resident_output(
         streamer.revert()
     torch._dynamo.reset()
     assert _equal(got, expected)
+
+
+def test_fp8_blocks_quantized_on_the_host_give_the_gpu_quantized_output():
+    """--memory-budget injects while the blocks are on the host: their FP8 copies are made on the GPU, kept on the
+    host, then streamed; the output is the one of the model quantized on the GPU."""
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("FP8 needs compute capability 9.0")
+    model = ltx2_cuda_transformer("ltx2-19b", torch.bfloat16, num_layers=6)
+    inputs = _inputs(model)
+    with inject_ltx2.apply_kernels(model, "cuda", precision="fp8"):
+        expected = _calls(model, inputs, 2)
+    model.transformer_blocks.cpu()
+    report = inject_ltx2.apply_kernels(model, "cuda", precision="fp8")
+    streamer = BlockStreamer(model.transformer_blocks, STREAMED, 2, "cuda")
+    got = _calls(model, inputs, 2)
+    streamer.revert()
+    report.revert()
+    assert _equal(got, expected)
