@@ -14,8 +14,8 @@ PLACEMENT_ATTR = "_ltxbench_memory_placement"  # in a placed pipeline's __dict__
 
 
 def placement_of(pipe):
-    """The Placement applied to `pipe`, or None."""
-    return vars(pipe).get(PLACEMENT_ATTR)
+    """The Placement applied to `pipe`, or None (also for objects without instance attributes)."""
+    return getattr(pipe, "__dict__", {}).get(PLACEMENT_ATTR)
 
 
 def _move_outside(module, skip: list, device) -> None:

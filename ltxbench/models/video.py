@@ -316,13 +316,13 @@ def _budget_enforcer(pipe, log):
     if placement is None or placement.device.type != "cuda":
         return None
 
-    def enforce():
+    def cap() -> None:
         from ltxbench.memory.budget import enforce
 
         placement.enforced = enforce(placement.device, placement.plan.budget_bytes)
         log(f"memory budget enforced: {placement.enforced['describe']}")
 
-    return enforce
+    return cap
 
 
 class _WithParallel:
