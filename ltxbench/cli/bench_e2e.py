@@ -124,7 +124,7 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
         config["parallel"] = described
     placement = placement_of(target)
     if placement is not None:  # the plan, the streamers as they stand, and how the budget was enforced
-        config["memory"] = {**placement.as_dict(), "enforced": getattr(placement, "enforced", None)}
+        config["memory"] = {**placement.as_dict(), "enforced": placement.enforced}
     if interrupted:
         config[INCOMPLETE] = {"reason": f"interrupted ({cause['signal']})", "measured": list(results),
                               "not_measured": [name for name in settings.configs if name not in results]}

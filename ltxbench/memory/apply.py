@@ -18,6 +18,29 @@ def placement_of(pipe):
     return getattr(pipe, "__dict__", {}).get(PLACEMENT_ATTR)
 
 
+def placed(pipe, patch):
+    """patch() (an injection: its report, or None) under `pipe`'s placement (Placement.around), or as it is where
+    there is none."""
+    placement = placement_of(pipe)
+    return patch() if placement is None else placement.around(patch)
+
+
+def budget_enforcer(pipe, log):
+    """Under --memory-budget on a GPU: what bench e2e calls after its untimed first iteration, capping the caching
+    allocator so that the budget holds (memory.budget.enforce; recorded as the placement's `enforced`); else None."""
+    placement = placement_of(pipe)
+    if placement is None or placement.device.type != "cuda":
+        return None
+
+    def cap() -> None:
+        from ltxbench.memory.budget import enforce
+
+        placement.enforced = enforce(placement.device, placement.plan.budget_bytes)
+        log(f"memory budget enforced: {placement.enforced['describe']}")
+
+    return cap
+
+
 def _move_outside(module, skip: list, device) -> None:
     """Every parameter and buffer of `module` but those of the modules in `skip` to `device` (the Parameters kept:
     references to them, tied weights included, stay valid)."""
@@ -44,6 +67,7 @@ class Placement:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.streamers: list = []
+        self.enforced: dict | None = None  # bench e2e: how the budget was held to (budget_enforcer)
 
     def place(self) -> None:
         for name, _ in self.plan.resident:

@@ -183,24 +183,21 @@ class VideoFamily(ModelFamily):
         return parallelize(pipe.transformer, current_world(), self.parallel_plan(), self.tokens(pipe, settings))
 
     def inject_placed(self, pipe, settings):
-        """inject(); under --memory-budget with the streamers uninstalled around it (memory.apply.Placement.around),
-        and its report's revert likewise."""
-        from ltxbench.memory.apply import placement_of
+        """inject(); under --memory-budget with the streamers uninstalled around it, and its revert likewise."""
+        from ltxbench.memory.apply import placed
 
-        placement = placement_of(pipe)
-        return self.inject(pipe, settings) if placement is None else placement.around(
-            lambda: self.inject(pipe, settings))
+        return placed(pipe, lambda: self.inject(pipe, settings))
 
     def apply_config(self, target, settings, config: str):
         """The configuration's patch (ours under --memory-budget: with the streamers uninstalled around it), then, in
         a parallel run, the split on top (reverted first)."""
-        from ltxbench.memory.apply import placement_of
+        from ltxbench.memory.apply import placed
         from ltxbench.parallel.launch import current_world
 
-        placement = placement_of(target)
-        if placement is not None and Configuration(config).ours:
-            return placement.around(lambda: ModelFamily.apply_config(self, target, settings, config))
-        report = super().apply_config(target, settings, config)
+        if Configuration(config).ours:
+            report = placed(target, lambda: ModelFamily.apply_config(self, target, settings, config))
+        else:
+            report = super().apply_config(target, settings, config)
         if current_world() is None:
             return report
         return _WithParallel(report, self.parallelize(target, settings), config)
@@ -217,6 +214,7 @@ class VideoFamily(ModelFamily):
 
     def bench(self, pipe, settings, log) -> dict:
         from ltxbench.bench.e2e import run_configs
+        from ltxbench.memory.apply import budget_enforcer
 
         embeds = self.prepare(pipe, settings)
         after = self.before_configs(pipe, settings, embeds, log)
@@ -225,7 +223,7 @@ class VideoFamily(ModelFamily):
                               lambda c: self.iteration(pipe, self.settings_for(settings, c), embeds)[0],
                               settings.warmup,
                               settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
-                              compile_scope=settings.compile_scope, warmed_up=_budget_enforcer(pipe, log))
+                              compile_scope=settings.compile_scope, warmed_up=budget_enforcer(pipe, log))
         extra = after() if after is not None else {}
         for name, res in results.items():
             if Configuration(name).ours:
@@ -305,24 +303,6 @@ class VideoFamily(ModelFamily):
         timings["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
         frames = pipe.video_processor.postprocess_video(outputs["vae_decode"].float(), output_type="np")[0]
         return list(frames), timings, self.audio(pipe, outputs)
-
-
-def _budget_enforcer(pipe, log):
-    """Under --memory-budget on a GPU: what run_configs calls after its untimed first iteration, which caps the
-    caching allocator so that the budget holds (memory.budget.enforce); None otherwise."""
-    from ltxbench.memory.apply import placement_of
-
-    placement = placement_of(pipe)
-    if placement is None or placement.device.type != "cuda":
-        return None
-
-    def cap() -> None:
-        from ltxbench.memory.budget import enforce
-
-        placement.enforced = enforce(placement.device, placement.plan.budget_bytes)
-        log(f"memory budget enforced: {placement.enforced['describe']}")
-
-    return cap
 
 
 class _WithParallel:
