@@ -18,6 +18,9 @@ COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # the modes that replay CUDA graphs
 COMPILE_SCOPES = ("model", "regional")  # the whole model (nn.Module.compile) or each repeated block (regional)
 COMPILE_CACHES = ("shared", "cold")  # bench e2e --compile-cache: inductor's usual cache, or a fresh one
+# The record param naming the --memory-budget (GiB) a configuration ran under: the same configuration under another
+# budget (or none) is another measurement (results.schema.record_key keys on the params).
+MEMORY_BUDGET = "memory_budget_gib"
 
 
 class Configuration(str):

@@ -178,6 +178,19 @@ def ltx2_generate(pipe, **overrides):
         return pipe(**{**LTX2_GENERATE, **overrides}, generator=torch.Generator("cpu").manual_seed(3))
 
 
+def ltx2_transformer(num_layers: int = 6):
+    """ltx2-tiny's transformer with `num_layers` blocks (seed 0; CPU, fp32), realistic modulation tables."""
+    from diffusers import LTX2VideoTransformer3DModel
+
+    from ltxbench.models.ltx2_build import component_configs
+
+    torch.manual_seed(0)
+    config = {**component_configs("ltx2-tiny")["transformer"], "num_layers": num_layers}
+    model = LTX2VideoTransformer3DModel.from_config(config).eval().requires_grad_(False)
+    realistic_modulation(model)
+    return model
+
+
 def ltx2_inputs(transformer, batch=2, per_token=False):
     """One transformer call's inputs at 9 frames 64x64 (3 latent frames, 2x2 tokens each) and 16 text tokens."""
     gen = torch.Generator().manual_seed(5)

@@ -106,7 +106,8 @@ def _progress(name: str, i: int, warmup: int, repeats: int) -> str:
 
 
 def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: int, device, log,
-                compile_mode: str = "default", rounds: int = 1, monitor=None, compile_scope: str = "model") -> dict:
+                compile_mode: str = "default", rounds: int = 1, monitor=None, compile_scope: str = "model",
+                warmed_up=None) -> dict:
     """Every configuration on the one model, each from a clean state: warmups, then timed repeats (peak memory
     reset between them); apply(config) patches (see `configuration`), run(config) does one iteration.
     {config: summary} with peak_memory_bytes and the injection report.
@@ -117,6 +118,7 @@ def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: in
     the same build, one process). Compile time and the injection report are the first round's.
     On CUDA the GPU's SM clock, power and temperature are sampled during the timed repeats (gpu_monitor; summary
     key gpu_samples, absent where NVML cannot be read); monitor(device) makes the monitor (tests pass a fake).
+    warmed_up(): called once after the untimed first iteration (--memory-budget caps the allocator there).
     Ctrl-C raises Interrupted with the configurations measured so far."""
     results: dict = {name: None for name in configs}
     # One untimed iteration of the unpatched eager model before any configuration: the process's one-time costs
@@ -124,6 +126,8 @@ def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: in
     # calls) land here and not in whichever configuration runs first.
     log("untimed first iteration (unpatched, eager)")
     run("baseline")
+    if warmed_up is not None:
+        warmed_up()
     try:
         _run_rounds(module, configs, apply, run, warmup, repeats, device, log, (compile_mode, compile_scope), rounds,
                     monitor, results)
@@ -171,6 +175,7 @@ def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compi
                 if summary["compile_s"] is not None:  # inductor's on-disk caches outlive dynamo.reset(): say if hit
                     summary["compile_cache"] = compile_cache
                 summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
+                summary["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device) if cuda else None
                 summary["injection"] = injection
                 if sampler is not None:
                     summary["gpu_samples"] = sampler.samples
@@ -237,6 +242,7 @@ def pool_rounds(first: dict, later: dict) -> dict:
     if "gpu_samples" in first and "gpu_samples" in later:
         pooled["gpu_samples"] = {name: first["gpu_samples"][name] + later["gpu_samples"][name]
                                  for name in first["gpu_samples"]}
-    if first.get("peak_memory_bytes") is not None:
-        pooled["peak_memory_bytes"] = max(first["peak_memory_bytes"], later["peak_memory_bytes"])
+    for key in ("peak_memory_bytes", "peak_reserved_bytes"):
+        if first.get(key) is not None:
+            pooled[key] = max(first[key], later[key])
     return pooled

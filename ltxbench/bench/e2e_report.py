@@ -140,6 +140,8 @@ def phase_records(results: dict, params: dict, dtype: str, phases, step: str, ra
         precision = dtype if ran_in == "bf16" else ran_in  # what the projections ran in
         common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
                   **gpu_summary(res.get("gpu_samples"), len(res["total_ms"]))}
+        if res.get("peak_reserved_bytes") is not None:  # the caching allocator's peak (a --memory-budget caps it)
+            common["peak_reserved_bytes"] = res["peak_reserved_bytes"]
         for record_name, key in phases:
             if key not in res:
                 continue

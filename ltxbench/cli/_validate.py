@@ -175,3 +175,28 @@ def require_mp4_writer(output, audio: bool) -> None:
         return  # diffusers' OpenCV fallback
     raise EnvironmentProblem(f"cannot write the mp4 {output}: {reason}",
                              hint="pip install imageio-ffmpeg (a dependency of ltxbench: reinstall it)")
+
+
+def memory_budget(family, settings, cpu_offload: bool = False) -> None:
+    """--memory-budget: LTX-Video or LTX-2, on one CUDA GPU, without another way of placing the weights and without
+    CUDA graphs (the streamed blocks' loads run between graph replays, not inside them)."""
+    from ltxbench.configurations import CUDA_GRAPH_MODES
+
+    budget = settings.memory_budget_gib
+    if budget is None:
+        return
+    flag = f"--memory-budget {budget:g}"
+    if not getattr(family, "memory_stacks", None):
+        raise UsageError(f"{flag} applies to LTX-Video and LTX-2 models, not {family.title}",
+                         hint="drop --memory-budget")
+    if settings.device != "cuda":
+        raise UsageError(f"{flag} needs --device cuda (it budgets GPU memory)")
+    if settings.gpus > 1:
+        raise UsageError(f"{flag} runs on one GPU: drop it, or --gpus {settings.gpus}")
+    if cpu_offload:
+        raise UsageError(f"{flag} and --cpu-offload both place the weights: choose one",
+                         hint="--memory-budget streams the blocks it cannot hold; --cpu-offload moves whole models")
+    if settings.compile_mode in CUDA_GRAPH_MODES:
+        raise UsageError(f"{flag} with --compile-mode {settings.compile_mode} (CUDA graphs) is not supported",
+                         hint="streamed blocks load between the kernels a graph would replay: use --compile-mode "
+                              "default or max-autotune-no-cudagraphs")

@@ -34,6 +34,7 @@ def e2e_command(**values) -> None:
     from ltxbench.cli._validate import (
         check_outputs,
         known_model,
+        memory_budget,
         model_and_weights,
         result_outputs,
         runtime,
@@ -60,6 +61,7 @@ def e2e_command(**values) -> None:
     values["kernel_provider"], values["dtype"] = runtime(values["device"], values["kernel_provider"], values["dtype"])
     settings = family.settings("bench e2e", **values)
     family.validate(settings, "bench e2e")
+    memory_budget(family, settings)
     check_outputs(result_outputs(values["output"], values["plot"]), values["force"])
     settings.parallel = _parallel.split_or_relaunch(family, settings.gpus, settings.parallel, settings.device)
 
@@ -75,19 +77,22 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
     from rich.console import Console
 
     from ltxbench.bench import e2e, e2e_report, precision_error
-    from ltxbench.cli import _parallel
+    from ltxbench.cli import _memory, _parallel
     from ltxbench.cli._console import console as wide_console
     from ltxbench.errors import CheckFailed
+    from ltxbench.memory.apply import placement_of
     from ltxbench.results.io import write_result
     from ltxbench.results.schema import INCOMPLETE, make_result, utc_now
 
     console, err = _parallel.quiet_unless_main(wide_console(), Console(stderr=True, highlight=False, soft_wrap=True))
-    started = utc_now()
-    with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
-        target = family.build(settings)
 
     def log(text: str) -> None:
         err.print(text, markup=False)
+
+    plan = _memory.planned(family, settings, log)
+    started = utc_now()
+    with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
+        target = _memory.build(family, settings, plan)
 
     args = settings.as_args()
     params = e2e.record_params(args, ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats",
@@ -117,6 +122,9 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
               "untimed_first_iteration": True}
     if described is not None:
         config["parallel"] = described
+    placement = placement_of(target)
+    if placement is not None:  # the plan, the streamers as they stand, and how the budget was enforced
+        config["memory"] = {**placement.as_dict(), "enforced": placement.enforced}
     if interrupted:
         config[INCOMPLETE] = {"reason": f"interrupted ({cause['signal']})", "measured": list(results),
                               "not_measured": [name for name in settings.configs if name not in results]}

@@ -32,6 +32,7 @@ def generate_command(**values) -> None:
     from ltxbench.cli._validate import (
         check_outputs,
         known_model,
+        memory_budget,
         model_and_weights,
         not_a_folder,
         prompt_text,
@@ -62,6 +63,7 @@ def generate_command(**values) -> None:
     if settings.precision == "fp8-attention" and values["attention_backend"]:
         raise UsageError(f"--precision fp8-attention runs FlashAttention-3 itself: drop --attention-backend "
                          f"{values['attention_backend']}")
+    memory_budget(family, settings, values["cpu_offload"])
     if settings.device == "cpu" and values["cpu_offload"]:
         raise UsageError("--cpu-offload needs --device cuda")
     if settings.gpus > 1 and values["cpu_offload"]:
@@ -86,24 +88,26 @@ def generate_command(**values) -> None:
 
 def _run(family, settings, values: dict, output: Path, world) -> None:
     """Build, patch, generate, then (rank 0, once every rank has finished) write the mp4 and the result."""
-    from ltxbench.cli import _parallel
+    from ltxbench.cli import _memory, _parallel
     from ltxbench.cli._console import console
     from ltxbench.errors import EnvironmentProblem
+    from ltxbench.memory.apply import placement_of
     from ltxbench.parallel.launch import current_world
     from ltxbench.results.schema import utc_now
 
     json_path, force = output.with_suffix(".json"), values["force"]
     err = _parallel.quiet_unless_main(console(stderr=True))
+    plan = _memory.planned(family, settings, lambda text: err.print(text, markup=False))
     started_at = utc_now()
     with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
-        pipe = family.build(settings)
+        pipe = _memory.build(family, settings, plan)
 
     if values["use_optimized_kernels"]:
         if settings.kernel_provider == "cuda":
             from ltxbench import ops
 
             ops.gemm_tuning(values["gemm_search"])  # before the first step: the search happens at a shape's first call
-        injection = family.inject(pipe, settings).as_dict()
+        injection = family.inject_placed(pipe, settings).as_dict()
         if not injection.get("applied"):
             from rich.markup import escape
 
@@ -133,6 +137,8 @@ def _run(family, settings, values: dict, output: Path, world) -> None:
               "negative_prompt": settings.negative_prompt, "output": str(output)}
     if described is not None:
         config["parallel"] = described
+    if placement_of(pipe) is not None:
+        config["memory"] = placement_of(pipe).as_dict()
     argv = command_line("generate", {**values, "parallel": settings.parallel, "force": force})
     doc = _result(config, timings, injection, argv, settings.seed, started_at, finished_at)
 
@@ -247,6 +253,7 @@ def _write_wav(path: Path, waveform, rate: int) -> None:
 
 
 def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at, finished_at) -> dict:
+    from ltxbench.configurations import MEMORY_BUDGET
     from ltxbench.results.schema import make_record, make_result, stats_from_samples
 
     provider = injection.get("provider", "diffusers") if injection.get("applied") else "diffusers"
@@ -254,6 +261,8 @@ def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at
                                      "guidance_scale", "compile", "attention_backend", "cpu_offload")}
     if config.get("image") is not None:  # image-to-video; text-to-video records stay as they were
         params["image"] = config["image"]
+    if config.get(MEMORY_BUDGET) is not None:  # --memory-budget; records without it stay as they were
+        params[MEMORY_BUDGET] = config[MEMORY_BUDGET]
     if "parallel" in config:  # over several GPUs; one-GPU records stay as they were
         params["gpus"], params["parallel"] = config["gpus"], config["parallel"]["split"]
 

@@ -71,6 +71,9 @@ SHARED = {o.name: o for o in (
            "GPUs), ulysses or ring (diffusers' context parallelism over the video tokens), cfg+ulysses or cfg+ring "
            "(both; 4+ GPUs), hybrid (LTX-2, 2 GPUs: the guidance pair as cfg, each batch-1 pass as ulysses). "
            "Default: cfg on 2 GPUs (LTX-2: hybrid), cfg+ulysses on 4 or more (even), else ulysses."),
+    Option("memory_budget_gib", ("--memory-budget",), float, None, "GiB of GPU memory the run may use (LTX-Video, "
+           "LTX-2; one GPU): the pipeline is built in host memory and what does not fit streams from pinned host "
+           "memory, layer by layer, exactly (docs/memory.md); the plan is printed before the run.", bounds=(2, 4096)),
     Option("kernel_provider", ("--kernel-provider",), str, None, "cuda | reference (default: cuda on cuda, reference "
            "on cpu)."),
     Option("dtype", ("--dtype",), str, None, _DEVICE),
@@ -134,6 +137,7 @@ def takes_options(command: str) -> Callable:
         @functools.wraps(fn)
         def checked(**values):
             check_choices(command, values)
+            check_bounds(command, values)
             return fn(**values)
 
         checked.__signature__ = inspect.Signature([_parameter(o, command) for o in declared(command)],
@@ -141,6 +145,20 @@ def takes_options(command: str) -> Callable:
         return checked
 
     return decorate
+
+
+def check_bounds(command: str, values: dict) -> None:
+    """A shared option's value outside its declared bounds is a usage error naming the flag and the range (the
+    families check their own options: ModelFamily.check_bounds)."""
+    from ltxbench.errors import UsageError
+
+    for option in declared(command):
+        value = values.get(option.name)
+        if option.name in SHARED and option.bounds is not None and value is not None:
+            lo, hi = option.bounds
+            if not lo <= value <= hi:
+                side = f"below the minimum of {lo}" if value < lo else f"above the maximum of {hi}"
+                raise UsageError(f"{option.flags[0]} {value:g} is {side} (allowed: {lo} to {hi})")
 
 
 def check_choices(command: str, values: dict) -> None:

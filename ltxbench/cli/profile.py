@@ -31,6 +31,7 @@ def profile_command(**values) -> None:
     from ltxbench.cli._validate import (
         check_outputs,
         known_model,
+        memory_budget,
         model_and_weights,
         not_a_folder,
         runtime,
@@ -54,6 +55,7 @@ def profile_command(**values) -> None:
     values["kernel_provider"], values["dtype"] = runtime(values["device"], values["kernel_provider"], values["dtype"])
     settings = family.settings("profile", **values)
     family.validate(settings, "profile")
+    memory_budget(family, settings)
     output, force = values["output"], values["force"]
     not_a_folder("--output", output, "profile.json")
     json_path, csv_path = result_paths(default_path("profile") if output is None else output)
@@ -78,20 +80,23 @@ def _run(family, settings, json_path, traces: dict, force: bool, output, world) 
 
     from ltxbench.bench import profile
     from ltxbench.bench.e2e import record_params
-    from ltxbench.cli import _parallel
+    from ltxbench.cli import _memory, _parallel
     from ltxbench.cli._console import console as wide_console
+    from ltxbench.memory.apply import placement_of
     from ltxbench.results.io import write_result
     from ltxbench.results.schema import make_result, utc_now
 
     console, err = _parallel.quiet_unless_main(wide_console(), wide_console(stderr=True))
     if settings.device == "cpu":  # Kineto's log on a CPU is its failed GPU probe ("gpuGetDeviceCount failed")
         os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    started = utc_now()
-    with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
-        target = family.build(settings)
 
     def log(text: str) -> None:
         err.print(text, markup=False)
+
+    plan = _memory.planned(family, settings, log)
+    started = utc_now()
+    with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
+        target = _memory.build(family, settings, plan)
 
     described = ranks = None
     if world is None:
@@ -109,6 +114,8 @@ def _run(family, settings, json_path, traces: dict, force: bool, output, world) 
               "totals_ms": {name: res["total_ms"] for name, res in results.items()},
               "traces": {name: res["trace"] for name, res in results.items()},
               "injection": {name: res["injection"] for name, res in results.items()}}
+    if placement_of(target) is not None:
+        config["memory"] = placement_of(target).as_dict()
     if described is not None:
         config["parallel"] = described
         config["ranks"] = ranks  # every rank's kernel time per family (profile.rank_summary), by rank

@@ -136,7 +136,7 @@ def store_weights(report, ops, owner, linears, what: str, classes: dict, names: 
     joined = len(linears) > 1
     holder = owner if joined else linears[0]
     weight = torch.cat([layer.weight.detach() for layer in linears]) if joined else linears[0].weight.detach()
-    data, scale = ops.quantize_fp8(weight)
+    data, scale = _quantize(ops, weight)
     _add_buffer(report, holder, DATA, data)
     _add_buffer(report, holder, SCALE, scale)
     splits = tuple(layer.out_features for layer in linears)
@@ -158,6 +158,17 @@ def store_weights(report, ops, owner, linears, what: str, classes: dict, names: 
         if joined and layer.bias is not None:  # its rows of the owner's bias buffer are what the GEMM reads
             free_on_device(report, layer, "bias")
     return True
+
+
+def _quantize(ops, weight) -> tuple:
+    """ops.quantize_fp8(weight); our kernels quantize a weight held on the host (blocks kept there to stream them,
+    --memory-budget) on the current GPU, and the FP8 copy stays where the weight is."""
+    import ltxbench.ops as cuda_ops
+
+    if ops is cuda_ops and weight.device.type == "cpu":
+        data, scale = ops.quantize_fp8(weight.to(torch.device("cuda", torch.cuda.current_device())))
+        return data.cpu(), scale.cpu()
+    return ops.quantize_fp8(weight)
 
 
 def is_fast_accumulation(accumulation: str) -> bool:

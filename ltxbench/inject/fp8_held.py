@@ -71,7 +71,8 @@ def free_on_device(report, layer, name: str) -> None:
     a host copy kept for revert."""
     _install_hooks()
     parameter = getattr(layer, name)
-    host = parameter.detach().to("cpu", copy=True)
+    # a parameter on the host keeps its own storage for revert (a copy would double the host's share of the model)
+    host = parameter.detach() if parameter.device.type == "cpu" else parameter.detach().to("cpu", copy=True)
     kind = type(parameter)
     torch.Tensor.data.__set__(parameter, parameter.data.new_empty(0))
     parameter.__class__ = Fp8Placeholder

@@ -9,7 +9,8 @@ device/dtype, parameters replaced): the caller then runs the original layers. `f
 when the module holding them is moved or cast (`.to()`, model CPU offload), so that a move neither keeps the old
 concatenation alive nor ends the fusion. A view given other storage any other way (`param.data = ...`: a user's
 weight swap, PEFT's safe merge, diffusers' group offloading) ends its set's fusion at once (FusedView), which a
-compiled graph could not see by itself. Inference only: callers run the original path when gradients are needed.
+compiled graph could not see by itself; ltxbench.memory.stream moves a set's tensors together, layout kept, and
+records it (`relocated`). Inference only: callers run the original path when gradients are needed.
 """
 
 from __future__ import annotations
@@ -92,6 +93,18 @@ def _on_module_registered(parent, name, module):
     fused = _FUSED_OF.get(old) if old is not None else None
     if fused is not None and module is not old:
         _broken(fused)
+
+
+def fused_set(param) -> FusedWeights | None:
+    """The fused set whose concatenation `param` is a view of (None: not fused)."""
+    return _set_of(param)
+
+
+def relocated(sets) -> None:
+    """After the tensors of each set in `sets` (concatenations and views together) were given other storage with their
+    layout kept (ltxbench.memory.stream): record where the views start now, so that the fused GEMM stands for them."""
+    for fused in sets:
+        fused.ptrs = tuple(p.data_ptr() for p in fused.params)
 
 
 def release(fused: FusedWeights) -> None:

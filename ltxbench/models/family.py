@@ -68,6 +68,7 @@ class RunSettings:
     compile_cache: str | None = None   # bench e2e: shared | cold inductor cache
     gpus: int = 1                      # processes of one run, one per GPU (ltxbench.parallel.launch)
     parallel: str | None = None        # how they split the work (resolved: None on one GPU)
+    memory_budget_gib: float | None = None  # --memory-budget: GPU memory the run may use (ltxbench.memory)
 
     def as_args(self) -> dict:
         """The settings as the recorded arguments: fields a command does not take (None) are left out."""

@@ -69,6 +69,8 @@ class LTXVideoFamily(VideoFamily):
     options = OPTIONS
     image_to_video = "LTXImageToVideoPipeline"
     builder = ltx_build
+    memory_stacks = {"transformer": "transformer_blocks", "text_encoder": "encoder.block"}  # --memory-budget: T5's
+    text_tokens = TOKENIZER_MAX_LENGTH
 
     def claims(self, model: str) -> bool:
         from pathlib import Path

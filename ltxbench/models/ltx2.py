@@ -91,6 +91,10 @@ class LTX2Family(VideoFamily):
     image_to_video = "LTX2ImageToVideoPipeline"
     builder = ltx2_build
     guidance = _GUIDANCE
+    # --memory-budget: Gemma 3's decoder layers stream like the blocks; its image tower stays on the host (unused)
+    memory_stacks = {"transformer": "transformer_blocks", "text_encoder": "model.language_model.layers"}
+    memory_host_only = ("text_encoder.model.vision_tower", "text_encoder.model.multi_modal_projector")
+    text_tokens = MAX_SEQUENCE_LENGTH
 
     def claims(self, model: str) -> bool:
         from pathlib import Path

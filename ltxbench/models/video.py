@@ -115,6 +115,10 @@ class VideoFamily(ModelFamily):
     image_to_video: ClassVar[str]                          # diffusers' image-to-video pipeline class
     builder: ClassVar[ModuleType]  # its models/<family>_build module: validate_video_args, build_pipeline
     guidance: ClassVar[tuple[str, ...]] = ("guidance_scale",)  # settings that must not be negative
+    # --memory-budget (ltxbench.memory): component -> its stack of layers that can stream; parts left on the host
+    memory_stacks: ClassVar[dict[str, str]] = {}
+    memory_host_only: ClassVar[tuple[str, ...]] = ()
+    text_tokens: ClassVar[int] = 0  # the prompt length the text encoder runs
 
     # --- what a video family implements ---
     def encode(self, pipe, settings, device):
@@ -178,11 +182,22 @@ class VideoFamily(ModelFamily):
 
         return parallelize(pipe.transformer, current_world(), self.parallel_plan(), self.tokens(pipe, settings))
 
+    def inject_placed(self, pipe, settings):
+        """inject(); under --memory-budget with the streamers uninstalled around it, and its revert likewise."""
+        from ltxbench.memory.apply import placed
+
+        return placed(pipe, lambda: self.inject(pipe, settings))
+
     def apply_config(self, target, settings, config: str):
-        """The configuration's patch, then, in a parallel run, the split on top (reverted first)."""
+        """The configuration's patch (ours under --memory-budget: with the streamers uninstalled around it), then, in
+        a parallel run, the split on top (reverted first)."""
+        from ltxbench.memory.apply import placed
         from ltxbench.parallel.launch import current_world
 
-        report = super().apply_config(target, settings, config)
+        if Configuration(config).ours:
+            report = placed(target, lambda: ModelFamily.apply_config(self, target, settings, config))
+        else:
+            report = super().apply_config(target, settings, config)
         if current_world() is None:
             return report
         return _WithParallel(report, self.parallelize(target, settings), config)
@@ -199,6 +214,7 @@ class VideoFamily(ModelFamily):
 
     def bench(self, pipe, settings, log) -> dict:
         from ltxbench.bench.e2e import run_configs
+        from ltxbench.memory.apply import budget_enforcer
 
         embeds = self.prepare(pipe, settings)
         after = self.before_configs(pipe, settings, embeds, log)
@@ -207,7 +223,7 @@ class VideoFamily(ModelFamily):
                               lambda c: self.iteration(pipe, self.settings_for(settings, c), embeds)[0],
                               settings.warmup,
                               settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
-                              compile_scope=settings.compile_scope)
+                              compile_scope=settings.compile_scope, warmed_up=budget_enforcer(pipe, log))
         extra = after() if after is not None else {}
         for name, res in results.items():
             if Configuration(name).ours:
@@ -232,7 +248,7 @@ class VideoFamily(ModelFamily):
         errors = {}
         for precision in precisions:
             errors[precision] = precision_error.measure(
-                pipe, lambda p: self.inject(pipe, dataclasses.replace(settings, precision=p)),
+                pipe, lambda p: self.inject_placed(pipe, dataclasses.replace(settings, precision=p)),
                 lambda: self.iteration(pipe, settings, embeds), log, run_full=lambda: self.iteration(pipe, settings),
                 precision=precision)
             log(precision_error.summary(errors[precision]))

@@ -13,9 +13,10 @@ So weights changed between generations in a way no check can see (PEFT's `fuse_l
 bumps no version counter) always meet a fresh entry. Within a generation an entry is also dropped when a tensor it
 came from is no longer the same object at the same address and version: the prompt embeddings, caption_projection's
 parameters, each attn2's to_k/to_v/norm_k parameters; and while those layers are not plain nn.Linear / nn.RMSNorm (a
-LoRA wrapper changes the function, not the weights) or an attn2 does not run our processor, nothing is cached. The
-entry keeps the embeddings alive, so a new tensor cannot take over their identity. It holds the projected prompt and
-every block's k/v (2B, CFG, 128 tokens: 3 MB per block).
+LoRA wrapper changes the function, not the weights) or an attn2 does not run our processor, nothing is cached; nor
+while the blocks stream through shared slots (ltxbench.memory.stream): the build reads every block's weights before
+the blocks run, when most are not loaded. The entry keeps the embeddings alive, so a new tensor cannot take over
+their identity. It holds the projected prompt and every block's k/v (2B, CFG, 128 tokens: 3 MB per block).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+from ltxbench.memory import streamer_of
 
 CACHE_ATTR = "_ltxbench_cross_kv_cache"  # on the patched LTX model: its CrossKVCache
 
@@ -62,6 +65,8 @@ def cache_sources(model, encoder_hidden_states, processor_type) -> list | None:
     the caller, step.step_call, has already ruled out autograd, pre-hooks and hook wrappers)."""
     if not isinstance(encoder_hidden_states, torch.Tensor) or encoder_hidden_states.is_inference():
         return None  # inference tensors have no version counter: an in-place change would go unseen
+    if streamer_of(model.transformer_blocks) is not None:
+        return None  # blocks streamed (--memory-budget): the build would read weights not loaded yet
     projection = model.caption_projection
     linears = [getattr(projection, "linear_1", None), getattr(projection, "linear_2", None)]
     norms = []

@@ -12,6 +12,7 @@ from ltxbench.inject import original_class
 from ltxbench.inject.ltx.attention import takes_residual
 from ltxbench.inject.ltx.cfg import first_half
 from ltxbench.inject.ltx.step import block_modulation, modulation_of, step_inputs
+from ltxbench.memory import streamer_of
 
 
 def _self_attention(ops, block, hidden_states, norm, gate_msa, image_rotary_emb):
@@ -87,11 +88,14 @@ def fused_model_forward(ops):
             step = step_inputs(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask,
                                num_frames, height, width, rope_interpolation_scale, video_coords)
         blocks = self.transformer_blocks
+        streamer = streamer_of(blocks)  # --memory-budget: the chain uses a block's layers without calling it
         hidden_states = step.hidden_states
         ada = modulation_of(step, blocks, 0)
         norm = None if step.paired else ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0],
                                                               blocks[0].norm1.eps)
         for index, block in enumerate(blocks):
+            if streamer is not None:
+                streamer.enter(index)
             gate_mlp = ada[5]
             if index == 0 and step.paired:  # classifier-free guidance's identical halves: attn1 on one (cfg.py)
                 hidden_states = _paired_self_attention(ops, block, hidden_states, ada, step.rope)
@@ -99,6 +103,8 @@ def fused_model_forward(ops):
                 hidden_states = _self_attention(ops, block, hidden_states, norm, ada[2], step.rope)
             hidden_states, ff = _cross_attention_and_ff(ops, block, hidden_states, ada, step.prompt, step.mask,
                                                         step.block_kv[index])
+            if streamer is not None:  # the block's weights are read by now (its modulation tables stay resident)
+                streamer.leave(index)
             if index + 1 < len(blocks):
                 ada = modulation_of(step, blocks, index + 1)
                 norm, hidden_states = ops.add_rms_norm_modulate(hidden_states, ff, gate_mlp, ada[1], ada[0],

@@ -6,8 +6,10 @@ blocks, three calls per step with the pipeline's default guidance. TextKVCache k
 ops on the same inputs, so the result is bit for bit the model's; what goes is their time.
 
 An entry is reused only inside a generation and only for the same input view (address, shape, strides, dtype, version
-counter) and the same to_k / to_v / norm_k parameters (address and version), while those layers are plain nn.Linear /
-nn.RMSNorm; the entry keeps its input alive, so no other tensor can take its address.
+counter) and the same to_k / to_v / norm_k parameters (the same objects, at the same address and version), while those
+layers are plain nn.Linear / nn.RMSNorm; the entry keeps its input and its layers alive, so no other tensor can take
+the input's address and no other parameter a parameter's identity. An address alone never names weights: blocks
+streamed through one slot (ltxbench.memory.stream) share their weights' addresses, and each keeps its own entries.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class TextKVCache:
                 self.hits += 1
                 return result
         result = compute()
-        kept.append((stamp, source, result))  # the source stays alive: no other tensor can take its address
+        # the source and the layers stay alive: no other tensor takes the source's address or a parameter's id
+        kept.append((stamp, (source, layers), result))
         del kept[:-ENTRIES_PER_LAYER]
         self.builds += 1
         return result
@@ -80,12 +83,12 @@ def text_key_value(attn, text):
 
 def _stamp(source, layers) -> tuple | None:
     """What an entry must match: the input view (address, shape, strides, dtype, version) and every parameter
-    (address, version); None under autograd or for inference tensors (no version counter)."""
+    (identity, address, version); None under autograd or for inference tensors (no version counter)."""
     if not isinstance(source, torch.Tensor) or source.is_inference() or torch.is_grad_enabled():
         return None
     params = [p for layer in layers for p in layer._parameters.values() if p is not None]
     return (source.data_ptr(), tuple(source.shape), source.stride(), source.dtype, source._version,
-            *((p.data_ptr(), p._version) for p in params))
+            *((id(p), p.data_ptr(), p._version) for p in params))
 
 
 def _projection_forward(self, caption):

@@ -1,0 +1,33 @@
+"""--memory-budget in the commands: the plan made and printed before anything is built, then the pipeline built in
+host memory and placed by it (ltxbench.memory). Only the standard library at top level."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+def planned(family, settings, log):
+    """The run's MemoryPlan (its lines given to `log`), or None without --memory-budget. Exit 4 where the budget or
+    the host cannot hold the run."""
+    if settings.memory_budget_gib is None:
+        return None
+    from ltxbench.memory.sizes import plan_for
+
+    plan = plan_for(family, settings)
+    for line in plan.lines():
+        log(line)
+    return plan
+
+
+def build(family, settings, plan):
+    """family.build(settings); with a plan, built on the host, then placed: what the plan holds on the GPU moved
+    there, the streamers installed."""
+    if plan is None:
+        return family.build(settings)
+    from ltxbench.memory.apply import Placement
+
+    pipe = family.build(dataclasses.replace(settings, device="cpu"))
+    placement = Placement(pipe, plan, family, settings.device)
+    placement.place()
+    placement.install()
+    return pipe

@@ -1,0 +1,88 @@
+"""What a memory plan is made of, for a video family's run: every component counted on the meta device (no memory,
+no init; models.memory.module_bytes), split into the layer stacks that can stream (the family's `memory_stacks`), what
+runs outside them, what stays on the host unused (`memory_host_only`), and the activation estimates of the run's shapes
+(plan.activation_bytes, plan.decode_bytes)."""
+
+from __future__ import annotations
+
+import functools
+
+from ltxbench.memory.plan import Footprint, MemoryPlan, Stack, activation_bytes, decode_bytes, plan_memory
+
+TILE_FRAMES, TILE_SIDE = 17, 512  # a VAE decode tile with tiling on (diffusers' LTX VAEs: 16 frames, 512 pixels)
+
+
+def at(module, path: str):
+    """The submodule of `module` at the dotted `path`."""
+    return functools.reduce(getattr, path.split("."), module)
+
+
+def fp8_saving(block) -> int:
+    """Bytes FP8 saves on `block`: each nn.Linear weight at one byte per value, plus a float32 scale per row."""
+    import torch
+
+    return sum(m.weight.numel() * (m.weight.element_size() - 1) - 4 * m.out_features
+               for m in block.modules() if type(m) is torch.nn.Linear)
+
+
+def stack_of(component: str, module, path: str, host_only: tuple[str, ...] = (), fp8: bool = False) -> Stack:
+    """`module`'s stack at `path` (its largest block, FP8-sized when `fp8`) and the bytes outside it that run on the
+    GPU (not `host_only`)."""
+    from ltxbench.models.memory import module_bytes
+
+    blocks = list(at(module, path))
+    sizes = [module_bytes(b) - (fp8_saving(b) if fp8 else 0) for b in blocks]
+    outside = module_bytes(module) - sum(module_bytes(b) for b in blocks) - module_bytes(
+        *(at(module, p) for p in host_only))
+    return Stack(component, len(blocks), max(sizes), outside)
+
+
+def _host_only(family, component: str) -> tuple[str, ...]:
+    prefix = f"{component}."
+    return tuple(p.removeprefix(prefix) for p in family.memory_host_only if p.startswith(prefix))
+
+
+def footprint(family, settings, parts: dict) -> Footprint:
+    """The Footprint of `settings`' run of `family` whose components (on the meta device) are `parts`."""
+    from ltxbench.models.memory import module_bytes
+
+    fp8 = settings.precision != "bf16"
+    stacks = {name: stack_of(name, parts[name], path, _host_only(family, name), fp8 and name == "transformer")
+              for name, path in family.memory_stacks.items()}
+    transformer, text_encoder = stacks["transformer"], stacks["text_encoder"]
+    others = tuple((name, module_bytes(part)) for name, part in parts.items()
+                   if name not in stacks and hasattr(part, "parameters"))
+    built = module_bytes(*(p for p in parts.values() if hasattr(p, "parameters")))
+    if fp8:  # the FP8 copies are made on the host beside the bf16 weights (kept there for revert)
+        built += transformer.blocks * transformer.block_bytes
+    config, vae = parts["transformer"].config, parts["vae"].config
+    spatial = getattr(vae, "spatial_compression_ratio", None) or 32
+    temporal = getattr(vae, "temporal_compression_ratio", None) or 8
+    tokens = ((settings.num_frames - 1) // temporal + 1) * (settings.height // spatial) * (settings.width // spatial)
+    guided = any(getattr(settings, name, 0) > 1 for name in ("guidance_scale", "audio_guidance_scale"))
+    samples = settings.batch_size * (2 if guided else 1)
+    hidden = config.num_attention_heads * config.attention_head_dim
+    encoder = parts["text_encoder"]
+    text = encoder.config.get_text_config()
+    width = getattr(text, "hidden_size", None) or text.d_model
+    head = getattr(encoder, "lm_head", None)
+    encode = (activation_bytes(family.text_tokens, width, 1, vocab=head.out_features if head is not None else 0)
+              + (text_encoder.blocks + 1) * family.text_tokens * width * 2)  # every layer's hidden states, kept
+    channels = (getattr(vae, "decoder_block_out_channels", None) or vae.block_out_channels)[0]
+    return Footprint(transformer, text_encoder, others, built, activation_bytes(tokens, hidden, samples), encode,
+                     decode_bytes(settings.num_frames, settings.height, settings.width, channels, vae.patch_size),
+                     decode_bytes(min(settings.num_frames, TILE_FRAMES), min(settings.height, TILE_SIDE),
+                                  min(settings.width, TILE_SIDE), channels, vae.patch_size))
+
+
+def plan_for(family, settings) -> MemoryPlan:
+    """The plan of `settings.memory_budget_gib` for this run (the components built on the meta device from the model's
+    configs; the host's available memory read now, before the pipeline is built there). EnvironmentProblem (exit 4)
+    where it cannot be met."""
+    from ltxbench.models.family import torch_dtype
+    from ltxbench.models.memory import available
+
+    configs = family.builder.component_configs(settings.model)
+    parts = family.builder.build_components(configs, "meta", torch_dtype(settings.dtype))
+    host_free, _ = available("cpu")
+    return plan_memory(settings.memory_budget_gib, footprint(family, settings, parts), host_free)

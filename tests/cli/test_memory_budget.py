@@ -1,0 +1,102 @@
+"""--memory-budget on the command line: refused in one line (exit 2) where it cannot apply, before torch loads; and
+on the CPU (the device check and the plan forced, the streamers then load synchronously) the commands print the
+plan, build the pipeline on the host, place it, run every configuration with the blocks streamed, and record the
+budget and the plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from ltxbench.cli import app
+from ltxbench.configurations import MEMORY_BUDGET
+from ltxbench.memory.plan import GIB, MemoryPlan, Streaming
+from tests.helpers import BENCH_E2E_LTX_TINY, LTX_TINY
+
+runner = CliRunner()
+LTX2_TINY = ["bench", "e2e", "--model", "ltx2-tiny", "--weights", "random", "--device", "cpu", "--num-frames", "9",
+             "--height", "64", "--width", "64", "--steps", "2", "--warmup-iterations", "1", "--repeats", "1",
+             "--kernel-provider", "reference"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["bench", "e2e", "--model", "llama-tiny", "--weights", "random"], "applies to LTX-Video and LTX-2 models"),
+    (BENCH_E2E_LTX_TINY, "--memory-budget 8 needs --device cuda"),
+    (["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--gpus", "2"], "runs on one GPU"),
+    (["profile", "--model", "ltx-tiny", "--weights", "random", "--compile-mode", "reduce-overhead"],
+     "(CUDA graphs) is not supported"),
+    (["generate", "--prompt", "x", "--model", "ltx-tiny", "--weights", "random", "--cpu-offload"],
+     "and --cpu-offload both place the weights"),
+])
+def test_refused_in_one_line_where_it_cannot_apply(args, needle, tmp_path):
+    result = runner.invoke(app, [*args, "--memory-budget", "8", "--output", str(tmp_path / "out.json")])
+    assert result.exit_code == 2, result.output
+    assert needle in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize(("value", "needle"), [("1", "below the minimum of 2"), ("5000", "above the maximum of 4096")])
+def test_its_bounds(value, needle, tmp_path):
+    result = runner.invoke(app, [*BENCH_E2E_LTX_TINY, "--memory-budget", value, "--output", str(tmp_path / "r.json")])
+    assert result.exit_code == 2 and needle in result.output, result.output
+
+
+@pytest.fixture
+def on_the_cpu(monkeypatch):
+    """The device check passed on the CPU, and a plan that streams every block of both stacks through 2 slots."""
+    from ltxbench.cli import _validate
+    from ltxbench.memory import sizes
+
+    check = _validate.memory_budget
+    monkeypatch.setattr(_validate, "memory_budget", lambda family, settings, cpu_offload=False: check(
+        family, dataclasses.replace(settings, device="cuda"), cpu_offload))
+
+    def all_streamed(budget_gib, need, host_free=None):
+        def stack(s):
+            return Streaming(s.component, s.blocks, s.block_bytes, tuple(range(s.blocks)), 2)
+
+        return MemoryPlan(int(budget_gib * GIB), stack(need.transformer), stack(need.text_encoder), need.others, 0,
+                          False, need.denoise_bytes, 0, 0)
+
+    monkeypatch.setattr(sizes, "plan_memory", all_streamed)
+
+
+def test_bench_e2e_streams_every_configuration_and_records_the_budget(on_the_cpu, captured, tmp_path):
+    from ltxbench.memory import streamer_of
+    from ltxbench.memory.apply import placement_of
+
+    out = tmp_path / "e2e.json"
+    result = runner.invoke(app, [*LTX2_TINY, "--configs", "baseline,optimized", "--memory-budget", "6",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "memory plan: budget 6.00 GiB" in result.output and "2 streamed" in result.output
+    doc = json.loads(out.read_text())
+    memory = doc["run"]["config"]["memory"]
+    assert memory["budget_gib"] == 6 and memory["transformer"]["streamed"] == [0, 1]
+    assert memory["enforced"] is None  # the CPU has no allocator to cap
+    assert doc["run"]["config"][MEMORY_BUDGET] == 6.0 and "--memory-budget" in doc["run"]["argv"]
+    assert {r["params"][MEMORY_BUDGET] for r in doc["records"]} == {6.0}
+    assert doc["run"]["config"]["injection"]["optimized"]["applied"] is True
+    pipe = captured["target"]
+    placement = placement_of(pipe)
+    assert placement is not None and len(placement.streamers) == 2  # installed again after the optimized revert
+    assert streamer_of(pipe.transformer.transformer_blocks) is placement.streamers[0]
+    assert streamer_of(pipe.text_encoder.model.language_model.layers) is placement.streamers[1]
+    blocks = pipe.transformer.transformer_blocks
+    assert all("forward" not in vars(block) for block in blocks)  # the injection reverted
+
+
+def test_generate_streams_and_records_the_plan(on_the_cpu, tmp_path):
+    from ltxbench.results.io import load_result
+
+    out = tmp_path / "x.mp4"
+    result = runner.invoke(app, ["generate", "--prompt", "a red fox", *LTX_TINY, "--memory-budget", "3",
+                                 "--precision", "fp8", "--kernel-provider", "reference", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = load_result(out.with_suffix(".json"))
+    assert doc["run"]["config"]["memory"]["text_encoder"]["streamed"] == [0, 1]
+    assert {r["params"][MEMORY_BUDGET] for r in doc["records"]} == {3.0}
+    assert doc["injection"]["applied"] is True and any(r.startswith("fp8: weights stored")
+                                                       for r in doc["injection"]["rules"])
