@@ -11,6 +11,8 @@ from __future__ import annotations
 import copy
 import math
 
+from ltxbench.configurations import Configuration
+
 FP8_COSINE_GATE = 0.995  # FP8 output against our bf16 kernels' output, one transformer step
 
 
@@ -138,7 +140,7 @@ def measure(pipe, inject, run_generation, log, run_full=None, precision: str = "
     args, kwargs = first_call_inputs(pipe, run_generation)
     outputs = {"baseline": _output(transformer, args, kwargs)}
     weights = {"bf16": weight_bytes(transformer)["total"]}
-    measured = f"optimized-{precision}"
+    measured = Configuration.of("ours", precision)
     for name, config in (("bf16", "optimized"), (precision, measured)):
         report = inject(name)
         try:
