@@ -126,6 +126,17 @@ def speedups(results: dict, name: str, key: str) -> dict:
     return out
 
 
+def flop_rates(res: dict, key: str, precision: str, params: dict) -> dict:
+    """model_tflop, tflops and mfu (flops.rates) of summary key `key` where the run counted its FLOPs, else {}."""
+    from ltxbench.bench.flops import rates
+
+    counted = res.get("model_flop") or {}
+    flop = (counted.get("units") or {}).get(key)
+    if flop is None or key not in res:
+        return {}
+    return rates(flop, statistics.median(res[key]), counted.get("gpu"), precision, params.get("gpus", 1))
+
+
 def phase_records(results: dict, params: dict, dtype: str, phases, step: str, rate: str) -> list[dict]:
     """One record per phase per configuration (provider = config) + compile: `phases` are (record name, summary key)
     pairs; the `step` record (a sample per step) also carries `rate` (steps/s), the steps' total per iteration and,
@@ -145,7 +156,7 @@ def phase_records(results: dict, params: dict, dtype: str, phases, step: str, ra
         for record_name, key in phases:
             if key not in res:
                 continue
-            derived = {**common, **speedups(results, name, key)}
+            derived = {**common, **speedups(results, name, key), **flop_rates(res, key, precision, params)}
             if record_name == step:
                 median = statistics.median(res[key])
                 derived[rate] = 1e3 / median if median > 0 else None
