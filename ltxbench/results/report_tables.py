@@ -248,6 +248,20 @@ def profile_table(doc: dict):
                          for name, vals in rows.items()])
 
 
+def attention_table(doc: dict):
+    """`bench micro attention`: per shape and backend, µs, TFLOP/s, % of the dense bf16 peak and the fp32 check."""
+    import pandas as pd
+
+    rows = []
+    for rec in doc["records"]:
+        derived, check, median = rec.get("derived") or {}, rec.get("check") or {}, rec["stats"]["median"]
+        rows.append({"shape": f"{rec['params']['shape_name']} ({'x'.join(map(str, rec['params']['shape']))})",
+                     "backend": rec["provider"], "µs": _us(median), "TFLOP/s": _num(derived.get("tflops"), ".1f"),
+                     "% of peak": _num(derived.get("pct_of_peak"), ".1f"),
+                     "check": DASH if not check else ("ok" if check.get("passed") else "FAIL")})
+    return pd.DataFrame(rows)
+
+
 def generic_table(doc: dict):
     import pandas as pd
 
@@ -257,7 +271,7 @@ def generic_table(doc: dict):
                          for r in doc["records"]])
 
 
-TABLES = {"e2e": e2e_table, "micro": micro_table, "profile": profile_table}
+TABLES = {"e2e": e2e_table, "micro": micro_table, "profile": profile_table, "micro-attention": attention_table}
 
 
 def table_for(doc: dict):

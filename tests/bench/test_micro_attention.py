@@ -84,3 +84,15 @@ def test_bad_arguments_exit_2(extra, tmp_path):
     args += [a for a in extra if a != "rmsnorm"]
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output
+
+
+def test_the_report_table_shows_rates_and_not_applicable_rows():
+    from ltxbench.results.report_tables import table_for
+
+    shape = ma.AttentionShape(1, 1, 1000, 1000, 250)
+    stats = {"median": 0.001, "p20": 0.001, "p80": 0.001, "min": 0.001, "max": 0.001, "n": 1}
+    records = [ma.record("s", shape, "flash", stats, "NVIDIA H200", error=0.0),
+               ma.record("s", shape, "cudnn", None, "NVIDIA H200", reason="refused")]
+    frame = table_for({"kind": "micro-attention", "records": records})
+    assert frame["TFLOP/s"].tolist() == ["1000.0", "–"] and frame["µs"].tolist() == ["1.00", "n/a"]
+    assert frame["check"].tolist() == ["ok", "–"]
