@@ -107,7 +107,7 @@ def _progress(name: str, i: int, warmup: int, repeats: int) -> str:
 
 def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: int, device, log,
                 compile_mode: str = "default", rounds: int = 1, monitor=None, compile_scope: str = "model",
-                warmed_up=None) -> dict:
+                warmed_up=None, unit_flops=None) -> dict:
     """Every configuration on the one model, each from a clean state: warmups, then timed repeats (peak memory
     reset between them); apply(config) patches (see `configuration`), run(config) does one iteration.
     {config: summary} with peak_memory_bytes and the injection report.
@@ -119,21 +119,41 @@ def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: in
     On CUDA the GPU's SM clock, power and temperature are sampled during the timed repeats (gpu_monitor; summary
     key gpu_samples, absent where NVML cannot be read); monitor(device) makes the monitor (tests pass a fake).
     warmed_up(): called once after the untimed first iteration (--memory-budget caps the allocator there).
+    unit_flops(timings, calls): the family's FLOPs per timed unit ({summary key: FLOPs}, ltxbench.bench.flops) from
+    the first iteration's timings and the FLOPs of each call of `module` in it, counted there by torch; every
+    summary then carries them as model_flop {"units", "gpu"} (the records' model_tflop, tflops and mfu).
     Ctrl-C raises Interrupted with the configurations measured so far."""
     results: dict = {name: None for name in configs}
     # One untimed iteration of the unpatched eager model before any configuration: the process's one-time costs
     # (cuBLAS / cuDNN handles, lazily loaded kernels, the allocator's first blocks, the first text-encoder and VAE
     # calls) land here and not in whichever configuration runs first.
     log("untimed first iteration (unpatched, eager)")
-    run("baseline")
+    model_flop = None
+    if unit_flops is None:
+        run("baseline")
+    else:
+        model_flop = count_model_flops(module, lambda: run("baseline"), unit_flops, device)
     if warmed_up is not None:
         warmed_up()
     try:
         _run_rounds(module, configs, apply, run, warmup, repeats, device, log, (compile_mode, compile_scope), rounds,
-                    monitor, results)
+                    monitor, results, model_flop)
     except KeyboardInterrupt as stop:
         raise Interrupted({name: res for name, res in results.items() if res is not None}) from stop
     return results
+
+
+def count_model_flops(module, run, unit_flops, device) -> dict:
+    """{"units": {summary key: FLOPs}, "gpu": the device's name or None off CUDA} of one run() of the unpatched
+    model, its calls of `module` counted by torch (flops.per_call); the run is otherwise the untimed one it was."""
+    import torch
+
+    from ltxbench.bench import flops
+
+    timings, calls = flops.per_call(module, run)
+    device = torch.device(device)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
+    return {"units": unit_flops(timings, calls), "gpu": gpu}
 
 
 class Interrupted(KeyboardInterrupt):
@@ -145,7 +165,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compiling, rounds, monitor,
-                results) -> None:
+                results, model_flop=None) -> None:
     """run_configs' measurement: each configuration's summary goes into `results` as soon as it is complete."""
     import torch
 
@@ -177,6 +197,8 @@ def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compi
                 summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
                 summary["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device) if cuda else None
                 summary["injection"] = injection
+                if model_flop is not None:
+                    summary["model_flop"] = model_flop
                 if sampler is not None:
                     summary["gpu_samples"] = sampler.samples
             results[name] = summary if results[name] is None else pool_rounds(results[name], summary)

@@ -23,6 +23,11 @@ def _by_config(records) -> dict:
     return rows
 
 
+def step_record(row: dict) -> dict | None:
+    """A configuration's step record (denoise_step, decode_step): the one its rate, TFLOP/s and MFU come from."""
+    return row.get("denoise_step") or row.get("decode_step")
+
+
 def _fmt(value, spec=".1f", suffix="") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
@@ -45,6 +50,11 @@ def render_table(records, title: str = "ltxbench bench e2e"):
                      if key in rec.get("derived", {})), None)
     for col in (RATES.get(rate_key, "rate"), "vs baseline", "vs compile", "compile s", "peak GiB"):
         table.add_column(col, justify="right")
+    # The step's achieved TFLOP/s and its share of the GPU's dense peak (bench.flops), where they were counted.
+    counted = any("tflops" in (step_record(row) or {}).get("derived", {}) for row in rows.values())
+    if counted:
+        table.add_column("step TFLOP/s", justify="right")
+        table.add_column("MFU", justify="right")
     # The GPU's clock during the timed repeats, where it was sampled: at the power cap, a denser step runs slower.
     clocked = any("gpu_sm_mhz_median" in rec.get("derived", {}) for row in rows.values() for rec in row.values())
     if clocked:
@@ -68,10 +78,15 @@ def render_table(records, title: str = "ltxbench bench e2e"):
         if metered:
             gpu_cells.append(_fmt((step or {}).get("derived", {}).get("gpu_energy_j_per_step"), ".1f"))
         precision = [precision_label(next(iter(row.values())))] if fp8 else []
+        flop_cells = []
+        if counted:
+            unit = (step_record(row) or {}).get("derived", {})
+            mfu = unit.get("mfu")
+            flop_cells = [_fmt(unit.get("tflops"), ".1f"), _fmt(None if mfu is None else 100 * mfu, ".1f", "%")]
         table.add_row(config, *precision, *cells, _fmt(rate, ".2f"),
                       _fmt(derived.get("speedup_vs_baseline"), ".2f", "x"),
                       _fmt(derived.get("speedup_vs_compile"), ".2f", "x"), _fmt(derived.get("compile_s"), ".1f"),
-                      _fmt(peak / 2**30 if peak is not None else None, ".2f"), *gpu_cells)
+                      _fmt(peak / 2**30 if peak is not None else None, ".2f"), *flop_cells, *gpu_cells)
     return table
 
 
@@ -126,6 +141,17 @@ def speedups(results: dict, name: str, key: str) -> dict:
     return out
 
 
+def flop_rates(res: dict, key: str, precision: str, params: dict) -> dict:
+    """model_tflop, tflops and mfu (flops.rates) of summary key `key` where the run counted its FLOPs, else {}."""
+    from ltxbench.bench.flops import rates
+
+    counted = res.get("model_flop") or {}
+    flop = (counted.get("units") or {}).get(key)
+    if flop is None or key not in res:
+        return {}
+    return rates(flop, statistics.median(res[key]), counted.get("gpu"), precision, params.get("gpus", 1))
+
+
 def phase_records(results: dict, params: dict, dtype: str, phases, step: str, rate: str) -> list[dict]:
     """One record per phase per configuration (provider = config) + compile: `phases` are (record name, summary key)
     pairs; the `step` record (a sample per step) also carries `rate` (steps/s), the steps' total per iteration and,
@@ -145,7 +171,7 @@ def phase_records(results: dict, params: dict, dtype: str, phases, step: str, ra
         for record_name, key in phases:
             if key not in res:
                 continue
-            derived = {**common, **speedups(results, name, key)}
+            derived = {**common, **speedups(results, name, key), **flop_rates(res, key, precision, params)}
             if record_name == step:
                 median = statistics.median(res[key])
                 derived[rate] = 1e3 / median if median > 0 else None

@@ -15,6 +15,7 @@ EXAMPLES = (
     "  ltxbench bench micro rmsnorm rmsnorm_residual --shapes llm --providers cuda,F.rms_norm,compile,liger\n\n"
     "  ltxbench bench micro rmsnorm --variant weight --shapes odd --dtype bf16,fp32\n\n"
     "  ltxbench bench micro all --shapes seed --output results/micro.json --plot results/micro.png\n\n"
+    "  ltxbench bench micro attention --shapes ltx2 --providers flash,cudnn,efficient,flash_attn_3\n\n"
     "Exit codes: 0 ok, 1 a cuda kernel failed its correctness check (files are still written), "
     "2 bad arguments, 4 no GPU / build problem."
 )
@@ -51,6 +52,12 @@ def micro_command(
     from ltxbench.cli._validate import check_outputs, result_outputs
     from ltxbench.errors import NoCudaDevice, UsageError
 
+    if kernels and "attention" in kernels:
+        if kernels != ["attention"] or variant is not None or plot is not None or dtype != "bf16":
+            raise UsageError("bench micro attention runs alone, in bf16, without --variant or --plot",
+                             hint="ltxbench bench micro attention [--shapes ltx|ltx2|all] [--providers flash,...]")
+        _attention(shapes, providers, timer, seed, output, force)
+        return
     specs = micro.resolve_kernels(kernels)
     dtypes = micro.parse_choices(dtype, micro.DTYPE_NAMES, "--dtype")
     if shapes not in micro.SHAPE_GROUPS:
@@ -117,3 +124,42 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
         more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
         raise CheckFailed(f"cuda kernel outside tolerance: {failures[0]}{more}",
                           hint="the table's check column and the JSON's check fields have the details")
+
+
+def _attention(shapes: str, providers: str, timer: str, seed: int, output, force: bool) -> None:
+    """`bench micro attention`: SDPA per backend at our models' shapes (ltxbench.bench.micro_attention)."""
+    from ltxbench.bench import micro, micro_attention
+    from ltxbench.cli._validate import check_outputs, result_outputs
+    from ltxbench.errors import CheckFailed, NoCudaDevice, UsageError
+
+    chosen = micro_attention.parse_shapes(shapes)
+    backends = micro_attention.parse_backends(providers)
+    if timer not in micro.TIMERS:
+        raise UsageError(f"--timer: unknown timer {timer!r}; choose from {', '.join(micro.TIMERS)}")
+    check_outputs(result_outputs(output, None), force)
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise NoCudaDevice("micro benchmarking")
+    from rich.console import Console
+
+    from ltxbench.bench.timing import time_cuda
+    from ltxbench.cli._console import console as wide_console
+    from ltxbench.results.io import write_result
+    from ltxbench.results.schema import make_result, utc_now
+
+    console, log = wide_console(), Console(stderr=True, highlight=False)
+    started = utc_now()
+    records = micro_attention.measure(chosen, backends, lambda fn: time_cuda(fn, timer=timer), seed=seed,
+                                      log=lambda s: log.print(f"measuring {s}", markup=False))
+    argv = ["ltxbench", "bench", "micro", "attention", "--shapes", shapes, "--providers", ",".join(backends),
+            "--timer", timer, "--seed", str(seed)]
+    config = {"shapes": shapes, "providers": backends, "timer": timer, "atol": micro_attention.ATOL}
+    doc = make_result("micro-attention", argv, config, seed, started, utc_now(), records)
+    json_path, csv_path = write_result(doc, output, force)
+    console.print(micro_attention.render_table(records))
+    console.print(f"wrote {json_path} and {csv_path}", markup=False)
+    failures = micro_attention.failed(records)
+    if failures:
+        raise CheckFailed(f"attention outside tolerance: {failures[0]}", hint="the table's check column has the rest")

@@ -107,6 +107,7 @@ class LLMFamily(ModelFamily):
         return apply_kernels(model, settings.kernel_provider)
 
     def bench(self, model, settings: LLMSettings, log) -> dict:
+        from ltxbench.bench import flops
         from ltxbench.bench.e2e import run_configs
 
         ids = {n: row.to(model.device) for n, row in prompt_ids(settings, model.config.vocab_size).items()}
@@ -115,7 +116,8 @@ class LLMFamily(ModelFamily):
                                lambda config: run_once(model, settings, ids, compiled=Configuration(config).compiled,
                                                        fullgraph=Configuration(config).peer is None),
                                settings.warmup, settings.repeats, model.device, log, settings.compile_mode,
-                               settings.rounds, compile_scope=settings.compile_scope)
+                               settings.rounds, compile_scope=settings.compile_scope,
+                               unit_flops=lambda _timings, calls: flops.llm_units(settings.prompt_lengths, calls))
         finally:
             vars(model).pop("_compiled_call", None)  # generate()'s compiled step (transformers caches it here)
 
@@ -248,7 +250,7 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
                   decode_compile_mode: str = DECODE_COMPILE_DEFAULT) -> list[dict]:
     """prefill (one per prompt length), decode_step (tokens/s derived), generate, compile records per config.
     The decode records of the compile configs carry decode_compile_mode (how generate() compiled the step)."""
-    from ltxbench.bench.e2e_report import compile_derived, speedups
+    from ltxbench.bench.e2e_report import compile_derived, flop_rates, speedups
     from ltxbench.bench.gpu_monitor import summarize as gpu_summary
     from ltxbench.results.schema import make_record, stats_from_samples
 
@@ -260,7 +262,8 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
             key = f"prefill_{length}_ms"
             records.append(make_record("prefill", name, dtype, {**params, "prompt_len": length}, "time", "ms",
                                        "lower", stats_from_samples(res[key]),
-                                       derived={**common, **speedups(results, name, key)}))
+                                       derived={**common, **speedups(results, name, key),
+                                                **flop_rates(res, key, dtype, params)}))
         decode_params = {**params, "prompt_len": prompt_lengths[0], "new_tokens": new_tokens}
         if Configuration(name).compiled:
             decode_params["decode_compile_mode"] = decode_compile_mode
@@ -268,7 +271,7 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
                 decode_params["decode_fullgraph"] = False
         if res["step_ms"]:
             median = statistics.median(res["step_ms"])
-            derived = {**common, **speedups(results, name, "step_ms"),
+            derived = {**common, **speedups(results, name, "step_ms"), **flop_rates(res, "step_ms", dtype, params),
                        "tokens_per_s": 1e3 * params.get("batch_size", 1) / median if median > 0 else None}
             records.append(make_record("decode_step", name, dtype, decode_params, "time", "ms", "lower",
                                        stats_from_samples(res["step_ms"]), derived=derived))

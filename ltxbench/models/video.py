@@ -214,6 +214,7 @@ class VideoFamily(ModelFamily):
 
     def bench(self, pipe, settings, log) -> dict:
         from ltxbench.bench.e2e import run_configs
+        from ltxbench.bench.flops import video_step
         from ltxbench.memory.apply import budget_enforcer
 
         embeds = self.prepare(pipe, settings)
@@ -223,9 +224,12 @@ class VideoFamily(ModelFamily):
                               lambda c: self.iteration(pipe, self.settings_for(settings, c), embeds)[0],
                               settings.warmup,
                               settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
-                              compile_scope=settings.compile_scope, warmed_up=budget_enforcer(pipe, log))
+                              compile_scope=settings.compile_scope, warmed_up=budget_enforcer(pipe, log),
+                              unit_flops=video_step)
         extra = after() if after is not None else {}
         for name, res in results.items():
+            if self.settings_for(settings, name) is not settings:  # other work than the one counted (stg-off)
+                res.pop("model_flop", None)
             if Configuration(name).ours:
                 res["injection"].update(extra)
         for precision, error in errors.items():  # one measurement each, under the precision's first configuration

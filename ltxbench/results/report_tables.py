@@ -142,6 +142,10 @@ def e2e_table(doc: dict):
         row["vs compile"] = _num(derived.get("speedup_vs_compile"), ".3f", "×")
         if "tokens_per_s" in derived:
             row["tok/s"] = _num(derived["tokens_per_s"], ".1f")
+        # The step's achieved TFLOP/s and MFU (ltxbench.bench.flops); older files lack them: the columns drop out.
+        unit = (recs.get("denoise_step") or recs.get("decode_step") or {}).get("derived", {})
+        row["step TFLOP/s"] = _num(unit.get("tflops"), ".1f")
+        row["MFU"] = _num(None if unit.get("mfu") is None else 100 * unit["mfu"], ".1f", "%")
         row["SM MHz"] = _num(derived.get("gpu_sm_mhz_median"), ".0f")
         capped = derived.get("gpu_power_capped_share")
         row["power-capped"] = _num(None if capped is None else 100 * capped, ".0f", "%")
@@ -244,6 +248,20 @@ def profile_table(doc: dict):
                          for name, vals in rows.items()])
 
 
+def attention_table(doc: dict):
+    """`bench micro attention`: per shape and backend, µs, TFLOP/s, % of the dense bf16 peak and the fp32 check."""
+    import pandas as pd
+
+    rows = []
+    for rec in doc["records"]:
+        derived, check, median = rec.get("derived") or {}, rec.get("check") or {}, rec["stats"]["median"]
+        rows.append({"shape": f"{rec['params']['shape_name']} ({'x'.join(map(str, rec['params']['shape']))})",
+                     "backend": rec["provider"], "µs": _us(median), "TFLOP/s": _num(derived.get("tflops"), ".1f"),
+                     "% of peak": _num(derived.get("pct_of_peak"), ".1f"),
+                     "check": DASH if not check else ("ok" if check.get("passed") else "FAIL")})
+    return pd.DataFrame(rows)
+
+
 def generic_table(doc: dict):
     import pandas as pd
 
@@ -253,7 +271,7 @@ def generic_table(doc: dict):
                          for r in doc["records"]])
 
 
-TABLES = {"e2e": e2e_table, "micro": micro_table, "profile": profile_table}
+TABLES = {"e2e": e2e_table, "micro": micro_table, "profile": profile_table, "micro-attention": attention_table}
 
 
 def table_for(doc: dict):

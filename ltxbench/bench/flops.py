@@ -1,0 +1,131 @@
+"""Model FLOPs of a timed unit (a denoising step, a prefill, a decode step), the TFLOP/s a run achieved and its MFU:
+the share of the GPU's dense peak for the precision the projections ran in.
+
+How the FLOPs are counted: torch's own `torch.utils.flop_counter.FlopCounterMode` around every call of the
+unpatched model during `bench e2e`'s untimed first iteration (the run's own inputs, on its own device: the
+classifier-free-guidance batch, the token counts, the text masks and the LLM's static KV cache exactly as the
+pipeline builds them, with no second model to build on the meta device). torch counts the matrix products
+(mm, addmm, bmm, baddbmm, _scaled_mm, convolutions) at 2 FLOPs per multiply-add and every SDPA backend at
+4·B·H·Sq·Sk·D for the forward (QKᵀ and PV); element-wise work, norms and softmax are not counted, as is usual for
+MFU. Attention is counted over every key, as torch does (a causal mask is not discounted: the convention of
+published MFU figures). Only the standard library at top level.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+
+# Dense (no 2:4 sparsity) tensor-core peaks in TFLOP/s with fp32 accumulation, from NVIDIA's datasheets: H100 / H200
+# (H100 SXM5 and H200 SXM: bf16 989.4, fp8 1978.9; H100 PCIe 756.5 / 1513), A100 (bf16 312; no fp8), L40S (362.05
+# / 733, the Ada datasheet) and the GeForce RTX 4090 (Ada whitepaper, fp32 accumulate: 165.2 / 330.3). Keyed by a
+# pattern of torch.cuda.get_device_name(); the first that matches wins, so the PCIe H100 comes before the SXM one.
+PEAK_TFLOPS: tuple[tuple[str, dict], ...] = (
+    (r"H100.*PCIe", {"bf16": 756.5, "fp8": 1513.0}),
+    (r"H100 (80GB HBM3|SXM)", {"bf16": 989.4, "fp8": 1978.9}),
+    (r"H200", {"bf16": 989.4, "fp8": 1978.9}),
+    (r"A100", {"bf16": 312.0}),
+    (r"L40S", {"bf16": 362.0, "fp8": 733.0}),
+    (r"RTX 4090", {"bf16": 165.2, "fp8": 330.3}),
+)
+
+
+def peak_class(precision: str) -> str | None:
+    """The peak a record's precision is held against: bf16 (and fp16, the same rate), fp8 where the projections
+    ran in FP8 (fp8, fp8-attention); None for fp32 and anything else (no MFU)."""
+    if precision in ("bf16", "fp16"):
+        return "bf16"
+    return "fp8" if precision.startswith("fp8") else None
+
+
+def peak_tflops(gpu: str | None, precision: str) -> float | None:
+    """The dense peak of GPU `gpu` (its device name) for `precision`, or None (a GPU not in the table, the CPU)."""
+    kind = peak_class(precision)
+    if not gpu or kind is None:
+        return None
+    for pattern, peaks in PEAK_TFLOPS:
+        if re.search(pattern, gpu):
+            return peaks.get(kind)
+    return None
+
+
+def rates(model_flop: float | None, median_ms: float, gpu: str | None, precision: str, gpus: int = 1) -> dict:
+    """The derived fields of a timing record: model_tflop (per timed unit), tflops (achieved at the median) and, on
+    a GPU of the table, mfu (a fraction of `gpus` × the peak: a run over several GPUs shares the unit's work).
+    {} when the FLOPs were not counted."""
+    if not model_flop or median_ms is None or median_ms <= 0:
+        return {}
+    out = {"model_tflop": model_flop / 1e12, "tflops": model_flop / (median_ms * 1e-3) / 1e12}
+    peak = peak_tflops(gpu, precision)
+    if peak is not None:
+        out["mfu"] = out["tflops"] / (peak * gpus)
+    return out
+
+
+def attention_flops(batch: int, heads: int, queries: int, keys: int, head_dim: int) -> int:
+    """Forward FLOPs of attention: two GEMMs (QKᵀ: Sq×D by D×Sk; PV: Sq×Sk by Sk×D), 2 FLOPs per multiply-add."""
+    return 4 * batch * heads * queries * keys * head_dim
+
+
+def _count_cpu_attention() -> None:
+    """torch's counter knows the GPU SDPA kernels but not the CPU one it dispatches to on the CPU: the same formula
+    for it, so that a CPU run counts its attention too (registered once; left alone where torch has one)."""
+    import torch
+    from torch.utils import flop_counter
+
+    op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+    if op in flop_counter.flop_registry or op.default in flop_counter.flop_registry:
+        return
+
+    @flop_counter.register_flop_formula(op)
+    def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+        return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def per_call(module, fn) -> tuple[object, list[int]]:
+    """(fn(), [FLOPs of each call of `module` during it]): torch's FLOP counter around each forward, so that work
+    outside the module (text encoder, VAE, sampling) is not counted."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _count_cpu_attention()
+    calls: list[int] = []
+    active: list = []
+
+    def enter(_module, _args, _kwargs=None):
+        mode = FlopCounterMode(display=False)
+        mode.__enter__()
+        active.append(mode)
+
+    def leave(_module, _args, _output):
+        mode = active.pop()
+        mode.__exit__(None, None, None)
+        calls.append(mode.get_total_flops())
+
+    handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    try:
+        result = fn()
+    finally:
+        for handle in handles:
+            handle.remove()
+        while active:  # a call that raised: leave its counter
+            active.pop().__exit__(None, None, None)
+    return result, calls
+
+
+def video_step(timings: dict, calls: list[int]) -> dict:
+    """{summary key: FLOPs} of a video generation: the transformer's calls over its denoising steps (a step with
+    classifier-free guidance is one call of the doubled batch, or one per branch where the pipeline splits them)."""
+    steps = len(timings.get("step_ms") or ())
+    return {"step_ms": sum(calls) / steps} if steps and calls else {}
+
+
+def llm_units(prompt_lengths: list[int], calls: list[int]) -> dict:
+    """{summary key: FLOPs} of one LLM iteration (llm.run_once): a prefill per length, then generate()'s own
+    prefill and its decode steps. A decode step's FLOPs are the mean over them (its attention reads the static
+    cache, whose length does not change; the step_ms samples are the intervals between those calls)."""
+    n = len(prompt_lengths)
+    out = {f"prefill_{length}_ms": calls[i] for i, length in enumerate(prompt_lengths) if i < len(calls)}
+    decode = calls[n + 1:]
+    if decode:
+        out["step_ms"] = statistics.fmean(decode)
+    return out

@@ -1,0 +1,209 @@
+"""`bench micro attention`: scaled-dot-product attention at our models' shapes, per backend (torch's SDPA backends
+forced one at a time, and FlashAttention 2 / 3 where the pip packages import): median µs, TFLOP/s and % of the
+GPU's dense bf16 peak, each output checked against an fp32 reference. Attention is not one of our ops (no kernel of
+ours to compare), so it is a named benchmark beside the kernels, with its own shapes. Only the standard library at
+top level: the arithmetic is tested on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ltxbench.bench.flops import attention_flops, peak_tflops
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """One attention call: (batch, heads, query tokens, key tokens, head dim); masked: an additive text mask."""
+
+    batch: int
+    heads: int
+    queries: int
+    keys: int
+    head_dim: int
+    masked: bool = False
+
+    @property
+    def flops(self) -> int:
+        return attention_flops(self.batch, self.heads, self.queries, self.keys, self.head_dim)
+
+    def as_list(self) -> list[int]:
+        return [self.batch, self.heads, self.queries, self.keys, self.head_dim]
+
+
+# At 512x768 with classifier-free guidance (batch 2): LTX-Video 2B 32 heads of 64, 2688 video tokens at 49 frames and
+# 8064 at 161 (ops/shapes.LTX_SHAPES), text cross-attention over 128 T5 tokens; LTX-2 19B 32 heads of 128, 6144 video
+# tokens at 121 frames, text cross-attention over 1024 Gemma tokens. The text keys carry the prompt's padding mask.
+SHAPES = {
+    "ltx": {"ltx2b-49f-self": AttentionShape(2, 32, 2688, 2688, 64),
+            "ltx2b-161f-self": AttentionShape(2, 32, 8064, 8064, 64),
+            "ltx2b-161f-text": AttentionShape(2, 32, 8064, 128, 64, masked=True)},
+    "ltx2": {"ltx2-19b-video-self": AttentionShape(2, 32, 6144, 6144, 128),
+             "ltx2-19b-video-text": AttentionShape(2, 32, 6144, 1024, 128, masked=True)},
+}
+SHAPES["all"] = {**SHAPES["ltx"], **SHAPES["ltx2"]}
+SDPA_BACKENDS = ("flash", "cudnn", "efficient")  # torch.nn.attention.SDPBackend FLASH_ATTENTION, ...
+PACKAGES = {"flash_attn": "flash_attn", "flash_attn_3": "flash_attn_interface"}  # backend -> module it imports
+BACKENDS = SDPA_BACKENDS + tuple(PACKAGES)
+ATOL = 2e-2  # bf16 inputs and output (8 bits of mantissa) over softmax-weighted sums of unit-scale values
+UNMASKED_KEYS = 0.75  # the share of text keys the mask keeps (the rest: the prompt's padding)
+
+
+def parse_shapes(group: str) -> dict:
+    from ltxbench.errors import UsageError
+
+    if group not in SHAPES:
+        raise UsageError(f"--shapes {group!r}: bench micro attention takes {', '.join(SHAPES)}")
+    return SHAPES[group]
+
+
+def parse_backends(text: str) -> list[str]:
+    from ltxbench.errors import UsageError
+
+    names = list(BACKENDS) if text == "all" else [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in BACKENDS]
+    if bad or not names:
+        raise UsageError(f"--providers {text!r}: bench micro attention takes {', '.join(BACKENDS)} or all")
+    return names
+
+
+def derived_rates(shape: AttentionShape, median_ms: float, gpu: str | None) -> dict:
+    """TFLOP of the call, TFLOP/s at the median and % of the dense bf16 peak (absent off the peak table)."""
+    out = {"tflop": shape.flops / 1e12, "tflops": shape.flops / (median_ms * 1e-3) / 1e12}
+    peak = peak_tflops(gpu, "bf16")
+    if peak is not None:
+        out["pct_of_peak"] = 100 * out["tflops"] / peak
+    return out
+
+
+def inputs(shape: AttentionShape, device: str, seed: int) -> dict:
+    """q, k, v (B, H, S, D) bf16, unit scale; an additive mask (B, 1, Sq, Sk) with a padded tail where masked."""
+    import torch
+
+    gen = torch.Generator(device).manual_seed(seed)
+
+    def make(tokens):
+        return torch.randn(shape.batch, shape.heads, tokens, shape.head_dim, generator=gen, device=device,
+                           dtype=torch.bfloat16)
+
+    out = {"q": make(shape.queries), "k": make(shape.keys), "v": make(shape.keys), "mask": None}
+    if shape.masked:
+        mask = torch.zeros(shape.batch, 1, shape.queries, shape.keys, device=device, dtype=torch.bfloat16)
+        mask[..., int(UNMASKED_KEYS * shape.keys):] = torch.finfo(torch.bfloat16).min
+        out["mask"] = mask
+    return out
+
+
+def reference(x: dict):
+    """The fp32 output (math backend, one batch row at a time to bound the score matrix's memory)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    rows = []
+    with sdpa_kernel(SDPBackend.MATH):
+        for b in range(x["q"].shape[0]):
+            mask = None if x["mask"] is None else x["mask"][b:b + 1].float()
+            rows.append(torch.nn.functional.scaled_dot_product_attention(
+                *(x[n][b:b + 1].float() for n in "qkv"), attn_mask=mask))
+    return torch.cat(rows)
+
+
+def call(backend: str, x: dict):
+    """A no-argument call of `backend` on the inputs; raises NotApplicable where the backend cannot run them."""
+    import importlib
+
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if backend in SDPA_BACKENDS:
+        which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                 "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]
+
+        def run():
+            with sdpa_kernel(which):
+                return torch.nn.functional.scaled_dot_product_attention(x["q"], x["k"], x["v"], attn_mask=x["mask"])
+        return run
+    if x["mask"] is not None:
+        raise NotApplicable(f"{backend} takes no additive mask")
+    try:
+        module = importlib.import_module(PACKAGES[backend])
+    except ImportError as exc:
+        raise NotApplicable(f"{PACKAGES[backend]} does not import ({exc.__class__.__name__})") from None
+    q, k, v = (x[n].transpose(1, 2).contiguous() for n in "qkv")  # (B, S, H, D)
+
+    def run_package():
+        out = module.flash_attn_func(q, k, v)
+        out = out[0] if isinstance(out, tuple) else out  # FlashAttention 3 returns (out, lse) in some versions
+        return out.transpose(1, 2)
+    return run_package
+
+
+class NotApplicable(Exception):
+    """A backend that does not run a shape (refused by torch's dispatcher, a missing package, a mask it lacks)."""
+
+
+def measure(shapes: dict, backends: list[str], time_fn, device: str = "cuda", seed: int = 0, log=print) -> list[dict]:
+    """One record per (shape, backend): timed with time_fn (stats in ms) and checked, or n/a with its reason."""
+    import torch
+
+    gpu = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else None
+    records = []
+    for name, shape in shapes.items():
+        x = inputs(shape, device, seed)
+        ref = reference(x)
+        for backend in backends:
+            log(f"attention {name}: {backend}")
+            try:
+                fn = call(backend, x)
+                try:
+                    out = fn()
+                except RuntimeError as exc:  # torch's SDPA refuses a shape with a RuntimeError (no kernel)
+                    raise NotApplicable(str(exc).splitlines()[0][:200]) from None
+                error = (out.float() - ref).abs().max().item()
+                stats = time_fn(fn)
+            except NotApplicable as why:
+                records.append(record(name, shape, backend, None, gpu, reason=str(why)))
+                continue
+            records.append(record(name, shape, backend, stats, gpu, error=error))
+        del x, ref
+        torch.cuda.empty_cache()
+    return records
+
+
+def record(name: str, shape: AttentionShape, backend: str, stats: dict | None, gpu: str | None,
+           error: float | None = None, reason: str | None = None) -> dict:
+    """A result record (kind micro-attention); stats None: the backend was not applicable (`reason`)."""
+    from ltxbench.results.schema import STATS_KEYS, make_record
+
+    params = {"shape_name": name, "shape": shape.as_list(), "masked": shape.masked}
+    if stats is None:
+        return make_record("attention", backend, "bf16", params, "time", "ms", "lower",
+                           {k: None for k in STATS_KEYS}, derived={"not_applicable": reason})
+    return make_record("attention", backend, "bf16", params, "time", "ms", "lower", stats,
+                       derived=derived_rates(shape, stats["median"], gpu),
+                       check={"max_abs_err": error, "atol": ATOL, "passed": error <= ATOL})
+
+
+def render_table(records):
+    from rich.table import Table
+
+    table = Table(title="ltxbench bench micro attention (bf16, forward)")
+    for col in ("shape", "B×H×Sq×Sk×D", "backend", "µs", "TFLOP/s", "% of peak", "max abs err", "check"):
+        table.add_column(col, justify="left" if col in ("shape", "backend", "check") else "right")
+    for rec in records:
+        derived, check, median = rec["derived"], rec.get("check") or {}, rec["stats"]["median"]
+        dims = "×".join(map(str, rec["params"]["shape"])) + (" masked" if rec["params"]["masked"] else "")
+        if median is None:
+            table.add_row(rec["params"]["shape_name"], dims, rec["provider"], "n/a", "-", "-", "-",
+                          derived.get("not_applicable") or "")
+            continue
+        pct = derived.get("pct_of_peak")
+        table.add_row(rec["params"]["shape_name"], dims, rec["provider"], f"{1e3 * median:.1f}",
+                      f"{derived['tflops']:.1f}", "-" if pct is None else f"{pct:.1f}",
+                      f"{check['max_abs_err']:.3g}", "ok" if check["passed"] else "FAIL")
+    return table
+
+
+def failed(records) -> list[str]:
+    return [f"{r['params']['shape_name']} {r['provider']} (max abs err {r['check']['max_abs_err']:.3g} > {ATOL})"
+            for r in records if r.get("check") and not r["check"]["passed"]]

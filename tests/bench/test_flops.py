@@ -1,0 +1,125 @@
+"""Model FLOPs (bench.flops): torch's counter on the tiny models against hand counts, the peak table, the derived
+rates, and their place in `bench e2e`'s records and tables."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ltxbench.bench import e2e_report, flops
+from ltxbench.cli import app
+from ltxbench.results.report_tables import e2e_table
+from tests.helpers import BENCH_E2E_LTX_TINY, LLM_TINY, llm_build
+
+runner = CliRunner()
+
+
+def _gemm(m: int, k: int, n: int) -> int:
+    return 2 * m * k * n  # a multiply and an add per term
+
+
+def llama_prefill_by_hand(tokens: int) -> int:
+    """LLM_TINY's llama, one prefill keeping the last logits: per layer q, k, v, o, gate, up, down and attention."""
+    d, ff, heads, kv = LLM_TINY["hidden_size"], LLM_TINY["intermediate_size"], LLM_TINY["num_attention_heads"], \
+        LLM_TINY["num_key_value_heads"]
+    head_dim = d // heads
+    layer = (_gemm(tokens, d, d) + 2 * _gemm(tokens, d, kv * head_dim) + _gemm(tokens, d, d)
+             + 2 * _gemm(tokens, d, ff) + _gemm(tokens, ff, d)
+             + flops.attention_flops(1, heads, tokens, tokens, head_dim))
+    return LLM_TINY["num_hidden_layers"] * layer + _gemm(1, d, LLM_TINY["vocab_size"])
+
+
+def test_attention_flops_are_two_gemms():
+    assert flops.attention_flops(2, 32, 2688, 2688, 64) == 2 * _gemm(2 * 32 * 2688, 64, 2688)
+    assert flops.attention_flops(1, 1, 3, 5, 7) == 4 * 3 * 5 * 7
+
+
+def test_torch_counts_the_tiny_llama_prefill_as_by_hand():
+    model = llm_build("llama")
+    ids = torch.randint(3, LLM_TINY["vocab_size"], (1, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, calls = flops.per_call(model, lambda: model(input_ids=ids, use_cache=False, logits_to_keep=1))
+    assert calls == [llama_prefill_by_hand(12)]
+    assert not model._forward_hooks and not model._forward_pre_hooks  # the counter's hooks are gone
+
+
+def test_cpu_attention_is_counted_masked_or_not():
+    q, k = torch.randn(2, 4, 16, 8), torch.randn(2, 4, 32, 8)
+    mask = torch.zeros(2, 1, 16, 32)
+    from torch.utils.flop_counter import FlopCounterMode
+
+    flops._count_cpu_attention()
+    for kwargs in ({}, {"attn_mask": mask}):
+        with FlopCounterMode(display=False) as counter:
+            torch.nn.functional.scaled_dot_product_attention(q, k, k, **kwargs)
+        assert counter.get_total_flops() == flops.attention_flops(2, 4, 16, 32, 8)
+
+
+def test_units_of_an_iteration():
+    assert flops.video_step({"step_ms": [1.0, 2.0]}, [10, 10, 6, 6]) == {"step_ms": 16}
+    assert flops.video_step({"step_ms": []}, [10]) == {}
+    # two prefills, generate()'s prefill, then its decode steps
+    assert flops.llm_units([16, 32], [100, 200, 110, 5, 7]) == {"prefill_16_ms": 100, "prefill_32_ms": 200,
+                                                                "step_ms": 6}
+
+
+@pytest.mark.parametrize(("gpu", "precision", "peak"), [
+    ("NVIDIA H200", "bf16", 989.4), ("NVIDIA H200", "fp8", 1978.9), ("NVIDIA H100 80GB HBM3", "bf16", 989.4),
+    ("NVIDIA H100 PCIe", "bf16", 756.5), ("NVIDIA H100 PCIe", "fp8-attention", 1513.0),
+    ("NVIDIA A100-SXM4-80GB", "bf16", 312.0), ("NVIDIA A100-SXM4-80GB", "fp8", None), ("NVIDIA L40S", "fp8", 733.0),
+    ("NVIDIA GeForce RTX 4090", "fp16", 165.2), ("NVIDIA H200", "fp32", None), ("NVIDIA B9000", "bf16", None),
+    (None, "bf16", None)])
+def test_peak_table(gpu, precision, peak):
+    assert flops.peak_tflops(gpu, precision) == peak
+
+
+def test_rates_tflops_and_mfu():
+    got = flops.rates(989.4e12 * 0.5 * 0.002, 2.0, "NVIDIA H200", "bf16")  # half the peak's work in 2 ms
+    assert got["model_tflop"] == pytest.approx(0.9894) and got["tflops"] == pytest.approx(494.7)
+    assert got["mfu"] == pytest.approx(0.5)
+    assert flops.rates(1e12, 2.0, "NVIDIA H200", "bf16", gpus=2)["mfu"] == pytest.approx(500 / 989.4 / 2)
+    assert "mfu" not in flops.rates(1e12, 2.0, None, "bf16")  # the CPU: TFLOP/s only
+    assert flops.rates(None, 2.0, "NVIDIA H200", "bf16") == {}
+
+
+def test_llm_records_carry_model_flops_and_the_tables_show_them(tmp_path):
+    out = tmp_path / "llm.json"
+    argv = ["bench", "e2e", "--model", "llama-tiny", "--device", "cpu", "--prompt-lengths", "16,32", "--new-tokens",
+            "4", "--warmup-iterations", "1", "--repeats", "1", "--configs", "baseline", "--output", str(out)]
+    result = runner.invoke(app, argv)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    by = {(r["name"], r["params"].get("prompt_len")): r["derived"] for r in doc["records"]}
+    short, long_ = by[("prefill", 16)], by[("prefill", 32)]
+    assert 2 < long_["model_tflop"] / short["model_tflop"] < 2.5  # linear in tokens, plus attention's square
+    assert short["tflops"] > 0
+    step = next(r for r in doc["records"] if r["name"] == "decode_step")
+    assert step["derived"]["tflops"] == pytest.approx(step["derived"]["model_tflop"] / (step["stats"]["median"]
+                                                                                         * 1e-3))
+    assert "mfu" not in step["derived"] and "model_tflop" not in by[("generate", 16)]
+    assert "step TFLOP/s" in e2e_table(doc).columns and "TFLOP/s" in result.output
+
+
+def test_video_step_records_carry_model_flops(tmp_path):
+    out = tmp_path / "ltx.json"
+    result = runner.invoke(app, [*BENCH_E2E_LTX_TINY, "--configs", "baseline", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    records = json.loads(out.read_text())["records"]
+    step = next(r for r in records if r["name"] == "denoise_step")
+    assert step["derived"]["model_tflop"] > 0 and step["derived"]["tflops"] > 0
+    assert all("model_tflop" not in r["derived"] for r in records if r["name"] != "denoise_step")
+
+
+def test_tables_without_the_fields_show_no_columns():
+    rec = {"name": "denoise_step", "provider": "baseline", "dtype": "bf16", "params": {"phase": "transformer"},
+           "metric": "time", "unit": "ms", "better": "lower",
+           "stats": {"median": 10.0, "p20": 9.0, "p80": 11.0, "min": 9.0, "max": 12.0, "n": 3},
+           "derived": {"transformer_it_s": 100.0}}
+    assert "MFU" not in e2e_table({"records": [rec]}).columns
+    assert "MFU" not in [c.header for c in e2e_report.render_table([rec]).columns]
+    rec["derived"].update(tflops=400.0, mfu=0.4, model_tflop=4.0)
+    frame = e2e_table({"records": [rec]})
+    assert frame["MFU"].tolist() == ["40.0%"] and frame["step TFLOP/s"].tolist() == ["400.0"]

@@ -1,0 +1,98 @@
+"""`bench micro attention`: its shapes' FLOP arithmetic, the records (n/a backends included) on small CPU shapes with
+a stand-in timer, and the clean refusal without a GPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ltxbench.bench import micro_attention as ma
+from ltxbench.cli import app
+
+runner = CliRunner()
+
+
+def test_flops_are_four_b_h_sq_sk_d():
+    shape = ma.SHAPES["ltx"]["ltx2b-49f-self"]
+    assert shape.as_list() == [2, 32, 2688, 2688, 64]
+    assert shape.flops == 4 * 2 * 32 * 2688 * 2688 * 64
+    text = ma.SHAPES["ltx2"]["ltx2-19b-video-text"]
+    assert text.masked and text.flops == 4 * 2 * 32 * 6144 * 1024 * 128
+
+
+def test_rates_and_peak_share():
+    shape = ma.AttentionShape(1, 1, 1000, 1000, 250)  # 1e9 FLOPs
+    got = ma.derived_rates(shape, 0.001, "NVIDIA H200")  # in 1 µs: 1000 TFLOP/s
+    assert got["tflop"] == pytest.approx(1e-3) and got["tflops"] == pytest.approx(1000.0)
+    assert got["pct_of_peak"] == pytest.approx(100 * 1000 / 989.4)
+    assert "pct_of_peak" not in ma.derived_rates(shape, 0.001, None)
+
+
+def test_shape_groups_and_backends_are_checked():
+    assert set(ma.SHAPES["all"]) == set(ma.SHAPES["ltx"]) | set(ma.SHAPES["ltx2"])
+    assert ma.parse_backends("all") == list(ma.BACKENDS)
+    assert ma.parse_backends("cudnn,flash") == ["cudnn", "flash"]
+    with pytest.raises(Exception, match="--providers"):
+        ma.parse_backends("flash,triton")
+    with pytest.raises(Exception, match="--shapes"):
+        ma.parse_shapes("odd")
+
+
+def test_measure_checks_each_backend_and_reports_refusals_as_not_applicable():
+    shapes = {"small": ma.AttentionShape(1, 2, 16, 16, 8), "text": ma.AttentionShape(1, 2, 16, 8, 8, masked=True)}
+    timed = []
+
+    def fake_time(fn):
+        timed.append(fn())
+        return {"median": 0.01, "p20": 0.01, "p80": 0.01, "min": 0.01, "max": 0.01, "n": 1}
+
+    records = ma.measure(shapes, ["flash", "cudnn", "flash_attn"], fake_time, device="cpu", log=lambda s: None)
+    by = {(r["params"]["shape_name"], r["provider"]): r for r in records}
+    assert len(records) == 6 and len(timed) == len([r for r in records if r["stats"]["median"] is not None])
+    ok = by[("small", "flash")]  # the CPU has a flash kernel of its own
+    assert ok["check"]["passed"] and ok["check"]["max_abs_err"] < 1e-2
+    assert ok["derived"]["tflops"] == pytest.approx(4 * 2 * 16 * 16 * 8 / 1e-5 / 1e12)
+    assert by[("text", "flash_attn")]["derived"]["not_applicable"] == "flash_attn takes no additive mask"
+    assert by[("small", "cudnn")]["stats"]["median"] is None  # no cuDNN attention on the CPU: n/a, not an error
+    assert ma.failed(records) == []
+
+
+def test_the_mask_hides_the_padded_keys():
+    x = ma.inputs(ma.AttentionShape(1, 1, 4, 8, 4, masked=True), "cpu", 0)
+    x["v"][..., 6:, :] = 1e4  # values of masked keys must not reach the output
+    assert ma.reference(x).abs().max() < 100
+
+
+def test_a_wrong_output_fails_the_check():
+    rec = ma.record("s", ma.AttentionShape(1, 1, 2, 2, 2), "flash", {"median": 1.0, "p20": 1.0, "p80": 1.0,
+                                                                     "min": 1.0, "max": 1.0, "n": 1}, None,
+                    error=2 * ma.ATOL)
+    assert rec["check"]["passed"] is False and ma.failed([rec])
+
+
+def test_without_a_gpu_it_exits_4(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    result = runner.invoke(app, ["bench", "micro", "attention", "--output", str(tmp_path / "a.json")])
+    assert result.exit_code == 4, result.output
+    assert "needs an NVIDIA GPU" in result.output and not (tmp_path / "a.json").exists()
+
+
+@pytest.mark.parametrize("extra", [["rmsnorm"], ["--dtype", "fp16"], ["--shapes", "odd"], ["--providers", "x"]])
+def test_bad_arguments_exit_2(extra, tmp_path):
+    args = ["bench", "micro", "attention", *[a for a in extra if a == "rmsnorm"]]
+    args += [a for a in extra if a != "rmsnorm"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+
+
+def test_the_report_table_shows_rates_and_not_applicable_rows():
+    from ltxbench.results.report_tables import table_for
+
+    shape = ma.AttentionShape(1, 1, 1000, 1000, 250)
+    stats = {"median": 0.001, "p20": 0.001, "p80": 0.001, "min": 0.001, "max": 0.001, "n": 1}
+    records = [ma.record("s", shape, "flash", stats, "NVIDIA H200", error=0.0),
+               ma.record("s", shape, "cudnn", None, "NVIDIA H200", reason="refused")]
+    frame = table_for({"kind": "micro-attention", "records": records})
+    assert frame["TFLOP/s"].tolist() == ["1000.0", "–"] and frame["µs"].tolist() == ["1.00", "n/a"]
+    assert frame["check"].tolist() == ["ok", "–"]
