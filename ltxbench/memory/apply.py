@@ -1,13 +1,17 @@
-"""A MemoryPlan applied to a pipeline built on the host (docs/memory.md): `place()` once (the components held whole
-and the layer stacks' components outside their stacks to the GPU, the unused parts left on the host, VAE tiling),
-then the streamers `install()`ed on the stacks. An injection changes the blocks' tensors (fused projections, FP8
-copies), so it runs with the streamers uninstalled (`around`): the blocks are back in storage of their own on the
-host, the injection patches them there, and the streamers lay them out again.
+"""A MemoryPlan applied to a pipeline built on the host (docs/memory.md): `place()` once (VAE tiling; a static plan:
+the components held whole and the layer stacks' components outside their stacks to the GPU, the unused parts left on
+the host), then `install()`: the streamers on the stacks and, for a phased plan, a Mover (phases.py) per component
+with the weights it holds on the GPU in its phase, switched by forward pre-hooks on the components as the pipeline
+calls them (the text encoder and connectors: encode; the transformer: denoise; the VAEs' encoder and decoder and the
+vocoder: decode). A phase change first sends the components not in the new phase to their pinned host copies (the
+transformer stays through the phases the plan lets it), then brings the new phase's ones. An injection changes the
+blocks' tensors (fused projections, FP8 copies), so it runs with all this uninstalled (`around`): the weights back in
+storage of their own on the host, patched there, and laid out again.
 """
 
 from __future__ import annotations
 
-from ltxbench.memory.plan import MemoryPlan
+from ltxbench.memory.plan import ENCODE_PARTS, MemoryPlan
 from ltxbench.memory.sizes import at
 
 PLACEMENT_ATTR = "_ltxbench_memory_placement"  # in a placed pipeline's __dict__: its Placement
@@ -67,29 +71,96 @@ class Placement:
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.streamers: list = []
+        self.movers: dict = {}   # component -> its phases.Mover (a phased plan)
+        self._hooks: list = []
+        self.phase: str | None = None  # the phase whose components are on the GPU
         self.enforced: dict | None = None  # bench e2e: how the budget was held to (budget_enforcer)
 
+    def phase_of(self, name: str) -> str:
+        if name == "transformer":
+            return "denoise"
+        return "encode" if name == "text_encoder" or name in ENCODE_PARTS else "decode"
+
     def place(self) -> None:
+        if self.plan.vae_tiling:  # in space and time: a decode's activations are one tile's
+            self.pipe.vae.enable_tiling()
+            self.pipe.vae.use_framewise_decoding = True
+        vars(self.pipe)[PLACEMENT_ATTR] = self
+        if self.plan.phased:  # the pipeline's tensors are made on the device the phases run on
+            cls, device = type(self.pipe), self.device
+            self.pipe.__class__ = type(cls.__name__, (cls,), {"_execution_device": property(lambda _: device)})
+            return
         for name, _ in self.plan.resident:
             getattr(self.pipe, name).to(self.device)
         for name, path in self.family.memory_stacks.items():
             component = getattr(self.pipe, name)
             host_only = [at(self.pipe, p) for p in self.family.memory_host_only if p.startswith(f"{name}.")]
             _move_outside(component, [at(component, path), *host_only], self.device)
-        if self.plan.vae_tiling:  # in space and time: a decode's activations are one tile's
-            self.pipe.vae.enable_tiling()
-            self.pipe.vae.use_framewise_decoding = True
-        vars(self.pipe)[PLACEMENT_ATTR] = self
 
     def install(self) -> None:
+        """The streamers; for a phased plan, each component's Mover made (one at a time: its weights leave the GPU
+        before the next component's come) and the phase hooks."""
+        from ltxbench.memory.phases import Mover, tensors_of
         from ltxbench.memory.stream import BlockStreamer
 
         for name, path in self.family.memory_stacks.items():
             stack = getattr(self.plan, name)
-            blocks = at(getattr(self.pipe, name), path)
-            self.streamers.append(BlockStreamer(blocks, stack.streamed, stack.slots, self.device))
+            component = getattr(self.pipe, name)
+            streamer = BlockStreamer(at(component, path), stack.streamed, stack.slots, self.device)
+            self.streamers.append(streamer)
+            if self.plan.phased:
+                streamed = {id(t) for spans in streamer._spans.values() for span in spans for t in span.tensors}
+                host_only = [at(self.pipe, p) for p in self.family.memory_host_only if p.startswith(f"{name}.")]
+                self.movers[name] = Mover(tensors_of(component, host_only, streamed), self.device,
+                                          self.device.type == "cuda")
+                streamer.release()
+        if not self.plan.phased:
+            return
+        for name, _ in self.plan.resident:
+            self.movers[name] = Mover(tensors_of(getattr(self.pipe, name)), self.device, self.device.type == "cuda")
+        self.phase = None
+        for name in self.movers:
+            component = getattr(self.pipe, name)
+            for module in (component, *(getattr(component, part, None) for part in ("encoder", "decoder"))):
+                if module is not None and hasattr(module, "register_forward_pre_hook"):
+                    self._hooks.append(module.register_forward_pre_hook(_entering(self, self.phase_of(name))))
+
+    def enter(self, phase: str) -> None:
+        """`phase`'s components on the GPU, the others (the transformer where the plan keeps it aside) on the host."""
+        if phase == self.phase:
+            return
+        streamers = {s.blocks: s for s in self.streamers}
+        for name, mover in self.movers.items():
+            keep = name == "transformer" and phase in self.plan.transformer_stays
+            if self.phase_of(name) != phase and not keep:
+                mover.to_host()
+                self._stack_streamer(name, streamers, "release")
+        for name, mover in self.movers.items():
+            if self.phase_of(name) == phase:
+                mover.to_device()
+                self._stack_streamer(name, streamers, "acquire")
+        self.phase = phase
+
+    def _stack_streamer(self, name: str, streamers: dict, step: str) -> None:
+        path = self.family.memory_stacks.get(name)
+        if path is not None:
+            streamer = next(s for blocks, s in streamers.items() if blocks is at(getattr(self.pipe, name), path))
+            getattr(streamer, step)()
 
     def uninstall(self) -> None:
+        """The hooks off, every component's weights back where place() left them, the streamers reverted."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self.phase = [], None
+        for mover in self.movers.values():  # the resident blocks go back to the GPU a component at a time ...
+            mover.to_host()
+        for name in list(self.movers):
+            self.movers.pop(name).revert()
+            stack = [s for s in self.streamers if s.blocks is at(getattr(self.pipe, name), self.family.memory_stacks[
+                name])] if name in self.family.memory_stacks else []
+            for streamer in stack:  # ... and to the host with their streamer
+                self.streamers.remove(streamer)
+                streamer.revert()
         while self.streamers:
             self.streamers.pop().revert()
 
@@ -104,7 +175,19 @@ class Placement:
         return report if report is None else _Placed(report, self)
 
     def as_dict(self) -> dict:
-        return {**self.plan.as_dict(), "streamers": [s.as_dict() for s in self.streamers]}
+        return {**self.plan.as_dict(), "streamers": [s.as_dict() for s in self.streamers],
+                "moved_bytes": {name: m.nbytes for name, m in self.movers.items()}}
+
+
+def _entering(placement: Placement, phase: str):
+    """A forward pre-hook entering `phase` (outside any compiled graph)."""
+    import torch
+
+    @torch.compiler.disable
+    def hook(_module, _args):
+        placement.enter(phase)
+
+    return hook
 
 
 class _Placed:

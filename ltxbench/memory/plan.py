@@ -2,13 +2,16 @@
 the VAE decodes in tiles (docs/memory.md). Pure arithmetic on sizes counted elsewhere (sizes.py, on the meta
 device), standard library only: the CLI plans, prints and refuses before torch loads the model.
 
-The plan is static: every component sits where the plan puts it for the whole run, so the GPU holds at once the
-weights on it (the small components whole, the transformer and the text encoder outside their layer stacks, the
-resident layers), the stacks' slots, the CUDA context and the largest phase's activations. Transformer blocks come
-first (each streamed one is copied once per transformer call, 3 calls a step: LTX-2's default guidance), the text
-encoder's layers next (copied once per prompt encode). Streamed blocks are spread evenly between resident ones, so a
-load overlaps the compute of the blocks before it. The activation figures are estimates (activation_bytes,
-decode_bytes); `bench e2e --memory-budget` measures the real peaks and enforces the budget.
+The plan is phased: a generation runs the text encode (text encoder, LTX-2's connectors), the denoise (the
+transformer) and the decode (VAE; LTX-2's audio VAE and vocoder) one after the other, and a component holds GPU
+memory only in its phase (pinned host copies otherwise; apply.py moves them). The denoise alone sizes the
+transformer's resident blocks: budget - context - transformer outside its blocks - slots - denoise activations.
+The transformer's weights stay on the GPU through the encode or the decode only where that phase fits beside them
+(the encode with the whole text encoder resident); otherwise they go to the host for it and come back for the next
+transformer call. The text encoder's layers get what its phase leaves. Streamed blocks are spread evenly between
+resident ones, so a load overlaps the compute of the blocks before it. Where everything fits at once the plan is
+static (nothing moves). The activation figures are estimates (activation_bytes, decode_bytes); `bench e2e
+--memory-budget` measures the real peaks and enforces the budget.
 """
 
 from __future__ import annotations
@@ -99,43 +102,102 @@ class Streaming:
                 f"memory through {self.slots} slots of {_gib(self.block_bytes)}")
 
 
+ENCODE_PARTS = ("connectors",)  # components held whole that run in the text encode; the others in the decode
+PHASES = ("encode", "denoise", "decode")
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
+    """Phased (the budget cannot hold everything at once): each component is on the GPU only in its phase (text
+    encoder and connectors: encode; transformer: denoise; VAEs and vocoder: decode) and in pinned host memory
+    otherwise, except the transformer, which stays through the phases in `transformer_stays` (those that fit beside
+    it). Not phased: everything on the GPU for the whole run."""
+
     budget_bytes: int
     transformer: Streaming
     text_encoder: Streaming
-    resident: tuple[tuple[str, int], ...]  # components on the GPU whole, with their bytes
-    outside_bytes: int                     # the two stacks' components outside their stacks, on the GPU
+    resident: tuple[tuple[str, int], ...]  # components held whole (on the GPU in their phase), with their bytes
+    transformer_outside: int               # the transformer outside its blocks
+    text_encoder_outside: int              # the text encoder outside its layers (its host-only parts left out)
     vae_tiling: bool
-    activation_bytes: int
+    activations: tuple[tuple[str, int], ...]  # (phase, estimated peak) for each of PHASES
     context_bytes: int
-    host_bytes: int                        # pinned: the streamed blocks' copies
+    phased: bool = True
+    transformer_stays: tuple[str, ...] = ()   # phases besides the denoise with the transformer left on the GPU
+
+    def _whole(self, phase: str) -> int:
+        return sum(b for name, b in self.resident if (name in ENCODE_PARTS) == (phase == "encode"))
+
+    def weights_bytes(self, phase: str) -> int:
+        """The weights and slots on the GPU during `phase`."""
+        transformer = self.transformer_outside + self.transformer.gpu_bytes
+        encoder = self.text_encoder_outside + self.text_encoder.gpu_bytes
+        if not self.phased:
+            return transformer + encoder + self._whole("encode") + self._whole("decode")
+        own = {"encode": encoder + self._whole("encode"), "denoise": transformer, "decode": self._whole("decode")}
+        return own[phase] + (transformer if phase in self.transformer_stays else 0)
+
+    def phase_bytes(self, phase: str) -> int:
+        """The planned peak of `phase`: its weights and slots, its activations, the context allowance."""
+        return self.weights_bytes(phase) + dict(self.activations)[phase] + self.context_bytes
 
     @property
     def gpu_bytes(self) -> int:
-        """The planned peak: weights and slots on the GPU, activations, the context allowance."""
-        return (sum(b for _, b in self.resident) + self.outside_bytes + self.transformer.gpu_bytes
-                + self.text_encoder.gpu_bytes + self.activation_bytes + self.context_bytes)
+        """The planned peak of the run: its largest phase."""
+        return max(self.phase_bytes(p) for p in PHASES)
+
+    @property
+    def moved(self) -> tuple[str, ...]:
+        """Components that move between the GPU and pinned host memory at phase changes."""
+        if not self.phased:
+            return ()
+        stays = all(p in self.transformer_stays for p in ("encode", "decode"))
+        return (*(() if stays else ("transformer",)), "text_encoder", *(name for name, _ in self.resident))
+
+    @property
+    def host_bytes(self) -> int:
+        """Pinned host memory: the streamed blocks' copies and those of the weights that move at phase changes."""
+        moving = {"transformer": self.transformer_outside + self.transformer.resident * self.transformer.block_bytes,
+                  "text_encoder": self.text_encoder_outside
+                  + self.text_encoder.resident * self.text_encoder.block_bytes, **dict(self.resident)}
+        return (self.transformer.host_bytes + self.text_encoder.host_bytes
+                + sum(moving[name] for name in self.moved))
 
     def lines(self) -> list[str]:
-        whole = ", ".join(f"{name} {_gib(nbytes)}" for name, nbytes in self.resident)
-        return [f"memory plan: budget {_gib(self.budget_bytes)}, planned peak {_gib(self.gpu_bytes)} (estimate)",
-                f"  on the GPU: {whole}; the transformer and text encoder outside their layers "
-                f"{_gib(self.outside_bytes)}",
+        def whole(phase):
+            return "".join(f", {name} {_gib(b)}" for name, b in self.resident
+                           if (name in ENCODE_PARTS) == (phase == "encode"))
+
+        head = [f"memory plan: budget {_gib(self.budget_bytes)}, planned peak {_gib(self.gpu_bytes)} (estimate), "
+                f"CUDA context allowance {_gib(self.context_bytes)}",
                 "  " + self.transformer.line("transformer blocks"),
-                "  " + self.text_encoder.line("text encoder layers"),
-                f"  activations {_gib(self.activation_bytes)} (estimate), CUDA context allowance "
-                f"{_gib(self.context_bytes)}; VAE tiling {'on' if self.vae_tiling else 'off'}",
-                f"  pinned host memory {_gib(self.host_bytes)}"]
+                "  " + self.text_encoder.line("text encoder layers")]
+        if not self.phased:
+            body = [f"  every phase: all weights on the GPU ({_gib(self.weights_bytes('denoise'))}), activations "
+                    f"{_gib(max(b for _, b in self.activations))} (estimate)"]
+        else:
+            beside = {p: (f", the transformer {_gib(self.transformer_outside + self.transformer.gpu_bytes)}"
+                          if p in self.transformer_stays else "") for p in PHASES}
+            own = {"encode": f"text encoder {_gib(self.text_encoder_outside + self.text_encoder.gpu_bytes)} (layers "
+                             f"and slots included){whole('encode')}",
+                   "denoise": f"transformer {_gib(self.transformer_outside + self.transformer.gpu_bytes)} (outside "
+                              f"its blocks {_gib(self.transformer_outside)})",
+                   "decode": whole("decode").removeprefix(", ")}
+            body = [f"  {p}: {own[p]}{beside[p]}; activations {_gib(dict(self.activations)[p])} (estimate); peak "
+                    f"{_gib(self.phase_bytes(p))}" for p in PHASES]
+        return [*head, *body, f"  VAE tiling {'on' if self.vae_tiling else 'off'}; pinned host memory "
+                              f"{_gib(self.host_bytes)}"]
 
     def as_dict(self) -> dict:
         def stack(s: Streaming) -> dict:
             return {"blocks": s.blocks, "streamed": list(s.streamed), "slots": s.slots, "block_bytes": s.block_bytes}
 
-        return {"budget_gib": self.budget_bytes / GIB, "planned_peak_bytes": self.gpu_bytes,
+        return {"budget_gib": self.budget_bytes / GIB, "planned_peak_bytes": self.gpu_bytes, "phased": self.phased,
+                "phase_peak_bytes": {p: self.phase_bytes(p) for p in PHASES},
+                "transformer_stays": list(self.transformer_stays), "moved": list(self.moved),
                 "resident": dict(self.resident), "transformer": stack(self.transformer),
                 "text_encoder": stack(self.text_encoder), "vae_tiling": self.vae_tiling,
-                "activation_bytes": self.activation_bytes, "pinned_host_bytes": self.host_bytes}
+                "activation_bytes": dict(self.activations), "pinned_host_bytes": self.host_bytes}
 
 
 def _gib(nbytes: int) -> str:
@@ -167,39 +229,68 @@ def _stack_plan(stack: Stack, room: int, slots: int) -> tuple[Streaming, int]:
     return plan, room - plan.gpu_bytes
 
 
+def _refuse(budget_gib: float, phase: str, what: str, need: int, context: int) -> EnvironmentProblem:
+    return EnvironmentProblem(
+        f"--memory-budget {budget_gib:g} GiB cannot hold the {phase} phase: {what}, the CUDA context "
+        f"({_gib(context)}) and its activations (estimated): at least {_gib(need)}",
+        hint="raise --memory-budget, or lower --num-frames, --height, --width or --batch-size")
+
+
 def plan_memory(budget_gib: float, need: Footprint, host_free: int | None = None, slots: int = SLOTS,
                 context_bytes: int = CONTEXT_ALLOWANCE) -> MemoryPlan:
-    """The plan for `budget_gib` (module docstring); EnvironmentProblem (exit 4), one line, where the budget cannot
-    hold the weights outside the stacks, their slots and the activations, or the host (`host_free` bytes) cannot hold
-    the pipeline it builds there."""
+    """The plan for `budget_gib` (module docstring); EnvironmentProblem (exit 4), one line, where a phase cannot fit
+    the budget, or the host (`host_free` bytes) cannot hold the pipeline it builds there."""
     budget = int(budget_gib * GIB)
     tr, te = need.transformer, need.text_encoder
     whole = tuple(need.others)
-    fixed = context_bytes + tr.outside_bytes + te.outside_bytes + sum(b for _, b in whole)
-    smallest = fixed + slots * (tr.block_bytes + te.block_bytes)
-    compute = max(need.denoise_bytes, need.encode_bytes)
-    # untiled (the video as the model decodes it) only where that costs no resident block: tiles change the
-    # video a little, streamed blocks cost time at every step
-    everything = fixed + sum(s.blocks * s.block_bytes for s in (tr, te))
-    tiling = need.decode_bytes > compute and everything + need.decode_bytes > budget
-    activations = max(compute, need.decode_tiled_bytes if tiling else need.decode_bytes)
-    if smallest + activations > budget:
-        raise EnvironmentProblem(
-            f"--memory-budget {budget_gib:g} GiB cannot hold the weights outside the streamed layers "
-            f"({_gib(fixed - context_bytes)}), {slots} slots per layer stack ({_gib(smallest - fixed)}), the "
-            f"activations ({_gib(activations)}, estimated) and the CUDA context ({_gib(context_bytes)}): at least "
-            f"{_gib(smallest + activations)}", hint="raise --memory-budget, or lower --num-frames, --height, --width "
-                                                   "or --batch-size")
-    room = budget - fixed - activations - slots * te.block_bytes  # the text encoder's slots at least
-    transformer, room = _stack_plan(tr, room, slots)
-    text_encoder, _ = _stack_plan(te, room + slots * te.block_bytes, slots)
-    plan = MemoryPlan(budget, transformer, text_encoder, whole, tr.outside_bytes + te.outside_bytes, tiling,
-                      activations, context_bytes, transformer.host_bytes + text_encoder.host_bytes)
-    # built on the host; then each streamed block copied into its pinned slab (its old storage freed after)
-    host_need = max(need.built_bytes, plan.host_bytes) + max(tr.block_bytes, te.block_bytes)
+    encode_whole = sum(b for name, b in whole if name in ENCODE_PARTS)
+    decode_whole = sum(b for name, b in whole if name not in ENCODE_PARTS)
+    everything = (context_bytes + tr.outside_bytes + te.outside_bytes + encode_whole + decode_whole
+                  + sum(s.blocks * s.block_bytes for s in (tr, te)))
+    if everything + max(need.denoise_bytes, need.encode_bytes, need.decode_bytes) <= budget:
+        plan = MemoryPlan(budget, *(Streaming(s.component, s.blocks, s.block_bytes, (), slots) for s in (tr, te)),
+                          whole, tr.outside_bytes, te.outside_bytes, False,
+                          (("encode", need.encode_bytes), ("denoise", need.denoise_bytes),
+                           ("decode", need.decode_bytes)), context_bytes, phased=False)
+        return _host_checked(plan, budget_gib, need, host_free)
+    # the denoise alone sizes the transformer's resident blocks: the other phases' weights are on the host then
+    smallest = context_bytes + tr.outside_bytes + slots * tr.block_bytes + need.denoise_bytes
+    if smallest > budget:
+        raise _refuse(budget_gib, "denoise", f"the transformer outside its blocks ({_gib(tr.outside_bytes)}) and "
+                      f"{slots} slots ({_gib(slots * tr.block_bytes)})", smallest, context_bytes)
+    transformer, _ = _stack_plan(tr, budget - context_bytes - tr.outside_bytes - need.denoise_bytes, slots)
+    held = tr.outside_bytes + transformer.gpu_bytes  # the transformer on the GPU, which stays where a phase fits
+    # the decode: untiled (the video as the model decodes it) where the decode phase holds it; tiles blend at seams
+    tiling = context_bytes + decode_whole + need.decode_bytes > budget
+    decode = need.decode_tiled_bytes if tiling else need.decode_bytes
+    if context_bytes + decode_whole + decode > budget:
+        raise _refuse(budget_gib, "decode", f"the VAEs and vocoder ({_gib(decode_whole)})",
+                      context_bytes + decode_whole + decode, context_bytes)
+    stays = ("decode",) if context_bytes + decode_whole + decode + held <= budget else ()
+    # the encode: the transformer stays only where the whole text encoder fits beside it
+    encode_fixed = context_bytes + te.outside_bytes + encode_whole + need.encode_bytes
+    if encode_fixed + slots * te.block_bytes > budget:
+        raise _refuse(budget_gib, "encode", f"the text encoder outside its layers ({_gib(te.outside_bytes)}), "
+                      f"{slots} slots ({_gib(slots * te.block_bytes)}) and the connectors ({_gib(encode_whole)})",
+                      encode_fixed + slots * te.block_bytes, context_bytes)
+    if encode_fixed + te.blocks * te.block_bytes + held <= budget:
+        stays = ("encode", *stays)
+    text_encoder, _ = _stack_plan(te, budget - encode_fixed - (held if "encode" in stays else 0), slots)
+    plan = MemoryPlan(budget, transformer, text_encoder, whole, tr.outside_bytes, te.outside_bytes, tiling,
+                      (("encode", need.encode_bytes), ("denoise", need.denoise_bytes), ("decode", decode)),
+                      context_bytes, phased=True, transformer_stays=stays)
+    return _host_checked(plan, budget_gib, need, host_free)
+
+
+def _host_checked(plan: MemoryPlan, budget_gib: float, need: Footprint, host_free: int | None) -> MemoryPlan:
+    """`plan`, or EnvironmentProblem where the host cannot hold it: the pipeline built there, then its pinned copies
+    made one storage at a time (each old storage freed after)."""
+    tr, te = need.transformer, need.text_encoder
+    host_need = max(need.built_bytes, plan.host_bytes) + max(tr.block_bytes, te.block_bytes, *dict(need.others)
+                                                             .values(), tr.outside_bytes, te.outside_bytes)
     if host_free is not None and host_need > host_free:
         raise EnvironmentProblem(
             f"--memory-budget {budget_gib:g} GiB builds the pipeline in host memory ({_gib(need.built_bytes)} of "
-            f"weights, {_gib(plan.host_bytes)} of them then pinned for streaming) and the host has "
+            f"weights, {_gib(plan.host_bytes)} of them then pinned) and the host has "
             f"{_gib(host_free)} available", hint="free host memory, or run on a machine with more RAM")
     return plan

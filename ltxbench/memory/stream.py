@@ -144,6 +144,7 @@ class BlockStreamer:
         self._moved: list[_Span] = []
         self._spans: dict[int, list[_Span]] = {}
         self._slabs: dict = {}
+        self._buffers: list = []
         self._fused: list = []
         self._layout(keep)
         self._hooks = []
@@ -182,15 +183,13 @@ class BlockStreamer:
     def _install(self) -> None:
         """Slabs filled, tensors re-pointed into their slots (their old storage freed), hooks on, first loads."""
         sizes = {index: max((s.at + s.nbytes for s in spans), default=0) for index, spans in self._spans.items()}
-        slot_bytes = max(sizes.values())
-        self._buffers = [torch.empty(slot_bytes, dtype=torch.uint8, device=self.device) for _ in range(self.slots)]
+        self._slot_bytes = max(sizes.values())
         for index, spans in self._spans.items():  # one block at a time: the host holds one extra block at most
             slab = self._slabs[index] = _host_slab(sizes[index], self.cuda)
-            slot = self._buffers[self._slot[index]]
             for span in spans:
                 slab[span.at:span.at + span.nbytes].copy_(_bytes(span))
-                _point(span, slot[span.at:span.at + span.nbytes])
-        fuse.relocated(self._fused)
+                _point(span, slab[span.at:span.at + span.nbytes])
+        self._buffers = []
         if self.cuda:  # unpinned when the streamer goes, reverted or not (held until then)
             self._finalizer = weakref.finalize(self, _unpin, list(self._slabs.values()))
         for index in self.streamed:
@@ -198,8 +197,36 @@ class BlockStreamer:
             self._hooks += [block.register_forward_pre_hook(_hook(self.enter, index)),
                             block.register_forward_hook(_hook(self.leave, index), always_call=True)]
         vars(self.blocks)[STREAMER_ATTR] = self
+        self.acquire()
+
+    def acquire(self) -> None:
+        """The slots made (at install, and after release()), the streamed blocks' tensors pointed into them, the
+        first block of each slot loading."""
+        if self._buffers or not self._spans:
+            return
+        self._buffers = [torch.empty(self._slot_bytes, dtype=torch.uint8, device=self.device)
+                         for _ in range(self.slots)]
+        for index, spans in self._spans.items():
+            slot = self._buffers[self._slot[index]]
+            for span in spans:
+                _point(span, slot[span.at:span.at + span.nbytes])
+        fuse.relocated(self._fused)
+        self._occupant = [None] * self.slots
         for first in dict.fromkeys(self._slot[i] for i in self.streamed):
             self._load(next(i for i in self.streamed if self._slot[i] == first))
+
+    def release(self) -> None:
+        """The slots freed until acquire() (a phase without this stack): the streamed blocks' tensors pointed at their
+        host slabs, after the loads under way."""
+        if not self._buffers:
+            return
+        if self.cuda:
+            torch.cuda.current_stream(self.device).wait_stream(self._copy_stream)
+        for index, spans in self._spans.items():
+            for span in spans:
+                _point(span, self._slabs[index][span.at:span.at + span.nbytes])
+        fuse.relocated(self._fused)
+        self._buffers, self._occupant = [], [None] * self.slots
 
     def _load(self, index: int) -> None:
         """Copy block `index`'s slab into its slot, after the slot's last compute (nothing where it is there)."""
@@ -269,7 +296,7 @@ class BlockStreamer:
 
     def as_dict(self) -> dict:
         return {"streamed_blocks": list(self.streamed), "resident_blocks": len(self.blocks) - len(self.streamed),
-                "slots": self.slots, "slot_bytes": int(self._buffers[0].numel()) if self._buffers else 0,
+                "slots": self.slots, "slot_bytes": getattr(self, "_slot_bytes", 0),
                 "host_bytes": sum(int(s.numel()) for s in self._slabs.values())}
 
 

@@ -57,8 +57,8 @@ def on_the_cpu(monkeypatch):
         def stack(s):
             return Streaming(s.component, s.blocks, s.block_bytes, tuple(range(s.blocks)), 2)
 
-        return MemoryPlan(int(budget_gib * GIB), stack(need.transformer), stack(need.text_encoder), need.others, 0,
-                          False, need.denoise_bytes, 0, 0)
+        return MemoryPlan(int(budget_gib * GIB), stack(need.transformer), stack(need.text_encoder), need.others, 0, 0,
+                          False, (("encode", 0), ("denoise", need.denoise_bytes), ("decode", 0)), 0, phased=True)
 
     monkeypatch.setattr(sizes, "plan_memory", all_streamed)
 
@@ -76,12 +76,17 @@ def test_bench_e2e_streams_every_configuration_and_records_the_budget(on_the_cpu
     memory = doc["run"]["config"]["memory"]
     assert memory["budget_gib"] == 6 and memory["transformer"]["streamed"] == [0, 1]
     assert memory["enforced"] is None  # the CPU has no allocator to cap
+    assert memory["phased"] and set(memory["moved"]) >= {"transformer", "text_encoder", "vae", "connectors"}
+    assert "  denoise: transformer" in result.output
     assert doc["run"]["config"][MEMORY_BUDGET] == 6.0 and "--memory-budget" in doc["run"]["argv"]
     assert {r["params"][MEMORY_BUDGET] for r in doc["records"]} == {6.0}
     assert doc["run"]["config"]["injection"]["optimized"]["applied"] is True
     pipe = captured["target"]
     placement = placement_of(pipe)
     assert placement is not None and len(placement.streamers) == 2  # installed again after the optimized revert
+    assert set(placement.movers) == {"transformer", "text_encoder", "connectors", "vae", "audio_vae", "vocoder"}
+    # installed again after the revert: every component on the host until its phase begins
+    assert placement.phase is None and not any(m.on_device for m in placement.movers.values())
     assert streamer_of(pipe.transformer.transformer_blocks) is placement.streamers[0]
     assert streamer_of(pipe.text_encoder.model.language_model.layers) is placement.streamers[1]
     blocks = pipe.transformer.transformer_blocks

@@ -25,14 +25,14 @@ from tests.helpers import (
 )
 
 
-def _plan(pipe, family, tiling=False) -> MemoryPlan:
+def _plan(pipe, family, tiling=False, phased=False, stays=()) -> MemoryPlan:
     """4 of the transformer's 5 blocks streamed through 2 slots, the text encoder's 2 layers through 2."""
     def stack(name, streamed):
         return Streaming(name, 5 if name == "transformer" else 2, 0, streamed, 2)
 
     whole = tuple((name, 0) for name in ("connectors", "vae", "audio_vae", "vocoder") if hasattr(pipe, name))
-    return MemoryPlan(GIB, stack("transformer", (0, 1, 3, 4)), stack("text_encoder", (0, 1)), whole, 0, tiling, 0,
-                      0, 0)
+    return MemoryPlan(GIB, stack("transformer", (0, 1, 3, 4)), stack("text_encoder", (0, 1)), whole, 0, 0, tiling,
+                      (("encode", 0), ("denoise", 0), ("decode", 0)), 0, phased=phased, transformer_stays=stays)
 
 
 def _equal(a, b) -> bool:
@@ -45,8 +45,9 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("phased", [False, True])
 @pytest.mark.parametrize("family", ["ltx2", "ltx"])
-def test_a_placed_pipeline_gives_the_same_latents_injected_or_not(family):
+def test_a_placed_pipeline_gives_the_same_latents_injected_or_not(family, phased):
     build, generate, inject = CASES[family]
     pipe = build()
     pipe.transformer = ltx2_transformer(5) if family == "ltx2" else ltx_transformer(num_layers=5)
@@ -55,7 +56,7 @@ def test_a_placed_pipeline_gives_the_same_latents_injected_or_not(family):
     injected = generate(pipe)
     report.revert()
     models = family_of("ltx2-tiny" if family == "ltx2" else "ltx-tiny")
-    placement = Placement(pipe, _plan(pipe, models), models, "cpu")
+    placement = Placement(pipe, _plan(pipe, models, phased=phased), models, "cpu")
     placement.place()
     placement.install()
     assert placement_of(pipe) is placement and len(placement.streamers) == 2
@@ -63,14 +64,80 @@ def test_a_placed_pipeline_gives_the_same_latents_injected_or_not(family):
     assert stacks[0] is pipe.transformer.transformer_blocks and all(streamer_of(s) is not None for s in stacks)
     loads = placement.streamers[0].loads
     assert _equal(generate(pipe), plain)
-    assert placement.streamers[0].loads > loads and placement.streamers[1].loads == 2  # its 2 layers stay in 2 slots
+    encodes = 2 if phased and family == "ltx2" else 1  # the slots made at install, then for the encode
+    assert placement.streamers[0].loads > loads and placement.streamers[1].loads == 2 * encodes
     report = placement.around(lambda: inject(pipe, "reference"))
     assert len(placement.streamers) == 2 and streamer_of(pipe.transformer.transformer_blocks) is not None
     assert _equal(generate(pipe), injected)
     report.revert()
     assert _equal(generate(pipe), plain)
     placement.uninstall()
-    assert all(streamer_of(s) is None for s in stacks)
+    assert all(streamer_of(s) is None for s in stacks) and placement.movers == {}
+    assert _equal(generate(pipe), plain)
+
+
+def _on_device(placement, name) -> bool:
+    """Whether component `name`'s weights are in its Mover's device buffer (the CPU stands in for the GPU: the
+    buffer is a storage of its own) and, for a stack, its streamer's slots exist."""
+    mover = placement.movers[name]
+    stored = {span.tensors[0].untyped_storage().data_ptr() for span in mover.spans}
+    buffer = mover.buffer.untyped_storage().data_ptr() if mover.buffer is not None else None
+    assert stored == ({buffer} if mover.on_device else {mover.slab.untyped_storage().data_ptr()})
+    slots = [bool(s._buffers) for s in placement.streamers
+             if name in placement.family.memory_stacks and s.blocks is getattr(placement.pipe, name).get_submodule(
+                 placement.family.memory_stacks[name])]
+    assert all(x == mover.on_device for x in slots)
+    return mover.on_device
+
+
+PHASE = {"text_encoder": "encode", "connectors": "encode", "transformer": "denoise", "vae": "decode",
+         "audio_vae": "decode", "vocoder": "decode"}
+
+
+def _generate_and_decode(family, pipe):
+    """A generation from text, then its decodes (the video; LTX-2's audio), as the families run them."""
+    from ltxbench.models import ltx, ltx2
+
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        if family == "ltx2":
+            latents = ltx2_generate(pipe)
+            return (*latents, ltx2._decode_video(pipe, latents, gen), ltx2._decode_audio(pipe, latents, gen))
+        latents = ltx_generate(pipe, None, 3.0)
+        return latents, ltx.decode(pipe, latents, 9, 64, 64, gen)
+
+
+@pytest.mark.parametrize("stays", [(), ("decode",)])
+@pytest.mark.parametrize("family", ["ltx2", "ltx"])
+def test_each_component_is_on_the_device_only_in_its_phase(family, stays):
+    pipe = CASES[family][0]()
+    generate = lambda p: _generate_and_decode(family, p)  # noqa: E731
+    pipe.transformer = ltx2_transformer(5) if family == "ltx2" else ltx_transformer(num_layers=5)
+    plain = generate(pipe)
+    models = family_of("ltx2-tiny" if family == "ltx2" else "ltx-tiny")
+    placement = Placement(pipe, _plan(pipe, models, phased=True, stays=stays), models, "cpu")
+    placement.place()
+    placement.install()
+    assert not any(_on_device(placement, name) for name in placement.movers)  # nothing on the GPU until a phase
+    seen = []
+
+    def check(name):
+        def hook(_module, _args):
+            here = {other for other in placement.movers if _on_device(placement, other)}
+            keep = {"transformer"} if PHASE[name] in stays else set()
+            assert here == {n for n in placement.movers if PHASE[n] == PHASE[name]} | keep, (name, here)
+            seen.append(name)
+        return hook
+
+    handles = [getattr(pipe, name).register_forward_pre_hook(check(name)) for name in placement.movers
+               if name not in ("vae", "audio_vae")]  # the VAEs run through their decoder
+    handles += [getattr(pipe, name).decoder.register_forward_pre_hook(check(name)) for name in ("vae", "audio_vae")
+                if name in placement.movers]
+    assert _equal(generate(pipe), plain)
+    assert set(seen) == set(placement.movers) and placement.phase == "decode"
+    for handle in handles:
+        handle.remove()
+    placement.uninstall()
 
 
 def test_the_plans_vae_tiling_is_switched_on():

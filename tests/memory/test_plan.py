@@ -28,12 +28,16 @@ NEED = Footprint(transformer=Stack("transformer", 48, 720 * MIB, 640 * MIB),
                  denoise_bytes=1700 * MIB, encode_bytes=900 * MIB, decode_bytes=9 * GIB, decode_tiled_bytes=500 * MIB)
 
 
-def _planned_peak(need: Footprint, transformer_resident: int, text_resident: int, activations: int) -> int:
-    tr, te = need.transformer, need.text_encoder
-    slots = lambda stack, resident: (2 if resident < stack.blocks else 0) * stack.block_bytes  # noqa: E731
-    return (GIB + tr.outside_bytes + te.outside_bytes + sum(b for _, b in need.others) + activations
-            + transformer_resident * tr.block_bytes + slots(tr, transformer_resident)
-            + text_resident * te.block_bytes + slots(te, text_resident))
+def _denoise_peak(need: Footprint, resident: int) -> int:
+    tr = need.transformer
+    slots = 2 if resident < tr.blocks else 0
+    return GIB + tr.outside_bytes + (resident + slots) * tr.block_bytes + need.denoise_bytes
+
+
+def _encode_peak(need: Footprint, resident: int, beside: int = 0) -> int:
+    te = need.text_encoder
+    return (GIB + te.outside_bytes + 2700 * MIB + (resident + (2 if resident < te.blocks else 0)) * te.block_bytes
+            + need.encode_bytes + beside)
 
 
 def test_spread_puts_streamed_blocks_between_resident_ones():
@@ -47,36 +51,69 @@ def test_spread_puts_streamed_blocks_between_resident_ones():
 
 
 @pytest.mark.parametrize("budget", [13, 16, 24, 40])
-def test_as_many_blocks_resident_as_the_budget_holds_and_not_one_more(budget):
+def test_the_denoise_phase_alone_sizes_the_transformer_and_not_one_block_more(budget):
     plan = plan_memory(budget, NEED, host_free=None)
     tr, te = plan.transformer, plan.text_encoder
-    assert plan.vae_tiling and plan.activation_bytes == NEED.denoise_bytes  # 9 GiB untiled does not fit
-    assert plan.gpu_bytes == _planned_peak(NEED, tr.resident, te.resident, plan.activation_bytes) <= budget * GIB
-    if tr.resident < tr.blocks:  # the text encoder's layers get only what is left below one more block
-        assert te.resident * te.block_bytes < tr.block_bytes
-    one_more = (tr.resident + 1, te.resident) if tr.resident < tr.blocks else (tr.resident, te.resident + 1)
-    assert _planned_peak(NEED, *one_more, plan.activation_bytes) > budget * GIB
-    assert len(tr.streamed) == tr.blocks - tr.resident and plan.host_bytes == tr.host_bytes + te.host_bytes
+    assert plan.phased and plan.phase_bytes("denoise") == _denoise_peak(NEED, tr.resident) <= budget * GIB
+    assert tr.resident == tr.blocks or _denoise_peak(NEED, tr.resident + 1) > budget * GIB
+    held = NEED.transformer.outside_bytes + tr.gpu_bytes
+    # the encode: the text encoder (and the connectors) alone, or beside the transformer where all of it fits there
+    beside = held if "encode" in plan.transformer_stays else 0
+    assert plan.phase_bytes("encode") == _encode_peak(NEED, te.resident, beside) <= budget * GIB
+    assert te.resident == te.blocks or _encode_peak(NEED, te.resident + 1, beside) > budget * GIB
+    assert ("encode" in plan.transformer_stays) == (_encode_peak(NEED, te.blocks, held) <= budget * GIB)
+    # the decode: the VAE alone (untiled: 9 GiB fits from 13 GiB), beside the transformer where it fits
+    decode = GIB + 2300 * MIB + NEED.decode_bytes
+    assert not plan.vae_tiling and plan.phase_bytes("decode") == decode + (held if "decode" in
+                                                                            plan.transformer_stays else 0)
+    assert ("decode" in plan.transformer_stays) == (decode + held <= budget * GIB)
+    assert plan.gpu_bytes == max(plan.phase_bytes(p) for p in ("encode", "denoise", "decode")) <= budget * GIB
+    assert len(tr.streamed) == tr.blocks - tr.resident
+    moved = {"connectors": 2700 * MIB, "vae": 2300 * MIB, "text_encoder": 2048 * MIB + te.resident * 400 * MIB,
+             "transformer": 640 * MIB + tr.resident * 720 * MIB}
+    assert plan.host_bytes == tr.host_bytes + te.host_bytes + sum(moved[name] for name in plan.moved)
     assert plan.lines()[0].startswith(f"memory plan: budget {budget:.2f} GiB")
+    assert any(line.startswith("  denoise: transformer") for line in plan.lines())
 
 
-def test_a_large_budget_streams_nothing_and_decodes_untiled():
+def test_phases_free_the_denoise_of_the_other_components():
+    """At 24 GiB the denoise phase holds the transformer's blocks beside only its activations, the transformer outside
+    its blocks, 2 slots and the context allowance."""
+    plan = plan_memory(24, NEED)
+    assert plan.transformer.resident == (24 * GIB - GIB - 640 * MIB - 1700 * MIB) // (720 * MIB) - 2 == 27
+    assert plan.weights_bytes("denoise") == 640 * MIB + 29 * 720 * MIB and plan.transformer_stays == ()
+    assert set(plan.moved) == {"transformer", "text_encoder", "connectors", "vae"}
+
+
+def test_a_large_budget_is_static_and_decodes_untiled():
     plan = plan_memory(80, NEED)
-    assert plan.transformer.streamed == plan.text_encoder.streamed == () and not plan.vae_tiling
-    assert plan.host_bytes == 0 and plan.activation_bytes == NEED.decode_bytes
+    assert not plan.phased and plan.moved == () and not plan.vae_tiling
+    assert plan.transformer.streamed == plan.text_encoder.streamed == () and plan.host_bytes == 0
+    assert plan.gpu_bytes == plan.phase_bytes("decode") == plan.phase_bytes("encode") + NEED.decode_bytes - \
+        NEED.encode_bytes
     assert "transformer blocks: all 48 on the GPU" in "\n".join(plan.lines())
 
 
-def test_budgets_that_cannot_hold_the_run_are_refused_in_one_line():
-    smallest = _planned_peak(NEED, 0, 0, NEED.denoise_bytes)
+def test_the_vae_decodes_in_tiles_only_where_its_phase_cannot_hold_it_untiled():
+    big = dataclasses.replace(NEED, decode_bytes=15 * GIB)  # 1 + 2.25 + 15 GiB: over 16
+    assert plan_memory(16, big).vae_tiling and not plan_memory(16, NEED).vae_tiling
+    assert dict(plan_memory(16, big).activations)["decode"] == NEED.decode_tiled_bytes
+
+
+def test_budgets_that_cannot_hold_a_phase_are_refused_in_one_line():
+    smallest = _denoise_peak(NEED, 0)
     with pytest.raises(EnvironmentProblem) as refused:
         plan_memory((smallest - 1) / GIB, NEED)
     assert refused.value.exit_code == 4 and "\n" not in refused.value.message
-    assert f"at least {smallest / GIB:.2f} GiB" in refused.value.message
-    assert plan_memory(smallest / GIB, NEED).transformer.resident == 0
+    assert "the denoise phase" in refused.value.message and f"at least {smallest / GIB:.2f} GiB" in \
+        refused.value.message
+    encode = dataclasses.replace(NEED, encode_bytes=8 * GIB)
+    with pytest.raises(EnvironmentProblem, match="cannot hold the encode phase"):
+        plan_memory(13, encode)
+    assert plan_memory(_encode_peak(encode, 0) / GIB, encode).text_encoder.resident == 0
     with pytest.raises(EnvironmentProblem, match="the host has 40.00 GiB available"):
         plan_memory(24, NEED, host_free=40 * GIB)
-    assert plan_memory(24, NEED, host_free=61 * GIB).budget_bytes == 24 * GIB
+    assert plan_memory(24, NEED, host_free=90 * GIB).budget_bytes == 24 * GIB
 
 
 def test_the_plan_is_frozen_and_recorded():
@@ -123,3 +160,4 @@ def test_sizes_counted_on_the_meta_device():
     plans = [plan_memory(budget, need) for budget in (24, 16)]
     assert all(p.gpu_bytes <= p.budget_bytes for p in plans)
     assert len(plans[1].transformer.streamed) > len(plans[0].transformer.streamed) > 0
+    assert plans[0].transformer.resident == 26  # 121 x 512 x 768, guided: the denoise phase alone
