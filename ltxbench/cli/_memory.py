@@ -11,12 +11,25 @@ def planned(family, settings, log):
     the host cannot hold the run."""
     if settings.memory_budget_gib is None:
         return None
-    from ltxbench.memory.sizes import plan_for
-
     plan = plan_for(family, settings)
     for line in plan.lines():
         log(line)
     return plan
+
+
+def plan_for(family, settings):
+    """The plan of `settings.memory_budget_gib` for this run (the components built on the meta device from the model's
+    configs; the host's available memory read now, before the pipeline is built there). EnvironmentProblem (exit 4)
+    where it cannot be met."""
+    from ltxbench.memory.fit import available
+    from ltxbench.memory.plan import plan_memory
+    from ltxbench.memory.sizes import footprint
+    from ltxbench.models.family import torch_dtype
+
+    configs = family.builder.component_configs(settings.model)
+    parts = family.builder.build_components(configs, "meta", torch_dtype(settings.dtype))
+    host_free, _ = available("cpu")
+    return plan_memory(settings.memory_budget_gib, footprint(family, settings, parts), host_free)
 
 
 def build(family, settings, plan):

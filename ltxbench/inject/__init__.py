@@ -104,6 +104,16 @@ def offloaded(module) -> bool:
     return len(on_meta) == 2 or any(getattr(vars(m).get("_hf_hook"), "offload", False) for m in module.modules())
 
 
+STREAMER_ATTR = "_ltxbench_block_streamer"  # in a streamed ModuleList's __dict__: its ltxbench.memory BlockStreamer
+
+
+def streamer_of(blocks):
+    """The BlockStreamer serving `blocks` (a ModuleList; --memory-budget, ltxbench.memory.stream), or None. Code that
+    reads a block's weights other than through the block's own call (LTX-Video's chained model forward) asks it to
+    load the block first."""
+    return vars(blocks).get(STREAMER_ATTR)
+
+
 def forward_source(cls) -> str:
     """The source of `cls.forward` ("" when it cannot be read), which the rules compare with the code they reproduce.
     Read once per function: every layer of a model shares its class's."""

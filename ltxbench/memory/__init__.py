@@ -4,11 +4,3 @@ the CLI imports the planner before torch loads.
 """
 
 from __future__ import annotations
-
-STREAMER_ATTR = "_ltxbench_block_streamer"  # in a streamed ModuleList's __dict__: its stream.BlockStreamer
-
-
-def streamer_of(blocks):
-    """The BlockStreamer serving `blocks` (a ModuleList), or None. Code that reads a block's weights other than
-    through the block's own call (LTX-Video's chained model forward) asks it to load the block first."""
-    return vars(blocks).get(STREAMER_ATTR)

@@ -1,5 +1,5 @@
 """What a memory plan is made of, for a video family's run: every component counted on the meta device (no memory,
-no init; models.memory.module_bytes), split into the layer stacks that can stream (the family's `memory_stacks`), what
+no init; memory.fit.module_bytes), split into the layer stacks that can stream (the family's `memory_stacks`), what
 runs outside them, what stays on the host unused (`memory_host_only`), and the activation estimates of the run's shapes
 (plan.activation_bytes, plan.decode_bytes)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from ltxbench.memory.plan import Footprint, MemoryPlan, Stack, activation_bytes, decode_bytes, plan_memory
+from ltxbench.memory.plan import Footprint, Stack, activation_bytes, decode_bytes
 
 TILE_FRAMES, TILE_SIDE = 17, 512  # a VAE decode tile with tiling on (diffusers' LTX VAEs: 16 frames, 512 pixels)
 
@@ -28,7 +28,7 @@ def fp8_saving(block) -> int:
 def stack_of(component: str, module, path: str, host_only: tuple[str, ...] = (), fp8: bool = False) -> Stack:
     """`module`'s stack at `path` (its largest block, FP8-sized when `fp8`) and the bytes outside it that run on the
     GPU (not `host_only`)."""
-    from ltxbench.models.memory import module_bytes
+    from ltxbench.memory.fit import module_bytes
 
     blocks = list(at(module, path))
     sizes = [module_bytes(b) - (fp8_saving(b) if fp8 else 0) for b in blocks]
@@ -44,7 +44,7 @@ def _host_only(family, component: str) -> tuple[str, ...]:
 
 def footprint(family, settings, parts: dict) -> Footprint:
     """The Footprint of `settings`' run of `family` whose components (on the meta device) are `parts`."""
-    from ltxbench.models.memory import module_bytes
+    from ltxbench.memory.fit import module_bytes
 
     fp8 = settings.precision != "bf16"
     stacks = {name: stack_of(name, parts[name], path, _host_only(family, name), fp8 and name == "transformer")
@@ -73,16 +73,3 @@ def footprint(family, settings, parts: dict) -> Footprint:
                      decode_bytes(settings.num_frames, settings.height, settings.width, channels, vae.patch_size),
                      decode_bytes(min(settings.num_frames, TILE_FRAMES), min(settings.height, TILE_SIDE),
                                   min(settings.width, TILE_SIDE), channels, vae.patch_size))
-
-
-def plan_for(family, settings) -> MemoryPlan:
-    """The plan of `settings.memory_budget_gib` for this run (the components built on the meta device from the model's
-    configs; the host's available memory read now, before the pipeline is built there). EnvironmentProblem (exit 4)
-    where it cannot be met."""
-    from ltxbench.models.family import torch_dtype
-    from ltxbench.models.memory import available
-
-    configs = family.builder.component_configs(settings.model)
-    parts = family.builder.build_components(configs, "meta", torch_dtype(settings.dtype))
-    host_free, _ = available("cpu")
-    return plan_memory(settings.memory_budget_gib, footprint(family, settings, parts), host_free)

@@ -30,8 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ltxbench.inject import fuse
-from ltxbench.memory import STREAMER_ATTR
+from ltxbench.inject import STREAMER_ATTR, fuse
 
 ALIGN = 512  # bytes: each region starts where the caching allocator starts a tensor (kernels see the same alignment)
 KEEP = ("scale_shift_table",)

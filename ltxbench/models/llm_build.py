@@ -63,7 +63,7 @@ def build_llm(model: str, weights: str, device, dtype, seed: int = 0):
                                      hint="use --weights random") from exc
         return net.to(device).eval().requires_grad_(False)
     cfg = _config(model, weights)
-    from ltxbench.models.memory import ensure_fits, module_bytes
+    from ltxbench.memory.fit import ensure_fits, module_bytes
 
     with torch.device("meta"):  # the size first: a model too large is refused before any allocation
         ensure_fits(module_bytes(AutoModelForCausalLM.from_config(cfg, dtype=dtype)), device, model, dtype)

@@ -85,7 +85,7 @@ def component_configs(model: str) -> dict[str, dict]:
 
 def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) -> None:
     """The weights (counted on the meta device) against what `device` has free: exit 4 before allocating any."""
-    from ltxbench.models.memory import ensure_fits, module_bytes
+    from ltxbench.memory.fit import ensure_fits, module_bytes
 
     modules = [part for part in build_components(configs, "meta", dtype).values() if hasattr(part, "parameters")]
     ensure_fits(module_bytes(*modules), device, model, dtype)

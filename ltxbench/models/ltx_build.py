@@ -91,7 +91,7 @@ def component_configs(model: str) -> dict[str, dict]:
 
 def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) -> None:
     """Refuse (exit 4) a pipeline whose weights alone exceed what `device` has free, before allocating any."""
-    from ltxbench.models.memory import ensure_fits, module_bytes
+    from ltxbench.memory.fit import ensure_fits, module_bytes
 
     parts = build_components(configs, "meta", dtype)
     nbytes = module_bytes(*(part for part in parts.values() if hasattr(part, "parameters")))

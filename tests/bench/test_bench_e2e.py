@@ -422,7 +422,7 @@ def test_every_timed_iteration_is_a_new_generation_even_on_one_prompt_tensor(tmp
 
 
 def test_an_llm_too_large_for_the_host_is_refused_before_it_is_built(tmp_path, monkeypatch):
-    from ltxbench.models import memory
+    from ltxbench.memory import fit as memory
 
     monkeypatch.setattr(memory, "available", lambda device: (16 * 2**30, "the host has 16.0 GiB of RAM available"))
     out = tmp_path / "llm.json"

@@ -47,7 +47,7 @@ def test_its_bounds(value, needle, tmp_path):
 def on_the_cpu(monkeypatch):
     """The device check passed on the CPU, and a plan that streams every block of both stacks through 2 slots."""
     from ltxbench.cli import _validate
-    from ltxbench.memory import sizes
+    from ltxbench.memory import plan as planner
 
     check = _validate.memory_budget
     monkeypatch.setattr(_validate, "memory_budget", lambda family, settings, cpu_offload=False: check(
@@ -60,11 +60,11 @@ def on_the_cpu(monkeypatch):
         return MemoryPlan(int(budget_gib * GIB), stack(need.transformer), stack(need.text_encoder), need.others, 0, 0,
                           False, (("encode", 0), ("denoise", need.denoise_bytes), ("decode", 0)), 0, phased=True)
 
-    monkeypatch.setattr(sizes, "plan_memory", all_streamed)
+    monkeypatch.setattr(planner, "plan_memory", all_streamed)  # cli._memory.plan_for reads it at each call
 
 
 def test_bench_e2e_streams_every_configuration_and_records_the_budget(on_the_cpu, captured, tmp_path):
-    from ltxbench.memory import streamer_of
+    from ltxbench.inject import streamer_of
     from ltxbench.memory.apply import placement_of
 
     out = tmp_path / "e2e.json"

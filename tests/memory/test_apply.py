@@ -10,7 +10,7 @@ import torch
 
 from ltxbench.inject import ltx as inject_ltx
 from ltxbench.inject import ltx2 as inject_ltx2
-from ltxbench.memory import streamer_of
+from ltxbench.inject import streamer_of
 from ltxbench.memory.apply import Placement, placement_of
 from ltxbench.memory.plan import GIB, MemoryPlan, Streaming
 from ltxbench.models import family_of

@@ -135,10 +135,10 @@ def test_activation_estimate_scales_with_tokens_width_and_samples():
 def test_sizes_counted_on_the_meta_device():
     """LTX-2's released configs: 48 blocks and Gemma's 48 layers, its image tower left out, FP8 blocks smaller by
     their projections' bytes; the 19B plan at 24 and 16 GiB stays within each."""
+    from ltxbench.memory.fit import module_bytes
     from ltxbench.memory.sizes import footprint, stack_of
     from ltxbench.models import family_of, ltx2_build
     from ltxbench.models.ltx2 import LTX2Settings
-    from ltxbench.models.memory import module_bytes
 
     family = family_of("ltx2-19b")
     parts = ltx2_build.build_components(ltx2_build.component_configs("ltx2-19b"), "meta", torch.bfloat16)

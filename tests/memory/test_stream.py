@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ltxbench.inject import fuse
+from ltxbench.inject import fuse, streamer_of
 from ltxbench.inject import ltx as inject_ltx
 from ltxbench.inject import ltx2 as inject_ltx2
 from ltxbench.inject.ltx.cross_kv import CACHE_ATTR
-from ltxbench.memory import streamer_of
 from ltxbench.memory.stream import BlockStreamer
 from tests.helpers import ltx2_call, ltx2_inputs, ltx2_transformer, ltx_inputs, ltx_transformer
 

@@ -345,7 +345,7 @@ def test_generate_end_to_end_tiny(tmp_path):
 # --- memory, late write failures, warnings ------------------------------------------------------------
 
 def _host_has(monkeypatch, gib: float) -> None:
-    from ltxbench.models import memory
+    from ltxbench.memory import fit as memory
 
     monkeypatch.setattr(memory, "available", lambda device: (int(gib * 2**30), f"the host has {gib} GiB available"))
 
@@ -383,7 +383,7 @@ def test_generate_refuses_a_model_too_large_in_one_line_exit_4(monkeypatch, tmp_
 def test_memory_module_counts_shared_weights_once():
     import torch
 
-    from ltxbench.models.memory import module_bytes
+    from ltxbench.memory.fit import module_bytes
 
     a = torch.nn.Linear(4, 4, bias=False)
     b = torch.nn.Linear(4, 4, bias=False)

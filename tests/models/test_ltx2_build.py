@@ -210,7 +210,7 @@ def test_a_missing_directory_is_a_usage_error_naming_it(weights, tmp_path):
 
 
 def test_a_pipeline_too_large_for_the_device_is_refused_before_allocating(monkeypatch):
-    from ltxbench.models import memory
+    from ltxbench.memory import fit as memory
 
     monkeypatch.setattr(memory, "available", lambda device: (2**30, "the host has 1.0 GiB of RAM available"))
     with pytest.raises(EnvironmentProblem, match=r"ltx2-19b in bf16 needs about 6\d\.\d GiB for its weights alone"):

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import torch
 
-from ltxbench.memory import streamer_of
+from ltxbench.inject import streamer_of
 
 CACHE_ATTR = "_ltxbench_cross_kv_cache"  # on the patched LTX model: its CrossKVCache
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject import original_class
+from ltxbench.inject import original_class, streamer_of
 from ltxbench.inject.ltx.attention import takes_residual
 from ltxbench.inject.ltx.cfg import first_half
 from ltxbench.inject.ltx.step import block_modulation, modulation_of, step_inputs
-from ltxbench.memory import streamer_of
 
 
 def _self_attention(ops, block, hidden_states, norm, gate_msa, image_rotary_emb):
