@@ -211,6 +211,8 @@ class BlockStreamer:
                 _point(span, slot[span.at:span.at + span.nbytes])
         fuse.relocated(self._fused)
         self._occupant = [None] * self.slots
+        if self.cuda:  # the new slots may reuse memory that work queued on this stream still reads (a phase's weights
+            self._copy_stream.wait_stream(torch.cuda.current_stream(self.device))  # just dropped): copy after it
         for first in dict.fromkeys(self._slot[i] for i in self.streamed):
             self._load(next(i for i in self.streamed if self._slot[i] == first))
 
