@@ -145,3 +145,34 @@ def test_the_plans_vae_tiling_is_switched_on():
     family = family_of("ltx2-tiny")
     Placement(pipe, _plan(pipe, family, tiling=True), family, "cpu").place()
     assert pipe.vae.use_tiling and pipe.vae.use_framewise_decoding
+
+
+def _generate_on_gpu(family, pipe):
+    if family == "ltx2":
+        return ltx2_generate(pipe)
+    embeds, mask = ltx_embeddings(pipe)
+    return (ltx_generate(pipe, (embeds.cuda(), mask.cuda()), 3.0),)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("stays", [(), ("decode",)])
+@pytest.mark.parametrize("family", ["ltx2", "ltx"])
+def test_a_phased_placement_on_the_gpu_gives_the_resident_latents(family, stays):
+    """On CUDA the streamers copy on their own stream and the components come and go per phase: two generations in a
+    row equal the resident pipeline's latents bit for bit (a slot filled while queued work still reads the memory it
+    reuses would show here)."""
+    pipe = build_ltx2_tiny() if family == "ltx2" else ltx_pipeline()
+    pipe.transformer = ltx2_transformer(5) if family == "ltx2" else ltx_transformer(num_layers=5)
+    pipe.to("cuda")
+    resident = _generate_on_gpu(family, pipe)
+    pipe.to("cpu")
+    models = family_of("ltx2-tiny" if family == "ltx2" else "ltx-tiny")
+    placement = Placement(pipe, _plan(pipe, models, phased=True, stays=stays), models, "cuda")
+    placement.place()
+    placement.install()
+    try:
+        for _ in range(2):
+            assert _equal(_generate_on_gpu(family, pipe), resident)
+    finally:
+        placement.uninstall()
+    torch.cuda.synchronize()

@@ -402,7 +402,8 @@ def test_generate_on_rank_1_parallelizes_and_writes_nothing(settled, tmp_path, m
     monkeypatch.setattr(launch, "_world", world)
     values = {"use_optimized_kernels": False, "attention_backend": None, "compile": False, "cpu_offload": False,
               "gemm_search": False, "force": False}
-    settings = SimpleNamespace(model="fake", weights="random", dtype="fp32", device="cpu", steps=1, memory_budget_gib=None)
+    settings = SimpleNamespace(model="fake", weights="random", dtype="fp32", device="cpu", steps=1,
+                               memory_budget_gib=None)
     generate._run(family, settings, values, tmp_path / "out.mp4", world)
     printed = capfd.readouterr()
     assert family.parallelized and not list(tmp_path.iterdir()) and printed.out == printed.err == ""
