@@ -296,6 +296,20 @@ def llm_build(model_type: str, dtype=torch.float32, device="cpu", **overrides):
     return model.eval()
 
 
+def gemma_build(dtype=torch.float32, device="cpu"):
+    """The gemma-3-tiny preset (3 layers: sliding, global, sliding; window 8) with norm weights of a trained model's
+    size: Gemma scales by `1 + weight`, so the zeros it is initialized with would hide a dropped `1 +`."""
+    from ltxbench.models.llm_build import build_llm
+
+    model = build_llm("gemma-3-tiny", "random", device, dtype, seed=0)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_((1 + 1.5 * torch.randn(p.shape, generator=g)).to(p.dtype))
+    return model
+
+
 def llm_prompt(batch=2, length=12):
     """Token ids for llm_build's models (seed 1)."""
     return torch.randint(0, LLM_TINY["vocab_size"], (batch, length), generator=torch.Generator().manual_seed(1))

@@ -14,7 +14,10 @@ LLM_CONFIGS = configs_dir("llm")  # configs/llm/ of the checkout, or the install
 # installed package instead (the id says which model its file holds)
 LLM_PRESETS = {"llama-3-8b": "meta-llama/Meta-Llama-3-8B", "mistral-7b": "mistralai/Mistral-7B-v0.1",
                "qwen2-7b": "Qwen/Qwen2-7B", "qwen3-8b": "Qwen/Qwen3-8B", "llama-tiny": None,
-               "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+               "smollm2-135m": "HuggingFaceTB/SmolLM2-135M-Instruct",
+               # Gemma 3 12B's text model (LTX-2's text encoder) as Gemma3ForCausalLM: random only (the released
+               # checkpoints hold the multimodal Gemma3ForConditionalGeneration)
+               "gemma-3-12b": None, "gemma-3-tiny": None}
 _LLM_WORDS = ("llama", "mistral", "qwen", "gemma", "phi", "gpt", "opt", "falcon", "smollm")
 def is_llm(model: str) -> bool:
     """LLM presets, a config .json, a directory with config.json but no model_index.json, or an LLM-named hub id."""

@@ -728,3 +728,43 @@ def test_regional_compile_under_cuda_graphs_opens_one_graph_step_per_model_call(
     e2e.compile_module(model, mode, "model")
     assert e2e.GRAPH_STEP_HOOK not in vars(model) and not model._forward_pre_hooks
     e2e.uncompile_module(model)
+
+
+# --- gemma-3-tiny --------------------------------------------------------------------------------------
+
+GEMMA = ["bench", "e2e", "--model", "gemma-3-tiny", "--weights", "random", "--device", "cpu", "--prompt-lengths",
+         "16,32", "--new-tokens", "4", "--warmup-iterations", "1", "--repeats", "1"]
+
+
+def test_gemma_tiny_baseline_optimized_compile(tmp_path, captured, compile_calls):
+    """Gemma 3 through the LLM family: its rules applied for optimized and reverted after, the compile config's
+    module compile (stubbed) taken."""
+    from ltxbench.inject.llm import gemma
+
+    out = tmp_path / "gemma.json"
+    result = runner.invoke(app, [*GEMMA, "--configs", "baseline,optimized,compile", "--kernel-provider", "reference",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    injection = doc["run"]["config"]["injection"]["optimized"]
+    assert injection["applied"] is True
+    assert {rule: injection["rules"][rule] for rule in gemma.RULES} == {gemma.RULE_NORM: 19, gemma.RULE_LAYER: 3,
+                                                                        gemma.RULE_MLP: 3, gemma.RULE_ROPE: 3}
+    assert len(compile_calls) == 1
+    records = doc["records"]
+    for config in ("baseline", "optimized", "compile"):
+        assert _by(records, "decode_step", config)["stats"]["n"] == 4 - 1
+    model = captured["target"]
+    assert type(model).__name__ == "Gemma3ForCausalLM" and model.config.layer_types[1] == "full_attention"
+    assert all(type(layer).__name__ == "Gemma3DecoderLayer" and "forward" not in vars(layer)
+               for layer in model.model.layers)
+
+
+@pytest.mark.slow
+def test_gemma_tiny_compile_with_inductor(tmp_path):
+    """The compile configurations with torch.compile itself (inductor on the CPU, about 10 s a configuration)."""
+    out = tmp_path / "gemma-compile.json"
+    result = runner.invoke(app, [*GEMMA, "--configs", "compile,optimized+compile", "--kernel-provider", "reference",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert {r["provider"] for r in _records(out) if r["name"] == "compile"} == {"compile", "optimized+compile"}

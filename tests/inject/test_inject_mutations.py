@@ -1,12 +1,14 @@
 """The parity tests can fail: inputs of the magnitudes trained models have, and a 1% perturbation of each fused
 formula in the patched path (shift, scale, gate, eps, RoPE angle, the residual fold; LLM: norm weight, eps, residual,
-RoPE angle, SwiGLU) must move the patched output past the parity tolerance (CPU, reference provider, fp32).
+RoPE angle, SwiGLU; Gemma 3: its `1 + weight`, eps, residual, RoPE angle, GEGLU, and GEGLU's gate half and GELU form)
+must move the patched output past the parity tolerance (CPU, reference provider, fp32).
 
 Random initializations damp the terms these formulas carry: diffusers' default modulation tables and timestep
 embedding are ~1e-2, so a 10% error in the shift stayed below the tolerance. Here the modulation (tables and timestep
 embedding) is of order 0.3-0.5, as trained DiT models carry, and one token is quiet (its mean square of the order of
 the norm's eps), the one place where eps decides the result. The LLM keeps transformers' initialization: embeddings of
 std 0.02 are what trained Llama-family checkpoints have, and there eps (1e-5) is a few percent of the mean square.
+Gemma 3 (eps 1e-6) gets norm weights of a trained model's size and one quiet token, as the LTX transformer does.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import torch
 
 from ltxbench.inject import llm
 from ltxbench.inject.ltx import apply_kernels
-from tests.helpers import llm_build, llm_prompt, ltx_inputs, ltx_transformer, max_rel_error
+from tests.helpers import gemma_build, llm_build, llm_prompt, ltx_inputs, ltx_transformer, max_rel_error
 
 # max |patched - unpatched| / max |unpatched|, fp32: the reference path is the same math op for op (0 measured on
 # the CPU); the cuda kernels round differently (full fp32, no TF32: a few 1e-7)
@@ -178,3 +180,53 @@ def test_llm_parity_holds_and_fails_for_a_one_percent_error(formula, monkeypatch
 @pytest.mark.parametrize("formula", [None, *LLM_MUTATIONS])
 def test_llm_cuda_parity_in_fp32_holds_and_fails_for_a_one_percent_error(formula, monkeypatch):
     _check_llm("cuda", formula, monkeypatch)
+
+
+def _geglu(provider, factor=PERTURBED, gate_half=None, approximate=None):
+    fn = provider.geglu
+
+    def mutated(x, gate_half_=1, approximate_=False):
+        half = gate_half_ if gate_half is None else gate_half
+        return fn(x, half, approximate_ if approximate is None else approximate) * factor
+
+    return mutated
+
+
+GEMMA_MUTATIONS = {
+    "1 + weight": {op: _scaled(op, weight=PERTURBED) for op in ("rms_norm", "fused_add_rms_norm")},
+    "eps": {op: _scaled(op, eps=PERTURBED) for op in ("rms_norm", "fused_add_rms_norm")},
+    "residual": {"fused_add_rms_norm": _scaled("fused_add_rms_norm", residual=PERTURBED)},
+    "rope angle": {"rope_1d": _rope_angle},
+    "geglu": {"geglu": _geglu},
+    "geglu gate half": {"geglu": lambda provider: _geglu(provider, 1.0, gate_half=1)},
+    "geglu erf gelu": {"geglu": lambda provider: _geglu(provider, 1.0, approximate=False)},
+}
+
+
+def _gemma_error(provider="reference", mutation=None, monkeypatch=None) -> float:
+    device = "cpu" if provider == "reference" else "cuda"
+    model = gemma_build(device=device)
+    ids = llm_prompt().to(device)
+    with torch.no_grad():  # a quiet first token: its embedding's mean square near eps (1e-6)
+        model.model.embed_tokens.weight[ids[0, 0]] *= 5e-3
+        expected = model(input_ids=ids).logits
+        _mutate(provider, mutation or {}, monkeypatch)
+        with llm.apply_kernels(model, provider) as report:
+            assert not report.skipped
+            got = model(input_ids=ids).logits
+    return max_rel_error(got, expected)
+
+
+def _check_gemma(provider, formula, monkeypatch):
+    _check("Gemma 3", _gemma_error, GEMMA_MUTATIONS, provider, formula, monkeypatch)
+
+
+@pytest.mark.parametrize("formula", [None, *GEMMA_MUTATIONS])
+def test_gemma_parity_holds_and_fails_for_a_one_percent_error(formula, monkeypatch):
+    _check_gemma("reference", formula, monkeypatch)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("formula", [None, *GEMMA_MUTATIONS])
+def test_gemma_cuda_parity_in_fp32_holds_and_fails_for_a_one_percent_error(formula, monkeypatch):
+    _check_gemma("cuda", formula, monkeypatch)

@@ -1,4 +1,5 @@
-"""Kernel injection into transformers' LLaMA-family decoders: llama, mistral, qwen2, qwen3 (transformers 5.x).
+"""Kernel injection into transformers' LLaMA-family decoders: llama, mistral, qwen2, qwen3 (transformers 5.x);
+Gemma 3 (gemma3_text, and gemma3's text tower) has its own rules in gemma.py.
 
 Rules (docs/models.md has the math):
   RMSNorm (input/post-attention/final, Qwen3 q_norm/k_norm) → ops.rms_norm(cast_before_weight=True)
@@ -7,7 +8,7 @@ Rules (docs/models.md has the math):
                                                                   (addmm_, beta 1: no separate add kernel)
   MLP: gate_proj and up_proj as ONE [gate | up] projection      → F.linear + ops.swiglu + down_proj
   attention: q_proj/k_proj/v_proj as ONE projection; apply_rotary_pos_emb → ops.rope_1d   (attention.py)
-Anything else (gemma's `1 + weight` norm, unknown classes, forwards already wrapped by hooks, forwards whose
+Anything else (unknown classes, forwards already wrapped by hooks, forwards whose
 source differs from the code reproduced here) is skipped with a reason, never patched. Inference only: a
 forward that would need gradients through the fused MLP weight runs the original forward instead.
 
@@ -177,7 +178,7 @@ def _patch(report, rule, module, forward, name: str, prefix: str, classes: dict,
 
 
 def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
-    """Patch a llama/mistral/qwen2/qwen3 causal LM (or its base model) in place; `report.revert()` restores
+    """Patch a llama/mistral/qwen2/qwen3/gemma3 causal LM (or its base model) in place; `report.revert()` restores
     every forward (the fused gate/up weights stay numerically identical views)."""
     if offloaded(model):
         report = InjectionReport(provider)
@@ -187,11 +188,17 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
     require_provider(provider, ops, model, "model")
     report = InjectionReport(provider)
     model_type = getattr(getattr(model, "config", None), "model_type", None)
+    from ltxbench.inject.llm.gemma import GEMMA_FAMILIES, apply_gemma
+
+    if model_type in GEMMA_FAMILIES:
+        apply_gemma(model, ops, report)
+        return report
     prefix = FAMILIES.get(model_type)
     if prefix is None:
+        known = ", ".join((*FAMILIES, *GEMMA_FAMILIES))
         for rule in RULES:
-            report.skip(rule, f"model_type {model_type!r} is not one of {', '.join(FAMILIES)}: its norms/MLP/RoPE "
-                              "math is not verified (gemma's RMSNorm scales by 1 + weight), nothing patched")
+            report.skip(rule, f"model_type {model_type!r} is not one of {known}: its norms/MLP/RoPE math is not "
+                              "verified, nothing patched")
         return report
     base = getattr(model, "model", model)
     norm_forward, layer_forward, mlp_forward = _norm_forward(ops), _layer_forward(ops), _mlp_forward(ops)

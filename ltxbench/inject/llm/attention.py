@@ -32,16 +32,22 @@ def _tables_of(cos, sin):
 
 def _rope_tables(cache: dict, cos, sin, first_layer: bool):
     """(cos (B*S, hd/2) fp32, sin, no positions) from the model's position_embeddings, once per forward
-    in eager mode: built by the first layer of every forward, reused by the others while cos/sin are the same
-    objects, so tables never outlive the forward whose cos/sin they came from (an in-place change of those between
-    forwards could not be seen: inference tensors have no version counter). Inside a compiled graph there is no
-    cache: a Python dict holding tensors made dynamo guard on its contents and recompile, and the graph output its
-    tables to store them."""
+    in eager mode: built when the first layer of a forward or a layer with other cos/sin objects asks (Gemma 3
+    passes one pair per layer type: each pair is kept), reused by the others, and dropped by the first layer of the
+    next forward, so tables never outlive the forward whose cos/sin they came from (an in-place change of those
+    between forwards could not be seen: inference tensors have no version counter). Inside a compiled graph there
+    is no cache: a Python dict holding tensors made dynamo guard on its contents and recompile, and the graph output
+    its tables to store them."""
     if torch.compiler.is_compiling():
         return _tables_of(cos, sin)
-    if first_layer or cache.get("cos") is not cos or cache.get("sin") is not sin:
-        cache.update(cos=cos, sin=sin, tables=_tables_of(cos, sin))
-    return cache["tables"]
+    if first_layer:
+        cache.clear()
+    pairs = cache.setdefault("pairs", [])
+    for known_cos, known_sin, tables in pairs:
+        if known_cos is cos and known_sin is sin:
+            return tables
+    pairs.append((cos, sin, _tables_of(cos, sin)))
+    return pairs[-1][2]
 
 
 def sliding_kwarg(cls):

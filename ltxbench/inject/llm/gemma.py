@@ -1,0 +1,210 @@
+"""Gemma 3's rules (model_type gemma3_text, and the text tower of gemma3): transformers 5.x Gemma3RMSNorm,
+Gemma3DecoderLayer, Gemma3MLP and Gemma3Attention, computed with the ops only where they give Gemma's own numbers.
+
+  Gemma3RMSNorm: `(x.float() · rsqrt(mean(x²) + eps)) · (1 + weight.float())`, rounded once to x's dtype
+      → ops.rms_norm(x, 1 + weight.float(), eps) (fp32 weight, multiplied in fp32: cast_before_weight off). The ops
+      take the weight in x's dtype, and `1 + weight` rounded to bf16 is a rounding Gemma does not do: 16-bit rows
+      run the op on their fp32 copy (exact, one more read and write) and round its output once, as Gemma does.
+  decoder layer (sandwich norms): `residual + post_attention_layernorm(attn)` and pre_feedforward_layernorm
+      → ops.fused_add_rms_norm, for fp32 rows only (in 16 bits its weight would be the rounded `1 + weight`, and
+      the fp32 copies would leave the sum unrounded): 16-bit rows add in torch and norm as above.
+      `residual + post_feedforward_layernorm(mlp)` stays an add: the norm sits between the down projection and the
+      residual, so the GEMM cannot accumulate into it.
+  MLP `down(gelu_tanh(gate(x)) · up(x))` → one [gate | up] GEMM + ops.geglu(gate_half=0, approximate=True).
+  attention: q/k/v as one GEMM, q_norm/k_norm (Gemma3RMSNorm per head, the rule above) and RoPE through
+      ops.rope_1d from the per-layer-type (cos, sin) the model passes (attention.py: the LLaMA rule, whose tables
+      keep one pair per layer type).
+The embedding (`embed · sqrt(hidden)` in the embedding's dtype) and the logit soft-capping stay transformers'.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from ltxbench.inject import ORIGINAL_CLASS, _source_of, original_class, patch_forward
+from ltxbench.inject.fuse import follow_moves, fuse_linears, fused_linear, release
+from ltxbench.inject.llm.attention import ATTN_SOURCE, CACHE_UPDATE_KWARGS, RULE_ROPE, attn_forward, fuse_qkv
+
+GEMMA_FAMILIES = {"gemma3_text": "Gemma3", "gemma3": "Gemma3"}  # model_type -> class prefix
+RULE_NORM = "gemma rms_norm (1 + weight)"
+RULE_LAYER = "gemma decoder layer: residual + pre_feedforward_layernorm (fused_add_rms_norm, fp32)"
+RULE_MLP = "gemma mlp: fused gate_up projection + geglu (tanh GELU)"
+RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE)
+FUSED_ATTR = "_ltxbench_gate_up"  # FusedWeights: [gate | up] (2I, H), gate/up weights are views of it
+HALF = (torch.bfloat16, torch.float16)
+
+# Source fragments of the transformers 5.x code reproduced here: a release that rewrites them is skipped.
+NORM_SOURCE = ("output = self._norm(x.float())", "output = output * (1.0 + self.weight.float())",
+               "return output.type_as(x)")
+NORM_MATH = ("x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)",)  # Gemma3RMSNorm._norm
+LAYER_SOURCE = ("residual = hidden_states", "hidden_states = self.input_layernorm(hidden_states)",
+                "hidden_states = self.post_attention_layernorm(hidden_states)",
+                "hidden_states = self.pre_feedforward_layernorm(hidden_states)",
+                "hidden_states = self.mlp(hidden_states)",
+                "hidden_states = self.post_feedforward_layernorm(hidden_states)",
+                "hidden_states = residual + hidden_states")
+MLP_SOURCE = ("self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",)
+ATTN_QK_NORM = ("query_states = self.q_norm(query_states)", "key_states = self.k_norm(key_states)",
+                "sliding_window=self.sliding_window")
+
+
+def _has(function, fragments) -> bool:
+    src = _source_of(function)
+    return all(f in src for f in fragments)
+
+
+def text_model(model):
+    """The Gemma3TextModel of a Gemma3ForCausalLM, a Gemma3ForConditionalGeneration or a Gemma3Model."""
+    inner = getattr(model, "model", model)
+    return getattr(inner, "language_model", inner)
+
+
+# ---- RMSNorm ------------------------------------------------------------------------------------------
+
+def gemma_rms_norm(ops, norm, x):
+    """Gemma3RMSNorm's numbers through ops.rms_norm, or None for rows it would not reproduce (not fp32/16-bit:
+    Gemma computes float64 rows in fp32)."""
+    scale = 1.0 + norm.weight.float()
+    if x.dtype == torch.float32:
+        return ops.rms_norm(x, scale, norm.eps)
+    if x.dtype in HALF:
+        return ops.rms_norm(x.float(), scale, norm.eps).to(x.dtype)
+    return None
+
+
+def _norm_forward(ops):
+    def forward(self, x):
+        out = None if self.weight.is_meta else gemma_rms_norm(ops, self, x)  # meta: offloaded, its hook runs it
+        return original_class(self).forward(self, x) if out is None else out
+
+    return forward
+
+
+# ---- decoder layer ------------------------------------------------------------------------------------
+
+def _layer_forward(ops):
+    """Gemma3DecoderLayer.forward with the attention residual and pre_feedforward_layernorm fused for fp32 rows.
+    Arguments after hidden_states by keyword, as the model passes them; the KV cache goes on in `kwargs`."""
+
+    def forward(self, hidden_states, *, position_embeddings=None, attention_mask=None, position_ids=None, **kwargs):
+        residual = hidden_states
+        hidden_states = self.input_layernorm(hidden_states)
+        hidden_states, _ = self.self_attn(hidden_states=hidden_states, position_embeddings=position_embeddings,
+                                          attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        hidden_states = self.post_attention_layernorm(hidden_states)
+        pre = self.pre_feedforward_layernorm
+        if hidden_states.dtype == residual.dtype == torch.float32 and not pre.weight.is_meta:
+            hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, 1.0 + pre.weight.float(),
+                                                             pre.eps)
+        else:
+            residual = residual + hidden_states
+            hidden_states = pre(residual)
+        hidden_states = self.post_feedforward_layernorm(self.mlp(hidden_states))
+        return residual + hidden_states
+
+    return forward
+
+
+# ---- MLP ----------------------------------------------------------------------------------------------
+
+def _mlp_forward(ops):
+    def forward(self, x):
+        gate_up = fused_linear(x, (self.gate_proj, self.up_proj), vars(self).get(FUSED_ATTR))
+        if gate_up is None:  # the fused weights cannot stand for the layers (moved, replaced, training)
+            return original_class(self).forward(self, x)
+        return self.down_proj(ops.geglu(gate_up, 0, True))
+
+    return forward
+
+
+def _tanh_gelu(mlp) -> bool:
+    """GELUTanh running F.gelu(approximate="tanh") (not its Python formula, which rounds differently)."""
+    from transformers.activations import GELUTanh
+
+    act = getattr(mlp.act_fn, "act", None)
+    return (isinstance(mlp.act_fn, GELUTanh) and isinstance(act, functools.partial) and act.func is F.gelu
+            and act.keywords == {"approximate": "tanh"} and not act.args)
+
+
+# ---- entry point --------------------------------------------------------------------------------------
+
+def _verified(report, rule, module, name: str, extra=()) -> bool:
+    """module is the transformers 5.x Gemma3<name>, unpatched, without a hook on its forward, its source as
+    reproduced here (`extra`: (function, fragments) pairs)."""
+    cls = type(module)
+    if ORIGINAL_CLASS in vars(cls):
+        report.skip(rule, f"{cls.__name__} is patched by ltxbench already: left as is")
+    elif cls.__name__ != f"Gemma3{name}":
+        report.skip(rule, f"{cls.__name__} is not Gemma3{name}: its math is not verified")
+    elif "forward" in vars(module):
+        report.skip(rule, f"{cls.__name__}.forward is already wrapped by a hook (offload, compile): left as is")
+    elif not all(_has(function, fragments) for function, fragments in extra):
+        report.skip(rule, f"{cls.__name__} differs from the transformers 5.x code this rule reproduces")
+    else:
+        return True
+    return False
+
+
+def apply_gemma(model, ops, report) -> None:
+    """Patch the Gemma 3 text model of `model` in place (llm.apply_kernels calls this for GEMMA_FAMILIES)."""
+    base = text_model(model)
+    classes: dict = {}
+    norm_forward = _norm_forward(ops)
+    norms_ok = {}
+    for name, module in base.named_modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            cls = type(module)
+            norms_ok[name] = _verified(report, RULE_NORM, module, "RMSNorm",
+                                       ((cls.forward, NORM_SOURCE), (getattr(cls, "_norm", None), NORM_MATH)))
+            if norms_ok[name]:
+                patch_forward(report, RULE_NORM, module, norm_forward, classes)
+    layer_forward, mlp_forward = _layer_forward(ops), _mlp_forward(ops)
+    rope_cache: dict = {}
+    attn_forwards: dict = {}
+    for index, layer in enumerate(base.layers):
+        sandwich = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                    "post_feedforward_layernorm")
+        if not all(norms_ok.get(f"layers.{index}.{n}") for n in sandwich):
+            report.skip(RULE_LAYER, f"layers.{index}: its norms are not verified")
+        elif _verified(report, RULE_LAYER, layer, "DecoderLayer", ((type(layer).forward, LAYER_SOURCE),)):
+            patch_forward(report, RULE_LAYER, layer, layer_forward, classes)
+        _patch_mlp(report, layer.mlp, index, mlp_forward, classes)
+        attn = layer.self_attn
+        if not (norms_ok.get(f"layers.{index}.self_attn.q_norm") and norms_ok.get(f"layers.{index}.self_attn.k_norm")):
+            report.skip(RULE_ROPE, f"layers.{index}: q_norm/k_norm not verified")
+        elif _verified(report, RULE_ROPE, attn, "Attention", ((type(attn).forward, ATTN_FRAGMENTS),)):
+            if type(attn) not in attn_forwards:
+                eager = inspect.getmodule(type(attn)).eager_attention_forward
+                attn_forwards[type(attn)] = attn_forward(ops, rope_cache, _sliding, eager, True, True)
+            patch_forward(report, RULE_ROPE, attn, attn_forwards[type(attn)], classes)
+            fuse_qkv(report, attn, index)
+
+
+def _sliding(attn) -> dict:
+    return {"sliding_window": attn.sliding_window}  # None on the global layers, as the original passes it
+
+
+def _flat(fragments):
+    """ATTN_SOURCE for Gemma 3: the `cache` (transformers 5.24+) form of the cache update, the others as they are."""
+    return tuple(CACHE_UPDATE_KWARGS if isinstance(f, tuple) else f for f in fragments)
+
+
+ATTN_FRAGMENTS = (*_flat(ATTN_SOURCE), *ATTN_QK_NORM)
+
+
+def _patch_mlp(report, mlp, index: int, mlp_forward, classes) -> None:
+    if not _verified(report, RULE_MLP, mlp, "MLP", ((type(mlp).forward, MLP_SOURCE),)):
+        return
+    if not _tanh_gelu(mlp):
+        report.skip(RULE_MLP, f"layers.{index}: activation {type(mlp.act_fn).__name__} is not F.gelu(tanh)")
+    elif isinstance(fused := fuse_linears((mlp.gate_proj, mlp.up_proj)), str):
+        report.skip(RULE_MLP, f"layers.{index}: gate_proj/up_proj: {fused}")
+    else:
+        setattr(mlp, FUSED_ATTR, fused)
+        report.on_revert(lambda m=mlp: release(vars(m).pop(FUSED_ATTR)))
+        follow_moves(report, mlp, fused)
+        patch_forward(report, RULE_MLP, mlp, mlp_forward, classes)
