@@ -8,7 +8,8 @@ pipeline builds them, with no second model to build on the meta device). torch c
 (mm, addmm, bmm, baddbmm, _scaled_mm, convolutions) at 2 FLOPs per multiply-add and every SDPA backend at
 4·B·H·Sq·Sk·D for the forward (QKᵀ and PV); element-wise work, norms and softmax are not counted, as is usual for
 MFU. Attention is counted over every key, as torch does (a causal mask is not discounted: the convention of
-published MFU figures). Only the standard library at top level.
+published MFU figures). `ltxbench profile` counts its whole profiled run once, split by kind (`by_kind`: GEMM,
+attention), for its kernel families' TFLOP/s (ltxbench.bench.profile_flops). Only the standard library at top level.
 """
 
 from __future__ import annotations
