@@ -169,24 +169,56 @@ def test_the_stg_off_profile_gets_no_flops(monkeypatch):
     assert "model_flop" in results["baseline"] and "model_flop" not in results["stg-off"]
 
 
-def test_llama_tiny_profile_records_the_hand_counted_split(tmp_path, captured):
-    out = tmp_path / "llm.json"
-    result = runner.invoke(app, ["profile", "--model", "llama-tiny", "--weights", "random", "--device", "cpu",
-                                 "--configs", "baseline", "--prompt-length", "16", "--new-tokens", "3",
-                                 "--output", str(out)])
-    assert result.exit_code == 0, result.output
-    cfg = captured["target"].config
+def _llama_profile_by_hand(cfg, prompt: int, new_tokens: int) -> dict:
+    """{kind: FLOPs} of llm.profiled_iteration: a prefill keeping the last logits, then one token per decode step
+    over the growing cache."""
     d, ff, heads, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_hidden_layers
     head_dim, kv = d // heads, cfg.num_key_value_heads * (d // heads)
-    tokens = 16 + 3  # the prefill, then one token per decode step over the growing cache
+    tokens = prompt + new_tokens
     gemm = (layers * (2 * _gemm(tokens, d, d) + 2 * _gemm(tokens, d, kv) + 2 * _gemm(tokens, d, ff)
-                      + _gemm(tokens, ff, d)) + _gemm(1 + 3, d, cfg.vocab_size))  # logits of the last token only
-    attention = layers * (flops.attention_flops(1, heads, 16, 16, head_dim)
-                          + sum(flops.attention_flops(1, heads, 1, 16 + i, head_dim) for i in (1, 2, 3)))
-    records = {r["name"]: r for r in json.loads(out.read_text())["records"]}
-    for name, flop in (("GEMM", gemm), ("attention", attention)):
+                      + _gemm(tokens, ff, d)) + _gemm(1 + new_tokens, d, cfg.vocab_size))
+    attention = layers * (flops.attention_flops(1, heads, prompt, prompt, head_dim)
+                          + sum(flops.attention_flops(1, heads, 1, prompt + i, head_dim)
+                                for i in range(1, new_tokens + 1)))
+    return {"GEMM": gemm, "attention": attention}
+
+
+def _profile_llama(tmp_path, device: str, configs: str):
+    out = tmp_path / "llm.json"
+    result = runner.invoke(app, ["profile", "--model", "llama-tiny", "--weights", "random", "--device", device,
+                                 "--configs", configs, "--prompt-length", "16", "--new-tokens", "3",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    return result, json.loads(out.read_text())["records"]
+
+
+def test_llama_tiny_profile_records_the_hand_counted_split(tmp_path, captured):
+    result, records = _profile_llama(tmp_path, "cpu", "baseline")
+    by_hand = _llama_profile_by_hand(captured["target"].config, 16, 3)
+    records = {r["name"]: r for r in records}
+    for name, flop in by_hand.items():
         derived = records[name]["derived"]
         assert derived["model_tflop"] * 1e12 == pytest.approx(flop)
         assert derived["tflops"] == pytest.approx(flop / (records[name]["stats"]["median"] * 1e-3) / 1e12)
         assert "pct_of_peak" not in derived  # the CPU: no peak
     assert "GEMM TFLOP/s (% of dense peak)" in result.output
+
+
+@pytest.mark.gpu
+def test_a_gpu_profile_rates_both_families_against_the_peak(tmp_path, captured):
+    """On a GPU: the same FLOPs for every configuration, each family's rate over its own kernel time, and the % of
+    peak where the GPU is in the peak table."""
+    _, records = _profile_llama(tmp_path, "cuda", "baseline,optimized")
+    by_hand = _llama_profile_by_hand(captured["target"].config, 16, 3)
+    peak = flops.peak_tflops(torch.cuda.get_device_name(), "bf16")
+    rated = [r for r in records if r["name"] in ("GEMM", "attention")]
+    assert len(rated) == 4 and all(r["stats"]["median"] > 0 for r in rated)
+    for config in ("baseline", "optimized"):
+        mine = {r["name"]: r["derived"] for r in rated if r["provider"] == config}
+        assert (mine["GEMM"]["model_tflop"] + mine["attention"]["model_tflop"]) * 1e12 == pytest.approx(
+            sum(by_hand.values()))
+        assert mine["attention"]["model_tflop"] > 0  # an SDPA kernel, not the math path's bmm
+        for derived in mine.values():
+            assert ("pct_of_peak" in derived) == (peak is not None)
+            if peak is not None:
+                assert derived["pct_of_peak"] == pytest.approx(100 * derived["tflops"] / peak)
