@@ -142,10 +142,10 @@ def e2e_table(doc: dict):
         row["vs compile"] = _num(derived.get("speedup_vs_compile"), ".3f", "×")
         if "tokens_per_s" in derived:
             row["tok/s"] = _num(derived["tokens_per_s"], ".1f")
-        # The step's achieved TFLOP/s and MFU (ltxbench.bench.flops); older files lack them: the columns drop out.
         for m in measures:  # an LLM's prefills carry their own TFLOP/s (a column per prompt length)
             if m.startswith("prefill "):
                 row[f"{m} TFLOP/s"] = _num((recs.get(m) or {}).get("derived", {}).get("tflops"), ".1f")
+        # The step's achieved TFLOP/s and MFU (ltxbench.bench.flops); older files lack them: the columns drop out.
         unit = (recs.get("denoise_step") or recs.get("decode_step") or {}).get("derived", {})
         row["step TFLOP/s"] = _num(unit.get("tflops"), ".1f")
         row["MFU"] = _num(None if unit.get("mfu") is None else 100 * unit["mfu"], ".1f", "%")
