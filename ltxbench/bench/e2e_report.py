@@ -52,6 +52,11 @@ def render_table(records, title: str = "ltxbench bench e2e"):
         table.add_column(col, justify="right")
     # The step's achieved TFLOP/s and its share of the GPU's dense peak (bench.flops), where they were counted.
     counted = any("tflops" in (step_record(row) or {}).get("derived", {}) for row in rows.values())
+    # An LLM's prefills: their TFLOP/s, one column per prompt length that has one.
+    prefills = [p for p in phases if p.startswith("prefill@")
+                and any("tflops" in row.get(p, {}).get("derived", {}) for row in rows.values())]
+    for phase in prefills:
+        table.add_column(f"{phase} TFLOP/s", justify="right")
     if counted:
         table.add_column("step TFLOP/s", justify="right")
         table.add_column("MFU", justify="right")
@@ -78,11 +83,11 @@ def render_table(records, title: str = "ltxbench bench e2e"):
         if metered:
             gpu_cells.append(_fmt((step or {}).get("derived", {}).get("gpu_energy_j_per_step"), ".1f"))
         precision = [precision_label(next(iter(row.values())))] if fp8 else []
-        flop_cells = []
+        flop_cells = [_fmt(row.get(p, {}).get("derived", {}).get("tflops"), ".1f") for p in prefills]
         if counted:
             unit = (step_record(row) or {}).get("derived", {})
             mfu = unit.get("mfu")
-            flop_cells = [_fmt(unit.get("tflops"), ".1f"), _fmt(None if mfu is None else 100 * mfu, ".1f", "%")]
+            flop_cells += [_fmt(unit.get("tflops"), ".1f"), _fmt(None if mfu is None else 100 * mfu, ".1f", "%")]
         table.add_row(config, *precision, *cells, _fmt(rate, ".2f"),
                       _fmt(derived.get("speedup_vs_baseline"), ".2f", "x"),
                       _fmt(derived.get("speedup_vs_compile"), ".2f", "x"), _fmt(derived.get("compile_s"), ".1f"),

@@ -8,7 +8,8 @@ pipeline builds them, with no second model to build on the meta device). torch c
 (mm, addmm, bmm, baddbmm, _scaled_mm, convolutions) at 2 FLOPs per multiply-add and every SDPA backend at
 4·B·H·Sq·Sk·D for the forward (QKᵀ and PV); element-wise work, norms and softmax are not counted, as is usual for
 MFU. Attention is counted over every key, as torch does (a causal mask is not discounted: the convention of
-published MFU figures). Only the standard library at top level.
+published MFU figures). `ltxbench profile` counts its whole profiled run once, split by kind (`by_kind`: GEMM,
+attention), for its kernel families' TFLOP/s (ltxbench.bench.profile_flops). Only the standard library at top level.
 """
 
 from __future__ import annotations
@@ -80,6 +81,35 @@ def _count_cpu_attention() -> None:
     @flop_counter.register_flop_formula(op)
     def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
         return flop_counter.sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# The kinds `ltxbench profile` divides by its GEMM and attention kernel families' time: torch's counted ops by name
+# (the op packet's, e.g. "addmm"); any other op torch may count is "other".
+GEMM_OPS = frozenset({"mm", "addmm", "bmm", "baddbmm", "_scaled_mm"})
+KINDS = ("GEMM", "attention", "other")
+
+
+def kind_of(op) -> str:
+    """GEMM (the matrix products and every convolution), attention (every SDPA / flash / efficient / cuDNN / flex
+    attention op) or other, of an op torch's counter reports."""
+    name = getattr(op, "__name__", str(op)).split(".")[0]
+    if "attention" in name:
+        return "attention"
+    return "GEMM" if name in GEMM_OPS or "conv" in name else "other"
+
+
+def by_kind(fn) -> tuple[object, dict]:
+    """(fn(), {kind: FLOPs} over KINDS): every op torch counts during fn(), wherever it runs (text encoder and VAE
+    included: a profile's kernel families cover all of the profiled work)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    _count_cpu_attention()
+    with FlopCounterMode(display=False) as counter:
+        result = fn()
+    counts = dict.fromkeys(KINDS, 0)
+    for op, flop in counter.get_flop_counts().get("Global", {}).items():
+        counts[kind_of(op)] += flop
+    return result, counts
 
 
 def per_call(module, fn) -> tuple[object, list[int]]:

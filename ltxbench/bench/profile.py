@@ -7,6 +7,7 @@ transformer; LLM = prefill of one prompt then --new-tokens greedy decode steps, 
 phase is a `record_function` range and, on CUDA, an NVTX range. Time: on CUDA the device time of every kernel /
 memcpy / memset event (`self_device_time_total`, which for a device event is its own duration); on the CPU the
 self CPU time of every op (`self_cpu_time_total`), so that nested ops are not counted twice. Phase ranges are left out.
+The GEMM and attention families also get their achieved TFLOP/s and % of the dense peak (profile_flops).
 Only the standard library at top level.
 """
 
@@ -17,6 +18,7 @@ import re
 from collections import defaultdict
 
 from ltxbench.bench.profile_families import FAMILIES, classify
+from ltxbench.bench.profile_flops import RATE_KEYS, RATED, rated, table_cells
 from ltxbench.configurations import Configuration
 
 _PHASE_NAMES: set[str] = set()  # every name `phase` has opened: ranges, not ops, in the profiler's events
@@ -98,22 +100,36 @@ def profile_configs(module, configs: list[str], apply, run, device, traces: dict
     On CUDA the GPU's SM clock and power are sampled during the profiled run (res["gpu"], gpu_monitor's fields, also
     in the timeline:idle record; {} where NVML cannot be read; monitor(device) makes the monitor). The profiler's
     own launch overhead leaves the GPU idle between kernels, so the kernel times it reads may come from higher
-    clocks than a timed run at the power cap gets."""
+    clocks than a timed run at the power cap gets.
+
+    The model FLOPs of the profiled work by kind (GEMM, attention: flops.by_kind) are counted once, in the warmup of
+    the first unpatched eager configuration, or in one more untimed run of the unpatched model before the others
+    where there is none; every summary carries them as res["model_flop"] {"kinds", "gpu"} (profile_flops.add_rates
+    turns them into the families' TFLOP/s)."""
     import torch
 
-    from ltxbench.bench import gpu_monitor
+    from ltxbench.bench import flops, gpu_monitor
     from ltxbench.bench.e2e import configuration
+    from ltxbench.bench.profile_flops import counting_config
 
     cuda = device.type == "cuda"
     monitor = monitor or gpu_monitor.open_monitor
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    results = {}
+    results, counted = {}, {}
+    counted_in = counting_config(configs)
+    if counted_in is None:
+        with configuration(module, "baseline", apply, compile_mode, compile_scope):
+            log("untimed run of the unpatched model: its FLOPs")
+            counted["kinds"] = flops.by_kind(run)[1]
     for name in configs:
         with configuration(module, name, apply, compile_mode, compile_scope) as injection:
-            log(f"{name}: warmup")
-            run()
+            log(f"{name}: warmup" + (" (counting the model's FLOPs)" if name == counted_in else ""))
+            if name == counted_in:
+                counted["kinds"] = flops.by_kind(run)[1]
+            else:
+                run()
             if cuda:
                 torch.cuda.synchronize(device)
             log(f"{name}: profiling")
@@ -131,6 +147,9 @@ def profile_configs(module, configs: list[str], apply, run, device, traces: dict
         res["injection"], res["trace"] = injection, str(traces[name])
         results[name] = res
         log(f"{name}: {res['total_ms']:.2f} ms profiled{gpu_monitor.describe(res['gpu'])}, trace {traces[name]}")
+    gpu = torch.cuda.get_device_name(device) if cuda else None
+    for res in results.values():
+        res["model_flop"] = {"kinds": dict(counted["kinds"]), "gpu": gpu}
     return results
 
 
@@ -145,8 +164,9 @@ def build_records(results: dict, params: dict, dtype: str) -> list[dict]:
     records = []
     for config, res in results.items():
         for family, fam in res["families"].items():
+            rates = {key: fam[key] for key in RATE_KEYS if key in fam}  # GEMM, attention: profile_flops.add_rates
             records.append(make_record(family, config, dtype, params, "time", "ms", "lower", _point(fam["ms"]),
-                                       derived={"share": fam["share"], "calls": fam["calls"]}))
+                                       derived={"share": fam["share"], "calls": fam["calls"], **rates}))
         if res.get("timeline"):
             tl = res["timeline"]
             records.append(make_record("timeline:idle", config, dtype, params, "time", "ms", "lower",
@@ -178,6 +198,10 @@ def render_families(results: dict, unit: str):
             fam = res["families"].get(family, {"ms": res["total_ms"], "share": 1.0})
             cells += [f"{fam['ms']:.3f}", f"{100 * fam['share']:.1f}"]
         table.add_row(family, *cells)
+    if rated(results):  # the GEMM and attention families' achieved TFLOP/s (profile_flops)
+        for family in RATED:
+            table.add_row(f"{family} TFLOP/s (% of dense peak)",
+                          *(cell for res in results.values() for cell in table_cells(res["families"][family])))
     if any(res.get("timeline") for res in results.values()):  # GPU runs: the waits between kernels
         cells = []
         for res in results.values():

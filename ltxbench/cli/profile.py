@@ -80,6 +80,7 @@ def _run(family, settings, json_path, traces: dict, force: bool, output, world) 
 
     from ltxbench.bench import profile
     from ltxbench.bench.e2e import record_params
+    from ltxbench.bench.profile_flops import add_rates
     from ltxbench.cli import _memory, _parallel
     from ltxbench.cli._console import console as wide_console
     from ltxbench.memory.apply import placement_of
@@ -107,6 +108,7 @@ def _run(family, settings, json_path, traces: dict, force: bool, output, world) 
             return
     args = settings.as_args()
     params = record_params(args, ("configs", "dtype", "kernel_provider", "seed", "top"))
+    add_rates(results, settings.dtype)  # the GEMM and attention families' TFLOP/s
     records = profile.build_records(results, params, settings.dtype)
     traces_at = next(iter(traces.values())).parent
     config = {**args, "output": output, "trace_dir": str(traces_at),

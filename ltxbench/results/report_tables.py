@@ -142,6 +142,9 @@ def e2e_table(doc: dict):
         row["vs compile"] = _num(derived.get("speedup_vs_compile"), ".3f", "×")
         if "tokens_per_s" in derived:
             row["tok/s"] = _num(derived["tokens_per_s"], ".1f")
+        for m in measures:  # an LLM's prefills carry their own TFLOP/s (a column per prompt length)
+            if m.startswith("prefill "):
+                row[f"{m} TFLOP/s"] = _num((recs.get(m) or {}).get("derived", {}).get("tflops"), ".1f")
         # The step's achieved TFLOP/s and MFU (ltxbench.bench.flops); older files lack them: the columns drop out.
         unit = (recs.get("denoise_step") or recs.get("decode_step") or {}).get("derived", {})
         row["step TFLOP/s"] = _num(unit.get("tflops"), ".1f")
@@ -226,10 +229,12 @@ def micro_table(doc: dict):
 
 
 def profile_table(doc: dict):
-    """Kernel time per denoising step (or per iteration) by kernel family, one column per configuration."""
+    """Kernel time per denoising step (or per iteration) by kernel family, one column per configuration; after them,
+    where the records carry them, the GEMM and attention families' achieved TFLOP/s (and % of the dense peak)."""
     import pandas as pd
 
     rows: dict = {}
+    rates: dict = {}
     configs: list = []
     for rec in doc["records"]:
         if rec["name"].startswith("kernel:"):
@@ -244,8 +249,13 @@ def profile_table(doc: dict):
                 rows.setdefault("SM MHz (median)", {})[config] = f"{clock:.0f}"
         else:
             rows.setdefault(rec["name"], {})[config] = _num(rec["stats"]["median"] / steps)
+            derived = rec.get("derived") or {}
+            if derived.get("tflops") is not None:  # a CPU run's fraction of a TFLOP/s keeps 3 digits
+                tflops, pct = derived["tflops"], derived.get("pct_of_peak")
+                rates.setdefault(f"{rec['name']} TFLOP/s (% of dense peak)", {})[config] = \
+                    (f"{tflops:.1f}" if tflops >= 10 else f"{tflops:.3g}") + ("" if pct is None else f" ({pct:.1f}%)")
     return pd.DataFrame([{"ms per step": name, **{c: vals.get(c, DASH) for c in configs}}
-                         for name, vals in rows.items()])
+                         for name, vals in {**rows, **rates}.items()])
 
 
 def attention_table(doc: dict):

@@ -101,6 +101,11 @@ def test_llm_records_carry_model_flops_and_the_tables_show_them(tmp_path):
                                                                                          * 1e-3))
     assert "mfu" not in step["derived"] and "model_tflop" not in by[("generate", 16)]
     assert "step TFLOP/s" in e2e_table(doc).columns and "TFLOP/s" in result.output
+    # each prefill's own TFLOP/s, a column per prompt length, in the report's table and the printed one
+    frame = e2e_table(doc)
+    assert frame["prefill 32 TFLOP/s"].tolist() == [f"{long_['tflops']:.1f}"] and "prefill 16 TFLOP/s" in frame
+    headers = [c.header for c in e2e_report.render_table(doc["records"]).columns]
+    assert headers.index("prefill@16 TFLOP/s") < headers.index("prefill@32 TFLOP/s") < headers.index("step TFLOP/s")
 
 
 def test_video_step_records_carry_model_flops(tmp_path):
@@ -118,7 +123,9 @@ def test_tables_without_the_fields_show_no_columns():
            "metric": "time", "unit": "ms", "better": "lower",
            "stats": {"median": 10.0, "p20": 9.0, "p80": 11.0, "min": 9.0, "max": 12.0, "n": 3},
            "derived": {"transformer_it_s": 100.0}}
-    assert "MFU" not in e2e_table({"records": [rec]}).columns
+    prefill = {**rec, "name": "prefill", "params": {"prompt_len": 16}, "derived": {}}
+    assert not [c for c in e2e_table({"records": [rec, prefill]}).columns if "TFLOP/s" in c or c == "MFU"]
+    assert not [c.header for c in e2e_report.render_table([rec, prefill]).columns if "TFLOP/s" in c.header]
     assert "MFU" not in [c.header for c in e2e_report.render_table([rec]).columns]
     rec["derived"].update(tflops=400.0, mfu=0.4, model_tflop=4.0)
     frame = e2e_table({"records": [rec]})
