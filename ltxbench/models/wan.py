@@ -69,9 +69,11 @@ class WanFamily(VideoFamily):
         import re
         from pathlib import Path
 
-        index = Path(model).expanduser() / "model_index.json"
-        return bool(re.search(r"(^|[/_-])wan", model.lower())) or (
-            index.is_file() and '"WanPipeline"' in index.read_text())
+        root = Path(model).expanduser()
+        if root.is_dir():  # a directory is Wan's by its pipeline class, whatever its name
+            index = root / "model_index.json"
+            return index.is_file() and '"WanPipeline"' in index.read_text()
+        return bool(re.search(r"(^|[/_-])wan", model.lower()))  # Wan-AI/Wan2.1-..., not "swan"
 
     def validate(self, settings: WanSettings, command: str) -> None:
         from ltxbench.errors import UsageError
