@@ -5,9 +5,9 @@ settings, options with the pipeline's own defaults, the timed generation and wha
 One iteration is one generation: text encode (UMT5, prompt and negative, each padded to 512 tokens), denoising (the
 pipeline's loop: with guidance two transformer calls per step, the conditional then the unconditional one, each of
 batch 1, never one call of batch 2), VAE decode (the latents de-normalised, then decoded), each timed on its own
-(models.video.timed_generation). Wan 2.2 5B gives every video token its own timestep. Our kernels are not injected
-into Wan yet: the optimized configurations are refused before anything loads, and `generate` runs diffusers' own
-modules. Only the standard library at top level.
+(models.video.timed_generation). Wan 2.2 5B gives every video token its own timestep. The optimized configurations run
+the first exact rules of ltxbench.inject.wan (the modulated norms and gated residuals, the q/k norms, the
+feed-forward's GELU). Only the standard library at top level.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ltxbench.configurations import Configuration
 from ltxbench.models import wan_build
 from ltxbench.models.family import RunSettings
 from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
@@ -24,7 +23,6 @@ from ltxbench.models.wan_build import PRESETS, TOKENIZER_MAX_LENGTH
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted, static"
-NOT_INJECTED = "Wan's kernel injection is not implemented yet"
 
 
 @dataclass(kw_only=True)
@@ -84,17 +82,11 @@ class WanFamily(VideoFamily):
             raise UsageError(f"--guidance-scale {settings.guidance_scale} must not be negative")
         if settings.frame_rate < 1:
             raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
-        ours = [c for c in settings.configs or () if Configuration(c).ours]
-        if ours:
-            raise UsageError(f"--configs {ours[0]}: {NOT_INJECTED}", hint="time baseline and compile")
 
     def inject(self, pipe, settings: WanSettings):
-        """Nothing patched yet: a report that says so (generate then runs diffusers' own modules)."""
-        from ltxbench.inject import InjectionReport
+        from ltxbench.inject.wan import apply_kernels
 
-        report = InjectionReport(settings.kernel_provider)
-        report.skip("transformer", NOT_INJECTED)
-        return report
+        return apply_kernels(pipe, settings.kernel_provider)
 
     def encode(self, pipe, settings: WanSettings, device):
         return _encode(pipe, settings, device)
