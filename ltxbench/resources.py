@@ -36,5 +36,5 @@ def cuda_dir() -> Traversable:
 
 
 def configs_dir(family: str) -> Traversable:
-    """The model configs of one family: `ltx`, `ltx2` or `llm`."""
+    """The model configs of one family: `ltx`, `ltx2`, `wan` or `llm`."""
     return folder("configs") / family

@@ -11,9 +11,11 @@ import importlib
 
 from ltxbench.models.family import ModelFamily
 
-# "module:class" per family, the more specific claims first (LTX-2's names also contain "ltx").
+# "module:class" per family, the more specific claims first (LTX-2's names also contain "ltx"; LTX-Video claims
+# every pipeline directory, Wan's included).
 FAMILIES = (
     "ltxbench.models.ltx2:LTX2Family",
+    "ltxbench.models.wan:WanFamily",
     "ltxbench.models.ltx:LTXVideoFamily",
     "ltxbench.models.llm:LLMFamily",
 )

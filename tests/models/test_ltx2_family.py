@@ -54,9 +54,9 @@ def test_help_says_whose_default_is_whose():
     from ltxbench.cli.options import declared
 
     num_frames = next(o for o in declared("generate") if o.name == "num_frames")
-    assert num_frames.default is None and num_frames.help.endswith("(default: LTX-2 121, LTX-Video 161)")
+    assert num_frames.default is None and num_frames.help.endswith("(default: LTX-2 121, Wan 81, LTX-Video 161)")
     result = runner.invoke(app, ["generate", "--help"])
-    assert result.exit_code == 0 and "(default: LTX-2 121, LTX-Video 161)" in " ".join(result.output.split())
+    assert result.exit_code == 0 and "(default: LTX-2 121, Wan 81, LTX-Video 161)" in " ".join(result.output.split())
 
 
 @pytest.mark.parametrize("command", ["generate", "bench e2e"])

@@ -1,0 +1,149 @@
+"""Kernel injection into Wan (diffusers' WanTransformer3DModel, Wan 2.1 and 2.2). Reversible; returns an
+InjectionReport. The first, exact rules, each through an existing op whose math is Wan's own:
+
+  block: WanTransformerBlock.forward with norm1 and norm3 (fp32 LayerNorm without affine, then `* (1 + scale) +
+  shift`, rounded once) through `layer_norm_modulate`, and the two gated residuals (`x + a * gate` in fp32, rounded
+  once) through `gated_residual`. Wan's modulation (its tables plus the time embedding) is fp32 and the ops take it
+  as it is; norm2 (an affine LayerNorm), attn2's plain residual and the attentions run as diffusers runs them.
+  q/k norms: every attention's norm_q / norm_k (torch.nn.RMSNorm over all heads, weight multiplied in fp32, rounded
+  once) through `rms_norm`.
+  feed-forward GELU: each block's up-projection followed by GELU-tanh through `gelu_tanh`.
+
+Refused and reported, left as diffusers runs them: a block or GELU forward whose source is not the code these rules
+reproduce (diffusers 0.42.1), norms of another class or without weights, another GELU approximation. Under the cuda
+provider the block rule needs fp32 activations: our CUDA modulated LayerNorm and gated residual take scale, shift
+and gate in the activations' dtype, and rounding Wan's fp32 modulation to bf16 would change the result.
+Apply after `.to(device)`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, patch_forward, require_provider
+from ltxbench.inject.ltx.attention import eps_of
+from ltxbench.inject.ltx2.text_kv import source_digest as digest
+
+__all__ = ["BLOCK_RULE", "GELU_RULE", "QK_NORM_RULE", "apply_kernels"]
+
+BLOCK_RULE = "block: norm1/norm3 modulated LayerNorm, gated residuals (fp32 modulation, one rounding)"
+QK_NORM_RULE = "attn1/attn2 norm_q, norm_k: RMSNorm across heads"
+GELU_RULE = "ffn: GELU-tanh after the up-projection"
+# sha256 (first 16 hex digits) of the sources these rules reproduce, diffusers 0.42.1
+BLOCK_SOURCE = "21c15441b009932c"                      # WanTransformerBlock.forward
+GELU_SOURCES = ("538b05d6963a325c", "d203f2720ee05f35")  # diffusers' GELU.forward, GELU.gelu
+MODULATION_DTYPE = ("the cuda provider's modulated LayerNorm and gated residual take scale, shift and gate in the "
+                    "activations' dtype ({dtype}); Wan's modulation is fp32 and rounding it would change the result")
+
+
+def block_forward(ops):
+    """WanTransformerBlock.forward (diffusers 0.42.1) with the modulated norms and gated residuals as ops."""
+
+    def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
+        if temb.ndim == 4:  # per-token time embedding (Wan 2.2 5B): (B, S, 6, D)
+            mod = [m.squeeze(2) for m in (self.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)]
+        else:               # (B, 6, D)
+            mod = (self.scale_shift_table + temb.float()).chunk(6, dim=1)
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = mod
+        norm = ops.layer_norm_modulate(hidden_states, scale_msa, shift_msa, self.norm1.eps)
+        attn_output = self.attn1(norm, None, None, rotary_emb)
+        hidden_states = ops.gated_residual(hidden_states, attn_output, gate_msa)
+        norm = self.norm2(hidden_states.float()).type_as(hidden_states)
+        hidden_states = hidden_states + self.attn2(norm, encoder_hidden_states, None, None)
+        norm = ops.layer_norm_modulate(hidden_states, c_scale_msa, c_shift_msa, self.norm3.eps)
+        return ops.gated_residual(hidden_states, self.ffn(norm), c_gate_msa)
+
+    return forward
+
+
+def rms_norm_forward(ops):
+    """torch.nn.RMSNorm.forward (affine) as ops.rms_norm: fp32 statistics and weight multiply, one rounding."""
+
+    def forward(self, x):
+        return ops.rms_norm(x, self.weight, eps_of(self))
+
+    return forward
+
+
+def gelu_forward(ops):
+    """diffusers' GELU (tanh approximation): the projection as nn.Linear computes it, then ops.gelu_tanh."""
+
+    def forward(self, hidden_states):
+        return ops.gelu_tanh(self.proj(hidden_states))
+
+    return forward
+
+
+def _block_refusal(block) -> str | None:
+    from diffusers.models.normalization import FP32LayerNorm
+
+    cls = type(block)
+    if digest(cls.forward) != BLOCK_SOURCE:
+        return f"{cls.__name__}.forward is not the code this rule reproduces (diffusers 0.42.1)"
+    for name in ("norm1", "norm3"):
+        norm = getattr(block, name)
+        if type(norm) is not FP32LayerNorm or norm.weight is not None:
+            return f"{name} is not an FP32LayerNorm without affine parameters"
+    return None
+
+
+def _gelu_refusal(layer) -> str | None:
+    from diffusers.models.activations import GELU
+
+    if type(layer) is not GELU:
+        return f"its activation is {type(layer).__name__}, not diffusers' GELU"
+    if (digest(GELU.forward), digest(GELU.gelu)) != GELU_SOURCES:
+        return "GELU.forward is not the code this rule reproduces (diffusers 0.42.1)"
+    if layer.approximate != "tanh":
+        return f"GELU approximation {layer.approximate!r}, not 'tanh'"
+    return None
+
+
+def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_norms: bool = True,
+                  gelu: bool = True) -> InjectionReport:
+    """Patch a WanPipeline (or its transformer) in place; revert with the report (or use it as a context manager).
+
+    provider "cuda": our kernels (the transformer must be on a CUDA device); "reference": the same ops in pure torch
+    (ltxbench.ops.reference), so the mechanics run anywhere. blocks, qk_norms, gelu: the rules (module docstring)."""
+    from ltxbench.ops import get_provider
+
+    transformer = getattr(target, "transformer", target)
+    report = InjectionReport(provider)
+    if offloaded(transformer):
+        report.skip("transformer", OFFLOADED)
+        return report
+    ops = get_provider(provider)
+    require_provider(provider, ops, transformer, "transformer", move="pipeline")
+    dtype = transformer.blocks[0].attn1.to_q.weight.dtype
+    classes: dict = {}
+    if not blocks:
+        report.skip(BLOCK_RULE, "turned off (blocks=False)")
+    elif provider == "cuda" and dtype != torch.float32:
+        report.skip(BLOCK_RULE, MODULATION_DTYPE.format(dtype=str(dtype).removeprefix("torch.")))
+    else:
+        for index, block in enumerate(transformer.blocks):
+            reason = _block_refusal(block)
+            if reason:
+                report.skip(f"blocks.{index}", reason)
+            else:
+                patch_forward(report, BLOCK_RULE, block, block_forward(ops), classes)
+    forwards = {"rms": rms_norm_forward(ops), "gelu": gelu_forward(ops)}  # one subclass per class and rule
+    for index, block in enumerate(transformer.blocks):
+        for attn_name in ("attn1", "attn2") if qk_norms else ():
+            for norm_name in ("norm_q", "norm_k"):
+                norm = getattr(getattr(block, attn_name), norm_name)
+                if type(norm) is not torch.nn.RMSNorm or norm.weight is None:
+                    report.skip(f"blocks.{index}.{attn_name}.{norm_name}", "not an affine torch.nn.RMSNorm")
+                    continue
+                patch_forward(report, QK_NORM_RULE, norm, forwards["rms"], classes)
+        if gelu:
+            layer = block.ffn.net[0]
+            reason = _gelu_refusal(layer)
+            if reason:
+                report.skip(f"blocks.{index}.ffn", reason)
+            else:
+                patch_forward(report, GELU_RULE, layer, forwards["gelu"], classes)
+    for name, wanted in (("qk_norms", qk_norms), ("gelu", gelu)):
+        if not wanted:
+            report.skip({"qk_norms": QK_NORM_RULE, "gelu": GELU_RULE}[name], f"turned off ({name}=False)")
+    return report

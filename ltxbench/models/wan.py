@@ -1,0 +1,137 @@
+"""The Wan family (Wan 2.1 1.3B and 14B, Wan 2.2 5B text-to-video; diffusers' WanPipeline; a tiny one for tests):
+settings, options with the pipeline's own defaults, the timed generation and what `generate`, `bench e2e` and
+`profile` ask of a family.
+
+One iteration is one generation: text encode (UMT5, prompt and negative, each padded to 512 tokens), denoising (the
+pipeline's loop: with guidance two transformer calls per step, the conditional then the unconditional one, each of
+batch 1, never one call of batch 2), VAE decode (the latents de-normalised, then decoded), each timed on its own
+(models.video.timed_generation). Wan 2.2 5B gives every video token its own timestep. The optimized configurations run
+the first exact rules of ltxbench.inject.wan (the modulated norms and gated residuals, the q/k norms, the
+feed-forward's GELU). Only the standard library at top level.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ltxbench.models import wan_build
+from ltxbench.models.family import RunSettings
+from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
+from ltxbench.models.video import VideoFamily, video_options
+from ltxbench.models.wan_build import PRESETS, TOKENIZER_MAX_LENGTH
+
+PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
+NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted, static"
+
+
+@dataclass(kw_only=True)
+class WanSettings(RunSettings):
+    num_frames: int = 81
+    height: int = 480
+    width: int = 832
+    steps: int = 50
+    phase: str | None = None
+    frame_rate: int = 16
+    guidance_scale: float = 5.0
+    prompt: str | None = None
+    negative_prompt: str | None = None
+    image: str | None = None  # not an option of Wan (image-to-video is not built): always None
+
+
+def _with_default(option, default):
+    return dataclasses.replace(option, default=default)
+
+
+# WanPipeline's defaults: 81 frames of 480 x 832, 50 steps, guidance 5; Wan 2.1's 16 frames per second (the mp4's
+# rate only: Wan's RoPE takes integer latent positions, no frame rate)
+OPTIONS = tuple(
+    _with_default(option, {"height": 480, "width": 832, "guidance_scale": 5.0}[option.name])
+    if option.name in ("height", "width", "guidance_scale") else option
+    for option in video_options(frames=81, steps=50, frame_rate=16, max_frames=MAX_FRAMES, max_side=MAX_SIDE,
+                                min_side=16, frame_multiple=4, side_multiple=16,
+                                frame_rate_help="Frame rate: the mp4's (Wan 2.1: 16, Wan 2.2: 24)."))
+
+
+class WanFamily(VideoFamily):
+    name, title = "wan", "Wan"
+    presets = {name: hub for name, (_, hub) in PRESETS.items()}
+    settings_class = WanSettings
+    options = OPTIONS
+    image_to_video = "WanImageToVideoPipeline"
+    builder = wan_build
+    text_tokens = TOKENIZER_MAX_LENGTH
+    supports_parallel = False  # no ParallelPlan for Wan yet
+
+    def claims(self, model: str) -> bool:
+        import re
+        from pathlib import Path
+
+        root = Path(model).expanduser()
+        if root.is_dir():  # a directory is Wan's by its pipeline class, whatever its name
+            index = root / "model_index.json"
+            return index.is_file() and '"WanPipeline"' in index.read_text()
+        return bool(re.search(r"(^|[/_-])wan", model.lower()))  # Wan-AI/Wan2.1-..., not "swan"
+
+    def validate(self, settings: WanSettings, command: str) -> None:
+        from ltxbench.errors import UsageError
+
+        self.builder.validate_video_args(settings.num_frames, settings.height, settings.width, settings.steps,
+                                         wan_build.side_multiple(settings.model))
+        if settings.guidance_scale < 0:
+            raise UsageError(f"--guidance-scale {settings.guidance_scale} must not be negative")
+        if settings.frame_rate < 1:
+            raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
+
+    def inject(self, pipe, settings: WanSettings):
+        from ltxbench.inject.wan import apply_kernels
+
+        return apply_kernels(pipe, settings.kernel_provider)
+
+    def encode(self, pipe, settings: WanSettings, device):
+        return _encode(pipe, settings, device)
+
+    def iteration(self, pipe, settings: WanSettings, embeds=None, phase=None, on_step=None):
+        return run_once(pipe, settings, embeds, phase, on_step)
+
+
+def _encode(pipe, settings: WanSettings, device):
+    """(prompt embeddings, negative prompt embeddings or None), each (B, 512, text dim), rows past the prompt zero."""
+    return pipe.encode_prompt(prompt=settings.prompt or PROMPT,
+                              negative_prompt=settings.negative_prompt if settings.prompt else NEGATIVE_PROMPT,
+                              do_classifier_free_guidance=settings.guidance_scale > 1.0,
+                              num_videos_per_prompt=settings.batch_size, max_sequence_length=TOKENIZER_MAX_LENGTH,
+                              device=device)
+
+
+def _denoise(pipe, embeds, settings: WanSettings, generator, on_step_end):
+    """The pipeline's loop on the given embeddings: the final latents (B, C, F', H', W'), fp32, normalised."""
+    return pipe(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], num_frames=settings.num_frames,
+                height=settings.height, width=settings.width, num_inference_steps=settings.steps,
+                guidance_scale=settings.guidance_scale, generator=generator, output_type="latent",
+                return_dict=False, callback_on_step_end=on_step_end)[0]
+
+
+def decode(pipe, latents, _generator=None):
+    """What WanPipeline does to the latents for output_type != "latent": de-normalised with the VAE's per-channel
+    mean and std, then decoded (the video in [-1, 1])."""
+    import torch
+
+    vae = pipe.vae
+    latents = latents.to(vae.dtype)
+    shape = (1, vae.config.z_dim, 1, 1, 1)
+    mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
+    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
+    return vae.decode(latents / inv_std + mean, return_dict=False)[0]
+
+
+def run_once(pipe, settings: WanSettings, embeds=None, phase=None, on_step=None):
+    """One generation timed per phase: (timings, {"vae_decode": video} or {})."""
+    from ltxbench.models.video import timed_generation
+
+    device = pipe._execution_device
+    return timed_generation(
+        device, settings.seed, lambda: _encode(pipe, settings, device),
+        lambda prompt, generator, on_step_end: _denoise(pipe, prompt, settings, generator, on_step_end),
+        [("vae_decode", lambda latents, generator: decode(pipe, latents, generator))],
+        embeds, phase, on_step)

@@ -1,0 +1,213 @@
+"""Wan 2.1 / 2.2 pipelines (diffusers' WanPipeline: WanTransformer3DModel, AutoencoderKLWan, the UMT5 text encoder)
+built for a run: real weights (hub id or directory) or random weights from the package's configs (configs/wan/,
+provenance in its README.md).
+
+Only the standard library at top level: `validate_video_args` must run before torch/diffusers are imported.
+Random weights are allocated directly on the target device in the target dtype (ltx_build.allocate_on), each
+component initialised by its class's own init from its own seed; the transformer's modules that diffusers keeps in
+fp32 when it loads a checkpoint in a lower precision (its `_keep_in_fp32_modules`: the modulation tables, the time
+embedder, the block norms) are then made fp32, so that random and loaded weights have the same dtypes and the same
+arithmetic. The tokenizer for random weights is built in memory (`build_tokenizer`): UMT5's tokenizer class on a
+small vocabulary of ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+from ltxbench.errors import EnvironmentProblem, UsageError
+from ltxbench.models.family import torch_dtype
+from ltxbench.models.hub import looks_like_path
+from ltxbench.models.ltx_build import allocate_on
+from ltxbench.resources import configs_dir
+
+CONFIGS = configs_dir("wan")  # configs/wan/ of the checkout, or the installed package's copy
+# preset -> (config dir, hub id of its diffusers-format weights for --weights pretrained)
+PRESETS = {
+    "wan2.1-1.3b": ("wan2.1-1.3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"),
+    "wan2.1-14b": ("wan2.1-14b", "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
+    "wan2.2-5b": ("wan2.2-5b", "Wan-AI/Wan2.2-TI2V-5B-Diffusers"),
+    "wan-tiny": ("wan-tiny", None),
+}
+# Wan 2.2 5B's pipeline gives every video token its own timestep (WanPipeline's expand_timesteps)
+EXPAND_TIMESTEPS = {"wan2.2-5b"}
+COMPONENTS = ("transformer", "vae", "text_encoder", "scheduler")
+MODEL_FORMS = f"a preset ({', '.join(PRESETS)}), a hub id (owner/name) or a Wan pipeline directory"
+TOKENIZER_MAX_LENGTH = 512  # WanPipeline pads every prompt to 512 tokens (its max_sequence_length)
+FRAME_MULTIPLE = 4          # the VAE's temporal compression: frames are 4k+1
+# Pixels per transformer patch side (VAE x patch): 16 for Wan 2.1's x8 VAE, 32 for Wan 2.2's x16 one
+SIDE_MULTIPLES = {"wan2.2-5b": 32}
+SIDE_MULTIPLE = 16
+# Pieces of the in-memory tokenizer beyond the single characters: word starts and frequent English bigrams, so that
+# prompts take fewer tokens than one per character.
+_PIECES = [f"▁{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + (
+    "th he in er an re on at en nd ti es or te of ed is it al ar st to nt ng se ha as ou io le ve co me de hi ri ro "
+    "ic ne ea ra ce li ch ll be ma si om ur").split()
+
+
+def side_multiple(model: str) -> int:
+    """What H and W must be multiples of for `model` (a preset's; 16, Wan 2.1's, for any other)."""
+    return SIDE_MULTIPLES.get(model, SIDE_MULTIPLE)
+
+
+def validate_video_args(num_frames: int, height: int, width: int, steps: int, multiple: int = SIDE_MULTIPLE) -> None:
+    """Wan needs frames = 4k+1, H and W positive multiples of `multiple` (VAE compression x patch), at least one
+    step. WanPipeline would round other values down with a warning, and the run would then time another video than
+    the one asked for (UsageError naming the value)."""
+    if num_frames < 1 or (num_frames - 1) % FRAME_MULTIPLE:
+        lo = max(1, (num_frames - 1) // FRAME_MULTIPLE * FRAME_MULTIPLE + 1)
+        raise UsageError(f"--num-frames {num_frames} is not of the form 4k+1 (Wan)",
+                         hint=f"try {lo} or {lo + FRAME_MULTIPLE}")
+    for flag, value in (("--height", height), ("--width", width)):
+        if value < multiple or value % multiple:
+            lo = max(multiple, value // multiple * multiple)
+            raise UsageError(f"{flag} {value} is not a positive multiple of {multiple} (Wan)",
+                             hint=f"try {lo} or {lo + multiple}")
+    if steps < 1:
+        raise UsageError(f"--steps {steps} must be at least 1")
+
+
+def _config_file(component: str) -> str:
+    return "scheduler_config.json" if component == "scheduler" else "config.json"
+
+
+def component_configs(model: str) -> dict[str, dict]:
+    """The four component configs of a preset, a local directory (configs/ or diffusers layout) or a hub id."""
+    model = next((name for name, (_, hub) in PRESETS.items() if hub == model), model)
+    if model in PRESETS:
+        folder = CONFIGS / PRESETS[model][0]
+        found = {comp: json.loads((folder / f"{comp}.json").read_text())
+                 for comp in COMPONENTS if (folder / f"{comp}.json").is_file()}
+        if missing := [comp for comp in COMPONENTS if comp not in found]:  # an incomplete installation
+            raise EnvironmentProblem(f"the installed ltxbench lacks the {', '.join(missing)} config of {model} "
+                                     f"(looked in {CONFIGS})", hint="reinstall ltxbench")
+        return found
+    root = Path(model).expanduser()
+    if root.is_dir():
+        configs = {}
+        for comp in COMPONENTS:
+            candidates = [path for path in (root / f"{comp}.json", root / comp / _config_file(comp)) if path.is_file()]
+            if not candidates:
+                raise UsageError(f"{model} has no config for {comp} ({comp}.json or {comp}/{_config_file(comp)})")
+            configs[comp] = json.loads(candidates[0].read_text())
+        return configs
+    from ltxbench.models.hub import no_such_directory, offline_error
+
+    if looks_like_path(model):
+        raise no_such_directory(model, MODEL_FORMS)
+    try:  # a hub id: only its (small) config files, from the local cache when offline
+        from huggingface_hub import hf_hub_download
+
+        return {comp: json.loads(Path(hf_hub_download(model, _config_file(comp), subfolder=comp)).read_text())
+                for comp in COMPONENTS}
+    except Exception as exc:  # noqa: BLE001 - any hub/network/cache failure means "not here"
+        raise offline_error(model, exc, configs_only=True) from exc  # only --weights random reads them
+
+
+def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) -> None:
+    """The weights (counted on the meta device) against what `device` has free: exit 4 before allocating any."""
+    from ltxbench.memory.fit import ensure_fits, module_bytes
+
+    modules = [part for part in build_components(configs, "meta", dtype).values() if hasattr(part, "parameters")]
+    ensure_fits(module_bytes(*modules), device, model, dtype)
+
+
+@contextlib.contextmanager
+def _seeded(device, dtype, seed: int):
+    """Random init from `seed` without disturbing the caller's generators, tensors made on `device` in `dtype`."""
+    import torch
+
+    cuda = [torch.cuda.current_device() if device.index is None else device.index] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), allocate_on(device, dtype):
+        torch.manual_seed(seed)
+        yield
+
+
+def keep_in_fp32(model) -> None:
+    """The parameters of `model`'s modules named in its `_keep_in_fp32_modules` made fp32, as from_pretrained
+    leaves them (matched against the components of each parameter's dotted name, as diffusers matches them)."""
+    import torch
+
+    keep = set(getattr(model, "_keep_in_fp32_modules", None) or ())
+    for name, param in model.named_parameters():
+        if keep.intersection(name.split(".")) and param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
+def build_components(configs: dict[str, dict], device, dtype, seed: int = 0) -> dict:
+    """Transformer, VAE, UMT5 encoder (random, seeded, eval mode, no gradients) and the scheduler, from their config
+    dicts."""
+    import torch
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    makers = {"transformer": lambda: WanTransformer3DModel.from_config(configs["transformer"]),
+              "vae": lambda: AutoencoderKLWan.from_config(configs["vae"]),
+              "text_encoder": lambda: UMT5EncoderModel(UMT5Config.from_dict(configs["text_encoder"]))}
+    device = torch.device(device)
+    built = {"scheduler": UniPCMultistepScheduler.from_config(configs["scheduler"])}
+    for offset, (name, make) in enumerate(makers.items()):  # a seed per component: one's size leaves others alone
+        with _seeded(device, dtype, seed + offset):
+            built[name] = make().eval().requires_grad_(False)
+    keep_in_fp32(built["transformer"])
+    if dtype == torch.float16:  # as from_pretrained does: UMT5's FF output projection overflows in fp16
+        keep_in_fp32(built["text_encoder"])
+    return built
+
+
+def build_tokenizer(max_length: int = TOKENIZER_MAX_LENGTH):
+    """UMT5's tokenizer class (a sentencepiece-style Unigram model: <pad> 0, </s> 1, <unk> 2, as google/umt5-xxl's)
+    on a small vocabulary built here, without files or the hub: the special tokens, "▁" (the space), printable ASCII
+    and a few word starts and bigrams (ids < 512). It is NOT UMT5's vocabulary: the ids of a prompt and their number
+    differ from the real tokenizer's; the pipeline pads every prompt to `max_length`, so the shapes the text encoder
+    and the transformer see are the real ones."""
+    from transformers import T5Tokenizer
+
+    pieces = ["▁", *map(chr, range(33, 127)), *_PIECES]
+    # Unigram scores: longer pieces score higher, so that a word start or a bigram wins over its two characters
+    vocab = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0)] + [(p, -10.0 + len(p)) for p in pieces]
+    return T5Tokenizer(vocab=vocab, extra_ids=0, model_max_length=max_length)
+
+
+def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
+    """WanPipeline on `device` in `dtype`: `pretrained` loads weights; `random` builds from configs (seeded)."""
+    if isinstance(dtype, str):
+        dtype = torch_dtype(dtype)
+    if weights == "random":
+        from diffusers import WanPipeline
+
+        configs = component_configs(model)
+        ensure_pipeline_fits(configs, model, device, dtype)
+        return WanPipeline(tokenizer=build_tokenizer(), **build_components(configs, device, dtype, seed),
+                           expand_timesteps=_expands_timesteps(model, configs))
+    if weights != "pretrained":
+        raise UsageError(f"--weights {weights!r} is not one of pretrained, random")
+    source = _pretrained_source(model)
+    if source in {hub for _, hub in PRESETS.values()} or Path(source).expanduser().is_dir():
+        # the configs are at hand (a hub id's would need the hub): the size is known before loading
+        ensure_pipeline_fits(component_configs(source), model, device, dtype)
+    from diffusers import WanPipeline
+
+    from ltxbench.models.hub import load_ltx_pipeline
+
+    return load_ltx_pipeline(source, dtype, WanPipeline, MODEL_FORMS).to(device)
+
+
+def _expands_timesteps(model: str, configs: dict[str, dict]) -> bool:
+    """Per-token timesteps (Wan 2.2 5B), by preset, else by the VAE (the 5B model is the one with Wan 2.2's x16
+    VAE)."""
+    return model in EXPAND_TIMESTEPS or configs["vae"].get("scale_factor_spatial") == 16
+
+
+def _pretrained_source(model: str) -> str:
+    """The hub id or directory that --weights pretrained loads for `model` (UsageError where there is none)."""
+    from ltxbench.models.hub import no_such_directory
+
+    if model in PRESETS and PRESETS[model][1] is None:
+        raise UsageError(f"--model {model} has no pretrained weights", hint="use --weights random")
+    source = PRESETS[model][1] if model in PRESETS else model
+    if looks_like_path(source) and not Path(source).expanduser().is_dir():
+        raise no_such_directory(source, MODEL_FORMS)
+    return source

@@ -1,0 +1,160 @@
+"""Kernel injection into Wan (ltxbench.inject.wan): on the wan-tiny transformer in bf16 (diffusers' fp32 modules kept
+fp32) with modulation of a trained model's size, the reference provider gives the unpatched output bit for bit, per
+sample and per token (Wan 2.2 5B's timesteps); a 1% error in any op it calls is caught; revert restores the model;
+what the rules cannot reproduce is refused. GPU: the cuda provider against the unpatched model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ltxbench.inject import wan as inject_wan
+from ltxbench.inject.wan import BLOCK_RULE, GELU_RULE, QK_NORM_RULE, apply_kernels
+from ltxbench.models import wan_build
+from ltxbench.ops import reference
+
+RULES = {BLOCK_RULE: 2, QK_NORM_RULE: 8, GELU_RULE: 2}
+
+
+def _transformer(device="cpu", dtype="bf16"):
+    """wan-tiny's transformer with modulation tables, time projection and norm weights of a trained model's size (the
+    random init's are near zero or one, where an error in a scale or shift would hardly show)."""
+    model = wan_build.build_pipeline("wan-tiny", "random", device, dtype).transformer
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for table in [b.scale_shift_table for b in model.blocks] + [model.scale_shift_table]:
+            table.copy_(0.3 * torch.randn(table.shape, generator=g))
+        model.condition_embedder.time_proj.weight.mul_(6.0)  # timestep_proj std about 0.5
+        for block in model.blocks:
+            for norm in (block.attn1.norm_q, block.attn1.norm_k, block.attn2.norm_q, block.attn2.norm_k, block.norm2):
+                norm.weight.copy_(1 + 0.2 * torch.randn(norm.weight.shape, generator=g))
+    return model
+
+
+def _inputs(model, per_token=False, device="cpu"):
+    """A guidance-sized batch of 2 at two timesteps (or per token, as Wan 2.2 5B's pipeline gives them)."""
+    g = torch.Generator().manual_seed(1)
+    dtype = model.blocks[0].attn1.to_q.weight.dtype
+    latents = torch.randn(2, 16, 3, 4, 6, generator=g).to(device, dtype)
+    text = torch.randn(2, 512, model.config.text_dim, generator=g).to(device, dtype)
+    timestep = torch.tensor([900.0, 100.0], device=device)
+    if per_token:  # 3 x 2 x 3 tokens; the first frame's at 0, as image-to-video conditions it
+        timestep = timestep[:, None].repeat(1, 18)
+        timestep[:, :6] = 0
+    return {"hidden_states": latents, "timestep": timestep, "encoder_hidden_states": text, "return_dict": False}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return _transformer()
+
+
+def _call(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_reference_provider_is_bit_identical_and_reverts(model, per_token):
+    inputs = _inputs(model, per_token)
+    expected = _call(model, inputs)
+    classes = {name: type(module) for name, module in model.named_modules()}
+    report = apply_kernels(model, "reference")
+    assert dict(report.rules) == RULES and report.skipped == []
+    assert torch.equal(_call(model, inputs), expected)
+    report.revert()
+    assert {name: type(module) for name, module in model.named_modules()} == classes
+    assert torch.equal(_call(model, inputs), expected)
+
+
+def test_the_modulation_is_large_enough_to_matter(model):
+    """The modulation the parity runs on is of a trained model's size, not the init's near-zero."""
+    inputs = _inputs(model)
+    with torch.no_grad():
+        temb = model.condition_embedder(inputs["timestep"], inputs["encoder_hidden_states"])[1]
+        mod = model.blocks[0].scale_shift_table + temb.float().unflatten(1, (6, -1))
+    assert mod.abs().mean() > 0.3
+
+
+_LN_MOD, _GATED = reference.layer_norm_modulate, reference.gated_residual  # the ops before a test mutates them
+
+
+def _scaled(fn):
+    """fn with its output 1% too large."""
+    return lambda *args, **kwargs: fn(*args, **kwargs) * 1.01
+
+
+@pytest.mark.parametrize(("op", "wrong"), [
+    ("layer_norm_modulate", lambda x, scale, shift, eps: _LN_MOD(x, scale * 1.01, shift, eps)),
+    ("layer_norm_modulate", lambda x, scale, shift, eps: _LN_MOD(x, scale, shift * 1.01, eps)),
+    ("layer_norm_modulate", _scaled(reference.layer_norm_modulate)),
+    ("gated_residual", lambda h, a, gate: _GATED(h, a, gate * 1.01)),
+    ("rms_norm", _scaled(reference.rms_norm)),
+    ("gelu_tanh", _scaled(reference.gelu_tanh)),
+])
+def test_a_one_percent_error_in_an_op_is_caught(model, op, wrong, monkeypatch):
+    inputs = _inputs(model)
+    expected = _call(model, inputs)
+    monkeypatch.setattr(reference, op, wrong)
+    with apply_kernels(model, "reference"):
+        got = _call(model, inputs)
+    error = ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+    assert error > 2e-3, f"{op}: a 1% error moved the output by only {error:.2g}"
+
+
+def test_cuda_provider_in_bf16_leaves_the_blocks_with_a_reason(model, monkeypatch):
+    """Our CUDA modulated LayerNorm and gated residual take the modulation in the activations' dtype: with bf16
+    activations the block rule is refused (rounding Wan's fp32 modulation would change the result); the others
+    apply."""
+    monkeypatch.setattr(inject_wan, "require_provider", lambda *a, **k: None)  # no GPU here: the choice alone
+    with apply_kernels(model, "cuda") as report:
+        assert dict(report.rules) == {QK_NORM_RULE: 8, GELU_RULE: 2}
+        assert report.skipped == [(BLOCK_RULE, inject_wan.MODULATION_DTYPE.format(dtype="bfloat16"))]
+
+
+def test_what_the_rules_do_not_reproduce_is_refused(model):
+    block = model.blocks[1]
+    original = type(block)
+
+    class Other(original):
+        def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
+            return super().forward(hidden_states, encoder_hidden_states, temb, rotary_emb)
+
+    block.__class__ = Other
+    model.blocks[0].ffn.net[0].approximate = "none"
+    try:
+        with apply_kernels(model, "reference") as report:
+            assert dict(report.rules) == {BLOCK_RULE: 1, QK_NORM_RULE: 8, GELU_RULE: 1}
+            reasons = dict(report.skipped)
+            assert "is not the code this rule reproduces" in reasons["blocks.1"]
+            assert reasons["blocks.0.ffn"] == "GELU approximation 'none', not 'tanh'"
+    finally:
+        block.__class__ = original
+        model.blocks[0].ffn.net[0].approximate = "tanh"
+
+
+def test_rules_can_be_turned_off(model):
+    with apply_kernels(model, "reference", blocks=False, gelu=False) as report:
+        assert dict(report.rules) == {QK_NORM_RULE: 8}
+        assert [target for target, _ in report.skipped] == [BLOCK_RULE, GELU_RULE]
+
+
+# --- GPU -----------------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_cuda_provider_against_the_unpatched_model(dtype):
+    """fp32: every rule, equal to rounding; bf16: the q/k norms and GELU (the block rule refused), within bf16
+    rounding of the unpatched output."""
+    gpu = _transformer("cuda", dtype)
+    inputs = _inputs(gpu, device="cuda")
+    expected = _call(gpu, inputs)
+    with apply_kernels(gpu, "cuda") as report:
+        assert report.rules[QK_NORM_RULE] == 8 and report.rules[GELU_RULE] == 2
+        assert (report.rules[BLOCK_RULE] == 2) == (dtype == "fp32")
+        got = _call(gpu, inputs)
+    if dtype == "fp32":
+        torch.testing.assert_close(got, expected, atol=5e-5, rtol=1e-5)
+    else:
+        cos = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
+        assert cos.item() > 0.9999
