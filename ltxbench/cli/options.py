@@ -106,12 +106,21 @@ def declared(command: str) -> list[Option]:
 
     found = {o.name: o for o in SHARED.values() if command in o.commands}
     defaults: dict[str, dict] = {}
+    helps: dict[str, dict] = {}
     for family in families():
         for option in family.options:
             if command in option.commands:
                 found.setdefault(option.name, option)
                 defaults.setdefault(option.name, {})[family.title] = option.default_for(command)
+                helps.setdefault(option.name, {})[family.title] = option.help_for(command)
     for name, per_family in defaults.items():
+        texts = helps[name]
+        if len(set(texts.values())) > 1:  # each family's own rule (Wan's 4k+1 frames, LTX's 8k+1)
+            whose: dict[str, list] = {}
+            for title, text in texts.items():
+                whose.setdefault(text.rstrip("."), []).append(title)
+            found[name] = dataclasses.replace(found[name], help="; ".join(
+                f"{text} ({', '.join(titles)})" for text, titles in whose.items()) + ".", helps={})
         if len(set(map(repr, per_family.values()))) > 1:
             text = ", ".join(f"{title} {value}" for title, value in per_family.items())
             option = found[name]

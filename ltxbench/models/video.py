@@ -27,10 +27,10 @@ def video_options(frames: int, steps: int, frame_rate: int, max_frames: int, max
     """The options every video family takes, with the family's defaults and limits: frames (k * frame_multiple + 1,
     the VAE's temporal compression), height and width (multiples of side_multiple), steps, guidance, frame rate, and
     the phase bench e2e and profile time."""
-    side = f"a multiple of {side_multiple}, at most {max_side} (video models)."
+    side = f"a multiple of {side_multiple}, at most {max_side}."
     return (
         Option("num_frames", ("--num-frames",), int, frames,
-               f"Frames, {frame_multiple}k+1, at most {max_frames} (video models).", bounds=(1, max_frames)),
+               f"Frames: {frame_multiple}k+1, at most {max_frames}.", bounds=(1, max_frames)),
         Option("height", ("--height",), int, 512, f"Height in pixels, {side}", bounds=(min_side, max_side)),
         Option("width", ("--width",), int, 768, f"Width in pixels, {side}", bounds=(min_side, max_side)),
         Option("steps", ("--steps",), int, steps, "Denoising steps (at least 2).", defaults={"profile": 2}),

@@ -65,7 +65,9 @@ def test_the_bounds_are_declared_on_the_options_and_shown_in_the_help():
         bounds = {o.name: o.bounds for o in family_of(model).options if o.bounds}
         assert bounds == {"num_frames": (1, 1025), "height": (low, 4096), "width": (low, 4096)}
     text = " ".join(runner.invoke(app, ["bench", "e2e", "--help"]).output.split())
-    assert "Frames, 8k+1, at most 1025" in text and "a multiple of 32, at most 4096" in text
+    assert "Frames: 8k+1, at most 1025 (LTX-2, LTX-Video); Frames: 4k+1, at most 1025 (Wan)" in text
+    assert "a multiple of 32, at most 4096 (LTX-2, LTX-Video)" in text
+    assert "a multiple of 16, at most 4096 (Wan)" in text
 
 
 def test_the_largest_allowed_sizes_pass_the_bounds():
