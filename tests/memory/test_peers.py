@@ -12,8 +12,7 @@ from ltxbench.configurations import Configuration
 from ltxbench.inject import streamer_of
 from ltxbench.memory.apply import Placement, placement_of
 from ltxbench.models import family_of, video_peers
-from tests.helpers import build_ltx2_tiny, ltx2_generate, ltx2_transformer
-from tests.memory.test_apply import _plan
+from tests.helpers import build_ltx2_tiny, ltx2_generate, ltx2_transformer, tiny_memory_plan
 
 APPLY = {video_peers.GROUP_OFFLOAD: video_peers.apply_group_offload,
          video_peers.MODEL_OFFLOAD: video_peers.apply_model_offload}
@@ -99,7 +98,7 @@ def test_under_a_placement_the_peer_runs_without_it_and_it_is_installed_again(pe
     pipe = _pipeline()
     plain = ltx2_generate(pipe)
     models = family_of("ltx2-tiny")
-    placement = Placement(pipe, _plan(pipe, models, phased=phased), models, "cpu")
+    placement = Placement(pipe, tiny_memory_plan(pipe, models, phased=phased), models, "cpu")
     placement.place()
     placement.install()
     placement.uninstall()
