@@ -342,3 +342,16 @@ def run_ranks(tmp_path, spec: dict, nproc: int = 2, fails: bool = False):
         return done.stderr
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+def tiny_memory_plan(pipe, family, tiling=False, phased=False, stays=()):
+    """A MemoryPlan of a tiny pipeline: 4 of the transformer's 5 blocks streamed through 2 slots, the text encoder's
+    2 layers through 2."""
+    from ltxbench.memory.plan import GIB, MemoryPlan, Streaming
+
+    def stack(name, streamed):
+        return Streaming(name, 5 if name == "transformer" else 2, 0, streamed, 2)
+
+    whole = tuple((name, 0) for name in ("connectors", "vae", "audio_vae", "vocoder") if hasattr(pipe, name))
+    return MemoryPlan(GIB, stack("transformer", (0, 1, 3, 4)), stack("text_encoder", (0, 1)), whole, 0, 0, tiling,
+                      (("encode", 0), ("denoise", 0), ("decode", 0)), 0, phased=phased, transformer_stays=stays)

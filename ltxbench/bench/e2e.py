@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 
+from ltxbench.bench.out_of_memory import did_not_fit, out_of_memory, release
 from ltxbench.configurations import CUDA_GRAPH_MODES, Configuration
 
 GRAPH_STEP_HOOK = "_ltxbench_graph_step_hook"  # on a module compiled regionally under CUDA graphs: the hook's handle
@@ -107,7 +108,7 @@ def _progress(name: str, i: int, warmup: int, repeats: int) -> str:
 
 def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: int, device, log,
                 compile_mode: str = "default", rounds: int = 1, monitor=None, compile_scope: str = "model",
-                warmed_up=None, unit_flops=None) -> dict:
+                warmed_up=None, unit_flops=None, budget_gib: float | None = None) -> dict:
     """Every configuration on the one model, each from a clean state: warmups, then timed repeats (peak memory
     reset between them); apply(config) patches (see `configuration`), run(config) does one iteration.
     {config: summary} with peak_memory_bytes and the injection report.
@@ -122,6 +123,8 @@ def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: in
     unit_flops(timings, calls): the family's FLOPs per timed unit ({summary key: FLOPs}, ltxbench.bench.flops) from
     the first iteration's timings and the FLOPs of each call of `module` in it, counted there by torch; every
     summary then carries them as model_flop {"units", "gpu"} (the records' model_tflop, tflops and mfu).
+    budget_gib (--memory-budget): a configuration that runs out of memory (torch's error under the allocator's cap)
+    gets the summary {out_of_memory: {budget_gib, error}, injection} and the run goes on with the next one.
     Ctrl-C raises Interrupted with the configurations measured so far."""
     results: dict = {name: None for name in configs}
     # One untimed iteration of the unpatched eager model before any configuration: the process's one-time costs
@@ -137,7 +140,7 @@ def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: in
         warmed_up()
     try:
         _run_rounds(module, configs, apply, run, warmup, repeats, device, log, (compile_mode, compile_scope), rounds,
-                    monitor, results, model_flop)
+                    monitor, results, model_flop, budget_gib)
     except KeyboardInterrupt as stop:
         raise Interrupted({name: res for name, res in results.items() if res is not None}) from stop
     return results
@@ -165,8 +168,10 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compiling, rounds, monitor,
-                results, model_flop=None) -> None:
-    """run_configs' measurement: each configuration's summary goes into `results` as soon as it is complete."""
+                results, model_flop=None, budget_gib=None) -> None:
+    """run_configs' measurement: each configuration's summary goes into `results` as soon as it is complete. Under a
+    memory budget (budget_gib), a configuration that runs out of memory is recorded as not fitting (out_of_memory)
+    and the run goes on."""
     import torch
 
     from ltxbench.bench import gpu_monitor
@@ -176,31 +181,26 @@ def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compi
     monitor = monitor or gpu_monitor.open_monitor
     for round_index in range(rounds):
         for name in configs if round_index % 2 == 0 else configs[::-1]:
+            if did_not_fit(results[name]):  # not tried again in later rounds
+                continue
+            label = f" (round {round_index + 1}/{rounds})" if rounds > 1 else ""
             with configuration(module, name, apply, *compiling) as injection, contextlib.ExitStack() as timed:
-                iterations, sampler, cache_before = [], None, _inductor_cache_counts()
-                for i in range(warmup + repeats):
-                    if i == warmup:
-                        compile_cache = {k: v - cache_before[k] for k, v in _inductor_cache_counts().items()}
-                        if cuda:
-                            torch.cuda.synchronize(device)
-                            torch.cuda.reset_peak_memory_stats(device)
-                        sampler = monitor(device)
-                        if sampler is not None:
-                            timed.enter_context(sampler)
-                    log(_progress(name, i, warmup, repeats) + (f" (round {round_index + 1}/{rounds})"
-                                                               if rounds > 1 else ""))
-                    iterations.append(run(name))
-                timed.close()  # the sampling ends with the repeats
-                summary = summarize(name, iterations, warmup, Configuration(name).compiled)
-                if summary["compile_s"] is not None:  # inductor's on-disk caches outlive dynamo.reset(): say if hit
-                    summary["compile_cache"] = compile_cache
-                summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
-                summary["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device) if cuda else None
-                summary["injection"] = injection
-                if model_flop is not None:
-                    summary["model_flop"] = model_flop
-                if sampler is not None:
-                    summary["gpu_samples"] = sampler.samples
+                try:
+                    iterations, sampler, compile_cache = _iterate(name, run, warmup, repeats, device, monitor,
+                                                                  timed, log, label)
+                except torch.OutOfMemoryError as exc:
+                    if budget_gib is None:
+                        raise
+                    summary = out_of_memory(exc, budget_gib, injection)
+                else:
+                    timed.close()  # the sampling ends with the repeats
+                    summary = _summary(name, iterations, warmup, device, injection, compile_cache, sampler,
+                                       model_flop)
+            if did_not_fit(summary):  # what the configuration held is freed before the next one
+                results[name] = summary
+                release(device)
+                log(f"{name}: out of memory at {budget_gib:g} GiB (recorded as not fitting; going on)")
+                continue
             results[name] = summary if results[name] is None else pool_rounds(results[name], summary)
             # One line per finished configuration, so that a run cut short still shows what it measured.
             steps, compile_s = summary.get("step_ms"), summary.get("compile_s")
@@ -211,6 +211,43 @@ def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compi
                 + gpu_monitor.describe(gpu_monitor.summarize(summary.get("gpu_samples"), repeats)))
             if cuda:
                 torch.cuda.empty_cache()
+
+
+def _iterate(name, run, warmup, repeats, device, monitor, timed, log, label):
+    """A configuration's warmups and timed repeats (peak memory reset and the GPU sampled from the first repeat):
+    (iterations, the sampler or None, inductor's cache counts during the warmups)."""
+    import torch
+
+    iterations, sampler, cache_before, compile_cache = [], None, _inductor_cache_counts(), {}
+    for i in range(warmup + repeats):
+        if i == warmup:
+            compile_cache = {k: v - cache_before[k] for k, v in _inductor_cache_counts().items()}
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            sampler = monitor(device)
+            if sampler is not None:
+                timed.enter_context(sampler)
+        log(_progress(name, i, warmup, repeats) + label)
+        iterations.append(run(name))
+    return iterations, sampler, compile_cache
+
+
+def _summary(name, iterations, warmup, device, injection, compile_cache, sampler, model_flop) -> dict:
+    import torch
+
+    cuda = device.type == "cuda"
+    summary = summarize(name, iterations, warmup, Configuration(name).compiled)
+    if summary["compile_s"] is not None:  # inductor's on-disk caches outlive dynamo.reset(): say if hit
+        summary["compile_cache"] = compile_cache
+    summary["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device) if cuda else None
+    summary["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device) if cuda else None
+    summary["injection"] = injection
+    if model_flop is not None:
+        summary["model_flop"] = model_flop
+    if sampler is not None:
+        summary["gpu_samples"] = sampler.samples
+    return summary
 
 
 @contextlib.contextmanager

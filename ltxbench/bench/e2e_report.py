@@ -7,6 +7,7 @@ import statistics
 from collections import defaultdict
 
 from ltxbench.configurations import Configuration, precision_label
+from ltxbench.results.schema import OUT_OF_MEMORY, out_of_memory_label
 
 # derived key of a step record -> the rate column's title
 RATES = {"transformer_it_s": "it/s", "tokens_per_s": "tok/s"}
@@ -75,6 +76,9 @@ def render_table(records, title: str = "ltxbench bench e2e"):
         rate = (step or {}).get("derived", {}).get(rate_key)
         peak = derived.get("peak_memory_bytes")
         cells = [_fmt(row[p]["stats"]["median"]) if p in row else "-" for p in phases]
+        failed = next(filter(None, map(out_of_memory_label, row.values())), None)
+        if failed is not None and cells:  # a configuration that did not fit its memory budget
+            cells[0] = failed
         gpu_cells = []
         if clocked:
             gpu = (step or main or {}).get("derived", {})
@@ -161,14 +165,19 @@ def phase_records(results: dict, params: dict, dtype: str, phases, step: str, ra
     """One record per phase per configuration (provider = config) + compile: `phases` are (record name, summary key)
     pairs; the `step` record (a sample per step) also carries `rate` (steps/s), the steps' total per iteration and,
     where the GPU was sampled, the energy per step. The timed phases carry the GPU clock, power, temperature and
-    energy of their repeats (gpu_* in derived) when sampled."""
+    energy of their repeats (gpu_* in derived) when sampled. A configuration that ran out of memory under its budget
+    has one "total" record without samples, its derived out_of_memory saying so."""
     from ltxbench.bench.gpu_monitor import summarize as gpu_summary
-    from ltxbench.results.schema import make_record, stats_from_samples
+    from ltxbench.results.schema import NO_STATS, make_record, stats_from_samples
 
     records = []
     for name, res in results.items():
         ran_in = Configuration(name).precision
         precision = dtype if ran_in == "bf16" else ran_in  # what the projections ran in
+        if OUT_OF_MEMORY in res:  # did not fit its memory budget: one record, with nothing measured
+            records.append(make_record("total", name, precision, params, "time", "ms", "lower", NO_STATS,
+                                       derived={OUT_OF_MEMORY: res[OUT_OF_MEMORY]}))
+            continue
         common = {"peak_memory_bytes": res["peak_memory_bytes"], "compile_s": res["compile_s"],
                   **gpu_summary(res.get("gpu_samples"), len(res["total_ms"]))}
         if res.get("peak_reserved_bytes") is not None:  # the caching allocator's peak (a --memory-budget caps it)

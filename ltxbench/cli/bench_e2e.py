@@ -77,9 +77,10 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
     from rich.console import Console
 
     from ltxbench.bench import e2e, e2e_report, precision_error
+    from ltxbench.bench.out_of_memory import did_not_fit
     from ltxbench.cli import _memory, _parallel
     from ltxbench.cli._console import console as wide_console
-    from ltxbench.errors import CheckFailed
+    from ltxbench.errors import CheckFailed, EnvironmentProblem
     from ltxbench.memory.apply import placement_of
     from ltxbench.results.io import write_result
     from ltxbench.results.schema import INCOMPLETE, make_result, utc_now
@@ -144,6 +145,11 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
     if plot is not None:
         e2e_report.plot(records, plot, family.plot_parts(records))
         console.print(f"wrote {plot}", markup=False)
+    unfit = [name for name, res in results.items() if did_not_fit(res) and Configuration(name).peer is None]
+    if unfit:  # a peer that did not fit is a finding; ours (or the unpatched model) not fitting is a failure
+        raise EnvironmentProblem(f"{unfit[0]}: out of memory at {settings.memory_budget_gib:g} GiB",
+                                 hint="the result is written, the configuration marked as not fitting: raise "
+                                      "--memory-budget or lower the shapes")
     failed = precision_error.failed_gates(records)
     if failed:
         raise CheckFailed(f"FP8 step error above its gate: {failed[0]}", hint="the result is written; "

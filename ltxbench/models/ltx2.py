@@ -110,7 +110,7 @@ class LTX2Family(VideoFamily):
         refuse_cuda_graphs(settings.compile_mode, CUDA_GRAPHS_REFUSED if settings.compile_scope == "model" else None)
 
     def peers(self) -> dict[str, PeerConfig]:
-        return {STG_OFF: PeerConfig(STG_OFF, stg_pass_off)}
+        return {**super().peers(), STG_OFF: PeerConfig(STG_OFF, stg_pass_off)}
 
     def settings_for(self, settings: LTX2Settings, config: str) -> LTX2Settings:
         return without_stg_pass(settings) if Configuration(config).peer == STG_OFF else settings

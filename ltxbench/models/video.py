@@ -15,9 +15,10 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import ClassVar
 
-from ltxbench.configurations import Configuration
-from ltxbench.models.family import ModelFamily, Option
+from ltxbench.configurations import CUDA_GRAPH_MODES, Configuration
+from ltxbench.models.family import ModelFamily, Option, PeerConfig
 from ltxbench.models.video_image import to_image_to_video, validate_image
+from ltxbench.models.video_peers import OFFLOADS
 
 PHASES = ("all", "transformer")  # --phase: the whole generation, or the denoising loop alone
 
@@ -153,6 +154,14 @@ class VideoFamily(ModelFamily):
         if settings.frame_rate < 1:
             raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
         validate_image(settings.image)
+        offloads = [c for c in map(Configuration, settings.configs or ()) if c.peer in OFFLOADS]
+        if offloads and settings.gpus > 1:
+            raise UsageError(f"--configs {offloads[0]}: diffusers' offloading runs on one GPU, not --gpus "
+                             f"{settings.gpus}", hint="drop it, or run on one GPU")
+        if any(c.compiled for c in offloads) and settings.compile_mode in CUDA_GRAPH_MODES:
+            raise UsageError(f"--configs {next(c for c in offloads if c.compiled)} with --compile-mode "
+                             f"{settings.compile_mode} (CUDA graphs) is not supported",
+                             hint="diffusers moves the weights between the kernels a graph would replay")
 
     def build(self, settings):
         from ltxbench.models.family import torch_dtype
@@ -163,6 +172,13 @@ class VideoFamily(ModelFamily):
 
     def compiled_module(self, pipe):
         return pipe.transformer
+
+    def peers(self) -> dict[str, PeerConfig]:
+        """diffusers' offloading (models.video_peers): group offloading and model CPU offload."""
+        from ltxbench.models import video_peers
+
+        return {video_peers.GROUP_OFFLOAD: PeerConfig(video_peers.GROUP_OFFLOAD, video_peers.apply_group_offload),
+                video_peers.MODEL_OFFLOAD: PeerConfig(video_peers.MODEL_OFFLOAD, video_peers.apply_model_offload)}
 
     # --- several GPUs (ltxbench.parallel) ---
     supports_parallel = True
@@ -225,7 +241,7 @@ class VideoFamily(ModelFamily):
                               settings.warmup,
                               settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
                               compile_scope=settings.compile_scope, warmed_up=budget_enforcer(pipe, log),
-                              unit_flops=video_step)
+                              unit_flops=video_step, budget_gib=settings.memory_budget_gib)
         extra = after() if after is not None else {}
         for name, res in results.items():
             if self.settings_for(settings, name) is not settings:  # other work than the one counted (stg-off)

@@ -48,7 +48,9 @@ def _run_title(d: Document) -> str:
 
 def e2e_figure(d: Document):
     plt = _pyplot()
-    records = [r for r in d.doc["records"] if r["metric"] == "time" and r["name"] != "compile"]
+    # a configuration that ran out of memory under its budget has no bar (the README's table says so)
+    records = [r for r in d.doc["records"] if r["metric"] == "time" and r["name"] != "compile"
+               and r["stats"]["median"] is not None]
     measures = list(dict.fromkeys(measure_label(r) for r in records))
     main = main_measure(records)
     measures.sort(key=lambda m: m != main)  # the measure the speedups are read from first
@@ -140,7 +142,8 @@ def headline_figure(documents: list[Document]):
     plt = _pyplot()
     per_doc = []
     for d in documents:
-        records = [r for r in d.doc["records"] if r["metric"] == "time" and r["name"] != "compile"]
+        records = [r for r in d.doc["records"] if r["metric"] == "time" and r["name"] != "compile"
+                   and r["stats"]["median"] is not None]
         main = main_measure(records)
         per_doc.append({r["provider"]: r["stats"]["median"] for r in records if measure_label(r) == main})
     configs = list(dict.fromkeys(c for medians in per_doc for c in medians))

@@ -13,6 +13,7 @@ from ltxbench.errors import UsageError
 from ltxbench.results.comparable import world_of
 from ltxbench.results.io import load_result
 from ltxbench.results.provenance import label as provenance_label
+from ltxbench.results.schema import out_of_memory_label
 
 OURS = "cuda"  # the provider name of ltxbench's own kernels in `bench micro`
 DASH = "–"
@@ -134,6 +135,9 @@ def e2e_table(doc: dict):
             row["precision"] = precision_label(next(iter(recs.values())))
         for m in measures:
             row[f"{m} ms"] = _num(recs[m]["stats"]["median"]) if m in recs else DASH
+        failed = next(filter(None, map(out_of_memory_label, recs.values())), None)
+        if failed is not None and measures:  # a configuration that did not fit its memory budget
+            row[f"{measures[0]} ms"] = failed
         step = recs.get(main, {})
         stats, derived = step.get("stats", {}), step.get("derived", {})
         row[f"{main} p20–p80"] = (f"{stats['p20']:.2f}–{stats['p80']:.2f}" if stats.get("p20") is not None

@@ -88,6 +88,16 @@ def make_record(
     }
 
 
+OUT_OF_MEMORY = "out_of_memory"  # derived key of the record of a configuration that did not fit its memory budget
+NO_STATS = {"median": None, "p20": None, "p80": None, "min": None, "max": None, "n": 0}  # nothing was measured
+
+
+def out_of_memory_label(rec: dict) -> str | None:
+    """'out of memory at 16 GiB' for the record of a configuration that did not fit its memory budget, else None."""
+    failed = (rec.get("derived") or {}).get(OUT_OF_MEMORY)
+    return None if failed is None else f"out of memory at {failed['budget_gib']:g} GiB"
+
+
 INCOMPLETE = "incomplete"  # run.config key of a run cut short: {"reason", "measured", "not_measured"}
 
 

@@ -496,8 +496,9 @@ def test_peer_configurations_belong_to_their_family_and_need_a_gpu(tmp_path):
     """`--configs all` is ours, torch's and the family's peers; a peer's configuration is refused (exit 2, before
     the model is built) on the CPU, and unknown to a family that does not declare it."""
     assert family_of("llama-tiny").config_names() == (*STANDARD, "liger", "liger+compile")
-    assert family_of("ltx-tiny").config_names() == STANDARD + added_by("fp8-attention")
-    assert family.parse_configs("all", family_of("ltx-tiny").config_names()) == list(STANDARD)
+    offloads = ("group-offload", "group-offload+compile", "model-offload", "model-offload+compile")  # diffusers'
+    assert family_of("ltx-tiny").config_names() == STANDARD + added_by("fp8-attention") + offloads
+    assert family.parse_configs("all", family_of("ltx-tiny").config_names()) == [*STANDARD, *offloads]
     out = tmp_path / "x.json"
     on_cpu = runner.invoke(app, [*LLAMA, "--configs", "all", "--output", str(out)])
     assert on_cpu.exit_code == 2 and "--configs liger needs --device cuda" in on_cpu.output
@@ -768,3 +769,76 @@ def test_gemma_tiny_compile_with_inductor(tmp_path):
                                  "--output", str(out)])
     assert result.exit_code == 0, result.output
     assert {r["provider"] for r in _records(out) if r["name"] == "compile"} == {"compile", "optimized+compile"}
+
+
+def _out_of_memory_run(failing: str, calls: list):
+    """A stand-in iteration: `failing` runs out of memory at its second call (a warmup went through), the others time
+    1 ms."""
+    import torch
+
+    def run(config):
+        calls.append(config)
+        if config == failing and calls.count(config) > 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore text")
+        return {"total_ms": 1.0, "step_ms": [1.0]}
+
+    return run
+
+
+def test_under_a_budget_a_configuration_out_of_memory_is_recorded_and_the_run_goes_on():
+    import torch
+
+    from ltxbench.bench.out_of_memory import did_not_fit
+
+    calls, reverted = [], []
+
+    class Report:
+        def revert(self):
+            reverted.append(True)
+
+        def as_dict(self):
+            return {"applied": True}
+
+    results = e2e.run_configs(torch.nn.Linear(2, 2), ["baseline", "group-offload", "optimized"],
+                              lambda name: Report() if name == "group-offload" else None,
+                              _out_of_memory_run("group-offload", calls), warmup=1, repeats=2,
+                              device=torch.device("cpu"), log=lambda _: None, rounds=2, budget_gib=8.0)
+    assert results["group-offload"] == {"out_of_memory": {"budget_gib": 8.0, "error": "CUDA out of memory. Tried to "
+                                                          "allocate 2.00 GiB"}, "injection": {"applied": True}}
+    assert did_not_fit(results["group-offload"]) and reverted == [True]  # reverted once, not tried again
+    assert calls.count("group-offload") == 2 and calls.count("optimized") == 6  # both rounds of the others
+    assert not did_not_fit(results["optimized"]) and len(results["optimized"]["total_ms"]) == 4
+
+
+def test_without_a_budget_out_of_memory_ends_the_run():
+    import torch
+
+    with pytest.raises(torch.OutOfMemoryError):
+        e2e.run_configs(torch.nn.Linear(2, 2), ["baseline"], lambda name: None, _out_of_memory_run("baseline", []),
+                        warmup=1, repeats=1, device=torch.device("cpu"), log=lambda _: None)
+
+
+def test_a_configuration_that_did_not_fit_is_shown_as_out_of_memory_at_its_budget():
+    from rich.console import Console
+
+    from ltxbench.bench import e2e_report
+    from ltxbench.results.report_tables import e2e_table
+    from ltxbench.results.schema import out_of_memory_label
+
+    fit = {"total_ms": [10.0], "step_ms": [4.0, 4.0], "compile_s": None, "peak_memory_bytes": None,
+           "first_iteration_ms": 10.0, "injection": {}}
+    results = {"baseline": fit, "model-offload": {"out_of_memory": {"budget_gib": 16.0, "error": "x"},
+                                                  "injection": {}}}
+    records = e2e_report.phase_records(results, {"memory_budget_gib": 16.0}, "bf16",
+                                       (("denoise_step", "step_ms"), ("total", "total_ms")), "denoise_step",
+                                       "transformer_it_s")
+    failed = [r for r in records if r["provider"] == "model-offload"]
+    assert len(failed) == 1 and failed[0]["name"] == "total" and failed[0]["stats"]["median"] is None
+    assert out_of_memory_label(failed[0]) == "out of memory at 16 GiB"
+    assert out_of_memory_label(records[0]) is None
+    console = Console(record=True, width=200)
+    console.print(e2e_report.render_table(records))
+    assert "out of memory at 16 GiB" in console.export_text()
+    table = e2e_table({"records": records})
+    row = table[table["config"] == "model-offload"].iloc[0]
+    assert "out of memory at 16 GiB" in row.tolist()

@@ -105,3 +105,51 @@ def test_generate_streams_and_records_the_plan(on_the_cpu, tmp_path):
     assert {r["params"][MEMORY_BUDGET] for r in doc["records"]} == {3.0}
     assert doc["injection"]["applied"] is True and any(r.startswith("fp8: weights stored")
                                                        for r in doc["injection"]["rules"])
+
+
+def test_bench_e2e_measures_diffusers_offloading_beside_ours_at_the_budget(on_the_cpu, captured, tmp_path):
+    from ltxbench.inject import streamer_of
+    from ltxbench.memory.apply import placement_of
+
+    out = tmp_path / "e2e.json"
+    result = runner.invoke(app, [*LTX2_TINY, "--configs", "baseline,group-offload,model-offload", "--memory-budget",
+                                 "6", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert {r["provider"] for r in doc["records"]} == {"baseline", "group-offload", "model-offload"}
+    injection = doc["run"]["config"]["injection"]
+    assert injection["group-offload"]["rules"] == {"group-offload": 1}
+    assert injection["model-offload"]["provider"] == "diffusers"
+    pipe = captured["target"]
+    placement = placement_of(pipe)  # installed again after each peer's revert
+    assert len(placement.streamers) == 2 and streamer_of(pipe.transformer.transformer_blocks) is not None
+    assert not any("_hf_hook" in vars(m) for m in pipe.transformer.modules())
+
+
+@pytest.mark.parametrize(("failing", "exit_code"), [("model-offload", 0), ("baseline", 4)])
+def test_a_configuration_out_of_memory_is_written_as_not_fitting(failing, exit_code, on_the_cpu, monkeypatch,
+                                                                 tmp_path):
+    """A peer that runs out of memory is a finding (exit 0); ours or the unpatched model not fitting fails the run
+    (exit 4), with the result written either way."""
+    import torch
+
+    from ltxbench.bench import e2e
+    from ltxbench.results.schema import out_of_memory_label
+
+    iterate = e2e._iterate
+
+    def runs_out(name, *args):
+        if name == failing:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.00 GiB")
+        return iterate(name, *args)
+
+    monkeypatch.setattr(e2e, "_iterate", runs_out)
+    out = tmp_path / "e2e.json"
+    result = runner.invoke(app, [*LTX2_TINY, "--configs", "baseline,model-offload", "--memory-budget", "6",
+                                 "--output", str(out)])
+    assert result.exit_code == exit_code, result.output
+    assert f"{failing}: out of memory at 6 GiB (recorded as not fitting; going on)" in result.output
+    records = json.loads(out.read_text())["records"]
+    failed = [r for r in records if r["provider"] == failing]
+    assert [out_of_memory_label(r) for r in failed] == ["out of memory at 6 GiB"]
+    assert any(r["provider"] != failing and r["stats"]["median"] is not None for r in records)

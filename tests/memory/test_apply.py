@@ -12,7 +12,6 @@ from ltxbench.inject import ltx as inject_ltx
 from ltxbench.inject import ltx2 as inject_ltx2
 from ltxbench.inject import streamer_of
 from ltxbench.memory.apply import Placement, placement_of
-from ltxbench.memory.plan import GIB, MemoryPlan, Streaming
 from ltxbench.models import family_of
 from tests.helpers import (
     build_ltx2_tiny,
@@ -22,17 +21,8 @@ from tests.helpers import (
     ltx_generate,
     ltx_pipeline,
     ltx_transformer,
+    tiny_memory_plan,
 )
-
-
-def _plan(pipe, family, tiling=False, phased=False, stays=()) -> MemoryPlan:
-    """4 of the transformer's 5 blocks streamed through 2 slots, the text encoder's 2 layers through 2."""
-    def stack(name, streamed):
-        return Streaming(name, 5 if name == "transformer" else 2, 0, streamed, 2)
-
-    whole = tuple((name, 0) for name in ("connectors", "vae", "audio_vae", "vocoder") if hasattr(pipe, name))
-    return MemoryPlan(GIB, stack("transformer", (0, 1, 3, 4)), stack("text_encoder", (0, 1)), whole, 0, 0, tiling,
-                      (("encode", 0), ("denoise", 0), ("decode", 0)), 0, phased=phased, transformer_stays=stays)
 
 
 def _equal(a, b) -> bool:
@@ -56,7 +46,7 @@ def test_a_placed_pipeline_gives_the_same_latents_injected_or_not(family, phased
     injected = generate(pipe)
     report.revert()
     models = family_of("ltx2-tiny" if family == "ltx2" else "ltx-tiny")
-    placement = Placement(pipe, _plan(pipe, models, phased=phased), models, "cpu")
+    placement = Placement(pipe, tiny_memory_plan(pipe, models, phased=phased), models, "cpu")
     placement.place()
     placement.install()
     assert placement_of(pipe) is placement and len(placement.streamers) == 2
@@ -115,7 +105,7 @@ def test_each_component_is_on_the_device_only_in_its_phase(family, stays):
     pipe.transformer = ltx2_transformer(5) if family == "ltx2" else ltx_transformer(num_layers=5)
     plain = generate(pipe)
     models = family_of("ltx2-tiny" if family == "ltx2" else "ltx-tiny")
-    placement = Placement(pipe, _plan(pipe, models, phased=True, stays=stays), models, "cpu")
+    placement = Placement(pipe, tiny_memory_plan(pipe, models, phased=True, stays=stays), models, "cpu")
     placement.place()
     placement.install()
     assert not any(_on_device(placement, name) for name in placement.movers)  # nothing on the GPU until a phase
@@ -143,7 +133,7 @@ def test_each_component_is_on_the_device_only_in_its_phase(family, stays):
 def test_the_plans_vae_tiling_is_switched_on():
     pipe = build_ltx2_tiny()
     family = family_of("ltx2-tiny")
-    Placement(pipe, _plan(pipe, family, tiling=True), family, "cpu").place()
+    Placement(pipe, tiny_memory_plan(pipe, family, tiling=True), family, "cpu").place()
     assert pipe.vae.use_tiling and pipe.vae.use_framewise_decoding
 
 
@@ -167,7 +157,7 @@ def test_a_phased_placement_on_the_gpu_gives_the_resident_latents(family, stays)
     resident = _generate_on_gpu(family, pipe)
     pipe.to("cpu")
     models = family_of("ltx2-tiny" if family == "ltx2" else "ltx-tiny")
-    placement = Placement(pipe, _plan(pipe, models, phased=True, stays=stays), models, "cuda")
+    placement = Placement(pipe, tiny_memory_plan(pipe, models, phased=True, stays=stays), models, "cuda")
     placement.place()
     placement.install()
     try:
