@@ -68,7 +68,8 @@ def _one_graph_step_per_call(_module, _args) -> None:
 
 @contextlib.contextmanager
 def configuration(module, name: str, apply, compile_mode: str = "default", compile_scope: str = "model"):
-    """Apply configuration `name` to `module` (the transformer / the LLM), yield the injection dict, undo all.
+    """Apply configuration `name` to `module` (the transformer / the LLM, or a list of modules: a pipeline's
+    denoisers, each compiled on its own), yield the injection dict, undo all.
 
     apply(name): the configuration's patch, a report with revert() and as_dict() (an InjectionReport, or a peer
     library's), reverted on exit; None where it patches nothing. Compile: nn.Module.compile() sets
@@ -77,14 +78,18 @@ def configuration(module, name: str, apply, compile_mode: str = "default", compi
     """
     import torch
 
+    from ltxbench.bench.flops import modules_of
+
     torch._dynamo.reset()
     report = apply(name)
     try:
         if Configuration(name).compiled:
-            compile_module(module, compile_mode, compile_scope)
+            for part in modules_of(module):
+                compile_module(part, compile_mode, compile_scope)
         yield report.as_dict() if report is not None else {"applied": False, "reason": f"config {name}"}
     finally:
-        uncompile_module(module)
+        for part in modules_of(module):
+            uncompile_module(part)
         if report is not None:
             report.revert()
         torch._dynamo.reset()

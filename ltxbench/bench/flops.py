@@ -112,9 +112,15 @@ def by_kind(fn) -> tuple[object, dict]:
     return result, counts
 
 
+def modules_of(module) -> list:
+    """A module, or a list / tuple of them (a pipeline's denoisers: Wan 2.2 A14B's two experts), as a list."""
+    return list(module) if isinstance(module, (list, tuple)) else [module]
+
+
 def per_call(module, fn) -> tuple[object, list[int]]:
     """(fn(), [FLOPs of each call of `module` during it]): torch's FLOP counter around each forward, so that work
-    outside the module (text encoder, VAE, sampling) is not counted."""
+    outside the module (text encoder, VAE, sampling) is not counted. `module` may be a list of modules (each
+    expert of a pipeline): their calls, in the order they ran."""
     from torch.utils.flop_counter import FlopCounterMode
 
     _count_cpu_attention()
@@ -131,7 +137,8 @@ def per_call(module, fn) -> tuple[object, list[int]]:
         mode.__exit__(None, None, None)
         calls.append(mode.get_total_flops())
 
-    handles = [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+    handles = [handle for part in modules_of(module)
+               for handle in (part.register_forward_pre_hook(enter), part.register_forward_hook(leave))]
     try:
         result = fn()
     finally:

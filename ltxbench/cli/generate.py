@@ -121,8 +121,8 @@ def _run(family, settings, values: dict, output: Path, world) -> None:
     if current_world() is not None:
         family.parallelize(pipe, settings)
     if values["compile"]:  # regional for the families whose default it is (LTX-2: the whole model compiles too long)
-        module = family.compiled_module(pipe)
-        module.compile_repeated_blocks() if settings.compile_scope == "regional" else module.compile()
+        for module in family.compiled_modules(pipe):  # each denoiser (Wan 2.2 A14B: both experts)
+            module.compile_repeated_blocks() if settings.compile_scope == "regional" else module.compile()
     if values["cpu_offload"]:
         pipe.enable_model_cpu_offload(device=settings.device)
 
@@ -174,7 +174,9 @@ def _set_attention_backend(pipe, name: str) -> None:
     if name.lower() not in names:
         raise UsageError(f"--attention-backend {name!r} is not a diffusers backend", hint=f"one of {', '.join(names)}")
     try:
-        pipe.transformer.set_attention_backend(name.lower())
+        for denoiser in (pipe.transformer, getattr(pipe, "transformer_2", None)):
+            if denoiser is not None:
+                denoiser.set_attention_backend(name.lower())
     except (RuntimeError, ImportError) as exc:
         raise EnvironmentProblem(f"attention backend {name!r} is not usable here: {exc}") from exc
 

@@ -168,9 +168,10 @@ class ModelFamily:
         """The model or pipeline (random weights from the package's configs, or pretrained), on settings.device."""
         raise NotImplementedError
 
-    def compiled_module(self, target):
-        """The module the compile configurations compile (the transformer of a pipeline, the LLM itself)."""
-        return target
+    def compiled_modules(self, target) -> list:
+        """The modules the compile configurations compile, each on its own (a pipeline's denoisers, the LLM
+        itself)."""
+        return [target]
 
     def inject(self, target, settings: RunSettings):
         """Our kernels into `target` (ltxbench.inject.<family>): an InjectionReport, reverted by the runner."""

@@ -170,8 +170,13 @@ class VideoFamily(ModelFamily):
                                            torch_dtype(settings.dtype), settings.seed)
         return pipe if settings.image is None else to_image_to_video(pipe, self.image_to_video)
 
-    def compiled_module(self, pipe):
-        return pipe.transformer
+    def denoisers(self, pipe) -> list:
+        """The pipeline's denoising modules, each compiled, patched and counted: its transformer (Wan 2.2 A14B: both
+        experts)."""
+        return [pipe.transformer]
+
+    def compiled_modules(self, pipe) -> list:
+        return self.denoisers(pipe)
 
     def peers(self) -> dict[str, PeerConfig]:
         """diffusers' offloading (models.video_peers): group offloading and model CPU offload."""
@@ -236,7 +241,7 @@ class VideoFamily(ModelFamily):
         embeds = self.prepare(pipe, settings)
         after = self.before_configs(pipe, settings, embeds, log)
         errors = self.precision_errors(pipe, settings, embeds, log)
-        results = run_configs(pipe.transformer, settings.configs, lambda c: self.apply_config(pipe, settings, c),
+        results = run_configs(self.denoisers(pipe), settings.configs, lambda c: self.apply_config(pipe, settings, c),
                               lambda c: self.iteration(pipe, self.settings_for(settings, c), embeds)[0],
                               settings.warmup,
                               settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
@@ -298,7 +303,7 @@ class VideoFamily(ModelFamily):
             applied["settings"] = self.settings_for(settings, config)
             return self.apply_config(pipe, settings, config)
 
-        results = profile_configs(pipe.transformer, settings.configs, apply,
+        results = profile_configs(self.denoisers(pipe), settings.configs, apply,
                                   lambda: self.iteration(pipe, applied["settings"], embeds,
                                                          phase=lambda name: phase(name, cuda)),
                                   pipe._execution_device, traces, settings.top, log, settings.compile_mode,

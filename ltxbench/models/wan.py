@@ -1,13 +1,15 @@
-"""The Wan family (Wan 2.1 1.3B and 14B, Wan 2.2 5B text-to-video; diffusers' WanPipeline; a tiny one for tests):
-settings, options with the pipeline's own defaults, the timed generation and what `generate`, `bench e2e` and
-`profile` ask of a family.
+"""The Wan family (Wan 2.1 1.3B and 14B, Wan 2.2 5B and A14B text-to-video; diffusers' WanPipeline; tiny ones for
+tests): settings, options with the pipeline's own defaults, the timed generation and what `generate`, `bench e2e`
+and `profile` ask of a family.
 
 One iteration is one generation: text encode (UMT5, prompt and negative, each padded to 512 tokens), denoising (the
 pipeline's loop: with guidance two transformer calls per step, the conditional then the unconditional one, each of
-batch 1, never one call of batch 2), VAE decode (the latents de-normalised, then decoded), each timed on its own
-(models.video.timed_generation). Wan 2.2 5B gives every video token its own timestep. The optimized configurations run
-the first exact rules of ltxbench.inject.wan (the modulated norms and gated residuals, the q/k norms, the
-feed-forward's GELU). Only the standard library at top level.
+batch 1, never one call of batch 2; Wan 2.2 A14B: the high-noise expert `transformer` at the timesteps from
+boundary_ratio x 1000 up, the low-noise `transformer_2` below, both compiled, patched and counted: `denoisers`),
+VAE decode (the latents de-normalised, then decoded), each timed on its own (models.video.timed_generation). Wan
+2.2 5B gives every video token its own timestep. The optimized configurations run the first exact rules of
+ltxbench.inject.wan (the modulated norms and gated residuals, the q/k norms, the feed-forward's GELU).
+Only the standard library at top level.
 """
 
 from __future__ import annotations
@@ -82,6 +84,12 @@ class WanFamily(VideoFamily):
             raise UsageError(f"--guidance-scale {settings.guidance_scale} must not be negative")
         if settings.frame_rate < 1:
             raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
+
+    def denoisers(self, pipe) -> list:
+        """The transformer, and Wan 2.2 A14B's low-noise expert `transformer_2` where the pipeline has one."""
+        from ltxbench.inject.wan import experts
+
+        return [module for _, module in experts(pipe)]
 
     def inject(self, pipe, settings: WanSettings):
         from ltxbench.inject.wan import apply_kernels

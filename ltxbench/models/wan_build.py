@@ -29,11 +29,15 @@ PRESETS = {
     "wan2.1-1.3b": ("wan2.1-1.3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"),
     "wan2.1-14b": ("wan2.1-14b", "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
     "wan2.2-5b": ("wan2.2-5b", "Wan-AI/Wan2.2-TI2V-5B-Diffusers"),
+    "wan2.2-a14b": ("wan2.2-a14b", "Wan-AI/Wan2.2-T2V-A14B-Diffusers"),
     "wan-tiny": ("wan-tiny", None),
+    "wan-tiny-a14b": ("wan-tiny-a14b", None),
 }
 # Wan 2.2 5B's pipeline gives every video token its own timestep (WanPipeline's expand_timesteps)
 EXPAND_TIMESTEPS = {"wan2.2-5b"}
 COMPONENTS = ("transformer", "vae", "text_encoder", "scheduler")
+# Wan 2.2 A14B's low-noise expert, and the pipeline's own config (its boundary_ratio: where the experts switch)
+OPTIONAL = ("transformer_2", "pipeline")
 MODEL_FORMS = f"a preset ({', '.join(PRESETS)}), a hub id (owner/name) or a Wan pipeline directory"
 TOKENIZER_MAX_LENGTH = 512  # WanPipeline pads every prompt to 512 tokens (its max_sequence_length)
 FRAME_MULTIPLE = 4          # the VAE's temporal compression: frames are 4k+1
@@ -79,7 +83,7 @@ def component_configs(model: str) -> dict[str, dict]:
     if model in PRESETS:
         folder = CONFIGS / PRESETS[model][0]
         found = {comp: json.loads((folder / f"{comp}.json").read_text())
-                 for comp in COMPONENTS if (folder / f"{comp}.json").is_file()}
+                 for comp in COMPONENTS + OPTIONAL if (folder / f"{comp}.json").is_file()}
         if missing := [comp for comp in COMPONENTS if comp not in found]:  # an incomplete installation
             raise EnvironmentProblem(f"the installed ltxbench lacks the {', '.join(missing)} config of {model} "
                                      f"(looked in {CONFIGS})", hint="reinstall ltxbench")
@@ -92,6 +96,14 @@ def component_configs(model: str) -> dict[str, dict]:
             if not candidates:
                 raise UsageError(f"{model} has no config for {comp} ({comp}.json or {comp}/{_config_file(comp)})")
             configs[comp] = json.loads(candidates[0].read_text())
+        for path in (root / "transformer_2.json", root / "transformer_2" / "config.json"):
+            if path.is_file():  # a two-expert pipeline (Wan 2.2 A14B)
+                configs["transformer_2"] = json.loads(path.read_text())
+                break
+        for path in (root / "pipeline.json", root / "model_index.json"):
+            if path.is_file() and "boundary_ratio" in (config := json.loads(path.read_text())):
+                configs["pipeline"] = {"boundary_ratio": config["boundary_ratio"]}
+                break
         return configs
     from ltxbench.models.hub import no_such_directory, offline_error
 
@@ -137,8 +149,8 @@ def keep_in_fp32(model) -> None:
 
 
 def build_components(configs: dict[str, dict], device, dtype, seed: int = 0) -> dict:
-    """Transformer, VAE, UMT5 encoder (random, seeded, eval mode, no gradients) and the scheduler, from their config
-    dicts."""
+    """Transformer (and a second expert, `transformer_2`, where the configs have one), VAE, UMT5 encoder (random,
+    seeded, eval mode, no gradients) and the scheduler, from their config dicts."""
     import torch
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
@@ -146,12 +158,16 @@ def build_components(configs: dict[str, dict], device, dtype, seed: int = 0) -> 
     makers = {"transformer": lambda: WanTransformer3DModel.from_config(configs["transformer"]),
               "vae": lambda: AutoencoderKLWan.from_config(configs["vae"]),
               "text_encoder": lambda: UMT5EncoderModel(UMT5Config.from_dict(configs["text_encoder"]))}
+    if "transformer_2" in configs:  # last: the other components keep their seeds
+        makers["transformer_2"] = lambda: WanTransformer3DModel.from_config(configs["transformer_2"])
     device = torch.device(device)
     built = {"scheduler": UniPCMultistepScheduler.from_config(configs["scheduler"])}
     for offset, (name, make) in enumerate(makers.items()):  # a seed per component: one's size leaves others alone
         with _seeded(device, dtype, seed + offset):
             built[name] = make().eval().requires_grad_(False)
-    keep_in_fp32(built["transformer"])
+    for name in ("transformer", "transformer_2"):
+        if name in built:
+            keep_in_fp32(built[name])
     if dtype == torch.float16:  # as from_pretrained does: UMT5's FF output projection overflows in fp16
         keep_in_fp32(built["text_encoder"])
     return built
@@ -181,6 +197,7 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
         configs = component_configs(model)
         ensure_pipeline_fits(configs, model, device, dtype)
         return WanPipeline(tokenizer=build_tokenizer(), **build_components(configs, device, dtype, seed),
+                           boundary_ratio=configs.get("pipeline", {}).get("boundary_ratio"),
                            expand_timesteps=_expands_timesteps(model, configs))
     if weights != "pretrained":
         raise UsageError(f"--weights {weights!r} is not one of pretrained, random")

@@ -103,7 +103,7 @@ def test_the_tokenizer_stand_in_has_umt5s_special_ids_and_pads_to_512():
 
 def test_offline_uncached_weights_are_one_clear_error(tmp_path):
     """A fresh process: huggingface_hub reads HF_HUB_OFFLINE once, at import; an empty HF_HOME means no cache."""
-    model = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
+    model = "Wan-AI/Wan2.2-I2V-A14B-Diffusers"  # no preset's: nothing to size before loading
     code = ("from ltxbench.models import wan_build as b\n"
             f"try:\n    b.build_pipeline({model!r}, 'pretrained', 'cpu', 'bf16')\n"
             "except Exception as e:\n    print(type(e).__name__, e.exit_code); print(e.message); print(e.hint)\n")

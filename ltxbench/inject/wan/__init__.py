@@ -24,7 +24,7 @@ from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, patch_forward
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx2.text_kv import source_digest as digest
 
-__all__ = ["BLOCK_RULE", "GELU_RULE", "QK_NORM_RULE", "apply_kernels"]
+__all__ = ["BLOCK_RULE", "GELU_RULE", "QK_NORM_RULE", "apply_kernels", "experts"]
 
 BLOCK_RULE = "block: norm1/norm3 modulated LayerNorm, gated residuals (fp32 modulation, one rounding)"
 QK_NORM_RULE = "attn1/attn2 norm_q, norm_k: RMSNorm across heads"
@@ -99,51 +99,72 @@ def _gelu_refusal(layer) -> str | None:
     return None
 
 
+def experts(target) -> list[tuple[str, torch.nn.Module]]:
+    """(name, transformer) of each denoiser of a WanPipeline: its `transformer` and, in Wan 2.2 A14B, the low-noise
+    expert `transformer_2`; a transformer given alone is ("transformer", it)."""
+    if not hasattr(target, "transformer"):
+        return [("transformer", target)]
+    return [(name, module) for name in ("transformer", "transformer_2")
+            if (module := getattr(target, name, None)) is not None]
+
+
 def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_norms: bool = True,
                   gelu: bool = True) -> InjectionReport:
-    """Patch a WanPipeline (or its transformer) in place; revert with the report (or use it as a context manager).
+    """Patch a WanPipeline (every expert: `experts`) or its transformer in place; revert with the one report (or use
+    it as a context manager).
 
     provider "cuda": our kernels (the transformer must be on a CUDA device); "reference": the same ops in pure torch
-    (ltxbench.ops.reference), so the mechanics run anywhere. blocks, qk_norms, gelu: the rules (module docstring)."""
+    (ltxbench.ops.reference), so the mechanics run anywhere. blocks, qk_norms, gelu: the rules (module docstring).
+    Skipped modules of the second expert are named from `transformer_2.`."""
     from ltxbench.ops import get_provider
 
-    transformer = getattr(target, "transformer", target)
     report = InjectionReport(provider)
-    if offloaded(transformer):
-        report.skip("transformer", OFFLOADED)
-        return report
-    ops = get_provider(provider)
-    require_provider(provider, ops, transformer, "transformer", move="pipeline")
+    classes: dict = {}  # one subclass per class and rule, shared by the experts (regional compile guards on it)
+    forwards: dict = {}
+    for name, transformer in experts(target):
+        if offloaded(transformer):
+            report.skip(name, OFFLOADED)
+            continue
+        ops = get_provider(provider)
+        require_provider(provider, ops, transformer, name, move="pipeline")
+        forwards = forwards or {"rms": rms_norm_forward(ops), "gelu": gelu_forward(ops)}
+        prefix = "" if name == "transformer" else f"{name}."
+        _patch_expert(report, transformer, ops, forwards, prefix, classes, blocks=blocks, qk_norms=qk_norms,
+                      gelu=gelu)
+    for name, wanted in (("qk_norms", qk_norms), ("gelu", gelu)):
+        if not wanted:
+            report.skip({"qk_norms": QK_NORM_RULE, "gelu": GELU_RULE}[name], f"turned off ({name}=False)")
+    return report
+
+
+def _patch_expert(report, transformer, ops, forwards: dict, prefix: str, classes: dict, *, blocks: bool,
+                  qk_norms: bool, gelu: bool) -> None:
+    """The rules on one transformer's blocks, into `report` (skips named from `prefix`)."""
     dtype = transformer.blocks[0].attn1.to_q.weight.dtype
-    classes: dict = {}
     if not blocks:
-        report.skip(BLOCK_RULE, "turned off (blocks=False)")
-    elif provider == "cuda" and dtype != torch.float32:
-        report.skip(BLOCK_RULE, MODULATION_DTYPE.format(dtype=str(dtype).removeprefix("torch.")))
+        if not prefix:  # said once
+            report.skip(BLOCK_RULE, "turned off (blocks=False)")
+    elif report.provider == "cuda" and dtype != torch.float32:
+        report.skip(f"{prefix}{BLOCK_RULE}", MODULATION_DTYPE.format(dtype=str(dtype).removeprefix("torch.")))
     else:
         for index, block in enumerate(transformer.blocks):
             reason = _block_refusal(block)
             if reason:
-                report.skip(f"blocks.{index}", reason)
+                report.skip(f"{prefix}blocks.{index}", reason)
             else:
                 patch_forward(report, BLOCK_RULE, block, block_forward(ops), classes)
-    forwards = {"rms": rms_norm_forward(ops), "gelu": gelu_forward(ops)}  # one subclass per class and rule
     for index, block in enumerate(transformer.blocks):
         for attn_name in ("attn1", "attn2") if qk_norms else ():
             for norm_name in ("norm_q", "norm_k"):
                 norm = getattr(getattr(block, attn_name), norm_name)
                 if type(norm) is not torch.nn.RMSNorm or norm.weight is None:
-                    report.skip(f"blocks.{index}.{attn_name}.{norm_name}", "not an affine torch.nn.RMSNorm")
+                    report.skip(f"{prefix}blocks.{index}.{attn_name}.{norm_name}", "not an affine torch.nn.RMSNorm")
                     continue
                 patch_forward(report, QK_NORM_RULE, norm, forwards["rms"], classes)
         if gelu:
             layer = block.ffn.net[0]
             reason = _gelu_refusal(layer)
             if reason:
-                report.skip(f"blocks.{index}.ffn", reason)
+                report.skip(f"{prefix}blocks.{index}.ffn", reason)
             else:
                 patch_forward(report, GELU_RULE, layer, forwards["gelu"], classes)
-    for name, wanted in (("qk_norms", qk_norms), ("gelu", gelu)):
-        if not wanted:
-            report.skip({"qk_norms": QK_NORM_RULE, "gelu": GELU_RULE}[name], f"turned off ({name}=False)")
-    return report
