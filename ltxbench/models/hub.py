@@ -93,3 +93,21 @@ def load_ltx_pipeline(model: str, dtype, pipeline_class=None, forms: str = MODEL
                          hint=f"--model takes {forms}") from exc
     finally:
         diffusers_logging.set_verbosity(verbosity)
+
+
+def hub_component_configs(model: str, components, config_file, forms: str) -> dict[str, dict]:
+    """The config of each of `components` of `model` taken as a hub id (config_file(component): its file name in the
+    component's folder), from the local cache when offline: only those small files are read. A path that does not
+    exist is refused first (no_such_directory, naming `forms`); any hub, network or cache failure is offline_error."""
+    import json
+    from pathlib import Path
+
+    if looks_like_path(model):
+        raise no_such_directory(model, forms)
+    try:
+        from huggingface_hub import hf_hub_download
+
+        return {comp: json.loads(Path(hf_hub_download(model, config_file(comp), subfolder=comp)).read_text())
+                for comp in components}
+    except Exception as exc:  # noqa: BLE001 - any hub/network/cache failure means "not here"
+        raise offline_error(model, exc, configs_only=True) from exc  # only --weights random reads them

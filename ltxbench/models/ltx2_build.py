@@ -10,14 +10,13 @@ for random weights is built in memory (`build_tokenizer`): Gemma's tokenizer cla
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.models.family import torch_dtype
 from ltxbench.models.hub import looks_like_path
-from ltxbench.models.ltx_build import allocate_on
+from ltxbench.models.ltx_build import seeded
 from ltxbench.models.ltx_build import validate_video_args as _validate_ltx_video_args
 from ltxbench.resources import configs_dir
 
@@ -70,17 +69,9 @@ def component_configs(model: str) -> dict[str, dict]:
                 raise UsageError(f"{model} has no config for {comp} ({comp}.json or {comp}/{_config_file(comp)})")
             configs[comp] = json.loads(candidates[0].read_text())
         return configs
-    from ltxbench.models.hub import no_such_directory, offline_error
+    from ltxbench.models.hub import hub_component_configs
 
-    if looks_like_path(model):
-        raise no_such_directory(model, MODEL_FORMS)
-    try:  # a hub id: only its (small) config files, from the local cache when offline
-        from huggingface_hub import hf_hub_download
-
-        return {comp: json.loads(Path(hf_hub_download(model, _config_file(comp), subfolder=comp)).read_text())
-                for comp in COMPONENTS}
-    except Exception as exc:  # noqa: BLE001 - any hub/network/cache failure means "not here"
-        raise offline_error(model, exc, configs_only=True) from exc  # only --weights random reads them
+    return hub_component_configs(model, COMPONENTS, _config_file, MODEL_FORMS)
 
 
 def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) -> None:
@@ -89,17 +80,6 @@ def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) ->
 
     modules = [part for part in build_components(configs, "meta", dtype).values() if hasattr(part, "parameters")]
     ensure_fits(module_bytes(*modules), device, model, dtype)
-
-
-@contextlib.contextmanager
-def _seeded(device, dtype, seed: int):
-    """Random init from `seed` without disturbing the caller's generators, tensors made on `device` in `dtype`."""
-    import torch
-
-    cuda = [torch.cuda.current_device() if device.index is None else device.index] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda), allocate_on(device, dtype):
-        torch.manual_seed(seed)
-        yield
 
 
 def build_components(configs: dict[str, dict], device, dtype, seed: int = 0) -> dict:
@@ -124,7 +104,7 @@ def build_components(configs: dict[str, dict], device, dtype, seed: int = 0) -> 
     device = torch.device(device)
     built = {"scheduler": FlowMatchEulerDiscreteScheduler.from_config(configs["scheduler"])}
     for offset, (name, make) in enumerate(makers.items()):  # a seed per component: one's size leaves others alone
-        with _seeded(device, dtype, seed + offset):
+        with seeded(device, dtype, seed + offset):
             built[name] = make().eval().requires_grad_(False)
     return built
 

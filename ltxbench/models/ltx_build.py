@@ -76,17 +76,9 @@ def component_configs(model: str) -> dict[str, dict]:
             else:
                 raise UsageError(f"{model} has no config for {comp} ({comp}.json or {comp}/{_DIFFUSERS_FILES[comp]})")
         return configs
-    from ltxbench.models.hub import no_such_directory, offline_error
+    from ltxbench.models.hub import MODEL_FORMS, hub_component_configs
 
-    if looks_like_path(model):
-        raise no_such_directory(model)
-    try:  # a hub id: only its (small) config files, from the local cache when offline
-        from huggingface_hub import hf_hub_download
-
-        return {c: json.loads(Path(hf_hub_download(model, f, subfolder=c)).read_text())
-                for c, f in _DIFFUSERS_FILES.items()}
-    except Exception as exc:  # noqa: BLE001 - any hub/network/cache failure means "not here"
-        raise offline_error(model, exc, configs_only=True) from exc  # only --weights random reads them
+    return hub_component_configs(model, _DIFFUSERS_FILES, _DIFFUSERS_FILES.get, MODEL_FORMS)
 
 
 def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) -> None:
@@ -110,6 +102,17 @@ def allocate_on(device, dtype):
             yield
     finally:
         torch.set_default_dtype(previous)
+
+
+@contextlib.contextmanager
+def seeded(device, dtype, seed: int):
+    """Random init from `seed` without disturbing the caller's generators, tensors made on `device` in `dtype`."""
+    import torch
+
+    cuda = [torch.cuda.current_device() if device.index is None else device.index] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda), allocate_on(device, dtype):
+        torch.manual_seed(seed)
+        yield
 
 
 def build_components(configs: dict[str, dict], device, dtype, seed: int = 0) -> dict:
