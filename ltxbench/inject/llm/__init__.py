@@ -177,6 +177,19 @@ def _patch(report, rule, module, forward, name: str, prefix: str, classes: dict,
     return False
 
 
+def fuse_gate_up(report, rule: str, mlp, index: int, mlp_forward, classes) -> None:
+    """The MLP's gate and up projections fused into one GEMM (kept as FUSED_ATTR, released at revert, fused again
+    after a move) and its forward patched; skipped with the reason where the two cannot fuse."""
+    fused = fuse_linears((mlp.gate_proj, mlp.up_proj))
+    if isinstance(fused, str):
+        report.skip(rule, f"layers.{index}: gate_proj/up_proj: {fused}")
+        return
+    setattr(mlp, FUSED_ATTR, fused)
+    report.on_revert(lambda m=mlp: release(vars(m).pop(FUSED_ATTR)))
+    follow_moves(report, mlp, fused)
+    patch_forward(report, rule, mlp, mlp_forward, classes)
+
+
 def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
     """Patch a llama/mistral/qwen2/qwen3/gemma3 causal LM (or its base model) in place; `report.revert()` restores
     every forward (the fused gate/up weights stay numerically identical views)."""
@@ -221,13 +234,8 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
             report.skip(RULE_MLP, f"layers.{index}: activation {type(mlp.act_fn).__name__} is not silu")
         elif "forward" in vars(mlp) or ORIGINAL_CLASS in vars(type(mlp)):
             report.skip(RULE_MLP, f"layers.{index}: mlp.forward is already wrapped (a hook, ltxbench): left as is")
-        elif isinstance(fused := fuse_linears((mlp.gate_proj, mlp.up_proj)), str):
-            report.skip(RULE_MLP, f"layers.{index}: gate_proj/up_proj: {fused}")
         else:
-            setattr(mlp, FUSED_ATTR, fused)
-            report.on_revert(lambda m=mlp: release(vars(m).pop(FUSED_ATTR)))
-            follow_moves(report, mlp, fused)
-            patch_forward(report, RULE_MLP, mlp, mlp_forward, classes)
+            fuse_gate_up(report, RULE_MLP, mlp, index, mlp_forward, classes)
         attn = layer.self_attn
         sliding = sliding_kwarg(type(attn))
         if sliding is None:

@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from ltxbench.inject import ORIGINAL_CLASS, _source_of, original_class, patch_forward
-from ltxbench.inject.fuse import follow_moves, fuse_linears, fused_linear, release
+from ltxbench.inject.fuse import fused_linear
+from ltxbench.inject.llm import FUSED_ATTR, fuse_gate_up  # the package loads before it imports this module
 from ltxbench.inject.llm.attention import ATTN_SOURCE, CACHE_UPDATE_KWARGS, RULE_ROPE, attn_forward, fuse_qkv
 
 GEMMA_FAMILIES = {"gemma3_text": "Gemma3", "gemma3": "Gemma3"}  # model_type -> class prefix
@@ -34,7 +35,6 @@ RULE_NORM = "gemma rms_norm (1 + weight)"
 RULE_LAYER = "gemma decoder layer: residual + pre_feedforward_layernorm (fused_add_rms_norm, fp32)"
 RULE_MLP = "gemma mlp: fused gate_up projection + geglu (tanh GELU)"
 RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE)
-FUSED_ATTR = "_ltxbench_gate_up"  # FusedWeights: [gate | up] (2I, H), gate/up weights are views of it
 HALF = (torch.bfloat16, torch.float16)
 
 # Source fragments of the transformers 5.x code reproduced here: a release that rewrites them is skipped.
@@ -201,10 +201,5 @@ def _patch_mlp(report, mlp, index: int, mlp_forward, classes) -> None:
         return
     if not _tanh_gelu(mlp):
         report.skip(RULE_MLP, f"layers.{index}: activation {type(mlp.act_fn).__name__} is not F.gelu(tanh)")
-    elif isinstance(fused := fuse_linears((mlp.gate_proj, mlp.up_proj)), str):
-        report.skip(RULE_MLP, f"layers.{index}: gate_proj/up_proj: {fused}")
     else:
-        setattr(mlp, FUSED_ATTR, fused)
-        report.on_revert(lambda m=mlp: release(vars(m).pop(FUSED_ATTR)))
-        follow_moves(report, mlp, fused)
-        patch_forward(report, RULE_MLP, mlp, mlp_forward, classes)
+        fuse_gate_up(report, RULE_MLP, mlp, index, mlp_forward, classes)
