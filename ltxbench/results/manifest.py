@@ -79,6 +79,18 @@ BENCHMARKS = (
     Benchmark("profile-ltx2-19b-121f", ("profile", "--model", "ltx2-19b", "--weights", "random", "--configs",
                                         "stg-off+compile,optimized+compile", "--num-frames", "121", "--height", "512",
                                         "--width", "768", "--steps", "2", "--phase", "transformer", "--top", "25"), 7),
+    # under --memory-budget, diffusers' group offloading at the same budget beside ours; the resident runs they are
+    # held against are e2e-ltx-2b-161f and e2e-ltx2-19b-121f (docs/memory.md)
+    Benchmark("e2e-ltx-2b-161f-8gib", (*_LTX, "--configs", "optimized,optimized+compile,group-offload",
+                                       "--memory-budget", "8", "--num-frames", "161", "--steps", "10", "--phase",
+                                       "transformer", "--warmup-iterations", "1", "--repeats", "2"), 3),
+    Benchmark("e2e-ltx2-19b-121f-24gib", (*_LTX2, "--configs", "optimized,group-offload", "--memory-budget", "24",
+                                          "--steps", "3", "--repeats", "2"), 8),
+    Benchmark("e2e-ltx2-19b-121f-16gib", (*_LTX2, "--configs", "optimized,group-offload", "--memory-budget", "16",
+                                          "--steps", "3", "--repeats", "2"), 8),
+    Benchmark("e2e-ltx2-19b-121f-16gib-fp8", (*_LTX2, "--configs", "optimized", "--precision", "fp8",
+                                              "--memory-budget", "16", "--steps", "3", "--repeats", "2"), 6,
+              needs=("hopper",)),
     # the regression baselines of `make bench-check` (the Makefile's BENCH_CHECK_E2E / BENCH_CHECK_MICRO)
     Benchmark("bench-check-e2e", ("bench", "e2e", "--model", "ltx-2b", "--weights", "random", "--num-frames", "49",
                                   "--steps", "10", "--phase", "transformer", "--configs", "optimized,compile",

@@ -116,7 +116,8 @@ def test_each_folder_kind_gets_its_set():
 
 def test_ltx2_comparisons_carry_the_compile_row_without_the_stg_pass():
     for bench in manifest.BENCHMARKS:
-        if "ltx2-19b" in bench.argv and bench.gpus == 1:
+        # under a budget the comparison is ours against diffusers' offloading, both running the pipeline's three calls
+        if "ltx2-19b" in bench.argv and bench.gpus == 1 and "--memory-budget" not in bench.argv:
             configs = bench.argv[bench.argv.index("--configs") + 1]
             assert "stg-off+compile" in configs.split(","), bench.name
 
