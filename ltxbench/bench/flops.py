@@ -68,12 +68,30 @@ def attention_flops(batch: int, heads: int, queries: int, keys: int, head_dim: i
     return 4 * batch * heads * queries * keys * head_dim
 
 
-def _count_cpu_attention() -> None:
-    """torch's counter knows the GPU SDPA kernels but not the CPU one it dispatches to on the CPU: the same formula
-    for it, so that a CPU run counts its attention too (registered once; left alone where torch has one)."""
+def with_kv_heads_broadcast(count):
+    """torch's `sdpa_flop_count(q, k, v)` made to take grouped-query shapes (k/v with fewer heads than q, SDPA's
+    `enable_gqa`, which transformers uses on CUDA): counted as the kernel computes it, every query head against its
+    shared key/value head. torch 2.11's own raises on them; later releases count them the same way."""
+    def sdpa_flop_count(query_shape, key_shape, value_shape):
+        heads, kv_heads = query_shape[1], key_shape[1]
+        if kv_heads != heads and kv_heads > 0 and heads % kv_heads == 0:
+            key_shape = (key_shape[0], heads, *key_shape[2:])
+            value_shape = (value_shape[0], heads, *value_shape[2:])
+        return count(query_shape, key_shape, value_shape)
+
+    sdpa_flop_count.broadcasts_kv_heads = True
+    return sdpa_flop_count
+
+
+def _count_attention() -> None:
+    """Two gaps of torch's counter filled once: grouped-query SDPA shapes (with_kv_heads_broadcast: the formulas of
+    torch's SDPA ops look `sdpa_flop_count` up in their module when they run), and the CPU SDPA kernel, which it does
+    not know: the same formula for it, so that a CPU run counts its attention too (left alone where torch has one)."""
     import torch
     from torch.utils import flop_counter
 
+    if not getattr(flop_counter.sdpa_flop_count, "broadcasts_kv_heads", False):
+        flop_counter.sdpa_flop_count = with_kv_heads_broadcast(flop_counter.sdpa_flop_count)
     op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     if op in flop_counter.flop_registry or op.default in flop_counter.flop_registry:
         return
@@ -103,7 +121,7 @@ def by_kind(fn) -> tuple[object, dict]:
     included: a profile's kernel families cover all of the profiled work)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    _count_cpu_attention()
+    _count_attention()
     with FlopCounterMode(display=False) as counter:
         result = fn()
     counts = dict.fromkeys(KINDS, 0)
@@ -123,7 +141,7 @@ def per_call(module, fn) -> tuple[object, list[int]]:
     expert of a pipeline): their calls, in the order they ran."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    _count_cpu_attention()
+    _count_attention()
     calls: list[int] = []
     active: list = []
 

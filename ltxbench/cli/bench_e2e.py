@@ -6,6 +6,7 @@ Only typer and the standard library at top level; torch/diffusers/transformers l
 from __future__ import annotations
 
 import contextlib
+import time
 
 import typer
 
@@ -92,8 +93,10 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
 
     plan = _memory.planned(family, settings, log)
     started = utc_now()
+    building = time.perf_counter()
     with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
         target = _memory.build(family, settings, plan)
+    log(f"built {settings.model} in {time.perf_counter() - building:.1f} s")
 
     args = settings.as_args()
     params = e2e.record_params(args, ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats",

@@ -16,6 +16,7 @@ static (nothing moves). The activation figures are estimates (activation_bytes, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -124,6 +125,7 @@ class MemoryPlan:
     context_bytes: int
     phased: bool = True
     transformer_stays: tuple[str, ...] = ()   # phases besides the denoise with the transformer left on the GPU
+    built_bytes: int = 0                      # the whole pipeline's weights, as built
 
     def _whole(self, phase: str) -> int:
         return sum(b for name, b in self.resident if (name in ENCODE_PARTS) == (phase == "encode"))
@@ -293,4 +295,4 @@ def _host_checked(plan: MemoryPlan, budget_gib: float, need: Footprint, host_fre
             f"--memory-budget {budget_gib:g} GiB builds the pipeline in host memory ({_gib(need.built_bytes)} of "
             f"weights, {_gib(plan.host_bytes)} of them then pinned) and the host has "
             f"{_gib(host_free)} available", hint="free host memory, or run on a machine with more RAM")
-    return plan
+    return dataclasses.replace(plan, built_bytes=need.built_bytes)

@@ -51,11 +51,28 @@ def test_cpu_attention_is_counted_masked_or_not():
     mask = torch.zeros(2, 1, 16, 32)
     from torch.utils.flop_counter import FlopCounterMode
 
-    flops._count_cpu_attention()
+    flops._count_attention()
     for kwargs in ({}, {"attn_mask": mask}):
         with FlopCounterMode(display=False) as counter:
             torch.nn.functional.scaled_dot_product_attention(q, k, k, **kwargs)
         assert counter.get_total_flops() == flops.attention_flops(2, 4, 16, 32, 8)
+    with FlopCounterMode(display=False) as counter:  # grouped-query: 2 key/value heads for 4 query heads
+        torch.nn.functional.scaled_dot_product_attention(q, k[:, :2], k[:, :2], enable_gqa=True)
+    assert counter.get_total_flops() == flops.attention_flops(2, 4, 16, 32, 8)
+
+
+def test_grouped_query_shapes_count_every_query_head():
+    """torch releases whose sdpa_flop_count asserts equal head counts (2.11, on the GPU with transformers' GQA) get
+    the kv heads broadcast to the query's; equal heads and ungroupable shapes go through unchanged."""
+    def strict(q, k, v):
+        assert q[1] == k[1] == v[1], "incompatible"
+        return flops.attention_flops(q[0], q[1], q[2], k[2], q[3])
+
+    count = flops.with_kv_heads_broadcast(strict)
+    assert count((1, 32, 7, 128), (1, 8, 9, 128), (1, 8, 9, 128)) == flops.attention_flops(1, 32, 7, 9, 128)
+    assert count((2, 4, 5, 64), (2, 4, 5, 64), (2, 4, 5, 64)) == flops.attention_flops(2, 4, 5, 5, 64)
+    with pytest.raises(AssertionError):
+        count((1, 6, 7, 8), (1, 4, 7, 8), (1, 4, 7, 8))
 
 
 def test_units_of_an_iteration():

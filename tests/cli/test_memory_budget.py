@@ -153,3 +153,22 @@ def test_a_configuration_out_of_memory_is_written_as_not_fitting(failing, exit_c
     failed = [r for r in records if r["provider"] == failing]
     assert [out_of_memory_label(r) for r in failed] == ["out of memory at 6 GiB"]
     assert any(r["provider"] != failing and r["stats"]["median"] is not None for r in records)
+
+
+@pytest.mark.parametrize(("weights", "device", "free", "on_gpu"), [
+    ("random", "cuda", 40 * GIB, True),       # fits: seeded on the GPU, then moved to the host
+    ("random", "cuda", 21 * GIB, False),      # the pipeline and the margin do not fit beside what is in use
+    ("random", "cuda", None, False),          # free memory unknown
+    ("pretrained", "cuda", 40 * GIB, False),  # real weights load on the host
+    ("random", "cpu", 40 * GIB, False),
+])
+def test_random_weights_are_made_on_the_gpu_where_the_whole_pipeline_fits(weights, device, free, on_gpu, monkeypatch):
+    from types import SimpleNamespace
+
+    from ltxbench.cli import _memory
+    from ltxbench.memory import fit
+
+    monkeypatch.setattr(fit, "available", lambda _device: (free, ""))
+    settings = SimpleNamespace(weights=weights, device=device)
+    plan = SimpleNamespace(built_bytes=20 * GIB)
+    assert _memory._random_on_the_gpu(settings, plan) is on_gpu

@@ -53,8 +53,9 @@ ATTN_QK_NORM = ("query_states = self.q_norm(query_states)", "key_states = self.k
 
 
 def _has(function, fragments) -> bool:
+    """Every fragment in the function's source (a tuple: one of its alternatives)."""
     src = _source_of(function)
-    return all(f in src for f in fragments)
+    return all(any(f in src for f in ((f,) if isinstance(f, str) else f)) for f in fragments)
 
 
 def text_model(model):
@@ -179,7 +180,8 @@ def apply_gemma(model, ops, report) -> None:
         elif _verified(report, RULE_ROPE, attn, "Attention", ((type(attn).forward, ATTN_FRAGMENTS),)):
             if type(attn) not in attn_forwards:
                 eager = inspect.getmodule(type(attn)).eager_attention_forward
-                attn_forwards[type(attn)] = attn_forward(ops, rope_cache, _sliding, eager, True, True)
+                new_cache_api = CACHE_UPDATE_KWARGS in _source_of(type(attn).forward)  # 5.24+; 5.17: past_key_values
+                attn_forwards[type(attn)] = attn_forward(ops, rope_cache, _sliding, eager, True, new_cache_api)
             patch_forward(report, RULE_ROPE, attn, attn_forwards[type(attn)], classes)
             fuse_qkv(report, attn, index)
 
@@ -188,12 +190,7 @@ def _sliding(attn) -> dict:
     return {"sliding_window": attn.sliding_window}  # None on the global layers, as the original passes it
 
 
-def _flat(fragments):
-    """ATTN_SOURCE for Gemma 3: the `cache` (transformers 5.24+) form of the cache update, the others as they are."""
-    return tuple(CACHE_UPDATE_KWARGS if isinstance(f, tuple) else f for f in fragments)
-
-
-ATTN_FRAGMENTS = (*_flat(ATTN_SOURCE), *ATTN_QK_NORM)
+ATTN_FRAGMENTS = (*ATTN_SOURCE, *ATTN_QK_NORM)
 
 
 def _patch_mlp(report, mlp, index: int, mlp_forward, classes) -> None:

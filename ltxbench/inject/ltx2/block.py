@@ -149,8 +149,9 @@ def _fusable(block, hidden_states, audio_hidden_states, temb, temb_audio, masks)
     dtype = hidden_states.dtype
     if not (temb.dtype == temb_audio.dtype == audio_hidden_states.dtype == block.scale_shift_table.dtype == dtype):
         return False
-    weight = block.attn1.to_q.weight
-    return not weight.is_meta and weight.device == hidden_states.device
+    # the device from a weight of the block's own: under FP8 a projection's weight is an empty placeholder, left on
+    # the host when the injection ran there (--memory-budget), while its FP8 copy streams to the GPU
+    return not block.attn1.to_q.weight.is_meta and block.scale_shift_table.device == hidden_states.device
 
 
 def fused_block_forward(ops, cache):
