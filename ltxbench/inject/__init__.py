@@ -4,6 +4,7 @@ returns an InjectionReport: what was patched, per rule, and what was left alone 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 import types
@@ -74,13 +75,35 @@ class InjectionReport:
                 "skipped": [{"target": t, "reason": r} for t, r in self.skipped]}
 
 
+_RUNS_ON: contextvars.ContextVar = contextvars.ContextVar("ltxbench_runs_on", default=None)
+
+
+@contextlib.contextmanager
+def runs_on(device):
+    """Injections inside take `device` as the one the model runs on, though its weights may be on the host now (a
+    --memory-budget placement keeps them there outside their phase, or streams them)."""
+    import torch
+
+    token = _RUNS_ON.set(torch.device(device))
+    try:
+        yield
+    finally:
+        _RUNS_ON.reset(token)
+
+
+def run_device(module):
+    """The device `module` computes on: its placement's (runs_on), else its first parameter's."""
+    placed = _RUNS_ON.get()
+    return placed if placed is not None else next(module.parameters()).device
+
+
 def require_provider(provider: str, ops, module, what: str, *, move: str | None = None) -> None:
     """Where `provider` is "cuda" (`ops` its provider): `module` (the `what`) is on a CUDA device, the extension
     builds and loads, and its inductor fallbacks are registered; `move` names what the user moves to cuda (the
     `what` unless given). Nothing for the reference provider."""
     if provider != "cuda":
         return
-    device = next(module.parameters()).device
+    device = run_device(module)
     if device.type != "cuda":
         raise EnvironmentProblem(f"the cuda kernel provider needs the {what} on a CUDA device, it is on {device}",
                                  hint=f"move the {move or what} to cuda first, or use --kernel-provider reference")

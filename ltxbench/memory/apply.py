@@ -167,9 +167,12 @@ class Placement:
     def around(self, patch):
         """patch() (an injection: its report, or None) applied with the streamers uninstalled, then installed again;
         the report returned reverts the same way."""
+        from ltxbench.inject import runs_on
+
         self.uninstall()
         try:
-            report = patch()
+            with runs_on(self.device):
+                report = patch()
         finally:
             self.install()
         return report if report is None else _Placed(report, self)

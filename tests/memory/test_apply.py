@@ -149,12 +149,15 @@ def _generate_on_gpu(family, pipe):
 @pytest.mark.parametrize("family", ["ltx2", "ltx"])
 def test_a_phased_placement_on_the_gpu_gives_the_resident_latents(family, stays):
     """On CUDA the streamers copy on their own stream and the components come and go per phase: two generations in a
-    row equal the resident pipeline's latents bit for bit (a slot filled while queued work still reads the memory it
-    reuses would show here)."""
+    row equal the resident pipeline's latents bit for bit, unpatched and with our kernels injected under the placement
+    (a slot filled while queued work still reads the memory it reuses would show here)."""
     pipe = build_ltx2_tiny() if family == "ltx2" else ltx_pipeline()
     pipe.transformer = ltx2_transformer(5) if family == "ltx2" else ltx_transformer(num_layers=5)
+    inject = CASES[family][2]
     pipe.to("cuda")
     resident = _generate_on_gpu(family, pipe)
+    with inject(pipe, "cuda"):
+        resident_injected = _generate_on_gpu(family, pipe)
     pipe.to("cpu")
     models = family_of("ltx2-tiny" if family == "ltx2" else "ltx-tiny")
     placement = Placement(pipe, tiny_memory_plan(pipe, models, phased=True, stays=stays), models, "cuda")
@@ -163,6 +166,39 @@ def test_a_phased_placement_on_the_gpu_gives_the_resident_latents(family, stays)
     try:
         for _ in range(2):
             assert _equal(_generate_on_gpu(family, pipe), resident)
+        # our kernels injected while the weights are on the host (the transformer is outside its phase)
+        report = placement.around(lambda: inject(pipe, "cuda"))
+        try:
+            for _ in range(2):
+                assert _equal(_generate_on_gpu(family, pipe), resident_injected)
+        finally:
+            report.revert()
+        assert _equal(_generate_on_gpu(family, pipe), resident)
     finally:
         placement.uninstall()
     torch.cuda.synchronize()
+
+
+def test_an_injection_under_a_placement_runs_for_its_device(monkeypatch):
+    """Placement.around tells the injection the device the model computes on, though its weights may be on the host
+    (the cuda provider's device check, the GEMM choices and the FP8 check read it); outside, a module's own."""
+    import ltxbench.inject
+    from ltxbench.inject import run_device, runs_on
+
+    layer = torch.nn.Linear(2, 2)
+    assert run_device(layer) == torch.device("cpu")
+    with runs_on("cuda:0"):
+        assert run_device(layer) == torch.device("cuda:0")
+    assert run_device(layer) == torch.device("cpu")
+    pipe = ltx_pipeline()
+    pipe.transformer = ltx_transformer(num_layers=5)
+    models = family_of("ltx-tiny")
+    placement = Placement(pipe, tiny_memory_plan(pipe, models, phased=True), models, "cpu")
+    placement.place()
+    placement.install()
+    declared = []
+    monkeypatch.setattr(ltxbench.inject, "runs_on", lambda device: declared.append(device) or runs_on("cuda:0"))
+    seen = []
+    placement.around(lambda: seen.append(run_device(pipe.transformer)))
+    placement.uninstall()
+    assert declared == [placement.device] and seen == [torch.device("cuda:0")]

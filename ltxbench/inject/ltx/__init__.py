@@ -36,6 +36,7 @@ from ltxbench.inject import (
     patch_call,
     patch_forward,
     require_provider,
+    run_device,
     set_attr,
 )
 from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, is_fast_accumulation, require_fp8
@@ -194,7 +195,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     fp8 = precision in ("fp8", FP8_ATTENTION)
     flash_attention = flash_attention_3() if precision == FP8_ATTENTION else None  # exit 4 where it is missing
     if fp8:
-        require_fp8(transformer.proj_in.weight.device)
+        require_fp8(run_device(transformer))
         reason = unquantizable(transformer.transformer_blocks)
         if reason is not None:
             raise UsageError(f"precision fp8: {reason}", hint="run this model in bf16")
@@ -202,7 +203,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     norms = Fp8Norms(ops) if fp8 else ops  # the fused block code's norms: FP8 outputs for the FP8 projections
     if provider == "cuda" and tuned_gemm:
         # earlier processes' searches on this GPU model (ops.gemm_cache)
-        ops.load_gemm_choices(next(transformer.parameters()).device)
+        ops.load_gemm_choices(run_device(transformer))
     report = InjectionReport(provider)
     classes: dict = {}  # (class, forward) -> its patched subclass
     if rope_from_coords:

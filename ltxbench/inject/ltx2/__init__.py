@@ -33,6 +33,7 @@ from ltxbench.inject import (
     patch_call,
     patch_forward,
     require_provider,
+    run_device,
 )
 from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, is_fast_accumulation, require_fp8
 from ltxbench.inject.fp8_held import hold_modules
@@ -202,7 +203,7 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
 
 def _require_fp8_blocks(transformer) -> None:
     """UsageError (exit 2) unless every block runs fused and in FP8; exit 4 on a GPU without FP8 tensor cores."""
-    require_fp8(next(transformer.parameters()).device)
+    require_fp8(run_device(transformer))
     blocks = transformer.transformer_blocks
     reason = next(filter(None, map(_block_refusal, blocks)), None) or unquantizable(
         blocks, (processor_class(), TextKVProcessor))
@@ -217,7 +218,7 @@ def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provi
     if fp8:
         fuse_projections = False  # the FP8 weights are stored concatenated instead
     elif provider == "cuda":  # earlier processes' GEMM searches on this GPU model (ops.gemm_cache)
-        ops.load_gemm_choices(next(transformer.parameters()).device)
+        ops.load_gemm_choices(run_device(transformer))
     forward = fused_block_forward(Fp8Norms(ops) if fp8 else ops, cache)
     classes: dict = {}
     for index, block in enumerate(transformer.transformer_blocks):
