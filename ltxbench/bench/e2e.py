@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 
-from ltxbench.bench.out_of_memory import did_not_fit, out_of_memory, release
+from ltxbench.bench.out_of_memory import OUT_OF_MEMORY, did_not_fit, out_of_memory, release
 from ltxbench.configurations import CUDA_GRAPH_MODES, Configuration
 
 GRAPH_STEP_HOOK = "_ltxbench_graph_step_hook"  # on a module compiled regionally under CUDA graphs: the hook's handle
@@ -204,7 +204,8 @@ def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compi
             if did_not_fit(summary):  # what the configuration held is freed before the next one
                 results[name] = summary
                 release(device)
-                log(f"{name}: out of memory at {budget_gib:g} GiB (recorded as not fitting; going on)")
+                log(f"{name}: out of memory at {budget_gib:g} GiB (recorded as not fitting; going on): "
+                    + summary[OUT_OF_MEMORY]["error"])
                 continue
             results[name] = summary if results[name] is None else pool_rounds(results[name], summary)
             # One line per finished configuration, so that a run cut short still shows what it measured.
