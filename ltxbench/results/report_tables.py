@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ltxbench.configurations import precision_label
+from ltxbench.configurations import MEMORY_BUDGET, precision_label
 from ltxbench.errors import UsageError
 from ltxbench.results.comparable import world_of
 from ltxbench.results.io import load_result
@@ -118,6 +118,10 @@ def main_measure(records) -> str | None:
     return next((n for n in ("denoise_step", "decode_step", "generate", "total") if n in names), None)
 
 
+def _gib(nbytes):
+    return None if nbytes is None else nbytes / 2**30
+
+
 def e2e_table(doc: dict):
     import pandas as pd
 
@@ -158,6 +162,9 @@ def e2e_table(doc: dict):
         row["power-capped"] = _num(None if capped is None else 100 * capped, ".0f", "%")
         row["J/step"] = _num(derived.get("gpu_energy_j_per_step"), ".1f")
         row["compile s"] = _num(recs["compile"]["stats"]["median"], ".1f") if "compile" in recs else DASH
+        if (step.get("params") or {}).get(MEMORY_BUDGET) is not None:  # under --memory-budget: what it held
+            row["peak GiB"] = _num(_gib(derived.get("peak_memory_bytes")), ".2f")
+            row["reserved GiB"] = _num(_gib(derived.get("peak_reserved_bytes")), ".2f")
         rows.append(row)
     frame = pd.DataFrame(rows)
     # Columns no configuration has a value for (no GPU monitor in older files, no compile config) say nothing.

@@ -114,6 +114,16 @@ def test_e2e_table_has_each_config_its_step_speedup_and_clock():
     assert "J/step" not in table.columns  # no configuration carries it: the column is left out
 
 
+def test_e2e_table_under_a_memory_budget_shows_what_each_configuration_held():
+    doc = ltx_doc({"compile": 46.45, "optimized": 40.0})
+    assert "peak GiB" not in e2e_table(doc).columns  # no budget: the memory is not the point
+    for rec in doc["records"]:
+        rec["params"]["memory_budget_gib"] = 8.0
+        rec["derived"].update(peak_memory_bytes=int(4.5 * 2**30), peak_reserved_bytes=int(6.25 * 2**30))
+    row = e2e_table(doc).set_index("config").loc["optimized"]
+    assert row["peak GiB"] == "4.50" and row["reserved GiB"] == "6.25"
+
+
 def test_micro_table_puts_ours_beside_each_baseline_and_marks_na():
     table = micro_table(micro_doc())
     assert len(table) == 1  # the copy is the peak, not a case
