@@ -123,23 +123,25 @@ class Placement:
             component = getattr(self.pipe, name)
             for module in (component, *(getattr(component, part, None) for part in ("encoder", "decoder"))):
                 if module is not None and hasattr(module, "register_forward_pre_hook"):
-                    self._hooks.append(module.register_forward_pre_hook(_entering(self, self.phase_of(name))))
+                    self._hooks.append(module.register_forward_pre_hook(_entering(self, name)))
 
-    def enter(self, phase: str) -> None:
-        """`phase`'s components on the GPU, the others (the transformer where the plan keeps it aside) on the host."""
-        if phase == self.phase:
-            return
+    def enter(self, phase: str, component: str | None = None) -> None:
+        """`phase` begins: the other phases' components (the transformer but where the plan keeps it) go to the
+        host; then `component` comes to the GPU (every component of the phase when None). Components come as the
+        pipeline first calls them, so one a run does not call (the text encoder when the prompt embeddings are
+        given) never takes the phase's memory or a copy."""
         streamers = {s.blocks: s for s in self.streamers}
+        if phase != self.phase:
+            for name, mover in self.movers.items():
+                keep = name == "transformer" and phase in self.plan.transformer_stays
+                if self.phase_of(name) != phase and not keep:
+                    mover.to_host()
+                    self._stack_streamer(name, streamers, "release")
+            self.phase = phase
         for name, mover in self.movers.items():
-            keep = name == "transformer" and phase in self.plan.transformer_stays
-            if self.phase_of(name) != phase and not keep:
-                mover.to_host()
-                self._stack_streamer(name, streamers, "release")
-        for name, mover in self.movers.items():
-            if self.phase_of(name) == phase:
+            if self.phase_of(name) == phase and component in (None, name) and not mover.on_device:
                 mover.to_device()
                 self._stack_streamer(name, streamers, "acquire")
-        self.phase = phase
 
     def _stack_streamer(self, name: str, streamers: dict, step: str) -> None:
         path = self.family.memory_stacks.get(name)
@@ -182,13 +184,15 @@ class Placement:
                 "moved_bytes": {name: m.nbytes for name, m in self.movers.items()}}
 
 
-def _entering(placement: Placement, phase: str):
-    """A forward pre-hook entering `phase` (outside any compiled graph)."""
+def _entering(placement: Placement, name: str):
+    """A forward pre-hook bringing component `name` to the GPU, in its phase (outside any compiled graph)."""
     import torch
+
+    phase = placement.phase_of(name)
 
     @torch.compiler.disable
     def hook(_module, _args):
-        placement.enter(phase)
+        placement.enter(phase, name)
 
     return hook
 

@@ -37,6 +37,21 @@ def stack_of(component: str, module, path: str, host_only: tuple[str, ...] = (),
     return Stack(component, len(blocks), max(sizes), outside)
 
 
+def path_of(family, component: str) -> str:
+    return family.memory_stacks[component]
+
+
+def text_kv_bytes(family, transformer, blocks_path: str, samples: int, guided: bool, element_size: int = 2) -> int:
+    """The text keys and values our kernels keep through a generation (ltxbench.inject: every block's text
+    cross-attentions, computed once): blocks x (key + value widths) x prompt tokens x the prompt rows kept, which are
+    the guidance batch's and, guided, the family's extra ones."""
+    blocks = list(at(transformer, blocks_path))
+    widths = sum(getattr(blocks[0], name).to_k.out_features + getattr(blocks[0], name).to_v.out_features
+                 for name in family.text_attentions if hasattr(blocks[0], name))
+    rows = samples + (family.text_kv_extra_rows if guided else 0)
+    return len(blocks) * widths * family.text_tokens * rows * element_size
+
+
 def _host_only(family, component: str) -> tuple[str, ...]:
     prefix = f"{component}."
     return tuple(p.removeprefix(prefix) for p in family.memory_host_only if p.startswith(prefix))
@@ -66,10 +81,18 @@ def footprint(family, settings, parts: dict) -> Footprint:
     text = encoder.config.get_text_config()
     width = getattr(text, "hidden_size", None) or text.d_model
     head = getattr(encoder, "lm_head", None)
+    # one prompt's embeddings, every layer's hidden states (LTX-2 reads them all): the encode holds the prompts before
+    # the current one and the current one's twice (the layers' outputs and their stack); the pipeline keeps the
+    # guidance batch's (and, guided, the negative prompt's own) until it returns
+    prompt = (text_encoder.blocks + 1) * family.text_tokens * width * 2
+    kept = prompt * (samples + (1 if guided else 0))
     encode = (activation_bytes(family.text_tokens, width, 1, vocab=head.out_features if head is not None else 0)
-              + (text_encoder.blocks + 1) * family.text_tokens * width * 2)  # every layer's hidden states, kept
+              + prompt * (samples + 1))
     channels = (getattr(vae, "decoder_block_out_channels", None) or vae.block_out_channels)[0]
-    return Footprint(transformer, text_encoder, others, built, activation_bytes(tokens, hidden, samples), encode,
-                     decode_bytes(settings.num_frames, settings.height, settings.width, channels, vae.patch_size),
-                     decode_bytes(min(settings.num_frames, TILE_FRAMES), min(settings.height, TILE_SIDE),
-                                  min(settings.width, TILE_SIDE), channels, vae.patch_size))
+    denoise = activation_bytes(tokens, hidden, samples) + text_kv_bytes(family, parts["transformer"], path_of(
+        family, "transformer"), samples, guided) + kept
+    return Footprint(transformer, text_encoder, others, built, denoise, encode,
+                     kept + decode_bytes(settings.num_frames, settings.height, settings.width, channels,
+                                         vae.patch_size),
+                     kept + decode_bytes(min(settings.num_frames, TILE_FRAMES), min(settings.height, TILE_SIDE),
+                                         min(settings.width, TILE_SIDE), channels, vae.patch_size))

@@ -95,6 +95,8 @@ class LTX2Family(VideoFamily):
     memory_stacks = {"transformer": "transformer_blocks", "text_encoder": "model.language_model.layers"}
     memory_host_only = ("text_encoder.model.vision_tower", "text_encoder.model.multi_modal_projector")
     text_tokens = MAX_SEQUENCE_LENGTH
+    text_attentions = ("attn2", "audio_attn2")
+    text_kv_extra_rows = 1
 
     def claims(self, model: str) -> bool:
         from pathlib import Path

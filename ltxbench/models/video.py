@@ -120,6 +120,10 @@ class VideoFamily(ModelFamily):
     memory_stacks: ClassVar[dict[str, str]] = {}
     memory_host_only: ClassVar[tuple[str, ...]] = ()
     text_tokens: ClassVar[int] = 0  # the prompt length the text encoder runs
+    # the blocks' text cross-attentions, whose keys/values our kernels keep for a generation; per guided call, the
+    # prompt rows they keep beyond the guidance batch's (LTX-2: the positive half, for its STG and modality passes)
+    text_attentions: ClassVar[tuple[str, ...]] = ("attn2",)
+    text_kv_extra_rows: ClassVar[int] = 0
 
     # --- what a video family implements ---
     def encode(self, pipe, settings, device):

@@ -160,4 +160,11 @@ def test_sizes_counted_on_the_meta_device():
     plans = [plan_memory(budget, need) for budget in (24, 16)]
     assert all(p.gpu_bytes <= p.budget_bytes for p in plans)
     assert len(plans[1].transformer.streamed) > len(plans[0].transformer.streamed) > 0
-    assert plans[0].transformer.resident == 26  # 121 x 512 x 768, guided: the denoise phase alone
+    # the denoise: one call's activations, the text keys/values our kernels keep for the generation (attn2 4096 and
+    # audio_attn2 2048 wide, keys and values, 1024 prompt tokens, the guidance pair and the positive half) and the
+    # prompt embeddings the pipeline keeps (Gemma's 49 hidden states, 3840 wide: the pair and the negative's own)
+    prompt = 49 * 1024 * 3840 * 2
+    assert need.denoise_bytes == (activation_bytes(6144, 4096, 2) + 48 * 2 * (4096 + 2048) * 1024 * 3 * 2
+                                  + 3 * prompt)
+    assert need.encode_bytes == activation_bytes(1024, 3840, 1, vocab=262208) + 3 * prompt
+    assert plans[0].transformer.resident == 20  # 121 x 512 x 768, guided: the denoise phase alone
