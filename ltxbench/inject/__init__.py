@@ -43,6 +43,15 @@ class InjectionReport:
     def skip(self, target: str, reason: str) -> None:
         self.skipped.append((target, reason))
 
+    def include(self, other: InjectionReport, prefix: str) -> None:
+        """Another injection (a pipeline component's) as part of this one: its rules and skips named under `prefix`,
+        its revert run with this report's (newest first), its blockers checked before anything is undone."""
+        for rule, count in other.rules.items():
+            self.rules[f"{prefix}: {rule}"] += count
+        self.skipped.extend((f"{prefix}: {target}", reason) for target, reason in other.skipped)
+        self._blockers.extend(other._blockers)
+        self._undo.append(other.revert)
+
     @property
     def active(self) -> bool:
         return bool(self._undo)

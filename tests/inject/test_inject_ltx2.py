@@ -37,7 +37,8 @@ def test_kept_keys_and_values_give_the_model_output_bit_for_bit(pipe):
     """Default guidance: per step the CFG pair (batch 2) and two batch-1 passes on the positive half; each text
     cross-attention builds its keys/values once per input (2 inputs) and reuses them for the other calls."""
     expected = _latents(pipe)
-    report = inject_ltx2.apply_kernels(pipe, "reference", fused_blocks=False, reuse_stg_pass=False)
+    report = inject_ltx2.apply_kernels(pipe, "reference", fused_blocks=False, reuse_stg_pass=False,
+                                       text_encoder=False)
     try:
         assert dict(report.rules) == {inject_ltx2.TEXT_KV_RULE: 4, inject_ltx2.PROJECTION_RULE: 2,
                                       inject_ltx2.GENERATION_RULE: 1}
@@ -148,3 +149,31 @@ def test_entries_do_not_outlive_a_generation(pipe):
             second = cache.key_value(attn, text)[0]
         assert torch.equal(second, attn.norm_k(attn.to_k(text))) and not torch.equal(first, second)
     report.revert()
+
+
+def _prompt_embeds(pipe):
+    with torch.no_grad():
+        return pipe.encode_prompt("a fox in the snow", "blurry", max_sequence_length=64, device="cpu")
+
+
+def test_the_pipelines_text_encoder_runs_the_gemma_rules_and_reverts(pipe):
+    """The pipeline's Gemma 3 text encoder is patched with the rest (the LLM rules, under "text_encoder: "): in fp32
+    its every-layer hidden states, which LTX-2 reads all of, are bit for bit the model's; revert gives back its
+    classes; text_encoder=False leaves it alone."""
+    encoder = pipe.text_encoder
+    classes = {name: type(m) for name, m in encoder.named_modules()}
+    expected = _prompt_embeds(pipe)
+    with inject_ltx2.apply_kernels(pipe, "reference") as report:
+        encoder_rules = {r for r in report.rules if r.startswith("text_encoder: ")}
+        assert {"text_encoder: gemma rms_norm (1 + weight)", "text_encoder: attention: one q/k/v GEMM + rope_1d",
+                "text_encoder: gemma mlp: fused gate_up projection + geglu (tanh GELU)"} <= encoder_rules
+        assert any(type(m) is not classes[name] for name, m in encoder.named_modules())
+        assert _equal(_prompt_embeds(pipe), expected)
+    assert {name: type(m) for name, m in encoder.named_modules()} == classes
+    with inject_ltx2.apply_kernels(pipe, "reference", text_encoder=False) as report:
+        assert not any(r.startswith("text_encoder: ") for r in report.rules)
+        assert ("text_encoder", "turned off (text_encoder=False)") in report.skipped
+        assert {name: type(m) for name, m in encoder.named_modules()} == classes
+    with inject_ltx2.apply_kernels(pipe.transformer, "reference") as report:  # the transformer alone: no encoder
+        assert not any(r.startswith("text_encoder") for r, _ in report.skipped) and not any(
+            r.startswith("text_encoder: ") for r in report.rules)

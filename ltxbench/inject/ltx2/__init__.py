@@ -133,7 +133,8 @@ def _text_kv_processors(report: InjectionReport, transformer, cache: TextKVCache
 
 def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True, fused_blocks: bool = True,
                   fuse_projections: bool = True, reuse_stg_pass: bool = True,
-                  precision: str = "bf16", fp8_accumulation: str = "fast") -> InjectionReport:
+                  precision: str = "bf16", fp8_accumulation: str = "fast",
+                  text_encoder: bool = True) -> InjectionReport:
     """Patch an LTX2Pipeline (or its transformer) in place; revert with the report (or use it as a context manager).
 
     provider "cuda": our kernels (the transformer must be on a CUDA device); "reference": the same fusions in pure
@@ -144,6 +145,8 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     precision "fp8": every block projection stored and run in FP8, the norms and GELUs writing FP8 (precision.py;
     Hopper or newer; needs the fused blocks); the bf16 weights of those projections leave the device until revert.
     fp8_accumulation: the FP8 GEMMs' (fast: on the tensor cores alone; fp32: partial sums promoted; ops.linear_fp8).
+    text_encoder: a pipeline's Gemma 3 text encoder patched by the LLM rules (ltxbench.inject.llm; bf16 whatever the
+    precision), its rules reported under "text_encoder: ".
     """
     if precision not in PRECISIONS:
         raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
@@ -198,7 +201,21 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
         else:
             report.skip(GENERATION_RULE, "given the transformer alone: the text keys/values and the guidance pair are "
                                          "kept across calls only inside ltxbench.inject.ltx2.generation(transformer)")
+    _patch_text_encoder(report, target, transformer, provider, text_encoder)
     return report
+
+
+def _patch_text_encoder(report, target, transformer, provider: str, wanted: bool) -> None:
+    """The pipeline's text encoder through the LLM rules (Gemma 3's), reverted with the rest."""
+    encoder = getattr(target, "text_encoder", None) if target is not transformer else None
+    if encoder is None:
+        return
+    if not wanted:
+        report.skip("text_encoder", "turned off (text_encoder=False)")
+        return
+    from ltxbench.inject import llm
+
+    report.include(llm.apply_kernels(encoder, provider), "text_encoder")
 
 
 def _require_fp8_blocks(transformer) -> None:
