@@ -112,8 +112,13 @@ inline Tensor flat_rows(const Tensor& x) {
 
 // A (B|1, S|1, D) modulation operand broadcast to x's (B, S, D) with stride 0 on size-1 dims.
 inline Rows3 broadcast_rows(const Tensor& t, const Tensor& x, const char* op, const char* name, Tensor& keep,
-                            const char* x_name = "x") {
-  check_same(t, x, op, name, x_name);
+                            const char* x_name = "x", bool float32_ok = false) {
+  if (float32_ok && t.scalar_type() == at::kFloat) {  // float32 modulation over 16-bit rows (Wan's)
+    TORCH_CHECK(t.device() == x.device(), "ltxbench.", op, ": ", name, " is on ", dev(t), " but ", x_name, " is on ",
+                dev(x));
+  } else {
+    check_same(t, x, op, name, x_name);
+  }
   const auto B = x.size(0), S = x.size(1), D = x.size(2);
   TORCH_CHECK(t.dim() == 3 && (t.size(0) == B || t.size(0) == 1) && (t.size(1) == S || t.size(1) == 1) &&
                   t.size(2) == D,

@@ -3,6 +3,7 @@
 
 #include <ATen/ops/empty.h>
 
+#include <initializer_list>
 #include <optional>
 #include <tuple>
 
@@ -11,14 +12,14 @@
 namespace ltxbench {
 
 Modulated modulated(const Tensor& x_in, const Tensor& scale, const Tensor& shift, double eps, const char* op,
-                    const char* x_name, bool allocate_out) {
+                    const char* x_name, bool allocate_out, bool float32_ok) {
   check_3d(x_in, op, x_name);
   Modulated m;
   m.x = unit_last_stride(x_in);
   m.p.B = m.x.size(0), m.p.S = m.x.size(1), m.p.D = m.x.size(2);
   m.p.x = rows_of_3d(m.x);
-  m.p.scale = broadcast_rows(scale, m.x, op, "scale", m.scale, x_name);
-  m.p.shift = broadcast_rows(shift, m.x, op, "shift", m.shift, x_name);
+  m.p.scale = broadcast_rows(scale, m.x, op, "scale", m.scale, x_name, float32_ok);
+  m.p.shift = broadcast_rows(shift, m.x, op, "shift", m.shift, x_name, float32_ok);
   m.p.eps = static_cast<float>(eps);
   if (allocate_out) {  // the FP8 ops write q instead
     m.out = at::empty(m.x.sizes(), m.x.options());
@@ -28,11 +29,11 @@ Modulated modulated(const Tensor& x_in, const Tensor& scale, const Tensor& shift
 }
 
 Tensor attach_branch(RowOpParams& p, const Tensor& h, const Tensor& a, const std::optional<Tensor>& gate,
-                     const char* op, Tensor& gate_keep) {
+                     const char* op, Tensor& gate_keep, bool float32_gate) {
   check_like(a, h, op, "a", "h");
   Tensor ar = unit_last_stride(a);
   p.a = rows_of_3d(ar);
-  if (gate) p.gate = broadcast_rows(*gate, h, op, "gate", gate_keep, "h");
+  if (gate) p.gate = broadcast_rows(*gate, h, op, "gate", gate_keep, "h", float32_gate);
   return ar;
 }
 
@@ -102,12 +103,31 @@ Tensor rms_norm_modulate(const Tensor& x, const std::optional<Tensor>& weight, c
   return m.out;
 }
 
+// Float32 modulation over 16-bit rows (Wan keeps its AdaLN in float32 and rounds once): every modulation operand
+// float32, rows within the kernel's width. Else the operands share x's dtype (checked where they are read).
+bool float32_modulation(const Tensor& x, std::initializer_list<const Tensor*> modulation, const char* op) {
+  if (x.scalar_type() == at::kFloat || modulation.begin()[0]->scalar_type() != at::kFloat) return false;
+  for (const Tensor* t : modulation) {
+    TORCH_CHECK(t->scalar_type() == at::kFloat, "ltxbench.", op, ": the modulation is float32 or ", dtype_name(x),
+                " throughout, got ", dtype_name(*modulation.begin()[0]), " and ", dtype_name(*t));
+  }
+  TORCH_CHECK(x.dim() < 1 || x.size(-1) <= kMaxF32ModulationRow, "ltxbench.", op, ": float32 modulation takes rows of ",
+              "at most ", num(kMaxF32ModulationRow), " values, got ", num(x.size(-1)));
+  return true;
+}
+
+void run_f32_modulation(const RowOpParams& p, DType dt, const Tensor& x, const char* op) {
+  launch_checked(x, op, [&](cudaStream_t stream) { return launch_row_op_f32_modulation(p, dt, stream); });
+}
+
 Tensor layer_norm_modulate(const Tensor& x, const Tensor& scale, const Tensor& shift, double eps) {
   const char* op = "layer_norm_modulate";
   const DType dt = check_primary(x, op, "x");
-  Modulated m = modulated(x, scale, shift, eps, op);
+  const bool f32 = float32_modulation(x, {&scale, &shift}, op);
+  Modulated m = modulated(x, scale, shift, eps, op, "x", true, f32);
   m.p.norm = NormKind::Layer;
-  run(m.p, dt, x, op);
+  if (f32) run_f32_modulation(m.p, dt, x, op);
+  else run(m.p, dt, x, op);
   return m.out;
 }
 
@@ -115,16 +135,18 @@ Tensor gated_residual(const Tensor& h_in, const Tensor& a, const Tensor& gate) {
   const char* op = "gated_residual";
   const DType dt = check_primary(h_in, op, "h");
   check_3d(h_in, op, "h");
+  const bool f32 = float32_modulation(h_in, {&gate}, op);
   const Tensor h = unit_last_stride(h_in);
   RowOpParams p;
   p.B = h.size(0), p.S = h.size(1), p.D = h.size(2);
   p.x = rows_of_3d(h);
   Tensor gate_keep;
-  const Tensor ar = attach_branch(p, h, a, gate, op, gate_keep);
+  const Tensor ar = attach_branch(p, h, a, gate, op, gate_keep, f32);
   Tensor out = at::empty(h.sizes(), h.options());
   p.norm = NormKind::None;
   p.out = out.data_ptr();
-  run(p, dt, h, op);
+  if (f32) run_f32_modulation(p, dt, h, op);
+  else run(p, dt, h, op);
   return out;
 }
 

@@ -38,6 +38,12 @@ struct RowOpParams {
 
 cudaError_t launch_row_op(const RowOpParams& p, DType dtype, cudaStream_t stream);
 
+// The same layer_norm_modulate (norm == Layer: x, scale, shift) and gated_residual (norm == None: x, a, gate) over
+// 16-bit rows with float32 scale, shift and gate (norm_f32_modulation.cu: Wan's modulation), rows up to
+// kMaxF32ModulationRow values.
+constexpr int64_t kMaxF32ModulationRow = 8192;
+cudaError_t launch_row_op_f32_modulation(const RowOpParams& p, DType dtype, cudaStream_t stream);
+
 constexpr int kMaxPackParts = 8;  // parts of a packed q/k/v output written through pointers of their own
 
 // LTX-Video's 3-D RoPE over the whole inner dim D (interleaved pairs 2i, 2i+1), for q and k together.

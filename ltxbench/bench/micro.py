@@ -26,6 +26,7 @@ from ltxbench.ops.shapes import (
     LTX_LINEAR_SHAPES,
     LTX_SHAPES,
     SEED_SHAPES,
+    WAN_SHAPES,
 )
 from ltxbench.results.schema import STATS_KEYS
 
@@ -35,7 +36,7 @@ TIMERS = ("do_bench", "cudagraph")
 ODD_SHAPES = {"odd-2x1024x5125": (2, 1024, 5125), "odd-4x997x769": (4, 997, 769)}
 SHAPE_GROUPS = {"seed": SEED_SHAPES, "ltx": {**LTX_SHAPES, **LTX_FFN_SHAPES, **LTX_LINEAR_SHAPES},
                 "ltx2": {**LTX2_STREAM_SHAPES, **LTX2_SELF_SHAPES, **LTX2_CROSS_SHAPES, **LTX2_FFN_SHAPES},
-                "llm": {**LLM_SHAPES, **LLM_MLP_SHAPES},
+                "llm": {**LLM_SHAPES, **LLM_MLP_SHAPES}, "wan": WAN_SHAPES,
                 "odd": ODD_SHAPES, "all": None}
 NA_STATS = {k: (0 if k == "n" else math.nan) for k in STATS_KEYS}
 

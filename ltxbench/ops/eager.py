@@ -56,13 +56,23 @@ def ltx_rms_norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 
     return diffusers_rms_norm(x, weight, eps) * (1 + scale) + shift
 
 
+def _wan_float32(x: Tensor, modulation: Tensor) -> bool:
+    return modulation.dtype == torch.float32 and x.dtype != torch.float32
+
+
 def ltx_layer_norm_modulate(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:
-    """LTX final layer: no-affine LayerNorm, then `* (1 + scale) + shift`."""
+    """LTX final layer: no-affine LayerNorm, then `* (1 + scale) + shift`. With float32 modulation over 16-bit x,
+    Wan's block: `(norm1(x.float()) * (1 + scale) + shift).type_as(x)`, one rounding."""
+    if _wan_float32(x, scale):
+        return (F.layer_norm(x.float(), (x.shape[-1],), eps=eps) * (1 + scale) + shift).type_as(x)
     return F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale) + shift
 
 
 def ltx_gated_residual(h: Tensor, a: Tensor, gate: Tensor) -> Tensor:
-    """LTXVideoTransformerBlock: `hidden_states = hidden_states + attn_hidden_states * gate_msa`."""
+    """LTXVideoTransformerBlock: `hidden_states = hidden_states + attn_hidden_states * gate_msa`. With a float32
+    gate over 16-bit h, Wan's block: `(h.float() + a * gate).type_as(h)`, one rounding."""
+    if _wan_float32(h, gate):
+        return (h.float() + a * gate).type_as(h)
     return h + a * gate
 
 

@@ -11,17 +11,30 @@ def _randn(shape, dtype, device, gen):
     return torch.randn(shape, generator=gen, dtype=torch.float32, device="cpu").to(device=device, dtype=dtype)
 
 
+def _wan_chunks(b, s, d, device, gen, variant):
+    """Wan's float32 modulation over 16-bit rows: the six (B, 1, D) chunks of `table + temb.float()` (B, 6, D), or
+    per token (Wan 2.2 5B) the (B, S, D) views of a (B, S, 6, D) sum: strided, never contiguous."""
+    if variant == "wan-f32-per-token":
+        return [c.squeeze(2) for c in (0.1 * _randn((b, s, 6, d), torch.float32, device, gen)).chunk(6, dim=2)]
+    return list((0.1 * _randn((b, 6, d), torch.float32, device, gen)).chunk(6, dim=1))
+
+
 def _modulation(b, s, d, dtype, device, gen, variant):
-    """scale, shift as the model produces them: per batch (B,1,D), per token (B,S,D), or LTX's
-    strided views from `(table + temb.reshape(B,T,6,D)).unbind(2)`."""
+    """scale, shift as the model produces them: per batch (B,1,D), per token (B,S,D), LTX's
+    strided views from `(table + temb.reshape(B,T,6,D)).unbind(2)`, or Wan's float32 chunks."""
     if variant == "ltx-unbind":
         ada = 0.1 * _randn((b, 1, 6, d), dtype, device, gen)
         return ada[:, :, 1], ada[:, :, 0]
+    if variant.startswith("wan-f32"):
+        shift, scale = _wan_chunks(b, s, d, device, gen, variant)[:2]
+        return scale, shift
     t = s if variant == "per-token" else 1
     return 0.1 * _randn((b, t, d), dtype, device, gen), 0.1 * _randn((b, t, d), dtype, device, gen)
 
 
 def _gate(b, s, d, dtype, device, gen, variant):
+    if variant.startswith("wan-f32"):  # gate_msa: the third chunk, 10 times larger, as a residual gate can be
+        return 10 * _wan_chunks(b, s, d, device, gen, variant)[2]
     return _randn((b, s if variant == "per-token" else 1, d), dtype, device, gen)
 
 

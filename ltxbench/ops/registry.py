@@ -52,6 +52,7 @@ from ltxbench.ops.shapes import (
     ROPE_TEST_SHAPES,
     SEED_SHAPES,
     SPLIT_ROPE_TEST_SHAPES,
+    WAN_SHAPES,
     XATTN_TEST_SHAPES,
 )
 from ltxbench.ops.spec import DTYPES, KernelSpec, nbytes  # noqa: F401  (DTYPES: public here, beside SPECS)
@@ -93,18 +94,20 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
     ),
     KernelSpec(
         name="layer_norm_modulate", summary="layer_norm(x, no affine) * (1 + scale) + shift",
-        make_inputs=inputs_layer_mod, variants=("per-batch", "per-token", "ltx-unbind"), n_outputs=1,
+        make_inputs=inputs_layer_mod, variants=("per-batch", "per-token", "ltx-unbind", "wan-f32", "wan-f32-per-token"),
+        n_outputs=1,
         baselines={"eager": eager.ltx_layer_norm_modulate},
         aliases=("adaln_layernorm", "layernorm_modulate"),
-        bench_shapes={**SEED_SHAPES, **LTX_SHAPES, **LTX2_STREAM_SHAPES},
+        bench_shapes={**SEED_SHAPES, **LTX_SHAPES, **LTX2_STREAM_SHAPES, **WAN_SHAPES},
         inject_targets=("LTXVideoTransformer3DModel norm_out + modulation",),
     ),
     KernelSpec(
         name="gated_residual", summary="h + a * gate",
-        make_inputs=inputs_gated_residual, variants=("per-batch", "per-token"), n_outputs=1,
+        make_inputs=inputs_gated_residual, variants=("per-batch", "per-token", "wan-f32", "wan-f32-per-token"),
+        n_outputs=1,
         baselines={"eager": eager.ltx_gated_residual}, kind="elementwise",
         aliases=("adaln_zero", "gated_add"),
-        bench_shapes={**SEED_SHAPES, **LTX_SHAPES, **LTX2_STREAM_SHAPES},
+        bench_shapes={**SEED_SHAPES, **LTX_SHAPES, **LTX2_STREAM_SHAPES, **WAN_SHAPES},
         inject_targets=("LTXVideoTransformerBlock attn1 residual",),
     ),
     KernelSpec(

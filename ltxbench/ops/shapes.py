@@ -38,6 +38,8 @@ LTX2_CROSS_SHAPES = {"ltx2-av-cross-video-2x6144x2048": (2, 6144, 2048),
                      "ltx2-av-cross-audio-2x126x2048": (2, 126, 2048)}
 # LTX-2 19B's residual streams with CFG (the modulated norms and gated residuals of each block)
 LTX2_STREAM_SHAPES = {"ltx2-video-2x6144x4096": (2, 6144, 4096), "ltx2-audio-2x126x2048": (2, 126, 2048)}
+# Wan's residual stream, 81 frames at 480 x 832 (21 x 30 x 52 tokens), one call of its guidance pair (batch 1)
+WAN_SHAPES = {"wan2.1-1.3b-480p": (1, 32760, 1536), "wan2.1-14b-480p": (1, 32760, 5120)}
 LLM_MLP_SHAPES = {"llama3-8b-mlp-4096tok": (1, 4096, 14336), "llama3-8b-mlp-decode": (1, 1, 14336)}
 LLM_SHAPES = {"llama3-8b-decode": (1, 1, 4096), "llama3-8b-prefill": (1, 4096, 4096),
               "norm-32768x2048": (1, 32768, 2048), "norm-8192x4096": (1, 8192, 4096)}

@@ -102,14 +102,18 @@ def test_a_one_percent_error_in_an_op_is_caught(model, op, wrong, monkeypatch):
     assert error > 2e-3, f"{op}: a 1% error moved the output by only {error:.2g}"
 
 
-def test_cuda_provider_in_bf16_leaves_the_blocks_with_a_reason(model, monkeypatch):
-    """Our CUDA modulated LayerNorm and gated residual take the modulation in the activations' dtype: with bf16
-    activations the block rule is refused (rounding Wan's fp32 modulation would change the result); the others
-    apply."""
+def test_cuda_provider_in_bf16_runs_every_rule_and_refuses_rows_too_wide(model, monkeypatch):
+    """Our CUDA modulated LayerNorm and gated residual read Wan's float32 modulation over bf16 rows: every rule
+    applies; blocks wider than the kernel's float32-modulation rows are refused, with the width."""
     monkeypatch.setattr(inject_wan, "require_provider", lambda *a, **k: None)  # no GPU here: the choice alone
     with apply_kernels(model, "cuda") as report:
+        assert dict(report.rules) == RULES and report.skipped == []
+    width = model.blocks[0].scale_shift_table.shape[-1]
+    monkeypatch.setattr(inject_wan, "MAX_F32_MODULATION_ROW", width - 1)
+    with apply_kernels(model, "cuda") as report:
         assert dict(report.rules) == {QK_NORM_RULE: 8, GELU_RULE: 2}
-        assert report.skipped == [(BLOCK_RULE, inject_wan.MODULATION_DTYPE.format(dtype="bfloat16"))]
+        assert report.skipped == [(BLOCK_RULE, f"blocks {width} wide: the cuda provider's float32-modulation rows "
+                                               f"take at most {width - 1}")]
 
 
 def test_what_the_rules_do_not_reproduce_is_refused(model):
@@ -144,14 +148,13 @@ def test_rules_can_be_turned_off(model):
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 def test_cuda_provider_against_the_unpatched_model(dtype):
-    """fp32: every rule, equal to rounding; bf16: the q/k norms and GELU (the block rule refused), within bf16
-    rounding of the unpatched output."""
+    """Every rule; fp32: equal to rounding; bf16 (the float32 modulation read as it is): within bf16 rounding of the
+    unpatched output."""
     gpu = _transformer("cuda", dtype)
     inputs = _inputs(gpu, device="cuda")
     expected = _call(gpu, inputs)
     with apply_kernels(gpu, "cuda") as report:
-        assert report.rules[QK_NORM_RULE] == 8 and report.rules[GELU_RULE] == 2
-        assert (report.rules[BLOCK_RULE] == 2) == (dtype == "fp32")
+        assert dict(report.rules) == RULES and report.skipped == []
         got = _call(gpu, inputs)
     if dtype == "fp32":
         torch.testing.assert_close(got, expected, atol=5e-5, rtol=1e-5)

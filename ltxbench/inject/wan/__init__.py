@@ -10,10 +10,9 @@ InjectionReport. The first, exact rules, each through an existing op whose math 
   feed-forward GELU: each block's up-projection followed by GELU-tanh through `gelu_tanh`.
 
 Refused and reported, left as diffusers runs them: a block or GELU forward whose source is not the code these rules
-reproduce (diffusers 0.42.1), norms of another class or without weights, another GELU approximation. Under the cuda
-provider the block rule needs fp32 activations: our CUDA modulated LayerNorm and gated residual take scale, shift
-and gate in the activations' dtype, and rounding Wan's fp32 modulation to bf16 would change the result.
-Apply after `.to(device)`.
+reproduce (diffusers 0.42.1), norms of another class or without weights, another GELU approximation. Over 16-bit
+activations the cuda provider's modulated LayerNorm and gated residual read Wan's float32 scale, shift and gate as
+they are (rows up to 8192 wide: wider blocks are refused). Apply after `.to(device)`.
 """
 
 from __future__ import annotations
@@ -32,8 +31,7 @@ GELU_RULE = "ffn: GELU-tanh after the up-projection"
 # sha256 (first 16 hex digits) of the sources these rules reproduce, diffusers 0.42.1
 BLOCK_SOURCE = "21c15441b009932c"                      # WanTransformerBlock.forward
 GELU_SOURCES = ("538b05d6963a325c", "d203f2720ee05f35")  # diffusers' GELU.forward, GELU.gelu
-MODULATION_DTYPE = ("the cuda provider's modulated LayerNorm and gated residual take scale, shift and gate in the "
-                    "activations' dtype ({dtype}); Wan's modulation is fp32 and rounding it would change the result")
+MAX_F32_MODULATION_ROW = 8192  # the cuda provider's float32-modulation rows (cuda/norm_f32_modulation.cu)
 
 
 def block_forward(ops):
@@ -140,12 +138,13 @@ def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_nor
 def _patch_expert(report, transformer, ops, forwards: dict, prefix: str, classes: dict, *, blocks: bool,
                   qk_norms: bool, gelu: bool) -> None:
     """The rules on one transformer's blocks, into `report` (skips named from `prefix`)."""
-    dtype = transformer.blocks[0].attn1.to_q.weight.dtype
+    width = transformer.blocks[0].scale_shift_table.shape[-1]
     if not blocks:
         if not prefix:  # said once
             report.skip(BLOCK_RULE, "turned off (blocks=False)")
-    elif report.provider == "cuda" and dtype != torch.float32:
-        report.skip(f"{prefix}{BLOCK_RULE}", MODULATION_DTYPE.format(dtype=str(dtype).removeprefix("torch.")))
+    elif report.provider == "cuda" and width > MAX_F32_MODULATION_ROW:
+        report.skip(f"{prefix}{BLOCK_RULE}", f"blocks {width} wide: the cuda provider's float32-modulation rows take "
+                                             f"at most {MAX_F32_MODULATION_ROW}")
     else:
         for index, block in enumerate(transformer.blocks):
             reason = _block_refusal(block)
