@@ -4,11 +4,12 @@ and `profile` ask of a family.
 
 One iteration is one generation: text encode (UMT5, prompt and negative, each padded to 512 tokens), denoising (the
 pipeline's loop: with guidance two transformer calls per step, the conditional then the unconditional one, each of
-batch 1, never one call of batch 2; Wan 2.2 A14B: the high-noise expert `transformer` at the timesteps from
+batch 1; the optimized configurations make them one call of batch 2, `--no-pair-guidance` leaves them two; Wan 2.2 A14B: the high-noise expert `transformer` at the timesteps from
 boundary_ratio x 1000 up, the low-noise `transformer_2` below, both compiled, patched and counted: `denoisers`),
 VAE decode (the latents de-normalised, then decoded), each timed on its own (models.video.timed_generation). Wan
 2.2 5B gives every video token its own timestep. The optimized configurations run the first exact rules of
-ltxbench.inject.wan (the modulated norms and gated residuals, the q/k norms, the feed-forward's GELU).
+ltxbench.inject.wan (the modulated norms and gated residuals, the q/k norms, the feed-forward's GELU, the guidance
+pair).
 Only the standard library at top level.
 """
 
@@ -18,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ltxbench.models import wan_build
-from ltxbench.models.family import RunSettings
+from ltxbench.models.family import Option, RunSettings
 from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
 from ltxbench.models.video import VideoFamily, video_options
 from ltxbench.models.wan_build import PRESETS, TOKENIZER_MAX_LENGTH
@@ -39,6 +40,7 @@ class WanSettings(RunSettings):
     prompt: str | None = None
     negative_prompt: str | None = None
     image: str | None = None  # not an option of Wan (image-to-video is not built): always None
+    pair_guidance: bool | None = None  # bench e2e: the optimized configurations' variant
 
 
 def _with_default(option, default):
@@ -47,12 +49,16 @@ def _with_default(option, default):
 
 # WanPipeline's defaults: 81 frames of 480 x 832, 50 steps, guidance 5; Wan 2.1's 16 frames per second (the mp4's
 # rate only: Wan's RoPE takes integer latent positions, no frame rate)
-OPTIONS = tuple(
-    _with_default(option, {"height": 480, "width": 832, "guidance_scale": 5.0}[option.name])
-    if option.name in ("height", "width", "guidance_scale") else option
-    for option in video_options(frames=81, steps=50, frame_rate=16, max_frames=MAX_FRAMES, max_side=MAX_SIDE,
-                                min_side=16, frame_multiple=4, side_multiple=16,
-                                frame_rate_help="Frame rate: the mp4's (Wan 2.1: 16, Wan 2.2: 24)."))
+OPTIONS = (
+    *(_with_default(option, {"height": 480, "width": 832, "guidance_scale": 5.0}[option.name])
+      if option.name in ("height", "width", "guidance_scale") else option
+      for option in video_options(frames=81, steps=50, frame_rate=16, max_frames=MAX_FRAMES, max_side=MAX_SIDE,
+                                  min_side=16, frame_multiple=4, side_multiple=16,
+                                  frame_rate_help="Frame rate: the mp4's (Wan 2.1: 16, Wan 2.2: 24).")),
+    Option("pair_guidance", ("--pair-guidance/--no-pair-guidance",), bool, True, "Wan optimized configs: the "
+           "guidance pair's two batch-1 calls as one call of batch 2 (the same work, fewer kernels), or two calls as "
+           "the pipeline makes them.", ("bench e2e",)),
+)
 
 
 class WanFamily(VideoFamily):
@@ -94,7 +100,7 @@ class WanFamily(VideoFamily):
     def inject(self, pipe, settings: WanSettings):
         from ltxbench.inject.wan import apply_kernels
 
-        return apply_kernels(pipe, settings.kernel_provider)
+        return apply_kernels(pipe, settings.kernel_provider, pair_guidance=settings.pair_guidance is not False)
 
     def encode(self, pipe, settings: WanSettings, device):
         return _encode(pipe, settings, device)

@@ -23,11 +23,12 @@ from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, patch_forward
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx2.text_kv import source_digest as digest
 
-__all__ = ["BLOCK_RULE", "GELU_RULE", "QK_NORM_RULE", "apply_kernels", "experts"]
+__all__ = ["BLOCK_RULE", "GELU_RULE", "GENERATION_RULE", "QK_NORM_RULE", "apply_kernels", "experts"]
 
 BLOCK_RULE = "block: norm1/norm3 modulated LayerNorm, gated residuals (fp32 modulation, one rounding)"
 QK_NORM_RULE = "attn1/attn2 norm_q, norm_k: RMSNorm across heads"
 GELU_RULE = "ffn: GELU-tanh after the up-projection"
+GENERATION_RULE = "pipeline: each call one generation (the guidance pair's negative prompt kept only inside it)"
 # sha256 (first 16 hex digits) of the sources these rules reproduce, diffusers 0.42.1
 BLOCK_SOURCE = "21c15441b009932c"                      # WanTransformerBlock.forward
 GELU_SOURCES = ("538b05d6963a325c", "d203f2720ee05f35")  # diffusers' GELU.forward, GELU.gelu
@@ -107,13 +108,15 @@ def experts(target) -> list[tuple[str, torch.nn.Module]]:
 
 
 def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_norms: bool = True,
-                  gelu: bool = True) -> InjectionReport:
+                  gelu: bool = True, pair_guidance: bool = True) -> InjectionReport:
     """Patch a WanPipeline (every expert: `experts`) or its transformer in place; revert with the one report (or use
     it as a context manager).
 
     provider "cuda": our kernels (the transformer must be on a CUDA device); "reference": the same ops in pure torch
     (ltxbench.ops.reference), so the mechanics run anywhere. blocks, qk_norms, gelu: the rules (module docstring).
-    Skipped modules of the second expert are named from `transformer_2.`."""
+    pair_guidance: a pipeline's guidance pair as one call of batch 2 (pair.py; a pipeline's rule, not applied to a
+    transformer given alone). Skipped modules of the second expert
+    are named from `transformer_2.`."""
     from ltxbench.ops import get_provider
 
     report = InjectionReport(provider)
@@ -132,7 +135,32 @@ def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_nor
     for name, wanted in (("qk_norms", qk_norms), ("gelu", gelu)):
         if not wanted:
             report.skip({"qk_norms": QK_NORM_RULE, "gelu": GELU_RULE}[name], f"turned off ({name}=False)")
+    _pair_guidance(report, target, classes, pair_guidance)
     return report
+
+
+def _pair_guidance(report, target, classes: dict, wanted: bool) -> None:
+    """The guidance pair rule (pair.py) on a pipeline's experts, its generations scoped by the pipeline's call."""
+    from ltxbench.inject import generation_call, generation_scope, patch_call
+    from ltxbench.inject.wan.pair import PAIR_ATTR, PAIR_RULE, GuidancePair, encode_and_keep, pair_call
+
+    if not wanted:
+        report.skip(PAIR_RULE, "turned off (pair_guidance=False)")
+        return
+    if not hasattr(target, "transformer"):  # the pair needs the pipeline's negative prompt: a pipeline's rule
+        return
+    denoisers = [module for name, module in experts(target) if not offloaded(module)]
+    if not denoisers:
+        return
+    pair = GuidancePair()
+    for module in denoisers:
+        vars(module)[PAIR_ATTR] = pair
+        report.on_revert(lambda module=module: vars(module).pop(PAIR_ATTR, None))
+        patch_call(report, PAIR_RULE, module, pair_call, classes)
+    vars(target)["encode_prompt"] = encode_and_keep(pair, target.encode_prompt)
+    report.on_revert(lambda: vars(target).pop("encode_prompt", None))
+    patch_call(report, GENERATION_RULE, target, generation_call(
+        lambda pipe: generation_scope(pipe, PAIR_ATTR, lambda _pipe: pair.forget())), {})
 
 
 def _patch_expert(report, transformer, ops, forwards: dict, prefix: str, classes: dict, *, blocks: bool,

@@ -1,0 +1,111 @@
+"""Wan's guidance pair as one call of batch 2 (ltxbench.inject.wan.pair) on the CPU, wan-tiny and wan-tiny-a14b in
+fp32: the guided pipeline gives the unpaired latents, one call a step where there were two, each expert its own
+pairs; nothing pairs without guidance, with the transformer alone, or across changed inputs; revert is exact."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ltxbench.inject.wan import apply_kernels
+from ltxbench.inject.wan.pair import PAIR_ATTR, PAIR_RULE, GuidancePair
+from ltxbench.models import wan_build
+
+STEPS = 4
+GENERATE = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames=9, height=64, width=64,
+                num_inference_steps=STEPS, output_type="latent", return_dict=False)
+
+
+@pytest.fixture(scope="module", params=["wan-tiny", "wan-tiny-a14b"])
+def pipe(request):
+    built = wan_build.build_pipeline(request.param, "random", "cpu", "fp32")
+    built.set_progress_bar_config(disable=True)
+    return built
+
+
+def _latents(pipe, **overrides):
+    with torch.no_grad():
+        return pipe(**{**GENERATE, **overrides}, generator=torch.Generator("cpu").manual_seed(3))[0]
+
+
+def _calls(pipe, **overrides) -> tuple[torch.Tensor, list[int]]:
+    modules = [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m is not None]
+    counts = [0] * len(modules)
+    handles = [m.register_forward_pre_hook(lambda *_a, i=i: counts.__setitem__(i, counts[i] + 1))
+               for i, m in enumerate(modules)]
+    try:
+        return _latents(pipe, **overrides), counts
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def test_the_guided_pipeline_gives_the_unpaired_latents_in_one_call_a_step(pipe):
+    expected, unpaired = _calls(pipe)
+    assert sum(unpaired) == 2 * STEPS
+    classes = {name: type(m) for name, m in pipe.components.items()}
+    with apply_kernels(pipe, "reference", blocks=False, qk_norms=False, gelu=False) as report:
+        assert report.rules[PAIR_RULE] == len(unpaired)
+        pair = vars(pipe.transformer)[PAIR_ATTR]
+        got, paired = _calls(pipe)
+        assert [2 * n for n in paired] == unpaired  # each expert its own steps, one call of batch 2 each
+        assert pair.pairs == pair.served == STEPS and pair.negative is None and pair.last is None
+        # the same ops per sample, but the CPU's GEMMs may round twice the rows differently: after 4 guided steps the
+        # latents (unit scale) moved by at most 3e-6; the halves swapped would move them by O(1)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+        two_experts = getattr(pipe, "transformer_2", None) is not None
+        plain, calls = _calls(pipe, guidance_scale=1.0, **({"guidance_scale_2": 1.0} if two_experts else {}))
+        assert sum(calls) == STEPS and pair.pairs == STEPS  # no guidance: nothing to pair
+    assert {name: type(m) for name, m in pipe.components.items()} == classes
+    assert "encode_prompt" not in vars(pipe) and PAIR_ATTR not in vars(pipe.transformer)
+    assert torch.equal(_latents(pipe), expected)
+
+
+def test_turned_off_or_given_the_transformer_alone_nothing_pairs(pipe):
+    with apply_kernels(pipe, "reference", pair_guidance=False) as report:
+        assert PAIR_RULE not in report.rules and (PAIR_RULE, "turned off (pair_guidance=False)") in report.skipped
+    with apply_kernels(pipe.transformer, "reference") as report:  # a pipeline's rule: nothing to say of it
+        assert PAIR_RULE not in report.rules and PAIR_RULE not in dict(report.skipped)
+        assert PAIR_ATTR not in vars(pipe.transformer)
+
+
+def _direct(module, hidden, timestep, text):
+    with torch.no_grad():
+        return module(hidden_states=hidden, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
+
+
+def test_the_kept_half_is_served_only_for_the_same_inputs_unchanged(pipe):
+    """A second call with other latents, latents written in place, or weights changed since the pair is computed,
+    not answered from the pair."""
+    module = pipe.transformer
+    config = module.config
+    gen = torch.Generator().manual_seed(0)
+    hidden = torch.randn(1, config.in_channels, 3, 8, 8, generator=gen)
+    timestep = torch.tensor([500.0])
+    prompt, negative = (torch.randn(1, 512, config.text_dim, generator=gen) for _ in range(2))
+    with apply_kernels(pipe, "reference", blocks=False, qk_norms=False, gelu=False):
+        pair: GuidancePair = vars(module)[PAIR_ATTR]
+        pair.generations += 1
+        try:
+            for change in ("none", "other latents", "in place", "weights"):
+                pair.negative = negative
+                conditional = _direct(module, hidden, timestep, prompt)
+                served = pair.served
+                latents = hidden
+                if change == "other latents":
+                    latents = hidden.clone()
+                elif change == "in place":
+                    hidden.mul_(1.0)  # the same values, a new version: the kept half no longer vouched for
+                elif change == "weights":
+                    with torch.no_grad():
+                        module.proj_out.bias.add_(0.0)  # an in-place edit: a new version
+                unconditional = _direct(module, latents, timestep, negative)
+                assert pair.served == served + (change == "none"), change
+                pair.generations -= 1  # the model itself, unpaired
+                try:
+                    torch.testing.assert_close(conditional, _direct(module, latents, timestep, prompt))
+                    torch.testing.assert_close(unconditional, _direct(module, latents, timestep, negative))
+                finally:
+                    pair.generations += 1
+        finally:
+            pair.generations -= 1
