@@ -4,13 +4,13 @@ and `profile` ask of a family.
 
 One iteration is one generation: text encode (UMT5, prompt and negative, each padded to 512 tokens), denoising (the
 pipeline's loop: with guidance two transformer calls per step, the conditional then the unconditional one, each of
-batch 1; the optimized configurations make them one call of batch 2, `--no-pair-guidance` leaves them two; Wan 2.2 A14B: the high-noise expert `transformer` at the timesteps from
-boundary_ratio x 1000 up, the low-noise `transformer_2` below, both compiled, patched and counted: `denoisers`),
-VAE decode (the latents de-normalised, then decoded), each timed on its own (models.video.timed_generation). Wan
-2.2 5B gives every video token its own timestep. The optimized configurations run the first exact rules of
-ltxbench.inject.wan (the modulated norms and gated residuals, the q/k norms, the feed-forward's GELU, the guidance
-pair).
-Only the standard library at top level.
+batch 1; the optimized configurations make them one call of batch 2, `--no-pair-guidance` leaves them two; Wan 2.2
+A14B: the high-noise expert `transformer` at the timesteps from boundary_ratio x 1000 up, the low-noise
+`transformer_2` below, both compiled, patched and counted: `denoisers`), VAE decode (the latents de-normalised, then
+decoded), each timed on its own (models.video.timed_generation). Wan 2.2 5B gives every video token its own
+timestep. The optimized configurations run the rules of ltxbench.inject.wan (the modulated norms and gated
+residuals, the q/k norms, the feed-forward's GELU: exact; the guidance pair: exact but where a GEMM rounds twice the
+rows otherwise). Only the standard library at top level.
 """
 
 from __future__ import annotations
