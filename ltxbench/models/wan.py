@@ -69,7 +69,10 @@ class WanFamily(VideoFamily):
     image_to_video = "WanImageToVideoPipeline"
     builder = wan_build
     text_tokens = TOKENIZER_MAX_LENGTH
-    supports_parallel = False  # no ParallelPlan for Wan yet
+    # --gpus 2: the guidance pair's samples on two ranks; the pair is one call of batch 2 where the optimized
+    # configurations pair it (inject/wan/pair.py), otherwise each batch-1 call runs whole on every rank
+    parallel_splits = ("cfg",)
+    two_gpu_split = "cfg"
 
     def claims(self, model: str) -> bool:
         import re
@@ -97,6 +100,19 @@ class WanFamily(VideoFamily):
 
         return [module for _, module in experts(pipe)]
 
+    def parallel_plan(self):
+        from ltxbench.parallel import ParallelPlan
+
+        return ParallelPlan()  # a batch split: no tokens split, no context parallelism
+
+    def parallelize(self, pipe, settings):
+        """The guidance split on every denoiser (both of Wan 2.2 A14B's experts), one report."""
+        from ltxbench.parallel import parallelize
+        from ltxbench.parallel.launch import current_world
+
+        world, plan = current_world(), self.parallel_plan()
+        return ParallelReports([parallelize(module, world, plan) for module in self.denoisers(pipe)])
+
     def inject(self, pipe, settings: WanSettings):
         from ltxbench.inject.wan import apply_kernels
 
@@ -107,6 +123,20 @@ class WanFamily(VideoFamily):
 
     def iteration(self, pipe, settings: WanSettings, embeds=None, phase=None, on_step=None):
         return run_once(pipe, settings, embeds, phase, on_step)
+
+
+class ParallelReports:
+    """The split of each denoiser, reverted and described as one."""
+
+    def __init__(self, reports: list):
+        self.reports = reports
+
+    def revert(self) -> None:
+        for report in reversed(self.reports):
+            report.revert()
+
+    def as_dict(self) -> dict:
+        return {**self.reports[0].as_dict(), "denoisers": len(self.reports)}
 
 
 def _encode(pipe, settings: WanSettings, device):

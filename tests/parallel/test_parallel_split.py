@@ -97,6 +97,27 @@ def test_ltx2_local_video_keys_fail(tmp_path):
     assert result["error"] > 100 * TOL, result
 
 
+@pytest.mark.parametrize("model", ["wan-tiny", "wan-tiny-a14b"])
+@pytest.mark.parametrize("config", ["baseline", "optimized"])
+def test_wan_guidance_split_equals_one_process(tmp_path, config, model):
+    """Wan's pipeline makes two batch-1 calls a step: unpatched they cannot split and run whole on both ranks; the
+    optimized configurations pair them into one call of batch 2, which gives each rank one sample (both experts of
+    A14B split)."""
+    result = _run(tmp_path, "wan", "cfg", config, model=model)
+    assert result["error"] < TOL, result
+    assert result["after_revert_equal"] and not result["hooks_left"], result
+    steps = 3
+    assert len(result["calls"]) == (steps if config == "optimized" else 2 * steps), result["calls"]
+    assert {shape[0] for shape in result["calls"]} == {1}, result["calls"]
+    assert result["parallel"]["denoisers"] == (2 if model == "wan-tiny-a14b" else 1), result["parallel"]
+
+
+def test_wan_missing_gather_fails(tmp_path):
+    """The Wan check can fail too: each rank keeping its own sample of the pair instead of gathering both."""
+    result = _run(tmp_path, "wan", "cfg", "optimized", mutation="own-half")
+    assert result["error"] > 100 * TOL, result
+
+
 def test_missing_gather_fails(tmp_path):
     """The check can fail: halves not gathered back (each rank repeats its own half) are far off."""
     result = _run(tmp_path, "ltx", "cfg", "optimized", mutation="own-half")

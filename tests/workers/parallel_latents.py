@@ -4,7 +4,7 @@ configuration (unpatched, or with our kernels) on this process alone, then split
 (ltxbench.parallel), then alone again after the split's revert and after the injection's. Rank 0 writes the
 comparison as JSON to argv[1].
 
-argv[2]: a JSON spec: family (ltx | ltx2), model (a preset, default the tiny one), split, config (baseline |
+argv[2]: a JSON spec: family (ltx | ltx2 | wan), model (a preset, default the tiny one), split, config (baseline |
 optimized | optimized+compile | optimized-fp8: our kernels with the FP8 projections), device (cpu | cuda),
 num_frames, height, width, steps, guidance, image (image-to-video from a random first frame), mutation
 ("own-half": each guidance rank repeats its own half of the output instead of gathering both, which must fail
@@ -31,6 +31,12 @@ def _pipeline(spec, device, dtype):
     from ltxbench.models import ltx2_build, ltx_build
     from tests.helpers import realistic_modulation
 
+    if spec["family"] == "wan":
+        from ltxbench.models import wan_build
+
+        pipe = wan_build.build_pipeline(spec["model"], "random", device, "bf16" if dtype == torch.bfloat16 else "fp32")
+        pipe.set_progress_bar_config(disable=True)
+        return pipe
     if spec["family"] == "ltx":  # the prompt comes as embeddings: the tiny T5 stands in for T5-XXL (faster to build)
         from diffusers import LTXPipeline
 
@@ -62,7 +68,12 @@ def _runner(pipe, spec, device, dtype):
     size = dict(num_frames=spec["num_frames"], height=spec["height"], width=spec["width"],
                 num_inference_steps=spec["steps"], guidance_scale=spec["guidance"], output_type="latent",
                 **_image(spec))
-    if spec["family"] == "ltx":
+    if spec["family"] == "wan":
+        def run():
+            with torch.no_grad():
+                return pipe(prompt="a fox in the snow", negative_prompt="blurry", return_dict=False,
+                            generator=torch.Generator("cpu").manual_seed(3), **size)[0].float()
+    elif spec["family"] == "ltx":
         channels = pipe.transformer.config.caption_channels
         embeds = torch.randn(1, 16, channels, generator=torch.Generator().manual_seed(1)).to(device, dtype)
         mask = torch.ones(1, 16, device=device)
@@ -91,7 +102,7 @@ def main(out: str, spec_text: str) -> None:
 
     spec = {"model": None, "config": "baseline", "device": "cpu", "num_frames": 9, "height": 64, "width": 64,
             "steps": 3, "guidance": 3.0, "mutation": "", "image": False, "reference": False, **json.loads(spec_text)}
-    spec["model"] = spec["model"] or ("ltx-tiny" if spec["family"] == "ltx" else "ltx2-tiny")
+    spec["model"] = spec["model"] or {"ltx": "ltx-tiny", "ltx2": "ltx2-tiny", "wan": "wan-tiny"}[spec["family"]]
     cuda = spec["device"] == "cuda"
     if cuda:
         torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
@@ -142,7 +153,12 @@ def main(out: str, spec_text: str) -> None:
         local = plan.local_attentions
         plan = dataclasses.replace(plan, local_attentions=lambda model: [
             *local(model), *(block.video_to_audio_attn for block in model.transformer_blocks)])
-    parallel = parallelize(pipe.transformer, world, plan, tokens)
+    if spec["family"] == "wan":  # every denoiser (both experts of Wan 2.2 A14B)
+        from ltxbench.models.wan import ParallelReports
+
+        parallel = ParallelReports([parallelize(module, world, plan, tokens) for module in family.denoisers(pipe)])
+    else:
+        parallel = parallelize(pipe.transformer, world, plan, tokens)
     if spec["config"].endswith("compile"):
         pipe.transformer.compile(dynamic=False)
     before = _cache_counts(pipe.transformer)

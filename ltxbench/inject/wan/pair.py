@@ -11,11 +11,11 @@ the unconditional half may round differently from a batch-1 call (docs/injection
 The negative prompt's embeddings come from the pipeline's own `encode_prompt` inside the same generation (a call of
 the patched pipeline). The pair runs only where all of this holds, else each call runs as it is: no autograd; the
 pipeline's negative embeddings are a tensor of the conditional call's shape, dtype and device (the pipeline's cast
-to the transformer's dtype then leaves the very tensor it passes); no diffusers hook on the transformer (its caches
-would see one call of batch 2); the call passes keyword arguments only and no image embeddings. The second call is
-answered only when it comes right after the pair, from the same expert, with the pair's latents and timestep (the
-same tensors, at the same versions), the negative embeddings themselves, the same other arguments, and no parameter
-of the transformer changed since.
+to the transformer's dtype then leaves the very tensor it passes); no diffusers hook on the transformer but our
+guidance split (its caches would see one call of batch 2; the split gives each of 2 GPUs one sample of the pair);
+the call passes keyword arguments only and no image embeddings. The second call is answered only when it comes right
+after the pair, from the same expert, with the pair's latents and timestep (the same tensors, at the same versions),
+the negative embeddings themselves, the same other arguments, and no parameter of the transformer changed since.
 """
 
 from __future__ import annotations
@@ -34,8 +34,12 @@ def _versions(module) -> int:
 
 
 def _hooked(module) -> bool:
+    """A diffusers hook on the transformer other than our guidance split (parallel/split.py), which divides the
+    pair's batch over the guidance ranks and gathers it back."""
+    from ltxbench.parallel.split import HOOK_NAME
+
     registry = vars(module).get("_diffusers_hook")
-    return registry is not None and bool(getattr(registry, "hooks", None))
+    return any(name != HOOK_NAME for name in (getattr(registry, "hooks", None) or {}))
 
 
 class GuidancePair:
