@@ -40,6 +40,9 @@ _FOUR = ("--configs", "baseline,optimized,compile,optimized+compile")
 _LTX2 = ("bench", "e2e", "--model", "ltx2-19b", "--weights", "random", "--num-frames", "121", "--height", "512",
          "--width", "768", "--phase", "transformer", "--compile-cache", "shared", "--warmup-iterations", "1")
 _MICRO = ("bench", "micro", "--dtype", "bf16")
+_WAN = ("bench", "e2e", "--weights", "random", "--num-frames", "81", "--height", "480", "--width", "832", "--phase",
+        "transformer", "--compile-cache", "shared", "--warmup-iterations", "1", "--repeats", "2")
+_WAN_COMPILED = ("--configs", "compile,optimized+compile")
 _SCALING = (*_LTX, "--num-frames", "161", "--steps", "30", "--phase", "transformer", "--configs", "optimized+compile",
             "--warmup-iterations", "1", "--repeats", "2")
 
@@ -92,6 +95,10 @@ BENCHMARKS = (
       for gib in (24, 16)
       for suffix, config, extra in (("", "optimized", ()), ("-group-offload", "group-offload", ()),
                                     ("-fp8", "optimized", ("--precision", "fp8")))),
+    # Wan, 81 frames at 480 x 832, the pipeline's guidance (its pair of calls as the configuration runs it)
+    Benchmark("e2e-wan2.1-1.3b-81f", (*_WAN, "--model", "wan2.1-1.3b", *_FOUR, "--steps", "5"), 4),
+    Benchmark("e2e-wan2.1-14b-81f", (*_WAN, "--model", "wan2.1-14b", *_WAN_COMPILED, "--steps", "3"), 7),
+    Benchmark("e2e-wan2.2-a14b-81f", (*_WAN, "--model", "wan2.2-a14b", *_WAN_COMPILED, "--steps", "4"), 9),
     # the regression baselines of `make bench-check` (the Makefile's BENCH_CHECK_E2E / BENCH_CHECK_MICRO)
     Benchmark("bench-check-e2e", ("bench", "e2e", "--model", "ltx-2b", "--weights", "random", "--num-frames", "49",
                                   "--steps", "10", "--phase", "transformer", "--configs", "optimized,compile",
@@ -107,6 +114,10 @@ BENCHMARKS = (
                                          "--gpus", "1"), 8, gpus=2),
     Benchmark("e2e-ltx2-19b-121f-2gpu-hybrid", (*_LTX2, "--configs", "optimized+compile", "--steps", "10",
                                                 "--repeats", "1", "--gpus", "2", "--parallel", "hybrid"), 8, gpus=2),
+    Benchmark("e2e-wan2.1-14b-81f-1gpu", (*_WAN, "--model", "wan2.1-14b", "--configs", "optimized+compile", "--steps",
+                                          "3", "--gpus", "1"), 5, gpus=2),
+    Benchmark("e2e-wan2.1-14b-81f-2gpu-cfg", (*_WAN, "--model", "wan2.1-14b", "--configs", "optimized+compile",
+                                              "--steps", "3", "--gpus", "2", "--parallel", "cfg"), 5, gpus=2),
     Benchmark("e2e-ltx-2b-161f-4gpu-cfg-ulysses-graphs", (*_SCALING, "--gpus", "4", "--parallel", "cfg+ulysses",
                                                           "--compile-mode", "reduce-overhead"), 6, gpus=4),
 )
