@@ -22,6 +22,7 @@ from ltxbench.models import wan_build
 from ltxbench.models.family import Option, RunSettings
 from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
 from ltxbench.models.video import VideoFamily, video_options
+from ltxbench.models.video_image import IMAGE_OPTION, validate_image
 from ltxbench.models.wan_build import PRESETS, TOKENIZER_MAX_LENGTH
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
@@ -39,7 +40,7 @@ class WanSettings(RunSettings):
     guidance_scale: float = 5.0
     prompt: str | None = None
     negative_prompt: str | None = None
-    image: str | None = None  # not an option of Wan (image-to-video is not built): always None
+    image: str | None = None  # image-to-video (TI2V: wan2.2-5b): the first frame's file
     pair_guidance: bool | None = None  # bench e2e: the optimized configurations' variant
 
 
@@ -58,6 +59,8 @@ OPTIONS = (
     Option("pair_guidance", ("--pair-guidance/--no-pair-guidance",), bool, True, "Wan optimized configs: the "
            "guidance pair's two batch-1 calls as one call of batch 2 (the same work, fewer kernels), or two calls as "
            "the pipeline makes them.", ("bench e2e",)),
+    dataclasses.replace(IMAGE_OPTION, help="Image-to-video (Wan 2.2 5B, TI2V): the first frame (a PNG/JPEG path); "
+                                           "the video continues it."),
 )
 
 
@@ -93,6 +96,24 @@ class WanFamily(VideoFamily):
             raise UsageError(f"--guidance-scale {settings.guidance_scale} must not be negative")
         if settings.frame_rate < 1:
             raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
+        if settings.image is not None and not wan_build.takes_an_image(settings.model):
+            raise UsageError(f"--image: Wan's image-to-video runs on the TI2V model (wan2.2-5b), not {settings.model}",
+                             hint="Wan 2.1 I2V-14B and Wan 2.2 I2V-A14B are other checkpoints, not built here")
+        validate_image(settings.image)
+
+    def build(self, settings: WanSettings):
+        """WanPipeline; with --image, WanImageToVideoPipeline on the same components (TI2V: no image encoder, the
+        image's latents as the first frame)."""
+        from ltxbench.models.family import torch_dtype
+
+        pipe = self.builder.build_pipeline(settings.model, settings.weights, settings.device,
+                                           torch_dtype(settings.dtype), settings.seed)
+        if settings.image is None:
+            return pipe
+        from diffusers import WanImageToVideoPipeline
+
+        return WanImageToVideoPipeline(**pipe.components, boundary_ratio=pipe.config.boundary_ratio,
+                                       expand_timesteps=pipe.config.expand_timesteps)
 
     def denoisers(self, pipe) -> list:
         """The transformer, and Wan 2.2 A14B's low-noise expert `transformer_2` where the pipeline has one."""
@@ -140,17 +161,45 @@ class ParallelReports:
 
 
 def _encode(pipe, settings: WanSettings, device):
-    """(prompt embeddings, negative prompt embeddings or None), each (B, 512, text dim), rows past the prompt zero."""
-    return pipe.encode_prompt(prompt=settings.prompt or PROMPT,
+    """(prompt embeddings, negative prompt embeddings or None), each (B, 512, text dim), rows past the prompt zero.
+    Through WanPipeline's encode_prompt for both pipelines: the image-to-video pipeline's cleans the text with ftfy
+    unconditionally (a NameError without it); the text-to-video one uses it where installed, the same otherwise."""
+    from diffusers import WanPipeline
+
+    return WanPipeline.encode_prompt(_text_side(pipe), prompt=settings.prompt or PROMPT,
                               negative_prompt=settings.negative_prompt if settings.prompt else NEGATIVE_PROMPT,
                               do_classifier_free_guidance=settings.guidance_scale > 1.0,
                               num_videos_per_prompt=settings.batch_size, max_sequence_length=TOKENIZER_MAX_LENGTH,
                               device=device)
 
 
-def _denoise(pipe, embeds, settings: WanSettings, generator, on_step_end):
-    """The pipeline's loop on the given embeddings: the final latents (B, C, F', H', W'), fp32, normalised."""
-    return pipe(prompt_embeds=embeds[0], negative_prompt_embeds=embeds[1], num_frames=settings.num_frames,
+class _TextSide:
+    """What WanPipeline.encode_prompt reads of its pipeline: the tokenizer, the text encoder, the execution device,
+    and its own T5 prompt encoding (WanPipeline's, whatever `pipe` is)."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+
+    def __getattr__(self, name):
+        return getattr(self.pipe, name)
+
+    def _get_t5_prompt_embeds(self, *args, **kwargs):
+        from diffusers import WanPipeline
+
+        return WanPipeline._get_t5_prompt_embeds(self, *args, **kwargs)
+
+
+def _text_side(pipe):
+    from diffusers import WanPipeline
+
+    return pipe if isinstance(pipe, WanPipeline) else _TextSide(pipe)
+
+
+def _denoise(pipe, embeds, settings: WanSettings, generator, on_step_end, image=None):
+    """The pipeline's loop on the given embeddings (and the first frame, image-to-video): the final latents
+    (B, C, F', H', W'), fp32, normalised."""
+    return pipe(**({} if image is None else {"image": image}), prompt_embeds=embeds[0],
+                negative_prompt_embeds=embeds[1], num_frames=settings.num_frames,
                 height=settings.height, width=settings.width, num_inference_steps=settings.steps,
                 guidance_scale=settings.guidance_scale, generator=generator, output_type="latent",
                 return_dict=False, callback_on_step_end=on_step_end)[0]
@@ -172,10 +221,12 @@ def decode(pipe, latents, _generator=None):
 def run_once(pipe, settings: WanSettings, embeds=None, phase=None, on_step=None):
     """One generation timed per phase: (timings, {"vae_decode": video} or {})."""
     from ltxbench.models.video import timed_generation
+    from ltxbench.models.video_image import conditioning_image
 
     device = pipe._execution_device
+    image = None if settings.image is None else conditioning_image(settings.image)  # untimed, read once
     return timed_generation(
         device, settings.seed, lambda: _encode(pipe, settings, device),
-        lambda prompt, generator, on_step_end: _denoise(pipe, prompt, settings, generator, on_step_end),
+        lambda prompt, generator, on_step_end: _denoise(pipe, prompt, settings, generator, on_step_end, image),
         [("vae_decode", lambda latents, generator: decode(pipe, latents, generator))],
         embeds, phase, on_step)

@@ -31,9 +31,11 @@ PRESETS = {
     "wan2.2-a14b": ("wan2.2-a14b", "Wan-AI/Wan2.2-T2V-A14B-Diffusers"),
     "wan-tiny": ("wan-tiny", None),
     "wan-tiny-a14b": ("wan-tiny-a14b", None),
+    "wan-tiny-ti2v": ("wan-tiny", None),  # wan-tiny run as Wan 2.2 5B runs: per-token timesteps, --image
 }
-# Wan 2.2 5B's pipeline gives every video token its own timestep (WanPipeline's expand_timesteps)
-EXPAND_TIMESTEPS = {"wan2.2-5b"}
+# Wan 2.2 5B's pipeline gives every video token its own timestep (WanPipeline's expand_timesteps); its image-to-video
+# (TI2V) is the same transformer with the image's latents as the first latent frame, at timestep 0
+EXPAND_TIMESTEPS = {"wan2.2-5b", "wan-tiny-ti2v"}
 COMPONENTS = ("transformer", "vae", "text_encoder", "scheduler")
 # Wan 2.2 A14B's low-noise expert, and the pipeline's own config (its boundary_ratio: where the experts switch)
 OPTIONAL = ("transformer_2", "pipeline")
@@ -190,6 +192,12 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
     from ltxbench.models.hub import load_ltx_pipeline
 
     return load_ltx_pipeline(source, dtype, WanPipeline, MODEL_FORMS).to(device)
+
+
+def takes_an_image(model: str) -> bool:
+    """Whether `model` is a TI2V model (image-to-video with --image): a preset with per-token timesteps, or a hub id
+    or directory naming TI2V. Read before torch loads."""
+    return model in EXPAND_TIMESTEPS or "ti2v" in model.lower()
 
 
 def _expands_timesteps(model: str, configs: dict[str, dict]) -> bool:

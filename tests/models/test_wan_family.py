@@ -217,7 +217,7 @@ def test_profile_marks_each_phase_in_the_trace(tmp_path):
     (["--height", "40"], "--height 40 is not a positive multiple of 16 (Wan)"),
     (["--guidance-scale", "-1"], "--guidance-scale -1.0 must not be negative"),
     (["--weights", "pretrained"], "--model wan-tiny has no pretrained weights"),
-    (["--image", "first.png"], "--image does not apply to Wan"),
+    (["--image", "first.png"], "--image: Wan's image-to-video runs on the TI2V model (wan2.2-5b), not wan-tiny"),
     (["--stg-scale", "1"], "--stg-scale does not apply to Wan"),
 ])
 def test_bad_arguments_exit_2(command, extra, needle, tmp_path):
@@ -250,3 +250,49 @@ def test_wan_2_2_5b_sides_are_multiples_of_32():
     wan_build.validate_video_args(81, 720, 1280, 50, wan_build.side_multiple("wan2.1-14b"))
     with pytest.raises(UsageError, match="--steps 0 must be at least 1"):
         wan_build.validate_video_args(81, 480, 832, 0)
+
+
+def _first_frame(tmp_path):
+    from PIL import Image
+
+    path = tmp_path / "first.png"
+    pixels = torch.rand(64, 64, 3, generator=torch.Generator().manual_seed(5))
+    Image.fromarray((pixels * 255).to(torch.uint8).numpy()).save(path)
+    return path
+
+
+def test_image_to_video_on_the_ti2v_model(tmp_path):
+    """--image on a TI2V model (wan-tiny-ti2v: wan-tiny run as Wan 2.2 5B runs) builds WanImageToVideoPipeline on the
+    same components; the first frame enters as the first latent frame, at timestep 0, so the latents differ from
+    text-to-video's; bench e2e pairs the guidance calls there too."""
+    image = _first_frame(tmp_path)
+    ti2v = [a if a != "wan-tiny" else "wan-tiny-ti2v" for a in TINY]
+    out = tmp_path / "i2v.mp4"
+    result = runner.invoke(app, ["generate", "--prompt", "a red fox", *ti2v, "--image", str(image), "--output",
+                                 str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.with_suffix(".json").read_text())
+    assert doc["run"]["config"]["image"] == str(image) and [r["name"] for r in doc["records"]] == PHASES
+    e2e = tmp_path / "e2e.json"
+    result = runner.invoke(app, ["bench", "e2e", *ti2v, "--image", str(image), "--configs", "optimized",
+                                 "--phase", "transformer", "--warmup-iterations", "1", "--repeats", "1",
+                                 "--output", str(e2e)])
+    assert result.exit_code == 0, result.output
+    rules = json.loads(e2e.read_text())["run"]["config"]["injection"]["optimized"]["rules"]
+    assert any(rule.startswith("pipeline: the guidance pair") for rule in rules), rules
+
+
+def test_the_ti2v_pipeline_conditions_on_the_image():
+    from diffusers import WanImageToVideoPipeline
+    from PIL import Image
+
+    family = family_of("wan-tiny-ti2v")
+    settings = family.settings("generate", model="wan-tiny-ti2v", weights="random", device="cpu", num_frames=9,
+                               height=64, width=64, steps=2, image="unused")
+    pipe = family.build(settings)
+    assert isinstance(pipe, WanImageToVideoPipeline) and pipe.config.expand_timesteps
+    embeds = wan._encode(pipe, settings, "cpu")
+    red, blue = (Image.new("RGB", (64, 64), color) for color in ("red", "blue"))
+    latents = [wan._denoise(pipe, embeds, settings, torch.Generator().manual_seed(0), None, image)
+               for image in (red, red, blue)]
+    assert torch.equal(latents[0], latents[1]) and not torch.equal(latents[0], latents[2])
