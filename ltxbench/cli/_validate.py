@@ -178,8 +178,8 @@ def require_mp4_writer(output, audio: bool) -> None:
 
 
 def memory_budget(family, settings, cpu_offload: bool = False) -> None:
-    """--memory-budget: LTX-Video or LTX-2, on one CUDA GPU, without another way of placing the weights and without
-    CUDA graphs (the streamed blocks' loads run between graph replays, not inside them)."""
+    """--memory-budget: a video family that plans it (LTX-Video, LTX-2, Wan), on one CUDA GPU, without another way of
+    placing the weights and without CUDA graphs (the streamed blocks' loads run between graph replays)."""
     from ltxbench.configurations import CUDA_GRAPH_MODES
 
     budget = settings.memory_budget_gib
@@ -187,7 +187,7 @@ def memory_budget(family, settings, cpu_offload: bool = False) -> None:
         return
     flag = f"--memory-budget {budget:g}"
     if not getattr(family, "memory_stacks", None):
-        raise UsageError(f"{flag} applies to LTX-Video and LTX-2 models, not {family.title}",
+        raise UsageError(f"{flag} applies to the LTX-Video, LTX-2 and Wan models, not {family.title}",
                          hint="drop --memory-budget")
     if settings.device != "cuda":
         raise UsageError(f"{flag} needs --device cuda (it budgets GPU memory)")

@@ -72,7 +72,7 @@ SHARED = {o.name: o for o in (
            "(both; 4+ GPUs), hybrid (LTX-2, 2 GPUs: the guidance pair as cfg, each batch-1 pass as ulysses). "
            "Default: cfg on 2 GPUs (LTX-2: hybrid), cfg+ulysses on 4 or more (even), else ulysses."),
     Option("memory_budget_gib", ("--memory-budget",), float, None, "GiB of GPU memory the run may use (LTX-Video, "
-           "LTX-2; one GPU): the pipeline is built in host memory and what does not fit streams from pinned host "
+           "LTX-2, Wan; one GPU): the pipeline is built in host memory and what does not fit streams from pinned host "
            "memory, layer by layer, exactly (docs/memory.md); the plan is printed before the run.", bounds=(2, 4096)),
     Option("kernel_provider", ("--kernel-provider",), str, None, "cuda | reference (default: cuda on cuda, reference "
            "on cpu)."),

@@ -37,6 +37,21 @@ def stack_of(component: str, module, path: str, host_only: tuple[str, ...] = (),
     return Stack(component, len(blocks), max(sizes), outside)
 
 
+def _video_tokens(transformer, vae, settings) -> int:
+    """The transformer's video tokens, from the configs (as models.video.video_tokens from a built pipeline): the
+    VAE's compression (LTX: *_compression_ratio, 32 x 8 where the config leaves it to the class; Wan:
+    scale_factor_*) over the transformer's patch (LTX: patch_size, patch_size_t; Wan: a (t, h, w) patch_size)."""
+    spatial = getattr(vae, "spatial_compression_ratio", None) or getattr(vae, "scale_factor_spatial", None) or 32
+    temporal = getattr(vae, "temporal_compression_ratio", None) or getattr(vae, "scale_factor_temporal", None) or 8
+    patch = transformer.patch_size
+    if isinstance(patch, (tuple, list)):
+        patch_t, patch = patch[0], patch[1]
+    else:
+        patch_t = getattr(transformer, "patch_size_t", None) or 1
+    frames = (settings.num_frames - 1) // temporal + 1
+    return (frames // patch_t) * (settings.height // spatial // patch) * (settings.width // spatial // patch)
+
+
 def path_of(family, component: str) -> str:
     return family.memory_stacks[component]
 
@@ -71,9 +86,7 @@ def footprint(family, settings, parts: dict) -> Footprint:
     if fp8:  # the FP8 copies are made on the host beside the bf16 weights (kept there for revert)
         built += transformer.blocks * transformer.block_bytes
     config, vae = parts["transformer"].config, parts["vae"].config
-    spatial = getattr(vae, "spatial_compression_ratio", None) or 32
-    temporal = getattr(vae, "temporal_compression_ratio", None) or 8
-    tokens = ((settings.num_frames - 1) // temporal + 1) * (settings.height // spatial) * (settings.width // spatial)
+    tokens = _video_tokens(config, vae, settings)
     guided = any(getattr(settings, name, 0) > 1 for name in ("guidance_scale", "audio_guidance_scale"))
     samples = settings.batch_size * (2 if guided else 1)
     hidden = config.num_attention_heads * config.attention_head_dim
@@ -88,11 +101,14 @@ def footprint(family, settings, parts: dict) -> Footprint:
     kept = prompt * (samples + (1 if guided else 0))
     encode = (activation_bytes(family.text_tokens, width, 1, vocab=head.out_features if head is not None else 0)
               + prompt * (samples + 1))
-    channels = (getattr(vae, "decoder_block_out_channels", None) or vae.block_out_channels)[0]
+    # the decoder's width at full resolution: LTX's VAEs name it; Wan's is its base width (dim_mult starts at 1)
+    channels = (getattr(vae, "decoder_block_out_channels", None) or getattr(vae, "block_out_channels", None)
+                or [vae.base_dim])[0]
+    patch = getattr(vae, "patch_size", None) or 1
     denoise = activation_bytes(tokens, hidden, samples) + text_kv_bytes(family, parts["transformer"], path_of(
         family, "transformer"), samples, guided) + kept
     return Footprint(transformer, text_encoder, others, built, denoise, encode,
-                     kept + decode_bytes(settings.num_frames, settings.height, settings.width, channels,
-                                         vae.patch_size),
+                     kept + decode_bytes(min(settings.num_frames, family.decode_frames or settings.num_frames),
+                                         settings.height, settings.width, channels, patch),
                      kept + decode_bytes(min(settings.num_frames, TILE_FRAMES), min(settings.height, TILE_SIDE),
-                                         min(settings.width, TILE_SIDE), channels, vae.patch_size))
+                                         min(settings.width, TILE_SIDE), channels, patch))

@@ -124,6 +124,7 @@ class VideoFamily(ModelFamily):
     # prompt rows they keep beyond the guidance batch's (LTX-2: the positive half, for its STG and modality passes)
     text_attentions: ClassVar[tuple[str, ...]] = ("attn2",)
     text_kv_extra_rows: ClassVar[int] = 0
+    decode_frames: ClassVar[int | None] = None  # frames a VAE decode holds at once (None: all of them)
 
     # --- what a video family implements ---
     def encode(self, pipe, settings, device):

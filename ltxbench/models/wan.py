@@ -76,6 +76,10 @@ class WanFamily(VideoFamily):
     # configurations pair it (inject/wan/pair.py), otherwise each batch-1 call runs whole on every rank
     parallel_splits = ("cfg",)
     two_gpu_split = "cfg"
+    # --memory-budget: the blocks and UMT5's layers stream; our Wan rules keep no text keys/values across calls
+    memory_stacks = {"transformer": "blocks", "text_encoder": "encoder.block"}
+    text_attentions = ()
+    decode_frames = 4  # Wan's causal VAE decodes a latent frame (4 frames) at a time, its cache carried between
 
     def claims(self, model: str) -> bool:
         import re
@@ -96,6 +100,9 @@ class WanFamily(VideoFamily):
             raise UsageError(f"--guidance-scale {settings.guidance_scale} must not be negative")
         if settings.frame_rate < 1:
             raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
+        if settings.memory_budget_gib is not None and wan_build.two_experts(settings.model):
+            raise UsageError(f"--memory-budget {settings.memory_budget_gib:g}: Wan 2.2 A14B's two experts are not "
+                             "planned yet (one transformer a run)", hint="drop --memory-budget for this model")
         if settings.image is not None and not wan_build.takes_an_image(settings.model):
             raise UsageError(f"--image: Wan's image-to-video runs on the TI2V model (wan2.2-5b), not {settings.model}",
                              hint="Wan 2.1 I2V-14B and Wan 2.2 I2V-A14B are other checkpoints, not built here")

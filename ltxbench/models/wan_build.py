@@ -194,6 +194,12 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
     return load_ltx_pipeline(source, dtype, WanPipeline, MODEL_FORMS).to(device)
 
 
+def two_experts(model: str) -> bool:
+    """Whether `model` is Wan 2.2 A14B-like (a low-noise expert transformer_2): a preset, or a hub id naming A14B.
+    Read before torch loads."""
+    return model in ("wan2.2-a14b", "wan-tiny-a14b") or "a14b" in model.lower()
+
+
 def takes_an_image(model: str) -> bool:
     """Whether `model` is a TI2V model (image-to-video with --image): a preset with per-token timesteps, or a hub id
     or directory naming TI2V. Read before torch loads."""

@@ -9,6 +9,7 @@ import dataclasses
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from ltxbench.cli import app
@@ -23,7 +24,7 @@ LTX2_TINY = ["bench", "e2e", "--model", "ltx2-tiny", "--weights", "random", "--d
 
 
 @pytest.mark.parametrize(("args", "needle"), [
-    (["bench", "e2e", "--model", "llama-tiny", "--weights", "random"], "applies to LTX-Video and LTX-2 models"),
+    (["bench", "e2e", "--model", "llama-tiny", "--weights", "random"], "LTX-2 and Wan models"),
     (BENCH_E2E_LTX_TINY, "--memory-budget 8 needs --device cuda"),
     (["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--gpus", "2"], "runs on one GPU"),
     (["profile", "--model", "ltx-tiny", "--weights", "random", "--compile-mode", "reduce-overhead"],
@@ -172,3 +173,39 @@ def test_random_weights_are_made_on_the_gpu_where_the_whole_pipeline_fits(weight
     settings = SimpleNamespace(weights=weights, device=device)
     plan = SimpleNamespace(built_bytes=20 * GIB)
     assert _memory._random_on_the_gpu(settings, plan) is on_gpu
+
+
+WAN_TINY = ["bench", "e2e", "--model", "wan-tiny", "--weights", "random", "--device", "cpu", "--num-frames", "9",
+            "--height", "64", "--width", "64", "--steps", "2", "--warmup-iterations", "1", "--repeats", "1",
+            "--kernel-provider", "reference"]
+
+
+def test_wan_streams_its_blocks_and_text_layers_and_gives_the_resident_latents(on_the_cpu, captured, tmp_path):
+    """Wan under a budget: its blocks and UMT5's layers stream (every one, through 2 slots), each component comes
+    in its phase, and the streamed generation's latents are the resident ones, unpatched and with our rules."""
+    from ltxbench.memory.apply import placement_of
+    from ltxbench.models import family_of, wan
+
+    out = tmp_path / "wan.json"
+    result = runner.invoke(app, [*WAN_TINY, "--configs", "baseline,optimized", "--memory-budget", "6",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    memory = doc["run"]["config"]["memory"]
+    assert memory["transformer"]["streamed"] == [0, 1] and memory["text_encoder"]["streamed"] == [0, 1]
+    assert {r["params"][MEMORY_BUDGET] for r in doc["records"]} == {6.0}
+    pipe = captured["target"]
+    placement = placement_of(pipe)
+    assert placement is not None and set(placement.movers) == {"transformer", "text_encoder", "vae"}
+    family = family_of("wan-tiny")
+    settings = family.settings("bench e2e", model="wan-tiny", weights="random", device="cpu", num_frames=9,
+                               height=64, width=64, steps=2, kernel_provider="reference", dtype="fp32")
+    resident = family.build(settings)
+    for name in ("transformer", "text_encoder", "vae"):  # the same seeded weights, built again on the CPU
+        getattr(resident, name).load_state_dict(getattr(pipe, name).state_dict())
+    with torch.no_grad():
+        embeds = wan._encode(resident, settings, "cpu")
+        placed_embeds = wan._encode(pipe, settings, "cpu")
+        latents = [wan._denoise(p, e, settings, torch.Generator().manual_seed(0), None)
+                   for p, e in ((resident, embeds), (pipe, placed_embeds))]
+    assert torch.equal(placed_embeds[0], embeds[0]) and torch.equal(latents[1], latents[0])
