@@ -1,4 +1,5 @@
-"""Pretrained LTX pipelines from the Hugging Face hub or a directory, and what to say when they are not there.
+"""Where a video model comes from: its components' configs (the package's presets, a directory, the hub), pretrained
+pipelines from the Hugging Face hub or a directory, and what to say when they are not there.
 
 huggingface_hub's and diffusers' own messages run to paragraphs (and cut to one line, end mid-word): the user gets
 one line in our words, saying where we looked and why the hub did not deliver.
@@ -93,6 +94,34 @@ def load_ltx_pipeline(model: str, dtype, pipeline_class=None, forms: str = MODEL
                          hint=f"--model takes {forms}") from exc
     finally:
         diffusers_logging.set_verbosity(verbosity)
+
+
+def packaged_component_configs(root: Path, folders, components, model: str, optional=()) -> dict[str, dict]:
+    """A preset's configs from the package's `root` (configs/<family>): `<folder>/<component>.json` of each of
+    `components` and of the `optional` ones, later folders overriding earlier ones. EnvironmentProblem where one of
+    `components` is missing: the package's own files, an incomplete installation, not the user's arguments."""
+    import json
+
+    found = {comp: json.loads((root / sub / f"{comp}.json").read_text())
+             for sub in folders for comp in (*components, *optional) if (root / sub / f"{comp}.json").is_file()}
+    if missing := [comp for comp in components if comp not in found]:
+        raise EnvironmentProblem(f"the installed ltxbench lacks the {', '.join(missing)} config of {model} "
+                                 f"(looked in {root})", hint="reinstall ltxbench")
+    return found
+
+
+def directory_component_configs(root: Path, model: str, components, config_file) -> dict[str, dict]:
+    """The config of each of `components` in the directory `root` (`model` as given): `<component>.json` (the
+    configs/ layout) or `<component>/<config_file(component)>` (diffusers'); UsageError naming the first missing."""
+    import json
+
+    configs = {}
+    for comp in components:
+        candidates = [path for path in (root / f"{comp}.json", root / comp / config_file(comp)) if path.is_file()]
+        if not candidates:
+            raise UsageError(f"{model} has no config for {comp} ({comp}.json or {comp}/{config_file(comp)})")
+        configs[comp] = json.loads(candidates[0].read_text())
+    return configs
 
 
 def hub_component_configs(model: str, components, config_file, forms: str) -> dict[str, dict]:

@@ -10,10 +10,9 @@ for random weights is built in memory (`build_tokenizer`): Gemma's tokenizer cla
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from ltxbench.errors import EnvironmentProblem, UsageError
+from ltxbench.errors import UsageError
 from ltxbench.models.family import torch_dtype
 from ltxbench.models.hub import looks_like_path
 from ltxbench.models.ltx_build import seeded
@@ -53,24 +52,13 @@ def _config_file(component: str) -> str:
 def component_configs(model: str) -> dict[str, dict]:
     """The seven component configs of a preset, a local directory (configs/ or diffusers layout) or a hub id."""
     model = next((name for name, (_, hub) in PRESETS.items() if hub == model), model)
+    from ltxbench.models.hub import directory_component_configs, hub_component_configs, packaged_component_configs
+
     if model in PRESETS:
-        found = {comp: json.loads((CONFIGS / sub / f"{comp}.json").read_text())
-                 for sub in PRESETS[model][0] for comp in COMPONENTS if (CONFIGS / sub / f"{comp}.json").is_file()}
-        if missing := [comp for comp in COMPONENTS if comp not in found]:  # an incomplete installation
-            raise EnvironmentProblem(f"the installed ltxbench lacks the {', '.join(missing)} config of {model} "
-                                     f"(looked in {CONFIGS})", hint="reinstall ltxbench")
-        return found
+        return packaged_component_configs(CONFIGS, PRESETS[model][0], COMPONENTS, model)
     root = Path(model).expanduser()
     if root.is_dir():
-        configs = {}
-        for comp in COMPONENTS:
-            candidates = [path for path in (root / f"{comp}.json", root / comp / _config_file(comp)) if path.is_file()]
-            if not candidates:
-                raise UsageError(f"{model} has no config for {comp} ({comp}.json or {comp}/{_config_file(comp)})")
-            configs[comp] = json.loads(candidates[0].read_text())
-        return configs
-    from ltxbench.models.hub import hub_component_configs
-
+        return directory_component_configs(root, model, COMPONENTS, _config_file)
     return hub_component_configs(model, COMPONENTS, _config_file, MODEL_FORMS)
 
 

@@ -10,10 +10,9 @@ file-less ByT5Tokenizer (bytes → ids < 384 < T5's vocab): the file-less T5Toke
 from __future__ import annotations
 
 import contextlib
-import json
 from pathlib import Path
 
-from ltxbench.errors import EnvironmentProblem, UsageError
+from ltxbench.errors import UsageError
 from ltxbench.models.family import torch_dtype
 from ltxbench.models.hub import looks_like_path
 from ltxbench.resources import configs_dir
@@ -54,30 +53,18 @@ def component_configs(model: str) -> dict[str, dict]:
     """The four component configs of a preset, a local directory (configs/ or diffusers layout) or a hub id."""
     if model == DEFAULT_HUB_ID:
         model = "ltx-2b"
+    from ltxbench.models.hub import (
+        MODEL_FORMS,
+        directory_component_configs,
+        hub_component_configs,
+        packaged_component_configs,
+    )
+
     if model in PRESETS:
-        configs: dict[str, dict] = {}
-        for sub in PRESETS[model][0]:
-            for comp in COMPONENTS:
-                if (CONFIGS / sub / f"{comp}.json").is_file():
-                    configs[comp] = json.loads((CONFIGS / sub / f"{comp}.json").read_text())
-        missing = [comp for comp in COMPONENTS if comp not in configs]
-        if missing:  # the package's own files: an incomplete installation, not the user's arguments
-            raise EnvironmentProblem(f"the installed ltxbench lacks the {', '.join(missing)} config of {model} "
-                                     f"(looked in {CONFIGS})", hint="reinstall ltxbench")
-        return configs
+        return packaged_component_configs(CONFIGS, PRESETS[model][0], COMPONENTS, model)
     root = Path(model).expanduser()
     if root.is_dir():
-        configs = {}
-        for comp in COMPONENTS:
-            for candidate in (root / f"{comp}.json", root / comp / _DIFFUSERS_FILES[comp]):
-                if candidate.is_file():
-                    configs[comp] = json.loads(candidate.read_text())
-                    break
-            else:
-                raise UsageError(f"{model} has no config for {comp} ({comp}.json or {comp}/{_DIFFUSERS_FILES[comp]})")
-        return configs
-    from ltxbench.models.hub import MODEL_FORMS, hub_component_configs
-
+        return directory_component_configs(root, model, COMPONENTS, _DIFFUSERS_FILES.get)
     return hub_component_configs(model, _DIFFUSERS_FILES, _DIFFUSERS_FILES.get, MODEL_FORMS)
 
 

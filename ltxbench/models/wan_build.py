@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ltxbench.errors import EnvironmentProblem, UsageError
+from ltxbench.errors import UsageError
 from ltxbench.models.family import torch_dtype
 from ltxbench.models.hub import looks_like_path
 from ltxbench.models.ltx_build import seeded
@@ -81,22 +81,13 @@ def _config_file(component: str) -> str:
 def component_configs(model: str) -> dict[str, dict]:
     """The four component configs of a preset, a local directory (configs/ or diffusers layout) or a hub id."""
     model = next((name for name, (_, hub) in PRESETS.items() if hub == model), model)
+    from ltxbench.models.hub import directory_component_configs, hub_component_configs, packaged_component_configs
+
     if model in PRESETS:
-        folder = CONFIGS / PRESETS[model][0]
-        found = {comp: json.loads((folder / f"{comp}.json").read_text())
-                 for comp in COMPONENTS + OPTIONAL if (folder / f"{comp}.json").is_file()}
-        if missing := [comp for comp in COMPONENTS if comp not in found]:  # an incomplete installation
-            raise EnvironmentProblem(f"the installed ltxbench lacks the {', '.join(missing)} config of {model} "
-                                     f"(looked in {CONFIGS})", hint="reinstall ltxbench")
-        return found
+        return packaged_component_configs(CONFIGS, (PRESETS[model][0],), COMPONENTS, model, OPTIONAL)
     root = Path(model).expanduser()
     if root.is_dir():
-        configs = {}
-        for comp in COMPONENTS:
-            candidates = [path for path in (root / f"{comp}.json", root / comp / _config_file(comp)) if path.is_file()]
-            if not candidates:
-                raise UsageError(f"{model} has no config for {comp} ({comp}.json or {comp}/{_config_file(comp)})")
-            configs[comp] = json.loads(candidates[0].read_text())
+        configs = directory_component_configs(root, model, COMPONENTS, _config_file)
         for path in (root / "transformer_2.json", root / "transformer_2" / "config.json"):
             if path.is_file():  # a two-expert pipeline (Wan 2.2 A14B)
                 configs["transformer_2"] = json.loads(path.read_text())
@@ -106,8 +97,6 @@ def component_configs(model: str) -> dict[str, dict]:
                 configs["pipeline"] = {"boundary_ratio": config["boundary_ratio"]}
                 break
         return configs
-    from ltxbench.models.hub import hub_component_configs
-
     return hub_component_configs(model, COMPONENTS, _config_file, MODEL_FORMS)
 
 
@@ -197,7 +186,7 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
 def two_experts(model: str) -> bool:
     """Whether `model` is Wan 2.2 A14B-like (a low-noise expert transformer_2): a preset, or a hub id naming A14B.
     Read before torch loads."""
-    return model in ("wan2.2-a14b", "wan-tiny-a14b") or "a14b" in model.lower()
+    return "a14b" in model.lower()  # the presets wan2.2-a14b, wan-tiny-a14b and Wan-AI/Wan2.2-*-A14B-*
 
 
 def takes_an_image(model: str) -> bool:
