@@ -1,5 +1,5 @@
-"""`ltxbench generate`: one LTX-Video / LTX-2 text-to-video (or, with --image, image-to-video) run, timed per phase,
-written as mp4 + result JSON.
+"""`ltxbench generate`: one LTX-Video / LTX-2 / Wan text-to-video (or, with --image, image-to-video) run, timed per
+phase, written as mp4 + result JSON.
 
 Only typer and the standard library at top level; torch/diffusers load inside the command, after the
 arguments have been validated (exit 2 never waits for a model).
@@ -117,7 +117,7 @@ def _run(family, settings, values: dict, output: Path, world) -> None:
     else:
         injection = {"applied": False, "reason": "disabled by --no-optimized-kernels"}
     if values["attention_backend"]:
-        _set_attention_backend(pipe, values["attention_backend"])
+        _set_attention_backend(family.denoisers(pipe), values["attention_backend"])
     if current_world() is not None:
         family.parallelize(pipe, settings)
     if values["compile"]:  # regional for the families whose default it is (LTX-2: the whole model compiles too long)
@@ -165,7 +165,7 @@ def _generate(family, pipe, settings):
         return family.generate(pipe, settings, on_step=lambda: bar.advance(task))
 
 
-def _set_attention_backend(pipe, name: str) -> None:
+def _set_attention_backend(denoisers, name: str) -> None:
     from diffusers.models.attention_dispatch import AttentionBackendName
 
     from ltxbench.errors import EnvironmentProblem, UsageError
@@ -174,9 +174,8 @@ def _set_attention_backend(pipe, name: str) -> None:
     if name.lower() not in names:
         raise UsageError(f"--attention-backend {name!r} is not a diffusers backend", hint=f"one of {', '.join(names)}")
     try:
-        for denoiser in (pipe.transformer, getattr(pipe, "transformer_2", None)):
-            if denoiser is not None:
-                denoiser.set_attention_backend(name.lower())
+        for denoiser in denoisers:  # each of the pipeline's (Wan 2.2 A14B: both experts)
+            denoiser.set_attention_backend(name.lower())
     except (RuntimeError, ImportError) as exc:
         raise EnvironmentProblem(f"attention backend {name!r} is not usable here: {exc}") from exc
 
