@@ -52,15 +52,11 @@ def _video_tokens(transformer, vae, settings) -> int:
     return (frames // patch_t) * (settings.height // spatial // patch) * (settings.width // spatial // patch)
 
 
-def path_of(family, component: str) -> str:
-    return family.memory_stacks[component]
-
-
-def text_kv_bytes(family, transformer, blocks_path: str, samples: int, guided: bool, element_size: int = 2) -> int:
+def text_kv_bytes(family, transformer, samples: int, guided: bool, element_size: int = 2) -> int:
     """The text keys and values our kernels keep through a generation (ltxbench.inject: every block's text
     cross-attentions, computed once): blocks x (key + value widths) x prompt tokens x the prompt rows kept, which are
     the guidance batch's and, guided, the family's extra ones."""
-    blocks = list(at(transformer, blocks_path))
+    blocks = list(at(transformer, family.memory_stacks["transformer"]))
     widths = sum(getattr(blocks[0], name).to_k.out_features + getattr(blocks[0], name).to_v.out_features
                  for name in family.text_attentions if hasattr(blocks[0], name))
     rows = samples + (family.text_kv_extra_rows if guided else 0)
@@ -105,8 +101,8 @@ def footprint(family, settings, parts: dict) -> Footprint:
     channels = (getattr(vae, "decoder_block_out_channels", None) or getattr(vae, "block_out_channels", None)
                 or [vae.base_dim])[0]
     patch = getattr(vae, "patch_size", None) or 1
-    denoise = activation_bytes(tokens, hidden, samples) + text_kv_bytes(family, parts["transformer"], path_of(
-        family, "transformer"), samples, guided) + kept
+    denoise = activation_bytes(tokens, hidden, samples) + text_kv_bytes(family, parts["transformer"], samples,
+                                                                         guided) + kept
     return Footprint(transformer, text_encoder, others, built, denoise, encode,
                      kept + decode_bytes(min(settings.num_frames, family.decode_frames or settings.num_frames),
                                          settings.height, settings.width, channels, patch),

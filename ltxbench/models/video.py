@@ -152,7 +152,7 @@ class VideoFamily(ModelFamily):
     def validate(self, settings, command: str) -> None:
         from ltxbench.errors import UsageError
 
-        self.builder.validate_video_args(settings.num_frames, settings.height, settings.width, settings.steps)
+        self.validate_shape(settings)
         for name in self.guidance:
             if getattr(settings, name) < 0:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(settings, name)} must not be negative")
@@ -167,6 +167,10 @@ class VideoFamily(ModelFamily):
             raise UsageError(f"--configs {next(c for c in offloads if c.compiled)} with --compile-mode "
                              f"{settings.compile_mode} (CUDA graphs) is not supported",
                              hint="diffusers moves the weights between the kernels a graph would replay")
+
+    def validate_shape(self, settings) -> None:
+        """Frames, height, width and steps the family's pipeline takes as they are (UsageError naming the value)."""
+        self.builder.validate_video_args(settings.num_frames, settings.height, settings.width, settings.steps)
 
     def build(self, settings):
         from ltxbench.models.family import torch_dtype

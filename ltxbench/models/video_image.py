@@ -54,7 +54,14 @@ def conditioning_image(path: str, crf: int = 0):
 
 def to_image_to_video(pipe, class_name: str):
     """The image-to-video pipeline `class_name` (diffusers') on the same components as the text-to-video `pipe`:
-    the same modules, weights and device, random or pretrained; the injection patches them after this."""
+    the same modules, weights and device, random or pretrained, and the settings of `pipe`'s config that it takes
+    too (Wan's boundary_ratio, expand_timesteps); the injection patches them after this."""
+    import inspect
+
     import diffusers
 
-    return getattr(diffusers, class_name)(**pipe.components)
+    cls = getattr(diffusers, class_name)
+    takes = inspect.signature(cls.__init__).parameters
+    settings = {name: value for name, value in pipe.config.items()
+                if name in takes and name not in pipe.components and not name.startswith("_")}
+    return cls(**pipe.components, **settings)

@@ -22,7 +22,7 @@ from ltxbench.models import wan_build
 from ltxbench.models.family import Option, RunSettings
 from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
 from ltxbench.models.video import VideoFamily, video_options
-from ltxbench.models.video_image import IMAGE_OPTION, validate_image
+from ltxbench.models.video_image import IMAGE_OPTION
 from ltxbench.models.wan_build import PRESETS, TOKENIZER_MAX_LENGTH
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
@@ -91,36 +91,22 @@ class WanFamily(VideoFamily):
             return index.is_file() and '"WanPipeline"' in index.read_text()
         return bool(re.search(r"(^|[/_-])wan", model.lower()))  # Wan-AI/Wan2.1-..., not "swan"
 
-    def validate(self, settings: WanSettings, command: str) -> None:
-        from ltxbench.errors import UsageError
-
+    def validate_shape(self, settings: WanSettings) -> None:
         self.builder.validate_video_args(settings.num_frames, settings.height, settings.width, settings.steps,
                                          wan_build.side_multiple(settings.model))
-        if settings.guidance_scale < 0:
-            raise UsageError(f"--guidance-scale {settings.guidance_scale} must not be negative")
-        if settings.frame_rate < 1:
-            raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
+
+    def validate(self, settings: WanSettings, command: str) -> None:
+        """The video families' checks, after Wan's own: --image on the TI2V model only, --memory-budget not on
+        Wan 2.2 A14B."""
+        from ltxbench.errors import UsageError
+
         if settings.memory_budget_gib is not None and wan_build.two_experts(settings.model):
             raise UsageError(f"--memory-budget {settings.memory_budget_gib:g}: Wan 2.2 A14B's two experts are not "
                              "planned yet (one transformer a run)", hint="drop --memory-budget for this model")
         if settings.image is not None and not wan_build.takes_an_image(settings.model):
             raise UsageError(f"--image: Wan's image-to-video runs on the TI2V model (wan2.2-5b), not {settings.model}",
                              hint="Wan 2.1 I2V-14B and Wan 2.2 I2V-A14B are other checkpoints, not built here")
-        validate_image(settings.image)
-
-    def build(self, settings: WanSettings):
-        """WanPipeline; with --image, WanImageToVideoPipeline on the same components (TI2V: no image encoder, the
-        image's latents as the first frame)."""
-        from ltxbench.models.family import torch_dtype
-
-        pipe = self.builder.build_pipeline(settings.model, settings.weights, settings.device,
-                                           torch_dtype(settings.dtype), settings.seed)
-        if settings.image is None:
-            return pipe
-        from diffusers import WanImageToVideoPipeline
-
-        return WanImageToVideoPipeline(**pipe.components, boundary_ratio=pipe.config.boundary_ratio,
-                                       expand_timesteps=pipe.config.expand_timesteps)
+        super().validate(settings, command)
 
     def denoisers(self, pipe) -> list:
         """The transformer, and Wan 2.2 A14B's low-noise expert `transformer_2` where the pipeline has one."""
