@@ -161,3 +161,12 @@ def test_cuda_provider_against_the_unpatched_model(dtype):
     else:
         cos = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
         assert cos.item() > 0.9999
+
+
+def test_every_patched_block_shares_one_class(model):
+    """One patched subclass for all blocks (and for all norms, all GELUs): regional compile guards on a block's
+    class, so a class per block would compile the block again for each of them."""
+    with apply_kernels(model, "reference"):
+        assert len({type(block) for block in model.blocks}) == 1
+        assert len({type(block.attn1.norm_q) for block in model.blocks}) == 1
+        assert len({type(block.ffn.net[0]) for block in model.blocks}) == 1

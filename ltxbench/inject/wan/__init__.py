@@ -128,7 +128,9 @@ def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_nor
             continue
         ops = get_provider(provider)
         require_provider(provider, ops, transformer, name, move="pipeline")
-        forwards = forwards or {"rms": rms_norm_forward(ops), "gelu": gelu_forward(ops)}
+        # one forward function per rule, shared by every block and both experts: patch_forward makes a subclass per
+        # function, and regional compile guards on the class (a class per block would recompile for each)
+        forwards = forwards or {"block": block_forward(ops), "rms": rms_norm_forward(ops), "gelu": gelu_forward(ops)}
         prefix = "" if name == "transformer" else f"{name}."
         _patch_expert(report, transformer, ops, forwards, prefix, classes, blocks=blocks, qk_norms=qk_norms,
                       gelu=gelu)
@@ -179,7 +181,7 @@ def _patch_expert(report, transformer, ops, forwards: dict, prefix: str, classes
             if reason:
                 report.skip(f"{prefix}blocks.{index}", reason)
             else:
-                patch_forward(report, BLOCK_RULE, block, block_forward(ops), classes)
+                patch_forward(report, BLOCK_RULE, block, forwards["block"], classes)
     for index, block in enumerate(transformer.blocks):
         for attn_name in ("attn1", "attn2") if qk_norms else ():
             for norm_name in ("norm_q", "norm_k"):
