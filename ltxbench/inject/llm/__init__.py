@@ -33,6 +33,7 @@ from ltxbench.inject import (
     OFFLOADED,
     ORIGINAL_CLASS,
     InjectionReport,
+    _source_of,
     forward_source,
     offloaded,
     original_class,
@@ -65,10 +66,14 @@ LAYER_SOURCE = ("residual = hidden_states", "hidden_states = self.input_layernor
 MLP_SOURCE = ("self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))",)
 
 
+def source_has(function, fragments) -> bool:
+    """Every fragment in `function`'s source (a tuple: one of its alternatives)."""
+    src = _source_of(function)
+    return all(any(f in src for f in ((f,) if isinstance(f, str) else f)) for f in fragments)
+
+
 def _matches(cls, fragments) -> bool:
-    src = forward_source(cls)
-    alternatives = [(f,) if isinstance(f, str) else f for f in fragments]
-    return all(any(f in src for f in either) for either in alternatives)
+    return source_has(cls.forward, fragments)
 
 
 def _eps(norm) -> float:
@@ -159,22 +164,32 @@ def _silu(mlp) -> bool:
 
 # ---- entry point --------------------------------------------------------------------------------------
 
+def verified(report, rule, module, class_name: str, sources=()) -> bool:
+    """`module` is an unpatched `class_name` without a hook on its forward, and each (function, fragments) of
+    `sources` holds its fragments (the transformers 5.x code a rule reproduces); else a skip saying why."""
+    cls = type(module)
+    differs = next((function for function, fragments in sources if not source_has(function, fragments)), None)
+    if ORIGINAL_CLASS in vars(cls):
+        report.skip(rule, f"{cls.__name__} is patched by ltxbench already: left as is")
+    elif cls.__name__ != class_name:
+        report.skip(rule, f"{cls.__name__} is not {class_name}: its math is not verified")
+    elif "forward" in vars(module):
+        report.skip(rule, f"{cls.__name__}.forward is already wrapped by a hook (offload, compile): left as is")
+    elif differs is not None:
+        report.skip(rule, f"{cls.__name__}.{getattr(differs, '__name__', 'forward')} differs from the transformers "
+                          "5.x code this rule reproduces")
+    else:
+        return True
+    return False
+
+
 def _patch(report, rule, module, forward, name: str, prefix: str, classes: dict, needs: tuple = ()) -> bool:
     """Patch module's forward unless its class is not the expected one, its source differs, a hook owns it or it
     is patched already."""
-    cls = type(module)
-    if ORIGINAL_CLASS in vars(cls):
-        report.skip(rule, f"{cls.__name__} is patched by ltxbench already: left as is")
-    elif cls.__name__ != f"{prefix}{name}":
-        report.skip(rule, f"{cls.__name__} is not {prefix}{name}: its math is not verified")
-    elif "forward" in vars(module):
-        report.skip(rule, f"{cls.__name__}.forward is already wrapped by a hook (offload, compile): left as is")
-    elif needs and not _matches(cls, needs):
-        report.skip(rule, f"{cls.__name__}.forward differs from the transformers 5.x code this rule reproduces")
-    else:
-        patch_forward(report, rule, module, forward, classes)
-        return True
-    return False
+    if not verified(report, rule, module, f"{prefix}{name}", ((type(module).forward, needs),) if needs else ()):
+        return False
+    patch_forward(report, rule, module, forward, classes)
+    return True
 
 
 def fuse_gate_up(report, rule: str, mlp, index: int, mlp_forward, classes) -> None:

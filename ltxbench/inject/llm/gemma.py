@@ -25,9 +25,9 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from ltxbench.inject import ORIGINAL_CLASS, _source_of, original_class, patch_forward
+from ltxbench.inject import _source_of, original_class, patch_forward
 from ltxbench.inject.fuse import fused_linear
-from ltxbench.inject.llm import FUSED_ATTR, fuse_gate_up  # the package loads before it imports this module
+from ltxbench.inject.llm import FUSED_ATTR, fuse_gate_up, verified  # the package loads before it imports this
 from ltxbench.inject.llm.attention import ATTN_SOURCE, CACHE_UPDATE_KWARGS, RULE_ROPE, attn_forward, fuse_qkv
 
 GEMMA_FAMILIES = {"gemma3_text": "Gemma3", "gemma3": "Gemma3"}  # model_type -> class prefix
@@ -51,11 +51,6 @@ MLP_SOURCE = ("self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
 ATTN_QK_NORM = ("query_states = self.q_norm(query_states)", "key_states = self.k_norm(key_states)",
                 "sliding_window=self.sliding_window")
 
-
-def _has(function, fragments) -> bool:
-    """Every fragment in the function's source (a tuple: one of its alternatives)."""
-    src = _source_of(function)
-    return all(any(f in src for f in ((f,) if isinstance(f, str) else f)) for f in fragments)
 
 
 def text_model(model):
@@ -133,23 +128,6 @@ def _tanh_gelu(mlp) -> bool:
 
 # ---- entry point --------------------------------------------------------------------------------------
 
-def _verified(report, rule, module, name: str, extra=()) -> bool:
-    """module is the transformers 5.x Gemma3<name>, unpatched, without a hook on its forward, its source as
-    reproduced here (`extra`: (function, fragments) pairs)."""
-    cls = type(module)
-    if ORIGINAL_CLASS in vars(cls):
-        report.skip(rule, f"{cls.__name__} is patched by ltxbench already: left as is")
-    elif cls.__name__ != f"Gemma3{name}":
-        report.skip(rule, f"{cls.__name__} is not Gemma3{name}: its math is not verified")
-    elif "forward" in vars(module):
-        report.skip(rule, f"{cls.__name__}.forward is already wrapped by a hook (offload, compile): left as is")
-    elif not all(_has(function, fragments) for function, fragments in extra):
-        report.skip(rule, f"{cls.__name__} differs from the transformers 5.x code this rule reproduces")
-    else:
-        return True
-    return False
-
-
 def apply_gemma(model, ops, report) -> None:
     """Patch the Gemma 3 text model of `model` in place (llm.apply_kernels calls this for GEMMA_FAMILIES)."""
     base = text_model(model)
@@ -159,8 +137,8 @@ def apply_gemma(model, ops, report) -> None:
     for name, module in base.named_modules():
         if type(module).__name__.endswith("RMSNorm"):
             cls = type(module)
-            norms_ok[name] = _verified(report, RULE_NORM, module, "RMSNorm",
-                                       ((cls.forward, NORM_SOURCE), (getattr(cls, "_norm", None), NORM_MATH)))
+            norms_ok[name] = verified(report, RULE_NORM, module, "Gemma3RMSNorm",
+                                      ((cls.forward, NORM_SOURCE), (getattr(cls, "_norm", None), NORM_MATH)))
             if norms_ok[name]:
                 patch_forward(report, RULE_NORM, module, norm_forward, classes)
     layer_forward, mlp_forward = _layer_forward(ops), _mlp_forward(ops)
@@ -171,13 +149,13 @@ def apply_gemma(model, ops, report) -> None:
                     "post_feedforward_layernorm")
         if not all(norms_ok.get(f"layers.{index}.{n}") for n in sandwich):
             report.skip(RULE_LAYER, f"layers.{index}: its norms are not verified")
-        elif _verified(report, RULE_LAYER, layer, "DecoderLayer", ((type(layer).forward, LAYER_SOURCE),)):
+        elif verified(report, RULE_LAYER, layer, "Gemma3DecoderLayer", ((type(layer).forward, LAYER_SOURCE),)):
             patch_forward(report, RULE_LAYER, layer, layer_forward, classes)
         _patch_mlp(report, layer.mlp, index, mlp_forward, classes)
         attn = layer.self_attn
         if not (norms_ok.get(f"layers.{index}.self_attn.q_norm") and norms_ok.get(f"layers.{index}.self_attn.k_norm")):
             report.skip(RULE_ROPE, f"layers.{index}: q_norm/k_norm not verified")
-        elif _verified(report, RULE_ROPE, attn, "Attention", ((type(attn).forward, ATTN_FRAGMENTS),)):
+        elif verified(report, RULE_ROPE, attn, "Gemma3Attention", ((type(attn).forward, ATTN_FRAGMENTS),)):
             if type(attn) not in attn_forwards:
                 eager = inspect.getmodule(type(attn)).eager_attention_forward
                 new_cache_api = CACHE_UPDATE_KWARGS in _source_of(type(attn).forward)  # 5.24+; 5.17: past_key_values
@@ -194,7 +172,7 @@ ATTN_FRAGMENTS = (*ATTN_SOURCE, *ATTN_QK_NORM)
 
 
 def _patch_mlp(report, mlp, index: int, mlp_forward, classes) -> None:
-    if not _verified(report, RULE_MLP, mlp, "MLP", ((type(mlp).forward, MLP_SOURCE),)):
+    if not verified(report, RULE_MLP, mlp, "Gemma3MLP", ((type(mlp).forward, MLP_SOURCE),)):
         return
     if not _tanh_gelu(mlp):
         report.skip(RULE_MLP, f"layers.{index}: activation {type(mlp.act_fn).__name__} is not F.gelu(tanh)")
