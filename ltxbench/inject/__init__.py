@@ -84,6 +84,12 @@ class InjectionReport:
                 "skipped": [{"target": t, "reason": r} for t, r in self.skipped]}
 
 
+def parameter_versions(module) -> int:
+    """The sum of `module`'s parameters' version counters: it moves with any in-place write to one of them (a memo
+    of the model's output compares it; `.data` writes, which bump nothing, are the generation scopes' to catch)."""
+    return sum(p._version for p in module.parameters())
+
+
 _RUNS_ON: contextvars.ContextVar = contextvars.ContextVar("ltxbench_runs_on", default=None)
 
 

@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject import original_class
+from ltxbench.inject import original_class, parameter_versions
 
 MEMO_ATTR = "_ltxbench_stg_memo"  # on the patched transformer: its PairMemo
 STG_RULE = ("pipeline: the STG pass answered from the guidance pair's positive half where no block has perturbed "
             "attention (LTX-2.0: the same inputs, the same math)")
 STG_ARGS = ("spatio_temporal_guidance_blocks", "perturbation_mask")
 
-
-def _versions(module) -> int:
-    return sum(p._version for p in module.parameters())
 
 
 def _tensors(kwargs: dict, output) -> list:
@@ -64,7 +61,7 @@ class PairMemo:
                 return
             # the versions of the pair's inputs and outputs: written in place before the STG pass, they no longer
             # hold what the answer was computed from, or is
-            self.last = (kwargs, output, _versions(module), [t._version for t in tensors])
+            self.last = (kwargs, output, parameter_versions(module), [t._version for t in tensors])
             self.pairs += 1
 
     def answer(self, module, kwargs: dict):
@@ -93,7 +90,7 @@ class PairMemo:
             if value.shape != expected.shape or value.dtype != expected.dtype or value.device != expected.device:
                 return None
             checks.append((value == expected).all())
-        if _versions(module) != versions:
+        if parameter_versions(module) != versions:
             return None
         if checks and not torch.stack([c.to(checks[0].device) for c in checks]).all().item():  # one synchronization
             return None

@@ -22,15 +22,13 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject import original_class
+from ltxbench.inject import original_class, parameter_versions
 
 PAIR_ATTR = "_ltxbench_wan_pair"  # on each patched expert (and the pipeline): the generation's GuidancePair
+PAIRED_ARGS = ("hidden_states", "timestep", "encoder_hidden_states")  # stacked in the pair; the others the same
 PAIR_RULE = ("pipeline: the guidance pair's two batch-1 calls as one call of batch 2 (the unconditional half kept "
              "for the call after)")
 
-
-def _versions(module) -> int:
-    return sum(p._version for p in module.parameters())
 
 
 def _hooked(module) -> bool:
@@ -78,8 +76,8 @@ class GuidancePair:
                       timestep=torch.cat([timestep, timestep]) if timestep.dim() else timestep)
         output = original_class(module).__call__(module, **paired)
         conditional, unconditional = zip(*(o.chunk(2) for o in output), strict=True)
-        others = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "timestep", "encoder_hidden_states")}
-        self.last = (module, kept, [t._version for t in kept], others, _versions(module), tuple(unconditional))
+        others = {k: v for k, v in kwargs.items() if k not in PAIRED_ARGS}
+        self.last = (module, kept, [t._version for t in kept], others, parameter_versions(module), tuple(unconditional))
         self.pairs += 1
         return tuple(conditional)
 
@@ -92,11 +90,11 @@ class GuidancePair:
         if not (module is pair_module and kwargs.get("hidden_states") is hidden and kwargs.get("timestep") is timestep
                 and kwargs.get("encoder_hidden_states") is negative):
             return None
-        rest = {k: v for k, v in kwargs.items() if k not in ("hidden_states", "timestep", "encoder_hidden_states")}
+        rest = {k: v for k, v in kwargs.items() if k not in PAIRED_ARGS}
         if rest.keys() != others.keys() or any(
                 rest[k] is not others[k] and (torch.is_tensor(rest[k]) or rest[k] != others[k]) for k in rest):
             return None
-        if [t._version for t in (hidden, timestep, negative)] != versions or _versions(module) != parameters:
+        if [t._version for t in (hidden, timestep, negative)] != versions or parameter_versions(module) != parameters:
             return None
         self.served += 1
         return unconditional
