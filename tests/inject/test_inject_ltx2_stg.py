@@ -110,7 +110,7 @@ def test_a_wrong_memo_fails_the_parity_check(pipe, monkeypatch, mutation):
         first = {}
 
         def remember(self, module, kwargs, output):  # keeps the first step's pair for the whole generation
-            first.setdefault("last", (kwargs, output, stg._versions(module), []))
+            first.setdefault("last", (kwargs, output, stg.parameter_versions(module), []))
             self.last = first["last"]
 
         def answer(self, module, kwargs):  # serves it without comparing the inputs
