@@ -8,16 +8,13 @@
 #include "common/dtype.cuh"
 #include "common/params.h"
 #include "common/reduce.cuh"
+#include "common/row_math.cuh"
 
 namespace ltxbench {
 namespace {
 
 constexpr int kMaxThreads = 1024;
 static_assert(kMaxF32ModulationRow <= 8 * kMaxThreads, "a row must fit 8 values per thread unvectorized");
-
-template <typename T, int VEC> __device__ __forceinline__ void load_row_vec(const T* p, float (&out)[VEC]) {
-  to_floats<T, VEC>(load_raw<T, VEC>(p), out);
-}
 
 __device__ __forceinline__ const float* f32_row(const Rows3& r, int64_t b, int64_t s) {
   return static_cast<const float*>(r.ptr) + b * r.sb + s * r.ss;
@@ -38,7 +35,7 @@ __global__ void __launch_bounds__(kMaxThreads) f32_modulation_kernel(const RowOp
     for (int i = 0; i < VPT; ++i) {
       const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
       valid[i] = col < p.D;
-      if (valid[i]) load_row_vec<T, VEC>(x + col, h[i]);
+      if (valid[i]) load_vec<T, VEC>(x + col, h[i]);
     }
     if constexpr (!LAYER) {
       const T* a = static_cast<const T*>(p.a.ptr) + b * p.a.sb + s * p.a.ss;
@@ -48,7 +45,7 @@ __global__ void __launch_bounds__(kMaxThreads) f32_modulation_kernel(const RowOp
         if (!valid[i]) continue;
         const int64_t col = (static_cast<int64_t>(i) * blockDim.x + threadIdx.x) * VEC;
         float av[VEC], g[VEC];
-        load_row_vec<T, VEC>(a + col, av);
+        load_vec<T, VEC>(a + col, av);
         load_f32<VEC>(gate + col, g);
 #pragma unroll
         for (int k = 0; k < VEC; ++k) h[i][k] = __fadd_rn(h[i][k], __fmul_rn(av[k], g[k]));
@@ -114,20 +111,18 @@ template <typename T, int VEC, bool LAYER> cudaError_t launch_vec(const RowOpPar
   return cudaGetLastError();
 }
 
-inline bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
-
 // 16-byte rows (8 values of a 16-bit type) where every row of every operand starts on 16 bytes; else one value per
-// access.
-template <typename T> bool vectorizable(const RowOpParams& p, bool layer) {
+// access. (row_math.cuh's vectorizable takes every operand in the rows' dtype.)
+template <typename T> bool vectorizable_f32_modulation(const RowOpParams& p, bool layer) {
   constexpr int V = vec_width<T>();
-  if (p.D % V != 0 || !aligned16(p.out)) return false;
+  if (p.D % V != 0 || !aligned(p.out, 16)) return false;
   const Rows3* rows16[] = {&p.x, layer ? nullptr : &p.a};
   for (const Rows3* r : rows16) {
-    if (r && (!aligned16(r->ptr) || r->sb % V != 0 || r->ss % V != 0)) return false;
+    if (r && (!aligned(r->ptr, 16) || r->sb % V != 0 || r->ss % V != 0)) return false;
   }
   const Rows3* rows32[] = {layer ? &p.scale : &p.gate, layer ? &p.shift : nullptr};
   for (const Rows3* r : rows32) {  // float32: V values are 2 x 16 bytes, so 4-element strides keep the alignment
-    if (r && (!aligned16(r->ptr) || r->sb % 4 != 0 || r->ss % 4 != 0)) return false;
+    if (r && (!aligned(r->ptr, 16) || r->sb % 4 != 0 || r->ss % 4 != 0)) return false;
   }
   return true;
 }
@@ -143,7 +138,7 @@ cudaError_t launch_row_op_f32_modulation(const RowOpParams& p, DType dtype, cuda
       return cudaErrorInvalidValue;  // float32 rows take the row ops of norm.cu
     } else {
       constexpr int V = vec_width<T>();
-      if (vectorizable<T>(p, layer)) {
+      if (vectorizable_f32_modulation<T>(p, layer)) {
         return layer ? launch_vec<T, V, true>(p, stream) : launch_vec<T, V, false>(p, stream);
       }
       return layer ? launch_vec<T, 1, true>(p, stream) : launch_vec<T, 1, false>(p, stream);
