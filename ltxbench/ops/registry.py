@@ -57,6 +57,9 @@ from ltxbench.ops.shapes import (
 )
 from ltxbench.ops.spec import DTYPES, KernelSpec, nbytes  # noqa: F401  (DTYPES: public here, beside SPECS)
 
+# float32 scale/shift/gate over 16-bit rows: one row a block, two pairs a thread (cuda/norm_f32_modulation.cu)
+F32_MODULATION_WIDTH = {"wan-f32": 8192, "wan-f32-per-token": 8192}
+
 
 def _drop(*names):
     """Adapt a baseline to the op's kwargs by dropping the ones the library formula doesn't take."""
@@ -100,6 +103,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("adaln_layernorm", "layernorm_modulate"),
         bench_shapes={**SEED_SHAPES, **LTX_SHAPES, **LTX2_STREAM_SHAPES, **WAN_SHAPES},
         inject_targets=("LTXVideoTransformer3DModel norm_out + modulation",),
+        max_width=F32_MODULATION_WIDTH,
     ),
     KernelSpec(
         name="gated_residual", summary="h + a * gate",
@@ -109,6 +113,7 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("adaln_zero", "gated_add"),
         bench_shapes={**SEED_SHAPES, **LTX_SHAPES, **LTX2_STREAM_SHAPES, **WAN_SHAPES},
         inject_targets=("LTXVideoTransformerBlock attn1 residual",),
+        max_width=F32_MODULATION_WIDTH,
     ),
     KernelSpec(
         name="add_rms_norm_modulate", summary="h' = h + a [* gate]; (rms_norm(h') * (1 + scale) + shift, h')",

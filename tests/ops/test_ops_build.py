@@ -229,3 +229,15 @@ def test_every_op_gets_an_explicit_inductor_fallback(built_ops):
     for name in settings:
         assert getattr(torch.ops.ltxbench, name).default not in lowering.lowerings, name
     assert ops.register_inductor_fallbacks() == 0  # idempotent
+
+
+def test_each_variants_widest_row_is_the_one_the_binding_refuses_beyond():
+    """KernelSpec.max_width (read by the GPU tests and the Wan rules) and the CUDA limit are the same number."""
+    from ltxbench.ops.registry import F32_MODULATION_WIDTH
+
+    params = (Path(__file__).parents[2] / "cuda" / "common" / "params.h").read_text()
+    limit = int(re.search(r"kMaxF32ModulationRow = (\d+);", params).group(1))
+    assert set(F32_MODULATION_WIDTH.values()) == {limit}
+    spec = SPECS["gated_residual"]
+    assert spec.takes("wan-f32", (1, 2, limit)) and not spec.takes("wan-f32", (1, 2, limit + 8))
+    assert spec.takes("per-batch", (1, 2, 10 * limit)) and spec.takes("wan-f32", ())

@@ -32,6 +32,8 @@ def main() -> None:
                 if shape[-1] < args.min_width:
                     continue
                 for i, variant in enumerate(spec.variants):
+                    if not spec.takes(variant, shape):
+                        continue
                     gen = torch.Generator().manual_seed(i)
                     spec.fn(**spec.make_inputs(shape, DTYPES[dtype], "cuda", gen, variant))
                     calls += 1

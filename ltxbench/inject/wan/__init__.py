@@ -22,6 +22,7 @@ import torch
 from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, patch_forward, require_provider
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx2.text_kv import source_digest as digest
+from ltxbench.ops.registry import F32_MODULATION_WIDTH
 
 __all__ = ["BLOCK_RULE", "GELU_RULE", "GENERATION_RULE", "QK_NORM_RULE", "apply_kernels", "experts"]
 
@@ -32,7 +33,7 @@ GENERATION_RULE = "pipeline: each call one generation (the guidance pair's negat
 # sha256 (first 16 hex digits) of the sources these rules reproduce, diffusers 0.42.1
 BLOCK_SOURCE = "21c15441b009932c"                      # WanTransformerBlock.forward
 GELU_SOURCES = ("538b05d6963a325c", "d203f2720ee05f35")  # diffusers' GELU.forward, GELU.gelu
-MAX_F32_MODULATION_ROW = 8192  # the cuda provider's float32-modulation rows (cuda/norm_f32_modulation.cu)
+MAX_F32_MODULATION_ROW = F32_MODULATION_WIDTH["wan-f32"]  # the widest row the cuda provider's kernels take
 
 
 def block_forward(ops):
