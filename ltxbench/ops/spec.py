@@ -39,11 +39,12 @@ class KernelSpec:
     dtypes: tuple[str, ...] = ("fp32", "fp16", "bf16")
     # bytes the outputs occupy; default: n_outputs tensors the size of the first input
     written: Callable | None = None
-    # variant -> the widest last dimension the kernel takes for it (wider inputs are refused with an error)
+    # variant -> the widest 16-bit row the kernel takes for it (wider ones are refused with an error; float32 rows
+    # take the op's general path)
     max_width: dict[str, int] = field(default_factory=dict)
 
-    def takes(self, variant: str, shape: tuple) -> bool:
-        return not shape or shape[-1] <= self.max_width.get(variant, shape[-1])
+    def takes(self, variant: str, shape: tuple, dtype: torch.dtype) -> bool:
+        return dtype == torch.float32 or not shape or shape[-1] <= self.max_width.get(variant, shape[-1])
 
     @property
     def fn(self) -> Callable:

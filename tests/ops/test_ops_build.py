@@ -239,5 +239,7 @@ def test_each_variants_widest_row_is_the_one_the_binding_refuses_beyond():
     limit = int(re.search(r"kMaxF32ModulationRow = (\d+);", params).group(1))
     assert set(F32_MODULATION_WIDTH.values()) == {limit}
     spec = SPECS["gated_residual"]
-    assert spec.takes("wan-f32", (1, 2, limit)) and not spec.takes("wan-f32", (1, 2, limit + 8))
-    assert spec.takes("per-batch", (1, 2, 10 * limit)) and spec.takes("wan-f32", ())
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert spec.takes("wan-f32", (1, 2, limit), bf16) and not spec.takes("wan-f32", (1, 2, limit + 8), bf16)
+    assert spec.takes("wan-f32", (1, 2, limit + 8), fp32)  # float32 rows: the general path
+    assert spec.takes("per-batch", (1, 2, 10 * limit), bf16) and spec.takes("wan-f32", (), bf16)

@@ -93,7 +93,7 @@ def test_matches_reference(name, dtype, shape):
     spec = SPECS[name]
     for i, variant in enumerate(spec.variants):
         inputs = spec.make_inputs(shape, DTYPES[dtype], "cuda", _gen(i), variant)
-        if spec.takes(variant, shape):
+        if spec.takes(variant, shape, DTYPES[dtype]):
             _check(spec, inputs, DTYPES[dtype])
         else:  # beyond the variant's widest row: refused, by name, not computed wrong
             with pytest.raises(RuntimeError, match=rf"at most {spec.max_width[variant]} values, got {shape[-1]}"):

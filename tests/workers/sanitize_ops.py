@@ -32,7 +32,7 @@ def main() -> None:
                 if shape[-1] < args.min_width:
                     continue
                 for i, variant in enumerate(spec.variants):
-                    if not spec.takes(variant, shape):
+                    if not spec.takes(variant, shape, DTYPES[dtype]):
                         continue
                     gen = torch.Generator().manual_seed(i)
                     spec.fn(**spec.make_inputs(shape, DTYPES[dtype], "cuda", gen, variant))
