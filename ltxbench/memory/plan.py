@@ -5,7 +5,8 @@ device), standard library only: the CLI plans, prints and refuses before torch l
 The plan is phased: a generation runs the text encode (text encoder, LTX-2's connectors), the denoise (the
 transformer) and the decode (VAE; LTX-2's audio VAE and vocoder) one after the other, and a component holds GPU
 memory only in its phase (pinned host copies otherwise; apply.py moves them). The denoise alone sizes the
-transformer's resident blocks: budget - context - transformer outside its blocks - slots - denoise activations.
+transformer's resident blocks: budget - allowance (CUDA context, allocator) - transformer outside its blocks - slots
+- denoise activations.
 The transformer's weights stay on the GPU through the encode or the decode only where that phase fits beside them
 (the encode with the whole text encoder resident); otherwise they go to the host for it and come back for the next
 transformer call. The text encoder's layers get what its phase leaves. Streamed blocks are spread evenly between
@@ -32,6 +33,10 @@ ACTIVATION_WIDTHS = 18
 # output, the residual, a norm, the upsampler. An estimate.
 DECODE_WIDTHS = 6
 CONTEXT_ALLOWANCE = GIB  # CUDA context, cuBLAS workspaces, kernel images: an allowance (bench e2e measures it)
+# The caching allocator's reserved but free blocks at a phase's peak, which the budget must hold too: LTX-2 19B's
+# denoise on an H200 left 0.41 GiB of them at 24 GiB, and ran out of memory at 16 GiB with 0.64 GiB of them.
+ALLOCATOR_SLACK = 3 * GIB // 4
+ALLOWANCE = CONTEXT_ALLOWANCE + ALLOCATOR_SLACK
 
 
 def activation_bytes(tokens: int, hidden: int, samples: int, element_size: int = 2, vocab: int = 0) -> int:
@@ -122,7 +127,7 @@ class MemoryPlan:
     text_encoder_outside: int              # the text encoder outside its layers (its host-only parts left out)
     vae_tiling: bool
     activations: tuple[tuple[str, int], ...]  # (phase, estimated peak) for each of PHASES
-    context_bytes: int
+    context_bytes: int                     # the allowance: CUDA context and the allocator's free cached blocks
     phased: bool = True
     transformer_stays: tuple[str, ...] = ()   # phases besides the denoise with the transformer left on the GPU
     built_bytes: int = 0                      # the whole pipeline's weights, as built
@@ -171,7 +176,7 @@ class MemoryPlan:
                            if (name in ENCODE_PARTS) == (phase == "encode"))
 
         head = [f"memory plan: budget {_gib(self.budget_bytes)}, planned peak {_gib(self.gpu_bytes)} (estimate), "
-                f"CUDA context allowance {_gib(self.context_bytes)}",
+                f"allowance {_gib(self.context_bytes)} (CUDA context, allocator's free cached blocks)",
                 "  " + self.transformer.line("transformer blocks"),
                 "  " + self.text_encoder.line("text encoder layers")]
         if not self.phased:
@@ -233,13 +238,13 @@ def _stack_plan(stack: Stack, room: int, slots: int) -> tuple[Streaming, int]:
 
 def _refuse(budget_gib: float, phase: str, what: str, need: int, context: int) -> EnvironmentProblem:
     return EnvironmentProblem(
-        f"--memory-budget {budget_gib:g} GiB cannot hold the {phase} phase: {what}, the CUDA context "
-        f"({_gib(context)}) and its activations (estimated): at least {_gib(need)}",
+        f"--memory-budget {budget_gib:g} GiB cannot hold the {phase} phase: {what}, the allowance for the CUDA "
+        f"context and the allocator ({_gib(context)}) and its activations (estimated): at least {_gib(need)}",
         hint="raise --memory-budget, or lower --num-frames, --height, --width or --batch-size")
 
 
 def plan_memory(budget_gib: float, need: Footprint, host_free: int | None = None, slots: int = SLOTS,
-                context_bytes: int = CONTEXT_ALLOWANCE) -> MemoryPlan:
+                context_bytes: int = ALLOWANCE) -> MemoryPlan:
     """The plan for `budget_gib` (module docstring); EnvironmentProblem (exit 4), one line, where a phase cannot fit
     the budget, or the host (`host_free` bytes) cannot hold the pipeline it builds there."""
     budget = int(budget_gib * GIB)
