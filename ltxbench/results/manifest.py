@@ -99,6 +99,9 @@ BENCHMARKS = (
     Benchmark("e2e-wan2.1-1.3b-81f", (*_WAN, "--model", "wan2.1-1.3b", *_FOUR, "--steps", "5"), 4),
     Benchmark("e2e-wan2.1-14b-81f", (*_WAN, "--model", "wan2.1-14b", *_WAN_COMPILED, "--steps", "3"), 7),
     Benchmark("e2e-wan2.2-a14b-81f", (*_WAN, "--model", "wan2.2-a14b", *_WAN_COMPILED, "--steps", "4"), 9),
+    # Wan's modulated LayerNorm and gated residual: float32 scale/shift/gate over bf16 rows, as its blocks hold them
+    Benchmark("micro-wan-f32", (*_MICRO, "layer_norm_modulate", "gated_residual", "--shapes", "wan", "--variant",
+                                "wan-f32", "--providers", "cuda,eager,compile"), 1),
     Benchmark("e2e-wan2.1-14b-81f-24gib", (*_WAN, "--model", "wan2.1-14b", "--configs", "optimized",
                                            "--memory-budget", "24", "--steps", "3"), 7),
     # the regression baselines of `make bench-check` (the Makefile's BENCH_CHECK_E2E / BENCH_CHECK_MICRO)
