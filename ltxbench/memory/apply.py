@@ -11,6 +11,8 @@ storage of their own on the host, patched there, and laid out again.
 
 from __future__ import annotations
 
+import time
+
 from ltxbench.memory.plan import ENCODE_PARTS, MemoryPlan
 from ltxbench.memory.sizes import at
 
@@ -75,6 +77,8 @@ class Placement:
         self._hooks: list = []
         self.phase: str | None = None  # the phase whose components are on the GPU
         self.enforced: dict | None = None  # bench e2e: how the budget was held to (budget_enforcer)
+        # wall seconds of each install() / uninstall(): the pinned copies laid out (again, around each injection)
+        self.layout_seconds: dict[str, list[float]] = {"install": [], "uninstall": []}
 
     def phase_of(self, name: str) -> str:
         if name == "transformer":
@@ -100,6 +104,13 @@ class Placement:
     def install(self) -> None:
         """The streamers; for a phased plan, each component's Mover made (one at a time: its weights leave the GPU
         before the next component's come) and the phase hooks."""
+        started = time.perf_counter()
+        try:
+            self._install()
+        finally:
+            self.layout_seconds["install"].append(round(time.perf_counter() - started, 3))
+
+    def _install(self) -> None:
         from ltxbench.memory.phases import Mover, tensors_of
         from ltxbench.memory.stream import BlockStreamer
 
@@ -151,6 +162,13 @@ class Placement:
 
     def uninstall(self) -> None:
         """The hooks off, every component's weights back where place() left them, the streamers reverted."""
+        started = time.perf_counter()
+        try:
+            self._uninstall()
+        finally:
+            self.layout_seconds["uninstall"].append(round(time.perf_counter() - started, 3))
+
+    def _uninstall(self) -> None:
         for hook in self._hooks:
             hook.remove()
         self._hooks, self.phase = [], None
@@ -181,7 +199,8 @@ class Placement:
 
     def as_dict(self) -> dict:
         return {**self.plan.as_dict(), "streamers": [s.as_dict() for s in self.streamers],
-                "moved_bytes": {name: m.nbytes for name, m in self.movers.items()}}
+                "moved_bytes": {name: m.nbytes for name, m in self.movers.items()},
+                "layout_seconds": {step: list(seconds) for step, seconds in self.layout_seconds.items()}}
 
 
 def _entering(placement: Placement, name: str):

@@ -64,6 +64,9 @@ def test_a_placed_pipeline_gives_the_same_latents_injected_or_not(family, phased
     placement.uninstall()
     assert all(streamer_of(s) is None for s in stacks) and placement.movers == {}
     assert _equal(generate(pipe), plain)
+    # each layout timed (the result's run.config.memory): at build, then around the injection and its revert
+    laid = placement.as_dict()["layout_seconds"]
+    assert len(laid["install"]) == 3 and len(laid["uninstall"]) == 3 and min(laid["install"]) >= 0
 
 
 def _on_device(placement, name) -> bool:
