@@ -40,7 +40,7 @@ class WanSettings(RunSettings):
     guidance_scale: float = 5.0
     prompt: str | None = None
     negative_prompt: str | None = None
-    image: str | None = None  # image-to-video (TI2V: wan2.2-5b): the first frame's file
+    image: str | None = None  # image-to-video (TI2V wan2.2-5b, I2V wan2.1-i2v-14b): the first frame's file
     pair_guidance: bool | None = None  # bench e2e: the optimized configurations' variant
 
 
@@ -59,8 +59,8 @@ OPTIONS = (
     Option("pair_guidance", ("--pair-guidance/--no-pair-guidance",), bool, True, "Wan optimized configs: the "
            "guidance pair's two batch-1 calls as one call of batch 2 (the same work, fewer kernels), or two calls as "
            "the pipeline makes them.", ("bench e2e",)),
-    dataclasses.replace(IMAGE_OPTION, help="Image-to-video (Wan 2.2 5B, TI2V): the first frame (a PNG/JPEG path); "
-                                           "the video continues it."),
+    dataclasses.replace(IMAGE_OPTION, help="Image-to-video (Wan 2.2 5B TI2V; Wan 2.1 I2V 14B, which needs it): the "
+                                           "first frame (a PNG/JPEG path); the video continues it."),
 )
 
 
@@ -88,7 +88,8 @@ class WanFamily(VideoFamily):
         root = Path(model).expanduser()
         if root.is_dir():  # a directory is Wan's by its pipeline class, whatever its name
             index = root / "model_index.json"
-            return index.is_file() and '"WanPipeline"' in index.read_text()
+            return index.is_file() and any(f'"{cls}"' in index.read_text()
+                                           for cls in ("WanPipeline", "WanImageToVideoPipeline"))
         return bool(re.search(r"(^|[/_-])wan", model.lower()))  # Wan-AI/Wan2.1-..., not "swan"
 
     def validate_shape(self, settings: WanSettings) -> None:
@@ -96,16 +97,22 @@ class WanFamily(VideoFamily):
                                          wan_build.side_multiple(settings.model))
 
     def validate(self, settings: WanSettings, command: str) -> None:
-        """The video families' checks, after Wan's own: --image on the TI2V model only, --memory-budget not on
-        Wan 2.2 A14B."""
+        """The video families' checks, after Wan's own: --image on the TI2V and I2V models only, and always on I2V;
+        --memory-budget not on Wan 2.2 A14B nor on I2V."""
         from ltxbench.errors import UsageError
 
-        if settings.memory_budget_gib is not None and wan_build.two_experts(settings.model):
-            raise UsageError(f"--memory-budget {settings.memory_budget_gib:g}: Wan 2.2 A14B's two experts are not "
-                             "planned yet (one transformer a run)", hint="drop --memory-budget for this model")
+        budget = settings.memory_budget_gib
+        if budget is not None and wan_build.two_experts(settings.model):
+            raise UsageError(f"--memory-budget {budget:g}: Wan 2.2 A14B's two experts are not planned yet (one "
+                             "transformer a run)", hint="drop --memory-budget for this model")
+        if budget is not None and wan_build.needs_an_image(settings.model):
+            raise UsageError(f"--memory-budget {budget:g}: Wan 2.1 I2V's image encoder is not planned yet",
+                             hint="drop --memory-budget for this model")
         if settings.image is not None and not wan_build.takes_an_image(settings.model):
-            raise UsageError(f"--image: Wan's image-to-video runs on the TI2V model (wan2.2-5b), not {settings.model}",
-                             hint="Wan 2.1 I2V-14B and Wan 2.2 I2V-A14B are other checkpoints, not built here")
+            raise UsageError(f"--image: Wan's image-to-video runs on the TI2V model (wan2.2-5b) or the I2V one "
+                             f"(wan2.1-i2v-14b), not {settings.model}")
+        if settings.image is None and wan_build.needs_an_image(settings.model):
+            raise UsageError(f"--model {settings.model} is an image-to-video model: give the first frame with --image")
         super().validate(settings, command)
 
     def denoisers(self, pipe) -> list:

@@ -32,13 +32,16 @@ PRESETS = {
     "wan-tiny": ("wan-tiny", None),
     "wan-tiny-a14b": ("wan-tiny-a14b", None),
     "wan-tiny-ti2v": ("wan-tiny", None),  # wan-tiny run as Wan 2.2 5B runs: per-token timesteps, --image
+    "wan2.1-i2v-14b": ("wan2.1-i2v-14b", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"),
+    "wan-tiny-i2v": ("wan-tiny-i2v", None),
 }
 # Wan 2.2 5B's pipeline gives every video token its own timestep (WanPipeline's expand_timesteps); its image-to-video
 # (TI2V) is the same transformer with the image's latents as the first latent frame, at timestep 0
 EXPAND_TIMESTEPS = {"wan2.2-5b", "wan-tiny-ti2v"}
 COMPONENTS = ("transformer", "vae", "text_encoder", "scheduler")
-# Wan 2.2 A14B's low-noise expert, and the pipeline's own config (its boundary_ratio: where the experts switch)
-OPTIONAL = ("transformer_2", "pipeline")
+# Wan 2.2 A14B's low-noise expert, the pipeline's own config (its boundary_ratio: where the experts switch) and Wan 2.1
+# I2V's CLIP image encoder (its transformer takes the image's CLIP features beside the text: image_dim)
+OPTIONAL = ("transformer_2", "pipeline", "image_encoder")
 MODEL_FORMS = f"a preset ({', '.join(PRESETS)}), a hub id (owner/name) or a Wan pipeline directory"
 TOKENIZER_MAX_LENGTH = 512  # WanPipeline pads every prompt to 512 tokens (its max_sequence_length)
 FRAME_MULTIPLE = 4          # the VAE's temporal compression: frames are 4k+1
@@ -92,6 +95,10 @@ def component_configs(model: str) -> dict[str, dict]:
             if path.is_file():  # a two-expert pipeline (Wan 2.2 A14B)
                 configs["transformer_2"] = json.loads(path.read_text())
                 break
+        for path in (root / "image_encoder.json", root / "image_encoder" / "config.json"):
+            if path.is_file():  # Wan 2.1 I2V
+                configs["image_encoder"] = json.loads(path.read_text())
+                break
         for path in (root / "pipeline.json", root / "model_index.json"):
             if path.is_file() and "boundary_ratio" in (config := json.loads(path.read_text())):
                 configs["pipeline"] = {"boundary_ratio": config["boundary_ratio"]}
@@ -120,17 +127,20 @@ def keep_in_fp32(model) -> None:
 
 
 def build_components(configs: dict[str, dict], device, dtype, seed: int = 0) -> dict:
-    """Transformer (and a second expert, `transformer_2`, where the configs have one), VAE, UMT5 encoder (random,
-    seeded, eval mode, no gradients) and the scheduler, from their config dicts."""
+    """Transformer (and a second expert, `transformer_2`, where the configs have one), VAE, UMT5 encoder, CLIP's
+    vision tower where the configs have an `image_encoder` (random, seeded, eval mode, no gradients) and the
+    scheduler, from their config dicts."""
     import torch
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
+    from transformers import CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
 
     makers = {"transformer": lambda: WanTransformer3DModel.from_config(configs["transformer"]),
               "vae": lambda: AutoencoderKLWan.from_config(configs["vae"]),
               "text_encoder": lambda: UMT5EncoderModel(UMT5Config.from_dict(configs["text_encoder"]))}
     if "transformer_2" in configs:  # last: the other components keep their seeds
         makers["transformer_2"] = lambda: WanTransformer3DModel.from_config(configs["transformer_2"])
+    if "image_encoder" in configs:
+        makers["image_encoder"] = lambda: CLIPVisionModel(CLIPVisionConfig(**configs["image_encoder"]))
     device = torch.device(device)
     built = {"scheduler": UniPCMultistepScheduler.from_config(configs["scheduler"])}
     for offset, (name, make) in enumerate(makers.items()):  # a seed per component: one's size leaves others alone
@@ -162,25 +172,37 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
     """WanPipeline on `device` in `dtype`: `pretrained` loads weights; `random` builds from configs (seeded)."""
     if isinstance(dtype, str):
         dtype = torch_dtype(dtype)
-    if weights == "random":
-        from diffusers import WanPipeline
+    from diffusers import WanImageToVideoPipeline, WanPipeline
 
+    if weights == "random":
         configs = component_configs(model)
         ensure_pipeline_fits(configs, model, device, dtype)
-        return WanPipeline(tokenizer=build_tokenizer(), **build_components(configs, device, dtype, seed),
-                           boundary_ratio=configs.get("pipeline", {}).get("boundary_ratio"),
-                           expand_timesteps=_expands_timesteps(model, configs))
+        parts = build_components(configs, device, dtype, seed)
+        settings = {"boundary_ratio": configs.get("pipeline", {}).get("boundary_ratio"),
+                    "expand_timesteps": _expands_timesteps(model, configs)}
+        if "image_encoder" in parts:
+            return WanImageToVideoPipeline(tokenizer=build_tokenizer(), image_processor=image_processor(
+                configs["image_encoder"]["image_size"]), **parts, **settings)
+        return WanPipeline(tokenizer=build_tokenizer(), **parts, **settings)
     if weights != "pretrained":
         raise UsageError(f"--weights {weights!r} is not one of pretrained, random")
     source = _pretrained_source(model)
     if source in {hub for _, hub in PRESETS.values()} or Path(source).expanduser().is_dir():
         # the configs are at hand (a hub id's would need the hub): the size is known before loading
         ensure_pipeline_fits(component_configs(source), model, device, dtype)
-    from diffusers import WanPipeline
-
     from ltxbench.models.hub import load_ltx_pipeline
 
-    return load_ltx_pipeline(source, dtype, WanPipeline, MODEL_FORMS).to(device)
+    cls = WanImageToVideoPipeline if needs_an_image(source) else WanPipeline
+    return load_ltx_pipeline(source, dtype, cls, MODEL_FORMS).to(device)
+
+
+def image_processor(size: int):
+    """CLIP's image processor for images of `size` pixels (resize the short side, centre crop, CLIP's mean/std): what
+    the released Wan 2.1 I2V pipelines ship, at 224."""
+    import transformers
+
+    cls = getattr(transformers, "CLIPImageProcessorPil", None) or transformers.CLIPImageProcessor  # no torchvision
+    return cls(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
 
 
 def two_experts(model: str) -> bool:
@@ -190,9 +212,22 @@ def two_experts(model: str) -> bool:
 
 
 def takes_an_image(model: str) -> bool:
-    """Whether `model` is a TI2V model (image-to-video with --image): a preset with per-token timesteps, or a hub id
-    or directory naming TI2V. Read before torch loads."""
-    return model in EXPAND_TIMESTEPS or "ti2v" in model.lower()
+    """Whether `model` runs image-to-video with --image: a TI2V model (a preset with per-token timesteps, or a hub id
+    or directory naming TI2V) or an I2V one (needs_an_image). Read before torch loads."""
+    return model in EXPAND_TIMESTEPS or "ti2v" in model.lower() or needs_an_image(model)
+
+
+def needs_an_image(model: str) -> bool:
+    """Whether `model` is a Wan 2.1 I2V model, which runs only image-to-video (its transformer takes the image's CLIP
+    features): a preset with an image encoder, a hub id naming I2V, or a directory whose pipeline is Wan's
+    image-to-video one. Read before torch loads."""
+    if model in PRESETS:
+        return (CONFIGS / PRESETS[model][0] / "image_encoder.json").is_file()
+    root = Path(model).expanduser()
+    if root.is_dir():
+        index = root / "model_index.json"
+        return index.is_file() and '"WanImageToVideoPipeline"' in index.read_text()
+    return "-i2v-" in model.lower()
 
 
 def _expands_timesteps(model: str, configs: dict[str, dict]) -> bool:

@@ -16,10 +16,10 @@ from ltxbench.ops import reference
 RULES = {BLOCK_RULE: 2, QK_NORM_RULE: 8, GELU_RULE: 2}
 
 
-def _transformer(device="cpu", dtype="bf16"):
+def _transformer(device="cpu", dtype="bf16", preset="wan-tiny"):
     """wan-tiny's transformer with modulation tables, time projection and norm weights of a trained model's size (the
     random init's are near zero or one, where an error in a scale or shift would hardly show)."""
-    model = wan_build.build_pipeline("wan-tiny", "random", device, dtype).transformer
+    model = wan_build.build_pipeline(preset, "random", device, dtype).transformer
     g = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for table in [b.scale_shift_table for b in model.blocks] + [model.scale_shift_table]:
@@ -35,13 +35,17 @@ def _inputs(model, per_token=False, device="cpu"):
     """A guidance-sized batch of 2 at two timesteps (or per token, as Wan 2.2 5B's pipeline gives them)."""
     g = torch.Generator().manual_seed(1)
     dtype = model.blocks[0].attn1.to_q.weight.dtype
-    latents = torch.randn(2, 16, 3, 4, 6, generator=g).to(device, dtype)
+    latents = torch.randn(2, model.config.in_channels, 3, 4, 6, generator=g).to(device, dtype)
     text = torch.randn(2, 512, model.config.text_dim, generator=g).to(device, dtype)
     timestep = torch.tensor([900.0, 100.0], device=device)
     if per_token:  # 3 x 2 x 3 tokens; the first frame's at 0, as image-to-video conditions it
         timestep = timestep[:, None].repeat(1, 18)
         timestep[:, :6] = 0
-    return {"hidden_states": latents, "timestep": timestep, "encoder_hidden_states": text, "return_dict": False}
+    inputs = {"hidden_states": latents, "timestep": timestep, "encoder_hidden_states": text, "return_dict": False}
+    if model.config.image_dim:  # Wan 2.1 I2V: CLIP's features of the first frame (its penultimate layer's scale)
+        image = 3 * torch.randn(2, 5, model.config.image_dim, generator=g)
+        inputs["encoder_hidden_states_image"] = image.to(device, dtype)
+    return inputs
 
 
 @pytest.fixture(scope="module")
@@ -161,6 +165,42 @@ def test_cuda_provider_against_the_unpatched_model(dtype):
     else:
         cos = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
         assert cos.item() > 0.9999
+
+
+def test_i2v_blocks_with_the_image_cross_attention_are_bit_identical_and_mutations_show(monkeypatch):
+    """Wan 2.1 I2V's blocks (attn2 adds the image's keys and values, add_k_proj / add_v_proj with norm_added_k, left
+    as diffusers runs them): every rule applies, the output is the unpatched one bit for bit, and a 1% error in the
+    q/k norm or the modulated LayerNorm still shows through the image branch."""
+    i2v = _transformer(preset="wan-tiny-i2v")
+    inputs = _inputs(i2v)
+    expected = _call(i2v, inputs)
+    with apply_kernels(i2v, "reference") as report:
+        assert dict(report.rules) == RULES and report.skipped == []
+        assert torch.equal(_call(i2v, inputs), expected)
+    assert torch.equal(_call(i2v, inputs), expected)
+    without_image = _call(i2v, {**inputs, "encoder_hidden_states_image": torch.zeros_like(
+        inputs["encoder_hidden_states_image"])})
+    assert not torch.equal(without_image, expected)  # the image branch is live
+    for op, wrong in (("rms_norm", _scaled(reference.rms_norm)),
+                      ("layer_norm_modulate", lambda x, scale, shift, eps: _LN_MOD(x, scale * 1.01, shift, eps))):
+        with monkeypatch.context() as patch:
+            patch.setattr(reference, op, wrong)
+            with apply_kernels(i2v, "reference"):
+                got = _call(i2v, inputs)
+        error = ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+        assert error > 2e-3, f"{op}: a 1% error moved the output by only {error:.2g}"
+
+
+@pytest.mark.gpu
+def test_cuda_provider_on_i2v_blocks_against_the_unpatched_model():
+    gpu = _transformer("cuda", "bf16", preset="wan-tiny-i2v")
+    inputs = _inputs(gpu, device="cuda")
+    expected = _call(gpu, inputs)
+    with apply_kernels(gpu, "cuda") as report:
+        assert dict(report.rules) == RULES and report.skipped == []
+        got = _call(gpu, inputs)
+    cos = torch.nn.functional.cosine_similarity(got.double().flatten(), expected.double().flatten(), dim=0)
+    assert cos.item() > 0.9999
 
 
 def test_every_patched_block_shares_one_class(model):

@@ -217,7 +217,8 @@ def test_profile_marks_each_phase_in_the_trace(tmp_path):
     (["--height", "40"], "--height 40 is not a positive multiple of 16 (Wan)"),
     (["--guidance-scale", "-1"], "--guidance-scale -1.0 must not be negative"),
     (["--weights", "pretrained"], "--model wan-tiny has no pretrained weights"),
-    (["--image", "first.png"], "--image: Wan's image-to-video runs on the TI2V model (wan2.2-5b), not wan-tiny"),
+    (["--image", "first.png"], "--image: Wan's image-to-video runs on the TI2V model (wan2.2-5b) or the I2V one "
+                               "(wan2.1-i2v-14b), not wan-tiny"),
     (["--stg-scale", "1"], "--stg-scale does not apply to Wan"),
 ])
 def test_bad_arguments_exit_2(command, extra, needle, tmp_path):
@@ -296,3 +297,78 @@ def test_the_ti2v_pipeline_conditions_on_the_image():
     latents = [wan._denoise(pipe, embeds, settings, torch.Generator().manual_seed(0), None, image)
                for image in (red, red, blue)]
     assert torch.equal(latents[0], latents[1]) and not torch.equal(latents[0], latents[2])
+
+
+# --- Wan 2.1 I2V (CLIP image features beside the text) ------------------------------------------------------------
+
+I2V = [a if a != "wan-tiny" else "wan-tiny-i2v" for a in TINY]
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    ([], "--model wan-tiny-i2v is an image-to-video model: give the first frame with --image"),
+    (["--image", "first.png", "--memory-budget", "8"], "--memory-budget 8: Wan 2.1 I2V's image encoder is not "
+                                                       "planned yet"),
+])
+def test_the_i2v_model_refuses_without_an_image_or_with_a_budget(extra, needle, tmp_path):
+    out = tmp_path / "v.mp4"
+    result = runner.invoke(app, ["generate", "--prompt", "x", *I2V, *extra, "--output", str(out)])
+    assert result.exit_code == 2 and needle in " ".join(result.output.split()), result.output
+    assert not out.exists()
+
+
+def test_the_i2v_model_through_generate_and_bench(tmp_path):
+    """Wan 2.1 I2V (wan-tiny-i2v): WanImageToVideoPipeline with CLIP's vision tower; generate writes the video, bench
+    e2e runs the optimized configuration (the guidance pair stays two calls: it does not pair image features)."""
+    image = _first_frame(tmp_path)
+    out = tmp_path / "i2v.mp4"
+    result = runner.invoke(app, ["generate", "--prompt", "a red fox", *I2V, "--image", str(image), "--output",
+                                 str(out)])
+    assert result.exit_code == 0, result.output
+    assert [r["name"] for r in json.loads(out.with_suffix(".json").read_text())["records"]] == PHASES
+    e2e = tmp_path / "e2e.json"
+    result = runner.invoke(app, ["bench", "e2e", *I2V, "--image", str(image), "--configs", "baseline,optimized",
+                                 "--phase", "transformer", "--warmup-iterations", "1", "--repeats", "1",
+                                 "--output", str(e2e)])
+    assert result.exit_code == 0, result.output
+    injection = json.loads(e2e.read_text())["run"]["config"]["injection"]["optimized"]
+    assert injection["applied"] and any(rule.startswith("block:") for rule in injection["rules"]), injection
+
+
+def test_the_i2v_pipeline_conditions_on_the_image_and_its_clip_features():
+    """The first frame reaches the transformer twice: as VAE latents in the condition channels and as CLIP features
+    in the image cross-attention (its add_k_proj / add_v_proj). Either alone changes the latents."""
+    from diffusers import WanImageToVideoPipeline
+    from PIL import Image
+
+    family = family_of("wan-tiny-i2v")
+    settings = family.settings("generate", model="wan-tiny-i2v", weights="random", device="cpu", num_frames=9,
+                               height=64, width=64, steps=2, image="unused")
+    pipe = family.build(settings)
+    assert isinstance(pipe, WanImageToVideoPipeline) and pipe.image_encoder is not None
+    assert pipe.transformer.config.in_channels == 36 and pipe.transformer.config.image_dim == 32
+    embeds = wan._encode(pipe, settings, "cpu")
+    red, blue = (Image.new("RGB", (64, 64), color) for color in ("red", "blue"))
+
+    def latents(image):
+        return wan._denoise(pipe, embeds, settings, torch.Generator().manual_seed(0), None, image)
+
+    plain = latents(red)
+    assert torch.equal(plain, latents(red)) and not torch.equal(plain, latents(blue))
+    with torch.no_grad():  # the CLIP features alone: the image cross-attention's values scaled
+        pipe.transformer.blocks[0].attn2.add_v_proj.weight.mul_(1.01)
+    assert not torch.equal(plain, latents(red))
+
+
+def test_the_i2v_14b_preset_counts_as_published():
+    """Wan 2.1 I2V 14B from its configs on the meta device: 16.395 B transformer parameters (the 14B one and the image
+    branch: add_k/add_v per block, the image embedder), CLIP ViT-H/14's vision tower 630.8 M, 257 image tokens."""
+    from ltxbench.models import wan_build
+
+    parts = wan_build.build_components(wan_build.component_configs("wan2.1-i2v-14b"), "meta", torch.bfloat16)
+    count = {name: sum(p.numel() for p in part.parameters()) for name, part in parts.items()
+             if hasattr(part, "parameters")}
+    assert abs(count["transformer"] / 16.395e9 - 1) < 1e-3 and abs(count["image_encoder"] / 630.8e6 - 1) < 1e-3
+    clip = parts["image_encoder"].config
+    assert (clip.image_size // clip.patch_size) ** 2 + 1 == 257
+    assert wan_build.needs_an_image("wan2.1-i2v-14b") and wan_build.needs_an_image("Wan-AI/Wan2.1-I2V-14B-720P")
+    assert not wan_build.needs_an_image("wan2.1-14b") and wan_build.takes_an_image("wan-tiny-i2v")
