@@ -21,10 +21,11 @@ def _classify(exc: BaseException, command: str | None = None) -> LtxbenchError |
     name = type(exc).__name__
     text = str(exc)
     if name == "OutOfMemoryError" or "CUDA out of memory" in text:
-        offload = "--cpu-offload" if command == "generate" else "a GPU with more memory"
+        offload = "--cpu-offload, " if command == "generate" else ""
         return EnvironmentProblem(
             f"out of GPU memory: {text.splitlines()[0] if text else name}",
-            hint=f"lower --num-frames/--height/--width/--batch-size, or try {offload}",
+            hint=f"lower --num-frames/--height/--width/--batch-size, or try {offload}--memory-budget GIB (video "
+                 "models: weights streamed, docs/memory.md) or a GPU with more memory",
         )
     if isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in text:
         return EnvironmentProblem(f"out of host memory: {text.splitlines()[0]}",

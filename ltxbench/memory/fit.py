@@ -55,15 +55,18 @@ def available(device) -> tuple[int | None, str]:
     return None, ""
 
 
-def ensure_fits(nbytes: int, device, what: str, dtype) -> None:
+def ensure_fits(nbytes: int, device, what: str, dtype, budgeted: bool = False) -> None:
     """EnvironmentProblem (exit 4) when `nbytes` of weights (of torch dtype `dtype`) cannot fit in what `device` has
-    free."""
+    free; `budgeted`: the model takes --memory-budget, which the hint then offers at what the GPU has free."""
     free, where = available(device)
     if free is None or nbytes <= free:
         return
     dtype_name = _DTYPE_NAMES.get(str(dtype).removeprefix("torch."), str(dtype))
     smaller = "--dtype bf16 (half the bytes of fp32), " if dtype_name == "fp32" else ""
-    other = "free the GPU (other processes), " if str(device).startswith("cuda") else ""
+    gpu = str(device).startswith("cuda")
+    budget = f"--memory-budget {max(1, int(free / 2**30) - 1)} (weights streamed from host memory), " \
+        if gpu and budgeted else ""
+    other = "free the GPU (other processes), " if gpu else ""
     raise EnvironmentProblem(f"{what} in {dtype_name} needs about {nbytes / 2**30:.1f} GiB for its weights alone, "
                              f"and {where}",
-                             hint=f"use {smaller}{other}a smaller --model, or a machine with more memory")
+                             hint=f"use {budget}{smaller}{other}a smaller --model, or a machine with more memory")

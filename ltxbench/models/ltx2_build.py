@@ -67,7 +67,7 @@ def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) ->
     from ltxbench.memory.fit import ensure_fits, module_bytes
 
     modules = [part for part in build_components(configs, "meta", dtype).values() if hasattr(part, "parameters")]
-    ensure_fits(module_bytes(*modules), device, model, dtype)
+    ensure_fits(module_bytes(*modules), device, model, dtype, budgeted=True)
 
 
 def build_components(configs: dict[str, dict], device, dtype, seed: int = 0) -> dict:

@@ -74,7 +74,7 @@ def ensure_pipeline_fits(configs: dict[str, dict], model: str, device, dtype) ->
 
     parts = build_components(configs, "meta", dtype)
     nbytes = module_bytes(*(part for part in parts.values() if hasattr(part, "parameters")))
-    ensure_fits(nbytes, device, model, dtype)
+    ensure_fits(nbytes, device, model, dtype, budgeted=True)
 
 
 @contextlib.contextmanager

@@ -152,7 +152,7 @@ def test_the_oom_hint_names_only_options_the_command_has(command, offload):
     from ltxbench.cli import _classify
 
     hint = _classify(RuntimeError("CUDA out of memory. Tried to allocate 2.92 GiB"), command).hint
-    assert ("--cpu-offload" in hint) == offload and "--num-frames" in hint
+    assert ("--cpu-offload" in hint) == offload and "--num-frames" in hint and "--memory-budget GIB" in hint
 
 
 def test_unclassified_exception_is_not_swallowed(monkeypatch):

@@ -233,3 +233,13 @@ def test_importing_and_validating_needs_no_torch():
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=_env(), capture_output=True, text=True,
                           timeout=60)
     assert proc.stdout.split() == ["False", "False", "False"], proc.stdout + proc.stderr
+
+
+def test_a_pipeline_too_large_for_the_gpu_is_offered_a_memory_budget(monkeypatch):
+    """On a GPU, the refusal's hint offers --memory-budget at what the GPU has free (less a GiB for the context)."""
+    from ltxbench.memory import fit as memory
+
+    monkeypatch.setattr(memory, "available", lambda device: (int(47.5 * 2**30), "cuda:0 has 47.5 GiB free"))
+    with pytest.raises(EnvironmentProblem) as info:
+        ltx2_build.build_pipeline("ltx2-19b", "random", "cuda", "bf16")
+    assert info.value.hint.startswith("use --memory-budget 46 (weights streamed from host memory), ")
