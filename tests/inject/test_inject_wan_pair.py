@@ -1,6 +1,7 @@
-"""Wan's guidance pair as one call of batch 2 (ltxbench.inject.wan.pair) on the CPU, wan-tiny and wan-tiny-a14b in
-fp32: the guided pipeline gives the unpaired latents, one call a step where there were two, each expert its own
-pairs; nothing pairs without guidance, with the transformer alone, or across changed inputs; revert is exact."""
+"""Wan's guidance pair as one call of batch 2 (ltxbench.inject.wan.pair) on the CPU, wan-tiny, wan-tiny-a14b and
+wan-tiny-i2v (CLIP image features stacked with the pair) in fp32: the guided pipeline gives the unpaired latents, one
+call a step where there were two, each expert its own pairs; nothing pairs without guidance, with the transformer
+alone, or across changed inputs; revert is exact."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ GENERATE = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames
                 num_inference_steps=STEPS, output_type="latent", return_dict=False)
 
 
-@pytest.fixture(scope="module", params=["wan-tiny", "wan-tiny-a14b"])
+@pytest.fixture(scope="module", params=["wan-tiny", "wan-tiny-a14b", "wan-tiny-i2v"])
 def pipe(request):
     built = wan_build.build_pipeline(request.param, "random", "cpu", "fp32")
     built.set_progress_bar_config(disable=True)
@@ -24,8 +25,21 @@ def pipe(request):
 
 
 def _latents(pipe, **overrides):
+    """The guided pipeline's latents; I2V: from the first frame, the prompts given as embeddings (diffusers' I2V
+    pipeline cleans prompt text with ftfy, which is not a dependency)."""
+    from diffusers import WanPipeline
+    from PIL import Image
+
+    from ltxbench.models.wan import _text_side
+
+    generate = dict(GENERATE)
     with torch.no_grad():
-        return pipe(**{**GENERATE, **overrides}, generator=torch.Generator("cpu").manual_seed(3))[0]
+        if getattr(pipe, "image_encoder", None) is not None:
+            prompt, negative = WanPipeline.encode_prompt(_text_side(pipe), generate.pop("prompt"),
+                                                         generate.pop("negative_prompt"), device="cpu")
+            generate.update(image=Image.new("RGB", (64, 64), "red"), prompt_embeds=prompt,
+                            negative_prompt_embeds=negative)
+        return pipe(**{**generate, **overrides}, generator=torch.Generator("cpu").manual_seed(3))[0]
 
 
 def _calls(pipe, **overrides) -> tuple[torch.Tensor, list[int]]:
@@ -69,29 +83,33 @@ def test_turned_off_or_given_the_transformer_alone_nothing_pairs(pipe):
         assert PAIR_ATTR not in vars(pipe.transformer)
 
 
-def _direct(module, hidden, timestep, text):
+def _direct(module, hidden, timestep, text, image=None):
     with torch.no_grad():
-        return module(hidden_states=hidden, timestep=timestep, encoder_hidden_states=text, return_dict=False)[0]
+        return module(hidden_states=hidden, timestep=timestep, encoder_hidden_states=text, return_dict=False,
+                      **({} if image is None else {"encoder_hidden_states_image": image}))[0]
 
 
 def test_the_kept_half_is_served_only_for_the_same_inputs_unchanged(pipe):
-    """A second call with other latents, latents written in place, or weights changed since the pair is computed,
-    not answered from the pair."""
+    """A second call with other latents, latents written in place, weights changed since the pair, or (I2V) other
+    image features or features written in place is computed, not answered from the pair."""
     module = pipe.transformer
     config = module.config
     gen = torch.Generator().manual_seed(0)
     hidden = torch.randn(1, config.in_channels, 3, 8, 8, generator=gen)
     timestep = torch.tensor([500.0])
     prompt, negative = (torch.randn(1, 512, config.text_dim, generator=gen) for _ in range(2))
+    image = torch.randn(1, 5, config.image_dim, generator=gen) if config.image_dim else None
+    changes = ("none", "other latents", "in place", "weights") + (
+        ("other image", "image in place") if image is not None else ())
     with apply_kernels(pipe, "reference", blocks=False, qk_norms=False, gelu=False):
         pair: GuidancePair = vars(module)[PAIR_ATTR]
         pair.generations += 1
         try:
-            for change in ("none", "other latents", "in place", "weights"):
+            for change in changes:
                 pair.negative = negative
-                conditional = _direct(module, hidden, timestep, prompt)
+                conditional = _direct(module, hidden, timestep, prompt, image)
                 served = pair.served
-                latents = hidden
+                latents, features = hidden, image
                 if change == "other latents":
                     latents = hidden.clone()
                 elif change == "in place":
@@ -99,12 +117,16 @@ def test_the_kept_half_is_served_only_for_the_same_inputs_unchanged(pipe):
                 elif change == "weights":
                     with torch.no_grad():
                         module.proj_out.bias.add_(0.0)  # an in-place edit: a new version
-                unconditional = _direct(module, latents, timestep, negative)
+                elif change == "other image":
+                    features = image.clone()
+                elif change == "image in place":
+                    image.mul_(1.0)
+                unconditional = _direct(module, latents, timestep, negative, features)
                 assert pair.served == served + (change == "none"), change
                 pair.generations -= 1  # the model itself, unpaired
                 try:
-                    torch.testing.assert_close(conditional, _direct(module, latents, timestep, prompt))
-                    torch.testing.assert_close(unconditional, _direct(module, latents, timestep, negative))
+                    torch.testing.assert_close(conditional, _direct(module, latents, timestep, prompt, features))
+                    torch.testing.assert_close(unconditional, _direct(module, latents, timestep, negative, features))
                 finally:
                     pair.generations += 1
         finally:

@@ -318,7 +318,7 @@ def test_the_i2v_model_refuses_without_an_image_or_with_a_budget(extra, needle, 
 
 def test_the_i2v_model_through_generate_and_bench(tmp_path):
     """Wan 2.1 I2V (wan-tiny-i2v): WanImageToVideoPipeline with CLIP's vision tower; generate writes the video, bench
-    e2e runs the optimized configuration (the guidance pair stays two calls: it does not pair image features)."""
+    e2e runs the optimized configuration, its guidance pair with the image features stacked."""
     image = _first_frame(tmp_path)
     out = tmp_path / "i2v.mp4"
     result = runner.invoke(app, ["generate", "--prompt", "a red fox", *I2V, "--image", str(image), "--output",
@@ -332,6 +332,7 @@ def test_the_i2v_model_through_generate_and_bench(tmp_path):
     assert result.exit_code == 0, result.output
     injection = json.loads(e2e.read_text())["run"]["config"]["injection"]["optimized"]
     assert injection["applied"] and any(rule.startswith("block:") for rule in injection["rules"]), injection
+    assert any(rule.startswith("pipeline: the guidance pair") for rule in injection["rules"]), injection
 
 
 def test_the_i2v_pipeline_conditions_on_the_image_and_its_clip_features():

@@ -13,9 +13,10 @@ the patched pipeline). The pair runs only where all of this holds, else each cal
 pipeline's negative embeddings are a tensor of the conditional call's shape, dtype and device (the pipeline's cast
 to the transformer's dtype then leaves the very tensor it passes); no diffusers hook on the transformer but our
 guidance split (its caches would see one call of batch 2; the split gives each of 2 GPUs one sample of the pair);
-the call passes keyword arguments only and no image embeddings. The second call is answered only when it comes right
-after the pair, from the same expert, with the pair's latents and timestep (the same tensors, at the same versions),
-the negative embeddings themselves, the same other arguments, and no parameter of the transformer changed since.
+the call passes keyword arguments only. Wan 2.1 I2V's CLIP image features, the same for both calls, are stacked
+with the pair. The second call is answered only when it comes right after the pair, from the same expert, with the
+pair's latents and timestep (the same tensors, at the same versions), the negative embeddings themselves, the same
+other arguments (the same image features, at the same version), and no parameter of the transformer changed since.
 """
 
 from __future__ import annotations
@@ -61,23 +62,28 @@ class GuidancePair:
         if not (torch.is_tensor(negative) and torch.is_tensor(prompt) and torch.is_tensor(hidden)
                 and torch.is_tensor(timestep)) or prompt is negative:
             return None
+        image = kwargs.get("encoder_hidden_states_image")
         if (negative.shape != prompt.shape or negative.dtype != prompt.dtype or negative.device != prompt.device
-                or kwargs.get("encoder_hidden_states_image") is not None or kwargs.get("return_dict", True)
+                or not (image is None or torch.is_tensor(image)) or kwargs.get("return_dict", True)
                 or _hooked(module)):
             return None
         kept = (hidden, timestep, negative)
-        if any(t.is_inference() for t in kept):  # no version counter to see an in-place write with
+        if any(t.is_inference() for t in (*kept, *_tensors(image))):  # no version counter to see an in-place write
             return None
         batch = hidden.size(0)
-        if prompt.size(0) != batch or (timestep.dim() and timestep.size(0) != batch):
+        if prompt.size(0) != batch or (timestep.dim() and timestep.size(0) != batch) or (
+                image is not None and image.size(0) != batch):
             return None
         paired = dict(kwargs, hidden_states=torch.cat([hidden, hidden]),
                       encoder_hidden_states=torch.cat([prompt, negative]),
                       timestep=torch.cat([timestep, timestep]) if timestep.dim() else timestep)
+        if image is not None:
+            paired["encoder_hidden_states_image"] = torch.cat([image, image])
         output = original_class(module).__call__(module, **paired)
         conditional, unconditional = zip(*(o.chunk(2) for o in output), strict=True)
         others = {k: v for k, v in kwargs.items() if k not in PAIRED_ARGS}
-        self.last = (module, kept, [t._version for t in kept], others, parameter_versions(module), tuple(unconditional))
+        self.last = (module, kept, _versions(*kept, *_tensors(image)), others, parameter_versions(module),
+                     tuple(unconditional))
         self.pairs += 1
         return tuple(conditional)
 
@@ -94,10 +100,20 @@ class GuidancePair:
         if rest.keys() != others.keys() or any(
                 rest[k] is not others[k] and (torch.is_tensor(rest[k]) or rest[k] != others[k]) for k in rest):
             return None
-        if [t._version for t in (hidden, timestep, negative)] != versions or parameter_versions(module) != parameters:
+        image = rest.get("encoder_hidden_states_image")
+        if _versions(hidden, timestep, negative, *_tensors(image)) != versions or \
+                parameter_versions(module) != parameters:
             return None
         self.served += 1
         return unconditional
+
+
+def _tensors(value) -> tuple:
+    return (value,) if torch.is_tensor(value) else ()
+
+
+def _versions(*tensors) -> list[int]:
+    return [t._version for t in tensors]
 
 
 def pair_call(self, *args, **kwargs):
