@@ -32,6 +32,7 @@ class Benchmark:
                                   # set from the times `run` prints where measured (H200: fp8 161f 2.0, micro 3.5)
     gpus: int = 1                 # GPUs the command uses: 1 for the single-GPU folders, else the N of hXXXxN
     needs: tuple[str, ...] = ()   # Python modules, or "hopper" (FP8 tensor cores)
+    image: bool = False           # image-to-video: `--image` the manifest's first frame (first_frame)
 
 
 _LTX = ("bench", "e2e", "--model", "ltx-2b", "--weights", "random", "--height", "512", "--width", "768",
@@ -102,6 +103,8 @@ BENCHMARKS = (
     # Wan's modulated LayerNorm and gated residual: float32 scale/shift/gate over bf16 rows, as its blocks hold them
     Benchmark("micro-wan-f32", (*_MICRO, "layer_norm_modulate", "gated_residual", "--shapes", "wan", "--variant",
                                 "wan-f32", "--providers", "cuda,eager,compile"), 1),
+    Benchmark("e2e-wan2.1-i2v-14b-81f", (*_WAN, "--model", "wan2.1-i2v-14b", *_WAN_COMPILED, "--steps", "3"), 7,
+              image=True),
     Benchmark("e2e-wan2.1-14b-81f-24gib", (*_WAN, "--model", "wan2.1-14b", "--configs", "optimized",
                                            "--memory-budget", "24", "--steps", "3"), 7),
     # the regression baselines of `make bench-check` (the Makefile's BENCH_CHECK_E2E / BENCH_CHECK_MICRO)
@@ -226,7 +229,8 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         started = time.monotonic()
-        code = runner(list(bench.argv), work / target.name, left if left is not None else 24 * 3600)
+        argv = [*bench.argv, *(("--image", str(first_frame(work / "first-frame.png"))) if bench.image else ())]
+        code = runner(argv, work / target.name, left if left is not None else 24 * 3600)
         if code != 0:
             print(f"{bench.name}: failed (exit {code}); the stored file is left as it was", flush=True)
             status = 124 if code == 124 else 1
@@ -241,6 +245,19 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
     if measured:
         (regenerate or _regenerate)(folder)
     return status
+
+
+def first_frame(path: Path, height: int = 512, width: int = 832) -> Path:
+    """The image-to-video benchmarks' first frame, the same on every machine: smooth colour gradients with a few
+    rings (a seeded pattern, not a photograph), as a PNG at `path`. The pipelines resize it to the run's shape."""
+    import numpy as np
+    from PIL import Image
+
+    y, x = np.mgrid[0:height, 0:width] / np.array([height, width])[:, None, None]
+    rings = 0.5 + 0.5 * np.sin(40 * np.hypot(x - 0.6, y - 0.4))
+    pixels = np.stack([x, y, 0.6 * rings + 0.4 * (1 - x)], axis=-1)
+    Image.fromarray((pixels * 255).round().astype(np.uint8)).save(path)
+    return path
 
 
 def _regenerate(folder: Path) -> None:

@@ -146,3 +146,25 @@ def test_the_bench_check_baselines_are_the_makefiles_commands():
         text = re.search(rf"^{variable} = (.*?)(?<!\\)$", makefile, re.M | re.S).group(1).replace("\\\n", " ")
         bench = next(b for b in manifest.BENCHMARKS if b.name == name)
         assert sorted(text.split()) == sorted(bench.argv), name
+
+
+def test_image_to_video_benchmarks_get_the_same_first_frame(tmp_path, head):
+    """A benchmark marked `image` runs with `--image` the manifest's first frame: a PNG made in the run's work folder,
+    the same bytes every time (a seeded pattern), which the image-to-video pipeline can read."""
+    from PIL import Image
+
+    folder = tmp_path / "h200"
+    seen = {}
+
+    def runner(argv, output, timeout_s):
+        seen[output.stem] = argv
+        if "--image" in argv:
+            path = Path(argv[argv.index("--image") + 1])
+            seen["frame"] = path.read_bytes()
+            assert Image.open(path).size == (832, 512)
+        return FakeRunner(HEAD)(argv, output, timeout_s)
+
+    code, _ = _run(folder, runner, only=["e2e-wan2.1-i2v-14b-81f", "e2e-wan2.1-14b-81f"])
+    assert code == 0 and "--image" not in seen["e2e-wan2.1-14b-81f"]
+    assert seen["e2e-wan2.1-i2v-14b-81f"][-2] == "--image"
+    assert seen["frame"] == manifest.first_frame(tmp_path / "again.png").read_bytes()
