@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from ltxbench.memory.plan import ENCODE_PARTS, MemoryPlan
+from ltxbench.memory.plan import ENCODE_PARTS, EXPERTS, MemoryPlan
 from ltxbench.memory.sizes import at
 
 PLACEMENT_ATTR = "_ltxbench_memory_placement"  # in a placed pipeline's __dict__: its Placement
@@ -81,9 +81,17 @@ class Placement:
         self.layout_seconds: dict[str, list[float]] = {"install": [], "uninstall": []}
 
     def phase_of(self, name: str) -> str:
-        if name == "transformer":
-            return "denoise"
+        """The phase in which component `name` is on the GPU: a later expert's steps are a denoise phase of its own."""
+        if name in EXPERTS:
+            return "denoise" if name == EXPERTS[0] else f"denoise ({name})"
         return "encode" if name == "text_encoder" or name in ENCODE_PARTS else "decode"
+
+    def stacks(self) -> dict[str, str]:
+        """Component -> the path of its stack of layers: the family's, and the transformer's for each further expert
+        the pipeline has (Wan 2.2 A14B's transformer_2)."""
+        path = self.family.memory_stacks["transformer"]
+        return {**self.family.memory_stacks,
+                **{name: path for name in EXPERTS[1:] if getattr(self.pipe, name, None) is not None}}
 
     def place(self) -> None:
         if self.plan.vae_tiling:  # in space and time: a decode's activations are one tile's
@@ -96,7 +104,7 @@ class Placement:
             return
         for name, _ in self.plan.resident:
             getattr(self.pipe, name).to(self.device)
-        for name, path in self.family.memory_stacks.items():
+        for name, path in self.stacks().items():
             component = getattr(self.pipe, name)
             host_only = [at(self.pipe, p) for p in self.family.memory_host_only if p.startswith(f"{name}.")]
             _move_outside(component, [at(component, path), *host_only], self.device)
@@ -114,8 +122,8 @@ class Placement:
         from ltxbench.memory.phases import Mover, tensors_of
         from ltxbench.memory.stream import BlockStreamer
 
-        for name, path in self.family.memory_stacks.items():
-            stack = getattr(self.plan, name)
+        for name, path in self.stacks().items():
+            stack = self.plan.stack(name)
             component = getattr(self.pipe, name)
             streamer = BlockStreamer(at(component, path), stack.streamed, stack.slots, self.device)
             self.streamers.append(streamer)
@@ -144,7 +152,7 @@ class Placement:
         streamers = {s.blocks: s for s in self.streamers}
         if phase != self.phase:
             for name, mover in self.movers.items():
-                keep = name == "transformer" and phase in self.plan.transformer_stays
+                keep = name in EXPERTS and phase in self.plan.transformer_stays
                 if self.phase_of(name) != phase and not keep:
                     mover.to_host()
                     self._stack_streamer(name, streamers, "release")
@@ -155,7 +163,7 @@ class Placement:
                 self._stack_streamer(name, streamers, "acquire")
 
     def _stack_streamer(self, name: str, streamers: dict, step: str) -> None:
-        path = self.family.memory_stacks.get(name)
+        path = self.stacks().get(name)
         if path is not None:
             streamer = next(s for blocks, s in streamers.items() if blocks is at(getattr(self.pipe, name), path))
             getattr(streamer, step)()
@@ -174,10 +182,11 @@ class Placement:
         self._hooks, self.phase = [], None
         for mover in self.movers.values():  # the resident blocks go back to the GPU a component at a time ...
             mover.to_host()
+        stacks = self.stacks()
         for name in list(self.movers):
             self.movers.pop(name).revert()
-            stack = [s for s in self.streamers if s.blocks is at(getattr(self.pipe, name), self.family.memory_stacks[
-                name])] if name in self.family.memory_stacks else []
+            stack = [s for s in self.streamers if s.blocks is at(getattr(self.pipe, name), stacks[name])] \
+                if name in stacks else []
             for streamer in stack:  # ... and to the host with their streamer
                 self.streamers.remove(streamer)
                 streamer.revert()

@@ -77,6 +77,7 @@ class Footprint:
     encode_bytes: int
     decode_bytes: int        # untiled
     decode_tiled_bytes: int
+    experts: int = 1         # transformers of the same stack, each the denoiser of its own steps (Wan 2.2 A14B: 2)
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ class Streaming:
 
 ENCODE_PARTS = ("connectors",)  # components held whole that run in the text encode; the others in the decode
 PHASES = ("encode", "denoise", "decode")
+EXPERTS = ("transformer", "transformer_2")  # the denoisers of a pipeline with experts (Wan 2.2 A14B), in order
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,8 @@ class MemoryPlan:
     """Phased (the budget cannot hold everything at once): each component is on the GPU only in its phase (text
     encoder and connectors: encode; transformer: denoise; VAEs and vocoder: decode) and in pinned host memory
     otherwise, except the transformer, which stays through the phases in `transformer_stays` (those that fit beside
-    it). Not phased: everything on the GPU for the whole run."""
+    it). Not phased: everything on the GPU for the whole run. With `experts` transformers (Wan 2.2 A14B), each expert
+    is planned as the transformer and holds the denoise phase alone during its own steps: the other goes to the host."""
 
     budget_bytes: int
     transformer: Streaming
@@ -131,6 +134,11 @@ class MemoryPlan:
     phased: bool = True
     transformer_stays: tuple[str, ...] = ()   # phases besides the denoise with the transformer left on the GPU
     built_bytes: int = 0                      # the whole pipeline's weights, as built
+    experts: int = 1                          # transformers planned alike (EXPERTS), one on the GPU at a time
+
+    def stack(self, component: str) -> Streaming:
+        """The plan of `component`'s stack: the transformer's for every expert, or the text encoder's."""
+        return self.transformer if component in EXPERTS else self.text_encoder
 
     def _whole(self, phase: str) -> int:
         return sum(b for name, b in self.resident if (name in ENCODE_PARTS) == (phase == "encode"))
@@ -140,7 +148,7 @@ class MemoryPlan:
         transformer = self.transformer_outside + self.transformer.gpu_bytes
         encoder = self.text_encoder_outside + self.text_encoder.gpu_bytes
         if not self.phased:
-            return transformer + encoder + self._whole("encode") + self._whole("decode")
+            return self.experts * transformer + encoder + self._whole("encode") + self._whole("decode")
         own = {"encode": encoder + self._whole("encode"), "denoise": transformer, "decode": self._whole("decode")}
         return own[phase] + (transformer if phase in self.transformer_stays else 0)
 
@@ -158,16 +166,16 @@ class MemoryPlan:
         """Components that move between the GPU and pinned host memory at phase changes."""
         if not self.phased:
             return ()
-        stays = all(p in self.transformer_stays for p in ("encode", "decode"))
-        return (*(() if stays else ("transformer",)), "text_encoder", *(name for name, _ in self.resident))
+        stays = all(p in self.transformer_stays for p in ("encode", "decode")) and self.experts == 1
+        return (*(() if stays else EXPERTS[:self.experts]), "text_encoder", *(name for name, _ in self.resident))
 
     @property
     def host_bytes(self) -> int:
         """Pinned host memory: the streamed blocks' copies and those of the weights that move at phase changes."""
-        moving = {"transformer": self.transformer_outside + self.transformer.resident * self.transformer.block_bytes,
-                  "text_encoder": self.text_encoder_outside
+        expert = self.transformer_outside + self.transformer.resident * self.transformer.block_bytes
+        moving = {**dict.fromkeys(EXPERTS, expert), "text_encoder": self.text_encoder_outside
                   + self.text_encoder.resident * self.text_encoder.block_bytes, **dict(self.resident)}
-        return (self.transformer.host_bytes + self.text_encoder.host_bytes
+        return (self.experts * self.transformer.host_bytes + self.text_encoder.host_bytes
                 + sum(moving[name] for name in self.moved))
 
     def lines(self) -> list[str]:
@@ -177,7 +185,8 @@ class MemoryPlan:
 
         head = [f"memory plan: budget {_gib(self.budget_bytes)}, planned peak {_gib(self.gpu_bytes)} (estimate), "
                 f"allowance {_gib(self.context_bytes)} (CUDA context, allocator's free cached blocks)",
-                "  " + self.transformer.line("transformer blocks"),
+                "  " + self.transformer.line("transformer blocks" if self.experts == 1 else
+                                             f"transformer blocks (each of {self.experts} experts, one at a time)"),
                 "  " + self.text_encoder.line("text encoder layers")]
         if not self.phased:
             body = [f"  every phase: all weights on the GPU ({_gib(self.weights_bytes('denoise'))}), activations "
@@ -200,6 +209,7 @@ class MemoryPlan:
             return {"blocks": s.blocks, "streamed": list(s.streamed), "slots": s.slots, "block_bytes": s.block_bytes}
 
         return {"budget_gib": self.budget_bytes / GIB, "planned_peak_bytes": self.gpu_bytes, "phased": self.phased,
+                "experts": self.experts,
                 "phase_peak_bytes": {p: self.phase_bytes(p) for p in PHASES},
                 "transformer_stays": list(self.transformer_stays), "moved": list(self.moved),
                 "resident": dict(self.resident), "transformer": stack(self.transformer),
@@ -252,13 +262,13 @@ def plan_memory(budget_gib: float, need: Footprint, host_free: int | None = None
     whole = tuple(need.others)
     encode_whole = sum(b for name, b in whole if name in ENCODE_PARTS)
     decode_whole = sum(b for name, b in whole if name not in ENCODE_PARTS)
-    everything = (context_bytes + tr.outside_bytes + te.outside_bytes + encode_whole + decode_whole
-                  + sum(s.blocks * s.block_bytes for s in (tr, te)))
+    everything = (context_bytes + need.experts * (tr.outside_bytes + tr.blocks * tr.block_bytes) + te.outside_bytes
+                  + encode_whole + decode_whole + te.blocks * te.block_bytes)
     if everything + max(need.denoise_bytes, need.encode_bytes, need.decode_bytes) <= budget:
         plan = MemoryPlan(budget, *(Streaming(s.component, s.blocks, s.block_bytes, (), slots) for s in (tr, te)),
                           whole, tr.outside_bytes, te.outside_bytes, False,
                           (("encode", need.encode_bytes), ("denoise", need.denoise_bytes),
-                           ("decode", need.decode_bytes)), context_bytes, phased=False)
+                           ("decode", need.decode_bytes)), context_bytes, phased=False, experts=need.experts)
         return _host_checked(plan, budget_gib, need, host_free)
     # the denoise alone sizes the transformer's resident blocks: the other phases' weights are on the host then
     smallest = context_bytes + tr.outside_bytes + slots * tr.block_bytes + need.denoise_bytes
@@ -285,7 +295,7 @@ def plan_memory(budget_gib: float, need: Footprint, host_free: int | None = None
     text_encoder, _ = _stack_plan(te, budget - encode_fixed - (held if "encode" in stays else 0), slots)
     plan = MemoryPlan(budget, transformer, text_encoder, whole, tr.outside_bytes, te.outside_bytes, tiling,
                       (("encode", need.encode_bytes), ("denoise", need.denoise_bytes), ("decode", decode)),
-                      context_bytes, phased=True, transformer_stays=stays)
+                      context_bytes, phased=True, transformer_stays=stays, experts=need.experts)
     return _host_checked(plan, budget_gib, need, host_free)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from ltxbench.memory.plan import Footprint, Stack, activation_bytes, decode_bytes
+from ltxbench.memory.plan import EXPERTS, Footprint, Stack, activation_bytes, decode_bytes
 
 TILE_FRAMES, TILE_SIDE = 17, 512  # a VAE decode tile with tiling on (diffusers' LTX VAEs: 16 frames, 512 pixels)
 
@@ -69,18 +69,20 @@ def _host_only(family, component: str) -> tuple[str, ...]:
 
 
 def footprint(family, settings, parts: dict) -> Footprint:
-    """The Footprint of `settings`' run of `family` whose components (on the meta device) are `parts`."""
+    """The Footprint of `settings`' run of `family` whose components (on the meta device) are `parts`. Experts beyond
+    the first (Wan 2.2 A14B's `transformer_2`, the transformer's config) are counted as the transformer."""
     from ltxbench.memory.fit import module_bytes
 
     fp8 = settings.precision != "bf16"
     stacks = {name: stack_of(name, parts[name], path, _host_only(family, name), fp8 and name == "transformer")
               for name, path in family.memory_stacks.items()}
     transformer, text_encoder = stacks["transformer"], stacks["text_encoder"]
+    experts = sum(name in parts for name in EXPERTS)
     others = tuple((name, module_bytes(part)) for name, part in parts.items()
-                   if name not in stacks and hasattr(part, "parameters"))
+                   if name not in stacks and name not in EXPERTS and hasattr(part, "parameters"))
     built = module_bytes(*(p for p in parts.values() if hasattr(p, "parameters")))
     if fp8:  # the FP8 copies are made on the host beside the bf16 weights (kept there for revert)
-        built += transformer.blocks * transformer.block_bytes
+        built += experts * transformer.blocks * transformer.block_bytes
     config, vae = parts["transformer"].config, parts["vae"].config
     tokens = _video_tokens(config, vae, settings)
     guided = any(getattr(settings, name, 0) > 1 for name in ("guidance_scale", "audio_guidance_scale"))
@@ -107,4 +109,4 @@ def footprint(family, settings, parts: dict) -> Footprint:
                      kept + decode_bytes(min(settings.num_frames, family.decode_frames or settings.num_frames),
                                          settings.height, settings.width, channels, patch),
                      kept + decode_bytes(min(settings.num_frames, TILE_FRAMES), min(settings.height, TILE_SIDE),
-                                         min(settings.width, TILE_SIDE), channels, patch))
+                                         min(settings.width, TILE_SIDE), channels, patch), experts)

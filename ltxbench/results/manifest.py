@@ -107,6 +107,8 @@ BENCHMARKS = (
               image=True),
     Benchmark("e2e-wan2.1-14b-81f-24gib", (*_WAN, "--model", "wan2.1-14b", "--configs", "optimized",
                                            "--memory-budget", "24", "--steps", "3"), 7),
+    Benchmark("e2e-wan2.2-a14b-81f-24gib", (*_WAN, "--model", "wan2.2-a14b", "--configs", "optimized",
+                                            "--memory-budget", "24", "--steps", "4"), 9),
     # the regression baselines of `make bench-check` (the Makefile's BENCH_CHECK_E2E / BENCH_CHECK_MICRO)
     Benchmark("bench-check-e2e", ("bench", "e2e", "--model", "ltx-2b", "--weights", "random", "--num-frames", "49",
                                   "--steps", "10", "--phase", "transformer", "--configs", "optimized,compile",

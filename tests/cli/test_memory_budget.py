@@ -59,7 +59,8 @@ def on_the_cpu(monkeypatch):
             return Streaming(s.component, s.blocks, s.block_bytes, tuple(range(s.blocks)), 2)
 
         return MemoryPlan(int(budget_gib * GIB), stack(need.transformer), stack(need.text_encoder), need.others, 0, 0,
-                          False, (("encode", 0), ("denoise", need.denoise_bytes), ("decode", 0)), 0, phased=True)
+                          False, (("encode", 0), ("denoise", need.denoise_bytes), ("decode", 0)), 0, phased=True,
+                          experts=need.experts)
 
     monkeypatch.setattr(planner, "plan_memory", all_streamed)  # cli._memory.plan_for reads it at each call
 
@@ -209,3 +210,50 @@ def test_wan_streams_its_blocks_and_text_layers_and_gives_the_resident_latents(o
         latents = [wan._denoise(p, e, settings, torch.Generator().manual_seed(0), None)
                    for p, e in ((resident, embeds), (pipe, placed_embeds))]
     assert torch.equal(placed_embeds[0], embeds[0]) and torch.equal(latents[1], latents[0])
+
+
+def test_wan_a14b_plans_both_experts_one_on_the_gpu_at_a_time(on_the_cpu, captured, tmp_path):
+    """Wan 2.2 A14B under a budget: both experts planned as the transformer (their blocks streamed alike), each on
+    the GPU only during its own steps (the high-noise expert leaves when the low-noise one is first called), and the
+    generation's latents are the resident pipeline's."""
+    from ltxbench.memory.apply import placement_of
+    from ltxbench.models import family_of, wan
+
+    args = [a if a != "wan-tiny" else "wan-tiny-a14b" for a in WAN_TINY]
+    out = tmp_path / "a14b.json"
+    result = runner.invoke(app, [*args, "--steps", "4", "--configs", "baseline,optimized", "--memory-budget", "6",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "transformer blocks (each of 2 experts, one at a time)" in " ".join(result.output.split())
+    memory = json.loads(out.read_text())["run"]["config"]["memory"]
+    assert memory["experts"] == 2 and {"transformer", "transformer_2"} <= set(memory["moved"])
+    pipe = captured["target"]
+    placement = placement_of(pipe)
+    assert set(placement.movers) == {"transformer", "transformer_2", "text_encoder", "vae"}
+    assert len(placement.streamers) == 3
+    on_gpu = []
+
+    def seen(_module, _args):
+        on_gpu.append(tuple(name for name in ("transformer", "transformer_2")
+                            if placement.movers[name].on_device))
+
+    handles = [getattr(pipe, name).register_forward_pre_hook(seen) for name in ("transformer", "transformer_2")]
+    family = family_of("wan-tiny-a14b")
+    settings = family.settings("bench e2e", model="wan-tiny-a14b", weights="random", device="cpu", num_frames=9,
+                               height=64, width=64, steps=4, kernel_provider="reference", dtype="fp32")
+    resident = family.build(settings)
+    for name in ("transformer", "transformer_2", "text_encoder", "vae"):
+        getattr(resident, name).load_state_dict(getattr(pipe, name).state_dict())
+    try:
+        with torch.no_grad():
+            embeds = wan._encode(resident, settings, "cpu")
+            latents = [wan._denoise(p, embeds, settings, torch.Generator().manual_seed(0), None)
+                       for p in (resident, pipe)]
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert torch.equal(latents[1], latents[0])
+    # the pre-hooks run after the phase hook: each call finds its own expert, and only it, on the device
+    assert set(on_gpu) == {("transformer",), ("transformer_2",)}
+    assert on_gpu.index(("transformer_2",)) > 0 and ("transformer",) not in on_gpu[on_gpu.index(("transformer_2",)):]
+

@@ -170,3 +170,28 @@ def test_sizes_counted_on_the_meta_device():
                                   + 3 * prompt)
     assert need.encode_bytes == activation_bytes(1024, 3840, 1, vocab=262208) + 3 * prompt
     assert plans[0].transformer.resident == 19  # 121 x 512 x 768, guided: the denoise phase alone
+
+
+def test_experts_are_planned_as_the_transformer_one_on_the_gpu_at_a_time():
+    """Wan 2.2 A14B: transformer_2 has the transformer's stack and plan; the denoise holds one expert at a time (the
+    same resident blocks as one transformer), both move between phases, and the host holds both experts' copies."""
+    from ltxbench.memory.sizes import footprint
+    from ltxbench.models import family_of, wan_build
+    from ltxbench.models.wan import WanSettings
+
+    parts = wan_build.build_components(wan_build.component_configs("wan2.2-a14b"), "meta", torch.bfloat16)
+    need = footprint(family_of("wan2.2-a14b"), WanSettings(model="wan2.2-a14b", weights="random", family="wan"), parts)
+    assert need.experts == 2 and [name for name, _ in need.others] == ["vae"]
+    single = dataclasses.replace(need, experts=1)
+    for budget in (24, 16):
+        plan, alone = plan_memory(budget, need), plan_memory(budget, single)
+        assert plan.transformer == alone.transformer and plan.stack("transformer_2") is plan.transformer
+        assert plan.phase_bytes("denoise") == alone.phase_bytes("denoise") <= budget * GIB
+        assert {"transformer", "transformer_2"} <= set(plan.moved)
+        tr = plan.transformer
+        moving = plan.transformer_outside + tr.resident * tr.block_bytes  # an expert's weights that move
+        assert plan.host_bytes - alone.host_bytes == tr.host_bytes + moving * (1 if "transformer" in alone.moved else 2)
+    assert plan_memory(24, need).transformer.resident == 13
+    static = plan_memory(200, need)  # both experts whole on the GPU at once where the budget holds them
+    assert not static.phased and static.weights_bytes("denoise") == static.weights_bytes("decode") > 2 * (
+        parts["transformer"].num_parameters() * 2)

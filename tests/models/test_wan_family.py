@@ -306,8 +306,8 @@ I2V = [a if a != "wan-tiny" else "wan-tiny-i2v" for a in TINY]
 
 @pytest.mark.parametrize(("extra", "needle"), [
     ([], "--model wan-tiny-i2v is an image-to-video model: give the first frame with --image"),
-    (["--image", "first.png", "--memory-budget", "8"], "--memory-budget 8: Wan 2.1 I2V's image encoder is not "
-                                                       "planned yet"),
+    (["--image", "first.png", "--memory-budget", "8"], "--memory-budget 8: Wan's I2V models (their image encoding) "
+                                                       "are not planned yet"),
 ])
 def test_the_i2v_model_refuses_without_an_image_or_with_a_budget(extra, needle, tmp_path):
     out = tmp_path / "v.mp4"
