@@ -34,14 +34,19 @@ class AttentionShape:
 # At 512x768 with classifier-free guidance (batch 2): LTX-Video 2B 32 heads of 64, 2688 video tokens at 49 frames and
 # 8064 at 161 (ops/shapes.LTX_SHAPES), text cross-attention over 128 T5 tokens; LTX-2 19B 32 heads of 128, 6144 video
 # tokens at 121 frames, text cross-attention over 1024 Gemma tokens. The text keys carry the prompt's padding mask.
+# Wan 2.1 at 81 x 480 x 832 (32760 video tokens), its guidance pair as one batch of 2: 1.3B 12 heads of 128, 14B 40;
+# the text cross-attention over UMT5's 512 tokens without a mask (Wan attends the zeroed padding).
 SHAPES = {
     "ltx": {"ltx2b-49f-self": AttentionShape(2, 32, 2688, 2688, 64),
             "ltx2b-161f-self": AttentionShape(2, 32, 8064, 8064, 64),
             "ltx2b-161f-text": AttentionShape(2, 32, 8064, 128, 64, masked=True)},
     "ltx2": {"ltx2-19b-video-self": AttentionShape(2, 32, 6144, 6144, 128),
              "ltx2-19b-video-text": AttentionShape(2, 32, 6144, 1024, 128, masked=True)},
+    "wan": {"wan2.1-1.3b-81f-self": AttentionShape(2, 12, 32760, 32760, 128),
+            "wan2.1-14b-81f-self": AttentionShape(2, 40, 32760, 32760, 128),
+            "wan2.1-14b-81f-text": AttentionShape(2, 40, 32760, 512, 128)},
 }
-SHAPES["all"] = {**SHAPES["ltx"], **SHAPES["ltx2"]}
+SHAPES["all"] = {**SHAPES["ltx"], **SHAPES["ltx2"], **SHAPES["wan"]}
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")  # torch.nn.attention.SDPBackend FLASH_ATTENTION, ...
 PACKAGES = {"flash_attn": "flash_attn", "flash_attn_3": "flash_attn_interface"}  # backend -> module it imports
 BACKENDS = SDPA_BACKENDS + tuple(PACKAGES)
@@ -94,18 +99,30 @@ def inputs(shape: AttentionShape, device: str, seed: int) -> dict:
     return out
 
 
+REFERENCE_SCORES = 2**28  # fp32 scores a reference chunk holds at once (1 GiB): Wan 14B's full matrix is 171 GB
+
+
 def reference(x: dict):
-    """The fp32 output (math backend, one batch row at a time to bound the score matrix's memory)."""
+    """The fp32 output (math backend), a batch row, a head and a block of queries at a time: each chunk's score
+    matrix at most REFERENCE_SCORES values, so the reference fits beside the inputs at every shape."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    rows = []
+    batch, heads, queries, _ = x["q"].shape
+    keys = x["k"].shape[2]
+    step = max(1, REFERENCE_SCORES // max(keys, 1))
+    out = torch.empty(x["q"].shape, dtype=torch.float32, device=x["q"].device)
     with sdpa_kernel(SDPBackend.MATH):
-        for b in range(x["q"].shape[0]):
+        for b in range(batch):
             mask = None if x["mask"] is None else x["mask"][b:b + 1].float()
-            rows.append(torch.nn.functional.scaled_dot_product_attention(
-                *(x[n][b:b + 1].float() for n in "qkv"), attn_mask=mask))
-    return torch.cat(rows)
+            for h in range(heads):
+                k, v = (x[n][b:b + 1, h:h + 1].float() for n in "kv")
+                for start in range(0, queries, step):
+                    q = x["q"][b:b + 1, h:h + 1, start:start + step].float()
+                    part = None if mask is None else mask[..., start:start + step, :]
+                    out[b:b + 1, h:h + 1, start:start + step] = torch.nn.functional.scaled_dot_product_attention(
+                        q, k, v, attn_mask=part)
+    return out
 
 
 def call(backend: str, x: dict):

@@ -27,8 +27,8 @@ def micro_command(
         help="Kernel names or aliases (rmsnorm, rmsnorm_residual, adaln_rmsnorm, ...) or `all` (the default).")] = None,
     dtype: str = typer.Option("bf16", "--dtype", help="Comma-separated dtypes: bf16, fp16, fp32, or all."),
     shapes: str = typer.Option(
-        "all", "--shapes", help="Shape group: seed, ltx (LTX-Video), ltx2 (LTX-2 19B), llm, odd (widths that defeat "
-        "vectors), or all (each kernel's benchmark shapes)."),
+        "all", "--shapes", help="Shape group: seed, ltx (LTX-Video), ltx2 (LTX-2 19B), wan (Wan 2.1), llm, odd (widths "
+        "that defeat vectors), or all (each kernel's benchmark shapes)."),
     providers: str = typer.Option(
         "all", "--providers", help="Comma-separated: cuda, eager, F.rms_norm, compile, liger, or all."),
     timer: str = typer.Option(
@@ -55,7 +55,7 @@ def micro_command(
     if kernels and "attention" in kernels:
         if kernels != ["attention"] or variant is not None or plot is not None or dtype != "bf16":
             raise UsageError("bench micro attention runs alone, in bf16, without --variant or --plot",
-                             hint="ltxbench bench micro attention [--shapes ltx|ltx2|all] [--providers flash,...]")
+                             hint="ltxbench bench micro attention [--shapes ltx|ltx2|wan|all] [--providers flash,...]")
         _attention(shapes, providers, timer, seed, output, force)
         return
     specs = micro.resolve_kernels(kernels)

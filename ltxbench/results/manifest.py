@@ -101,6 +101,9 @@ BENCHMARKS = (
     Benchmark("e2e-wan2.1-14b-81f", (*_WAN, "--model", "wan2.1-14b", *_WAN_COMPILED, "--steps", "3"), 7),
     Benchmark("e2e-wan2.2-a14b-81f", (*_WAN, "--model", "wan2.2-a14b", *_WAN_COMPILED, "--steps", "4"), 9),
     # Wan's modulated LayerNorm and gated residual: float32 scale/shift/gate over bf16 rows, as its blocks hold them
+    # attention at our models' shapes, per backend (n/a where a package is missing), TFLOP/s against the dense peak
+    Benchmark("micro-attention", ("bench", "micro", "attention", "--shapes", "all", "--providers",
+                                  "flash,cudnn,efficient,flash_attn,flash_attn_3"), 4),
     Benchmark("micro-wan-f32", (*_MICRO, "layer_norm_modulate", "gated_residual", "--shapes", "wan", "--variant",
                                 "wan-f32", "--providers", "cuda,eager,compile"), 1),
     Benchmark("e2e-wan2.1-i2v-14b-81f", (*_WAN, "--model", "wan2.1-i2v-14b", *_WAN_COMPILED, "--steps", "3"), 7,

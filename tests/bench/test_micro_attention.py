@@ -30,7 +30,7 @@ def test_rates_and_peak_share():
 
 
 def test_shape_groups_and_backends_are_checked():
-    assert set(ma.SHAPES["all"]) == set(ma.SHAPES["ltx"]) | set(ma.SHAPES["ltx2"])
+    assert set(ma.SHAPES["all"]) == set(ma.SHAPES["ltx"]) | set(ma.SHAPES["ltx2"]) | set(ma.SHAPES["wan"])
     assert ma.parse_backends("all") == list(ma.BACKENDS)
     assert ma.parse_backends("cudnn,flash") == ["cudnn", "flash"]
     with pytest.raises(Exception, match="--providers"):
@@ -96,3 +96,18 @@ def test_the_report_table_shows_rates_and_not_applicable_rows():
     frame = table_for({"kind": "micro-attention", "records": records})
     assert frame["TFLOP/s"].tolist() == ["1000.0", "–"] and frame["µs"].tolist() == ["1.00", "n/a"]
     assert frame["check"].tolist() == ["ok", "–"]
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_reference_in_chunks_is_the_whole_computation(monkeypatch, masked):
+    """The fp32 reference, a head and a block of queries at a time (so that Wan 14B's 32760-token scores never exist
+    whole), equals the math backend on the whole batch."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    x = ma.inputs(ma.AttentionShape(2, 3, 37, 29, 16, masked=masked), "cpu", 0)
+    monkeypatch.setattr(ma, "REFERENCE_SCORES", 5 * 29)  # blocks of 5 queries (the last one of 2)
+    with sdpa_kernel(SDPBackend.MATH):
+        whole = torch.nn.functional.scaled_dot_product_attention(
+            *(x[n].float() for n in "qkv"), attn_mask=None if x["mask"] is None else x["mask"].float())
+    torch.testing.assert_close(ma.reference(x), whole, rtol=1e-6, atol=1e-6)
