@@ -19,6 +19,7 @@ from ltxbench.configurations import Configuration
 from ltxbench.models import ltx2_build
 from ltxbench.models.family import Option, PeerConfig, RunSettings
 from ltxbench.models.ltx2_build import PRESETS
+from ltxbench.models.ltx2_core import LTX_CORE
 from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
 from ltxbench.models.video import VideoFamily, video_options
 from ltxbench.models.video_image import IMAGE_OPTION
@@ -110,12 +111,19 @@ class LTX2Family(VideoFamily):
 
         super().validate(settings, command)
         refuse_cuda_graphs(settings.compile_mode, CUDA_GRAPHS_REFUSED if settings.compile_scope == "model" else None)
+        core = [c for c in map(Configuration, settings.configs or ()) if c.peer == LTX_CORE]
+        if core:
+            _validate_ltx_core(core[0], settings)
 
     def peers(self) -> dict[str, PeerConfig]:
-        return {**super().peers(), STG_OFF: PeerConfig(STG_OFF, stg_pass_off)}
+        from ltxbench.models.ltx2_core import apply_ltx_core
+
+        return {**super().peers(), STG_OFF: PeerConfig(STG_OFF, stg_pass_off),
+                LTX_CORE: PeerConfig(LTX_CORE, apply_ltx_core)}
 
     def settings_for(self, settings: LTX2Settings, config: str) -> LTX2Settings:
-        return without_stg_pass(settings) if Configuration(config).peer == STG_OFF else settings
+        """stg-off and ltx-core run the pipeline without its STG pass."""
+        return without_stg_pass(settings) if Configuration(config).peer in (STG_OFF, LTX_CORE) else settings
 
     def bench(self, pipe, settings: LTX2Settings, log) -> dict:
         """The configurations timed; with stg-off among them, its video checked against the default's (untimed,
@@ -167,6 +175,23 @@ class _StgPassOff:
 
     def as_dict(self) -> dict:
         return {"applied": True, "provider": "diffusers", "rules": {STG_OFF_RULE: 1}, "skipped": []}
+
+
+def _validate_ltx_core(config: Configuration, settings: LTX2Settings) -> None:
+    """The ltx-core peer as its users run it: eager, text-to-video, its model whole on one GPU; the package there."""
+    from ltxbench.errors import EnvironmentProblem, UsageError
+    from ltxbench.models.ltx2_core import available
+
+    refused = ("+compile: ltx-core's pipelines do not compile its model" if config.compiled else
+               "--image: the peer is fed text-to-video calls (one timestep per sample)" if settings.image else
+               "--memory-budget: our streamers load diffusers' blocks, which ltx-core does not call"
+               if settings.memory_budget_gib is not None else
+               f"--gpus {settings.gpus}: the peer runs on one GPU" if settings.gpus > 1 else None)
+    if refused:
+        raise UsageError(f"--configs {config}: {refused}", hint=f"run {LTX_CORE} alone, eager, on one GPU")
+    if not available():
+        raise EnvironmentProblem(f"--configs {config} needs Lightricks' ltx-core package",
+                                 hint="pip install ltx-core einops (or pip install 'ltxbench[ltx-core]')")
 
 
 def without_stg_pass(settings: LTX2Settings) -> LTX2Settings:

@@ -66,6 +66,9 @@ BENCHMARKS = (
                                     "optimized+compile", "--steps", "3", "--repeats", "2"), 8),
     Benchmark("e2e-ltx2-19b-121f-fp8", (*_LTX2, "--configs", "stg-off+compile", "--precision", "fp8", "--steps", "3",
                                         "--repeats", "2"), 6, needs=("hopper",)),
+    # Lightricks' own transformer (ltx-core) beside diffusers without the STG pass and ours, eager, on shared weights
+    Benchmark("e2e-ltx2-19b-121f-ltx-core", (*_LTX2, "--configs", "stg-off,ltx-core,optimized,stg-off+compile",
+                                             "--steps", "3", "--repeats", "2"), 7, needs=("ltx_core",)),
     Benchmark("e2e-llama-3-8b-peers", ("bench", "e2e", "--model", "llama-3-8b", "--weights", "random", "--configs",
                                        "baseline,optimized,compile,optimized+compile,liger,liger+compile",
                                        "--prompt-lengths", "512,2048", "--new-tokens", "128", "--decode-compile-mode",
