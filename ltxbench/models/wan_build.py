@@ -34,6 +34,8 @@ PRESETS = {
     "wan-tiny-ti2v": ("wan-tiny", None),  # wan-tiny run as Wan 2.2 5B runs: per-token timesteps, --image
     "wan2.1-i2v-14b": ("wan2.1-i2v-14b", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"),
     "wan-tiny-i2v": ("wan-tiny-i2v", None),
+    "wan2.2-i2v-a14b": ("wan2.2-i2v-a14b", "Wan-AI/Wan2.2-I2V-A14B-Diffusers"),
+    "wan-tiny-i2v-a14b": ("wan-tiny-i2v-a14b", None),
 }
 # Wan 2.2 5B's pipeline gives every video token its own timestep (WanPipeline's expand_timesteps); its image-to-video
 # (TI2V) is the same transformer with the image's latents as the first latent frame, at timestep 0
@@ -180,9 +182,11 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
         parts = build_components(configs, device, dtype, seed)
         settings = {"boundary_ratio": configs.get("pipeline", {}).get("boundary_ratio"),
                     "expand_timesteps": _expands_timesteps(model, configs)}
-        if "image_encoder" in parts:
+        if "image_encoder" in parts:  # Wan 2.1 I2V: CLIP's features of the image beside its latents
             return WanImageToVideoPipeline(tokenizer=build_tokenizer(), image_processor=image_processor(
                 configs["image_encoder"]["image_size"]), **parts, **settings)
+        if _conditions_on_an_image(configs):  # Wan 2.2 I2V A14B: the image's latents alone
+            return WanImageToVideoPipeline(tokenizer=build_tokenizer(), **parts, **settings)
         return WanPipeline(tokenizer=build_tokenizer(), **parts, **settings)
     if weights != "pretrained":
         raise UsageError(f"--weights {weights!r} is not one of pretrained, random")
@@ -218,16 +222,24 @@ def takes_an_image(model: str) -> bool:
 
 
 def needs_an_image(model: str) -> bool:
-    """Whether `model` is a Wan 2.1 I2V model, which runs only image-to-video (its transformer takes the image's CLIP
-    features): a preset with an image encoder, a hub id naming I2V, or a directory whose pipeline is Wan's
-    image-to-video one. Read before torch loads."""
+    """Whether `model` is an I2V model (Wan 2.1 I2V 14B, Wan 2.2 I2V A14B), which runs only image-to-video: a preset
+    whose transformer takes the image's condition channels beside the latents, a hub id naming I2V, or a directory
+    whose pipeline is Wan's image-to-video one. Read before torch loads."""
     if model in PRESETS:
-        return (CONFIGS / PRESETS[model][0] / "image_encoder.json").is_file()
+        folder = CONFIGS / PRESETS[model][0]
+        return _conditions_on_an_image({"transformer": json.loads((folder / "transformer.json").read_text())})
     root = Path(model).expanduser()
     if root.is_dir():
         index = root / "model_index.json"
         return index.is_file() and '"WanImageToVideoPipeline"' in index.read_text()
     return "-i2v-" in model.lower()
+
+
+def _conditions_on_an_image(configs: dict[str, dict]) -> bool:
+    """The I2V transformers take more input channels than they give out: the latents, then the first frame's mask
+    and latents (Wan 2.1 I2V, Wan 2.2 I2V A14B: 16 + 4 + 16 in, 16 out); TI2V-5B takes its image as latents (48/48)."""
+    transformer = configs["transformer"]
+    return transformer["in_channels"] != transformer["out_channels"]
 
 
 def _expands_timesteps(model: str, configs: dict[str, dict]) -> bool:

@@ -103,7 +103,7 @@ def test_the_tokenizer_stand_in_has_umt5s_special_ids_and_pads_to_512():
 
 def test_offline_uncached_weights_are_one_clear_error(tmp_path):
     """A fresh process: huggingface_hub reads HF_HUB_OFFLINE once, at import; an empty HF_HOME means no cache."""
-    model = "Wan-AI/Wan2.2-I2V-A14B-Diffusers"  # no preset's: nothing to size before loading
+    model = "Wan-AI/Wan2.1-FLF2V-14B-720P-Diffusers"  # no preset's: nothing to size before loading
     code = ("from ltxbench.models import wan_build as b\n"
             f"try:\n    b.build_pipeline({model!r}, 'pretrained', 'cpu', 'bf16')\n"
             "except Exception as e:\n    print(type(e).__name__, e.exit_code); print(e.message); print(e.hint)\n")
@@ -373,3 +373,24 @@ def test_the_i2v_14b_preset_counts_as_published():
     assert (clip.image_size // clip.patch_size) ** 2 + 1 == 257
     assert wan_build.needs_an_image("wan2.1-i2v-14b") and wan_build.needs_an_image("Wan-AI/Wan2.1-I2V-14B-720P")
     assert not wan_build.needs_an_image("wan2.1-14b") and wan_build.takes_an_image("wan-tiny-i2v")
+
+
+def test_the_wan22_i2v_a14b_model_runs_image_to_video_on_both_experts(tmp_path):
+    """Wan 2.2 I2V A14B (wan-tiny-i2v-a14b): WanImageToVideoPipeline without CLIP (the image enters as latents in the
+    condition channels alone), both experts, the boundary at 0.9; generate writes the video; --image is required."""
+    from diffusers import WanImageToVideoPipeline
+
+    from ltxbench.models import wan_build
+
+    args = [a if a != "wan-tiny" else "wan-tiny-i2v-a14b" for a in TINY]
+    result = runner.invoke(app, ["generate", "--prompt", "x", *args, "--output", str(tmp_path / "n.mp4")])
+    assert result.exit_code == 2 and "is an image-to-video model" in result.output
+    out = tmp_path / "i2v.mp4"
+    result = runner.invoke(app, ["generate", "--prompt", "a red fox", *args, "--image", str(_first_frame(tmp_path)),
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    pipe = wan_build.build_pipeline("wan-tiny-i2v-a14b", "random", "cpu", "fp32")
+    assert isinstance(pipe, WanImageToVideoPipeline) and pipe.image_encoder is None
+    assert pipe.transformer_2 is not None and pipe.config.boundary_ratio == 0.9
+    assert pipe.transformer.config.in_channels == 36 and pipe.transformer.config.image_dim is None
+    assert wan_build.needs_an_image("wan2.2-i2v-a14b") and not wan_build.needs_an_image("wan2.2-5b")
