@@ -11,6 +11,7 @@ storage of their own on the host, patched there, and laid out again.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from ltxbench.memory.plan import ENCODE_PARTS, EXPERTS, MemoryPlan
@@ -112,11 +113,8 @@ class Placement:
     def install(self) -> None:
         """The streamers; for a phased plan, each component's Mover made (one at a time: its weights leave the GPU
         before the next component's come) and the phase hooks."""
-        started = time.perf_counter()
-        try:
+        with self._timed("install"):
             self._install()
-        finally:
-            self.layout_seconds["install"].append(round(time.perf_counter() - started, 3))
 
     def _install(self) -> None:
         from ltxbench.memory.phases import Mover, tensors_of
@@ -170,11 +168,8 @@ class Placement:
 
     def uninstall(self) -> None:
         """The hooks off, every component's weights back where place() left them, the streamers reverted."""
-        started = time.perf_counter()
-        try:
+        with self._timed("uninstall"):
             self._uninstall()
-        finally:
-            self.layout_seconds["uninstall"].append(round(time.perf_counter() - started, 3))
 
     def _uninstall(self) -> None:
         for hook in self._hooks:
@@ -192,6 +187,14 @@ class Placement:
                 streamer.revert()
         while self.streamers:
             self.streamers.pop().revert()
+
+    @contextlib.contextmanager
+    def _timed(self, step: str):
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.layout_seconds[step].append(round(time.perf_counter() - started, 3))
 
     def around(self, patch):
         """patch() (an injection: its report, or None) applied with the streamers uninstalled, then installed again;
