@@ -118,3 +118,20 @@ def test_without_the_package_the_peer_is_an_environment_problem(monkeypatch, tmp
     result = runner.invoke(app, [*LTX2_TINY, "--configs", "ltx-core", "--output", str(tmp_path / "r.json")])
     assert result.exit_code == 4 and "needs Lightricks' ltx-core package" in result.output, result.output
     assert not (tmp_path / "r.json").exists()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["pair", "isolated"])
+def test_on_the_gpu_in_bf16_the_19b_blocks_agree_with_diffusers(case):
+    """Two of LTX-2 19B's blocks in bf16 at 121 x 512 x 768 latent sizes: ltx-core's output against diffusers' on the
+    same weights, within bf16 rounding (ltx-core applies RoPE in bf16, diffusers in fp32)."""
+    from tests.helpers import cast_floats, ltx2_cuda_inputs, ltx2_cuda_transformer
+
+    model = ltx2_cuda_transformer("ltx2-19b", torch.bfloat16)
+    inputs = cast_floats(ltx2_cuda_inputs(model, case), torch.bfloat16)
+    with torch.no_grad():
+        expected = model(**inputs)
+        got = ltx2_core._call(ltx2_core.core_model(model), model, **inputs)
+    for g, e in zip(got, expected, strict=True):
+        cos = torch.nn.functional.cosine_similarity(g.double().flatten(), e.double().flatten(), dim=0)
+        assert cos.item() > 0.999, cos.item()
