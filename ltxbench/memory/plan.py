@@ -109,7 +109,8 @@ class Streaming:
                 f"memory through {self.slots} slots of {_gib(self.block_bytes)}")
 
 
-ENCODE_PARTS = ("connectors",)  # components held whole that run in the text encode; the others in the decode
+# components held whole that run in the encode (LTX-2's connectors, Wan 2.1 I2V's CLIP); the others in the decode
+ENCODE_PARTS = ("connectors", "image_encoder")
 PHASES = ("encode", "denoise", "decode")
 EXPERTS = ("transformer", "transformer_2")  # the denoisers of a pipeline with experts (Wan 2.2 A14B), in order
 

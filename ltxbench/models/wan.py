@@ -97,14 +97,9 @@ class WanFamily(VideoFamily):
                                          wan_build.side_multiple(settings.model))
 
     def validate(self, settings: WanSettings, command: str) -> None:
-        """The video families' checks, after Wan's own: --image on the TI2V and I2V models only, and always on I2V;
-        --memory-budget not on the I2V models."""
+        """The video families' checks, after Wan's own: --image on the TI2V and I2V models only, and always on I2V."""
         from ltxbench.errors import UsageError
 
-        budget = settings.memory_budget_gib
-        if budget is not None and wan_build.needs_an_image(settings.model):
-            raise UsageError(f"--memory-budget {budget:g}: Wan's I2V models (their image encoding) are not planned "
-                             "yet", hint="drop --memory-budget for this model")
         if settings.image is not None and not wan_build.takes_an_image(settings.model):
             raise UsageError(f"--image: Wan's image-to-video runs on the TI2V model (wan2.2-5b) or the I2V one "
                              f"(wan2.1-i2v-14b), not {settings.model}")

@@ -257,3 +257,36 @@ def test_wan_a14b_plans_both_experts_one_on_the_gpu_at_a_time(on_the_cpu, captur
     assert set(on_gpu) == {("transformer",), ("transformer_2",)}
     assert on_gpu.index(("transformer_2",)) > 0 and ("transformer",) not in on_gpu[on_gpu.index(("transformer_2",)):]
 
+
+
+def test_wan_i2v_under_a_budget_encodes_the_image_in_the_encode_phase(on_the_cpu, captured, tmp_path):
+    """Wan 2.1 I2V under a budget: CLIP's vision tower is held in the encode phase (its call brings it), the blocks
+    stream, and the image-to-video latents are the resident pipeline's."""
+    from PIL import Image
+
+    from ltxbench.memory.apply import placement_of
+    from ltxbench.models import family_of, wan
+
+    image = tmp_path / "first.png"
+    Image.new("RGB", (64, 64), "red").save(image)
+    args = [a if a != "wan-tiny" else "wan-tiny-i2v" for a in WAN_TINY]
+    result = runner.invoke(app, [*args, "--image", str(image), "--configs", "baseline", "--memory-budget", "6",
+                                 "--output", str(tmp_path / "i2v.json")])
+    assert result.exit_code == 0, result.output
+    pipe = captured["target"]
+    placement = placement_of(pipe)
+    assert placement.phase_of("image_encoder") == "encode" and "image_encoder" in placement.movers
+    family = family_of("wan-tiny-i2v")
+    settings = family.settings("bench e2e", model="wan-tiny-i2v", weights="random", device="cpu", num_frames=9,
+                               height=64, width=64, steps=2, kernel_provider="reference", dtype="fp32",
+                               image=str(image))
+    resident = family.build(settings)
+    for name in ("transformer", "text_encoder", "vae", "image_encoder"):
+        getattr(resident, name).load_state_dict(getattr(pipe, name).state_dict())
+    frame = Image.open(image)
+    with torch.no_grad():
+        embeds = wan._encode(resident, settings, "cpu")
+        latents = [wan._denoise(p, embeds, settings, torch.Generator().manual_seed(0), None, frame)
+                   for p in (resident, pipe)]
+    assert torch.equal(latents[1], latents[0])
+    assert not placement.movers["image_encoder"].on_device  # the denoise sent it back to the host
