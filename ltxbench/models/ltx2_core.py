@@ -124,8 +124,11 @@ def _call(model, transformer, *, hidden_states, audio_hidden_states, encoder_hid
           audio_encoder_hidden_states, timestep, audio_timestep=None, encoder_attention_mask=None,
           audio_encoder_attention_mask=None, num_frames=None, height=None, width=None, fps=24.0,
           audio_num_frames=None, video_coords=None, audio_coords=None, isolate_modalities=False,
-          spatio_temporal_guidance_blocks=None, return_dict=True, **unused):
-    """One diffusers-style transformer call answered by ltx-core's model."""
+          spatio_temporal_guidance_blocks=None, return_dict=True, sigma=None, audio_sigma=None,
+          use_cross_timestep=False, **others):
+    """One diffusers-style transformer call answered by ltx-core's model. sigma, audio_sigma (read by LTX-2.3's
+    blocks) and use_cross_timestep (the same result for one timestep per sample) change nothing here; any other
+    argument given a value (a self-attention mask, keyframes, attention_kwargs) is refused, not dropped."""
     import torch
     from diffusers.models.transformers.transformer_ltx2 import AudioVisualModelOutput
     from ltx_core.guidance.perturbations import (
@@ -138,6 +141,9 @@ def _call(model, transformer, *, hidden_states, audio_hidden_states, encoder_hid
 
     if spatio_temporal_guidance_blocks:
         raise RuntimeError(f"{LTX_CORE}: the pipeline's STG pass reached the peer, which runs without it")
+    given = sorted(name for name, value in others.items() if value is not None)
+    if given:
+        raise RuntimeError(f"{LTX_CORE}: the call passes {given[0]}, which the peer does not feed ltx-core")
     batch = hidden_states.size(0)
     audio_timestep = timestep if audio_timestep is None else audio_timestep
     if video_coords is None:

@@ -62,6 +62,8 @@ def test_per_token_timesteps_and_the_stg_pass_are_refused_at_the_call(transforme
         ltx2_core._call(model, transformer, **ltx2_inputs(transformer, per_token=True))
     with pytest.raises(RuntimeError, match="STG pass reached the peer"), torch.no_grad():
         ltx2_core._call(model, transformer, **ltx2_inputs(transformer), spatio_temporal_guidance_blocks=[1])
+    with pytest.raises(RuntimeError, match="passes attention_kwargs, which the peer does not feed"), torch.no_grad():
+        ltx2_core._call(model, transformer, **ltx2_inputs(transformer), attention_kwargs={"scale": 0.5})
 
 
 def test_the_pipeline_with_the_peer_gives_the_stg_off_latents_and_reverts():
