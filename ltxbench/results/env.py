@@ -17,7 +17,8 @@ from pathlib import Path
 from ltxbench.results.provenance import provenance
 
 PROBE_TIMEOUT_S = 5
-PACKAGES = ("torch", "triton", "diffusers", "transformers", "accelerate")
+# the libraries the runs use, then the peer configurations' (None where not installed)
+PACKAGES = ("torch", "triton", "diffusers", "transformers", "accelerate", "liger-kernel", "ltx-core")
 
 
 def _run(cmd: list[str], cwd: str | Path | None = None) -> str | None:

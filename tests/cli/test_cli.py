@@ -64,7 +64,8 @@ def test_env_json_is_parseable_and_complete():
         assert {"index", "name", "capability", "sm_count", "memory_gib"} <= set(gpu)
     assert {"hostname", "platform", "python"} <= set(env["host"])
     versions = env["versions"]
-    for key in ("torch", "cuda", "cudnn", "triton", "diffusers", "transformers", "accelerate", "ltxbench"):
+    for key in ("torch", "cuda", "cudnn", "triton", "diffusers", "transformers", "accelerate", "ltxbench",
+                "liger-kernel", "ltx-core"):
         assert key in versions
     import torch
 
