@@ -66,6 +66,7 @@ OPTIONS = (
 
 class WanFamily(VideoFamily):
     name, title = "wan", "Wan"
+    precisions = ("bf16", "fp8")
     presets = {name: hub for name, (_, hub) in PRESETS.items()}
     settings_class = WanSettings
     options = OPTIONS
@@ -129,7 +130,8 @@ class WanFamily(VideoFamily):
     def inject(self, pipe, settings: WanSettings):
         from ltxbench.inject.wan import apply_kernels
 
-        return apply_kernels(pipe, settings.kernel_provider, pair_guidance=settings.pair_guidance is not False)
+        return apply_kernels(pipe, settings.kernel_provider, pair_guidance=settings.pair_guidance is not False,
+                             precision=settings.precision, fp8_accumulation=settings.fp8_accumulation or "fast")
 
     def encode(self, pipe, settings: WanSettings, device):
         return _encode(pipe, settings, device)

@@ -174,8 +174,6 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
     """WanPipeline on `device` in `dtype`: `pretrained` loads weights; `random` builds from configs (seeded)."""
     if isinstance(dtype, str):
         dtype = torch_dtype(dtype)
-    from diffusers import WanImageToVideoPipeline, WanPipeline
-
     if weights == "random":
         configs = component_configs(model)
         ensure_pipeline_fits(configs, model, device, dtype)
@@ -183,11 +181,8 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
         settings = {"boundary_ratio": configs.get("pipeline", {}).get("boundary_ratio"),
                     "expand_timesteps": _expands_timesteps(model, configs)}
         if "image_encoder" in parts:  # Wan 2.1 I2V: CLIP's features of the image beside its latents
-            return WanImageToVideoPipeline(tokenizer=build_tokenizer(), image_processor=image_processor(
-                configs["image_encoder"]["image_size"]), **parts, **settings)
-        if _conditions_on_an_image(configs):  # Wan 2.2 I2V A14B: the image's latents alone
-            return WanImageToVideoPipeline(tokenizer=build_tokenizer(), **parts, **settings)
-        return WanPipeline(tokenizer=build_tokenizer(), **parts, **settings)
+            parts["image_processor"] = image_processor(configs["image_encoder"]["image_size"])
+        return pipeline_class(_conditions_on_an_image(configs))(tokenizer=build_tokenizer(), **parts, **settings)
     if weights != "pretrained":
         raise UsageError(f"--weights {weights!r} is not one of pretrained, random")
     source = _pretrained_source(model)
@@ -196,8 +191,19 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
         ensure_pipeline_fits(component_configs(source), model, device, dtype)
     from ltxbench.models.hub import load_ltx_pipeline
 
-    cls = WanImageToVideoPipeline if needs_an_image(source) else WanPipeline
-    return load_ltx_pipeline(source, dtype, cls, MODEL_FORMS).to(device)
+    return load_ltx_pipeline(source, dtype, pipeline_class(needs_an_image(source)), MODEL_FORMS).to(device)
+
+
+def pipeline_class(image_to_video: bool):
+    """diffusers' WanImageToVideoPipeline for the I2V models, else WanPipeline (imported only where used: the I2V
+    module brings CLIP's image processor, which warns without torchvision)."""
+    if image_to_video:
+        from diffusers import WanImageToVideoPipeline
+
+        return WanImageToVideoPipeline
+    from diffusers import WanPipeline
+
+    return WanPipeline
 
 
 def image_processor(size: int):

@@ -390,3 +390,17 @@ def test_the_wan22_i2v_a14b_model_runs_image_to_video_on_both_experts(tmp_path):
     assert pipe.transformer_2 is not None and pipe.config.boundary_ratio == 0.9
     assert pipe.transformer.config.in_channels == 36 and pipe.transformer.config.image_dim is None
     assert wan_build.needs_an_image("wan2.2-i2v-a14b") and not wan_build.needs_an_image("wan2.2-5b")
+
+
+def test_bench_e2e_in_fp8_adds_ours_in_fp8_with_its_error_measured(tmp_path):
+    """--precision fp8 on Wan: ours in FP8 beside the bf16 configurations (the same FP8 math in plain torch on the
+    CPU), and the FP8 step's error against the bf16 one recorded in the same run."""
+    out = tmp_path / "fp8.json"
+    result = runner.invoke(app, [*E2E, "--kernel-provider", "reference", "--configs", "optimized", "--precision",
+                                 "fp8", "--phase", "transformer", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert {r["provider"] for r in doc["records"] if r["name"] == "denoise_step"} >= {"optimized", "optimized-fp8"}
+    assert any(r["name"] == "step_error" and r["provider"] == "optimized-fp8" for r in doc["records"])
+    assert "fp8: attention projections on FP8 weights, each input quantized per token" in \
+        doc["run"]["config"]["injection"]["optimized-fp8"]["rules"]

@@ -19,9 +19,11 @@ from __future__ import annotations
 
 import torch
 
+from ltxbench.errors import UsageError
 from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, patch_forward, require_provider
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx2.text_kv import source_digest as digest
+from ltxbench.inject.wan.precision import quantize_block, unquantizable
 from ltxbench.ops.registry import F32_MODULATION_WIDTH
 
 __all__ = ["BLOCK_RULE", "GELU_RULE", "GENERATION_RULE", "QK_NORM_RULE", "apply_kernels", "experts"]
@@ -109,17 +111,26 @@ def experts(target) -> list[tuple[str, torch.nn.Module]]:
 
 
 def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_norms: bool = True,
-                  gelu: bool = True, pair_guidance: bool = True) -> InjectionReport:
+                  gelu: bool = True, pair_guidance: bool = True, precision: str = "bf16",
+                  fp8_accumulation: str = "fast") -> InjectionReport:
     """Patch a WanPipeline (every expert: `experts`) or its transformer in place; revert with the one report (or use
     it as a context manager).
 
     provider "cuda": our kernels (the transformer must be on a CUDA device); "reference": the same ops in pure torch
     (ltxbench.ops.reference), so the mechanics run anywhere. blocks, qk_norms, gelu: the rules (module docstring).
     pair_guidance: a pipeline's guidance pair as one call of batch 2 (pair.py; a pipeline's rule, not applied to a
-    transformer given alone). Skipped modules of the second expert
-    are named from `transformer_2.`."""
+    transformer given alone). precision "fp8": every block projection stored and run in FP8 (precision.py; the
+    feed-forward then runs on its FP8 weights, not through the GELU rule), all blocks or none (UsageError naming what
+    cannot). Skipped modules of the second expert are named from `transformer_2.`."""
+    from ltxbench.inject.fp8 import PRECISIONS, is_fast_accumulation
     from ltxbench.ops import get_provider
 
+    if precision not in PRECISIONS:
+        raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    is_fast_accumulation(fp8_accumulation)
+    fp8 = precision == "fp8"
+    for _name, transformer in experts(target) if fp8 else ():  # refused before anything is patched
+        _require_fp8_blocks(transformer)
     report = InjectionReport(provider)
     classes: dict = {}  # one subclass per class and rule, shared by the experts (regional compile guards on it)
     forwards: dict = {}
@@ -134,12 +145,27 @@ def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_nor
         forwards = forwards or {"block": block_forward(ops), "rms": rms_norm_forward(ops), "gelu": gelu_forward(ops)}
         prefix = "" if name == "transformer" else f"{name}."
         _patch_expert(report, transformer, ops, forwards, prefix, classes, blocks=blocks, qk_norms=qk_norms,
-                      gelu=gelu)
+                      gelu=gelu and not fp8)
+        for block in transformer.blocks if fp8 else ():
+            quantize_block(report, ops, block, classes, fp8_accumulation)
+    if fp8 and gelu:
+        report.skip(GELU_RULE, "precision fp8: the feed-forward runs on its FP8 weights, its GELU writing FP8")
     for name, wanted in (("qk_norms", qk_norms), ("gelu", gelu)):
         if not wanted:
             report.skip({"qk_norms": QK_NORM_RULE, "gelu": GELU_RULE}[name], f"turned off ({name}=False)")
     _pair_guidance(report, target, classes, pair_guidance)
     return report
+
+
+def _require_fp8_blocks(transformer) -> None:
+    """UsageError (exit 2) unless every block can run in FP8; exit 4 on a GPU without FP8 tensor cores."""
+    from ltxbench.inject import run_device
+    from ltxbench.inject.fp8 import require_fp8
+
+    require_fp8(run_device(transformer))
+    reason = unquantizable(transformer.blocks)
+    if reason is not None:
+        raise UsageError(f"precision fp8: {reason}", hint="run this model in bf16")
 
 
 def _pair_guidance(report, target, classes: dict, wanted: bool) -> None:

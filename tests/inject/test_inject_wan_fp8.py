@@ -1,0 +1,121 @@
+"""precision="fp8" on Wan (CPU, reference provider, fp32 wan-tiny and wan-tiny-i2v transformers with trained-size
+modulation): the FP8 path equals a simulation of FP8 on the unpatched model (each block projection's weight and input
+rounded to e4m3 per row), a 1% change of a formula fails that, the revert brings back the exact weights and output,
+both experts and I2V's image projections are stored, and what cannot run in FP8 is refused before anything is
+patched."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ltxbench.errors import UsageError
+from ltxbench.inject import fp8
+from ltxbench.inject.wan import GELU_RULE, apply_kernels
+from ltxbench.inject.wan.precision import projections
+from ltxbench.models import wan_build
+from ltxbench.ops import reference, reference_fp8
+from tests.helpers import max_rel_error
+from tests.inject.test_inject_wan import _inputs, _transformer
+
+TOL = 2e-5  # FP8 path vs the simulation: the same roundings, fp32 sums in another order
+
+
+def _fake_fp8(x):
+    data, scale = reference.quantize_fp8(x)
+    return (data.float() * scale).to(x.dtype)
+
+
+def _layers(model):
+    for block in model.blocks:
+        yield from (*projections(block), block.ffn.net[0].proj, block.ffn.net[2])
+
+
+def _call(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def _simulated(model, inputs):
+    """The unpatched model with every block projection's weight and input rounded to FP8 per row."""
+    handles, saved = [], []
+    with torch.no_grad():
+        for layer in _layers(model):
+            saved.append((layer, layer.weight.detach().clone()))
+            layer.weight.copy_(_fake_fp8(layer.weight))
+            handles.append(layer.register_forward_pre_hook(lambda _m, args: (_fake_fp8(args[0]),)))
+    try:
+        return _call(model, inputs)
+    finally:
+        for handle in handles:
+            handle.remove()
+        with torch.no_grad():
+            for layer, weight in saved:
+                layer.weight.copy_(weight)
+
+
+@pytest.fixture(scope="module", params=["wan-tiny", "wan-tiny-i2v"])
+def runs(request):
+    model = _transformer(dtype="fp32", preset=request.param)
+    inputs = _inputs(model)
+    return model, inputs, _call(model, inputs), _simulated(model, inputs)
+
+
+def test_fp8_equals_a_simulation_of_fp8_on_the_unpatched_model(runs):
+    model, inputs, exact, simulated = runs
+    with apply_kernels(model, "reference", precision="fp8") as report:
+        got = _call(model, inputs)
+    per_block = len(projections(model.blocks[0])) + 2  # the attentions' and the feed-forward's two
+    assert report.rules[fp8.STORE_RULE] == len(model.blocks) * per_block
+    assert (GELU_RULE, "precision fp8: the feed-forward runs on its FP8 weights, its GELU writing FP8") in \
+        report.skipped
+    assert max_rel_error(got, simulated) <= TOL, max_rel_error(got, simulated)
+    assert 1e-3 < max_rel_error(got, exact) < 0.05, max_rel_error(got, exact)  # really quantized, and close
+
+
+@pytest.mark.parametrize("where", ["input scale 1%", "gelu before quantizing"])
+def test_a_perturbed_fp8_formula_fails_the_simulation(runs, monkeypatch, where):
+    model, inputs, _, simulated = runs
+    if where == "input scale 1%":
+        original = reference.quantize_fp8
+        monkeypatch.setattr(reference, "quantize_fp8", lambda x: (lambda q, s: (q, s * 1.01))(*original(x)))
+    else:  # the exact GELU swapped for the erf one
+        monkeypatch.setattr(reference, "gelu_tanh_fp8",
+                            lambda x: reference_fp8._to_fp8_rows(torch.nn.functional.gelu(x.float())))
+    with apply_kernels(model, "reference", precision="fp8"):
+        got = _call(model, inputs)
+    assert max_rel_error(got, simulated) > 10 * TOL, max_rel_error(got, simulated)
+
+
+def test_revert_restores_the_exact_weights_and_output(runs):
+    model, inputs, exact, _ = runs
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = apply_kernels(model, "reference", precision="fp8")
+    assert model.blocks[0].attn2.to_out[0].weight.numel() == 0  # freed, not shadowed
+    report.revert()
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert torch.equal(_call(model, inputs), exact)
+
+
+def test_both_experts_are_stored_in_fp8():
+    pipe = wan_build.build_pipeline("wan-tiny-a14b", "random", "cpu", "fp32")
+    with apply_kernels(pipe, "reference", precision="fp8") as report:
+        for expert in (pipe.transformer, pipe.transformer_2):
+            assert all(layer.weight.numel() == 0 for layer in _layers(expert))
+        per_block = len(projections(pipe.transformer.blocks[0])) + 2
+        assert report.rules[fp8.STORE_RULE] == 2 * len(pipe.transformer.blocks) * per_block
+
+
+def test_what_cannot_run_in_fp8_is_refused_before_anything_is_patched():
+    model = _transformer(dtype="fp32")
+    classes = {name: type(module) for name, module in model.named_modules()}
+    model.blocks[1].attn2.to_k = torch.nn.Sequential(model.blocks[1].attn2.to_k)  # wrapped, as an adapter does
+    try:
+        with pytest.raises(UsageError, match=r"precision fp8: blocks.1: a projection is not a plain nn.Linear"):
+            apply_kernels(model, "reference", precision="fp8")
+    finally:
+        model.blocks[1].attn2.to_k = model.blocks[1].attn2.to_k[0]
+    assert {name: type(module) for name, module in model.named_modules()} == classes
+    with pytest.raises(UsageError, match="precision 'int4' is not one of bf16, fp8"):
+        apply_kernels(model, "reference", precision="int4")
