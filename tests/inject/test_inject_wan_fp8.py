@@ -119,3 +119,21 @@ def test_what_cannot_run_in_fp8_is_refused_before_anything_is_patched():
     assert {name: type(module) for name, module in model.named_modules()} == classes
     with pytest.raises(UsageError, match="precision 'int4' is not one of bf16, fp8"):
         apply_kernels(model, "reference", precision="int4")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("preset", ["wan-tiny", "wan-tiny-i2v"])
+def test_cuda_fp8_against_the_bf16_model_and_the_simulation(preset):
+    """Our FP8 GEMMs and quantize kernels on the GPU: within FP8's error of the bf16 model, and at the simulation of
+    FP8 on it up to bf16 rounding."""
+    gpu = _transformer("cuda", "bf16", preset=preset)
+    inputs = _inputs(gpu, device="cuda")
+    exact, simulated = _call(gpu, inputs), _simulated(gpu, inputs)
+    with apply_kernels(gpu, "cuda", precision="fp8") as report:
+        assert report.rules[fp8.STORE_RULE] == len(gpu.blocks) * (len(projections(gpu.blocks[0])) + 2)
+        got = _call(gpu, inputs)
+
+    def cos(a, b):
+        return torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
+
+    assert cos(got, exact) > 0.999 and cos(got, simulated) > cos(got, exact)
