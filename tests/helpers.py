@@ -355,3 +355,39 @@ def tiny_memory_plan(pipe, family, tiling=False, phased=False, stays=()):
     whole = tuple((name, 0) for name in ("connectors", "vae", "audio_vae", "vocoder") if hasattr(pipe, name))
     return MemoryPlan(GIB, stack("transformer", (0, 1, 3, 4)), stack("text_encoder", (0, 1)), whole, 0, 0, tiling,
                       (("encode", 0), ("denoise", 0), ("decode", 0)), 0, phased=phased, transformer_stays=stays)
+
+
+# --- Wan ---------------------------------------------------------------------------------------------------------
+
+def wan_transformer(device="cpu", dtype="bf16", preset="wan-tiny"):
+    """wan-tiny's transformer with modulation tables, time projection and norm weights of a trained model's size (the
+    random init's are near zero or one, where an error in a scale or shift would hardly show)."""
+    from ltxbench.models import wan_build
+
+    model = wan_build.build_pipeline(preset, "random", device, dtype).transformer
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for table in [b.scale_shift_table for b in model.blocks] + [model.scale_shift_table]:
+            table.copy_(0.3 * torch.randn(table.shape, generator=g))
+        model.condition_embedder.time_proj.weight.mul_(6.0)  # timestep_proj std about 0.5
+        for block in model.blocks:
+            for norm in (block.attn1.norm_q, block.attn1.norm_k, block.attn2.norm_q, block.attn2.norm_k, block.norm2):
+                norm.weight.copy_(1 + 0.2 * torch.randn(norm.weight.shape, generator=g))
+    return model
+
+
+def wan_inputs(model, per_token=False, device="cpu"):
+    """A guidance-sized batch of 2 at two timesteps (or per token, as Wan 2.2 5B's pipeline gives them)."""
+    g = torch.Generator().manual_seed(1)
+    dtype = model.blocks[0].attn1.to_q.weight.dtype
+    latents = torch.randn(2, model.config.in_channels, 3, 4, 6, generator=g).to(device, dtype)
+    text = torch.randn(2, 512, model.config.text_dim, generator=g).to(device, dtype)
+    timestep = torch.tensor([900.0, 100.0], device=device)
+    if per_token:  # 3 x 2 x 3 tokens; the first frame's at 0, as image-to-video conditions it
+        timestep = timestep[:, None].repeat(1, 18)
+        timestep[:, :6] = 0
+    inputs = {"hidden_states": latents, "timestep": timestep, "encoder_hidden_states": text, "return_dict": False}
+    if model.config.image_dim:  # Wan 2.1 I2V: CLIP's features of the first frame (its penultimate layer's scale)
+        image = 3 * torch.randn(2, 5, model.config.image_dim, generator=g)
+        inputs["encoder_hidden_states_image"] = image.to(device, dtype)
+    return inputs

@@ -10,47 +10,15 @@ import torch
 
 from ltxbench.inject import wan as inject_wan
 from ltxbench.inject.wan import BLOCK_RULE, GELU_RULE, QK_NORM_RULE, apply_kernels
-from ltxbench.models import wan_build
 from ltxbench.ops import reference
+from tests.helpers import wan_inputs, wan_transformer
 
 RULES = {BLOCK_RULE: 2, QK_NORM_RULE: 8, GELU_RULE: 2}
 
 
-def _transformer(device="cpu", dtype="bf16", preset="wan-tiny"):
-    """wan-tiny's transformer with modulation tables, time projection and norm weights of a trained model's size (the
-    random init's are near zero or one, where an error in a scale or shift would hardly show)."""
-    model = wan_build.build_pipeline(preset, "random", device, dtype).transformer
-    g = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for table in [b.scale_shift_table for b in model.blocks] + [model.scale_shift_table]:
-            table.copy_(0.3 * torch.randn(table.shape, generator=g))
-        model.condition_embedder.time_proj.weight.mul_(6.0)  # timestep_proj std about 0.5
-        for block in model.blocks:
-            for norm in (block.attn1.norm_q, block.attn1.norm_k, block.attn2.norm_q, block.attn2.norm_k, block.norm2):
-                norm.weight.copy_(1 + 0.2 * torch.randn(norm.weight.shape, generator=g))
-    return model
-
-
-def _inputs(model, per_token=False, device="cpu"):
-    """A guidance-sized batch of 2 at two timesteps (or per token, as Wan 2.2 5B's pipeline gives them)."""
-    g = torch.Generator().manual_seed(1)
-    dtype = model.blocks[0].attn1.to_q.weight.dtype
-    latents = torch.randn(2, model.config.in_channels, 3, 4, 6, generator=g).to(device, dtype)
-    text = torch.randn(2, 512, model.config.text_dim, generator=g).to(device, dtype)
-    timestep = torch.tensor([900.0, 100.0], device=device)
-    if per_token:  # 3 x 2 x 3 tokens; the first frame's at 0, as image-to-video conditions it
-        timestep = timestep[:, None].repeat(1, 18)
-        timestep[:, :6] = 0
-    inputs = {"hidden_states": latents, "timestep": timestep, "encoder_hidden_states": text, "return_dict": False}
-    if model.config.image_dim:  # Wan 2.1 I2V: CLIP's features of the first frame (its penultimate layer's scale)
-        image = 3 * torch.randn(2, 5, model.config.image_dim, generator=g)
-        inputs["encoder_hidden_states_image"] = image.to(device, dtype)
-    return inputs
-
-
 @pytest.fixture(scope="module")
 def model():
-    return _transformer()
+    return wan_transformer()
 
 
 def _call(model, inputs):
@@ -60,7 +28,7 @@ def _call(model, inputs):
 
 @pytest.mark.parametrize("per_token", [False, True])
 def test_reference_provider_is_bit_identical_and_reverts(model, per_token):
-    inputs = _inputs(model, per_token)
+    inputs = wan_inputs(model, per_token)
     expected = _call(model, inputs)
     classes = {name: type(module) for name, module in model.named_modules()}
     report = apply_kernels(model, "reference")
@@ -73,7 +41,7 @@ def test_reference_provider_is_bit_identical_and_reverts(model, per_token):
 
 def test_the_modulation_is_large_enough_to_matter(model):
     """The modulation the parity runs on is of a trained model's size, not the init's near-zero."""
-    inputs = _inputs(model)
+    inputs = wan_inputs(model)
     with torch.no_grad():
         temb = model.condition_embedder(inputs["timestep"], inputs["encoder_hidden_states"])[1]
         mod = model.blocks[0].scale_shift_table + temb.float().unflatten(1, (6, -1))
@@ -97,7 +65,7 @@ def _scaled(fn):
     ("gelu_tanh", _scaled(reference.gelu_tanh)),
 ])
 def test_a_one_percent_error_in_an_op_is_caught(model, op, wrong, monkeypatch):
-    inputs = _inputs(model)
+    inputs = wan_inputs(model)
     expected = _call(model, inputs)
     monkeypatch.setattr(reference, op, wrong)
     with apply_kernels(model, "reference"):
@@ -154,8 +122,8 @@ def test_rules_can_be_turned_off(model):
 def test_cuda_provider_against_the_unpatched_model(dtype):
     """Every rule; fp32: equal to rounding; bf16 (the float32 modulation read as it is): within bf16 rounding of the
     unpatched output."""
-    gpu = _transformer("cuda", dtype)
-    inputs = _inputs(gpu, device="cuda")
+    gpu = wan_transformer("cuda", dtype)
+    inputs = wan_inputs(gpu, device="cuda")
     expected = _call(gpu, inputs)
     with apply_kernels(gpu, "cuda") as report:
         assert dict(report.rules) == RULES and report.skipped == []
@@ -171,8 +139,8 @@ def test_i2v_blocks_with_the_image_cross_attention_are_bit_identical_and_mutatio
     """Wan 2.1 I2V's blocks (attn2 adds the image's keys and values, add_k_proj / add_v_proj with norm_added_k, left
     as diffusers runs them): every rule applies, the output is the unpatched one bit for bit, and a 1% error in the
     q/k norm or the modulated LayerNorm still shows through the image branch."""
-    i2v = _transformer(preset="wan-tiny-i2v")
-    inputs = _inputs(i2v)
+    i2v = wan_transformer(preset="wan-tiny-i2v")
+    inputs = wan_inputs(i2v)
     expected = _call(i2v, inputs)
     with apply_kernels(i2v, "reference") as report:
         assert dict(report.rules) == RULES and report.skipped == []
@@ -193,8 +161,8 @@ def test_i2v_blocks_with_the_image_cross_attention_are_bit_identical_and_mutatio
 
 @pytest.mark.gpu
 def test_cuda_provider_on_i2v_blocks_against_the_unpatched_model():
-    gpu = _transformer("cuda", "bf16", preset="wan-tiny-i2v")
-    inputs = _inputs(gpu, device="cuda")
+    gpu = wan_transformer("cuda", "bf16", preset="wan-tiny-i2v")
+    inputs = wan_inputs(gpu, device="cuda")
     expected = _call(gpu, inputs)
     with apply_kernels(gpu, "cuda") as report:
         assert dict(report.rules) == RULES and report.skipped == []

@@ -15,8 +15,7 @@ from ltxbench.inject.wan import GELU_RULE, apply_kernels
 from ltxbench.inject.wan.precision import projections
 from ltxbench.models import wan_build
 from ltxbench.ops import reference, reference_fp8
-from tests.helpers import max_rel_error
-from tests.inject.test_inject_wan import _inputs, _transformer
+from tests.helpers import max_rel_error, wan_inputs, wan_transformer
 
 TOL = 2e-5  # FP8 path vs the simulation: the same roundings, fp32 sums in another order
 
@@ -56,8 +55,8 @@ def _simulated(model, inputs):
 
 @pytest.fixture(scope="module", params=["wan-tiny", "wan-tiny-i2v"])
 def runs(request):
-    model = _transformer(dtype="fp32", preset=request.param)
-    inputs = _inputs(model)
+    model = wan_transformer(dtype="fp32", preset=request.param)
+    inputs = wan_inputs(model)
     return model, inputs, _call(model, inputs), _simulated(model, inputs)
 
 
@@ -108,7 +107,7 @@ def test_both_experts_are_stored_in_fp8():
 
 
 def test_what_cannot_run_in_fp8_is_refused_before_anything_is_patched():
-    model = _transformer(dtype="fp32")
+    model = wan_transformer(dtype="fp32")
     classes = {name: type(module) for name, module in model.named_modules()}
     model.blocks[1].attn2.to_k = torch.nn.Sequential(model.blocks[1].attn2.to_k)  # wrapped, as an adapter does
     try:
@@ -126,8 +125,8 @@ def test_what_cannot_run_in_fp8_is_refused_before_anything_is_patched():
 def test_cuda_fp8_against_the_bf16_model_and_the_simulation(preset):
     """Our FP8 GEMMs and quantize kernels on the GPU: within FP8's error of the bf16 model, and at the simulation of
     FP8 on it up to bf16 rounding."""
-    gpu = _transformer("cuda", "bf16", preset=preset)
-    inputs = _inputs(gpu, device="cuda")
+    gpu = wan_transformer("cuda", "bf16", preset=preset)
+    inputs = wan_inputs(gpu, device="cuda")
     exact, simulated = _call(gpu, inputs), _simulated(gpu, inputs)
     with apply_kernels(gpu, "cuda", precision="fp8") as report:
         assert report.rules[fp8.STORE_RULE] == len(gpu.blocks) * (len(projections(gpu.blocks[0])) + 2)
