@@ -69,6 +69,13 @@ BENCHMARKS = (
     # Lightricks' own transformer (ltx-core) beside diffusers without the STG pass and ours, eager, on shared weights
     Benchmark("e2e-ltx2-19b-121f-ltx-core", (*_LTX2, "--configs", "stg-off,ltx-core,optimized,stg-off+compile",
                                              "--steps", "3", "--repeats", "2"), 7, needs=("ltx_core",)),
+    # the whole LTX-2 generation: Gemma 3's text encode on our LLM rules, the denoise, both decodes, phase by phase
+    Benchmark("e2e-ltx2-19b-121f-full", (*(a if a != "transformer" else "all" for a in _LTX2), "--configs",
+                                         "baseline,optimized,stg-off+compile", "--steps", "2", "--repeats", "2"), 6),
+    Benchmark("e2e-gemma-3-12b", ("bench", "e2e", "--model", "gemma-3-12b", "--weights", "random", *_FOUR,
+                                  "--prompt-lengths", "1024", "--new-tokens", "64", "--decode-compile-mode",
+                                  "reduce-overhead", "--compile-cache", "shared", "--warmup-iterations", "1",
+                                  "--repeats", "3"), 6),
     Benchmark("e2e-llama-3-8b-peers", ("bench", "e2e", "--model", "llama-3-8b", "--weights", "random", "--configs",
                                        "baseline,optimized,compile,optimized+compile,liger,liger+compile",
                                        "--prompt-lengths", "512,2048", "--new-tokens", "128", "--decode-compile-mode",
