@@ -20,7 +20,8 @@ def kernels_command(
     from ltxbench.ops.registry import SPECS
 
     kernels = [{"name": s.name, "aliases": list(s.aliases), "formula": s.summary, "dtypes": list(s.dtypes),
-                "variants": list(s.variants), "replaces": list(s.inject_targets)} for s in SPECS.values()]
+                "variants": list(s.variants), "replaces": list(s.inject_targets),
+                "max_width": dict(s.max_width)} for s in SPECS.values()]
     doc = {"kernels": kernels, "archs": list(SUPPORTED_ARCHS), "build": build_status()}
     if json_:
         typer.echo(json.dumps(doc, indent=2, sort_keys=True))

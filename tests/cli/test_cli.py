@@ -289,6 +289,8 @@ def test_kernels_lists_every_op_and_never_compiles(as_json, tmp_path, monkeypatc
         doc = json.loads(result.output)
         assert sorted(k["name"] for k in doc["kernels"]) == sorted(SPECS)
         assert all(k["dtypes"] and k["variants"] for k in doc["kernels"]) and doc["build"]["built"] is False
+        by_name = {k["name"]: k for k in doc["kernels"]}  # a variant's widest 16-bit row, where it has one
+        assert by_name["gated_residual"]["max_width"] == {"wan-f32": 8192, "wan-f32-per-token": 8192}
     else:
         assert all(name in result.output for name in SPECS) and "not built" in result.output
     assert not (tmp_path / "cache").exists()
