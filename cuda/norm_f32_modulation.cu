@@ -67,13 +67,7 @@ __global__ void __launch_bounds__(kMaxThreads) f32_modulation_kernel(const RowOp
       float dq[2] = {0.f, 0.f};  // Σd and Σd² around the first mean: exact even where |mean| >> std
 #pragma unroll
       for (int i = 0; i < VPT; ++i) {
-        if (!valid[i]) continue;
-#pragma unroll
-        for (int k = 0; k < VEC; ++k) {
-          const float d = h[i][k] - first;
-          dq[0] += d;
-          dq[1] += d * d;
-        }
+        if (valid[i]) add_centered<VEC>(h[i], first, dq);
       }
       row_group_sum<2>(dq, blockDim.x, smem);
       const float mean = first + dq[0] * inv_d;
