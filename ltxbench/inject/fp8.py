@@ -233,6 +233,18 @@ def plain_feed_forward(ff) -> str | None:
     return None
 
 
+def plain_block(where: str, projections, feed_forwards: dict) -> str | None:
+    """Why the block at `where` cannot run in FP8 (None: it can): its `projections` plain nn.Linear layers, each of
+    its `feed_forwards` ({name: diffusers FeedForward}) plain (plain_feed_forward)."""
+    if not all(type(layer) is torch.nn.Linear for layer in projections):
+        return f"{where}: a projection is not a plain nn.Linear (quantized or wrapped)"
+    for name, ff in feed_forwards.items():
+        reason = plain_feed_forward(ff)
+        if reason is not None:
+            return f"{where}.{name}: {reason}"
+    return None
+
+
 def store_feed_forward(report, ops, ff, what: str, classes: dict, accumulation: str = "fast") -> bool:
     """The feed-forward's two projections stored in FP8 ((up, down) on `ff` under WEIGHT_ATTR) and `ff` run as
     feed_forward_forward; False if not."""

@@ -8,9 +8,7 @@ FLOPs and of the weights).
 
 from __future__ import annotations
 
-import torch
-
-from ltxbench.inject.fp8 import plain_feed_forward, store_feed_forward, store_weights
+from ltxbench.inject.fp8 import plain_block, store_feed_forward, store_weights
 
 QKV_RULE = "attn1: q/k/v as one FP8 GEMM on norm1's FP8 output"
 LINEAR_RULE = "linear: FP8 weights, input quantized per token (out-projections, attn2's q/k/v)"
@@ -25,13 +23,8 @@ def _projections(block) -> list:
 def unquantizable(blocks) -> str | None:
     """Why these blocks cannot all run in FP8 (None: they can). All or none: the chained forward hands each norm's
     FP8 output to the next block's projections."""
-    for index, block in enumerate(blocks):
-        if not all(type(layer) is torch.nn.Linear for layer in _projections(block)):
-            return f"transformer_blocks.{index}: a projection is not a plain nn.Linear (quantized or wrapped)"
-        reason = plain_feed_forward(block.ff)
-        if reason is not None:
-            return f"transformer_blocks.{index}.ff: {reason}"
-    return None
+    return next(filter(None, (plain_block(f"transformer_blocks.{index}", _projections(block), {"ff": block.ff})
+                              for index, block in enumerate(blocks))), None)
 
 
 def quantize_block(report, ops, block, classes: dict, accumulation: str = "fast") -> None:

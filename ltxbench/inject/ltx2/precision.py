@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject.fp8 import plain_feed_forward, store_feed_forward, store_weights
+from ltxbench.inject.fp8 import plain_block, store_feed_forward, store_weights
 
 ATTENTIONS = ("attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
 GROUPS = {"attn1": ("to_q", "to_k", "to_v"), "audio_attn1": ("to_q", "to_k", "to_v"),
@@ -33,10 +33,9 @@ def unquantizable(blocks, fused_processors: tuple) -> str | None:
                 return f"{where}: a projection is not a plain nn.Linear (quantized or wrapped)"
             if type(attn.processor) not in fused_processors:
                 return f"{where}: processor {type(attn.processor).__name__} is not one the fused block runs"
-        for name in ("ff", "audio_ff"):
-            reason = plain_feed_forward(getattr(block, name))
-            if reason is not None:
-                return f"transformer_blocks.{index}.{name}: {reason}"
+        reason = plain_block(f"transformer_blocks.{index}", (), {"ff": block.ff, "audio_ff": block.audio_ff})
+        if reason is not None:
+            return reason
     return None
 
 

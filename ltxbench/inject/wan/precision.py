@@ -8,9 +8,7 @@ proj_out stay in the model's dtype.
 
 from __future__ import annotations
 
-import torch
-
-from ltxbench.inject.fp8 import plain_feed_forward, store_feed_forward, store_weights
+from ltxbench.inject.fp8 import plain_block, store_feed_forward, store_weights
 
 RULE = "fp8: attention projections on FP8 weights, each input quantized per token"
 FF_RULE = "ffn: FP8 up-projection, GELU writing FP8, FP8 down-projection"
@@ -32,11 +30,9 @@ def unquantizable(blocks) -> str | None:
     for index, block in enumerate(blocks):
         if any(getattr(attn, "fused_projections", False) for attn in (block.attn1, block.attn2)):
             return f"blocks.{index}: its projections are fused (fuse_projections): unfuse them first"
-        if not all(type(layer) is torch.nn.Linear for layer in projections(block)):
-            return f"blocks.{index}: a projection is not a plain nn.Linear (quantized or wrapped)"
-        reason = plain_feed_forward(block.ffn)
+        reason = plain_block(f"blocks.{index}", projections(block), {"ffn": block.ffn})
         if reason is not None:
-            return f"blocks.{index}.ffn: {reason}"
+            return reason
     return None
 
 
