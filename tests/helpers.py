@@ -391,3 +391,32 @@ def wan_inputs(model, per_token=False, device="cpu"):
         image = 3 * torch.randn(2, 5, model.config.image_dim, generator=g)
         inputs["encoder_hidden_states_image"] = image.to(device, dtype)
     return inputs
+
+
+# --- FP8 ---------------------------------------------------------------------------------------------------------
+
+def fake_fp8(x):
+    """x rounded to e4m3 per row (ops.reference.quantize_fp8) and back, in x's dtype."""
+    from ltxbench.ops import reference
+
+    data, scale = reference.quantize_fp8(x)
+    return (data.float() * scale).to(x.dtype)
+
+
+def simulated_fp8(layers, run):
+    """run() on the unpatched model with each of `layers`' weight and input rounded to FP8 per row (per output
+    channel, per token): what an FP8 path must compute. The weights are restored after."""
+    handles, saved = [], []
+    with torch.no_grad():
+        for layer in layers:
+            saved.append((layer, layer.weight.detach().clone()))
+            layer.weight.copy_(fake_fp8(layer.weight))
+            handles.append(layer.register_forward_pre_hook(lambda _m, args: (fake_fp8(args[0]),)))
+    try:
+        return run()
+    finally:
+        for handle in handles:
+            handle.remove()
+        with torch.no_grad():
+            for layer, weight in saved:
+                layer.weight.copy_(weight)

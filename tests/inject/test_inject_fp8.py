@@ -12,14 +12,17 @@ from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject import fp8
 from ltxbench.inject.ltx import apply_kernels
 from ltxbench.ops import reference, reference_fp8
-from tests.helpers import build_ltx2_tiny, ltx2_generate, ltx_embeddings, ltx_generate, ltx_pipeline, max_rel_error
+from tests.helpers import (
+    build_ltx2_tiny,
+    ltx2_generate,
+    ltx_embeddings,
+    ltx_generate,
+    ltx_pipeline,
+    max_rel_error,
+    simulated_fp8,
+)
 
 TOL = 2e-5  # fused FP8 vs the simulation: the same roundings, fp32 sums in another order
-
-
-def _fake_fp8(x):
-    data, scale = reference.quantize_fp8(x)
-    return (data.float() * scale).to(x.dtype)
 
 
 def _block_projections(model):
@@ -41,20 +44,8 @@ def _ltx2_block_projections(model):
 def _simulated_fp8(pipe, embeddings, projections=_block_projections, run=None):
     """The unpatched model with every block projection's weight and input rounded to FP8 per row (per output channel,
     per token): what the fused FP8 path must compute."""
-    handles, saved = [], []
-    with torch.no_grad():
-        for layer in projections(pipe.transformer):
-            saved.append((layer, layer.weight.detach().clone()))
-            layer.weight.copy_(_fake_fp8(layer.weight))
-            handles.append(layer.register_forward_pre_hook(lambda _m, args: (_fake_fp8(args[0]),)))
-    try:
-        return ltx_generate(pipe, embeddings, 3.0) if run is None else run(pipe)
-    finally:
-        for handle in handles:
-            handle.remove()
-        with torch.no_grad():
-            for layer, weight in saved:
-                layer.weight.copy_(weight)
+    return simulated_fp8(projections(pipe.transformer),
+                         lambda: ltx_generate(pipe, embeddings, 3.0) if run is None else run(pipe))
 
 
 @pytest.fixture(scope="module")

@@ -15,14 +15,9 @@ from ltxbench.inject.wan import GELU_RULE, apply_kernels
 from ltxbench.inject.wan.precision import projections
 from ltxbench.models import wan_build
 from ltxbench.ops import reference, reference_fp8
-from tests.helpers import max_rel_error, wan_inputs, wan_transformer
+from tests.helpers import max_rel_error, simulated_fp8, wan_inputs, wan_transformer
 
 TOL = 2e-5  # FP8 path vs the simulation: the same roundings, fp32 sums in another order
-
-
-def _fake_fp8(x):
-    data, scale = reference.quantize_fp8(x)
-    return (data.float() * scale).to(x.dtype)
 
 
 def _layers(model):
@@ -37,20 +32,7 @@ def _call(model, inputs):
 
 def _simulated(model, inputs):
     """The unpatched model with every block projection's weight and input rounded to FP8 per row."""
-    handles, saved = [], []
-    with torch.no_grad():
-        for layer in _layers(model):
-            saved.append((layer, layer.weight.detach().clone()))
-            layer.weight.copy_(_fake_fp8(layer.weight))
-            handles.append(layer.register_forward_pre_hook(lambda _m, args: (_fake_fp8(args[0]),)))
-    try:
-        return _call(model, inputs)
-    finally:
-        for handle in handles:
-            handle.remove()
-        with torch.no_grad():
-            for layer, weight in saved:
-                layer.weight.copy_(weight)
+    return simulated_fp8(_layers(model), lambda: _call(model, inputs))
 
 
 @pytest.fixture(scope="module", params=["wan-tiny", "wan-tiny-i2v"])
