@@ -179,8 +179,8 @@ class _StgPassOff:
 
 def _validate_ltx_core(config: Configuration, settings: LTX2Settings) -> None:
     """The ltx-core peer as its users run it: eager, text-to-video, its model whole on one GPU; the package there."""
-    from ltxbench.errors import EnvironmentProblem, UsageError
-    from ltxbench.models.ltx2_core import available
+    from ltxbench.errors import UsageError
+    from ltxbench.models.ltx2_core import require
 
     refused = ("+compile: ltx-core's pipelines do not compile its model" if config.compiled else
                "--image: the peer is fed text-to-video calls (one timestep per sample)" if settings.image else
@@ -189,9 +189,7 @@ def _validate_ltx_core(config: Configuration, settings: LTX2Settings) -> None:
                f"--gpus {settings.gpus}: the peer runs on one GPU" if settings.gpus > 1 else None)
     if refused:
         raise UsageError(f"--configs {config}: {refused}", hint=f"run {LTX_CORE} alone, eager, on one GPU")
-    if not available():
-        raise EnvironmentProblem(f"--configs {config} needs Lightricks' ltx-core package",
-                                 hint="pip install ltx-core einops (or pip install 'ltxbench[ltx-core]')")
+    require(config)
 
 
 def without_stg_pass(settings: LTX2Settings) -> LTX2Settings:

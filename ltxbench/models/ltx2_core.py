@@ -35,6 +35,15 @@ def available() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("ltx_core", "einops"))
 
 
+def require(config: str = LTX_CORE) -> None:
+    """EnvironmentProblem (exit 4) naming `config` where the ltx-core package is not installed."""
+    from ltxbench.errors import EnvironmentProblem
+
+    if not available():
+        raise EnvironmentProblem(f"--configs {config} needs Lightricks' ltx-core package",
+                                 hint="pip install ltx-core einops (or pip install 'ltxbench[ltx-core]')")
+
+
 def core_config(config) -> dict:
     """ltx-core's transformer config for a diffusers LTX2VideoTransformer3DModel config (LTX-2.0 blocks)."""
     return {**FIXED, "num_layers": config["num_layers"], "num_attention_heads": config["num_attention_heads"],
@@ -104,11 +113,7 @@ class LtxCoreReport:
 
 def apply_ltx_core(pipe) -> LtxCoreReport:
     """The ltx-core configuration on `pipe`'s transformer (module docstring)."""
-    from ltxbench.errors import EnvironmentProblem
-
-    if not available():
-        raise EnvironmentProblem(f"--configs {LTX_CORE} needs Lightricks' ltx-core package",
-                                 hint="pip install ltx-core einops (or pip install 'ltxbench[ltx-core]')")
+    require()
     transformer = pipe.transformer
     report = LtxCoreReport(transformer, core_model(transformer))
 
