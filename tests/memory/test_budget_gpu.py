@@ -22,6 +22,7 @@ def test_an_allocation_past_the_budget_runs_out_of_memory():
     device = torch.device("cuda", torch.cuda.current_device())
     held = torch.empty(256 * MIB, dtype=torch.uint8, device=device)
     torch.cuda.synchronize()
+    torch.cuda.empty_cache()  # blocks cached by earlier tests would count as used here and then be freed by enforce()
     free, total = torch.cuda.mem_get_info(device)
     budget = total - free + 512 * MIB  # what the process uses now, and 512 MiB more
     try:
