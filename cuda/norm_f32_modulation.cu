@@ -93,16 +93,16 @@ __global__ void __launch_bounds__(kMaxThreads) f32_modulation_kernel(const RowOp
   }
 }
 
-// Vectors a thread holds: one for rows of at most kOneVectorRow vectors (Wan 1.3B's 1536-wide bf16 rows, 192
-// threads: 1.33x torch.compile on an H200); wider LayerNorm rows hold 4, as the row ops of norm.cu (their H100 sweep:
-// 4 won every one-input shape), since a block of one vector a thread (640 threads for Wan 14B's 5120) spends its
-// time in the two block-wide reductions: 0.68x torch.compile on an H200. LTXBENCH_F32_MOD_VPT=1/2/4/8 overrides it.
-constexpr int64_t kOneVectorRow = 256;
+// Vectors a thread holds: 4 for the LayerNorm rows, whatever their width (an H200 sweep of 1/2/4/8 on Wan's bf16
+// rows, 32760 x 1536 / 5120: 4 won both, 68.3 / 208.2 us against 106.4 / 433.1 at one vector a thread, whose wide
+// blocks spend their time in the two block-wide reductions); the gated residual, with no reduction, holds one.
+// LTXBENCH_F32_MOD_VPT=1/2/4/8 overrides it (docs/tuning.md).
+constexpr int kLayerNormVectors = 4;
 
 template <typename T, int VEC, bool LAYER> cudaError_t launch_vec(const RowOpParams& p, cudaStream_t stream) {
   static const int knob = tuning_knob("LTXBENCH_F32_MOD_VPT");
   const int64_t vectors = (p.D + VEC - 1) / VEC;
-  const int64_t held = knob > 0 ? (knob < 8 ? knob : 8) : (LAYER && vectors > kOneVectorRow ? 4 : 1);
+  const int64_t held = knob > 0 ? (knob < 8 ? knob : 8) : (LAYER ? kLayerNormVectors : 1);
   const int64_t wanted = (vectors + held - 1) / held;
   const int threads = static_cast<int>(wanted >= kMaxThreads ? kMaxThreads : (wanted + 31) / 32 * 32);
   const int64_t per_thread = (vectors + threads - 1) / threads;
