@@ -74,13 +74,15 @@ def configuration(module, name: str, apply, compile_mode: str = "default", compi
     denoisers, each compiled on its own), yield the injection dict, undo all.
 
     apply(name): the configuration's patch, a report with revert() and as_dict() (an InjectionReport, or a peer
-    library's), reverted on exit; None where it patches nothing. Compile: nn.Module.compile() sets
-    _compiled_call_impl, which is set back to None on exit; dynamo's caches are reset before and after, so no
-    configuration sees another's.
+    library's), reverted on exit; None where it patches nothing. On exit the dict takes the report's outcomes()
+    (what the patches did while the work ran: the calls a memo answered), where it has them. Compile:
+    nn.Module.compile() sets _compiled_call_impl, which is set back to None on exit; dynamo's caches are reset before
+    and after, so no configuration sees another's.
     """
     import torch
 
     from ltxbench.bench.flops import modules_of
+    from ltxbench.inject import outcomes_of
 
     torch._dynamo.reset()
     report = apply(name)
@@ -88,7 +90,9 @@ def configuration(module, name: str, apply, compile_mode: str = "default", compi
         if Configuration(name).compiled:
             for part in modules_of(module):
                 compile_module(part, compile_mode, compile_scope)
-        yield report.as_dict() if report is not None else {"applied": False, "reason": f"config {name}"}
+        injection = report.as_dict() if report is not None else {"applied": False, "reason": f"config {name}"}
+        yield injection
+        injection.update(outcomes_of(report))
     finally:
         for part in modules_of(module):
             uncompile_module(part)
@@ -154,8 +158,9 @@ def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: in
 
 
 def count_model_flops(module, run, unit_flops, device) -> dict:
-    """{"units": {summary key: FLOPs}, "gpu": the device's name or None off CUDA} of one run() of the unpatched
-    model, its calls of `module` counted by torch (flops.per_call); the run is otherwise the untimed one it was."""
+    """{"units": {summary key: FLOPs}, "calls": [FLOPs of each call], "gpu": the device's name or None off CUDA} of
+    one run() of the unpatched model, its calls of `module` counted by torch (flops.per_call); the run is otherwise
+    the untimed one it was."""
     import torch
 
     from ltxbench.bench import flops
@@ -163,7 +168,7 @@ def count_model_flops(module, run, unit_flops, device) -> dict:
     timings, calls = flops.per_call(module, run)
     device = torch.device(device)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else None
-    return {"units": unit_flops(timings, calls), "gpu": gpu}
+    return {"units": unit_flops(timings, calls), "calls": calls, "gpu": gpu}
 
 
 class Interrupted(KeyboardInterrupt):

@@ -151,14 +151,24 @@ def speedups(results: dict, name: str, key: str) -> dict:
 
 
 def flop_rates(res: dict, key: str, precision: str, params: dict) -> dict:
-    """model_tflop, tflops and mfu (flops.rates) of summary key `key` where the run counted its FLOPs, else {}."""
+    """model_tflop, tflops and mfu (flops.rates) of summary key `key` where the run counted its FLOPs, else {}.
+    The FLOPs are the work the configuration did: where its injection answered calls of the iteration without running
+    them (CALLS_ANSWERED: LTX-2's STG pass from the guidance pair), their share of the iteration's FLOPs is left out
+    of the unit's and reported apart as answered_tflop, so the rate and the MFU describe the GPU, not skipped work."""
     from ltxbench.bench.flops import rates
+    from ltxbench.inject import CALLS_ANSWERED
 
     counted = res.get("model_flop") or {}
     flop = (counted.get("units") or {}).get(key)
     if flop is None or key not in res:
         return {}
-    return rates(flop, statistics.median(res[key]), counted.get("gpu"), precision, params.get("gpus", 1))
+    calls = counted.get("calls") or []
+    answered = sum(calls[i] for i in (res.get("injection") or {}).get(CALLS_ANSWERED) or () if i < len(calls))
+    done = flop * (1 - answered / sum(calls)) if answered else flop
+    out = rates(done, statistics.median(res[key]), counted.get("gpu"), precision, params.get("gpus", 1))
+    if answered and out:
+        out["answered_tflop"] = (flop - done) / 1e12
+    return out
 
 
 def phase_records(results: dict, params: dict, dtype: str, phases, step: str, rate: str) -> list[dict]:

@@ -9,7 +9,9 @@ pipeline builds them, with no second model to build on the meta device). torch c
 4·B·H·Sq·Sk·D for the forward (QKᵀ and PV); element-wise work, norms and softmax are not counted, as is usual for
 MFU. Attention is counted over every key, as torch does (a causal mask is not discounted: the convention of
 published MFU figures). `ltxbench profile` counts its whole profiled run once, split by kind (`by_kind`: GEMM,
-attention), for its kernel families' TFLOP/s (ltxbench.bench.profile_flops). Only the standard library at top level.
+attention), for its kernel families' TFLOP/s (ltxbench.bench.profile_flops). The rates are of the work a configuration
+did: a transformer call its injection answered without running it (LTX-2's STG pass from the guidance pair) is left
+out of its FLOPs and reported apart (answered_tflop). Only the standard library at top level.
 """
 
 from __future__ import annotations
@@ -124,10 +126,14 @@ def by_kind(fn) -> tuple[object, dict]:
     _count_attention()
     with FlopCounterMode(display=False) as counter:
         result = fn()
+    return result, _kinds(counter)
+
+
+def _kinds(counter) -> dict:
     counts = dict.fromkeys(KINDS, 0)
     for op, flop in counter.get_flop_counts().get("Global", {}).items():
         counts[kind_of(op)] += flop
-    return result, counts
+    return counts
 
 
 def modules_of(module) -> list:
@@ -135,10 +141,10 @@ def modules_of(module) -> list:
     return list(module) if isinstance(module, (list, tuple)) else [module]
 
 
-def per_call(module, fn) -> tuple[object, list[int]]:
+def per_call(module, fn, kinds: list | None = None) -> tuple[object, list[int]]:
     """(fn(), [FLOPs of each call of `module` during it]): torch's FLOP counter around each forward, so that work
     outside the module (text encoder, VAE, sampling) is not counted. `module` may be a list of modules (each
-    expert of a pipeline): their calls, in the order they ran."""
+    expert of a pipeline): their calls, in the order they ran. `kinds`, a list, gets each call's {kind: FLOPs}."""
     from torch.utils.flop_counter import FlopCounterMode
 
     _count_attention()
@@ -154,6 +160,8 @@ def per_call(module, fn) -> tuple[object, list[int]]:
         mode = active.pop()
         mode.__exit__(None, None, None)
         calls.append(mode.get_total_flops())
+        if kinds is not None:
+            kinds.append(_kinds(mode))
 
     handles = [handle for part in modules_of(module)
                for handle in (part.register_forward_pre_hook(enter), part.register_forward_hook(leave))]

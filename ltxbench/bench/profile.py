@@ -105,7 +105,8 @@ def profile_configs(module, configs: list[str], apply, run, device, traces: dict
     The model FLOPs of the profiled work by kind (GEMM, attention: flops.by_kind) are counted once, in the warmup of
     the first unpatched eager configuration, or in one more untimed run of the unpatched model before the others
     where there is none; every summary carries them as res["model_flop"] {"kinds", "gpu"} (profile_flops.add_rates
-    turns them into the families' TFLOP/s)."""
+    turns them into the families' TFLOP/s), less the transformer calls its injection answered without running them
+    (done_flops)."""
     import torch
 
     from ltxbench.bench import flops, gpu_monitor
@@ -117,17 +118,21 @@ def profile_configs(module, configs: list[str], apply, run, device, traces: dict
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    results, counted = {}, {}
+    results, counted = {}, {"calls": []}
+
+    def count() -> None:  # the whole run by kind, and each call of the transformer by kind
+        counted["kinds"] = flops.by_kind(lambda: flops.per_call(module, run, counted["calls"]))[1]
+
     counted_in = counting_config(configs)
     if counted_in is None:
         with configuration(module, "baseline", apply, compile_mode, compile_scope):
             log("untimed run of the unpatched model: its FLOPs")
-            counted["kinds"] = flops.by_kind(run)[1]
+            count()
     for name in configs:
         with configuration(module, name, apply, compile_mode, compile_scope) as injection:
             log(f"{name}: warmup" + (" (counting the model's FLOPs)" if name == counted_in else ""))
             if name == counted_in:
-                counted["kinds"] = flops.by_kind(run)[1]
+                count()
             else:
                 run()
             if cuda:
@@ -149,8 +154,22 @@ def profile_configs(module, configs: list[str], apply, run, device, traces: dict
         log(f"{name}: {res['total_ms']:.2f} ms profiled{gpu_monitor.describe(res['gpu'])}, trace {traces[name]}")
     gpu = torch.cuda.get_device_name(device) if cuda else None
     for res in results.values():
-        res["model_flop"] = {"kinds": dict(counted["kinds"]), "gpu": gpu}
+        res["model_flop"] = done_flops(counted, res["injection"], gpu)
     return results
+
+
+def done_flops(counted: dict, injection: dict, gpu: str | None) -> dict:
+    """{"kinds": {kind: FLOPs}, "gpu"} of the work a configuration did: the counted run's, less the calls its
+    injection answered without running them (CALLS_ANSWERED; their FLOPs by kind under "answered")."""
+    from ltxbench.inject import CALLS_ANSWERED
+
+    calls = counted["calls"]
+    answered = [calls[i] for i in injection.get(CALLS_ANSWERED) or () if i < len(calls)]
+    out = {"kinds": {kind: flop - sum(call[kind] for call in answered) for kind, flop in counted["kinds"].items()},
+           "gpu": gpu}
+    if answered:
+        out["answered"] = {kind: sum(call[kind] for call in answered) for kind in counted["kinds"]}
+    return out
 
 
 def _point(value: float) -> dict:

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field
 
 from ltxbench.errors import EnvironmentProblem, UsageError
 
+# InjectionReport.outcomes() key: the indices, among one generation's transformer calls, of the calls a memo answered
+# without running them (their work skipped: bench e2e counts their FLOPs apart)
+CALLS_ANSWERED = "calls_answered"
+
 
 class RevertRefused(UsageError):
     """revert() cannot restore the model: something installed after the injection still runs a patched forward.
@@ -27,6 +31,7 @@ class InjectionReport:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (target, reason)
     _undo: list[Callable[[], None]] = field(default_factory=list, repr=False)
     _blockers: list[Callable[[], str | None]] = field(default_factory=list, repr=False)
+    _outcomes: dict[str, Callable[[], object]] = field(default_factory=dict, repr=False)
 
     def patched(self, rule: str, undo: Callable[[], None]) -> None:
         self.rules[rule] += 1
@@ -43,12 +48,20 @@ class InjectionReport:
     def skip(self, target: str, reason: str) -> None:
         self.skipped.append((target, reason))
 
+    def outcome(self, name: str, read: Callable[[], object]) -> None:
+        """read() says what a patch did while it ran (the calls a memo answered): outcomes() after the work."""
+        self._outcomes[name] = read
+
+    def outcomes(self) -> dict:
+        return {name: read() for name, read in self._outcomes.items()}
+
     def include(self, other: InjectionReport, prefix: str) -> None:
         """Another injection (a pipeline component's) as part of this one: its rules and skips named under `prefix`,
         its revert run with this report's (newest first), its blockers checked before anything is undone."""
         for rule, count in other.rules.items():
             self.rules[f"{prefix}: {rule}"] += count
         self.skipped.extend((f"{prefix}: {target}", reason) for target, reason in other.skipped)
+        self._outcomes.update({f"{prefix}: {name}": read for name, read in other._outcomes.items()})
         self._blockers.extend(other._blockers)
         self._undo.append(other.revert)
 
@@ -82,6 +95,12 @@ class InjectionReport:
     def as_dict(self) -> dict:
         return {"applied": bool(self.rules), "provider": self.provider, "rules": dict(self.rules),
                 "skipped": [{"target": t, "reason": r} for t, r in self.skipped]}
+
+
+def outcomes_of(report) -> dict:
+    """report.outcomes() where the report (ours, or a wrapper of ours) has them; {} for None and peers' reports."""
+    read = getattr(report, "outcomes", None)
+    return read() if read is not None else {}
 
 
 def parameter_versions(module) -> int:

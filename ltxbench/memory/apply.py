@@ -249,3 +249,8 @@ class _Placed:
 
     def as_dict(self) -> dict:
         return self.report.as_dict()
+
+    def outcomes(self) -> dict:
+        from ltxbench.inject import outcomes_of
+
+        return outcomes_of(self.report)

@@ -365,3 +365,8 @@ class _WithParallel:
         base = (self.report.as_dict() if self.report is not None
                 else {"applied": False, "reason": f"config {self.config}"})
         return {**base, "parallel": self.parallel.as_dict()}
+
+    def outcomes(self) -> dict:
+        from ltxbench.inject import outcomes_of
+
+        return outcomes_of(self.report)

@@ -147,3 +147,39 @@ def test_tables_without_the_fields_show_no_columns():
     rec["derived"].update(tflops=400.0, mfu=0.4, model_tflop=4.0)
     frame = e2e_table({"records": [rec]})
     assert frame["MFU"].tolist() == ["40.0%"] and frame["step TFLOP/s"].tolist() == ["400.0"]
+
+
+def test_calls_answered_without_running_are_left_out_of_the_rates():
+    """A configuration whose injection answered calls (LTX-2's STG pass from the pair) did less work: its TFLOP/s and
+    MFU are of the FLOPs it ran; the answered share is reported apart (a 1% slip in that share fails)."""
+    from ltxbench.bench.e2e_report import flop_rates
+    from ltxbench.inject import CALLS_ANSWERED
+
+    calls = [8e12, 4e12, 3.5e12] * 2  # pair, STG, modality; two steps
+    counted = {"units": {"step_ms": sum(calls) / 2}, "calls": calls, "gpu": "NVIDIA H200"}
+    full = flop_rates({"model_flop": counted, "step_ms": [20.0], "injection": {}}, "step_ms", "bf16", {})
+    done = flop_rates({"model_flop": counted, "step_ms": [20.0], "injection": {CALLS_ANSWERED: [1, 4]}},
+                      "step_ms", "bf16", {})
+    assert full["model_tflop"] == pytest.approx(15.5) and "answered_tflop" not in full
+    assert done["model_tflop"] == pytest.approx(11.5, rel=1e-3) and done["answered_tflop"] == pytest.approx(4.0)
+    assert done["mfu"] == pytest.approx(11.5e12 / 20e-3 / 1e12 / 989.4, rel=1e-3)
+    assert done["mfu"] / full["mfu"] == pytest.approx(11.5 / 15.5, rel=1e-3)
+
+
+def test_the_ltx2_optimized_step_rates_the_work_it_did(tmp_path):
+    """ltx2-tiny on the CPU with the pipeline's guidance: optimized answers the STG pass, so its step's FLOPs are the
+    baseline's less one batch-1 call a step, and answered_tflop holds that call."""
+    out = tmp_path / "e2e.json"
+    result = runner.invoke(app, ["bench", "e2e", "--model", "ltx2-tiny", "--device", "cpu", "--weights", "random",
+                                 "--num-frames", "9", "--height", "64", "--width", "64", "--steps", "2",
+                                 "--warmup-iterations", "1", "--repeats", "1", "--phase", "transformer",
+                                 "--kernel-provider", "reference", "--configs", "baseline,optimized",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    step = {r["provider"]: r["derived"] for r in doc["records"] if r["name"] == "denoise_step"}
+    assert doc["run"]["config"]["injection"]["optimized"]["calls_answered"] == [1, 4]
+    assert "answered_tflop" not in step["baseline"]
+    base, mine = step["baseline"]["model_tflop"], step["optimized"]
+    assert mine["model_tflop"] + mine["answered_tflop"] == pytest.approx(base)
+    assert 0.15 < mine["answered_tflop"] / base < 0.35  # one batch-1 call of the four samples a step computes

@@ -225,3 +225,33 @@ def test_a_gpu_profile_rates_both_families_against_the_peak(tmp_path, captured):
             assert ("pct_of_peak" in derived) == (peak is not None)
             if peak is not None:
                 assert derived["pct_of_peak"] == pytest.approx(100 * derived["tflops"] / peak)
+
+
+def test_a_profile_rates_the_work_its_configuration_did():
+    """The calls an injection answered without running them leave the kinds' FLOPs (and show under "answered")."""
+    from ltxbench.inject import CALLS_ANSWERED
+
+    counted = {"kinds": {"GEMM": 100, "attention": 40, "other": 0},
+               "calls": [{"GEMM": 40, "attention": 16, "other": 0}, {"GEMM": 20, "attention": 8, "other": 0}]}
+    assert profile.done_flops(counted, {}, "NVIDIA H200") == {"kinds": counted["kinds"], "gpu": "NVIDIA H200"}
+    done = profile.done_flops(counted, {CALLS_ANSWERED: [1]}, None)
+    assert done == {"kinds": {"GEMM": 80, "attention": 32, "other": 0}, "gpu": None,
+                    "answered": {"GEMM": 20, "attention": 8, "other": 0}}
+
+
+def test_the_profile_counts_each_call_beside_the_whole_run():
+    """Nested counters, as profile_configs counts: the run's kinds and each call's of the module, in one pass."""
+    layer = torch.nn.Linear(4, 3)
+    x = torch.randn(5, 4)
+
+    def run():
+        with torch.no_grad():
+            layer(x)
+            layer(x[:2])
+            torch.nn.functional.linear(x, layer.weight)  # outside the module: the run's, not a call's
+
+    calls: list = []
+    _, kinds = flops.by_kind(lambda: flops.per_call(layer, run, calls))
+    assert kinds["GEMM"] == _gemm(5, 4, 3) * 2 + _gemm(2, 4, 3)
+    assert calls == [{"GEMM": _gemm(5, 4, 3), "attention": 0, "other": 0},
+                     {"GEMM": _gemm(2, 4, 3), "attention": 0, "other": 0}]

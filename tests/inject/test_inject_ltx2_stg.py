@@ -140,3 +140,13 @@ def test_image_to_video_serves_its_stg_pass_too(pipe, tmp_path):
         got = _generate(i2v, image=image, image_crf=0)
         assert _memo(i2v).served == GENERATE["num_inference_steps"]
     assert max_abs_error(got, expected) < ATOL
+
+
+def test_the_memo_names_the_calls_it_answered_in_the_generation(pipe):
+    """bench e2e leaves the answered calls' FLOPs out of the rates: the memo names them by their index among the
+    generation's transformer calls (pair, STG, modality each step: the STG pass is 1, 4, 7), read after it ends."""
+    with _stg_only(pipe) as report:
+        _generate(pipe)
+        assert report.outcomes() == {inject_ltx2.CALLS_ANSWERED: [1, 4, 7]}
+        _generate(pipe, guidance_scale=1.0, audio_guidance_scale=1.0)  # no pair: the last generation answered none
+        assert report.outcomes() == {inject_ltx2.CALLS_ANSWERED: []}

@@ -25,6 +25,7 @@ import torch
 
 from ltxbench.errors import UsageError
 from ltxbench.inject import (
+    CALLS_ANSWERED,
     OFFLOADED,
     InjectionReport,
     generation_call,
@@ -191,8 +192,9 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
         report.on_revert(lambda: vars(transformer).pop(CACHE_ATTR, None))
     if reuse_stg_pass:
         patch_call(report, STG_RULE, transformer, memo_call, {})
-        vars(transformer)[MEMO_ATTR] = PairMemo()
+        memo = vars(transformer)[MEMO_ATTR] = PairMemo()
         report.on_revert(lambda: vars(transformer).pop(MEMO_ATTR, None))
+        report.outcome(CALLS_ANSWERED, lambda: list(memo.answered))
     else:
         report.skip(STG_RULE, "turned off (reuse_stg_pass=False)")
     if CACHE_ATTR in vars(transformer) or MEMO_ATTR in vars(transformer):

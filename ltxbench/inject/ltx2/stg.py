@@ -45,9 +45,15 @@ class PairMemo:
         self.generations = 0  # open generation scopes: the memo answers only inside one
         self.pairs = self.served = 0
         self.last = None
+        # the transformer calls of the open generation, and the indices of those answered from a pair; at its end
+        # `answered` keeps them (the calls whose work was not done: bench e2e leaves their FLOPs out of the rates)
+        self.calls, self.answering, self.answered = 0, [], ()
 
     def clear(self) -> None:
         self.last = None
+        if self.calls:
+            self.answered = tuple(self.answering)
+        self.calls, self.answering = 0, []
 
     def remember(self, module, kwargs: dict, output) -> None:
         """Keep a guidance pair's call (even batch, no STG, both modalities); forget anything else."""
@@ -109,8 +115,10 @@ def memo_call(self, *args, **kwargs):
     memo = vars(self).get(MEMO_ATTR)
     if memo is None or args or torch.is_grad_enabled() or not memo.generations:
         return original_class(self).__call__(self, *args, **kwargs)
+    index, memo.calls = memo.calls, memo.calls + 1
     output = memo.answer(self, kwargs)
     if output is not None:
+        memo.answering.append(index)
         return output
     output = original_class(self).__call__(self, **kwargs)
     memo.remember(self, kwargs, output)
