@@ -58,8 +58,10 @@ __device__ __forceinline__ void ltx_angles(const Rope3dParams& p, int64_t b, int
       sn[m] = sn[m + 1] = sv;
     }
   } else {
-    load_f32<VEC>(at_row<float>(p.cos, b, s) + col, c);
-    load_f32<VEC>(at_row<float>(p.sin, b, s) + col, sn);
+    // Tables narrower than the row repeat every table_period channels (VEC divides it: the launch checks)
+    const int64_t tc = p.table_period == p.D ? col : col % p.table_period;
+    load_f32<VEC>(at_row<float>(p.cos, b, s) + tc, c);
+    load_f32<VEC>(at_row<float>(p.sin, b, s) + tc, sn);
   }
 }
 
@@ -267,7 +269,7 @@ template <typename T, bool FROM_GRID> cudaError_t launch_3d_typed(const Rope3dPa
                    // Parts are stored per column unless the chunk holds whole vectors: only then must each align.
                    (p.packed == nullptr || (rows_aligned(p.v, V) && aligned16(p.packed) &&
                                              (p.chunk % V != 0 || parts_aligned16(p.packed, p.part_out)))) &&
-                   (FROM_GRID || (rows_aligned(p.cos, 4) && rows_aligned(p.sin, 4)));
+                   (FROM_GRID || (rows_aligned(p.cos, 4) && rows_aligned(p.sin, 4) && p.table_period % V == 0));
   // Rows too wide for the vectorized register cache (fp32 beyond 4096) take the pair path (up to 8192).
   if (vec && (!p.norm || p.D / V <= 2 * kMaxRowThreads)) {
     if (p.norm && qk_vectors_per_thread() == 1 && p.D / V <= kMaxRowThreads)

@@ -24,10 +24,16 @@ void attach_ltx_angles(Rope3dParams& p, const Tensor& q, const std::optional<Ten
   if (tables) {
     for (auto [t, name, rows] : {std::tuple{&*cos, "cos", &p.cos}, std::tuple{&*sin, "sin", &p.sin}}) {
       check_f32_table(*t, q, op, name);
-      TORCH_CHECK(t->dim() == 3 && (t->size(0) == B || t->size(0) == 1) && t->size(1) == S && t->size(2) == D,
+      // (B|1, S, D), or (B|1, S, P) repeated across the row: P even, dividing D (Wan's tables, one head wide)
+      const int64_t P = t->dim() == 3 ? t->size(2) : -1;
+      TORCH_CHECK(t->dim() == 3 && (t->size(0) == B || t->size(0) == 1) && t->size(1) == S &&
+                      (P == D || (P > 0 && P % 2 == 0 && D % P == 0)),
                   "ltxbench.", op, ": ", name, " must have shape (B|1, S, D) = (", num(B), "|1, ", num(S), ", ",
-                  num(D), "), got ", shape(t->sizes()));
-      keep.push_back(unit_last_stride(*t).expand({B, S, D}));
+                  num(D), ") or (B|1, S, P) with P even dividing D, got ", shape(t->sizes()));
+      TORCH_CHECK(p.table_period == 0 || p.table_period == P, "ltxbench.", op,
+                  ": cos and sin must have the same width, got ", num(p.table_period), " and ", num(P));
+      p.table_period = P;
+      keep.push_back(unit_last_stride(*t).expand({B, S, P}));
       *rows = rows_of_3d(keep.back());
     }
   } else {

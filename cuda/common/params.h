@@ -55,6 +55,7 @@ struct Rope3dParams {
   int64_t B = 0, S = 0, D = 0;
   Rows3 q, k;
   Rows3 cos, sin;   // fp32, or null when the angles come from grid + freqs
+  int64_t table_period = 0;  // the tables' width P: D (a column per channel) or a divisor, repeated (Wan: per head)
   Rows3 grid;       // fp32 (.., 3) with unit stride along the 3 coordinates
   const float* freqs = nullptr;
   int pad = 0;

@@ -103,11 +103,26 @@ def ltx_rope_3d(q, k, cos=None, sin=None, grid=None, freqs=None):
     return diffusers_apply_rotary_emb(q, cos, sin), diffusers_apply_rotary_emb(k, cos, sin)
 
 
+def wan_apply_rotary_emb(x: Tensor, freqs_cos: Tensor, freqs_sin: Tensor) -> Tensor:
+    """The rotation inside diffusers' WanAttnProcessor: x (B, S, heads, head_dim), tables (B|1, S, 1, head_dim)."""
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos, sin = freqs_cos[..., 0::2], freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
 def ltx_qk_rms_norm_rope(q, k, wq, wk, eps=1e-5, cos=None, sin=None, grid=None, freqs=None):
-    """LTXAttention: `norm_q(to_q(h))` (torch.nn.RMSNorm over the inner dim), then apply_rotary_emb."""
-    cos, sin = _ltx_tables(q, cos, sin, grid, freqs)
+    """LTXAttention: `norm_q(to_q(h))` (torch.nn.RMSNorm over the inner dim), then apply_rotary_emb. With tables one
+    head wide (B|1, S, head_dim), WanAttnProcessor's: the same norms, then the heads rotated by those tables."""
     qn = F.rms_norm(q, (q.shape[-1],), wq, eps)
     kn = F.rms_norm(k, (k.shape[-1],), wk, eps)
+    if cos is not None and cos.shape[-1] != q.shape[-1]:
+        head_dim = cos.shape[-1]
+        return tuple(wan_apply_rotary_emb(t.unflatten(2, (-1, head_dim)), cos.unsqueeze(2), sin.unsqueeze(2))
+                     .flatten(2) for t in (qn, kn))
+    cos, sin = _ltx_tables(q, cos, sin, grid, freqs)
     return diffusers_apply_rotary_emb(qn, cos, sin), diffusers_apply_rotary_emb(kn, cos, sin)
 
 

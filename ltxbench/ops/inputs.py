@@ -108,11 +108,26 @@ def inputs_rope_3d(shape, dtype, device, gen, variant):
             **_ltx_rope_source(b, s, d, device, gen, variant)}
 
 
+def wan_head_dim(d: int) -> int:
+    """The head width of the "wan" variant's tables at inner dim d: Wan's 128 where it divides d, else the widest
+    even proper divisor of d up to 128 (d itself where there is none), so odd test widths take the pair path."""
+    if d % 128 == 0:
+        return 128
+    return next((p for p in range(min(128, d // 2), 1, -1) if p % 2 == 0 and d % p == 0), d)
+
+
 def inputs_qk_norm_rope(shape, dtype, device, gen, variant):
+    """LTX's tables or coordinates, or ("wan") Wan's tables one head wide, shared by the batch."""
+    from ltxbench.ops.reference import wan_cos_sin
+
     b, s, d = shape
+    if variant == "wan":
+        cos, sin = wan_cos_sin(s, wan_head_dim(d), device=device)
+        angles = {"cos": cos, "sin": sin, "grid": None, "freqs": None}
+    else:
+        angles = _ltx_rope_source(b, s, d, device, gen, variant)
     return {"q": _randn(shape, dtype, device, gen), "k": _randn(shape, dtype, device, gen),
-            "wq": _weight(d, dtype, device, gen), "wk": _weight(d, dtype, device, gen), "eps": 1e-5,
-            **_ltx_rope_source(b, s, d, device, gen, variant)}
+            "wq": _weight(d, dtype, device, gen), "wk": _weight(d, dtype, device, gen), "eps": 1e-5, **angles}
 
 
 

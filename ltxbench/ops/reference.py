@@ -110,13 +110,40 @@ def _rotate_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return x * cos + torch.stack([-imag, real], dim=-1).flatten(-2) * sin
 
 
+def wan_cos_sin(tokens: int, head_dim: int, frames_hw: tuple[int, int, int] | None = None,
+                theta: float = 10000.0, device=None) -> tuple[Tensor, Tensor]:
+    """diffusers' WanRotaryPosEmbed cos/sin, (1, tokens, head_dim) fp32: the head dim split into frame, height and
+    width parts (2·(head_dim // 6) each for height and width, the rest for frames), each part's angles position ·
+    theta^(-2j / part) repeated for its pair, tokens in (frame, height, width) order. frames_hw: the latent grid
+    after patchify (default: the smallest cube that holds `tokens`, cut to them)."""
+    h_dim = w_dim = 2 * (head_dim // 6)
+    t_dim = head_dim - h_dim - w_dim
+    if frames_hw is None:
+        side = max(1, round(tokens ** (1 / 3)))
+        while side ** 3 < tokens:
+            side += 1
+        frames_hw = (side, side, side)
+    parts = []
+    for axis, dim in enumerate((t_dim, h_dim, w_dim)):
+        inv = 1.0 / theta ** (torch.arange(0, dim, 2, dtype=torch.float64, device=device)[: dim // 2] / dim)
+        pos = torch.arange(frames_hw[axis], dtype=torch.float64, device=device)
+        shape = [1, 1, 1, dim // 2]
+        shape[axis] = frames_hw[axis]
+        parts.append(torch.outer(pos, inv).view(shape).expand(*frames_hw, dim // 2))
+    angles = torch.cat(parts, dim=-1).reshape(1, -1, head_dim // 2)[:, :tokens]
+    return (angles.cos().repeat_interleave(2, dim=-1).float(), angles.sin().repeat_interleave(2, dim=-1).float())
+
+
 def _ltx_tables(q: Tensor, cos, sin, grid, freqs) -> tuple[Tensor, Tensor]:
+    """cos/sin over the whole inner dim: LTX's (B|1, S, D), from its grid, or tables one head wide (Wan's
+    (B|1, S, P), P dividing D) repeated across the heads."""
     if (cos is None) == (grid is None):
         raise ValueError("pass either cos and sin, or grid and freqs (exactly one pair)")
     acc = _acc(q)
     if cos is None:
         cos, sin = ltx_cos_sin(grid, freqs, q.shape[-1], acc)
-    return cos.to(acc), sin.to(acc)
+    repeat = q.shape[-1] // cos.shape[-1]
+    return cos.to(acc).repeat(1, 1, repeat), sin.to(acc).repeat(1, 1, repeat)
 
 
 def rope_3d(q: Tensor, k: Tensor, cos: Tensor | None = None, sin: Tensor | None = None,

@@ -133,11 +133,12 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
     ),
     KernelSpec(
         name="qk_rms_norm_rope", summary="rope_3d(rms_norm(q) * wq, rms_norm(k) * wk)",
-        make_inputs=inputs_qk_norm_rope, variants=("tables", "coords"), n_outputs=2,
+        make_inputs=inputs_qk_norm_rope, variants=("tables", "coords", "wan"), n_outputs=2,
         baselines={"eager": eager.ltx_qk_rms_norm_rope},
         aliases=("qk_norm_rope", "ltx_qk_norm_rope"), test_shapes=ROPE_TEST_SHAPES,
-        bench_shapes={**LTX_SHAPES},
-        inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb",),
+        bench_shapes={**LTX_SHAPES, **WAN_SHAPES},
+        inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb",
+                        "WanAttnProcessor (attn1) norm_q/norm_k + its rotary embedding, tables one head wide"),
     ),
     KernelSpec(
         name="qk_rms_norm_rope_pack",

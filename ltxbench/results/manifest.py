@@ -119,6 +119,9 @@ BENCHMARKS = (
                                   "flash,cudnn,efficient,flash_attn,flash_attn_3"), 4),
     Benchmark("micro-wan-f32", (*_MICRO, "layer_norm_modulate", "gated_residual", "--shapes", "wan", "--variant",
                                 "wan-f32", "--providers", "cuda,eager,compile"), 1),
+    # Wan's q/k RMSNorm across heads + RoPE (tables one head wide) against its processor's eager and compiled code
+    Benchmark("micro-wan-qk-rope", (*_MICRO, "qk_rms_norm_rope", "--shapes", "wan", "--variant", "wan", "--providers",
+                                    "cuda,eager,compile"), 1),
     Benchmark("e2e-wan2.1-14b-81f-fp8", (*_WAN, "--model", "wan2.1-14b", "--configs", "compile", "--precision", "fp8",
                                          "--steps", "3"), 7, needs=("hopper",)),
     Benchmark("e2e-wan2.1-i2v-14b-81f", (*_WAN, "--model", "wan2.1-i2v-14b", *_WAN_COMPILED, "--steps", "3"), 7,

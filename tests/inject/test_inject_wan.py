@@ -1,7 +1,9 @@
 """Kernel injection into Wan (ltxbench.inject.wan): on the wan-tiny transformer in bf16 (diffusers' fp32 modules kept
 fp32) with modulation of a trained model's size, the reference provider gives the unpatched output bit for bit, per
-sample and per token (Wan 2.2 5B's timesteps); a 1% error in any op it calls is caught; revert restores the model;
-what the rules cannot reproduce is refused. GPU: the cuda provider against the unpatched model."""
+sample and per token (Wan 2.2 5B's timesteps), but for attn1's fused q/k norm + RoPE, which rounds once where Wan
+rounds the normalized q/k before rotating them: that rule is held to the unpatched model in float32. A 1% error in
+any op the rules call is caught; revert restores the model; what the rules cannot reproduce is refused. GPU: the
+cuda provider against the unpatched model."""
 
 from __future__ import annotations
 
@@ -9,11 +11,12 @@ import pytest
 import torch
 
 from ltxbench.inject import wan as inject_wan
-from ltxbench.inject.wan import BLOCK_RULE, GELU_RULE, QK_NORM_RULE, apply_kernels
+from ltxbench.inject.wan import BLOCK_RULE, GELU_RULE, QK_NORM_RULE, QK_ROPE_RULE, apply_kernels
 from ltxbench.ops import reference
 from tests.helpers import wan_inputs, wan_transformer
 
-RULES = {BLOCK_RULE: 2, QK_NORM_RULE: 8, GELU_RULE: 2}
+RULES = {BLOCK_RULE: 2, QK_ROPE_RULE: 2, QK_NORM_RULE: 4, GELU_RULE: 2}  # attn2's norms alone take QK_NORM_RULE
+UNFUSED = {BLOCK_RULE: 2, QK_NORM_RULE: 8, GELU_RULE: 2}
 
 
 @pytest.fixture(scope="module")
@@ -26,17 +29,60 @@ def _call(model, inputs):
         return model(**inputs)[0]
 
 
+@pytest.fixture(scope="module")
+def model_fp32():
+    return wan_transformer(dtype="fp32")
+
+
+def _relative_error(got, expected) -> float:
+    return ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
+
+
 @pytest.mark.parametrize("per_token", [False, True])
 def test_reference_provider_is_bit_identical_and_reverts(model, per_token):
     inputs = wan_inputs(model, per_token)
     expected = _call(model, inputs)
     classes = {name: type(module) for name, module in model.named_modules()}
-    report = apply_kernels(model, "reference")
-    assert dict(report.rules) == RULES and report.skipped == []
+    report = apply_kernels(model, "reference", qk_rope=False)
+    assert dict(report.rules) == UNFUSED and report.skipped == [(QK_ROPE_RULE, "turned off (qk_rope=False)")]
     assert torch.equal(_call(model, inputs), expected)
     report.revert()
     assert {name: type(module) for name, module in model.named_modules()} == classes
     assert torch.equal(_call(model, inputs), expected)
+    with apply_kernels(model, "reference") as report:  # the fused q/k norm + RoPE: one rounding fewer than Wan's
+        assert dict(report.rules) == RULES and report.skipped == []
+        assert _relative_error(_call(model, inputs), expected) < 1e-2
+    assert {name: type(module) for name, module in model.named_modules()} == classes
+
+
+@pytest.mark.parametrize("per_token", [False, True])
+def test_fused_qk_norm_rope_in_float32_is_the_unpatched_model(model_fp32, per_token):
+    """In float32 the rounding between Wan's norm and rotation is gone: every rule against the unpatched model."""
+    inputs = wan_inputs(model_fp32, per_token)
+    expected = _call(model_fp32, inputs)
+    with apply_kernels(model_fp32, "reference") as report:
+        assert dict(report.rules) == RULES
+        assert _relative_error(_call(model_fp32, inputs), expected) < 1e-5
+
+
+_QK_ROPE = reference.qk_rms_norm_rope
+
+
+@pytest.mark.parametrize("wrong", [
+    lambda q, k, wq, wk, eps, cos=None, sin=None, **kw: tuple(t * 1.01 for t in _QK_ROPE(q, k, wq, wk, eps, cos, sin)),
+    lambda q, k, wq, wk, eps, cos=None, sin=None, **kw: _QK_ROPE(q, k, wq * 1.01, wk, eps, cos, sin),
+    lambda q, k, wq, wk, eps, cos=None, sin=None, **kw: _QK_ROPE(q, k, wq, wk * 1.01, eps, cos, sin),
+    lambda q, k, wq, wk, eps, cos=None, sin=None, **kw: _QK_ROPE(q, k, wq, wk, eps, cos * 1.01, sin),
+    lambda q, k, wq, wk, eps, cos=None, sin=None, **kw: _QK_ROPE(q, k, wq, wk, eps, cos, sin * 1.01),
+    lambda q, k, wq, wk, eps, cos=None, sin=None, **kw: _QK_ROPE(q, k, wq, wk, eps, cos, -sin),  # turned backwards
+], ids=["output", "wq", "wk", "cos", "sin", "direction"])
+def test_a_one_percent_error_in_the_fused_qk_norm_rope_is_caught(model_fp32, wrong, monkeypatch):
+    inputs = wan_inputs(model_fp32)
+    expected = _call(model_fp32, inputs)
+    monkeypatch.setattr(reference, "qk_rms_norm_rope", wrong)
+    with apply_kernels(model_fp32, "reference"):
+        error = _relative_error(_call(model_fp32, inputs), expected)
+    assert error > 3e-4, f"a 1% error moved the output by only {error:.2g}"  # 30x the parity bound above
 
 
 def test_the_modulation_is_large_enough_to_matter(model):
@@ -83,7 +129,7 @@ def test_cuda_provider_in_bf16_runs_every_rule_and_refuses_rows_too_wide(model, 
     width = model.blocks[0].scale_shift_table.shape[-1]
     monkeypatch.setattr(inject_wan, "MAX_F32_MODULATION_ROW", width - 1)
     with apply_kernels(model, "cuda") as report:
-        assert dict(report.rules) == {QK_NORM_RULE: 8, GELU_RULE: 2}
+        assert dict(report.rules) == {QK_ROPE_RULE: 2, QK_NORM_RULE: 4, GELU_RULE: 2}
         assert report.skipped == [(BLOCK_RULE, f"blocks {width} wide: the cuda provider's float32-modulation rows "
                                                f"take at most {width - 1}")]
 
@@ -100,7 +146,7 @@ def test_what_the_rules_do_not_reproduce_is_refused(model):
     model.blocks[0].ffn.net[0].approximate = "none"
     try:
         with apply_kernels(model, "reference") as report:
-            assert dict(report.rules) == {BLOCK_RULE: 1, QK_NORM_RULE: 8, GELU_RULE: 1}
+            assert dict(report.rules) == {BLOCK_RULE: 1, QK_ROPE_RULE: 2, QK_NORM_RULE: 4, GELU_RULE: 1}
             reasons = dict(report.skipped)
             assert "is not the code this rule reproduces" in reasons["blocks.1"]
             assert reasons["blocks.0.ffn"] == "GELU approximation 'none', not 'tanh'"
@@ -111,8 +157,10 @@ def test_what_the_rules_do_not_reproduce_is_refused(model):
 
 def test_rules_can_be_turned_off(model):
     with apply_kernels(model, "reference", blocks=False, gelu=False) as report:
-        assert dict(report.rules) == {QK_NORM_RULE: 8}
+        assert dict(report.rules) == {QK_ROPE_RULE: 2, QK_NORM_RULE: 4}
         assert [target for target, _ in report.skipped] == [BLOCK_RULE, GELU_RULE]
+    with apply_kernels(model, "reference", qk_rope=False, blocks=False, gelu=False) as report:
+        assert dict(report.rules) == {QK_NORM_RULE: 8}  # attn1's norms back on the unfused rule
 
 
 # --- GPU -----------------------------------------------------------------------------------------------
@@ -142,9 +190,12 @@ def test_i2v_blocks_with_the_image_cross_attention_are_bit_identical_and_mutatio
     i2v = wan_transformer(preset="wan-tiny-i2v")
     inputs = wan_inputs(i2v)
     expected = _call(i2v, inputs)
-    with apply_kernels(i2v, "reference") as report:
-        assert dict(report.rules) == RULES and report.skipped == []
+    with apply_kernels(i2v, "reference", qk_rope=False) as report:
+        assert dict(report.rules) == UNFUSED and len(report.skipped) == 1
         assert torch.equal(_call(i2v, inputs), expected)
+    with apply_kernels(i2v, "reference") as report:  # attn1 fused: one rounding fewer than Wan's
+        assert dict(report.rules) == RULES and report.skipped == []
+        assert _relative_error(_call(i2v, inputs), expected) < 1e-2
     assert torch.equal(_call(i2v, inputs), expected)
     without_image = _call(i2v, {**inputs, "encoder_hidden_states_image": torch.zeros_like(
         inputs["encoder_hidden_states_image"])})
@@ -153,7 +204,7 @@ def test_i2v_blocks_with_the_image_cross_attention_are_bit_identical_and_mutatio
                       ("layer_norm_modulate", lambda x, scale, shift, eps: _LN_MOD(x, scale * 1.01, shift, eps))):
         with monkeypatch.context() as patch:
             patch.setattr(reference, op, wrong)
-            with apply_kernels(i2v, "reference"):
+            with apply_kernels(i2v, "reference", qk_rope=False):
                 got = _call(i2v, inputs)
         error = ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
         assert error > 2e-3, f"{op}: a 1% error moved the output by only {error:.2g}"

@@ -102,15 +102,16 @@ def test_flops_are_counted_over_both_experts(tiny):
 
 
 def test_one_report_patches_both_experts_and_reverts_both(tiny):
-    from ltxbench.inject.wan import BLOCK_RULE, GELU_RULE, GENERATION_RULE, QK_NORM_RULE, apply_kernels
+    from ltxbench.inject.wan import BLOCK_RULE, GELU_RULE, GENERATION_RULE, QK_NORM_RULE, QK_ROPE_RULE, apply_kernels
     from ltxbench.inject.wan.pair import PAIR_RULE
 
     experts = [tiny.transformer, tiny.transformer_2]
     modules = [list(expert.modules()) for expert in experts]
     classes = [[type(m) for m in mods] for mods in modules]
     report = apply_kernels(tiny, "reference")
-    assert dict(report.rules) == {BLOCK_RULE: 4, QK_NORM_RULE: 16, GELU_RULE: 4,  # 2 blocks in each expert
-                                  PAIR_RULE: 2, GENERATION_RULE: 1}  # the guidance pair on each expert
+    # 2 blocks in each expert; the guidance pair on each expert
+    assert dict(report.rules) == {BLOCK_RULE: 4, QK_ROPE_RULE: 4, QK_NORM_RULE: 8, GELU_RULE: 4,
+                                  PAIR_RULE: 2, GENERATION_RULE: 1}
     for expert, before in zip(experts, classes, strict=True):
         assert any(type(m) is not cls for m, cls in zip(expert.modules(), before, strict=True))
     report.revert()
@@ -141,12 +142,13 @@ def test_bench_e2e_compiles_both_experts_and_undoes_both(scope, tmp_path, captur
 
 
 def test_optimized_patches_both_experts_in_one_report(tmp_path):
-    from ltxbench.inject.wan import BLOCK_RULE, GELU_RULE, GENERATION_RULE, QK_NORM_RULE
+    from ltxbench.inject.wan import BLOCK_RULE, GELU_RULE, GENERATION_RULE, QK_NORM_RULE, QK_ROPE_RULE
     from ltxbench.inject.wan.pair import PAIR_RULE
 
     out = tmp_path / "o.json"
     result = runner.invoke(app, [*E2E, "--configs", "optimized", "--phase", "transformer", "--output", str(out)])
     assert result.exit_code == 0, result.output
     injection = json.loads(out.read_text())["run"]["config"]["injection"]["optimized"]
-    assert injection["rules"] == {BLOCK_RULE: 4, QK_NORM_RULE: 16, GELU_RULE: 4, PAIR_RULE: 2, GENERATION_RULE: 1}
+    assert injection["rules"] == {BLOCK_RULE: 4, QK_ROPE_RULE: 4, QK_NORM_RULE: 8, GELU_RULE: 4, PAIR_RULE: 2,
+                                  GENERATION_RULE: 1}
     assert injection["skipped"] == []

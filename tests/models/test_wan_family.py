@@ -231,7 +231,7 @@ def test_bad_arguments_exit_2(command, extra, needle, tmp_path):
 
 def test_optimized_reports_its_rules(tmp_path):
     """The optimized configuration runs Wan's first rules (reference ops on the CPU) and says so."""
-    from ltxbench.inject.wan import BLOCK_RULE, GELU_RULE, GENERATION_RULE, QK_NORM_RULE
+    from ltxbench.inject.wan import BLOCK_RULE, GELU_RULE, GENERATION_RULE, QK_NORM_RULE, QK_ROPE_RULE
     from ltxbench.inject.wan.pair import PAIR_RULE
 
     out = tmp_path / "o.json"
@@ -240,7 +240,8 @@ def test_optimized_reports_its_rules(tmp_path):
     doc = json.loads(out.read_text())
     injection = doc["run"]["config"]["injection"]["optimized"]
     assert injection["applied"] is True and injection["skipped"] == []
-    assert injection["rules"] == {BLOCK_RULE: 2, QK_NORM_RULE: 8, GELU_RULE: 2, PAIR_RULE: 1, GENERATION_RULE: 1}
+    assert injection["rules"] == {BLOCK_RULE: 2, QK_ROPE_RULE: 2, QK_NORM_RULE: 4, GELU_RULE: 2, PAIR_RULE: 1,
+                                   GENERATION_RULE: 1}
     assert _names(doc["records"], "optimized") == {"denoise_step", "total"}
 
 

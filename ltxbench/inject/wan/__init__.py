@@ -5,8 +5,9 @@ InjectionReport. The first, exact rules, each through an existing op whose math 
   shift`, rounded once) through `layer_norm_modulate`, and the two gated residuals (`x + a * gate` in fp32, rounded
   once) through `gated_residual`. Wan's modulation (its tables plus the time embedding) is fp32 and the ops take it
   as it is; norm2 (an affine LayerNorm), attn2's plain residual and the attentions run as diffusers runs them.
-  q/k norms: every attention's norm_q / norm_k (torch.nn.RMSNorm over all heads, weight multiplied in fp32, rounded
-  once) through `rms_norm`.
+  q/k norms + RoPE: attn1's processor with norm_q / norm_k (torch.nn.RMSNorm over all heads, weight multiplied in
+  fp32, rounded once) and the rotary embedding in one `qk_rms_norm_rope` (attention.py); attn2's norms, and attn1's
+  where that is refused, through `rms_norm`.
   feed-forward GELU: each block's up-projection followed by GELU-tanh through `gelu_tanh`.
 
 Refused and reported, left as diffusers runs them: a block or GELU forward whose source is not the code these rules
@@ -20,13 +21,16 @@ from __future__ import annotations
 import torch
 
 from ltxbench.errors import UsageError
-from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, patch_forward, require_provider
+from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, patch_call, patch_forward, require_provider
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx2.text_kv import source_digest as digest
+from ltxbench.inject.wan.attention import QK_ROPE_RULE, self_attention_call
+from ltxbench.inject.wan.attention import refusal as qk_rope_refusal
 from ltxbench.inject.wan.precision import quantize_block, unquantizable
 from ltxbench.ops.registry import F32_MODULATION_WIDTH
 
-__all__ = ["BLOCK_RULE", "GELU_RULE", "GENERATION_RULE", "QK_NORM_RULE", "apply_kernels", "experts"]
+__all__ = ["BLOCK_RULE", "GELU_RULE", "GENERATION_RULE", "QK_NORM_RULE", "QK_ROPE_RULE", "apply_kernels",
+           "experts"]
 
 BLOCK_RULE = "block: norm1/norm3 modulated LayerNorm, gated residuals (fp32 modulation, one rounding)"
 QK_NORM_RULE = "attn1/attn2 norm_q, norm_k: RMSNorm across heads"
@@ -111,13 +115,14 @@ def experts(target) -> list[tuple[str, torch.nn.Module]]:
 
 
 def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_norms: bool = True,
-                  gelu: bool = True, pair_guidance: bool = True, precision: str = "bf16",
+                  qk_rope: bool = True, gelu: bool = True, pair_guidance: bool = True, precision: str = "bf16",
                   fp8_accumulation: str = "fast") -> InjectionReport:
     """Patch a WanPipeline (every expert: `experts`) or its transformer in place; revert with the one report (or use
     it as a context manager).
 
     provider "cuda": our kernels (the transformer must be on a CUDA device); "reference": the same ops in pure torch
-    (ltxbench.ops.reference), so the mechanics run anywhere. blocks, qk_norms, gelu: the rules (module docstring).
+    (ltxbench.ops.reference), so the mechanics run anywhere. blocks, qk_norms, qk_rope, gelu: the rules (module
+    docstring; qk_rope off leaves attn1's norms to the qk_norms rule).
     pair_guidance: a pipeline's guidance pair as one call of batch 2 (pair.py; a pipeline's rule, not applied to a
     transformer given alone). precision "fp8": every block projection stored and run in FP8 (precision.py; the
     feed-forward then runs on its FP8 weights, not through the GELU rule), all blocks or none (UsageError naming what
@@ -142,17 +147,19 @@ def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_nor
         require_provider(provider, ops, transformer, name, move="pipeline")
         # one forward function per rule, shared by every block and both experts: patch_forward makes a subclass per
         # function, and regional compile guards on the class (a class per block would recompile for each)
-        forwards = forwards or {"block": block_forward(ops), "rms": rms_norm_forward(ops), "gelu": gelu_forward(ops)}
+        forwards = forwards or {"block": block_forward(ops), "rms": rms_norm_forward(ops), "gelu": gelu_forward(ops),
+                                "attn1": self_attention_call(ops)}
         prefix = "" if name == "transformer" else f"{name}."
         _patch_expert(report, transformer, ops, forwards, prefix, classes, blocks=blocks, qk_norms=qk_norms,
-                      gelu=gelu and not fp8)
+                      qk_rope=qk_rope, gelu=gelu and not fp8)
         for block in transformer.blocks if fp8 else ():
             quantize_block(report, ops, block, classes, fp8_accumulation)
     if fp8 and gelu:
         report.skip(GELU_RULE, "precision fp8: the feed-forward runs on its FP8 weights, its GELU writing FP8")
-    for name, wanted in (("qk_norms", qk_norms), ("gelu", gelu)):
+    for name, wanted in (("qk_norms", qk_norms), ("qk_rope", qk_rope), ("gelu", gelu)):
         if not wanted:
-            report.skip({"qk_norms": QK_NORM_RULE, "gelu": GELU_RULE}[name], f"turned off ({name}=False)")
+            report.skip({"qk_norms": QK_NORM_RULE, "qk_rope": QK_ROPE_RULE, "gelu": GELU_RULE}[name],
+                        f"turned off ({name}=False)")
     _pair_guidance(report, target, classes, pair_guidance)
     return report
 
@@ -170,7 +177,7 @@ def _require_fp8_blocks(transformer) -> None:
 
 def _pair_guidance(report, target, classes: dict, wanted: bool) -> None:
     """The guidance pair rule (pair.py) on a pipeline's experts, its generations scoped by the pipeline's call."""
-    from ltxbench.inject import generation_call, generation_scope, patch_call
+    from ltxbench.inject import generation_call, generation_scope
     from ltxbench.inject.wan.pair import PAIR_ATTR, PAIR_RULE, GuidancePair, encode_and_keep, pair_call
 
     if not wanted:
@@ -193,7 +200,7 @@ def _pair_guidance(report, target, classes: dict, wanted: bool) -> None:
 
 
 def _patch_expert(report, transformer, ops, forwards: dict, prefix: str, classes: dict, *, blocks: bool,
-                  qk_norms: bool, gelu: bool) -> None:
+                  qk_norms: bool, qk_rope: bool, gelu: bool) -> None:
     """The rules on one transformer's blocks, into `report` (skips named from `prefix`)."""
     width = transformer.blocks[0].scale_shift_table.shape[-1]
     if not blocks:
@@ -210,7 +217,15 @@ def _patch_expert(report, transformer, ops, forwards: dict, prefix: str, classes
             else:
                 patch_forward(report, BLOCK_RULE, block, forwards["block"], classes)
     for index, block in enumerate(transformer.blocks):
-        for attn_name in ("attn1", "attn2") if qk_norms else ():
+        fused = False
+        if qk_rope:
+            reason = qk_rope_refusal(block.attn1)
+            if reason:
+                report.skip(f"{prefix}blocks.{index}.attn1", reason)
+            else:
+                patch_call(report, QK_ROPE_RULE, block.attn1.processor, forwards["attn1"], classes)
+                fused = True
+        for attn_name in (("attn2",) if fused else ("attn1", "attn2")) if qk_norms else ():
             for norm_name in ("norm_q", "norm_k"):
                 norm = getattr(getattr(block, attn_name), norm_name)
                 if type(norm) is not torch.nn.RMSNorm or norm.weight is None:
