@@ -1,50 +1,96 @@
-"""FP8 self-attention (`precision="fp8-attention"`, LTX-Video): FlashAttention-3's FP8 forward on Hopper, on top of
-the FP8 projections (ltxbench.inject.fp8).
+"""FP8 self-attention (`precision="fp8-attention"`): an FP8 attention forward on Hopper on top of the FP8
+projections (ltxbench.inject.fp8), through FlashAttention-3 where it is installed, else cuDNN's frontend.
 
-- q and k come out of the q/k RMSNorm + RoPE kernel already in FP8 (ops.qk_rms_norm_rope_fp8): each head's scale
-  is a power of two bounded from the norm weights, so there is no amax pass and nothing can saturate.
-- v is quantized per (batch, head) from its amax (ops.quantize_fp8_heads, two passes).
-- FlashAttention-3 applies the three descales and writes bf16 (docs/precision.md#fp8-attention).
+- q and k come out of the q/k RMSNorm + RoPE kernel already in FP8 (ops.qk_rms_norm_rope_fp8): the scales are powers
+  of two bounded from the norm weights, so there is no amax pass and nothing can saturate.
+- v is quantized from its amax (ops.quantize_fp8_heads, two passes).
+- FlashAttention-3 takes a scale per (batch, head) and writes bf16; cuDNN (pip `nvidia-cudnn-frontend`) takes one
+  per tensor and writes FP8, which ltxbench.ops.cudnn_fp8_attention dequantizes (docs/precision.md#fp8-attention).
 
-FlashAttention-3 is a peer library, not a dependency: its Hopper build (`flash_attn_interface`) is imported at
-injection, and its absence is an environment problem (exit 4) with the way to install it.
+Neither is a dependency: the first that imports is used, and with neither the run is an environment problem
+(exit 4) saying how to install one.
 """
 
 from __future__ import annotations
 
-from ltxbench.errors import EnvironmentProblem
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ltxbench.errors import EnvironmentProblem, UsageError
 
 FP8_ATTENTION = "fp8-attention"
-INSTALL_HINT = ("install FlashAttention-3's Hopper build: git clone https://github.com/Dao-AILab/flash-attention && "
-                "cd flash-attention/hopper && pip install --no-build-isolation . (or run --precision fp8)")
+INSTALL_HINT = ("pip install --no-deps nvidia-cudnn-frontend (cuDNN's FP8 attention, on torch's cuDNN), or build "
+                "FlashAttention-3: git clone https://github.com/Dao-AILab/flash-attention && cd flash-attention/hopper "
+                "&& pip install --no-build-isolation . (or run --precision fp8)")
 
 
-def flash_attention_3():
-    """FlashAttention-3's `flash_attn_func`, or EnvironmentProblem (exit 4) saying how to install it."""
+@dataclass(frozen=True)
+class Fp8Attention:
+    """An FP8 attention forward: run(q8, k8, v8, q_descale, k_descale, v_descale) -> bf16, all (B, S, H, hd)."""
+
+    name: str
+    per_tensor: bool  # one scale per tensor (cuDNN) instead of one per (batch, head) (FlashAttention-3)
+    run: Callable
+    refuses: Callable[[int], str | None] = lambda _head_dim: None  # why a head dim cannot run (None: it can)
+
+    def require(self, head_dim: int) -> None:
+        """UsageError (exit 2) where this backend cannot take the model's head dim."""
+        reason = self.refuses(head_dim)
+        if reason is not None:
+            raise UsageError(f"--precision {FP8_ATTENTION} through {self.name}: {reason}",
+                             hint="run --precision fp8, or install FlashAttention-3")
+
+
+def _flash_attention_3(flash_attn_func) -> Fp8Attention:
+    def run(q, k, v, q_descale, k_descale, v_descale):
+        out = flash_attn_func(q, k, v, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+        return out[0] if isinstance(out, tuple) else out  # older builds return (out, lse)
+
+    return Fp8Attention("FlashAttention-3", False, run)
+
+
+def _cudnn(provider: str) -> Fp8Attention:
+    from ltxbench.ops import cudnn_fp8_attention as cudnn_op
+
+    # the reference provider runs anywhere: the op's emulation stands for it (the mechanics, on the CPU)
+    run = cudnn_op.emulated if provider == "reference" else cudnn_op.cudnn_fp8_attention
+    return Fp8Attention("cuDNN", True, run, cudnn_op.supports)
+
+
+def fp8_attention(provider: str = "cuda") -> Fp8Attention:
+    """FlashAttention-3 where `flash_attn_interface` imports, else cuDNN where `cudnn` (nvidia-cudnn-frontend) does,
+    else EnvironmentProblem (exit 4) saying how to install one."""
     try:
         from flash_attn_interface import flash_attn_func
-    except ImportError as exc:  # also a build for another torch: its extension fails to load
-        raise EnvironmentProblem(f"--precision {FP8_ATTENTION} needs FlashAttention-3 (flash_attn_interface, "
-                                 f"the hopper/ build of flash-attention): {exc}", hint=INSTALL_HINT) from exc
-    return flash_attn_func
+    except ImportError as fa3:  # also a build for another torch: its extension fails to load
+        try:
+            import cudnn  # noqa: F401
+        except ImportError as exc:
+            raise EnvironmentProblem(f"--precision {FP8_ATTENTION} needs FlashAttention-3 (flash_attn_interface: "
+                                     f"{fa3}) or cuDNN's frontend (cudnn: {exc})", hint=INSTALL_HINT) from exc
+        return _cudnn(provider)
+    return _flash_attention_3(flash_attn_func)
 
 
 def runs_fp8_attention(processor, attention_mask) -> bool:
     """Does this self-attention call run in FP8? Only one GPU's whole attention, unmasked, on the default backend:
     context parallelism and other backends keep their bf16 path (the CLI refuses those combinations)."""
-    return (processor.flash_attention is not None and attention_mask is None
+    return (processor.fp8_attention is not None and attention_mask is None
             and processor._parallel_config is None and processor._attention_backend is None)
 
 
-def attention(ops, flash_attn_func, attn, query, key, value, eps: float, rope: dict):
-    """softmax(norm_q(q)ᵣ · norm_k(k)ᵣᵀ / √hd) · v in FP8 for (B, S, D) projections: (B, S, D) in query's dtype."""
-    batch, tokens, _ = query.shape
+def attention(ops, backend: Fp8Attention, attn, query, key, value, eps: float, rope: dict):
+    """softmax(norm_q(q)ᵣ · norm_k(k)ᵣᵀ / √hd) · v in FP8 for (B, S, D) projections: (B, S, D) in query's dtype.
+    `rope`: the angles as qk_rms_norm_rope_fp8 takes them (cos/sin tables, or grid and freqs)."""
+    batch, tokens, dim = query.shape
     heads = attn.heads
+    groups = 1 if backend.per_tensor else heads  # the scales' granularity: one per tensor, or per head
     q8, q_descale, k8, k_descale = ops.qk_rms_norm_rope_fp8(query, key, attn.norm_q.weight, attn.norm_k.weight, eps,
-                                                            heads, **rope)
-    v8, v_descale = ops.quantize_fp8_heads(value, heads)
+                                                            groups, **rope)
+    if backend.per_tensor:  # one amax over every batch element
+        v8, v_descale = ops.quantize_fp8_heads(value.reshape(1, batch * tokens, dim), 1)
+    else:
+        v8, v_descale = ops.quantize_fp8_heads(value, heads)
     per_head = (batch, tokens, heads, -1)
-    out = flash_attn_func(q8.view(per_head), k8.view(per_head), v8.view(per_head),
-                          q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-    out = out[0] if isinstance(out, tuple) else out  # older builds return (out, lse)
+    out = backend.run(q8.view(per_head), k8.view(per_head), v8.view(per_head), q_descale, k_descale, v_descale)
     return out.flatten(2, 3).to(query.dtype)

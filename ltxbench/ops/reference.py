@@ -142,7 +142,7 @@ def _ltx_tables(q: Tensor, cos, sin, grid, freqs) -> tuple[Tensor, Tensor]:
     acc = _acc(q)
     if cos is None:
         cos, sin = ltx_cos_sin(grid, freqs, q.shape[-1], acc)
-    repeat = q.shape[-1] // cos.shape[-1]
+    repeat = q.shape[-1] // cos.shape[-1] if cos.shape[-1] else 1  # D = 0: nothing to repeat
     return cos.to(acc).repeat(1, 1, repeat), sin.to(acc).repeat(1, 1, repeat)
 
 

@@ -127,13 +127,15 @@ def test_public_functions_have_the_reference_signatures():
 
 # ---- the command line ------------------------------------------------------------------------------------------
 
-def test_without_flash_attention_3_the_run_exits_4_saying_how_to_install_it(tmp_path, monkeypatch):
+def test_without_an_fp8_attention_backend_the_run_exits_4_saying_how_to_install_one(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn_interface", None)  # an import of it raises ImportError
+    monkeypatch.setitem(sys.modules, "cudnn", None)
     out = tmp_path / "r.json"
     result = runner.invoke(app, [*TINY, "--configs", "optimized", "--precision", "fp8-attention", "-o", str(out)])
     text = " ".join(result.output.split())
     assert result.exit_code == 4, result.output
-    assert "--precision fp8-attention needs FlashAttention-3" in text and "flash-attention/hopper" in text
+    assert "--precision fp8-attention needs FlashAttention-3" in text and "or cuDNN's frontend" in text
+    assert "pip install --no-deps nvidia-cudnn-frontend" in text and "flash-attention/hopper" in text
     assert not out.exists()
 
 
@@ -249,3 +251,117 @@ def test_generate_with_fp8_attention_says_so_in_its_records(tmp_path, flash_stan
     assert doc["run"]["config"]["precision"] == "fp8-attention"
     assert {r["dtype"] for r in doc["records"]} == {"fp8-attention"}
     assert any(rule.startswith("attn1: FP8 attention") for rule in doc["injection"]["rules"]) and flash_stand_in
+
+
+# ---- cuDNN's FP8 attention: its emulation on the CPU, its graph, the backend choice --------------------------------
+
+def _fp8_inputs(batch=2, tokens=77, heads=4, head_dim=64, seed=0):
+    """q/k/v (B, S, D) with logits of trained attention's size (a direction shared by each head's tokens), and the
+    per-tensor FP8 q/k/v (B, S, H, hd) with their descales as the cuDNN path makes them."""
+    gen = torch.Generator().manual_seed(seed)
+    d = heads * head_dim
+    shared = torch.randn(1, 1, 3 * d, generator=gen)
+    qkv = torch.randn(batch, tokens, 3 * d, generator=gen) + 2 * shared
+    q, k, v = (qkv[..., i * d:(i + 1) * d].contiguous() for i in range(3))
+    quantized = [reference.quantize_fp8_heads(t.reshape(1, -1, d), 1) for t in (q, k, v)]
+    per_head = (batch, tokens, heads, head_dim)
+    (q8, qd), (k8, kd), (v8, vd) = ((t.view(per_head), descale) for t, descale in quantized)
+    return (q, k, v), (q8, k8, v8, qd, kd, vd)
+
+
+def test_the_cudnn_emulation_is_attention_within_fp8_error():
+    """P at scale 448 and the output at half of v's scale, all e4m3: within FP8's error of fp32 attention over the
+    unquantized inputs, and a 1% error in a descale, or the output scale's headroom forgotten, shows."""
+    from ltxbench.ops import cudnn_fp8_attention as op
+
+    (q, k, v), fp8 = _fp8_inputs()
+    want = F.scaled_dot_product_attention(*(t.unflatten(2, (4, 64)).transpose(1, 2) for t in (q, k, v)))
+    want = want.transpose(1, 2)
+    got = op.emulated(*fp8)
+    cosine = F.cosine_similarity(got.double().flatten(), want.double().flatten(), dim=0).item()
+    assert got.dtype == torch.bfloat16 and got.shape == want.shape and 0.998 <= cosine < 1.0, cosine
+    q8, k8, v8, qd, kd, vd = fp8
+    for wrong in ((q8, k8, v8, qd, kd, vd * 1.01), (q8, k8, v8, qd * 1.01, kd, vd)):
+        assert (op.emulated(*wrong).float() - got.float()).abs().max() > 1e-3 * got.float().abs().max()
+
+
+def test_the_cudnn_graph_says_what_it_computes():
+    """The graph as built for cuDNN (plain Python until planned on a GPU): e4m3 (B, H, S, hd) operands in our
+    (B, S, H, hd) memory, six fp32 scalars, an e4m3 output in the output's layout."""
+    cudnn = pytest.importorskip("cudnn", reason="nvidia-cudnn-frontend not installed")
+    from ltxbench.ops import cudnn_fp8_attention as op
+
+    _, (q8, k8, v8, *_) = _fp8_inputs(batch=2, tokens=9, heads=3, head_dim=64)
+    v8 = torch.cat([v8, v8], dim=-1)[..., :64]  # a strided v: a column slice
+    out = torch.empty(q8.shape, dtype=FP8)
+    graph, tensors = op.build_graph(q8, k8, v8, out)
+    e4m3 = cudnn.data_type.FP8_E4M3
+    assert list(tensors["q"].dim) == [2, 3, 9, 64] and list(tensors["q"].stride) == [9 * 192, 64, 192, 1]
+    assert list(tensors["v"].stride) == [9 * 3 * 128, 128, 3 * 128, 1]
+    assert all(tensors[n].data_type == e4m3 for n in ("q", "k", "v", "o"))
+    assert list(tensors["o"].dim) == [2, 3, 9, 64] and list(tensors["o"].stride) == [9 * 192, 64, 192, 1]
+    assert [n for n in tensors if n.startswith(("descale", "scale"))] == [
+        "descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"]
+
+
+def test_the_cudnn_op_fake_gives_bf16_of_the_query_shape():
+    from ltxbench.ops import cudnn_fp8_attention  # noqa: F401  (registers the op)
+
+    with FakeTensorMode():
+        q = torch.empty(2, 9, 3, 64, dtype=FP8)
+        descale = torch.empty(1, 1)
+        out = torch.ops.ltxbench.cudnn_fp8_attention(q, q, q, descale, descale, descale)
+    assert out.shape == (2, 9, 3, 64) and out.dtype == torch.bfloat16
+
+
+def test_cudnn_is_chosen_where_flash_attention_3_is_missing_and_refuses_head_dims_it_cannot_take(monkeypatch):
+    from ltxbench.errors import UsageError
+    from ltxbench.inject import fp8_attention
+
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))  # importable: the choice alone
+    backend = fp8_attention.fp8_attention("reference")
+    assert backend.name == "cuDNN" and backend.per_tensor
+    backend.require(64)
+    with pytest.raises(UsageError, match="head dim 72: cuDNN's FP8 attention takes multiples of 16 up to 256"):
+        backend.require(72)
+
+
+def test_the_ltx_fp8_attention_path_through_cudnn(monkeypatch):
+    """The tiny LTX-Video with FP8 attention through cuDNN (its emulation, under the reference provider): per-tensor
+    scales reach it, the rule names the backend, and the output is FP8 projections' within FP8 attention's error."""
+    from ltxbench.inject import fp8_attention
+    from ltxbench.inject.ltx import apply_kernels
+    from ltxbench.models import family_of
+    from ltxbench.ops import cudnn_fp8_attention as op
+
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))
+    calls, emulated = [], op.emulated
+
+    def recording(q, k, v, qd, kd, vd):
+        calls.append((q.dtype, tuple(qd.shape), tuple(vd.shape)))
+        return emulated(q, k, v, qd, kd, vd)
+
+    monkeypatch.setattr(op, "emulated", recording)
+    fam = family_of("ltx-tiny")
+    settings = fam.settings("bench", model="ltx-tiny", weights="random", device="cpu", kernel_provider="reference",
+                            num_frames=9, height=64, width=64, steps=2)
+    transformer = fam.build(settings).transformer
+    gen = torch.Generator().manual_seed(0)
+    cfg = transformer.config
+    kwargs = dict(hidden_states=torch.randn(2, 12, cfg.in_channels, generator=gen).to(transformer.dtype),
+                  encoder_hidden_states=torch.randn(2, 8, cfg.caption_channels, generator=gen).to(transformer.dtype),
+                  timestep=torch.tensor([500, 500]), encoder_attention_mask=torch.ones(2, 8), num_frames=3, height=2,
+                  width=2, return_dict=False)
+
+    def run(precision):
+        with apply_kernels(transformer, provider="reference", precision=precision) as report, torch.no_grad():
+            return transformer(**kwargs)[0].double(), dict(report.rules)
+
+    (fp8, _), (attention, rules) = run("fp8"), run("fp8-attention")
+    assert any(rule.startswith("attn1: FP8 attention (cuDNN)") for rule in rules)
+    assert calls and all(c == (FP8, (2, 1), (1, 1)) for c in calls)  # per tensor: q's (B, 1), v's one
+    cosine = F.cosine_similarity(fp8.flatten(), attention.flatten(), dim=0).item()
+    assert 0.995 <= cosine < 1.0, cosine
+    assert fp8_attention.fp8_attention("reference").name == "cuDNN"

@@ -1,9 +1,12 @@
-"""--precision fp8-attention on the GPU (Hopper with FlashAttention-3 installed; skipped otherwise): FP8 attention on
-our per-head FP8 inputs against float64 attention at LTX-2B's head dim and realistic logits, eager and compiled;
-and LTX-2B's blocks with FP8 attention within the FP8 gate of bf16, equal to the reference provider's FP8 path with
-FlashAttention-3 in both (our kernels are what differs)."""
+"""--precision fp8-attention on the GPU (Hopper with FlashAttention-3 or cuDNN's frontend installed; each skipped
+where it is not): FP8 attention on our FP8 inputs against float64 attention at LTX-2B's and Wan's head dims and
+realistic logits, eager and compiled; cuDNN's op against its fp32 emulation; and LTX-2B's blocks with FP8 attention
+within the FP8 gate of bf16, equal to the reference provider's FP8 path with the same backend (our kernels, and for
+cuDNN the op against its emulation, are what differs)."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -14,10 +17,24 @@ from tests.helpers import ltx_2b_two_blocks
 pytestmark = pytest.mark.gpu
 
 
-def _flash_attention_3():
+def _hopper():
     if torch.cuda.get_device_capability() < (9, 0):  # the gpu marker skips where no GPU is visible
         pytest.skip("needs a GPU with FP8 tensor cores (compute capability 9.0+)")
+
+
+def _flash_attention_3():
+    _hopper()
     return pytest.importorskip("flash_attn_interface", reason="FlashAttention-3 (hopper/ build) not installed")
+
+
+def _backend(name):
+    from ltxbench.inject import fp8_attention
+
+    if name == "FlashAttention-3":
+        return fp8_attention._flash_attention_3(_flash_attention_3().flash_attn_func)
+    _hopper()
+    pytest.importorskip("cudnn", reason="cuDNN's frontend (nvidia-cudnn-frontend) not installed")
+    return fp8_attention._cudnn("cuda")
 
 
 def _cosine_rel_l2(a, b):
@@ -44,25 +61,25 @@ class _Attn:  # what fp8_attention.attention reads of a diffusers LTXAttention
             self.norm_k.weight.copy_(1.5 + 0.2 * torch.randn(d, device="cuda", generator=gen))  # unlike wq's
 
 
-@pytest.mark.parametrize("tokens", [2688, 771])
-def test_fp8_attention_against_float64_eager_and_compiled(tokens):
-    flash = _flash_attention_3()
+@pytest.mark.parametrize("backend", ["FlashAttention-3", "cuDNN"])
+@pytest.mark.parametrize(("tokens", "head_dim"), [(2688, 64), (771, 64), (1560, 128)])
+def test_fp8_attention_against_float64_eager_and_compiled(backend, tokens, head_dim):
+    backend = _backend(backend)
     from ltxbench import ops
     from ltxbench.inject import fp8_attention
     from ltxbench.ops import reference
     from ltxbench.ops.reference import ltx_cos_sin, ltx_rope_freqs
 
     gen = torch.Generator("cuda").manual_seed(0)
-    heads, head_dim = 32, 64  # LTX-2B
+    heads = 32 if head_dim == 64 else 12  # LTX-2B, Wan 2.1 1.3B
     d = heads * head_dim
     q, k, v = _projections(2, tokens, heads, head_dim, gen)
     attn = _Attn(heads, d, gen)
     grid = torch.rand(2, tokens, 3, device="cuda", generator=gen) * torch.tensor([20.0, 16.0, 24.0], device="cuda")
     rope = {"grid": grid, "freqs": ltx_rope_freqs(d, device="cuda")}
     with torch.no_grad():
-        out = fp8_attention.attention(ops, flash.flash_attn_func, attn, q, k, v, 1e-6, rope)
-        compiled = torch.compile(fp8_attention.attention, fullgraph=True)(ops, flash.flash_attn_func, attn, q, k, v,
-                                                                          1e-6, rope)
+        out = fp8_attention.attention(ops, backend, attn, q, k, v, 1e-6, rope)
+        compiled = torch.compile(fp8_attention.attention, fullgraph=True)(ops, backend, attn, q, k, v, 1e-6, rope)
         qn, kn = reference.qk_rms_norm_rope(q.double(), k.double(), attn.norm_q.weight.double(),
                                                 attn.norm_k.weight.double(), 1e-6,
                                                 *ltx_cos_sin(grid.double(), rope["freqs"].double(), d))
@@ -80,8 +97,35 @@ def test_fp8_attention_against_float64_eager_and_compiled(tokens):
     assert cosine >= 0.998 and rel_l2 <= 0.06, (cosine, rel_l2)
 
 
-def test_ltx_2b_blocks_with_fp8_attention_within_the_gate_and_equal_to_the_reference_path():
-    _flash_attention_3()
+@pytest.mark.parametrize("heads", [1, 12])
+@pytest.mark.parametrize("tokens", [1, 771, 4096])
+def test_cudnn_op_against_its_emulation(tokens, heads):
+    """The op cuDNN runs against the fp32 emulation of what it computes, on our quantizers' FP8 inputs (B = 2,
+    head dim 128, a strided v), eager and compiled; empty inputs give an empty output."""
+    _backend("cuDNN")
+    from ltxbench import ops
+    from ltxbench.ops import cudnn_fp8_attention as op
+
+    gen = torch.Generator("cuda").manual_seed(1)
+    x = torch.randn(2, tokens, 3, heads * 128, device="cuda", generator=gen).bfloat16()
+    q8, qd = ops.quantize_fp8_heads(x[:, :, 0].reshape(1, -1, heads * 128), 1)
+    k8, kd = ops.quantize_fp8_heads(x[:, :, 1].reshape(1, -1, heads * 128), 1)
+    v8, vd = ops.quantize_fp8_heads(x[:, :, 2].reshape(1, -1, heads * 128), 1)
+    q8, k8, v8 = (t.view(2, tokens, heads, 128) for t in (q8, k8, v8))
+    got = op.cudnn_fp8_attention(q8, k8, v8, qd, kd, vd)
+    compiled = torch.compile(op.cudnn_fp8_attention, fullgraph=True)(q8, k8, v8, qd, kd, vd)
+    want = op.emulated(q8, k8, v8, qd, kd, vd)
+    assert got.dtype == torch.bfloat16 and got.shape == q8.shape and torch.equal(got, compiled)
+    assert _cosine_rel_l2(got, want)[0] >= 0.9999
+    empty = q8[:, :0]
+    assert op.cudnn_fp8_attention(empty, empty, empty, qd, kd, vd).shape == empty.shape
+
+
+@pytest.mark.parametrize("backend", ["FlashAttention-3", "cuDNN"])
+def test_ltx_2b_blocks_with_fp8_attention_within_the_gate_and_equal_to_the_reference_path(backend, monkeypatch):
+    _backend(backend)
+    if backend == "cuDNN":  # chosen only where FlashAttention-3 is not there
+        monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
     from ltxbench.inject.ltx import apply_kernels, generation
 
     model, inputs = ltx_2b_two_blocks()

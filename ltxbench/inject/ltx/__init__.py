@@ -40,7 +40,7 @@ from ltxbench.inject import (
     set_attr,
 )
 from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, is_fast_accumulation, require_fp8
-from ltxbench.inject.fp8_attention import FP8_ATTENTION, flash_attention_3
+from ltxbench.inject.fp8_attention import FP8_ATTENTION, fp8_attention
 from ltxbench.inject.fp8_held import hold_modules
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx.attention import (
@@ -138,7 +138,7 @@ MODEL_RULE = ("model: ff residual + next norm1 (add_rms_norm_modulate), final la
 CROSS_KV_RULE = "model: attn2 keys/values and caption projection once per generation (cross_kv cache)"
 GENERATION_RULE = "pipeline: each call one generation (what the model keeps across steps is forgotten after it)"
 RESIDUAL_RULE = "attn2: out-projection + residual add as one GEMM (ops.linear, beta = 1)"
-ATTN1_FP8_RULE = "attn1: FP8 attention (FlashAttention-3) on qk_rms_norm_rope_fp8's q/k and v per head"
+ATTN1_FP8_RULE = "attn1: FP8 attention ({}) on qk_rms_norm_rope_fp8's q/k and v"  # the backend's name
 PAIRED_RULE = "model: block 0's attn1 once for classifier-free guidance's identical halves (checked per step)"
 ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", False: "attn2: rms_norm q, k"}
 # Head dims where ops.cross_attention beat SDPA (cuDNN) for attn2, bf16, H200 (results/h200/micro-xattn*-6f3727d):
@@ -175,7 +175,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     before a step; needs the chained model forward). precision "fp8": every block projection stored and run in FP8,
     the modulated norms and the GELU writing their outputs in FP8 (precision.py; Hopper or newer); the bf16 weights
     of those projections leave the device until revert. precision "fp8-attention": "fp8", and attn1's attention in
-    FP8 on FlashAttention-3 (ltxbench.inject.fp8_attention; exit 4 where it is not installed). fp8_accumulation:
+    FP8 on FlashAttention-3 or cuDNN (ltxbench.inject.fp8_attention; exit 4 where neither is). fp8_accumulation:
     the FP8 GEMMs' (fast: on the tensor cores alone; fp32: partial sums promoted, ~18% slower; ops.linear_fp8).
     """
     if precision not in (*PRECISIONS, FP8_ATTENTION):
@@ -193,7 +193,10 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     ops = get_provider(provider)
     require_provider(provider, ops, transformer, "transformer", move="pipeline")
     fp8 = precision in ("fp8", FP8_ATTENTION)
-    flash_attention = flash_attention_3() if precision == FP8_ATTENTION else None  # exit 4 where it is missing
+    attention8 = fp8_attention(provider) if precision == FP8_ATTENTION else None  # exit 4 where none is installed
+    if attention8 is not None:
+        attn1 = transformer.transformer_blocks[0].attn1
+        attention8.require(attn1.to_q.out_features // attn1.heads)
     if fp8:
         require_fp8(run_device(transformer))
         reason = unquantizable(transformer.transformer_blocks)
@@ -244,12 +247,13 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
         own = cross_attention
         if own is None:
             own = block.attn2.to_q.out_features // block.attn2.heads in CROSS_ATTENTION_HEAD_DIMS
-        for name, rule in (("attn1", ATTN1_FP8_RULE if flash_attention else "attn1: qk_rms_norm_rope"),
+        for name, rule in (("attn1", ATTN1_FP8_RULE.format(attention8.name) if attention8
+                                   else "attn1: qk_rms_norm_rope"),
                            ("attn2", ATTN2_RULES[own])):
             attn = getattr(block, name)
             processor = FusedLTXAttnProcessor(ops, attn.processor, cross_attention=name == "attn2" and own,
                                               tuned_gemm=tuned_gemm,
-                                              flash_attention=flash_attention if name == "attn1" else None)
+                                              fp8_attention=attention8 if name == "attn1" else None)
             set_attr(report, rule, attn, "processor", processor)
             if name == "attn2" and processor.fuses_residual(attn):
                 report.note(RESIDUAL_RULE)

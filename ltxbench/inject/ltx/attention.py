@@ -78,14 +78,14 @@ class FusedLTXAttnProcessor:
     cross_kv: attn2's (key after norm_k, value) computed earlier from the same prompt (cross_kv.py).
     tuned_gemm: the fused q/k/v GEMM through ops.linear (cuBLASLt, algorithm chosen by timing; torch's when a
     gradient is wanted), else torch's; and `residual` (the block's hidden states) taken into the out-projection's
-    GEMM (see fuses_residual), which returns `residual + to_out(attention)`. flash_attention: FlashAttention-3's
+    GEMM (see fuses_residual), which returns `residual + to_out(attention)`. fp8_attention: an FP8 attention
     forward, for self-attention in FP8 (fp8_attention.py)."""
 
     def __init__(self, ops, original, cross_attention: bool = False, tuned_gemm: bool = False,
-                 flash_attention=None):
+                 fp8_attention=None):
         self.ops = ops
         self.cross_attention = cross_attention
-        self.flash_attention = flash_attention  # FlashAttention-3's forward: self-attention in FP8 (fp8_attention.py)
+        self.fp8_attention = fp8_attention  # self-attention in FP8 (ltxbench.inject.fp8_attention)
         self.tuned_gemm = tuned_gemm
         self.linear = tuned_linear(ops) if tuned_gemm else torch.nn.functional.linear
         self.original = original
@@ -146,7 +146,7 @@ class FusedLTXAttnProcessor:
             if hidden_states is not None:  # q and k (and v) written by one kernel as the exchange sends them
                 return self._output(attn, hidden_states.flatten(2, 3).to(query.dtype), residual)
             if image_rotary_emb is not None and fp8_attention.runs_fp8_attention(self, attention_mask):
-                hidden_states = fp8_attention.attention(self.ops, self.flash_attention, attn, query, key, value,
+                hidden_states = fp8_attention.attention(self.ops, self.fp8_attention, attn, query, key, value,
                                                         eps_of(attn.norm_q), _rope_kwargs(image_rotary_emb))
                 return self._output(attn, hidden_states, residual)
             if image_rotary_emb is not None:  # self-attention: q and k have the same shape
