@@ -61,7 +61,7 @@ def generate_command(**values) -> None:
     if settings.precision != "bf16" and not values["use_optimized_kernels"]:
         raise UsageError(f"--precision {settings.precision} applies to our kernels: drop --no-optimized-kernels")
     if settings.precision == "fp8-attention" and values["attention_backend"]:
-        raise UsageError(f"--precision fp8-attention runs FlashAttention-3 itself: drop --attention-backend "
+        raise UsageError(f"--precision fp8-attention runs its own FP8 attention: drop --attention-backend "
                          f"{values['attention_backend']}")
     memory_budget(family, settings, values["cpu_offload"])
     if settings.device == "cpu" and values["cpu_offload"]:

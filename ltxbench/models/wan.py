@@ -66,7 +66,7 @@ OPTIONS = (
 
 class WanFamily(VideoFamily):
     name, title = "wan", "Wan"
-    precisions = ("bf16", "fp8")
+    precisions = ("bf16", "fp8", "fp8-attention")
     presets = {name: hub for name, (_, hub) in PRESETS.items()}
     settings_class = WanSettings
     options = OPTIONS

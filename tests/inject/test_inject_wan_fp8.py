@@ -118,3 +118,69 @@ def test_cuda_fp8_against_the_bf16_model_and_the_simulation(preset):
         return torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
 
     assert cos(got, exact) > 0.999 and cos(got, simulated) > cos(got, exact)
+
+
+def test_fp8_attention_runs_attn1_in_fp8_through_the_chosen_backend(runs, monkeypatch):
+    """precision="fp8-attention" (cuDNN's backend, its emulation under the reference provider): attn1's attention
+    takes per-tensor FP8 q/k/v with Wan's tables, the output stays within FP8 attention's error of "fp8", the rule
+    names the backend, a 1% error in v's descale shows, and the revert gives back the exact model."""
+    import sys
+    import types
+
+    import torch.nn.functional as F
+
+    from ltxbench.inject.wan import QK_ROPE_RULE
+    from ltxbench.ops import cudnn_fp8_attention as op
+
+    model, inputs, exact, _ = runs
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))  # importable: chosen; emulated on the CPU
+    calls, emulated = [], op.emulated
+
+    def recording(q, k, v, qd, kd, vd):
+        calls.append((q.dtype, tuple(q.shape), tuple(qd.shape), tuple(vd.shape)))
+        return emulated(q, k, v, qd, kd, vd)
+
+    monkeypatch.setattr(op, "emulated", recording)
+    with apply_kernels(model, "reference", precision="fp8") as report:
+        fp8_only = _call(model, inputs)
+    with apply_kernels(model, "reference", precision="fp8-attention") as report:
+        got = _call(model, inputs)
+        rules = dict(report.rules)
+    blocks, heads = len(model.blocks), model.blocks[0].attn1.heads
+    assert rules["attn1: FP8 attention (cuDNN) on qk_rms_norm_rope_fp8's q/k and v"] == blocks == rules[QK_ROPE_RULE]
+    batch = inputs["hidden_states"].shape[0]  # q's descale per batch element (all alike: from the weights); v's one
+    assert len(calls) == blocks
+    assert all(c[0] == torch.float8_e4m3fn and c[1][2] == heads and c[2:] == ((batch, 1), (1, 1)) for c in calls)
+    cosine = F.cosine_similarity(got.double().flatten(), fp8_only.double().flatten(), dim=0).item()
+    assert 0.995 <= cosine < 1.0, cosine
+    monkeypatch.setattr(op, "emulated", lambda q, k, v, qd, kd, vd: emulated(q, k, v, qd, kd, vd * 1.01))
+    with apply_kernels(model, "reference", precision="fp8-attention"):
+        assert max_rel_error(_call(model, inputs), got) > 1e-3
+    assert torch.equal(_call(model, inputs), exact)
+
+
+@pytest.mark.gpu
+def test_cuda_fp8_attention_through_cudnn_against_its_emulation_and_the_bf16_model(monkeypatch):
+    """cuDNN's FP8 attention in Wan's attn1 on the GPU: equal (up to bf16 rounding) to the reference provider's path,
+    whose attention is the op's fp32 emulation, and within FP8's error of the bf16 model, eager and compiled."""
+    import sys
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs FP8 tensor cores (compute capability 9.0+)")
+    pytest.importorskip("cudnn", reason="cuDNN's frontend (nvidia-cudnn-frontend) not installed")
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)  # cuDNN's path, FlashAttention-3 or not
+    gpu = wan_transformer("cuda", "bf16")
+    inputs = wan_inputs(gpu, device="cuda")
+    exact = _call(gpu, inputs)
+
+    def run(provider, compiled=False):
+        with apply_kernels(gpu, provider, precision="fp8-attention") as report, torch.no_grad():
+            assert any("FP8 attention (cuDNN)" in rule for rule in report.rules)
+            return (torch.compile(gpu) if compiled else gpu)(**inputs)[0]
+
+    def cos(a, b):
+        return torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
+
+    got, emulated, compiled = run("cuda"), run("reference"), run("cuda", compiled=True)
+    assert cos(got, emulated) > 0.9999 and cos(compiled, got) > 0.9999 and cos(got, exact) > 0.995

@@ -24,7 +24,7 @@ from ltxbench.errors import UsageError
 from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, patch_call, patch_forward, require_provider
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx2.text_kv import source_digest as digest
-from ltxbench.inject.wan.attention import QK_ROPE_RULE, self_attention_call
+from ltxbench.inject.wan.attention import ATTN1_FP8_RULE, QK_ROPE_RULE, self_attention_call
 from ltxbench.inject.wan.attention import refusal as qk_rope_refusal
 from ltxbench.inject.wan.precision import quantize_block, unquantizable
 from ltxbench.ops.registry import F32_MODULATION_WIDTH
@@ -126,14 +126,23 @@ def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_nor
     pair_guidance: a pipeline's guidance pair as one call of batch 2 (pair.py; a pipeline's rule, not applied to a
     transformer given alone). precision "fp8": every block projection stored and run in FP8 (precision.py; the
     feed-forward then runs on its FP8 weights, not through the GELU rule), all blocks or none (UsageError naming what
-    cannot). Skipped modules of the second expert are named from `transformer_2.`."""
+    cannot); "fp8-attention": "fp8", and attn1's attention in FP8 on FlashAttention-3 or cuDNN
+    (ltxbench.inject.fp8_attention). Skipped modules of the second expert are named from `transformer_2.`."""
     from ltxbench.inject.fp8 import PRECISIONS, is_fast_accumulation
+    from ltxbench.inject.fp8_attention import FP8_ATTENTION, fp8_attention
     from ltxbench.ops import get_provider
 
-    if precision not in PRECISIONS:
-        raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision not in (*PRECISIONS, FP8_ATTENTION):
+        raise UsageError(f"precision {precision!r} is not one of {', '.join((*PRECISIONS, FP8_ATTENTION))}")
     is_fast_accumulation(fp8_accumulation)
-    fp8 = precision == "fp8"
+    fp8 = precision in ("fp8", FP8_ATTENTION)
+    attention8 = None
+    if precision == FP8_ATTENTION:  # exit 4 where no FP8 attention is installed; exit 2 for a head dim it refuses
+        if not qk_rope:
+            raise UsageError(f"precision {FP8_ATTENTION} runs in the fused q/k norm + RoPE rule: keep qk_rope on")
+        attention8 = fp8_attention(provider)
+        attn1 = experts(target)[0][1].blocks[0].attn1
+        attention8.require(attn1.to_q.out_features // attn1.heads)
     for _name, transformer in experts(target) if fp8 else ():  # refused before anything is patched
         _require_fp8_blocks(transformer)
     report = InjectionReport(provider)
@@ -148,10 +157,10 @@ def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_nor
         # one forward function per rule, shared by every block and both experts: patch_forward makes a subclass per
         # function, and regional compile guards on the class (a class per block would recompile for each)
         forwards = forwards or {"block": block_forward(ops), "rms": rms_norm_forward(ops), "gelu": gelu_forward(ops),
-                                "attn1": self_attention_call(ops)}
+                                "attn1": self_attention_call(ops, attention8)}
         prefix = "" if name == "transformer" else f"{name}."
         _patch_expert(report, transformer, ops, forwards, prefix, classes, blocks=blocks, qk_norms=qk_norms,
-                      qk_rope=qk_rope, gelu=gelu and not fp8)
+                      qk_rope=qk_rope, gelu=gelu and not fp8, attention8=attention8)
         for block in transformer.blocks if fp8 else ():
             quantize_block(report, ops, block, classes, fp8_accumulation)
     if fp8 and gelu:
@@ -200,7 +209,7 @@ def _pair_guidance(report, target, classes: dict, wanted: bool) -> None:
 
 
 def _patch_expert(report, transformer, ops, forwards: dict, prefix: str, classes: dict, *, blocks: bool,
-                  qk_norms: bool, qk_rope: bool, gelu: bool) -> None:
+                  qk_norms: bool, qk_rope: bool, gelu: bool, attention8=None) -> None:
     """The rules on one transformer's blocks, into `report` (skips named from `prefix`)."""
     width = transformer.blocks[0].scale_shift_table.shape[-1]
     if not blocks:
@@ -224,6 +233,8 @@ def _patch_expert(report, transformer, ops, forwards: dict, prefix: str, classes
                 report.skip(f"{prefix}blocks.{index}.attn1", reason)
             else:
                 patch_call(report, QK_ROPE_RULE, block.attn1.processor, forwards["attn1"], classes)
+                if attention8 is not None:
+                    report.note(ATTN1_FP8_RULE.format(attention8.name))
                 fused = True
         for attn_name in (("attn2",) if fused else ("attn1", "attn2")) if qk_norms else ():
             for norm_name in ("norm_q", "norm_k"):

@@ -16,6 +16,7 @@ from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx2.text_kv import source_digest
 
 QK_ROPE_RULE = "attn1: norm_q/norm_k across heads + the rotary embedding in one kernel (tables one head wide)"
+ATTN1_FP8_RULE = "attn1: FP8 attention ({}) on qk_rms_norm_rope_fp8's q/k and v"  # the backend's name
 # sha256 (first 16 hex digits) of WanAttnProcessor.__call__ in diffusers 0.42.1: the code `self_attention_call` keeps
 PROCESSOR_SOURCE = "13c09feedcfe814a"
 
@@ -39,18 +40,27 @@ def refusal(attn) -> str | None:
     return None
 
 
-def self_attention_call(ops):
-    """WanAttnProcessor.__call__ with norm_q/norm_k and the rotation as `ops.qk_rms_norm_rope`."""
+def self_attention_call(ops, fp8_attention=None):
+    """WanAttnProcessor.__call__ with norm_q/norm_k and the rotation as `ops.qk_rms_norm_rope`; with an FP8
+    attention backend (ltxbench.inject.fp8_attention), the norms, rotation and attention in FP8 where the call runs
+    on one GPU's tokens, unmasked, on the default attention backend."""
 
     def call(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, rotary_emb=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_wan import _get_qkv_projections
+
+        from ltxbench.inject import fp8_attention as fp8
 
         if rotary_emb is None or encoder_hidden_states is not None or attn.add_k_proj is not None:
             return original_class(self).__call__(self, attn, hidden_states, encoder_hidden_states, attention_mask,
                                                  rotary_emb)
         query, key, value = _get_qkv_projections(attn, hidden_states, None)
         cos, sin = (t.squeeze(2) for t in rotary_emb)  # (1, S, 1, head_dim) -> (1, S, head_dim)
+        if (fp8_attention is not None and attention_mask is None and self._parallel_config is None
+                and self._attention_backend is None):
+            hidden_states = fp8.attention(ops, fp8_attention, attn, query, key, value, eps_of(attn.norm_q),
+                                          {"cos": cos, "sin": sin})
+            return attn.to_out[1](attn.to_out[0](hidden_states))
         query, key = ops.qk_rms_norm_rope(query, key, attn.norm_q.weight, attn.norm_k.weight, eps_of(attn.norm_q),
                                           cos=cos, sin=sin)
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
