@@ -1,8 +1,9 @@
 """`bench micro attention`: scaled-dot-product attention at our models' shapes, per backend (torch's SDPA backends
-forced one at a time, and FlashAttention 2 / 3 where the pip packages import): median µs, TFLOP/s and % of the
-GPU's dense bf16 peak, each output checked against an fp32 reference. Attention is not one of our ops (no kernel of
-ours to compare), so it is a named benchmark beside the kernels, with its own shapes. Only the standard library at
-top level: the arithmetic is tested on the CPU.
+forced one at a time, FlashAttention 2 / 3 where the pip packages import, and cuDNN's FP8 attention, the one
+`--precision fp8-attention` runs without FlashAttention-3): median µs, TFLOP/s and % of the GPU's dense peak
+(bf16, or fp8 for the FP8 backend), each output checked against an fp32 reference. Attention is not one of our
+ops (no kernel of ours to compare), so it is a named benchmark beside the kernels, with its own shapes. Only the
+standard library at top level: the arithmetic is tested on the CPU.
 """
 
 from __future__ import annotations
@@ -49,8 +50,10 @@ SHAPES = {
 SHAPES["all"] = {**SHAPES["ltx"], **SHAPES["ltx2"], **SHAPES["wan"]}
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")  # torch.nn.attention.SDPBackend FLASH_ATTENTION, ...
 PACKAGES = {"flash_attn": "flash_attn", "flash_attn_3": "flash_attn_interface"}  # backend -> module it imports
-BACKENDS = SDPA_BACKENDS + tuple(PACKAGES)
+FP8_BACKENDS = ("cudnn_fp8",)  # inputs quantized per tensor before the timed call (ops.cudnn_fp8_attention)
+BACKENDS = SDPA_BACKENDS + tuple(PACKAGES) + FP8_BACKENDS
 ATOL = 2e-2  # bf16 inputs and output (8 bits of mantissa) over softmax-weighted sums of unit-scale values
+FP8_ATOL = 6e-2  # e4m3 inputs, probabilities and output (4 bits of mantissa)
 UNMASKED_KEYS = 0.75  # the share of text keys the mask keeps (the rest: the prompt's padding)
 
 
@@ -72,10 +75,10 @@ def parse_backends(text: str) -> list[str]:
     return names
 
 
-def derived_rates(shape: AttentionShape, median_ms: float, gpu: str | None) -> dict:
-    """TFLOP of the call, TFLOP/s at the median and % of the dense bf16 peak (absent off the peak table)."""
+def derived_rates(shape: AttentionShape, median_ms: float, gpu: str | None, precision: str = "bf16") -> dict:
+    """TFLOP of the call, TFLOP/s at the median and % of the dense peak of `precision` (absent off the peak table)."""
     out = {"tflop": shape.flops / 1e12, "tflops": shape.flops / (median_ms * 1e-3) / 1e12}
-    peak = peak_tflops(gpu, "bf16")
+    peak = peak_tflops(gpu, precision)
     if peak is not None:
         out["pct_of_peak"] = 100 * out["tflops"] / peak
     return out
@@ -142,6 +145,8 @@ def call(backend: str, x: dict):
         return run
     if x["mask"] is not None:
         raise NotApplicable(f"{backend} takes no additive mask")
+    if backend in FP8_BACKENDS:
+        return _cudnn_fp8(x)
     try:
         module = importlib.import_module(PACKAGES[backend])
     except ImportError as exc:
@@ -153,6 +158,27 @@ def call(backend: str, x: dict):
         out = out[0] if isinstance(out, tuple) else out  # FlashAttention 3 returns (out, lse) in some versions
         return out.transpose(1, 2)
     return run_package
+
+
+def _cudnn_fp8(x: dict):
+    """cuDNN's FP8 attention on q, k, v quantized per tensor (as --precision fp8-attention quantizes them, outside the
+    timed call), its output dequantized to bf16 inside it."""
+    try:
+        import cudnn  # noqa: F401
+    except ImportError as exc:
+        raise NotApplicable(f"cudnn does not import ({exc.__class__.__name__})") from None
+    from ltxbench import ops
+    from ltxbench.ops import cudnn_fp8_attention as op
+
+    if op.supports(x["q"].shape[-1]) is not None:
+        raise NotApplicable(op.supports(x["q"].shape[-1]))
+    quantized = []
+    for name in "qkv":
+        t = x[name].transpose(1, 2).contiguous()  # (B, S, H, D)
+        t8, descale = ops.quantize_fp8_heads(t.reshape(1, -1, t.shape[2] * t.shape[3]), 1)
+        quantized += [t8.view(t.shape), descale]
+    q8, qd, k8, kd, v8, vd = quantized
+    return lambda: op.cudnn_fp8_attention(q8, k8, v8, qd, kd, vd).transpose(1, 2)
 
 
 class NotApplicable(Exception):
@@ -193,18 +219,19 @@ def record(name: str, shape: AttentionShape, backend: str, stats: dict | None, g
     from ltxbench.results.schema import STATS_KEYS, make_record
 
     params = {"shape_name": name, "shape": shape.as_list(), "masked": shape.masked}
+    precision, atol = ("fp8", FP8_ATOL) if backend in FP8_BACKENDS else ("bf16", ATOL)
     if stats is None:
-        return make_record("attention", backend, "bf16", params, "time", "ms", "lower",
+        return make_record("attention", backend, precision, params, "time", "ms", "lower",
                            {k: None for k in STATS_KEYS}, derived={"not_applicable": reason})
-    return make_record("attention", backend, "bf16", params, "time", "ms", "lower", stats,
-                       derived=derived_rates(shape, stats["median"], gpu),
-                       check={"max_abs_err": error, "atol": ATOL, "passed": error <= ATOL})
+    return make_record("attention", backend, precision, params, "time", "ms", "lower", stats,
+                       derived=derived_rates(shape, stats["median"], gpu, precision),
+                       check={"max_abs_err": error, "atol": atol, "passed": error <= atol})
 
 
 def render_table(records):
     from rich.table import Table
 
-    table = Table(title="ltxbench bench micro attention (bf16, forward)")
+    table = Table(title="ltxbench bench micro attention (forward; bf16, cudnn_fp8 in e4m3)")
     for col in ("shape", "B×H×Sq×Sk×D", "backend", "µs", "TFLOP/s", "% of peak", "max abs err", "check"):
         table.add_column(col, justify="left" if col in ("shape", "backend", "check") else "right")
     for rec in records:
@@ -222,5 +249,5 @@ def render_table(records):
 
 
 def failed(records) -> list[str]:
-    return [f"{r['params']['shape_name']} {r['provider']} (max abs err {r['check']['max_abs_err']:.3g} > {ATOL})"
-            for r in records if r.get("check") and not r["check"]["passed"]]
+    return [f"{r['params']['shape_name']} {r['provider']} (max abs err {r['check']['max_abs_err']:.3g} > "
+            f"{r['check']['atol']})" for r in records if r.get("check") and not r["check"]["passed"]]

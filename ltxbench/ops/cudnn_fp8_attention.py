@@ -4,9 +4,10 @@ the reference provider's and the tests' oracle).
 
 On Hopper cuDNN's FP8 attention takes one scale per tensor and writes its output in FP8 (a bf16 output is
 Blackwell's). So q and k come with one descale each (their scales are set from the norm weights, the same for every
-batch element), v with one descale from its amax over the whole tensor, the softmax probabilities P are held in
-e4m3 at scale 448 (P <= 1), and the output at half of v's scale: each output row is a convex combination of v's rows,
-so |O| <= amax(v) and |O · scale_o| <= 224 (headroom for P's rounding). The op dequantizes that output to bf16.
+batch element), v with one descale from its amax over the whole tensor, the probabilities (unnormalized in the
+kernel, exp(s - row max) <= 1) are held in e4m3 at scale 448, and the output at half of v's scale: each output row
+is a convex combination of v's rows, so |O| <= amax(v) and |O · scale_o| <= 224 (headroom for the probabilities'
+rounding). The op dequantizes that output to bf16.
 
 cuDNN's graphs are built once per shape and layout (and device), kept for the process, and run on the current
 stream. Inputs (B, S, H, hd) e4m3 in any layout with a unit last stride; hd a multiple of 16, at most 256.
@@ -136,13 +137,15 @@ def _(q, k, v, q_descale, k_descale, v_descale):
 
 def emulated(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_descale: torch.Tensor, k_descale: torch.Tensor,
              v_descale: torch.Tensor) -> torch.Tensor:
-    """What the op computes, in fp32 on any device: the scores from the dequantized q and k, P rounded to e4m3 at
-    scale 448, P·v over the e4m3 values, the output rounded to e4m3 at half of v's scale, then dequantized."""
+    """What the op computes, in fp32 on any device: the scores from the dequantized q and k; as a flash kernel holds
+    them, the probabilities unnormalized, exp(s - row max) in (0, 1], rounded to e4m3 at scale 448; their product
+    with v's e4m3 values over the fp32 row sum; the output rounded to e4m3 at half of v's scale, then dequantized."""
     fp8 = torch.float8_e4m3fn
     qf, kf = (t.float().transpose(1, 2) * _scalar(d).reshape(()) for t, d in ((q, q_descale), (k, k_descale)))
     scores = qf @ kf.transpose(-1, -2) / math.sqrt(q.shape[-1])
-    p8 = (scores.softmax(-1) * E4M3_MAX).to(fp8).float()
+    p = (scores - scores.amax(-1, keepdim=True)).exp()
+    p8 = (p * E4M3_MAX).to(fp8).float()
     dv = _scalar(v_descale).reshape(())
-    o = (p8 @ v.float().transpose(1, 2)) / E4M3_MAX  # (P·448)(v·scale_v) / 448: O at v's scale
+    o = (p8 @ v.float().transpose(1, 2)) / E4M3_MAX / p.sum(-1, keepdim=True)  # O at v's scale
     out8 = (o / OUTPUT_HEADROOM).to(fp8)
     return (out8.float() * (dv * OUTPUT_HEADROOM)).transpose(1, 2).to(torch.bfloat16)

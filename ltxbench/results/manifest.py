@@ -116,7 +116,7 @@ BENCHMARKS = (
     # Wan's modulated LayerNorm and gated residual: float32 scale/shift/gate over bf16 rows, as its blocks hold them
     # attention at our models' shapes, per backend (n/a where a package is missing), TFLOP/s against the dense peak
     Benchmark("micro-attention", ("bench", "micro", "attention", "--shapes", "all", "--providers",
-                                  "flash,cudnn,efficient,flash_attn,flash_attn_3"), 4),
+                                  "flash,cudnn,efficient,flash_attn,flash_attn_3,cudnn_fp8"), 4),
     Benchmark("micro-wan-f32", (*_MICRO, "layer_norm_modulate", "gated_residual", "--shapes", "wan", "--variant",
                                 "wan-f32", "--providers", "cuda,eager,compile"), 1),
     # Wan's q/k RMSNorm across heads + RoPE (tables one head wide) against its processor's eager and compiled code
@@ -124,6 +124,10 @@ BENCHMARKS = (
                                     "cuda,eager,compile"), 1),
     Benchmark("e2e-wan2.1-14b-81f-fp8", (*_WAN, "--model", "wan2.1-14b", "--configs", "compile", "--precision", "fp8",
                                          "--steps", "3"), 7, needs=("hopper",)),
+    # FP8 projections, then FP8 self-attention (cuDNN's where FlashAttention-3 is not installed) beside bf16 compile
+    Benchmark("e2e-wan2.1-1.3b-81f-fp8-attention", (*_WAN, "--model", "wan2.1-1.3b", "--configs", "compile",
+                                                    "--precision", "fp8-attention", "--steps", "5"), 5,
+              needs=("hopper", "cudnn")),
     Benchmark("e2e-wan2.1-i2v-14b-81f", (*_WAN, "--model", "wan2.1-i2v-14b", *_WAN_COMPILED, "--steps", "3"), 7,
               image=True),
     Benchmark("e2e-wan2.1-14b-81f-24gib", (*_WAN, "--model", "wan2.1-14b", "--configs", "optimized",

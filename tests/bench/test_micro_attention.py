@@ -111,3 +111,23 @@ def test_the_reference_in_chunks_is_the_whole_computation(monkeypatch, masked):
         whole = torch.nn.functional.scaled_dot_product_attention(
             *(x[n].float() for n in "qkv"), attn_mask=None if x["mask"] is None else x["mask"].float())
     torch.testing.assert_close(ma.reference(x), whole, rtol=1e-6, atol=1e-6)
+
+
+def test_the_fp8_backend_is_rated_against_the_fp8_peak_with_its_own_gate(monkeypatch):
+    """cudnn_fp8's records say fp8, hold its TFLOP/s against the FP8 peak and its error to the FP8 gate; without
+    cuDNN's frontend, or where a mask is given, the backend is n/a with the reason."""
+    import sys
+
+    shape = ma.AttentionShape(1, 1, 1000, 1000, 250)
+    stats = {"median": 0.001, "p20": 0.001, "p80": 0.001, "min": 0.001, "max": 0.001, "n": 1}
+    rec = ma.record("s", shape, "cudnn_fp8", stats, "NVIDIA H200", error=0.05)
+    assert rec["dtype"] == "fp8" and rec["derived"]["pct_of_peak"] == pytest.approx(100 * 1000 / 1978.9)
+    assert rec["check"] == {"max_abs_err": 0.05, "atol": ma.FP8_ATOL, "passed": True}
+    assert not ma.record("s", shape, "cudnn_fp8", stats, None, error=0.07)["check"]["passed"]
+    assert ma.record("s", shape, "cudnn", stats, None, error=0.05)["check"]["atol"] == ma.ATOL
+    x = ma.inputs(ma.AttentionShape(1, 2, 16, 16, 64), "cpu", 0)
+    monkeypatch.setitem(sys.modules, "cudnn", None)
+    with pytest.raises(ma.NotApplicable, match="cudnn does not import"):
+        ma.call("cudnn_fp8", x)
+    with pytest.raises(ma.NotApplicable, match="takes no additive mask"):
+        ma.call("cudnn_fp8", ma.inputs(ma.AttentionShape(1, 2, 16, 8, 64, masked=True), "cpu", 0))
