@@ -92,18 +92,20 @@ def _graph(q, k, v, out):
     return kept
 
 
-def _constants(device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(descale_s, scale_s) as (2, 1, 1, 1, 1) fp32 on `device`, and room for the two amaxes: made once per device."""
+def _constants(device: torch.device) -> tuple[torch.Tensor, ...]:
+    """descale_s, scale_s (1, 1, 1, 1) fp32 on `device`, and room for the two amaxes: made once per device, each its
+    own allocation (a pointer cuDNN reads is aligned as an allocation's start is)."""
     key = ("constants", device.index)
     with _LOCK:
         if key not in _GRAPHS:
-            _GRAPHS[key] = (torch.tensor([1.0 / E4M3_MAX, E4M3_MAX], device=device).reshape(2, 1, 1, 1, 1),
-                            torch.empty(2, 1, 1, 1, 1, device=device))
+            _GRAPHS[key] = tuple(torch.full((1, 1, 1, 1), value, device=device)
+                                 for value in (1.0 / E4M3_MAX, E4M3_MAX, 0.0, 0.0))
         return _GRAPHS[key]
 
 
 def _scalar(x: torch.Tensor) -> torch.Tensor:
-    """A descale tensor's first value as cuDNN's (1, 1, 1, 1) fp32 operand (a view where it can be)."""
+    """A descale tensor's first value as cuDNN's (1, 1, 1, 1) fp32 operand: the first element, where an allocation
+    starts (a view, no copy, for fp32 descales)."""
     return x.reshape(-1)[:1].float().reshape(1, 1, 1, 1)
 
 
@@ -120,12 +122,11 @@ def cudnn_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_des
     cudnn.set_stream(handle, torch.cuda.current_stream(q.device).cuda_stream)
     dv = _scalar(v_descale)
     scale_o = 1.0 / (dv * OUTPUT_HEADROOM)
-    constants, amaxes = _constants(q.device)
+    descale_s, scale_s, amax_s, amax_o = _constants(q.device)
     graph.execute({tensors["q"]: q, tensors["k"]: k, tensors["v"]: v, tensors["descale_q"]: _scalar(q_descale),
                    tensors["descale_k"]: _scalar(k_descale), tensors["descale_v"]: dv,
-                   tensors["descale_s"]: constants[0], tensors["scale_s"]: constants[1],
-                   tensors["scale_o"]: scale_o, tensors["o"]: out8, tensors["amax_s"]: amaxes[0],
-                   tensors["amax_o"]: amaxes[1]}, workspace, handle=handle)
+                   tensors["descale_s"]: descale_s, tensors["scale_s"]: scale_s, tensors["scale_o"]: scale_o,
+                   tensors["o"]: out8, tensors["amax_s"]: amax_s, tensors["amax_o"]: amax_o}, workspace, handle=handle)
     return out8.to(torch.bfloat16) * (dv.reshape(()) * OUTPUT_HEADROOM).to(torch.bfloat16)
 
 
