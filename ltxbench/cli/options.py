@@ -79,7 +79,7 @@ SHARED = {o.name: o for o in (
     Option("dtype", ("--dtype",), str, None, _DEVICE),
     Option("precision", ("--precision",), str, "bf16", "Our kernels' projections: bf16 (exact) or fp8 (e4m3 "
            "weights and per-token activations on FP8 tensor cores; Hopper or newer; LTX-Video, LTX-2); "
-           "fp8-attention: fp8 and self-attention in FP8 on FlashAttention-3 or cuDNN (LTX-Video, Wan; one GPU). "
+           "fp8-attention: fp8 and self-attention in FP8 on FlashAttention-3 or cuDNN (one GPU). "
            "bench e2e / "
            "profile: fp8 adds the optimized-fp8 and optimized-fp8+compile configurations beside the others, "
            "fp8-attention those and optimized-fp8-attention[+compile]."),  # checked per family (its precisions)

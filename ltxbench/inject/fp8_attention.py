@@ -94,3 +94,20 @@ def attention(ops, backend: Fp8Attention, attn, query, key, value, eps: float, r
     per_head = (batch, tokens, heads, -1)
     out = backend.run(q8.view(per_head), k8.view(per_head), v8.view(per_head), q_descale, k_descale, v_descale)
     return out.flatten(2, 3).to(query.dtype)
+
+
+def attend_normed(ops, backend: Fp8Attention, heads: int, query, key, value):
+    """Attention in FP8 over q and k already normalized and rotated (B, S, D) (LTX-2's split RoPE, written by its
+    own kernel): q, k and v quantized from their amaxes, per tensor or per head as the backend takes them; (B, S, D)
+    in query's dtype."""
+    batch, tokens, dim = query.shape
+    quantized = []
+    for t in (query, key, value):
+        if backend.per_tensor:  # one amax over every batch element
+            t8, descale = ops.quantize_fp8_heads(t.reshape(1, -1, t.shape[-1]), 1)
+            quantized += [t8.view(t.shape[0], t.shape[1], heads, -1), descale]
+        else:
+            t8, descale = ops.quantize_fp8_heads(t, heads)
+            quantized += [t8.view(t.shape[0], t.shape[1], heads, -1), descale]
+    q8, q_descale, k8, k_descale, v8, v_descale = quantized
+    return backend.run(q8, k8, v8, q_descale, k_descale, v_descale).flatten(2, 3).to(query.dtype)

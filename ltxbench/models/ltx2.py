@@ -81,7 +81,7 @@ _GUIDANCE = ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale"
 
 class LTX2Family(VideoFamily):
     name, title = "ltx2", "LTX-2"
-    precisions = ("bf16", "fp8")
+    precisions = ("bf16", "fp8", "fp8-attention")
     # not cfg+ring: built for LTX-Video's self-attention (our ring attention), untested on LTX-2's streams
     parallel_splits = ("cfg", "ulysses", "ring", "cfg+ulysses", "hybrid")
     two_gpu_split = "hybrid"  # 1.79x against cfg's 1.44x on LTX-2 19B (docs/parallel.md#measured)

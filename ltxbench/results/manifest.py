@@ -66,6 +66,10 @@ BENCHMARKS = (
                                     "optimized+compile", "--steps", "3", "--repeats", "2"), 8),
     Benchmark("e2e-ltx2-19b-121f-fp8", (*_LTX2, "--configs", "stg-off+compile", "--precision", "fp8", "--steps", "3",
                                         "--repeats", "2"), 6, needs=("hopper",)),
+    # the video self-attention in FP8 too (cuDNN's where FlashAttention-3 is not installed), beside FP8 projections
+    Benchmark("e2e-ltx2-19b-121f-fp8-attention", (*_LTX2, "--configs", "stg-off+compile,optimized-fp8+compile,"
+                                                  "optimized-fp8-attention+compile", "--steps", "3", "--repeats", "2"),
+              8, needs=("hopper", "cudnn")),
     # Lightricks' own transformer (ltx-core) beside diffusers without the STG pass and ours, eager, on shared weights
     Benchmark("e2e-ltx2-19b-121f-ltx-core", (*_LTX2, "--configs", "stg-off,ltx-core,optimized,stg-off+compile",
                                              "--steps", "3", "--repeats", "2"), 7, needs=("ltx_core",)),

@@ -309,3 +309,40 @@ def test_every_fp8_gemm_accumulates_as_the_injection_says(runs, ltx2_runs, monke
         with pytest.raises(UsageError, match="fp8_accumulation 'fp16' is not one of fast, fp32"):
             inject(pipe if inject is apply_kernels else ltx2_pipe, "reference", precision="fp8",
                    fp8_accumulation="fp16")
+
+
+def test_ltx2_fp8_attention_runs_the_video_self_attention_in_fp8(ltx2_runs, monkeypatch):
+    """precision="fp8-attention" on LTX-2 (cuDNN's backend, its emulation under the reference provider): the video
+    self-attention of every block takes per-tensor FP8 q/k/v after the split q/k norm + RoPE, the latents stay within
+    FP8 attention's error of "fp8", a 1% error in v's descale shows, the revert is exact."""
+    import sys
+    import types
+
+    import torch.nn.functional as F
+
+    from ltxbench.inject import ltx2 as inject_ltx2
+    from ltxbench.ops import cudnn_fp8_attention as op
+
+    pipe, exact, _ = ltx2_runs
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))  # importable: chosen; emulated on the CPU
+    calls, emulated = [], op.emulated
+
+    def recording(q, k, v, qd, kd, vd):
+        calls.append((q.dtype, qd.shape, vd.shape))
+        return emulated(q, k, v, qd, kd, vd)
+
+    monkeypatch.setattr(op, "emulated", recording)
+    with inject_ltx2.apply_kernels(pipe, "reference", precision="fp8"):
+        fp8_only = _ltx2_latents(pipe)
+    with inject_ltx2.apply_kernels(pipe, "reference", precision="fp8-attention") as report:
+        got = _ltx2_latents(pipe)
+    blocks = len(pipe.transformer.transformer_blocks)
+    assert report.rules[inject_ltx2.ATTN1_FP8_RULE.format("cuDNN")] == blocks
+    assert calls and len(calls) % blocks == 0 and all(c == (torch.float8_e4m3fn, (1, 1), (1, 1)) for c in calls)
+    cosine = F.cosine_similarity(got.double(), fp8_only.double(), dim=0).item()
+    assert 0.99 <= cosine < 1.0, cosine
+    monkeypatch.setattr(op, "emulated", lambda q, k, v, qd, kd, vd: emulated(q, k, v, qd, kd, vd * 1.01))
+    with inject_ltx2.apply_kernels(pipe, "reference", precision="fp8-attention"):
+        assert max_rel_error(_ltx2_latents(pipe), got) > 1e-4
+    assert torch.equal(_ltx2_latents(pipe), exact)

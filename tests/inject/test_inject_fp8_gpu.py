@@ -64,6 +64,30 @@ def test_ltx2_19b_blocks_fp8_within_the_gate_of_bf16():
     assert 1e-4 < (fp8 - bf16).norm().item() / bf16.norm().item() < 0.1
 
 
+def test_ltx2_19b_blocks_fp8_attention_through_cudnn_against_its_emulation_and_bf16(monkeypatch):
+    """The video self-attention in FP8 through cuDNN (19B blocks, 128-wide heads): equal to the reference provider's
+    path up to bf16 rounding (there the op's fp32 emulation), and within FP8's gate of bf16."""
+    import sys
+
+    _hopper()
+    pytest.importorskip("cudnn", reason="cuDNN's frontend (nvidia-cudnn-frontend) not installed")
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    from ltxbench.inject import ltx2 as inject_ltx2
+
+    model = ltx2_cuda_transformer("ltx2-19b", torch.bfloat16)
+    inputs = cast_floats(ltx2_cuda_inputs(model, "guidance"), torch.bfloat16)
+
+    def run(provider, precision):
+        with inject_ltx2.apply_kernels(model, provider, precision=precision) as report, torch.no_grad():
+            video, audio = model(**inputs)
+            assert precision == "bf16" or report.rules.get(inject_ltx2.ATTN1_FP8_RULE.format("cuDNN"))
+        return torch.cat([video.flatten().float(), audio.flatten().float()])
+
+    bf16, attention, emulated = run("cuda", "bf16"), run("cuda", "fp8-attention"), run("reference", "fp8-attention")
+    assert _cosine(attention, emulated) >= 0.999, _cosine(attention, emulated)
+    assert _cosine(attention, bf16) >= 0.995, _cosine(attention, bf16)
+
+
 def test_fp8_under_model_cpu_offload_equals_fp8_on_the_gpu_and_leaves_with_the_model():
     """enable_model_cpu_offload after the injection (as `generate --cpu-offload` does): the FP8 weights are buffers,
     so the offload hooks bring them to the GPU with the transformer and take them back to the host after the

@@ -37,6 +37,7 @@ from ltxbench.inject import (
     run_device,
 )
 from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, is_fast_accumulation, require_fp8
+from ltxbench.inject.fp8_attention import FP8_ATTENTION, fp8_attention
 from ltxbench.inject.fp8_held import hold_modules
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx2.attention import plain_attention, plain_feed_forward
@@ -54,13 +55,14 @@ from ltxbench.inject.ltx2.text_kv import (
     source_digest,
 )
 
-__all__ = ["BLOCK_RULE", "CACHE_ATTR", "GENERATION_RULE", "MEMO_ATTR", "PROJECTION_RULE", "PROJECTIONS_RULE",
-           "STG_RULE", "TEXT_KV_RULE", "TextKVCache", "TextKVProcessor", "apply_kernels", "generation",
-           "new_generation"]
+__all__ = ["ATTN1_FP8_RULE", "BLOCK_RULE", "CACHE_ATTR", "GENERATION_RULE", "MEMO_ATTR", "PROJECTION_RULE",
+           "PROJECTIONS_RULE", "STG_RULE", "TEXT_KV_RULE", "TextKVCache", "TextKVProcessor", "apply_kernels",
+           "generation", "new_generation"]
 
 BLOCK_RULE = ("block: modulated RMSNorms, gated residuals into the next norm, q/k RMSNorm + RoPE, GEMM epilogues "
               "(GELU-tanh, residual), a2v/v2a modulation")
 PROJECTIONS_RULE = "attn1/audio_attn1 q/k/v, a2v/v2a k/v: one GEMM each (fused weights)"
+ATTN1_FP8_RULE = "attn1: FP8 attention ({}) on q, k and v quantized after the q/k norm + RoPE"  # the backend's name
 GENERATION_RULE = ("pipeline: each call one generation (the text keys/values and the guidance pair kept across its "
                    "calls are forgotten after)")
 CACHE_ATTR = "_ltxbench_text_kv_cache"  # on the patched transformer: its TextKVCache
@@ -145,15 +147,17 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     reuse_stg_pass: the STG pass answered from the guidance pair where it cannot differ (stg.py), in a generation.
     precision "fp8": every block projection stored and run in FP8, the norms and GELUs writing FP8 (precision.py;
     Hopper or newer; needs the fused blocks); the bf16 weights of those projections leave the device until revert.
+    precision "fp8-attention": "fp8", and the video self-attention in FP8 on FlashAttention-3 or cuDNN
+    (ltxbench.inject.fp8_attention; exit 4 where neither is installed).
     fp8_accumulation: the FP8 GEMMs' (fast: on the tensor cores alone; fp32: partial sums promoted; ops.linear_fp8).
     text_encoder: a pipeline's Gemma 3 text encoder patched by the LLM rules (ltxbench.inject.llm; bf16 whatever the
     precision), its rules reported under "text_encoder: ".
     """
-    if precision not in PRECISIONS:
-        raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
+    if precision not in (*PRECISIONS, FP8_ATTENTION):
+        raise UsageError(f"precision {precision!r} is not one of {', '.join((*PRECISIONS, FP8_ATTENTION))}")
     is_fast_accumulation(fp8_accumulation)  # a bad value is refused whatever the precision
-    if precision == "fp8" and not fused_blocks:
-        raise UsageError("precision fp8 needs the fused blocks (fused_blocks=True): their norms write FP8")
+    if precision != "bf16" and not fused_blocks:
+        raise UsageError(f"precision {precision} needs the fused blocks (fused_blocks=True): their norms write FP8")
     from ltxbench.ops import get_provider
 
     transformer = getattr(target, "transformer", target)
@@ -168,7 +172,12 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     ops = get_provider(provider)
     if fused_blocks:
         require_provider(provider, ops, transformer, "transformer", move="pipeline")
-    if precision == "fp8":  # refused before anything is patched
+    attention8 = None
+    if precision == FP8_ATTENTION:  # exit 4 where no FP8 attention is installed; exit 2 for a head dim it refuses
+        attention8 = fp8_attention(provider)
+        attn1 = transformer.transformer_blocks[0].attn1
+        attention8.require(attn1.to_q.out_features // attn1.heads)
+    if precision != "bf16":  # refused before anything is patched
         _require_fp8_blocks(transformer)
     cls = processor_class()
     known_processor = source_digest(cls.__call__) == PROCESSOR_SOURCE
@@ -185,7 +194,8 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     elif not known_processor:
         report.skip(BLOCK_RULE, f"{cls.__name__}.__call__ is not the code the fused attentions reproduce")
     else:
-        _patch_blocks(report, transformer, ops, cache, fuse_projections, provider, precision, fp8_accumulation)
+        _patch_blocks(report, transformer, ops, cache, fuse_projections, provider, precision, fp8_accumulation,
+                      attention8)
     if cache is not None and report.rules:
         keep_projections(report, transformer, cache)
         vars(transformer)[CACHE_ATTR] = cache
@@ -231,14 +241,14 @@ def _require_fp8_blocks(transformer) -> None:
 
 
 def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provider: str, precision: str,
-                  fp8_accumulation: str) -> None:
+                  fp8_accumulation: str, attention8=None) -> None:
     processors = (processor_class(), TextKVProcessor)
-    fp8 = precision == "fp8"
+    fp8 = precision != "bf16"
     if fp8:
         fuse_projections = False  # the FP8 weights are stored concatenated instead
     elif provider == "cuda":  # earlier processes' GEMM searches on this GPU model (ops.gemm_cache)
         ops.load_gemm_choices(run_device(transformer))
-    forward = fused_block_forward(Fp8Norms(ops) if fp8 else ops, cache)
+    forward = fused_block_forward(Fp8Norms(ops) if fp8 else ops, cache, attention8)
     classes: dict = {}
     for index, block in enumerate(transformer.transformer_blocks):
         reason = _block_refusal(block)
@@ -246,6 +256,8 @@ def _patch_blocks(report, transformer, ops, cache, fuse_projections: bool, provi
             report.skip(f"transformer_blocks.{index}", reason)
             continue
         patch_forward(report, BLOCK_RULE, block, forward, classes)
+        if attention8 is not None:
+            report.note(ATTN1_FP8_RULE.format(attention8.name))
         vars(block)[FUSED_PROCESSORS_ATTR] = processors
         report.on_revert(lambda block=block: vars(block).pop(FUSED_PROCESSORS_ATTR, None))
         if fp8:

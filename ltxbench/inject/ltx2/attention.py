@@ -88,13 +88,20 @@ def _exchanged_attention(ops, attn, query, key, value, rope):
                           attn.rope_type == "split", attn.heads, attn.processor, skip=("ring",))
 
 
-def self_attention(ops, attn, hidden_states, rope):
-    """attn(hidden_states, query_rotary_emb=rope) without its residual (the caller gates it)."""
+def self_attention(ops, attn, hidden_states, rope, fp8_attention=None):
+    """attn(hidden_states, query_rotary_emb=rope) without its residual (the caller gates it). fp8_attention: an FP8
+    attention backend (ltxbench.inject.fp8_attention) for one GPU's call on the default attention backend."""
+    from ltxbench.inject.fp8_attention import attend_normed
+
     query, key, value = _project(ops, attn, ("to_q", "to_k", "to_v"), hidden_states)
     out = _exchanged_attention(ops, attn, query, key, value, rope)
     if out is not None:  # q and k (and v) written by one kernel as the exchange sends them
         return linear(ops, out.flatten(2, 3).to(query.dtype), attn.to_out[0])
     query, key = _norm_rope(ops, attn, query, key, rope, None)
+    processor = attn.processor
+    if (fp8_attention is not None and rope is not None and getattr(processor, "_parallel_config", None) is None
+            and getattr(processor, "_attention_backend", None) is None):
+        return linear(ops, attend_normed(ops, fp8_attention, attn.heads, query, key, value), attn.to_out[0])
     return linear(ops, _attend(attn, query, key, value), attn.to_out[0])
 
 

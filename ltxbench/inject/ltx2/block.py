@@ -73,15 +73,16 @@ def _attention_call(ops, block, name, fused, original):
     return fused(ops, attn) if _runs_fused(block, attn) else original(attn)
 
 
-def _stream(ops, block, prefix, x, temb, rope, text, text_mask, text_kv, zeros):
+def _stream(ops, block, prefix, x, temb, rope, text, text_mask, text_kv, zeros, fp8_attention=None):
     """Self-attention and text cross-attention of one stream (prefix "" video, "audio_"; text_kv: the text attention's
-    kept keys/values or None; zeros: _zeros(x)): returns (x, the FF's modulation (shift, scale, gate))."""
+    kept keys/values or None; zeros: _zeros(x); fp8_attention: the self-attention's FP8 backend, or None): returns
+    (x, the FF's modulation (shift, scale, gate))."""
     table = getattr(block, f"{prefix}scale_shift_table")
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = block.get_mod_params(table, temb, x.size(0))[:6]
     norm1, norm2 = getattr(block, f"{prefix}norm1"), getattr(block, f"{prefix}norm2")
     normed = ops.rms_norm_modulate(x, None, scale_msa, shift_msa, norm1.eps)
     attn = _attention_call(ops, block, f"{prefix}attn1",
-                           lambda ops, attn: self_attention(ops, attn, normed, rope),
+                           lambda ops, attn: self_attention(ops, attn, normed, rope, fp8_attention),
                            lambda attn: attn(normed, encoder_hidden_states=None, query_rotary_emb=rope))
     normed, x = ops.add_rms_norm_modulate(x, attn, gate_msa, zeros, zeros, norm2.eps)
     name = f"{prefix}attn2"
@@ -154,9 +155,10 @@ def _fusable(block, hidden_states, audio_hidden_states, temb, temb_audio, masks)
     return not block.attn1.to_q.weight.is_meta and block.scale_shift_table.device == hidden_states.device
 
 
-def fused_block_forward(ops, cache):
+def fused_block_forward(ops, cache, fp8_attention=None):
     """LTX2VideoTransformerBlock.forward through `ops` (the module docstring); cache: the text keys/values kept for
-    the generation (text_kv.TextKVCache), or None."""
+    the generation (text_kv.TextKVCache), or None; fp8_attention: the video self-attention's FP8 backend
+    (ltxbench.inject.fp8_attention), or None (the audio stream's 126 tokens stay in bf16)."""
 
     def forward(self, hidden_states, audio_hidden_states, encoder_hidden_states, audio_encoder_hidden_states, temb,
                 temb_audio, temb_ca_scale_shift, temb_ca_audio_scale_shift, temb_ca_gate, temb_ca_audio_gate,
@@ -179,7 +181,7 @@ def fused_block_forward(ops, cache):
         video_kv, audio_kv, video_zeros, audio_zeros = lookup(
             self, cache, encoder_hidden_states, audio_encoder_hidden_states, hidden_states, audio_hidden_states)
         x, video_mlp = _stream(ops, self, "", hidden_states, temb, video_rotary_emb, encoder_hidden_states,
-                               encoder_attention_mask, video_kv, video_zeros)
+                               encoder_attention_mask, video_kv, video_zeros, fp8_attention)
         a, audio_mlp = _stream(ops, self, "audio_", audio_hidden_states, temb_audio, audio_rotary_emb,
                                audio_encoder_hidden_states, audio_encoder_attention_mask, audio_kv, audio_zeros)
         a2v = v2a = a2v_gate = v2a_gate = None
