@@ -200,3 +200,15 @@ def memory_budget(family, settings, cpu_offload: bool = False) -> None:
         raise UsageError(f"{flag} with --compile-mode {settings.compile_mode} (CUDA graphs) is not supported",
                          hint="streamed blocks load between the kernels a graph would replay: use --compile-mode "
                               "default or max-autotune-no-cudagraphs")
+
+
+def fp8_attention_installed(settings) -> None:
+    """An FP8 attention backend where the run takes FP8 attention (--precision fp8-attention, or an
+    optimized-fp8-attention configuration): exit 4 before the model is built, not after, where none imports."""
+    from ltxbench.configurations import Configuration
+
+    if settings.precision == "fp8-attention" or any(Configuration(c).precision == "fp8-attention"
+                                                    for c in settings.configs or ()):
+        from ltxbench.inject.fp8_attention import fp8_attention
+
+        fp8_attention(settings.kernel_provider or "cuda")

@@ -34,6 +34,7 @@ def e2e_command(**values) -> None:
     from ltxbench.cli import _parallel
     from ltxbench.cli._validate import (
         check_outputs,
+        fp8_attention_installed,
         known_model,
         memory_budget,
         model_and_weights,
@@ -63,6 +64,7 @@ def e2e_command(**values) -> None:
     settings = family.settings("bench e2e", **values)
     family.validate(settings, "bench e2e")
     memory_budget(family, settings)
+    fp8_attention_installed(settings)
     check_outputs(result_outputs(values["output"], values["plot"]), values["force"])
     settings.parallel = _parallel.split_or_relaunch(family, settings.gpus, settings.parallel, settings.device)
 

@@ -136,7 +136,10 @@ def test_without_an_fp8_attention_backend_the_run_exits_4_saying_how_to_install_
     assert result.exit_code == 4, result.output
     assert "--precision fp8-attention needs FlashAttention-3" in text and "or cuDNN's frontend" in text
     assert "pip install --no-deps nvidia-cudnn-frontend" in text and "flash-attention/hopper" in text
+    assert "built ltx-tiny" not in text  # refused before the model is built
     assert not out.exists()
+    named = runner.invoke(app, [*TINY, "--configs", "optimized-fp8-attention", "-o", str(out)])  # by the config
+    assert named.exit_code == 4 and "built ltx-tiny" not in named.output, named.output
 
 
 def test_generate_refuses_fp8_attention_with_another_attention_backend(tmp_path):
