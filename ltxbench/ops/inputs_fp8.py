@@ -12,10 +12,11 @@ def fp8_attention_heads(d: int) -> int:
 
 
 def inputs_qk_norm_rope_fp8(shape, dtype, device, gen, variant):
-    """qk_rms_norm_rope's inputs, heads after eps (the op's argument order)."""
+    """qk_rms_norm_rope's inputs, heads after eps (the op's argument order); "wan": Wan's tables one head wide with
+    one scale per tensor (heads 1), as cuDNN's FP8 attention takes them."""
     base = inputs_qk_norm_rope(shape, dtype, device, gen, variant)
     first = {k: base.pop(k) for k in ("q", "k", "wq", "wk", "eps")}
-    return {**first, "heads": fp8_attention_heads(shape[2]), **base}
+    return {**first, "heads": 1 if variant == "wan" else fp8_attention_heads(shape[2]), **base}
 
 
 def inputs_quantize_heads(shape, dtype, device, gen, variant):

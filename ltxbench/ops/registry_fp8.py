@@ -80,11 +80,12 @@ FP8_ATTENTION_SPECS = (
     KernelSpec(
         name="qk_rms_norm_rope_fp8",
         summary="fp8 per head of qk_rms_norm_rope, each head's scale the power of two under 448 / (√D · max|w|)",
-        make_inputs=inputs_qk_norm_rope_fp8, variants=("tables", "coords"), n_outputs=4,
+        make_inputs=inputs_qk_norm_rope_fp8, variants=("tables", "coords", "wan"), n_outputs=4,
         baselines={"eager": eager.ltx_qk_rms_norm_rope_fp8}, kind="fp8",
         aliases=("qk_norm_rope_fp8",), test_shapes=ROPE_TEST_SHAPES,
         bench_shapes={**LTX_SHAPES},
-        inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb feeding FP8 attention",),
+        inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb feeding FP8 attention",
+                        "WanAttnProcessor (attn1) norm_q/norm_k + rotary embedding feeding FP8 attention"),
         written=lambda inp: _fp8_heads_written(inp, 2),
     ),
     KernelSpec(
