@@ -113,10 +113,11 @@ def test_cudnn_op_against_its_emulation(tokens, heads):
     v8, vd = ops.quantize_fp8_heads(x[:, :, 2].reshape(1, -1, heads * 128), 1)
     q8, k8, v8 = (t.view(2, tokens, heads, 128) for t in (q8, k8, v8))
     got = op.cudnn_fp8_attention(q8, k8, v8, qd, kd, vd)
-    compiled = torch.compile(op.cudnn_fp8_attention, fullgraph=True)(q8, k8, v8, qd, kd, vd)
+    compiled = torch.compile(lambda *args: op.cudnn_fp8_attention(*args), fullgraph=True)(q8, k8, v8, qd, kd, vd)
     want = op.emulated(q8, k8, v8, qd, kd, vd)
     assert got.dtype == torch.bfloat16 and got.shape == q8.shape and torch.equal(got, compiled)
-    assert _cosine_rel_l2(got, want)[0] >= 0.9999
+    cosine, rel_l2 = _cosine_rel_l2(got, want)  # the L2 error sees a wrong scale, which the cosine does not
+    assert cosine >= 0.9995 and rel_l2 <= 0.03, (cosine, rel_l2)
     empty = q8[:, :0]
     assert op.cudnn_fp8_attention(empty, empty, empty, qd, kd, vd).shape == empty.shape
 

@@ -85,6 +85,7 @@ def test_ltx2_19b_blocks_fp8_attention_through_cudnn_against_its_emulation_and_b
 
     bf16, attention, emulated = run("cuda", "bf16"), run("cuda", "fp8-attention"), run("reference", "fp8-attention")
     assert _cosine(attention, emulated) >= 0.999, _cosine(attention, emulated)
+    assert (attention - emulated).norm().item() / emulated.norm().item() <= 0.05  # a wrong scale shows here
     assert _cosine(attention, bf16) >= 0.995, _cosine(attention, bf16)
 
 

@@ -183,4 +183,5 @@ def test_cuda_fp8_attention_through_cudnn_against_its_emulation_and_the_bf16_mod
         return torch.nn.functional.cosine_similarity(a.double().flatten(), b.double().flatten(), dim=0).item()
 
     got, emulated, compiled = run("cuda"), run("reference"), run("cuda", compiled=True)
-    assert cos(got, emulated) > 0.9999 and cos(compiled, got) > 0.9999 and cos(got, exact) > 0.995
+    rel_l2 = ((got.float() - emulated.float()).norm() / emulated.float().norm()).item()  # a wrong scale shows here
+    assert cos(got, emulated) > 0.9995 and rel_l2 < 0.03 and cos(compiled, got) > 0.9999 and cos(got, exact) > 0.995
