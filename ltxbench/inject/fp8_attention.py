@@ -79,35 +79,34 @@ def runs_fp8_attention(processor, attention_mask) -> bool:
             and processor._parallel_config is None and processor._attention_backend is None)
 
 
+def _quantized(ops, backend: Fp8Attention, x, heads: int):
+    """x (B, S, D) in e4m3 from its amax, viewed (B, S, heads, hd), and its descale: one over every batch element
+    (per tensor) or one per (batch, head), as the backend takes them."""
+    batch, tokens, dim = x.shape
+    if backend.per_tensor:
+        x8, descale = ops.quantize_fp8_heads(x.reshape(1, batch * tokens, dim), 1)
+    else:
+        x8, descale = ops.quantize_fp8_heads(x, heads)
+    return x8.view(batch, tokens, heads, -1), descale
+
+
 def attention(ops, backend: Fp8Attention, attn, query, key, value, eps: float, rope: dict):
     """softmax(norm_q(q)ᵣ · norm_k(k)ᵣᵀ / √hd) · v in FP8 for (B, S, D) projections: (B, S, D) in query's dtype.
     `rope`: the angles as qk_rms_norm_rope_fp8 takes them (cos/sin tables, or grid and freqs)."""
-    batch, tokens, dim = query.shape
+    batch, tokens, _ = query.shape
     heads = attn.heads
     groups = 1 if backend.per_tensor else heads  # the scales' granularity: one per tensor, or per head
     q8, q_descale, k8, k_descale = ops.qk_rms_norm_rope_fp8(query, key, attn.norm_q.weight, attn.norm_k.weight, eps,
                                                             groups, **rope)
-    if backend.per_tensor:  # one amax over every batch element
-        v8, v_descale = ops.quantize_fp8_heads(value.reshape(1, batch * tokens, dim), 1)
-    else:
-        v8, v_descale = ops.quantize_fp8_heads(value, heads)
+    v8, v_descale = _quantized(ops, backend, value, heads)
     per_head = (batch, tokens, heads, -1)
-    out = backend.run(q8.view(per_head), k8.view(per_head), v8.view(per_head), q_descale, k_descale, v_descale)
+    out = backend.run(q8.view(per_head), k8.view(per_head), v8, q_descale, k_descale, v_descale)
     return out.flatten(2, 3).to(query.dtype)
 
 
 def attend_normed(ops, backend: Fp8Attention, heads: int, query, key, value):
     """Attention in FP8 over q and k already normalized and rotated (B, S, D) (LTX-2's split RoPE, written by its
-    own kernel): q, k and v quantized from their amaxes, per tensor or per head as the backend takes them; (B, S, D)
-    in query's dtype."""
-    batch, tokens, dim = query.shape
-    quantized = []
-    for t in (query, key, value):
-        if backend.per_tensor:  # one amax over every batch element
-            t8, descale = ops.quantize_fp8_heads(t.reshape(1, -1, t.shape[-1]), 1)
-            quantized += [t8.view(t.shape[0], t.shape[1], heads, -1), descale]
-        else:
-            t8, descale = ops.quantize_fp8_heads(t, heads)
-            quantized += [t8.view(t.shape[0], t.shape[1], heads, -1), descale]
-    q8, q_descale, k8, k_descale, v8, v_descale = quantized
+    own kernel): q, k and v quantized from their amaxes (`_quantized`); (B, S, D) in query's dtype."""
+    (q8, q_descale), (k8, k_descale), (v8, v_descale) = (_quantized(ops, backend, t, heads)
+                                                         for t in (query, key, value))
     return backend.run(q8, k8, v8, q_descale, k_descale, v_descale).flatten(2, 3).to(query.dtype)
