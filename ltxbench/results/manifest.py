@@ -120,7 +120,8 @@ BENCHMARKS = (
     # Wan's modulated LayerNorm and gated residual: float32 scale/shift/gate over bf16 rows, as its blocks hold them
     # attention at our models' shapes, per backend (n/a where a package is missing), TFLOP/s against the dense peak
     Benchmark("micro-attention", ("bench", "micro", "attention", "--shapes", "all", "--providers",
-                                  "flash,cudnn,efficient,flash_attn,flash_attn_3,cudnn_fp8"), 4),
+                                  "flash,cudnn,efficient,flash_attn,flash_attn_3,cudnn_fp8,cudnn_fp8_quantizing"),
+                  4),
     Benchmark("micro-wan-f32", (*_MICRO, "layer_norm_modulate", "gated_residual", "--shapes", "wan", "--variant",
                                 "wan-f32", "--providers", "cuda,eager,compile"), 1),
     # Wan's q/k RMSNorm across heads + RoPE (tables one head wide) against its processor's eager and compiled code

@@ -127,7 +127,10 @@ def test_the_fp8_backend_is_rated_against_the_fp8_peak_with_its_own_gate(monkeyp
     assert ma.record("s", shape, "cudnn", stats, None, error=0.05)["check"]["atol"] == ma.ATOL
     x = ma.inputs(ma.AttentionShape(1, 2, 16, 16, 64), "cpu", 0)
     monkeypatch.setitem(sys.modules, "cudnn", None)
-    with pytest.raises(ma.NotApplicable, match="cudnn does not import"):
-        ma.call("cudnn_fp8", x)
+    for backend in ma.FP8_BACKENDS:
+        with pytest.raises(ma.NotApplicable, match="cudnn does not import"):
+            ma.call(backend, x)
+        assert ma.record("s", shape, backend, stats, None, error=0.05)["dtype"] == "fp8"
+    assert ma._ordered([1, 2, 3, 4, 5, 6]) == (1, 3, 5, 2, 4, 6)
     with pytest.raises(ma.NotApplicable, match="takes no additive mask"):
         ma.call("cudnn_fp8", ma.inputs(ma.AttentionShape(1, 2, 16, 8, 64, masked=True), "cpu", 0))
