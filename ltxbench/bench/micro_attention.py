@@ -171,18 +171,16 @@ def _cudnn_fp8(x: dict, quantizing: bool = False):
     except ImportError as exc:
         raise NotApplicable(f"cudnn does not import ({exc.__class__.__name__})") from None
     from ltxbench import ops
+    from ltxbench.inject.fp8_attention import quantized as quantize
     from ltxbench.ops import cudnn_fp8_attention as op
 
     if op.supports(x["q"].shape[-1]) is not None:
         raise NotApplicable(op.supports(x["q"].shape[-1]))
-    rows = [x[name].transpose(1, 2).contiguous() for name in "qkv"]  # (B, S, H, D): the model's layout
+    heads = x["q"].shape[1]
+    rows = [x[name].transpose(1, 2).flatten(2).contiguous() for name in "qkv"]  # (B, S, H·D): the model's layout
 
-    def quantized():
-        out = []
-        for t in rows:
-            t8, descale = ops.quantize_fp8_heads(t.view(1, -1, t.shape[2] * t.shape[3]), 1)
-            out += [t8.view(t.shape), descale]
-        return out
+    def quantized():  # per tensor, as --precision fp8-attention quantizes them for cuDNN
+        return [part for t in rows for part in quantize(ops, True, t, heads)]
 
     if quantizing:
         return lambda: op.cudnn_fp8_attention(*_ordered(quantized())).transpose(1, 2)

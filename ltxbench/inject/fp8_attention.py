@@ -72,18 +72,35 @@ def fp8_attention(provider: str = "cuda") -> Fp8Attention:
     return _flash_attention_3(flash_attn_func)
 
 
-def runs_fp8_attention(processor, attention_mask) -> bool:
-    """Does this self-attention call run in FP8? Only one GPU's whole attention, unmasked, on the default backend:
-    context parallelism and other backends keep their bf16 path (the CLI refuses those combinations)."""
-    return (processor.fp8_attention is not None and attention_mask is None
-            and processor._parallel_config is None and processor._attention_backend is None)
+def require_precision(precision: str) -> None:
+    """UsageError unless the injections take `precision` (configurations.PRECISIONS: bf16, fp8, fp8-attention)."""
+    from ltxbench.configurations import PRECISIONS
+
+    if precision not in PRECISIONS:
+        raise UsageError(f"precision {precision!r} is not one of {', '.join(PRECISIONS)}")
 
 
-def _quantized(ops, backend: Fp8Attention, x, heads: int):
+def fp8_attention_for(attn, provider: str = "cuda") -> Fp8Attention:
+    """fp8_attention(provider), held to the head dim of `attn` (a diffusers attention; UsageError where the backend
+    cannot take it)."""
+    backend = fp8_attention(provider)
+    backend.require(attn.to_q.out_features // attn.heads)
+    return backend
+
+
+def runs_fp8_attention(backend: Fp8Attention | None, processor, attention_mask=None) -> bool:
+    """Does this self-attention call run in FP8 (`backend` None: never)? Only one GPU's whole attention, unmasked,
+    on the default backend: context parallelism and other backends keep their bf16 path (the CLI refuses those
+    combinations)."""
+    return (backend is not None and attention_mask is None and getattr(processor, "_parallel_config", None) is None
+            and getattr(processor, "_attention_backend", None) is None)
+
+
+def quantized(ops, per_tensor: bool, x, heads: int):
     """x (B, S, D) in e4m3 from its amax, viewed (B, S, heads, hd), and its descale: one over every batch element
-    (per tensor) or one per (batch, head), as the backend takes them."""
+    (per_tensor, as cuDNN takes them) or one per (batch, head) (as FlashAttention-3 does)."""
     batch, tokens, dim = x.shape
-    if backend.per_tensor:
+    if per_tensor:
         x8, descale = ops.quantize_fp8_heads(x.reshape(1, batch * tokens, dim), 1)
     else:
         x8, descale = ops.quantize_fp8_heads(x, heads)
@@ -98,7 +115,7 @@ def attention(ops, backend: Fp8Attention, attn, query, key, value, eps: float, r
     groups = 1 if backend.per_tensor else heads  # the scales' granularity: one per tensor, or per head
     q8, q_descale, k8, k_descale = ops.qk_rms_norm_rope_fp8(query, key, attn.norm_q.weight, attn.norm_k.weight, eps,
                                                             groups, **rope)
-    v8, v_descale = _quantized(ops, backend, value, heads)
+    v8, v_descale = quantized(ops, backend.per_tensor, value, heads)
     per_head = (batch, tokens, heads, -1)
     out = backend.run(q8.view(per_head), k8.view(per_head), v8, q_descale, k_descale, v_descale)
     return out.flatten(2, 3).to(query.dtype)
@@ -106,7 +123,7 @@ def attention(ops, backend: Fp8Attention, attn, query, key, value, eps: float, r
 
 def attend_normed(ops, backend: Fp8Attention, heads: int, query, key, value):
     """Attention in FP8 over q and k already normalized and rotated (B, S, D) (LTX-2's split RoPE, written by its
-    own kernel): q, k and v quantized from their amaxes (`_quantized`); (B, S, D) in query's dtype."""
-    (q8, q_descale), (k8, k_descale), (v8, v_descale) = (_quantized(ops, backend, t, heads)
+    own kernel): q, k and v quantized from their amaxes (`quantized`); (B, S, D) in query's dtype."""
+    (q8, q_descale), (k8, k_descale), (v8, v_descale) = (quantized(ops, backend.per_tensor, t, heads)
                                                          for t in (query, key, value))
     return backend.run(q8, k8, v8, q_descale, k_descale, v_descale).flatten(2, 3).to(query.dtype)

@@ -39,8 +39,8 @@ from ltxbench.inject import (
     run_device,
     set_attr,
 )
-from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, is_fast_accumulation, require_fp8
-from ltxbench.inject.fp8_attention import FP8_ATTENTION, fp8_attention
+from ltxbench.inject.fp8 import Fp8Norms, is_fast_accumulation, require_fp8
+from ltxbench.inject.fp8_attention import FP8_ATTENTION, fp8_attention_for, require_precision
 from ltxbench.inject.fp8_held import hold_modules
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx.attention import (
@@ -178,8 +178,7 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     FP8 on FlashAttention-3 or cuDNN (ltxbench.inject.fp8_attention; exit 4 where neither is). fp8_accumulation:
     the FP8 GEMMs' (fast: on the tensor cores alone; fp32: partial sums promoted, ~18% slower; ops.linear_fp8).
     """
-    if precision not in (*PRECISIONS, FP8_ATTENTION):
-        raise UsageError(f"precision {precision!r} is not one of {', '.join((*PRECISIONS, FP8_ATTENTION))}")
+    require_precision(precision)
     is_fast_accumulation(fp8_accumulation)  # a bad value is refused whatever the precision
     transformer = _transformer_of(target)
     if _patched_already(transformer):  # a second set of patches would stack, and reverting one would leave the other
@@ -193,10 +192,9 @@ def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = Tr
     ops = get_provider(provider)
     require_provider(provider, ops, transformer, "transformer", move="pipeline")
     fp8 = precision in ("fp8", FP8_ATTENTION)
-    attention8 = fp8_attention(provider) if precision == FP8_ATTENTION else None  # exit 4 where none is installed
-    if attention8 is not None:
-        attn1 = transformer.transformer_blocks[0].attn1
-        attention8.require(attn1.to_q.out_features // attn1.heads)
+    # exit 4 where no FP8 attention is installed; exit 2 for a head dim it refuses
+    attention8 = fp8_attention_for(transformer.transformer_blocks[0].attn1, provider) \
+        if precision == FP8_ATTENTION else None
     if fp8:
         require_fp8(run_device(transformer))
         reason = unquantizable(transformer.transformer_blocks)

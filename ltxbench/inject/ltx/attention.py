@@ -145,7 +145,8 @@ class FusedLTXAttnProcessor:
             hidden_states = self._exchanged_attention(attn, query, key, value, attention_mask, image_rotary_emb)
             if hidden_states is not None:  # q and k (and v) written by one kernel as the exchange sends them
                 return self._output(attn, hidden_states.flatten(2, 3).to(query.dtype), residual)
-            if image_rotary_emb is not None and fp8_attention.runs_fp8_attention(self, attention_mask):
+            if image_rotary_emb is not None and fp8_attention.runs_fp8_attention(self.fp8_attention, self,
+                                                                                  attention_mask):
                 hidden_states = fp8_attention.attention(self.ops, self.fp8_attention, attn, query, key, value,
                                                         eps_of(attn.norm_q), _rope_kwargs(image_rotary_emb))
                 return self._output(attn, hidden_states, residual)

@@ -36,8 +36,8 @@ from ltxbench.inject import (
     require_provider,
     run_device,
 )
-from ltxbench.inject.fp8 import PRECISIONS, Fp8Norms, is_fast_accumulation, require_fp8
-from ltxbench.inject.fp8_attention import FP8_ATTENTION, fp8_attention
+from ltxbench.inject.fp8 import Fp8Norms, is_fast_accumulation, require_fp8
+from ltxbench.inject.fp8_attention import FP8_ATTENTION, fp8_attention_for, require_precision
 from ltxbench.inject.fp8_held import hold_modules
 from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx2.attention import plain_attention, plain_feed_forward
@@ -153,8 +153,7 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     text_encoder: a pipeline's Gemma 3 text encoder patched by the LLM rules (ltxbench.inject.llm; bf16 whatever the
     precision), its rules reported under "text_encoder: ".
     """
-    if precision not in (*PRECISIONS, FP8_ATTENTION):
-        raise UsageError(f"precision {precision!r} is not one of {', '.join((*PRECISIONS, FP8_ATTENTION))}")
+    require_precision(precision)
     is_fast_accumulation(fp8_accumulation)  # a bad value is refused whatever the precision
     if precision != "bf16" and not fused_blocks:
         raise UsageError(f"precision {precision} needs the fused blocks (fused_blocks=True): their norms write FP8")
@@ -172,11 +171,9 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     ops = get_provider(provider)
     if fused_blocks:
         require_provider(provider, ops, transformer, "transformer", move="pipeline")
-    attention8 = None
-    if precision == FP8_ATTENTION:  # exit 4 where no FP8 attention is installed; exit 2 for a head dim it refuses
-        attention8 = fp8_attention(provider)
-        attn1 = transformer.transformer_blocks[0].attn1
-        attention8.require(attn1.to_q.out_features // attn1.heads)
+    # exit 4 where no FP8 attention is installed; exit 2 for a head dim it refuses
+    attention8 = fp8_attention_for(transformer.transformer_blocks[0].attn1, provider) \
+        if precision == FP8_ATTENTION else None
     if precision != "bf16":  # refused before anything is patched
         _require_fp8_blocks(transformer)
     cls = processor_class()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from ltxbench.inject.fp8 import WEIGHT_ATTR, fused_projection
+from ltxbench.inject.fp8_attention import attend_normed, runs_fp8_attention
 from ltxbench.inject.fuse import fused_outputs
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.parallel.attend import attend, rope_attention
@@ -91,16 +92,12 @@ def _exchanged_attention(ops, attn, query, key, value, rope):
 def self_attention(ops, attn, hidden_states, rope, fp8_attention=None):
     """attn(hidden_states, query_rotary_emb=rope) without its residual (the caller gates it). fp8_attention: an FP8
     attention backend (ltxbench.inject.fp8_attention) for one GPU's call on the default attention backend."""
-    from ltxbench.inject.fp8_attention import attend_normed
-
     query, key, value = _project(ops, attn, ("to_q", "to_k", "to_v"), hidden_states)
     out = _exchanged_attention(ops, attn, query, key, value, rope)
     if out is not None:  # q and k (and v) written by one kernel as the exchange sends them
         return linear(ops, out.flatten(2, 3).to(query.dtype), attn.to_out[0])
     query, key = _norm_rope(ops, attn, query, key, rope, None)
-    processor = attn.processor
-    if (fp8_attention is not None and rope is not None and getattr(processor, "_parallel_config", None) is None
-            and getattr(processor, "_attention_backend", None) is None):
+    if rope is not None and runs_fp8_attention(fp8_attention, attn.processor):
         return linear(ops, attend_normed(ops, fp8_attention, attn.heads, query, key, value), attn.to_out[0])
     return linear(ops, _attend(attn, query, key, value), attn.to_out[0])
 

@@ -128,21 +128,18 @@ def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_nor
     feed-forward then runs on its FP8 weights, not through the GELU rule), all blocks or none (UsageError naming what
     cannot); "fp8-attention": "fp8", and attn1's attention in FP8 on FlashAttention-3 or cuDNN
     (ltxbench.inject.fp8_attention). Skipped modules of the second expert are named from `transformer_2.`."""
-    from ltxbench.inject.fp8 import PRECISIONS, is_fast_accumulation
-    from ltxbench.inject.fp8_attention import FP8_ATTENTION, fp8_attention
+    from ltxbench.inject.fp8 import is_fast_accumulation
+    from ltxbench.inject.fp8_attention import FP8_ATTENTION, fp8_attention_for, require_precision
     from ltxbench.ops import get_provider
 
-    if precision not in (*PRECISIONS, FP8_ATTENTION):
-        raise UsageError(f"precision {precision!r} is not one of {', '.join((*PRECISIONS, FP8_ATTENTION))}")
+    require_precision(precision)
     is_fast_accumulation(fp8_accumulation)
     fp8 = precision in ("fp8", FP8_ATTENTION)
     attention8 = None
     if precision == FP8_ATTENTION:  # exit 4 where no FP8 attention is installed; exit 2 for a head dim it refuses
         if not qk_rope:
             raise UsageError(f"precision {FP8_ATTENTION} runs in the fused q/k norm + RoPE rule: keep qk_rope on")
-        attention8 = fp8_attention(provider)
-        attn1 = experts(target)[0][1].blocks[0].attn1
-        attention8.require(attn1.to_q.out_features // attn1.heads)
+        attention8 = fp8_attention_for(experts(target)[0][1].blocks[0].attn1, provider)
     for _name, transformer in experts(target) if fp8 else ():  # refused before anything is patched
         _require_fp8_blocks(transformer)
     report = InjectionReport(provider)

@@ -11,6 +11,7 @@ run the processor's own code.
 
 from __future__ import annotations
 
+from ltxbench.inject import fp8_attention as fp8
 from ltxbench.inject import original_class
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx2.text_kv import source_digest
@@ -49,15 +50,12 @@ def self_attention_call(ops, fp8_attention=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
-        from ltxbench.inject import fp8_attention as fp8
-
         if rotary_emb is None or encoder_hidden_states is not None or attn.add_k_proj is not None:
             return original_class(self).__call__(self, attn, hidden_states, encoder_hidden_states, attention_mask,
                                                  rotary_emb)
         query, key, value = _get_qkv_projections(attn, hidden_states, None)
         cos, sin = (t.squeeze(2) for t in rotary_emb)  # (1, S, 1, head_dim) -> (1, S, head_dim)
-        if (fp8_attention is not None and attention_mask is None and self._parallel_config is None
-                and self._attention_backend is None):
+        if fp8.runs_fp8_attention(fp8_attention, self, attention_mask):
             hidden_states = fp8.attention(ops, fp8_attention, attn, query, key, value, eps_of(attn.norm_q),
                                           {"cos": cos, "sin": sin})
             return attn.to_out[1](attn.to_out[0](hidden_states))
