@@ -155,15 +155,14 @@ def flop_rates(res: dict, key: str, precision: str, params: dict) -> dict:
     The FLOPs are the work the configuration did: where its injection answered calls of the iteration without running
     them (CALLS_ANSWERED: LTX-2's STG pass from the guidance pair), their share of the iteration's FLOPs is left out
     of the unit's and reported apart as answered_tflop, so the rate and the MFU describe the GPU, not skipped work."""
-    from ltxbench.bench.flops import rates
-    from ltxbench.inject import CALLS_ANSWERED
+    from ltxbench.bench.flops import answered_calls, rates
 
     counted = res.get("model_flop") or {}
     flop = (counted.get("units") or {}).get(key)
     if flop is None or key not in res:
         return {}
     calls = counted.get("calls") or []
-    answered = sum(calls[i] for i in (res.get("injection") or {}).get(CALLS_ANSWERED) or () if i < len(calls))
+    answered = sum(answered_calls(calls, res.get("injection")))
     done = flop * (1 - answered / sum(calls)) if answered else flop
     out = rates(done, statistics.median(res[key]), counted.get("gpu"), precision, params.get("gpus", 1))
     if answered and out:

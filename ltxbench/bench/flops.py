@@ -175,6 +175,14 @@ def per_call(module, fn, kinds: list | None = None) -> tuple[object, list[int]]:
     return result, calls
 
 
+def answered_calls(calls: list, injection: dict | None) -> list:
+    """The entries of `calls` (one per call of the counted iteration, in order) that the configuration's injection
+    answered without running them (its CALLS_ANSWERED indices)."""
+    from ltxbench.inject import CALLS_ANSWERED
+
+    return [calls[i] for i in (injection or {}).get(CALLS_ANSWERED) or () if i < len(calls)]
+
+
 def video_step(timings: dict, calls: list[int]) -> dict:
     """{summary key: FLOPs} of a video generation: the transformer's calls over its denoising steps (a step with
     classifier-free guidance is one call of the doubled batch, or one per branch where the pipeline splits them)."""

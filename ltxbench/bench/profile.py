@@ -161,10 +161,9 @@ def profile_configs(module, configs: list[str], apply, run, device, traces: dict
 def done_flops(counted: dict, injection: dict, gpu: str | None) -> dict:
     """{"kinds": {kind: FLOPs}, "gpu"} of the work a configuration did: the counted run's, less the calls its
     injection answered without running them (CALLS_ANSWERED; their FLOPs by kind under "answered")."""
-    from ltxbench.inject import CALLS_ANSWERED
+    from ltxbench.bench.flops import answered_calls
 
-    calls = counted["calls"]
-    answered = [calls[i] for i in injection.get(CALLS_ANSWERED) or () if i < len(calls)]
+    answered = answered_calls(counted["calls"], injection)
     out = {"kinds": {kind: flop - sum(call[kind] for call in answered) for kind, flop in counted["kinds"].items()},
            "gpu": gpu}
     if answered:

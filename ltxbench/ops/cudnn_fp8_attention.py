@@ -22,7 +22,8 @@ import torch
 
 E4M3_MAX = 448.0
 OUTPUT_HEADROOM = 2.0  # scale_o = v's scale / 2: |O · scale_o| <= 224
-_GRAPHS: dict = {}
+_GRAPHS: dict = {}     # (device, layouts) -> (graph, its tensors, workspace, handle)
+_CONSTANTS: dict = {}  # device -> descale_s, scale_s and room for the two amaxes
 _HANDLES: dict = {}
 _LOCK = threading.Lock()
 
@@ -95,12 +96,11 @@ def _graph(q, k, v, out):
 def _constants(device: torch.device) -> tuple[torch.Tensor, ...]:
     """descale_s, scale_s (1, 1, 1, 1) fp32 on `device`, and room for the two amaxes: made once per device, each its
     own allocation (a pointer cuDNN reads is aligned as an allocation's start is)."""
-    key = ("constants", device.index)
     with _LOCK:
-        if key not in _GRAPHS:
-            _GRAPHS[key] = tuple(torch.full((1, 1, 1, 1), value, device=device)
-                                 for value in (1.0 / E4M3_MAX, E4M3_MAX, 0.0, 0.0))
-        return _GRAPHS[key]
+        if device.index not in _CONSTANTS:
+            _CONSTANTS[device.index] = tuple(torch.full((1, 1, 1, 1), value, device=device)
+                                             for value in (1.0 / E4M3_MAX, E4M3_MAX, 0.0, 0.0))
+        return _CONSTANTS[device.index]
 
 
 def _scalar(x: torch.Tensor) -> torch.Tensor:
