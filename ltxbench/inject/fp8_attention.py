@@ -49,12 +49,23 @@ def _flash_attention_3(flash_attn_func) -> Fp8Attention:
     return Fp8Attention("FlashAttention-3", False, run)
 
 
+# Head dims where cuDNN's FP8 attention is slower than its bf16 attention (H200, bench micro attention: LTX-Video 2B
+# at 161 frames 2.30 vs 2.21 ms, at 49 frames 0.35 vs 0.27 ms): refused rather than run slower and less exact
+CUDNN_SLOWER_HEAD_DIMS = (64,)
+
+
 def _cudnn(provider: str) -> Fp8Attention:
     from ltxbench.ops import cudnn_fp8_attention as cudnn_op
 
+    def refuses(head_dim: int) -> str | None:
+        if head_dim in CUDNN_SLOWER_HEAD_DIMS and provider != "reference":
+            return (f"at head dim {head_dim} cuDNN's FP8 attention is slower than bf16 attention on Hopper "
+                    "(docs/kernels.md#attention-backends)")
+        return cudnn_op.supports(head_dim)
+
     # the reference provider runs anywhere: the op's emulation stands for it (the mechanics, on the CPU)
     run = cudnn_op.emulated if provider == "reference" else cudnn_op.cudnn_fp8_attention
-    return Fp8Attention("cuDNN", True, run, cudnn_op.supports)
+    return Fp8Attention("cuDNN", True, run, refuses)
 
 
 def fp8_attention(provider: str = "cuda") -> Fp8Attention:

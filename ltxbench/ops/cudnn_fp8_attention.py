@@ -10,19 +10,21 @@ is a convex combination of v's rows, so |O| <= amax(v) and |O · scale_o| <= 224
 rounding). The op dequantizes that output to bf16.
 
 cuDNN's graphs are built once per shape and layout (and device), kept for the process, and run on the current
-stream. Inputs (B, S, H, hd) e4m3 in any layout with a unit last stride; hd a multiple of 16, at most 256.
+stream. Inputs (B, S, H, hd) e4m3 in any layout with a unit last stride; hd a multiple of 16, at most 256. A shape
+cuDNN declines (on the H200: one query or one key token) runs the emulation instead, with a warning naming it.
 """
 
 from __future__ import annotations
 
 import math
 import threading
+import warnings
 
 import torch
 
 E4M3_MAX = 448.0
 OUTPUT_HEADROOM = 2.0  # scale_o = v's scale / 2: |O · scale_o| <= 224
-_GRAPHS: dict = {}     # (device, layouts) -> (graph, its tensors, workspace, handle)
+_GRAPHS: dict = {}     # (device, layouts) -> (graph, its tensors, workspace, handle), or None where cuDNN declined
 _CONSTANTS: dict = {}  # device -> descale_s, scale_s and room for the two amaxes
 _HANDLES: dict = {}
 _LOCK = threading.Lock()
@@ -80,16 +82,25 @@ def build_graph(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Te
 
 
 def _graph(q, k, v, out):
+    """The kept graph for these layouts, built on first use; None where cuDNN has no engine for them."""
+    import cudnn
+
     key = (q.device.index, *(tuple(t.shape) + t.stride() for t in (q, k, v, out)))
     with _LOCK:
-        kept = _GRAPHS.get(key)
-    if kept is None:
-        handle = _handle(q.device)
+        if key in _GRAPHS:
+            return _GRAPHS[key]
+    handle = _handle(q.device)
+    try:
         graph, tensors = build_graph(q, k, v, out, handle)
+    except cudnn.cudnnGraphNotSupportedError as exc:
+        warnings.warn(f"cudnn_fp8_attention: cuDNN has no FP8 engine for q {tuple(q.shape)}, k {tuple(k.shape)}; "
+                      f"running its fp32 emulation ({str(exc).splitlines()[0][:120]})", stacklevel=3)
+        kept = None
+    else:
         workspace = torch.empty(graph.get_workspace_size(), dtype=torch.uint8, device=q.device)
         kept = (graph, tensors, workspace, handle)
-        with _LOCK:
-            _GRAPHS[key] = kept
+    with _LOCK:
+        _GRAPHS[key] = kept
     return kept
 
 
@@ -118,7 +129,10 @@ def cudnn_fp8_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_des
     out8 = torch.empty(q.shape, dtype=torch.float8_e4m3fn, device=q.device)
     if q.numel() == 0 or k.shape[1] == 0:
         return torch.zeros(q.shape, dtype=torch.bfloat16, device=q.device)
-    graph, tensors, workspace, handle = _graph(q, k, v, out8)
+    kept = _graph(q, k, v, out8)
+    if kept is None:
+        return emulated(q, k, v, q_descale, k_descale, v_descale)
+    graph, tensors, workspace, handle = kept
     cudnn.set_stream(handle, torch.cuda.current_stream(q.device).cuda_stream)
     dv = _scalar(v_descale)
     scale_o = 1.0 / (dv * OUTPUT_HEADROOM)

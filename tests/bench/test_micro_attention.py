@@ -115,7 +115,7 @@ def test_the_reference_in_chunks_is_the_whole_computation(monkeypatch, masked):
 
 def test_the_fp8_backend_is_rated_against_the_fp8_peak_with_its_own_gate(monkeypatch):
     """cudnn_fp8's records say fp8, hold its TFLOP/s against the FP8 peak and its error to the FP8 gate; without
-    cuDNN's frontend, or where a mask is given, the backend is n/a with the reason."""
+    cuDNN's frontend, where a mask is given or on a cross-attention shape, the backend is n/a with the reason."""
     import sys
 
     shape = ma.AttentionShape(1, 1, 1000, 1000, 250)
@@ -134,3 +134,6 @@ def test_the_fp8_backend_is_rated_against_the_fp8_peak_with_its_own_gate(monkeyp
     assert ma._ordered([1, 2, 3, 4, 5, 6]) == (1, 3, 5, 2, 4, 6)
     with pytest.raises(ma.NotApplicable, match="takes no additive mask"):
         ma.call("cudnn_fp8", ma.inputs(ma.AttentionShape(1, 2, 16, 8, 64, masked=True), "cpu", 0))
+    for backend in ma.FP8_BACKENDS:
+        with pytest.raises(ma.NotApplicable, match="self-attention only"):
+            ma.call(backend, ma.inputs(ma.AttentionShape(1, 2, 16, 8, 64), "cpu", 0))

@@ -328,6 +328,10 @@ def test_cudnn_is_chosen_where_flash_attention_3_is_missing_and_refuses_head_dim
     backend.require(64)
     with pytest.raises(UsageError, match="head dim 72: cuDNN's FP8 attention takes multiples of 16 up to 256"):
         backend.require(72)
+    on_gpu = fp8_attention.fp8_attention("cuda")  # at LTX-Video's head dim slower than bf16: refused, saying so
+    on_gpu.require(128)
+    with pytest.raises(UsageError, match="at head dim 64 cuDNN's FP8 attention is slower than bf16 attention"):
+        on_gpu.require(64)
 
 
 def test_the_ltx_fp8_attention_path_through_cudnn(monkeypatch):

@@ -1,8 +1,8 @@
 """--precision fp8-attention on the GPU (Hopper with FlashAttention-3 or cuDNN's frontend installed; each skipped
 where it is not): FP8 attention on our FP8 inputs against float64 attention at LTX-2B's and Wan's head dims and
-realistic logits, eager and compiled; cuDNN's op against its fp32 emulation; and LTX-2B's blocks with FP8 attention
-within the FP8 gate of bf16, equal to the reference provider's FP8 path with the same backend (our kernels, and for
-cuDNN the op against its emulation, are what differs)."""
+realistic logits, eager and compiled; cuDNN's op against float64 with its fp32 emulation as the yardstick; and
+LTX-2B's blocks with FP8 attention within the FP8 gate of bf16, equal to the reference provider's FP8 path with the
+same backend (our kernels, and for cuDNN the op against its emulation, are what differs)."""
 
 from __future__ import annotations
 
@@ -99,10 +99,16 @@ def test_fp8_attention_against_float64_eager_and_compiled(backend, tokens, head_
 
 @pytest.mark.parametrize("heads", [1, 12])
 @pytest.mark.parametrize("tokens", [1, 771, 4096])
-def test_cudnn_op_against_its_emulation(tokens, heads):
-    """The op cuDNN runs against the fp32 emulation of what it computes, on our quantizers' FP8 inputs (B = 2,
-    head dim 128, a strided v), eager and compiled; empty inputs give an empty output."""
+def test_cudnn_op_against_float64_with_its_emulation_as_the_yardstick(tokens, heads):
+    """The op cuDNN runs on our quantizers' FP8 inputs (B = 2, head dim 128, a strided v), eager and compiled,
+    against float64 attention of the same FP8 values: no scale slip (the least-squares scale of the output onto the
+    exact one within 0.3% of 1; a 1% slip fails), and an error at most a little above its fp32 emulation's (which
+    rounds the probabilities at the final row max, cuDNN at the running one: they differ by ~3% rel L2 at 4096 keys,
+    both dominated by the e4m3 output). A shape cuDNN declines (one token) runs the emulation, with a warning;
+    empty inputs give an empty output."""
     _backend("cuDNN")
+    import warnings
+
     from ltxbench import ops
     from ltxbench.ops import cudnn_fp8_attention as op
 
@@ -112,12 +118,25 @@ def test_cudnn_op_against_its_emulation(tokens, heads):
     k8, kd = ops.quantize_fp8_heads(x[:, :, 1].reshape(1, -1, heads * 128), 1)
     v8, vd = ops.quantize_fp8_heads(x[:, :, 2].reshape(1, -1, heads * 128), 1)
     q8, k8, v8 = (t.view(2, tokens, heads, 128) for t in (q8, k8, v8))
-    got = op.cudnn_fp8_attention(q8, k8, v8, qd, kd, vd)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = op.cudnn_fp8_attention(q8, k8, v8, qd, kd, vd)
     compiled = torch.compile(lambda *args: op.cudnn_fp8_attention(*args), fullgraph=True)(q8, k8, v8, qd, kd, vd)
-    want = op.emulated(q8, k8, v8, qd, kd, vd)
+    emulation = op.emulated(q8, k8, v8, qd, kd, vd)
     assert got.dtype == torch.bfloat16 and got.shape == q8.shape and torch.equal(got, compiled)
-    cosine, rel_l2 = _cosine_rel_l2(got, want)  # the L2 error sees a wrong scale, which the cosine does not
-    assert cosine >= 0.9995 and rel_l2 <= 0.03, (cosine, rel_l2)
+    declined = [w for w in caught if "no FP8 engine" in str(w.message)]
+    if declined:
+        assert torch.equal(got, emulation), "a declined shape runs the emulation"
+    per_head = lambda t, d: (t.double() * d.reshape(-1)[0].double()).transpose(1, 2)  # noqa: E731
+    exact = F.scaled_dot_product_attention(per_head(q8, qd), per_head(k8, kd), per_head(v8, vd)).transpose(1, 2)
+    cosine, rel_l2 = _cosine_rel_l2(got, exact)
+    _, rel_emulation = _cosine_rel_l2(emulation, exact)
+    a, b = got.flatten().double(), exact.flatten()
+    scale = (a @ b / (b @ b)).item()
+    print(f"cuDNN FP8 vs float64: cosine {cosine:.6f}, rel L2 {rel_l2:.4f}, scale {scale:.5f}; "
+          f"emulation rel L2 {rel_emulation:.4f}; declined: {bool(declined)}")
+    assert abs(scale - 1) <= 3e-3, scale
+    assert cosine >= 0.998 and rel_l2 <= 1.5 * rel_emulation + 5e-3, (cosine, rel_l2, rel_emulation)
     empty = q8[:, :0]
     assert op.cudnn_fp8_attention(empty, empty, empty, qd, kd, vd).shape == empty.shape
 
@@ -125,9 +144,12 @@ def test_cudnn_op_against_its_emulation(tokens, heads):
 @pytest.mark.parametrize("backend", ["FlashAttention-3", "cuDNN"])
 def test_ltx_2b_blocks_with_fp8_attention_within_the_gate_and_equal_to_the_reference_path(backend, monkeypatch):
     _backend(backend)
-    if backend == "cuDNN":  # chosen only where FlashAttention-3 is not there
-        monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    from ltxbench.inject import fp8_attention
     from ltxbench.inject.ltx import apply_kernels, generation
+
+    if backend == "cuDNN":  # chosen only where FlashAttention-3 is not there; refused at head dim 64 for its speed
+        monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+        monkeypatch.setattr(fp8_attention, "CUDNN_SLOWER_HEAD_DIMS", ())
 
     model, inputs = ltx_2b_two_blocks()
 
