@@ -131,8 +131,9 @@ BENCHMARKS = (
     Benchmark("e2e-wan2.1-14b-81f-fp8", (*_WAN, "--model", "wan2.1-14b", "--configs", "compile", "--precision", "fp8",
                                          "--steps", "3"), 7, needs=("hopper",)),
     # FP8 projections, then FP8 self-attention (cuDNN's where FlashAttention-3 is not installed) beside bf16 compile
-    Benchmark("e2e-wan2.1-1.3b-81f-fp8-attention", (*_WAN, "--model", "wan2.1-1.3b", "--configs", "compile",
-                                                    "--precision", "fp8-attention", "--steps", "5"), 5,
+    Benchmark("e2e-wan2.1-1.3b-81f-fp8-attention", (*_WAN, "--model", "wan2.1-1.3b", "--configs",
+                                                    "compile,optimized-fp8+compile,optimized-fp8-attention+compile",
+                                                    "--steps", "5"), 6,
               needs=("hopper", "cudnn")),
     Benchmark("e2e-wan2.1-i2v-14b-81f", (*_WAN, "--model", "wan2.1-i2v-14b", *_WAN_COMPILED, "--steps", "3"), 7,
               image=True),
