@@ -1,7 +1,8 @@
 // LTX-2's q/k RMSNorm over all heads fused with its split RoPE: each head's two halves rotated against each
-// other (neox pairs i, i + half) with angles from fp32 tables, for one tensor, q and k together, or packed with v.
-// All rotation math in fp32.
+// other (neox pairs i, i + half) with angles from fp32 tables, for one tensor, q and k together, packed with v, or
+// q and k written as FP8 for FP8 attention. All rotation math in fp32.
 #include "common/dtype.cuh"
+#include "common/fp8.cuh"
 #include "common/launch.h"
 #include "common/params.h"
 #include "common/reduce.cuh"
@@ -23,8 +24,9 @@ __device__ __forceinline__ T* packed_head(const RopeSplitParams& p, int64_t toke
 // (one reduction, one table read for both), NT = 1 one tensor (the cross-attentions: q and k of other lengths and
 // tables). A thread owns MAXP pairs: a VEC-chunk of a head's first half and its partner `half` channels on, so the
 // rotation needs no shuffle; pair j is head j / (half / VEC), chunk j % (half / VEC). The pairs stay packed in
-// registers across the reduction, as in qk_norm_rope_kernel.
-template <typename T, int VEC, int MAXP, int NT>
+// registers across the reduction, as in qk_norm_rope_kernel. FP8 (NT = 2, unpacked): q and k stored as e4m3 times
+// their group's scale (scale8, written before by split_fp8_scales_kernel); a pair never spans two groups.
+template <typename T, int VEC, int MAXP, int NT, bool FP8 = false>
 __global__ void __launch_bounds__(kMaxRowThreads) rope_split_kernel(RopeSplitParams p, int tpr, float inv_d) {
   if constexpr (unsupported_here<T>()) {
     __trap();
@@ -111,10 +113,17 @@ __global__ void __launch_bounds__(kMaxRowThreads) rope_split_kernel(RopeSplitPar
           x1[e] = a * c[i][e] - a2 * sn[i][e];
           x2[e] = a2 * c[i][e] + a * sn[i][e];
         }
-        T* out = p.packed != nullptr ? packed_head<T>(p, token, t, head[i]) + chunk[i] * VEC
-                                     : static_cast<T*>(outs[t]) + token * D + col;
-        store_vec<T, VEC>(out, x1);
-        store_vec<T, VEC>(out + half, x2);
+        if constexpr (FP8) {
+          const float scale = p.scale8[t * p.groups + head[i] / (p.H / p.groups)];
+          uint8_t* out = static_cast<uint8_t*>(outs[t]) + token * D + col;
+          store_fp8<VEC>(out, x1, scale);
+          store_fp8<VEC>(out + half, x2, scale);
+        } else {
+          T* out = p.packed != nullptr ? packed_head<T>(p, token, t, head[i]) + chunk[i] * VEC
+                                       : static_cast<T*>(outs[t]) + token * D + col;
+          store_vec<T, VEC>(out, x1);
+          store_vec<T, VEC>(out + half, x2);
+        }
       }
       if (NT == 2 && p.packed != nullptr) {  // v's columns of this pair, copied as they are
         const T* vrow = at_row<T>(p.v, b, s) + col;
@@ -139,7 +148,9 @@ template <typename T, int VEC, int MAXP> cudaError_t launch_split_with(const Rop
   if (blocks >= (int64_t{1} << 31)) return cudaErrorInvalidValue;  // grid.x limit
   const float inv_d = inverse_count(2 * p.half * p.H);
   const unsigned grid = static_cast<unsigned>(blocks), block = static_cast<unsigned>(rows_per_block * tpr);
-  if (p.k.ptr) {
+  if (p.scale8 != nullptr) {
+    rope_split_kernel<T, VEC, MAXP, 2, true><<<grid, block, 0, s>>>(p, tpr, inv_d);
+  } else if (p.k.ptr) {
     rope_split_kernel<T, VEC, MAXP, 2><<<grid, block, 0, s>>>(p, tpr, inv_d);
   } else {
     rope_split_kernel<T, VEC, MAXP, 1><<<grid, block, 0, s>>>(p, tpr, inv_d);
@@ -163,9 +174,32 @@ template <typename T> cudaError_t launch_split(const RopeSplitParams& p, cudaStr
   return launch_split_with<T, 1, 8>(p, stream);
 }
 
+// Each group's FP8 scale for q (blockIdx.y 0) and k (1): fp8_pow2_scale of √D · max |w| over the group's channels
+// (RMSNorm over D bounds a normalized value by √D · |w|, and the rotation keeps a pair's length, its two channels
+// in one head), and its reciprocal for every batch element.
+template <typename T>
+__global__ void split_fp8_scales_kernel(RopeSplitParams p) {
+  const int64_t D = p.H * 2 * p.half, width = D / p.groups, g = blockIdx.x;
+  const T* w = static_cast<const T*>(blockIdx.y ? p.wk : p.wq) + g * width;
+  float m = 0.f;
+  for (int64_t j = threadIdx.x; j < width; j += 32) m = fmaxf(m, fabsf(to_float<T>(w[j])));
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const float scale = fp8_pow2_scale(__fmul_rn(__fsqrt_rn(static_cast<float>(D)), m));
+  if (threadIdx.x == 0) p.scale8[blockIdx.y * p.groups + g] = scale;
+  float* descale = blockIdx.y ? p.k_descale : p.q_descale;
+  for (int64_t b = threadIdx.x; b < p.B; b += 32) descale[b * p.groups + g] = 1.f / scale;
+}
+
 }  // namespace
 
 cudaError_t launch_rope_split(const RopeSplitParams& p, DType dtype, cudaStream_t stream) {
+  if (p.scale8 != nullptr && p.groups > 0) {  // the FP8 scales first (descales too where there are no tokens)
+    const cudaError_t err = dispatch_dtype(dtype, [&](auto tag) {
+      split_fp8_scales_kernel<decltype(tag)><<<dim3(static_cast<unsigned>(p.groups), 2), 32, 0, stream>>>(p);
+      return cudaGetLastError();
+    });
+    if (err != cudaSuccess) return err;
+  }
   if (p.B * p.S == 0 || p.H * p.half == 0) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto tag) { return launch_split<decltype(tag)>(p, stream); });
 }

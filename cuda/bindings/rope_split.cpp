@@ -122,6 +122,29 @@ Tensor qk_rms_norm_rope_split_pack(const Tensor& q, const Tensor& k, const Tenso
   return packed;
 }
 
+// qk_rms_norm_rope_split written as e4m3 with one power-of-two scale per group of heads, bound by the norm weights:
+// (q8, q_descale (B, groups), k8, k_descale), the inputs of FP8 attention (cuDNN's: groups = 1).
+std::tuple<Tensor, Tensor, Tensor, Tensor> qk_rms_norm_rope_split_fp8(const Tensor& q, const Tensor& k,
+                                                                      const Tensor& wq, const Tensor& wk, double eps,
+                                                                      const Tensor& cos, const Tensor& sin,
+                                                                      int64_t groups) {
+  const char* op = "qk_rms_norm_rope_split_fp8";
+  const DType dt = check_primary(q, op, "q");
+  std::vector<Tensor> keep;
+  RopeSplitParams p = qk_split_params(q, k, nullptr, wq, wk, eps, cos, sin, op, keep);
+  TORCH_CHECK(groups >= 1 && p.H % groups == 0, "ltxbench.", op, ": groups must be >= 1 and divide the heads of cos (",
+              num(p.H), "), got ", num(groups));
+  const auto fp8 = q.options().dtype(at::kFloat8_e4m3fn), f32 = q.options().dtype(at::kFloat);
+  Tensor q_out = at::empty(q.sizes(), fp8), k_out = at::empty(q.sizes(), fp8);
+  Tensor q_descale = at::empty({p.B, groups}, f32), k_descale = at::empty({p.B, groups}, f32);
+  Tensor scale8 = at::empty({2 * groups}, f32);
+  p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
+  p.groups = groups, p.scale8 = scale8.data_ptr<float>();
+  p.q_descale = q_descale.data_ptr<float>(), p.k_descale = k_descale.data_ptr<float>();
+  run_rope_split(p, dt, q, op);
+  return {q_out, q_descale, k_out, k_descale};
+}
+
 // qk_rms_norm_rope_split_pack with part r written to outs[r] (as qk_rms_norm_rope_pack_into).
 void qk_rms_norm_rope_split_pack_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq,
                                       const Tensor& wk, double eps, const Tensor& cos, const Tensor& sin,
@@ -140,6 +163,7 @@ void register_rope_split(torch::Library& m) {
   m.impl("rms_norm_rope_split", &rms_norm_rope_split);
   m.impl("qk_rms_norm_rope_split", &qk_rms_norm_rope_split);
   m.impl("qk_rms_norm_rope_split_pack", &qk_rms_norm_rope_split_pack);
+  m.impl("qk_rms_norm_rope_split_fp8", &qk_rms_norm_rope_split_fp8);
   m.impl("qk_rms_norm_rope_split_pack_into", &qk_rms_norm_rope_split_pack_into);
 }
 
@@ -155,6 +179,9 @@ TORCH_LIBRARY_FRAGMENT(ltxbench, m) {
   m.def(
       "qk_rms_norm_rope_split_pack(Tensor q, Tensor k, Tensor v, Tensor wq, Tensor wk, float eps, Tensor cos,"
       " Tensor sin, int parts) -> Tensor");
+  m.def(
+      "qk_rms_norm_rope_split_fp8(Tensor q, Tensor k, Tensor wq, Tensor wk, float eps, Tensor cos, Tensor sin,"
+      " int groups) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "qk_rms_norm_rope_split_pack_into(Tensor q, Tensor k, Tensor v, Tensor wq, Tensor wk, float eps, Tensor cos,"
       " Tensor sin, Tensor(a!)[] outs) -> ()");

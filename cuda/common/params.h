@@ -130,6 +130,13 @@ struct RopeSplitParams {
   void* packed = nullptr;
   int64_t parts = 0;
   void* part_out[kMaxPackParts] = {};  // as Rope3dParams'
+  // FP8 instead (q and k together, unpacked): q_out / k_out e4m3, each of `groups` groups of heads times its scale
+  // scale8[t · groups + g] (t: q 0, k 1), the power of two under 448 / (√D · max |w| over the group's channels),
+  // written with its reciprocal, for every batch element, to q_descale / k_descale (B, groups) by a first kernel.
+  int64_t groups = 0;
+  float* scale8 = nullptr;
+  float* q_descale = nullptr;
+  float* k_descale = nullptr;
 };
 
 cudaError_t launch_rope_split(const RopeSplitParams& p, DType dtype, cudaStream_t stream);

@@ -1,8 +1,9 @@
 """FP8 self-attention (`precision="fp8-attention"`): an FP8 attention forward on Hopper on top of the FP8
 projections (ltxbench.inject.fp8), through FlashAttention-3 where it is installed, else cuDNN's frontend.
 
-- q and k come out of the q/k RMSNorm + RoPE kernel already in FP8 (ops.qk_rms_norm_rope_fp8): the scales are powers
-  of two bounded from the norm weights, so there is no amax pass and nothing can saturate.
+- q and k come out of the q/k RMSNorm + RoPE kernel already in FP8 (ops.qk_rms_norm_rope_fp8, LTX-2's split RoPE
+  ops.qk_rms_norm_rope_split_fp8): the scales are powers of two bounded from the norm weights, so there is no amax
+  pass and nothing can saturate.
 - v is quantized from its amax (ops.quantize_fp8_heads, two passes).
 - FlashAttention-3 takes a scale per (batch, head) and writes bf16; cuDNN (pip `nvidia-cudnn-frontend`) takes one
   per tensor and writes FP8, which ltxbench.ops.cudnn_fp8_attention dequantizes (docs/precision.md#fp8-attention).
@@ -118,14 +119,19 @@ def quantized(ops, per_tensor: bool, x, heads: int):
     return x8.view(batch, tokens, heads, -1), descale
 
 
-def attention(ops, backend: Fp8Attention, attn, query, key, value, eps: float, rope: dict):
+def attention(ops, backend: Fp8Attention, attn, query, key, value, eps: float, rope: dict, split: bool = False):
     """softmax(norm_q(q)ᵣ · norm_k(k)ᵣᵀ / √hd) · v in FP8 for (B, S, D) projections: (B, S, D) in query's dtype.
-    `rope`: the angles as qk_rms_norm_rope_fp8 takes them (cos/sin tables, or grid and freqs)."""
+    `rope`: the angles as qk_rms_norm_rope_fp8 takes them (cos/sin tables, or grid and freqs), or with `split`
+    LTX-2's split-RoPE tables (cos, sin) as qk_rms_norm_rope_split_fp8 takes them."""
     batch, tokens, _ = query.shape
     heads = attn.heads
     groups = 1 if backend.per_tensor else heads  # the scales' granularity: one per tensor, or per head
-    q8, q_descale, k8, k_descale = ops.qk_rms_norm_rope_fp8(query, key, attn.norm_q.weight, attn.norm_k.weight, eps,
-                                                            groups, **rope)
+    wq, wk = attn.norm_q.weight, attn.norm_k.weight
+    if split:
+        q8, q_descale, k8, k_descale = ops.qk_rms_norm_rope_split_fp8(query, key, wq, wk, eps, rope["cos"],
+                                                                      rope["sin"], groups)
+    else:
+        q8, q_descale, k8, k_descale = ops.qk_rms_norm_rope_fp8(query, key, wq, wk, eps, groups, **rope)
     v8, v_descale = quantized(ops, backend.per_tensor, value, heads)
     per_head = (batch, tokens, heads, -1)
     out = backend.run(q8.view(per_head), k8.view(per_head), v8, q_descale, k_descale, v_descale)

@@ -223,6 +223,14 @@ def qk_rms_norm_rope_fp8(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: floa
     return _lib().qk_rms_norm_rope_fp8(q, k, wq, wk, eps, heads, cos, sin, grid, freqs)
 
 
+def qk_rms_norm_rope_split_fp8(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float, cos: Tensor, sin: Tensor,
+                               groups: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """`qk_rms_norm_rope_split` (LTX-2) written as FP8 in the same pass, as `qk_rms_norm_rope_fp8` writes LTX-Video's:
+    (q8, q_descale, k8, k_descale), the descales float32 (B, groups), one power-of-two scale per group of the
+    tables' heads (groups divides them; 1: one per tensor, as cuDNN's FP8 attention takes them)."""
+    return _lib().qk_rms_norm_rope_split_fp8(q, k, wq, wk, eps, cos, sin, groups)
+
+
 def quantize_fp8_heads(x: Tensor, heads: int) -> tuple[Tensor, Tensor]:
     """x (B, S, D) as FP8 with one scale per (batch, head) over all its tokens: (q, descale (B, heads)), the
     power-of-two scale putting the head's amax in (224, 448], so q · descale is exact. Two passes (the amax, then

@@ -278,6 +278,16 @@ def ltx_qk_rms_norm_rope_fp8(q, k, wq, wk, eps, heads, cos=None, sin=None, grid=
                  for out in fp8_heads(x, heads, fp8_weight_bound(w, heads).expand(q.shape[0], heads)))
 
 
+def ltx2_qk_rms_norm_rope_split_fp8(q, k, wq, wk, eps, cos, sin, groups):
+    """LTX2Attention's q/k norm + split RoPE (ltx2_qk_rms_norm_rope_split, rounded to q's dtype), then each quantized
+    per group of heads with the weight-bound scales (fp8_heads)."""
+    from ltxbench.ops.reference import fp8_weight_bound
+
+    qr, kr = ltx2_qk_rms_norm_rope_split(q, k, wq, wk, eps, cos, sin)
+    return tuple(out for x, w in ((qr, wq), (kr, wk))
+                 for out in fp8_heads(x, groups, fp8_weight_bound(w, groups).expand(q.shape[0], groups)))
+
+
 def ltx_rms_norm_modulate_fp8(x: Tensor, scale: Tensor, shift: Tensor, eps: float = 1e-6,
                               weight: Tensor | None = None) -> tuple[Tensor, Tensor]:
     return fp8_rows(ltx_rms_norm_modulate(x, scale, shift, eps, weight))

@@ -212,6 +212,12 @@ def _qk_rms_norm_rope_fp8(q, k, wq, wk, eps, heads, cos, sin, grid, freqs):
     return (*_fp8_heads(q, heads), *_fp8_heads(k, heads))
 
 
+@register_fake("ltxbench::qk_rms_norm_rope_split_fp8")
+def _qk_rms_norm_rope_split_fp8(q, k, wq, wk, eps, cos, sin, groups):
+    torch._check(q.dim() == 3 and k.shape == q.shape, lambda: "qk_rms_norm_rope_split_fp8: q and k must be (B, S, D)")
+    return (*_fp8_heads(q, groups), *_fp8_heads(k, groups))
+
+
 @register_fake("ltxbench::quantize_fp8_heads")
 def _quantize_fp8_heads(x, heads):
     torch._check(x.dim() == 3, lambda: "quantize_fp8_heads: x must be (B, S, D)")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ltxbench.ops.inputs import _randn, inputs_qk_norm_rope
+from ltxbench.ops.inputs import _randn, inputs_qk_norm_rope, inputs_qk_rms_norm_rope_split, split_rope_heads
 
 
 def fp8_attention_heads(d: int) -> int:
@@ -17,6 +17,13 @@ def inputs_qk_norm_rope_fp8(shape, dtype, device, gen, variant):
     base = inputs_qk_norm_rope(shape, dtype, device, gen, variant)
     first = {k: base.pop(k) for k in ("q", "k", "wq", "wk", "eps")}
     return {**first, "heads": 1 if variant == "wan" else fp8_attention_heads(shape[2]), **base}
+
+
+def inputs_qk_norm_rope_split_fp8(shape, dtype, device, gen, variant):
+    """qk_rms_norm_rope_split's inputs and the scales' groups: one (per tensor, cuDNN's) for "video", else one per
+    head."""
+    return {**inputs_qk_rms_norm_rope_split(shape, dtype, device, gen, variant),
+            "groups": 1 if variant == "video" else split_rope_heads(shape[2])}
 
 
 def inputs_quantize_heads(shape, dtype, device, gen, variant):

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 Tensor = torch.Tensor
 
 __all__ = ["quantize_fp8", "rms_norm_modulate_fp8", "add_rms_norm_modulate_fp8", "gelu_tanh_fp8", "fp8_pow2_scale",
-           "fp8_weight_bound", "qk_rms_norm_rope_fp8", "quantize_fp8_heads", "linear_fp8"]
+           "fp8_weight_bound", "qk_rms_norm_rope_fp8", "qk_rms_norm_rope_split_fp8", "quantize_fp8_heads",
+           "linear_fp8"]
 
 FP8_MAX = 448.0      # largest finite float8_e4m3fn
 FP8_MIN_AMAX = 1e-12  # an all-zero row gets this amax: its scale stays finite and its values 0
@@ -86,6 +87,18 @@ def qk_rms_norm_rope_fp8(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: floa
     for t, w in ((q, wq), (k, wk)):
         y = _ref._rotate_interleaved(_ref._rms(t.to(cos.dtype), eps) * w.to(cos.dtype), cos, sin)
         out += _to_fp8_heads(y, fp8_pow2_scale(fp8_weight_bound(w, heads)).expand(q.shape[0], heads))
+    return tuple(out)
+
+
+def qk_rms_norm_rope_split_fp8(q: Tensor, k: Tensor, wq: Tensor, wk: Tensor, eps: float, cos: Tensor, sin: Tensor,
+                               groups: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """qk_rms_norm_rope_split in fp32 (never rounded to q.dtype), to FP8 per group of heads with scales from the
+    weight bound √D · max|w| over the group's channels."""
+    acc = _ref._acc(q)
+    out = []
+    for t, w in ((q, wq), (k, wk)):
+        y = _ref._split_rotate(_ref._rms(t.to(acc), eps) * w.to(acc), cos, sin)
+        out += _to_fp8_heads(y, fp8_pow2_scale(fp8_weight_bound(w, groups)).expand(q.shape[0], groups))
     return tuple(out)
 
 

@@ -9,15 +9,22 @@ import math
 import torch
 
 from ltxbench.ops import eager
-from ltxbench.ops.inputs import inputs_add_rms_mod, inputs_gelu, inputs_rms_mod
-from ltxbench.ops.inputs_fp8 import inputs_qk_norm_rope_fp8, inputs_quantize, inputs_quantize_heads
+from ltxbench.ops.inputs import SPLIT_ROPE_VARIANTS, inputs_add_rms_mod, inputs_gelu, inputs_rms_mod
+from ltxbench.ops.inputs_fp8 import (
+    inputs_qk_norm_rope_fp8,
+    inputs_qk_norm_rope_split_fp8,
+    inputs_quantize,
+    inputs_quantize_heads,
+)
 from ltxbench.ops.shapes import (
     FP8_TEST_SHAPES,
     LTX2_FFN_SHAPES,
+    LTX2_SELF_SHAPES,
     LTX2_STREAM_SHAPES,
     LTX_FFN_SHAPES,
     LTX_SHAPES,
     ROPE_TEST_SHAPES,
+    SPLIT_ROPE_TEST_SHAPES,
 )
 from ltxbench.ops.spec import KernelSpec, nbytes
 
@@ -87,6 +94,16 @@ FP8_ATTENTION_SPECS = (
         inject_targets=("LTXAttention norm_q/norm_k + apply_rotary_emb feeding FP8 attention",
                         "WanAttnProcessor (attn1) norm_q/norm_k + rotary embedding feeding FP8 attention"),
         written=lambda inp: _fp8_heads_written(inp, 2),
+    ),
+    KernelSpec(
+        name="qk_rms_norm_rope_split_fp8",
+        summary="fp8 per group of heads of qk_rms_norm_rope_split, scale the power of two under 448 / (√D · max|w|)",
+        make_inputs=inputs_qk_norm_rope_split_fp8, variants=SPLIT_ROPE_VARIANTS, n_outputs=4,
+        baselines={"eager": eager.ltx2_qk_rms_norm_rope_split_fp8}, kind="fp8",
+        aliases=("qk_norm_rope_split_fp8",), test_shapes=SPLIT_ROPE_TEST_SHAPES,
+        bench_shapes={**LTX2_SELF_SHAPES},
+        inject_targets=("LTX2Attention norm_q/norm_k + apply_split_rotary_emb feeding FP8 attention (video self)",),
+        written=lambda inp: 2 * (inp["q"].numel() + 4 * inp["q"].shape[0] * inp["groups"]),
     ),
     KernelSpec(
         name="quantize_fp8_heads",

@@ -65,6 +65,40 @@ def test_qk_scales_come_from_the_weight_bound_and_nothing_saturates(shape):
     assert ((deq - q32.reshape(b, s, heads, -1)).abs() <= step).all()
 
 
+@pytest.mark.parametrize("variant", ["video", "qkv-slices"])
+@pytest.mark.parametrize("shape", [(2, 7, 128), (1, 83, 2048), (2, 5, 86)], ids=str)
+def test_split_qk_scales_come_from_the_weight_bound_per_group(shape, variant):
+    """LTX-2's split-RoPE q/k in FP8: one scale per group of heads ("video": one per tensor, as cuDNN takes them;
+    "qkv-slices": per head, strided inputs) putting √D · max|w| over the group in (224, 448]; a token with its whole
+    norm in one channel stays within ±448; dequantized, qk_rms_norm_rope_split's fp32 values within one e4m3 step;
+    the eager baseline (in bf16) within two steps and its rounding."""
+    kw = _inputs("qk_rms_norm_rope_split_fp8", shape, variant)
+    b, s, d = shape
+    kw["q"][0, 0] = 0
+    kw["q"][0, 0, 3] = 50.0
+    q8, qd, k8, kd = reference.qk_rms_norm_rope_split_fp8(**kw)
+    groups = kw["groups"]
+    assert groups == (1 if variant == "video" else kw["cos"].shape[1])
+    assert q8.dtype == FP8 and q8.shape == shape and qd.shape == (b, groups) and kd.shape == (b, groups)
+    assert _is_power_of_two(qd) and _is_power_of_two(kd)
+    for w, descale in ((kw["wq"], qd), (kw["wk"], kd)):
+        bound = math.sqrt(d) * w.float().abs().reshape(groups, -1).amax(1)
+        assert ((bound / descale[0] > 224) & (bound / descale[0] <= 448)).all()
+        assert torch.equal(descale[0], descale[-1])
+    assert q8.float().abs().max() < 448 and not q8.float().isnan().any()
+    plain = {k: v for k, v in kw.items() if k != "groups"}
+    q32, _ = reference.qk_rms_norm_rope_split(**{k: v.float() if torch.is_tensor(v) and v.is_floating_point() else v
+                                                 for k, v in plain.items()})
+    deq = q8.float().reshape(b, s, groups, -1) * qd[:, None, :, None]
+    step = (q32.abs().reshape(b, s, groups, -1) / 8).clamp(min=2.0 ** -9 * qd[:, None, :, None])
+    assert ((deq - q32.reshape(b, s, groups, -1)).abs() <= step).all()
+    eager_q, eager_qd, _, _ = SPECS["qk_rms_norm_rope_split_fp8"].baselines["eager"](**kw)
+    assert torch.equal(eager_qd, qd)
+    eager_deq = eager_q.float().reshape(b, s, groups, -1) * qd[:, None, :, None]
+    cancelled = 0.01 * q32.abs().amax()  # diffusers' rotation rounds its products to bf16: cancellation near 0
+    assert ((eager_deq - q32.reshape(b, s, groups, -1)).abs() <= 2 * step + cancelled).all()
+
+
 def test_value_scales_follow_each_heads_amax_over_all_its_tokens():
     """v's scale per (batch, head): the head's amax over every token maps into (224, 448] (an outlier head gets its
     own scale, the others keep theirs); q · descale is exact, so the round trip is e4m3 rounding alone."""
@@ -86,10 +120,10 @@ def test_value_scales_follow_each_heads_amax_over_all_its_tokens():
 @pytest.mark.parametrize("shape", [(0, 4, 64), (2, 0, 64), (2, 3, 0)], ids=str)
 def test_empty_inputs_give_empty_data_and_their_descales(shape):
     """v's descales are 1 without values; q/k's come from the weights, tokens or not (1 where D is 0)."""
-    for name in ("qk_rms_norm_rope_fp8", "quantize_fp8_heads"):
+    for name in ("qk_rms_norm_rope_fp8", "qk_rms_norm_rope_split_fp8", "quantize_fp8_heads"):
         kw = _inputs(name, shape)
         out = SPECS[name].reference(**kw)
-        assert out[0].shape == shape and out[1].shape == (shape[0], kw["heads"])
+        assert out[0].shape == shape and out[1].shape == (shape[0], kw.get("heads", kw.get("groups")))
         if name == "quantize_fp8_heads" or shape[2] == 0:
             assert torch.equal(out[1], torch.ones_like(out[1]))
 
@@ -102,15 +136,23 @@ def test_fakes_give_contiguous_fp8_and_descales_per_batch_and_head(built_ops):
                 else v for k, v in real.items()}
         q8, qd, k8, kd = ops.qk_rms_norm_rope_fp8(**fake)
         v8, vd = ops.quantize_fp8_heads(fake["q"], 4)
-    for data, descale in ((q8, qd), (k8, kd), (v8, vd)):
+    split = _inputs("qk_rms_norm_rope_split_fp8", (2, 9, 256), "qkv-slices")
+    with FakeTensorMode():
+        fake = {k: torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device="cuda") if torch.is_tensor(v)
+                else v for k, v in split.items()}
+        sq8, sqd, sk8, skd = ops.qk_rms_norm_rope_split_fp8(**fake)
+    for data, descale in ((q8, qd), (k8, kd), (v8, vd), (sq8, sqd), (sk8, skd)):
         assert data.dtype == FP8 and data.shape == (2, 9, 256) and data.is_contiguous() and data.device.type == "cuda"
         assert descale.dtype == torch.float32 and descale.shape == (2, 4)
 
 
 def test_schemas(built_ops):
     schemas = {name: str(getattr(torch.ops.ltxbench, name).default._schema)
-               for name in ("qk_rms_norm_rope_fp8", "quantize_fp8_heads")}
+               for name in ("qk_rms_norm_rope_fp8", "qk_rms_norm_rope_split_fp8", "quantize_fp8_heads")}
     assert schemas == {
+        "qk_rms_norm_rope_split_fp8": "ltxbench::qk_rms_norm_rope_split_fp8(Tensor q, Tensor k, Tensor wq, Tensor wk, "
+                                      "float eps, Tensor cos, Tensor sin, int groups) "
+                                      "-> (Tensor, Tensor, Tensor, Tensor)",
         "qk_rms_norm_rope_fp8": "ltxbench::qk_rms_norm_rope_fp8(Tensor q, Tensor k, Tensor wq, Tensor wk, float eps, "
                                 "int heads, Tensor? cos, Tensor? sin, Tensor? grid, Tensor? freqs) "
                                 "-> (Tensor, Tensor, Tensor, Tensor)",
@@ -121,7 +163,7 @@ def test_schemas(built_ops):
 def test_public_functions_have_the_reference_signatures():
     import inspect
 
-    for name in ("qk_rms_norm_rope_fp8", "quantize_fp8_heads"):
+    for name in ("qk_rms_norm_rope_fp8", "qk_rms_norm_rope_split_fp8", "quantize_fp8_heads"):
         assert inspect.signature(getattr(ops, name)) == inspect.signature(getattr(reference, name)), name
 
 

@@ -62,7 +62,7 @@ __all__ = ["ATTN1_FP8_RULE", "BLOCK_RULE", "CACHE_ATTR", "GENERATION_RULE", "MEM
 BLOCK_RULE = ("block: modulated RMSNorms, gated residuals into the next norm, q/k RMSNorm + RoPE, GEMM epilogues "
               "(GELU-tanh, residual), a2v/v2a modulation")
 PROJECTIONS_RULE = "attn1/audio_attn1 q/k/v, a2v/v2a k/v: one GEMM each (fused weights)"
-ATTN1_FP8_RULE = "attn1: FP8 attention ({}) on q, k and v quantized after the q/k norm + RoPE"  # the backend's name
+ATTN1_FP8_RULE = "attn1: FP8 attention ({}) on q/k from the split-RoPE kernel in FP8 and v quantized"  # the backend
 GENERATION_RULE = ("pipeline: each call one generation (the text keys/values and the guidance pair kept across its "
                    "calls are forgotten after)")
 CACHE_ATTR = "_ltxbench_text_kv_cache"  # on the patched transformer: its TextKVCache

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ltxbench.inject.fp8 import WEIGHT_ATTR, fused_projection
-from ltxbench.inject.fp8_attention import attend_normed, runs_fp8_attention
+from ltxbench.inject.fp8_attention import attend_normed, attention, runs_fp8_attention
 from ltxbench.inject.fuse import fused_outputs
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.parallel.attend import attend, rope_attention
@@ -96,9 +96,14 @@ def self_attention(ops, attn, hidden_states, rope, fp8_attention=None):
     out = _exchanged_attention(ops, attn, query, key, value, rope)
     if out is not None:  # q and k (and v) written by one kernel as the exchange sends them
         return linear(ops, out.flatten(2, 3).to(query.dtype), attn.to_out[0])
-    query, key = _norm_rope(ops, attn, query, key, rope, None)
     if rope is not None and runs_fp8_attention(fp8_attention, attn.processor):
-        return linear(ops, attend_normed(ops, fp8_attention, attn.heads, query, key, value), attn.to_out[0])
+        if attn.rope_type == "split":  # q and k written in FP8 by the split-RoPE kernel, v quantized
+            tables = dict(zip(("cos", "sin"), rope, strict=True))
+            out = attention(ops, fp8_attention, attn, query, key, value, eps_of(attn.norm_q), tables, split=True)
+        else:  # interleaved: normalized and rotated in bf16, then q, k and v quantized
+            out = attend_normed(ops, fp8_attention, attn.heads, *_norm_rope(ops, attn, query, key, rope, None), value)
+        return linear(ops, out, attn.to_out[0])
+    query, key = _norm_rope(ops, attn, query, key, rope, None)
     return linear(ops, _attend(attn, query, key, value), attn.to_out[0])
 
 
