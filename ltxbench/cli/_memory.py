@@ -6,30 +6,74 @@ from __future__ import annotations
 import dataclasses
 
 
-def planned(family, settings, log):
+def planned(family, settings, log, fit_free: bool = False):
     """The run's MemoryPlan (its lines given to `log`), or None without --memory-budget. Exit 4 where the budget or
-    the host cannot hold the run."""
+    the host cannot hold the run. fit_free (generate): without --memory-budget, where the whole pipeline would not
+    fit in what the GPU has free, the plan of that free memory (fitted_budget), said in one line, instead of an
+    out-of-memory error; settings.memory_budget_gib is then set to it."""
     if settings.memory_budget_gib is None:
-        return None
+        fitted = fitted_budget(family, settings) if fit_free else None
+        if fitted is None:
+            return None
+        budget, needed, where = fitted
+        log(f"the whole pipeline needs about {needed:.1f} GiB of GPU memory at once and {where}: planned to "
+            f"{budget:g} GiB (--memory-budget chooses)")
+        settings.memory_budget_gib = budget
     plan = plan_for(family, settings)
     for line in plan.lines():
         log(line)
     return plan
 
 
-def plan_for(family, settings):
-    """The plan of `settings.memory_budget_gib` for this run (the components built on the meta device from the model's
-    configs; the host's available memory read now, before the pipeline is built there). EnvironmentProblem (exit 4)
-    where it cannot be met."""
-    from ltxbench.memory.fit import available
-    from ltxbench.memory.plan import plan_memory
+def _footprint(family, settings):
+    """The run's Footprint (ltxbench.memory.sizes), the components built on the meta device from the model's configs."""
     from ltxbench.memory.sizes import footprint
     from ltxbench.models.family import torch_dtype
 
     configs = family.builder.component_configs(settings.model)
     parts = family.builder.build_components(configs, "meta", torch_dtype(settings.dtype))
+    return footprint(family, settings, parts)
+
+
+def plan_for(family, settings):
+    """The plan of `settings.memory_budget_gib` for this run (the host's available memory read now, before the
+    pipeline is built there). EnvironmentProblem (exit 4) where it cannot be met."""
+    from ltxbench.memory.fit import available
+    from ltxbench.memory.plan import plan_memory
+
     host_free, _ = available("cpu")
-    return plan_memory(settings.memory_budget_gib, footprint(family, settings, parts), host_free)
+    return plan_memory(settings.memory_budget_gib, _footprint(family, settings), host_free)
+
+
+RESIDENT_BUDGET_GIB = 1 << 20  # a budget no run reaches: the plan with every component on the GPU at once
+MIN_BUDGET_GIB = 2.0  # --memory-budget's minimum
+
+
+def fitted_budget(family, settings) -> tuple[float, float, str] | None:
+    """(budget GiB, GiB the whole pipeline needs at once, where the free memory was read) where a family that plans
+    budgets runs on one CUDA GPU, outside CUDA graphs, and its pipeline held whole would not fit in what the GPU has
+    free now; the budget is that free memory, in quarters of a GiB. None otherwise: the run places nothing."""
+    from ltxbench.configurations import CUDA_GRAPH_MODES
+    from ltxbench.memory.fit import available
+    from ltxbench.memory.plan import GIB, plan_memory
+
+    if (not getattr(family, "memory_stacks", None) or not str(settings.device).startswith("cuda")
+            or settings.gpus > 1 or settings.compile_mode in CUDA_GRAPH_MODES):
+        return None
+    free, where = available(settings.device)
+    if free is None:
+        return None
+    needed = plan_memory(RESIDENT_BUDGET_GIB, _footprint(family, settings)).gpu_bytes
+    if needed <= free:
+        return None
+    budget = int(4 * free / GIB) / 4
+    if budget < MIN_BUDGET_GIB:
+        from ltxbench.errors import EnvironmentProblem
+
+        raise EnvironmentProblem(f"{settings.model} needs about {needed / GIB:.1f} GiB of GPU memory at once and "
+                                 f"{where}, under the {MIN_BUDGET_GIB:g} GiB a planned run needs",
+                                 hint="free the GPU (other processes), or use a GPU with more memory")
+    return budget, needed / GIB, where
 
 
 def build(family, settings, plan):

@@ -99,7 +99,9 @@ def _run(family, settings, values: dict, output: Path, world) -> None:
 
     json_path, force = output.with_suffix(".json"), values["force"]
     err = _parallel.quiet_unless_main(console(stderr=True))
-    plan = _memory.planned(family, settings, lambda text: err.print(text, markup=False))
+    chosen = settings.memory_budget_gib is not None
+    plan = _memory.planned(family, settings, lambda text: err.print(text, markup=False),
+                           fit_free=not values["cpu_offload"])
     started_at = utc_now()
     with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
         pipe = _memory.build(family, settings, plan)
@@ -140,7 +142,8 @@ def _run(family, settings, values: dict, output: Path, world) -> None:
     if described is not None:
         config["parallel"] = described
     if placement_of(pipe) is not None:
-        config["memory"] = placement_of(pipe).as_dict()
+        config["memory"] = {**placement_of(pipe).as_dict(), "budget_from": "--memory-budget" if chosen else
+                            "the GPU's free memory (the whole pipeline did not fit)"}
     argv = command_line("generate", {**values, "parallel": settings.parallel, "force": force})
     doc = _result(config, timings, injection, argv, settings.seed, started_at, finished_at)
 

@@ -290,3 +290,52 @@ def test_wan_i2v_under_a_budget_encodes_the_image_in_the_encode_phase(on_the_cpu
                    for p in (resident, pipe)]
     assert torch.equal(latents[1], latents[0])
     assert not placement.movers["image_encoder"].on_device  # the denoise sent it back to the host
+
+
+@pytest.mark.parametrize(("free_gib", "device", "gpus", "fitted"), [
+    (47.9, "cuda", 1, True),     # LTX-2 19B whole (~74 GiB, estimated) does not fit: planned to 47.75 GiB
+    (80, "cuda", 1, False),      # it fits: placed as before, nothing planned
+    (47.9, "cpu", 1, False),     # not a GPU run
+    (47.9, "cuda", 2, False),    # several GPUs: each rank holds its own whole pipeline
+])
+def test_generate_plans_the_gpus_free_memory_where_the_whole_pipeline_does_not_fit(free_gib, device, gpus, fitted,
+                                                                                    monkeypatch):
+    from ltxbench.cli import _memory
+    from ltxbench.errors import EnvironmentProblem
+    from ltxbench.memory import fit
+    from ltxbench.models import family_of
+
+    monkeypatch.setattr(fit, "available", lambda dev: (int(free_gib * GIB), f"the GPU has {free_gib} GiB free"))
+    family = family_of("ltx2-19b")  # sized on the meta device
+    settings = family.settings("generate", model="ltx2-19b", weights="random", device=device, gpus=gpus,
+                               num_frames=121, height=512, width=768, steps=8)
+    got = _memory.fitted_budget(family, settings)
+    assert (got is not None) == fitted
+    if fitted:
+        budget, needed, where = got
+        assert budget == 47.75 and 70 < needed < 80 and where == "the GPU has 47.9 GiB free"
+    monkeypatch.setattr(fit, "available", lambda dev: (GIB, "the GPU has 1.0 GiB free"))
+    if fitted:  # under the 2 GiB a planned run takes: exit 4, one line
+        with pytest.raises(EnvironmentProblem, match="ltx2-19b needs about .* GiB of GPU memory at once and the GPU "
+                                                     "has 1.0 GiB free, under the 2 GiB a planned run needs"):
+            _memory.fitted_budget(family, settings)
+    llm = family_of("llama-tiny")
+    assert _memory.fitted_budget(llm, llm.settings("generate", model="llama-tiny", weights="random",
+                                                   device="cuda")) is None
+
+
+def test_generate_runs_the_plan_of_the_free_memory_and_says_so(on_the_cpu, monkeypatch, tmp_path):
+    from ltxbench.cli import _memory
+    from ltxbench.results.io import load_result
+
+    monkeypatch.setattr(_memory, "fitted_budget", lambda family, settings: (3.0, 5.25, "the GPU has 3.1 GiB free"))
+    out = tmp_path / "x.mp4"
+    result = runner.invoke(app, ["generate", "--prompt", "a red fox", *LTX_TINY, "--kernel-provider", "reference",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert ("the whole pipeline needs about 5.2 GiB of GPU memory at once and the GPU has 3.1 GiB free: planned to "
+            "3 GiB (--memory-budget chooses)") in text and "memory plan: budget 3.00 GiB" in text
+    doc = load_result(out.with_suffix(".json"))
+    assert doc["run"]["config"]["memory"]["budget_from"].startswith("the GPU's free memory")
+    assert {r["params"][MEMORY_BUDGET] for r in doc["records"]} == {3.0}
