@@ -29,6 +29,8 @@ __device__ __forceinline__ void finish_store(const RowOpParams& p, const RowPtrs
   if (p.weight) {
     float w[VEC];
     load_vec<T, VEC>(static_cast<const T*>(p.weight) + col, w);
+#pragma unroll
+    for (int k = 0; k < VEC; ++k) w[k] += p.weight_offset;
     apply_weight<T, VEC>(n, w, p.cast_before_weight);
   }
   if (r.scale) {

@@ -226,6 +226,8 @@ __global__ void __launch_bounds__(kLeanMaxThreads, lean_min_blocks<T>(ARITY)) ro
         for (int k = 0; k < VEC; ++k) n[k] *= rstd;
         if constexpr (AFF == Affine::Weight) {
           widen<T, VEC>(w[i], f);
+#pragma unroll
+          for (int k = 0; k < VEC; ++k) f[k] += p.weight_offset;
           apply_weight<T, VEC>(n, f, p.cast_before_weight);
         }
       }

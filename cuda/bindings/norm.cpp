@@ -43,12 +43,23 @@ void run(const RowOpParams& p, DType dt, const Tensor& x, const char* op) {
   launch_checked(x, op, [&](cudaStream_t stream) { return launch_row_op(p, dt, stream); });
 }
 
-Tensor rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps, bool cast_before_weight) {
+// weight_offset (Gemma's 1 + weight, added in fp32 as the kernel reads the weight): a weight to offset, and the
+// fp32 product (cast_before_weight rounds before the weight: not Gemma's order).
+void check_offset(double weight_offset, const std::optional<Tensor>& weight, bool cast_before_weight, const char* op) {
+  if (weight_offset == 0) return;
+  TORCH_CHECK(weight.has_value(), "ltxbench.", op, ": weight_offset needs a weight");
+  TORCH_CHECK(!cast_before_weight, "ltxbench.", op, ": weight_offset multiplies in fp32: cast_before_weight must be "
+              "False");
+}
+
+Tensor rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps, bool cast_before_weight,
+                double weight_offset) {
   const char* op = "rms_norm";
   const DType dt = check_primary(x, op, "x");
   TORCH_CHECK(x.dim() >= 1, "ltxbench.", op, ": x must have at least one dimension");
   const auto D = x.size(-1);
   check_weight(weight, x, D, op);
+  check_offset(weight_offset, weight, cast_before_weight, op);
   Tensor out = at::empty(x.sizes(), x.options());
   if (x.numel() == 0) return out;
   const Tensor w = weight ? weight->contiguous() : Tensor();
@@ -58,6 +69,7 @@ Tensor rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps
   p.x = rows_of_flat(xr);
   p.weight = weight ? w.data_ptr() : nullptr;
   p.cast_before_weight = cast_before_weight;
+  p.weight_offset = static_cast<float>(weight_offset);
   p.norm = NormKind::RMS, p.eps = static_cast<float>(eps);
   p.out = out.data_ptr();
   run(p, dt, x, op);
@@ -66,13 +78,14 @@ Tensor rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps
 
 std::tuple<Tensor, Tensor> fused_add_rms_norm(const Tensor& x, const Tensor& residual,
                                               const std::optional<Tensor>& weight, double eps,
-                                              bool cast_before_weight) {
+                                              bool cast_before_weight, double weight_offset) {
   const char* op = "fused_add_rms_norm";
   const DType dt = check_primary(x, op, "x");
   check_like(residual, x, op, "residual", "x");
   TORCH_CHECK(x.dim() >= 1, "ltxbench.", op, ": x must have at least one dimension");
   const auto D = x.size(-1);
   check_weight(weight, x, D, op);
+  check_offset(weight_offset, weight, cast_before_weight, op);
   Tensor out = at::empty(x.sizes(), x.options());
   Tensor residual_out = at::empty(x.sizes(), x.options());
   if (x.numel() == 0) return {out, residual_out};
@@ -84,6 +97,7 @@ std::tuple<Tensor, Tensor> fused_add_rms_norm(const Tensor& x, const Tensor& res
   p.a = rows_of_flat(xr);
   p.weight = weight ? w.data_ptr() : nullptr;
   p.cast_before_weight = cast_before_weight;
+  p.weight_offset = static_cast<float>(weight_offset);
   p.norm = NormKind::RMS, p.eps = static_cast<float>(eps);
   p.out = out.data_ptr(), p.h_out = residual_out.data_ptr();
   run(p, dt, x, op);
@@ -179,10 +193,12 @@ void register_norm(torch::Library& m) {
 
 TORCH_LIBRARY_FRAGMENT(ltxbench, m) {
   m.set_python_module("ltxbench.ops.fakes");
-  m.def("rms_norm(Tensor x, Tensor? weight, float eps, bool cast_before_weight=False) -> Tensor");
   m.def(
-      "fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps, bool cast_before_weight=False)"
-      " -> (Tensor, Tensor)");
+      "rms_norm(Tensor x, Tensor? weight, float eps, bool cast_before_weight=False, float weight_offset=0.)"
+      " -> Tensor");
+  m.def(
+      "fused_add_rms_norm(Tensor x, Tensor residual, Tensor? weight, float eps, bool cast_before_weight=False,"
+      " float weight_offset=0.) -> (Tensor, Tensor)");
   m.def("rms_norm_modulate(Tensor x, Tensor? weight, Tensor scale, Tensor shift, float eps) -> Tensor");
   m.def("layer_norm_modulate(Tensor x, Tensor scale, Tensor shift, float eps) -> Tensor");
   m.def("gated_residual(Tensor h, Tensor a, Tensor gate) -> Tensor");

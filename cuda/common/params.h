@@ -30,6 +30,7 @@ struct RowOpParams {
   Rows3 x, a, gate, scale, shift;
   const void* weight = nullptr;
   bool cast_before_weight = false;
+  float weight_offset = 0.f;  // the weight read as offset + weight, in fp32 (Gemma's 1 + weight); rms_norm's only
   NormKind norm = NormKind::RMS;
   float eps = 1e-6f;
   void* out = nullptr;

@@ -27,20 +27,23 @@ PROVIDERS = ("cuda", "reference")
 _lib = build.ops  # torch.ops.ltxbench, built and loaded on first use
 
 
-def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *, cast_before_weight: bool = False) -> Tensor:
-    """RMSNorm over the last dim: `x * rsqrt(mean(x²) + eps) [* weight]`, fp32 math, output in x's dtype.
+def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *, cast_before_weight: bool = False,
+             weight_offset: float = 0.0) -> Tensor:
+    """RMSNorm over the last dim: `x * rsqrt(mean(x²) + eps) [* (weight_offset + weight)]`, fp32 math, output in
+    x's dtype.
 
     cast_before_weight=False multiplies by the weight in fp32 and rounds once (torch.nn.RMSNorm,
     F.rms_norm); True rounds the normalized row to x's dtype first and multiplies in that dtype
-    (transformers' LlamaRMSNorm, diffusers' RMSNorm with a half-precision weight).
+    (transformers' LlamaRMSNorm, diffusers' RMSNorm with a half-precision weight). weight_offset (fp32 product
+    only) adds to the weight in fp32 as it is read: Gemma's `1 + weight.float()`, with no tensor made for it.
     """
-    return _lib().rms_norm(x, weight, eps, cast_before_weight)
+    return _lib().rms_norm(x, weight, eps, cast_before_weight, weight_offset)
 
 
 def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None, eps: float = 1e-6, *,
-                       cast_before_weight: bool = False) -> tuple[Tensor, Tensor]:
+                       cast_before_weight: bool = False, weight_offset: float = 0.0) -> tuple[Tensor, Tensor]:
     """`h = residual + x` (stored in x's dtype) and `rms_norm(h)`: returns (normed, h); nothing in place."""
-    return _lib().fused_add_rms_norm(x, residual, weight, eps, cast_before_weight)
+    return _lib().fused_add_rms_norm(x, residual, weight, eps, cast_before_weight, weight_offset)
 
 
 def rms_norm_modulate(x: Tensor, weight: Tensor | None, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:

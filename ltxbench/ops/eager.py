@@ -33,6 +33,21 @@ def llama_rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     return weight * h.to(dtype)
 
 
+def gemma_rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, weight_offset: float = 1.0) -> Tensor:
+    """transformers' Gemma3RMSNorm.forward: `(x.float() * rsqrt(mean(x²) + eps)) * (1.0 + weight.float())`, rounded
+    once to x's dtype (weight_offset: the 1.0)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * (weight_offset + weight.float())).type_as(x)
+
+
+def gemma_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
+                       weight_offset: float = 1.0) -> tuple[Tensor, Tensor]:
+    """Gemma3DecoderLayer's `residual + post_attention_layernorm(...)`, then pre_feedforward_layernorm."""
+    h = residual + x
+    return gemma_rms_norm(h, weight, eps, weight_offset), h
+
+
 def torch_rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6) -> Tensor:
     """The fused torch op (F.rms_norm), the strongest eager baseline for RMSNorm."""
     return F.rms_norm(x, (x.shape[-1],), weight, eps)

@@ -16,12 +16,12 @@ def _like(x: torch.Tensor) -> torch.Tensor:
 
 
 @register_fake("ltxbench::rms_norm")
-def _rms_norm(x, weight, eps, cast_before_weight=False):
+def _rms_norm(x, weight, eps, cast_before_weight=False, weight_offset=0.0):
     return _like(x)
 
 
 @register_fake("ltxbench::fused_add_rms_norm")
-def _fused_add_rms_norm(x, residual, weight, eps, cast_before_weight=False):
+def _fused_add_rms_norm(x, residual, weight, eps, cast_before_weight=False, weight_offset=0.0):
     torch._check(residual.shape == x.shape, lambda: "fused_add_rms_norm: residual must have x's shape")
     return _like(x), _like(x)
 

@@ -42,17 +42,30 @@ def _weight(d, dtype, device, gen):
     return 1 + 0.1 * _randn((d,), dtype, device, gen)
 
 
+def _gemma_weight(d, dtype, device, gen):
+    """A Gemma3RMSNorm weight, the model reading 1 + weight: trained ones spread around 0 (and reach a few units)."""
+    return 0.5 * _randn((d,), dtype, device, gen)
+
+
 def inputs_rms_norm(shape, dtype, device, gen, variant):
+    """"gemma": Gemma3RMSNorm's (1 + weight) as weight_offset 1 (its eps 1e-6)."""
     b, s, d = shape
+    if variant == "gemma":
+        return {"x": _randn(shape, dtype, device, gen), "weight": _gemma_weight(d, dtype, device, gen), "eps": 1e-6,
+                "weight_offset": 1.0}
     w = None if variant == "no-weight" else _weight(d, dtype, device, gen)
     return {"x": _randn(shape, dtype, device, gen), "weight": w, "eps": 1e-6,
             "cast_before_weight": variant == "weight-llama-cast"}
 
 
 def inputs_fused_add(shape, dtype, device, gen, variant):
+    """"gemma": Gemma 3's sandwich (the attention residual, then pre_feedforward_layernorm's 1 + weight)."""
     b, s, d = shape
-    return {"x": _randn(shape, dtype, device, gen), "residual": _randn(shape, dtype, device, gen),
-            "weight": _weight(d, dtype, device, gen), "eps": 1e-6,
+    x, residual = _randn(shape, dtype, device, gen), _randn(shape, dtype, device, gen)
+    if variant == "gemma":
+        return {"x": x, "residual": residual, "weight": _gemma_weight(d, dtype, device, gen), "eps": 1e-6,
+                "weight_offset": 1.0}
+    return {"x": x, "residual": residual, "weight": _weight(d, dtype, device, gen), "eps": 1e-6,
             "cast_before_weight": variant == "llama-cast"}
 
 

@@ -40,15 +40,18 @@ def _residual(h: Tensor, a: Tensor, gate: Tensor | None) -> Tensor:
     return s.to(h.dtype)
 
 
-def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6, cast_before_weight: bool = False) -> Tensor:
+def rms_norm(x: Tensor, weight: Tensor | None = None, eps: float = 1e-6, cast_before_weight: bool = False,
+             weight_offset: float = 0.0) -> Tensor:
     n = _rms(x.to(_acc(x)), eps)
+    if weight is not None and weight_offset:
+        weight = weight_offset + weight.to(n.dtype)
     return _apply_weight(n, weight, x.dtype, cast_before_weight).to(x.dtype)
 
 
 def fused_add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor | None = None, eps: float = 1e-6,
-                       cast_before_weight: bool = False) -> tuple[Tensor, Tensor]:
+                       cast_before_weight: bool = False, weight_offset: float = 0.0) -> tuple[Tensor, Tensor]:
     h = _residual(residual, x, None)
-    return rms_norm(h, weight, eps, cast_before_weight), h
+    return rms_norm(h, weight, eps, cast_before_weight, weight_offset), h
 
 
 def rms_norm_modulate(x: Tensor, weight: Tensor | None, scale: Tensor, shift: Tensor, eps: float = 1e-6) -> Tensor:

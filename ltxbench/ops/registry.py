@@ -68,24 +68,42 @@ def _drop(*names):
     return wrap
 
 
+def _or_gemma(gemma, fn):
+    """A norm baseline: Gemma's own formula for the "gemma" variant's inputs (weight_offset), else `fn` on the rest."""
+    plain = _drop("cast_before_weight", "weight_offset")(fn)
+    return lambda **kw: gemma(**kw) if kw.get("weight_offset") else plain(**kw)
+
+
+def _torch_with_offset(fn):
+    """F.rms_norm given the offset weight in fp32 (1 + weight, unrounded; torch's unfused path then)."""
+    def run(**kw):
+        offset = kw.pop("weight_offset", 0.0)
+        if offset:
+            kw["weight"] = offset + kw["weight"].float()
+        return _drop("cast_before_weight")(fn)(**kw)
+    return run
+
+
 SPECS: dict[str, KernelSpec] = {s.name: s for s in (
     KernelSpec(
-        name="rms_norm", summary="x * rsqrt(mean(x²) + eps) [* weight]",
-        make_inputs=inputs_rms_norm, variants=("no-weight", "weight", "weight-llama-cast"), n_outputs=1,
-        baselines={"eager": _drop("cast_before_weight")(eager.diffusers_rms_norm),
-                   "F.rms_norm": _drop("cast_before_weight")(eager.torch_rms_norm)},
+        name="rms_norm", summary="x * rsqrt(mean(x²) + eps) [* (weight_offset + weight)]",
+        make_inputs=inputs_rms_norm, variants=("no-weight", "weight", "weight-llama-cast", "gemma"), n_outputs=1,
+        baselines={"eager": _or_gemma(eager.gemma_rms_norm, eager.diffusers_rms_norm),
+                   "F.rms_norm": _torch_with_offset(eager.torch_rms_norm)},
         aliases=("rmsnorm", "rms", "rmsnorm_noweight"),
         bench_shapes={**SEED_SHAPES, **LTX_SHAPES, **LLM_SHAPES},
-        inject_targets=("diffusers RMSNorm", "torch.nn.RMSNorm", "LlamaRMSNorm", "Qwen3 q_norm/k_norm"),
+        inject_targets=("diffusers RMSNorm", "torch.nn.RMSNorm", "LlamaRMSNorm", "Qwen3 q_norm/k_norm",
+                        "Gemma3RMSNorm (1 + weight)"),
     ),
     KernelSpec(
         name="fused_add_rms_norm", summary="h = residual + x; (rms_norm(h) * weight, h)",
-        make_inputs=inputs_fused_add, variants=("torch-order", "llama-cast"), n_outputs=2,
-        baselines={"eager": _drop("cast_before_weight")(eager.llama_add_rms_norm),
-                   "F.rms_norm": _drop("cast_before_weight")(eager.torch_add_rms_norm)},
+        make_inputs=inputs_fused_add, variants=("torch-order", "llama-cast", "gemma"), n_outputs=2,
+        baselines={"eager": _or_gemma(eager.gemma_add_rms_norm, eager.llama_add_rms_norm),
+                   "F.rms_norm": _torch_with_offset(eager.torch_add_rms_norm)},
         aliases=("rmsnorm_residual", "add_rmsnorm", "fused_add_rmsnorm"),
         bench_shapes={**LLM_SHAPES, **SEED_SHAPES},
-        inject_targets=("LlamaDecoderLayer post_attention_layernorm",),
+        inject_targets=("LlamaDecoderLayer post_attention_layernorm",
+                        "Gemma3DecoderLayer residual + pre_feedforward_layernorm"),
     ),
     KernelSpec(
         name="rms_norm_modulate", summary="rms_norm(x) [* weight] * (1 + scale) + shift",

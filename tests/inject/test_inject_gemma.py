@@ -20,7 +20,7 @@ OPS = ("rms_norm", "fused_add_rms_norm", "geglu", "rope_1d")
 
 @pytest.fixture
 def spy(monkeypatch):
-    """The reference provider, counting calls per op and recording the norm weights' dtypes."""
+    """The reference provider, counting calls per op and recording the norm weights' dtypes and offsets."""
     calls: Counter = Counter()
 
     def wrap(name):
@@ -28,8 +28,9 @@ def spy(monkeypatch):
 
         def counted(*args, **kwargs):
             calls[name] += 1
-            if name == "rms_norm":
-                calls[f"rms_norm weight {args[1].dtype}"] += 1
+            if name in ("rms_norm", "fused_add_rms_norm"):
+                calls[f"{name} weight {args[1 if name == 'rms_norm' else 2].dtype}"] += 1
+                calls[f"{name} offset {kwargs.get('weight_offset', 0.0)}"] += 1
             return fn(*args, **kwargs)
 
         return counted
@@ -61,9 +62,10 @@ def test_patched_gemma_is_bit_identical_in_fp32_and_revert_is_exact(spy):
     assert not called  # q/k/v and gate/up run as one GEMM each
     for hook in hooks:
         hook.remove()
-    # pre_feedforward_layernorm runs inside fused_add_rms_norm; every rms_norm gets the fp32 `1 + weight`
-    assert dict(spy) == {"rms_norm": 16, "rms_norm weight torch.float32": 16, "fused_add_rms_norm": 3,
-                         "geglu": 3, "rope_1d": 3}
+    # pre_feedforward_layernorm runs inside fused_add_rms_norm; every norm reads `1 + weight` through the offset
+    assert dict(spy) == {"rms_norm": 16, "rms_norm weight torch.float32": 16, "rms_norm offset 1.0": 16,
+                         "fused_add_rms_norm": 3, "fused_add_rms_norm weight torch.float32": 3,
+                         "fused_add_rms_norm offset 1.0": 3, "geglu": 3, "rope_1d": 3}
     assert torch.equal(patched, before)
 
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
@@ -80,8 +82,9 @@ def test_patched_gemma_is_bit_identical_in_fp32_and_revert_is_exact(spy):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_gemma_norm_is_bit_identical_in_16_bits(dtype, spy):
-    """In 16 bits the op runs on the fp32 copy of the rows with the fp32 `1 + weight` (the op's 16-bit weight would be
-    `1 + weight` rounded, which Gemma never does): the same bits as Gemma3RMSNorm."""
+    """In 16 bits the op reads the 16-bit weight and adds the 1 in fp32 (weight_offset; a 16-bit `1 + weight` tensor
+    would be a rounding Gemma never does): the same bits as Gemma3RMSNorm. A weight in another dtype than the rows
+    runs on fp32 copies with the fp32 `1 + weight`, also bit for bit."""
     model = gemma_build(dtype)
     norms = [model.model.layers[0].input_layernorm, model.model.layers[1].self_attn.q_norm]
     rows = [2.0 * torch.randn(3, 7, norm.weight.shape[0], generator=torch.Generator().manual_seed(4)).to(dtype)
@@ -90,20 +93,30 @@ def test_gemma_norm_is_bit_identical_in_16_bits(dtype, spy):
         expected = [norm(x) for norm, x in zip(norms, rows, strict=True)]
         with llm.apply_kernels(model, "reference"):
             got = [norm(x) for norm, x in zip(norms, rows, strict=True)]
-    assert spy["rms_norm weight torch.float32"] == 2
+    assert spy[f"rms_norm weight {dtype}"] == 2 and spy["rms_norm offset 1.0"] == 2
     for g, e in zip(got, expected, strict=True):
         assert g.dtype == dtype and torch.equal(g, e)
+    spy.clear()
+    norm = norms[0]
+    with torch.no_grad():
+        norm.weight.data = norm.weight.data.float()  # mixed: an fp32 weight beside 16-bit rows
+        expected = norm(rows[0])
+        with llm.apply_kernels(model, "reference"):
+            got = norm(rows[0])
+    assert spy["rms_norm weight torch.float32"] == 1 and spy["rms_norm offset 0.0"] == 1
+    assert got.dtype == dtype and torch.equal(got, expected)
 
 
 def test_gemma_bf16_logits_stay_close(spy):
-    """bf16: the norms are exact; rope_1d and geglu round once where Gemma rounds each step (the LLaMA rules'
-    policy), and the fused add and pre-feedforward norm run unfused."""
+    """bf16: the norms and the fused sandwich add are exact; rope_1d and geglu round once where Gemma rounds each
+    step (the LLaMA rules' policy)."""
     model = gemma_build(torch.bfloat16)
     ids = llm_prompt()
     before = logits(model, ids).float()
     with llm.apply_kernels(model, "reference"):
         patched = logits(model, ids).float()
-    assert spy["fused_add_rms_norm"] == 0 and spy["rms_norm"] == 19
+    assert spy["fused_add_rms_norm"] == 3 and spy["rms_norm"] == 16
+    assert spy["fused_add_rms_norm weight torch.bfloat16"] == 3 and spy["rms_norm offset 1.0"] == 16
     cosine = torch.nn.functional.cosine_similarity(patched.flatten(), before.flatten(), dim=0).item()
     assert cosine > 0.999, cosine
 
@@ -188,7 +201,7 @@ def test_gemma3_text_tower_of_the_multimodal_model():
 @pytest.mark.gpu
 def test_cuda_kernels_bf16_on_tiny_gemma():
     """The cuda provider in bf16: logits cosine >= 0.999 against the unpatched bf16 model, and the 16-bit norm
-    path (fp32 rows, fp32 `1 + weight`) bit-identical to Gemma3RMSNorm."""
+    (the bf16 weight offset by 1 in the kernel) within one bf16 rounding of Gemma3RMSNorm."""
     model = gemma_build(torch.bfloat16, "cuda")
     ids = llm_prompt().cuda()
     norm = model.model.layers[1].post_feedforward_layernorm

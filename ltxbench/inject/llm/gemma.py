@@ -2,12 +2,12 @@
 Gemma3DecoderLayer, Gemma3MLP and Gemma3Attention, computed with the ops only where they give Gemma's own numbers.
 
   Gemma3RMSNorm: `(x.float() · rsqrt(mean(x²) + eps)) · (1 + weight.float())`, rounded once to x's dtype
-      → ops.rms_norm(x, 1 + weight.float(), eps) (fp32 weight, multiplied in fp32: cast_before_weight off). The ops
-      take the weight in x's dtype, and `1 + weight` rounded to bf16 is a rounding Gemma does not do: 16-bit rows
-      run the op on their fp32 copy (exact, one more read and write) and round its output once, as Gemma does.
+      → ops.rms_norm(x, weight, eps, weight_offset=1): the kernel adds the 1 to the weight in fp32 as it reads it
+      and multiplies in fp32 (no `1 + weight` tensor, which rounded to bf16 would be a rounding Gemma does not do).
+      A weight in another dtype than the rows (mixed precision) runs on fp32 copies, rounded once.
   decoder layer (sandwich norms): `residual + post_attention_layernorm(attn)` and pre_feedforward_layernorm
-      → ops.fused_add_rms_norm, for fp32 rows only (in 16 bits its weight would be the rounded `1 + weight`, and
-      the fp32 copies would leave the sum unrounded): 16-bit rows add in torch and norm as above.
+      → ops.fused_add_rms_norm(..., weight_offset=1): the sum rounded to the rows' dtype, as torch's add, then
+      normalized.
       `residual + post_feedforward_layernorm(mlp)` stays an add: the norm sits between the down projection and the
       residual, so the GEMM cannot accumulate into it.
   MLP `down(gelu_tanh(gate(x)) · up(x))` → one [gate | up] GEMM + ops.geglu(gate_half=0, approximate=True).
@@ -32,7 +32,7 @@ from ltxbench.inject.llm.attention import ATTN_SOURCE, CACHE_UPDATE_KWARGS, RULE
 
 GEMMA_FAMILIES = {"gemma3_text": "Gemma3", "gemma3": "Gemma3"}  # model_type -> class prefix
 RULE_NORM = "gemma rms_norm (1 + weight)"
-RULE_LAYER = "gemma decoder layer: residual + pre_feedforward_layernorm (fused_add_rms_norm, fp32)"
+RULE_LAYER = "gemma decoder layer: residual + pre_feedforward_layernorm (fused_add_rms_norm)"
 RULE_MLP = "gemma mlp: fused gate_up projection + geglu (tanh GELU)"
 RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE)
 HALF = (torch.bfloat16, torch.float16)
@@ -64,12 +64,11 @@ def text_model(model):
 def gemma_rms_norm(ops, norm, x):
     """Gemma3RMSNorm's numbers through ops.rms_norm, or None for rows it would not reproduce (not fp32/16-bit:
     Gemma computes float64 rows in fp32)."""
-    scale = 1.0 + norm.weight.float()
-    if x.dtype == torch.float32:
-        return ops.rms_norm(x, scale, norm.eps)
-    if x.dtype in HALF:
-        return ops.rms_norm(x.float(), scale, norm.eps).to(x.dtype)
-    return None
+    if x.dtype not in (torch.float32, *HALF):
+        return None
+    if norm.weight.dtype == x.dtype:
+        return ops.rms_norm(x, norm.weight, norm.eps, weight_offset=1.0)
+    return ops.rms_norm(x.float(), 1.0 + norm.weight.float(), norm.eps).to(x.dtype)
 
 
 def _norm_forward(ops):
@@ -83,8 +82,9 @@ def _norm_forward(ops):
 # ---- decoder layer ------------------------------------------------------------------------------------
 
 def _layer_forward(ops):
-    """Gemma3DecoderLayer.forward with the attention residual and pre_feedforward_layernorm fused for fp32 rows.
-    Arguments after hidden_states by keyword, as the model passes them; the KV cache goes on in `kwargs`."""
+    """Gemma3DecoderLayer.forward with the attention residual and pre_feedforward_layernorm fused (rows and weight of
+    one fp32 or 16-bit dtype). Arguments after hidden_states by keyword, as the model passes them; the KV cache goes
+    on in `kwargs`."""
 
     def forward(self, hidden_states, *, position_embeddings=None, attention_mask=None, position_ids=None, **kwargs):
         residual = hidden_states
@@ -93,9 +93,10 @@ def _layer_forward(ops):
                                           attention_mask=attention_mask, position_ids=position_ids, **kwargs)
         hidden_states = self.post_attention_layernorm(hidden_states)
         pre = self.pre_feedforward_layernorm
-        if hidden_states.dtype == residual.dtype == torch.float32 and not pre.weight.is_meta:
-            hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, 1.0 + pre.weight.float(),
-                                                             pre.eps)
+        if (hidden_states.dtype == residual.dtype == pre.weight.dtype and hidden_states.dtype in (torch.float32, *HALF)
+                and not pre.weight.is_meta):
+            hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, pre.weight, pre.eps,
+                                                             weight_offset=1.0)
         else:
             residual = residual + hidden_states
             hidden_states = pre(residual)
