@@ -1,7 +1,7 @@
 """The parity tests can fail: inputs of the magnitudes trained models have, and a 1% perturbation of each fused
 formula in the patched path (shift, scale, gate, eps, RoPE angle, the residual fold; LLM: norm weight, eps, residual,
-RoPE angle, SwiGLU; Gemma 3: its `1 + weight`, eps, residual, RoPE angle, GEGLU, and GEGLU's gate half and GELU form)
-must move the patched output past the parity tolerance (CPU, reference provider, fp32).
+RoPE angle, SwiGLU; Gemma 3: its `1 + weight` (the weight, and the 1), eps, residual, RoPE angle, GEGLU, and GEGLU's
+gate half and GELU form) must move the patched output past the parity tolerance (CPU, reference provider, fp32).
 
 Random initializations damp the terms these formulas carry: diffusers' default modulation tables and timestep
 embedding are ~1e-2, so a 10% error in the shift stayed below the tolerance. Here the modulation (tables and timestep
@@ -194,6 +194,7 @@ def _geglu(provider, factor=PERTURBED, gate_half=None, approximate=None):
 
 GEMMA_MUTATIONS = {
     "1 + weight": {op: _scaled(op, weight=PERTURBED) for op in ("rms_norm", "fused_add_rms_norm")},
+    "the 1 of 1 + weight": {op: _scaled(op, weight_offset=PERTURBED) for op in ("rms_norm", "fused_add_rms_norm")},
     "eps": {op: _scaled(op, eps=PERTURBED) for op in ("rms_norm", "fused_add_rms_norm")},
     "residual": {"fused_add_rms_norm": _scaled("fused_add_rms_norm", residual=PERTURBED)},
     "rope angle": {"rope_1d": _rope_angle},
