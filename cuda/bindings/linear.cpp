@@ -1,5 +1,6 @@
 // The projections' GEMM on cuBLASLt (gemm.cpp, host code) and its process-wide algorithm choices.
 #include "bindings/checks.h"
+#include "common/tuning.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/gelu.h>
@@ -11,6 +12,12 @@
 
 namespace ltxbench {
 namespace {
+
+// LTXBENCH_GEMV=0 sends the few-row products to cuBLASLt too (A/B measurements).
+bool gemv_enabled() {
+  static const bool off = tuning_off("LTXBENCH_GEMV");
+  return !off;
+}
 
 // out = act(x @ weight.T + bias) + residual on cuBLASLt with a measured algorithm choice (gemm.cpp). x (..., K) with
 // any leading dims; weight (N, K); bias (N) and residual (..., N) optional; activation "none" or "gelu_tanh".
@@ -59,6 +66,19 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const std::optional<T
   // The residual is read through out's layout (rows of N at pitch N): any other layout is copied here.
   const Tensor residual = residual_in ? residual_in->reshape({tokens, N}).contiguous() : Tensor();
   Tensor out = at::empty({tokens, N}, x_in.options());
+  if (!gelu && gemv_enabled()) {  // a decode step's few rows: our bandwidth-bound kernel (gemv.cu)
+    GemvParams g;
+    g.M = tokens, g.N = N, g.K = K;
+    g.x = x.data_ptr(), g.ldx = x.stride(0);
+    g.w = w.data_ptr(), g.ldw = w.stride(0);
+    g.bias = bias ? b.data_ptr() : nullptr;
+    g.residual = residual_in ? residual.data_ptr() : nullptr;
+    g.out = out.data_ptr();
+    if (gemv_takes(g, static_cast<int>(x.element_size()))) {
+      launch_checked(x, op, [&](cudaStream_t stream) { return launch_gemv(g, dt, stream); });
+      return out.view(out_sizes);
+    }
+  }
   Tensor workspace = at::empty({static_cast<int64_t>(kGemmWorkspaceBytes)}, x_in.options().dtype(at::kByte));
   GemmParams p;
   p.tokens = tokens, p.n = N, p.k = K;

@@ -38,6 +38,8 @@ from ltxbench.ops.inputs import (
 )
 from ltxbench.ops.registry_fp8 import FP8_ATTENTION_SPECS, FP8_SPECS
 from ltxbench.ops.shapes import (
+    GEMV_TEST_SHAPES,
+    LLM_DECODE_LINEAR_SHAPES,
     LLM_MLP_SHAPES,
     LLM_SHAPES,
     LTX2_CROSS_SHAPES,
@@ -52,6 +54,7 @@ from ltxbench.ops.shapes import (
     ROPE_TEST_SHAPES,
     SEED_SHAPES,
     SPLIT_ROPE_TEST_SHAPES,
+    TEST_SHAPES,
     WAN_SHAPES,
     XATTN_TEST_SHAPES,
 )
@@ -249,12 +252,15 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         written=lambda inp: nbytes(inp["q"]),
     ),
     KernelSpec(
-        name="linear", summary="act(x @ weight.T + bias) [+ residual] on cuBLASLt, algorithm chosen by timing",
+        name="linear",
+        summary="act(x @ weight.T + bias) [+ residual]: cuBLASLt, algorithm chosen by timing; <= 4 rows: gemv.cu",
         make_inputs=inputs_linear, variants=tuple(LINEAR_OUT), n_outputs=1,
         baselines={"eager": eager.torch_linear},
         aliases=("gemm", "matmul_bias", "linear_gelu"),
-        bench_shapes={**LTX_LINEAR_SHAPES},
-        inject_targets=("LTX attention projections (qkv, q, out)", "LTX FeedForward up + GELU-tanh, down"),
+        test_shapes=TEST_SHAPES + GEMV_TEST_SHAPES,
+        bench_shapes={**LTX_LINEAR_SHAPES, **LLM_DECODE_LINEAR_SHAPES},
+        inject_targets=("LTX attention projections (qkv, q, out)", "LTX FeedForward up + GELU-tanh, down",
+                        "an LLM decode step's projections (up to 4 rows: gemv.cu)"),
         written=lambda inp: math.prod(inp["x"].shape[:-1]) * inp["weight"].shape[0] * inp["x"].element_size(),
     ),
 )}

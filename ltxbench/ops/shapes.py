@@ -45,6 +45,13 @@ LLM_SHAPES = {"llama3-8b-decode": (1, 1, 4096), "llama3-8b-prefill": (1, 4096, 4
               "norm-32768x2048": (1, 32768, 2048), "norm-8192x4096": (1, 8192, 4096)}
 # LTX-2 19B's video feed-forward hidden states with CFG (4 x 4096 wide)
 LTX2_FFN_SHAPES = {"ltx2-video-ffn-2x6144x16384": (2, 6144, 16384)}
+# linear's decode shapes (B, S, K, N): Llama-3-8B's projections for one token (our GEMV kernel takes up to 4 rows),
+# the lm_head included, and rows for the GEMV path's tests (M = B·S of 1-4; N not a multiple of its 4 rows a block).
+LLM_DECODE_LINEAR_SHAPES = {"llama3-8b-decode-qkv": (1, 1, 4096, 6144), "llama3-8b-decode-o": (1, 1, 4096, 4096),
+                            "llama3-8b-decode-gate-up": (1, 1, 4096, 28672),
+                            "llama3-8b-decode-down": (1, 1, 14336, 4096),
+                            "llama3-8b-decode-lm-head": (1, 1, 4096, 128256)}
+GEMV_TEST_SHAPES = ((1, 2, 4096), (3, 1, 1024), (1, 1, 14336), (2, 2, 264))
 # linear's bench shapes: (B, S, K, N), LTX-2B's projections.
 LTX_LINEAR_SHAPES = {"ltx2b-49f-attn-out": (2, 2688, 2048, 2048), "ltx2b-49f-qkv": (2, 2688, 2048, 6144),
                      "ltx2b-49f-ff-up": (2, 2688, 2048, 8192), "ltx2b-49f-ff-down": (2, 2688, 8192, 2048),

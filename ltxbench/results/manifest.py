@@ -125,6 +125,9 @@ BENCHMARKS = (
                   4),
     Benchmark("micro-wan-f32", (*_MICRO, "layer_norm_modulate", "gated_residual", "--shapes", "wan", "--variant",
                                 "wan-f32", "--providers", "cuda,eager,compile"), 1),
+    # linear at Llama-3-8B's decode shapes (one token: our GEMV kernel) and the norms of a decode step
+    Benchmark("micro-llm-decode", (*_MICRO, "linear", "rms_norm", "fused_add_rms_norm", "--shapes", "llm",
+                                   "--providers", "cuda,eager,F.rms_norm,compile,liger"), 2, needs=("liger_kernel",)),
     # Wan's q/k RMSNorm across heads + RoPE (tables one head wide) against its processor's eager and compiled code
     Benchmark("micro-wan-qk-rope", (*_MICRO, "qk_rms_norm_rope", "--shapes", "wan", "--variant", "wan", "--providers",
                                     "cuda,eager,compile"), 1),

@@ -8,6 +8,7 @@ Rules (docs/models.md has the math):
                                                                   (addmm_, beta 1: no separate add kernel)
   MLP: gate_proj and up_proj as ONE [gate | up] projection      → F.linear + ops.swiglu + down_proj
   attention: q_proj/k_proj/v_proj as ONE projection; apply_rotary_pos_emb → ops.rope_1d   (attention.py)
+  a decode step's projections (at most 4 rows)                  → ops.linear: its GEMV kernel (cuda/gemv.cu)
 Anything else (unknown classes, forwards already wrapped by hooks, forwards whose
 source differs from the code reproduced here) is skipped with a reason, never patched. Inference only: a
 forward that would need gradients through the fused MLP weight runs the original forward instead.
@@ -44,9 +45,12 @@ from ltxbench.inject.fuse import follow_moves, fuse_linears, fused_linear, relea
 from ltxbench.inject.llm.attention import (
     ATTN_SOURCE,
     CACHE_UPDATE_KWARGS,
+    DECODE_ROWS,
     RULE_ROPE,
     attn_forward,
+    decode_linear,
     fuse_qkv,
+    linear_forward,
     sliding_kwarg,
 )
 from ltxbench.ops import get_provider
@@ -55,7 +59,8 @@ FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "
 RULE_NORM = "rms_norm"
 RULE_LAYER = "decoder layer: residual + post_attention_layernorm (fused_add_rms_norm)"
 RULE_MLP = "mlp: fused gate_up projection + swiglu"
-RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE)
+RULE_DECODE = "o_proj, down_proj: a decode step's rows (at most 4) through ops.linear's GEMV kernel"
+RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE, RULE_DECODE)
 FUSED_ATTR = "_ltxbench_gate_up"  # FusedWeights: [gate | up] (2I, H), gate/up weights are views of it
 
 # Source fragments of the transformers 5.x forwards reproduced here (a tuple: one of them): a release that rewrites
@@ -130,6 +135,8 @@ def _mlp_into_residual(ops, mlp, x, residual):
     act = _gate_up_swiglu(ops, mlp, x)
     if act is None:
         return None
+    if act.numel() <= DECODE_ROWS * act.shape[-1]:  # a decode step: the GEMV kernel adds the residual (not in place)
+        return ops.linear(act, down.weight, None, "none", residual)
     rows, act_rows = residual.view(-1, residual.shape[-1]), act.view(-1, act.shape[-1])
     if torch.compiler.is_compiling():  # functionalized, the in-place form costs a copy back into `residual`
         return torch.addmm(rows, act_rows, down.weight.t()).view(residual.shape)
@@ -142,7 +149,7 @@ def _mlp_into_residual(ops, mlp, x, residual):
 def _gate_up_swiglu(ops, mlp, x):
     """`silu(gate(x)) * up(x)` as one [gate | up] GEMM + ops.swiglu, or None when the fused weights cannot
     stand for the layers (not fused here, moved/replaced, or training)."""
-    gate_up = fused_linear(x, (mlp.gate_proj, mlp.up_proj), vars(mlp).get(FUSED_ATTR))
+    gate_up = fused_linear(x, (mlp.gate_proj, mlp.up_proj), vars(mlp).get(FUSED_ATTR), decode_linear(ops))
     return None if gate_up is None else ops.swiglu(gate_up, 0)
 
 
@@ -192,6 +199,18 @@ def _patch(report, rule, module, forward, name: str, prefix: str, classes: dict,
     return True
 
 
+def patch_projections(report, linears, forward, classes) -> None:
+    """o_proj / down_proj (plain nn.Linear, unhooked, unpatched) run `forward` (attention.linear_forward); any other
+    layer is left as it is, with the reason."""
+    for name, layer in linears:
+        if type(layer) is not torch.nn.Linear:
+            report.skip(RULE_DECODE, f"{name}: {type(layer).__name__} is not a plain nn.Linear: left as is")
+        elif "forward" in vars(layer) or layer._forward_pre_hooks or layer._forward_hooks:
+            report.skip(RULE_DECODE, f"{name}: its forward is wrapped or hooked: left as is")
+        else:
+            patch_forward(report, RULE_DECODE, layer, forward, classes)
+
+
 def fuse_gate_up(report, rule: str, mlp, index: int, mlp_forward, classes) -> None:
     """The MLP's gate and up projections fused into one GEMM (kept as FUSED_ATTR, released at revert, fused again
     after a move) and its forward patched; skipped with the reason where the two cannot fuse."""
@@ -230,6 +249,7 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
         return report
     base = getattr(model, "model", model)
     norm_forward, layer_forward, mlp_forward = _norm_forward(ops), _layer_forward(ops), _mlp_forward(ops)
+    projection_forward = linear_forward(ops)
     classes: dict = {}  # (class, forward) -> its patched subclass
     norms_ok = {}
     for name, module in base.named_modules():
@@ -266,4 +286,7 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
                 attn_forwards[type(attn)] = attn_forward(ops, rope_cache, sliding, eager, qk_norm, new_cache_api)
             if _patch(report, RULE_ROPE, attn, attn_forwards[type(attn)], "Attention", prefix, classes, ATTN_SOURCE):
                 fuse_qkv(report, attn, index)
+        patch_projections(report, [(f"layers.{index}.self_attn.o_proj", attn.o_proj),
+                                   (f"layers.{index}.mlp.down_proj", getattr(mlp, "down_proj", None))],
+                          projection_forward, classes)
     return report

@@ -22,6 +22,33 @@ ATTN_SOURCE = ("query_states, key_states = apply_rotary_pos_emb(query_states, ke
                "ALL_ATTENTION_FUNCTIONS.get_interface", "scaling=self.scaling", "self.o_proj(attn_output)")
 
 
+DECODE_ROWS = 4  # rows (tokens over the batch) ops.linear computes with its GEMV kernel (cuda/gemv.cu)
+
+
+def decode_linear(ops):
+    """linear(x, weight, bias) for the rules' projections: ops.linear where x has at most DECODE_ROWS rows (a decode
+    step: the bandwidth-bound GEMV kernel), else torch's F.linear (prefill: cuBLAS, as transformers runs it)."""
+    import torch.nn.functional as F
+
+    def linear(x, weight, bias=None):
+        if x.numel() <= DECODE_ROWS * x.shape[-1]:
+            return ops.linear(x, weight, bias)
+        return F.linear(x, weight, bias)
+
+    return linear
+
+
+def linear_forward(ops):
+    """nn.Linear.forward through decode_linear: an o_proj / down_proj patched so that a decode step's rows run the
+    GEMV kernel (called as a module still: its hooks run, a wrapper put in its place runs instead)."""
+    linear = decode_linear(ops)
+
+    def forward(self, input):
+        return linear(input, self.weight, self.bias)
+
+    return forward
+
+
 def _tables_of(cos, sin):
     """transformers' per-token cos/sin (B|1, S, hd) as rope_1d's per-token tables (rows, hd/2): no positions."""
     half = cos.shape[-1] // 2
@@ -69,6 +96,8 @@ def attn_forward(ops, rope_cache: dict, sliding, eager, qk_norm: bool, new_cache
     the KV cache as `cache` and passes its kwargs to the cache's update (transformers 5.24)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    linear = decode_linear(ops)
+
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
         kv_cache = kwargs.pop("past_key_values", None)  # 5.17's name; 5.24 still takes it (deprecated)
         if new_cache_api:  # `cache` wins when both are given, as in transformers' renaming decorator
@@ -77,7 +106,7 @@ def attn_forward(ops, rope_cache: dict, sliding, eager, qk_norm: bool, new_cache
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
         projections = (self.q_proj, self.k_proj, self.v_proj)
-        qkv = fused_linear(hidden_states, projections, vars(self).get(QKV_ATTR))
+        qkv = fused_linear(hidden_states, projections, vars(self).get(QKV_ATTR), linear)
         if qkv is not None:  # one GEMM; q, k, v are column slices of its output
             query_states, key_states, value_states = qkv.split(qkv_widths(self, qkv.shape[-1]), dim=-1)
         else:

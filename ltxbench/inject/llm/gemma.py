@@ -27,14 +27,28 @@ import torch.nn.functional as F
 
 from ltxbench.inject import _source_of, original_class, patch_forward
 from ltxbench.inject.fuse import fused_linear
-from ltxbench.inject.llm import FUSED_ATTR, fuse_gate_up, verified  # the package loads before it imports this
-from ltxbench.inject.llm.attention import ATTN_SOURCE, CACHE_UPDATE_KWARGS, RULE_ROPE, attn_forward, fuse_qkv
+from ltxbench.inject.llm import (  # the package loads before it imports this
+    FUSED_ATTR,
+    RULE_DECODE,
+    fuse_gate_up,
+    patch_projections,
+    verified,
+)
+from ltxbench.inject.llm.attention import (
+    ATTN_SOURCE,
+    CACHE_UPDATE_KWARGS,
+    RULE_ROPE,
+    attn_forward,
+    decode_linear,
+    fuse_qkv,
+    linear_forward,
+)
 
 GEMMA_FAMILIES = {"gemma3_text": "Gemma3", "gemma3": "Gemma3"}  # model_type -> class prefix
 RULE_NORM = "gemma rms_norm (1 + weight)"
 RULE_LAYER = "gemma decoder layer: residual + pre_feedforward_layernorm (fused_add_rms_norm)"
 RULE_MLP = "gemma mlp: fused gate_up projection + geglu (tanh GELU)"
-RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE)
+RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE, RULE_DECODE)
 HALF = (torch.bfloat16, torch.float16)
 
 # Source fragments of the transformers 5.x code reproduced here: a release that rewrites them is skipped.
@@ -109,8 +123,10 @@ def _layer_forward(ops):
 # ---- MLP ----------------------------------------------------------------------------------------------
 
 def _mlp_forward(ops):
+    linear = decode_linear(ops)  # a decode step's few rows through the GEMV kernel
+
     def forward(self, x):
-        gate_up = fused_linear(x, (self.gate_proj, self.up_proj), vars(self).get(FUSED_ATTR))
+        gate_up = fused_linear(x, (self.gate_proj, self.up_proj), vars(self).get(FUSED_ATTR), linear)
         if gate_up is None:  # the fused weights cannot stand for the layers (moved, replaced, training)
             return original_class(self).forward(self, x)
         return self.down_proj(ops.geglu(gate_up, 0, True))
@@ -143,6 +159,7 @@ def apply_gemma(model, ops, report) -> None:
             if norms_ok[name]:
                 patch_forward(report, RULE_NORM, module, norm_forward, classes)
     layer_forward, mlp_forward = _layer_forward(ops), _mlp_forward(ops)
+    projection_forward = linear_forward(ops)
     rope_cache: dict = {}
     attn_forwards: dict = {}
     for index, layer in enumerate(base.layers):
@@ -163,6 +180,9 @@ def apply_gemma(model, ops, report) -> None:
                 attn_forwards[type(attn)] = attn_forward(ops, rope_cache, _sliding, eager, True, new_cache_api)
             patch_forward(report, RULE_ROPE, attn, attn_forwards[type(attn)], classes)
             fuse_qkv(report, attn, index)
+        patch_projections(report, [(f"layers.{index}.self_attn.o_proj", attn.o_proj),
+                                   (f"layers.{index}.mlp.down_proj", getattr(layer.mlp, "down_proj", None))],
+                          projection_forward, classes)
 
 
 def _sliding(attn) -> dict:
