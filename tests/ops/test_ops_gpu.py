@@ -520,3 +520,20 @@ def test_linear_does_not_search_problems_under_a_gflop():
     _check(spec, inputs, torch.bfloat16)
     line = [c for c in ops.gemm_choices() if "tokens 3 n 83 k 1000" in c]
     assert len(line) == 1 and line[0].endswith("heuristic's choice (under 1 GFLOP: not searched)")
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("variant", ["bias", "no-bias", "residual"])
+def test_linear_few_rows_in_any_row_pitch(rows, variant, dtype):
+    """linear's GEMV path (at most 4 rows; 5 is cuBLASLt's again) on x and weight rows of a wider buffer (a row pitch
+    past K, as a fused projection's column slice has) and at Llama's K, N not a multiple of the kernel's 4 rows a
+    block, bias and residual; a misaligned x falls back whole."""
+    spec = SPECS["linear"]
+    for k, n in ((4096, 1027), (14336, 61), (8, 3)):
+        inputs = spec.make_inputs((1, rows, k, n), DTYPES[dtype], "cuda", _gen(rows), variant)
+        _check(spec, inputs, DTYPES[dtype])
+        padded = {**inputs, **{name: restride(inputs[name], "row-padded") for name in ("x", "weight")}}
+        assert padded["x"].stride(-2) > k and padded["weight"].stride(0) > k
+        _check(spec, padded, DTYPES[dtype])
+        _check(spec, {**inputs, "x": restride(inputs["x"], "misaligned")}, DTYPES[dtype])
