@@ -750,7 +750,7 @@ def test_gemma_tiny_baseline_optimized_compile(tmp_path, captured, compile_calls
     assert injection["applied"] is True
     assert {rule: injection["rules"][rule] for rule in gemma.RULES} == {gemma.RULE_NORM: 19, gemma.RULE_LAYER: 3,
                                                                         gemma.RULE_MLP: 3, gemma.RULE_ROPE: 3,
-                                                                        gemma.RULE_DECODE: 6}
+                                                                        gemma.RULE_DECODE: 7}
     assert len(compile_calls) == 1
     records = doc["records"]
     for config in ("baseline", "optimized", "compile"):

@@ -8,7 +8,7 @@ Rules (docs/models.md has the math):
                                                                   (addmm_, beta 1: no separate add kernel)
   MLP: gate_proj and up_proj as ONE [gate | up] projection      → F.linear + ops.swiglu + down_proj
   attention: q_proj/k_proj/v_proj as ONE projection; apply_rotary_pos_emb → ops.rope_1d   (attention.py)
-  a decode step's projections (at most 4 rows)                  → ops.linear: its GEMV kernel (cuda/gemv.cu)
+  a decode step's projections and lm_head (at most 4 rows)      → ops.linear: its GEMV kernel (cuda/gemv.cu)
 Anything else (unknown classes, forwards already wrapped by hooks, forwards whose
 source differs from the code reproduced here) is skipped with a reason, never patched. Inference only: a
 forward that would need gradients through the fused MLP weight runs the original forward instead.
@@ -59,7 +59,7 @@ FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "
 RULE_NORM = "rms_norm"
 RULE_LAYER = "decoder layer: residual + post_attention_layernorm (fused_add_rms_norm)"
 RULE_MLP = "mlp: fused gate_up projection + swiglu"
-RULE_DECODE = "o_proj, down_proj: a decode step's rows (at most 4) through ops.linear's GEMV kernel"
+RULE_DECODE = "o_proj, down_proj, lm_head: a decode step's rows (at most 4) through ops.linear's GEMV kernel"
 RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE, RULE_DECODE)
 FUSED_ATTR = "_ltxbench_gate_up"  # FusedWeights: [gate | up] (2I, H), gate/up weights are views of it
 
@@ -200,8 +200,8 @@ def _patch(report, rule, module, forward, name: str, prefix: str, classes: dict,
 
 
 def patch_projections(report, linears, forward, classes) -> None:
-    """o_proj / down_proj (plain nn.Linear, unhooked, unpatched) run `forward` (attention.linear_forward); any other
-    layer is left as it is, with the reason."""
+    """o_proj / down_proj / lm_head (plain nn.Linear, unhooked, unpatched) run `forward` (attention.linear_forward);
+    any other layer is left as it is, with the reason."""
     for name, layer in linears:
         if type(layer) is not torch.nn.Linear:
             report.skip(RULE_DECODE, f"{name}: {type(layer).__name__} is not a plain nn.Linear: left as is")
@@ -289,4 +289,6 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
         patch_projections(report, [(f"layers.{index}.self_attn.o_proj", attn.o_proj),
                                    (f"layers.{index}.mlp.down_proj", getattr(mlp, "down_proj", None))],
                           projection_forward, classes)
+    if getattr(model, "lm_head", None) is not None:  # generate's last-token logits: the largest GEMV of a step
+        patch_projections(report, [("lm_head", model.lm_head)], projection_forward, classes)
     return report

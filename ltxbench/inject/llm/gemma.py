@@ -183,6 +183,8 @@ def apply_gemma(model, ops, report) -> None:
         patch_projections(report, [(f"layers.{index}.self_attn.o_proj", attn.o_proj),
                                    (f"layers.{index}.mlp.down_proj", getattr(layer.mlp, "down_proj", None))],
                           projection_forward, classes)
+    if getattr(model, "lm_head", None) is not None:
+        patch_projections(report, [("lm_head", model.lm_head)], projection_forward, classes)
 
 
 def _sliding(attn) -> dict:
