@@ -31,20 +31,43 @@ __host__ __device__ __forceinline__ I rope1d_items(const Rope1dParams& p) {
   return rope1d_rot_items<VEC, INTERLEAVED, I>(p) + static_cast<I>(p.hd - 2 * p.half + VEC - 1) / VEC;
 }
 
+// Heads of the work: q's, k's, and with a KV cache to write v's (copied, not rotated).
+__host__ __device__ __forceinline__ int64_t rope1d_heads(const Rope1dParams& p) {
+  return p.Hq + p.Hk + (p.v_cache != nullptr ? p.Hk : 0);
+}
+
 // One work item j (a neox pair of chunks, an interleaved chunk, or a pass-through chunk) of head h (q heads
-// first, then k heads) of token (b, s).
+// first, then k heads, then v heads where a KV cache is written) of token (b, s).
 template <typename T, int VEC, bool INTERLEAVED, typename I>
 __device__ __forceinline__ void rope1d_item(const Rope1dParams& p, I b, I s, I token, I h, I j) {
   const I Hq = static_cast<I>(p.Hq), Hk = static_cast<I>(p.Hk), hd = static_cast<I>(p.hd);
   const I half = static_cast<I>(p.half), rot = 2 * half;
   const I rot_items = rope1d_rot_items<VEC, INTERLEAVED, I>(p);
-  const bool is_q = h < Hq;
-  if (!is_q) h -= Hq;
-  const T* x = is_q ? static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + s * p.q_ss
-                    : static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh + s * p.k_ss;
-  const int64_t out_row = token * (is_q ? Hq : Hk) + h;  // < total: fits I
-  T* out = static_cast<T*>(is_q ? p.q_out : p.k_out) + out_row * p.hd;
+  const bool is_q = h < Hq, is_v = h >= Hq + Hk;
+  if (!is_q) h -= is_v ? Hq + Hk : Hq;
+  const T* x = is_q   ? static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + s * p.q_ss
+               : is_v ? static_cast<const T*>(p.v) + b * p.v_sb + h * p.v_sh + s * p.v_ss
+                      : static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh + s * p.k_ss;
+  T* out;
+  if (!is_q && p.k_cache != nullptr) {  // the cache's row for this token
+    const int64_t row = *p.cache_offset + static_cast<int64_t>(s);
+    if (row < 0 || row >= p.cache_len) __trap();
+    out = static_cast<T*>(is_v ? p.v_cache : p.k_cache) + ((b * p.Hk + h) * p.cache_len + row) * p.hd;
+  } else {
+    const int64_t out_row = token * (is_q ? Hq : Hk) + h;  // < total: fits I
+    out = static_cast<T*>(is_q ? p.q_out : p.k_out) + out_row * p.hd;
+  }
   float y[VEC];
+  if (is_v && j < rot_items) {  // v is copied as it is: the item's chunk (and its neox partner)
+    const I col = j * VEC;
+    load_vec_keep<T, VEC>(x + col, y);
+    store_vec<T, VEC>(out + col, y);
+    if constexpr (!INTERLEAVED) {
+      load_vec_keep<T, VEC>(x + col + half, y);
+      store_vec<T, VEC>(out + col + half, y);
+    }
+    return;
+  }
   if (j >= rot_items) {  // pass-through channels beyond the rotary dim
     const I col = rot + (j - rot_items) * VEC;
     if (col + VEC <= hd) {
@@ -95,7 +118,7 @@ __global__ void rope1d_kernel(Rope1dParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
-    const I S = static_cast<I>(p.S), heads = static_cast<I>(p.Hq + p.Hk);
+    const I S = static_cast<I>(p.S), heads = static_cast<I>(rope1d_heads(p));
     const I items = rope1d_items<VEC, INTERLEAVED, I>(p);
     const I total = static_cast<I>(p.B) * S * heads * items;
     for (I i = blockIdx.x * static_cast<I>(blockDim.x) + threadIdx.x; i < total;
@@ -125,10 +148,10 @@ __global__ void rope1d_token_kernel(Rope1dParams p) {
 
 template <typename T, int VEC, bool INTERLEAVED> cudaError_t launch_1d_with(const Rope1dParams& p, cudaStream_t s) {
   const int64_t items = rope1d_items<VEC, INTERLEAVED, int64_t>(p);
-  const int64_t total = (p.B * p.Hq * p.S + p.B * p.Hk * p.S) * items;
+  const int64_t total = p.B * rope1d_heads(p) * p.S * items;
   static const bool token_blocks_off = tuning_off("LTXBENCH_ROPE1D_TOKEN");
   if constexpr (!INTERLEAVED) {
-    const int64_t heads = p.Hq + p.Hk;
+    const int64_t heads = rope1d_heads(p);
     if (!token_blocks_off && items * heads <= 1024 && p.B <= 65535 && total < (int64_t{1} << 31)) {  // S < 2^31 too
       const dim3 grid(static_cast<unsigned>(p.S), static_cast<unsigned>(p.B));
       const dim3 block(static_cast<unsigned>(items), static_cast<unsigned>(heads));
@@ -152,7 +175,8 @@ template <typename T> cudaError_t launch_1d(const Rope1dParams& p, cudaStream_t 
   const bool vec = p.half % V == 0 && p.hd % V == 0 && aligned16(p.cos) && aligned16(p.sin) && aligned16(p.q) &&
                    aligned16(p.k) && aligned16(p.q_out) &&
                    aligned16(p.k_out) && p.q_sb % V == 0 && p.q_sh % V == 0 && p.q_ss % V == 0 &&
-                   p.k_sb % V == 0 && p.k_sh % V == 0 && p.k_ss % V == 0;
+                   p.k_sb % V == 0 && p.k_sh % V == 0 && p.k_ss % V == 0 && aligned16(p.v) && p.v_sb % V == 0 &&
+                   p.v_sh % V == 0 && p.v_ss % V == 0 && aligned16(p.k_cache) && aligned16(p.v_cache);
   if (vec) return p.interleaved ? launch_1d_with<T, V, true>(p, stream) : launch_1d_with<T, V, false>(p, stream);
   return p.interleaved ? launch_1d_with<T, 2, true>(p, stream) : launch_1d_with<T, 1, false>(p, stream);
 }

@@ -59,7 +59,59 @@ std::tuple<Tensor, Tensor> rope_1d(const Tensor& q_in, const Tensor& k_in, const
   return {q_out, k_out};
 }
 
-void register_rope_1d(torch::Library& m) { m.impl("rope_1d", &rope_1d); }
+// rope_1d without positions, its k and v written into a static KV cache at rows offset + s instead of returned
+// (a decode step: one kernel for the rotation and both cache writes): returns q rotated, as rope_1d does.
+Tensor rope_1d_cache(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const Tensor& cos, const Tensor& sin,
+                     Tensor& k_cache, Tensor& v_cache, const Tensor& offset, bool interleaved) {
+  const char* op = "rope_1d_cache";
+  const DType dt = check_primary(q_in, op, "q");
+  check_same(k_in, q_in, op, "k", "q");
+  check_same(v_in, q_in, op, "v", "q");
+  TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.sizes() == k_in.sizes(), "ltxbench.", op,
+              ": q (B, Hq, S, head_dim), k and v (B, Hk, S, head_dim), got ", shape(q_in.sizes()), ", ",
+              shape(k_in.sizes()), " and ", shape(v_in.sizes()));
+  const int64_t B = q_in.size(0), S = q_in.size(2), hd = q_in.size(3), Hk = k_in.size(1);
+  TORCH_CHECK(k_in.size(0) == B && k_in.size(2) == S && k_in.size(3) == hd, "ltxbench.", op, ": k has shape ",
+              shape(k_in.sizes()), " but q has ", shape(q_in.sizes()), " (B, S and head_dim must match)");
+  for (auto [t, name] : {std::pair{&k_cache, "k_cache"}, std::pair{&v_cache, "v_cache"}}) {
+    check_same(*t, q_in, op, name, "q");
+    TORCH_CHECK(t->dim() == 4 && t->size(0) == B && t->size(1) == Hk && t->size(3) == hd && t->is_contiguous(),
+                "ltxbench.", op, ": ", name, " must be a contiguous (B, Hk, length, head_dim) = (", num(B), ", ",
+                num(Hk), ", length, ", num(hd), ") cache, got ", shape(t->sizes()));
+  }
+  TORCH_CHECK(v_cache.sizes() == k_cache.sizes(), "ltxbench.", op, ": v_cache has shape ", shape(v_cache.sizes()),
+              " but k_cache has ", shape(k_cache.sizes()));
+  TORCH_CHECK(offset.device() == q_in.device() && offset.scalar_type() == at::kLong && offset.numel() == 1,
+              "ltxbench.", op, ": offset must be one int64 value on ", dev(q_in));
+  for (auto [t, name] : {std::pair{&cos, "cos"}, std::pair{&sin, "sin"}}) {
+    check_f32_table(*t, q_in, op, name);
+    TORCH_CHECK(t->dim() == 2 && t->sizes() == cos.sizes() && 2 * t->size(1) <= hd && t->size(1) > 0 &&
+                (t->size(0) == B * S || t->size(0) == S), "ltxbench.", op, ": ", name, " must be a per-token (B*S = ",
+                num(B * S), " or S = ", num(S), " rows, rot/2) table with rot <= head_dim = ", num(hd), ", got ",
+                shape(t->sizes()));
+  }
+  const Tensor q = unit_last_stride(q_in), k = unit_last_stride(k_in), v = unit_last_stride(v_in);
+  const Tensor c = cos.contiguous(), s = sin.contiguous(), off = offset.reshape({1});
+  Tensor q_out = at::empty({B, S, q.size(1), hd}, q.options()).transpose(1, 2);
+  Rope1dParams p;
+  p.B = B, p.S = S, p.Hq = q.size(1), p.Hk = Hk, p.hd = hd, p.half = c.size(1);
+  p.q = q.data_ptr(), p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_ss = q.stride(2);
+  p.k = k.data_ptr(), p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_ss = k.stride(2);
+  p.v = v.data_ptr(), p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_ss = v.stride(2);
+  p.cos = c.data_ptr<float>(), p.sin = s.data_ptr<float>(), p.table_stride = c.size(1), p.table_rows = c.size(0);
+  p.pos_sb = c.size(0) == B * S ? S : 0, p.pos_ss = 1;
+  p.interleaved = interleaved;
+  p.q_out = q_out.data_ptr();
+  p.k_cache = k_cache.data_ptr(), p.v_cache = v_cache.data_ptr();
+  p.cache_offset = off.data_ptr<int64_t>(), p.cache_len = k_cache.size(2);
+  launch_checked(q, op, [&](cudaStream_t stream) { return launch_rope_1d(p, dt, stream); });
+  return q_out;
+}
+
+void register_rope_1d(torch::Library& m) {
+  m.impl("rope_1d", &rope_1d);
+  m.impl("rope_1d_cache", &rope_1d_cache);
+}
 
 }  // namespace
 }  // namespace ltxbench
@@ -69,6 +121,9 @@ TORCH_LIBRARY_FRAGMENT(ltxbench, m) {
   m.def(
       "rope_1d(Tensor q, Tensor k, Tensor cos, Tensor sin, Tensor? positions=None, bool interleaved=False)"
       " -> (Tensor, Tensor)");
+  m.def(
+      "rope_1d_cache(Tensor q, Tensor k, Tensor v, Tensor cos, Tensor sin, Tensor(a!) k_cache, Tensor(b!) v_cache,"
+      " Tensor offset, bool interleaved=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ltxbench, CUDA, m) { ltxbench::register_rope_1d(m); }

@@ -106,6 +106,15 @@ struct Rope1dParams {
   bool interleaved = false;
   void* q_out = nullptr;  // dense (B, S, Hq, hd): token-major, as the q projection lays q out
   void* k_out = nullptr;  // dense (B, S, Hk, hd)
+  // Written into a KV cache instead of k_out (rope_1d_cache, a static cache's layer): the rotated k and v (v's
+  // strides v_s*, v's heads after k's in the work) at rows *cache_offset + s of k_cache / v_cache, dense
+  // (B, Hk, cache_len, hd); a row past cache_len traps, as the cache's own index_copy_ asserts.
+  const void* v = nullptr;
+  int64_t v_sb = 0, v_sh = 0, v_ss = 0;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+  const int64_t* cache_offset = nullptr;
+  int64_t cache_len = 0;
 };
 
 cudaError_t launch_rope_1d(const Rope1dParams& p, DType dtype, cudaStream_t stream);

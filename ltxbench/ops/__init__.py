@@ -161,6 +161,15 @@ def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor | 
     return _lib().rope_1d(q, k, cos, sin, positions, interleaved)
 
 
+def rope_1d_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                  offset: Tensor, interleaved: bool = False) -> Tensor:
+    """`rope_1d` without positions (per-token tables) with the rotated k and v written into a static KV cache
+    instead of returned: k_cache / v_cache (B, Hk, length, hd) contiguous get rows offset + s (offset: one int64 on
+    the device, a static cache layer's cumulative length, read by the kernel: no host sync), as the cache's own
+    `index_copy_` writes them; returns q rotated. One kernel for a decode step's RoPE and both cache writes."""
+    return _lib().rope_1d_cache(q, k, v, cos, sin, k_cache, v_cache, offset, interleaved)
+
+
 def gelu_tanh(x: Tensor) -> Tensor:
     """`0.5 x (1 + tanh(√(2/π) (x + 0.044715 x³)))`: the LTX / SD3 / FLUX feed-forward activation."""
     return _lib().gelu_tanh(x)

@@ -134,6 +134,13 @@ def _rope_1d(q, k, cos, sin, positions=None, interleaved=False):
     return _token_major(q), _token_major(k)
 
 
+@register_fake("ltxbench::rope_1d_cache")
+def _rope_1d_cache(q, k, v, cos, sin, k_cache, v_cache, offset, interleaved=False):
+    torch._check(q.dim() == 4 and k.dim() == 4 and v.shape == k.shape,
+                 lambda: "rope_1d_cache: q (B, Hq, S, hd), k and v (B, Hk, S, hd)")
+    return _token_major(q)
+
+
 @register_fake("ltxbench::gelu_tanh")
 def _gelu_tanh(x):
     return _like(x)

@@ -269,6 +269,17 @@ def rope_1d(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, positions: Tensor | 
     return apply(q), apply(k)
 
 
+def rope_1d_cache(q: Tensor, k: Tensor, v: Tensor, cos: Tensor, sin: Tensor, k_cache: Tensor, v_cache: Tensor,
+                  offset: Tensor, interleaved: bool = False) -> Tensor:
+    """rope_1d (per-token tables), then k and v written into the caches at rows offset + s as a static cache layer
+    writes them (index_copy_ along the length); q rotated."""
+    qr, kr = rope_1d(q, k, cos, sin, None, interleaved)
+    rows = offset.reshape(()).to(torch.long) + torch.arange(q.shape[2], device=q.device)
+    k_cache.index_copy_(2, rows, kr)
+    v_cache.index_copy_(2, rows, v)
+    return qr
+
+
 # ---- activations --------------------------------------------------------------------------------------
 
 def gelu_tanh(x: Tensor) -> Tensor:

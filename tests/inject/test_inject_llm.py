@@ -40,7 +40,7 @@ def spy(monkeypatch):
         return counted
 
     ops = types.SimpleNamespace(**{n: wrap(n) for n in ("rms_norm", "fused_add_rms_norm", "swiglu", "rope_1d",
-                                                        "linear")})
+                                                        "linear", "rope_1d_cache")})
     monkeypatch.setattr(llm, "get_provider", lambda name: ops)
     return calls
 
@@ -114,10 +114,15 @@ def test_generate_same_tokens(model_type, cache, spy):
     expected = greedy(model, ids, mask, **kwargs)
     with llm.apply_kernels(model, "reference"):
         tokens = greedy(model, ids, mask, **kwargs)
-    assert spy["rope_1d"] >= 2 * 8  # prefill + decode steps went through the patched attention
+    layers = len(model.model.layers)
+    # prefill + decode steps went through the patched attention: with the static cache, the decode steps' RoPE and
+    # cache writes as one op (the prefill allocates the cache through its own update)
+    assert spy["rope_1d"] + spy["rope_1d_cache"] == layers * 8
+    full = cache == "static" and getattr(model.config, "sliding_window", None) is None  # sliding: own update
+    assert spy["rope_1d_cache"] == (layers * 7 if full else 0)
     # each decode step's 2 rows: q/k/v, o_proj, gate/up and down (+ the residual) through ops.linear (the GEMV), and
     # lm_head (generate keeps the last token's logits, the prefill's included)
-    assert spy["linear"] == (4 * len(model.model.layers) + 1) * 7 + 1
+    assert spy["linear"] == (4 * layers + 1) * 7 + 1
     assert tokens.shape == (2, 12 + 8)
     assert torch.equal(tokens, expected)
 
@@ -411,3 +416,36 @@ def test_qkv_fusion_needs_projections_of_the_gqa_widths():
                    for target, reason in report.skipped)
         qkv = llm_attention.QKV_ATTR
         assert qkv not in vars(attn) and qkv in vars(model.model.layers[1].self_attn)
+
+
+def test_a_compiled_decode_step_writes_the_static_cache_as_its_own_update():
+    """Decode steps compiled with fullgraph=True (as generate() compiles them) on a StaticCache: the RoPE and the
+    cache writes run as one op (rope_1d_cache) and its length advances, so the logits of three steps and every cached
+    key and value equal the unpatched model's (to fp32 rounding: inductor compiles the rest); a stale length would
+    write the wrong rows."""
+    from transformers import StaticCache
+
+    model = llm_build("llama")
+    ids = llm_prompt(batch=2, length=6)
+
+    def run(compiled):
+        cache = StaticCache(config=model.config, max_cache_len=12)
+        steps = []
+        with torch.no_grad():
+            token = model(ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+            step = torch.compile(model, fullgraph=True) if compiled else model
+            for i in range(3):
+                logits = step(token, past_key_values=cache, use_cache=True, cache_position=torch.tensor([6 + i])).logits
+                steps.append(logits)
+                token = logits[:, -1:].argmax(-1)
+        return torch.stack(steps), [(layer.keys, layer.values, int(layer.cumulative_length)) for layer in cache.layers]
+
+    expected, expected_cache = run(False)
+    torch._dynamo.reset()
+    with llm.apply_kernels(model, "reference"):
+        got, got_cache = run(True)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    for (k, v, length), (k0, v0, length0) in zip(got_cache, expected_cache, strict=True):
+        assert length == length0 == 9
+        torch.testing.assert_close(k, k0, atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(v, v0, atol=1e-6, rtol=1e-5)

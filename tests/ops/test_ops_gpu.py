@@ -537,3 +537,41 @@ def test_linear_few_rows_in_any_row_pitch(rows, variant, dtype):
         assert padded["x"].stride(-2) > k and padded["weight"].stride(0) > k
         _check(spec, padded, DTYPES[dtype])
         _check(spec, {**inputs, "x": restride(inputs["x"], "misaligned")}, DTYPES[dtype])
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize(("heads", "hd", "rot"), [((32, 8), 128, 128), ((4, 2), 86, 64), ((3, 1), 64, 32)])
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize(("tokens", "offset"), [(1, 0), (1, 11), (5, 3)])
+def test_rope_1d_cache_writes_the_rows_a_static_cache_would(dtype, heads, hd, rot, interleaved, tokens, offset):
+    """rope_1d_cache against the reference (rope_1d, then index_copy_ into the caches): q rotated, k rotated and v
+    copied at rows offset + s of each cache, every other row left as it was (guard values); q/k/v as column slices
+    of one fused projection (transposed views, as the attention makes them); eager, compiled and opcheck'd."""
+    from ltxbench import ops
+
+    hq, hk = heads
+    if interleaved and hd % 2:
+        pytest.skip("interleaved pairs need an even head dim")
+    gen = torch.Generator("cuda").manual_seed(hq + hd + tokens + offset)
+    b, length = 2, 16
+    qkv = torch.randn(b, tokens, (hq + 2 * hk) * hd, device="cuda", generator=gen).to(DTYPES[dtype])
+    q, k, v = (t.unflatten(-1, (-1, hd)).transpose(1, 2) for t in qkv.split([hq * hd, hk * hd, hk * hd], -1))
+    cos, sin = (torch.randn(b * tokens, rot // 2, device="cuda", generator=gen) for _ in range(2))
+    at = torch.tensor(offset, device="cuda")
+    guard = torch.full((b, hk, length, hd), 7.0, device="cuda", dtype=DTYPES[dtype])
+    caches = [guard.clone() for _ in range(4)]
+    want = reference.rope_1d_cache(q, k, v, cos, sin, caches[0], caches[1], at, interleaved)
+    got = ops.rope_1d_cache(q, k, v, cos, sin, caches[2], caches[3], at, interleaved)
+    atol, rtol = SPECS["rope_1d"].tolerance(DTYPES[dtype])
+    torch.testing.assert_close(got, want, atol=atol, rtol=rtol)
+    torch.testing.assert_close(caches[2], caches[0], atol=atol, rtol=rtol)
+    assert torch.equal(caches[3], caches[1])  # v: a copy
+    rows = torch.ones(length, dtype=torch.bool)
+    rows[offset:offset + tokens] = False
+    assert (caches[2][:, :, rows] == 7).all() and (caches[3][:, :, rows] == 7).all()
+    compiled_caches = [guard.clone() for _ in range(2)]
+    compiled = torch.compile(lambda *a: ops.rope_1d_cache(*a, interleaved), fullgraph=True)(
+        q, k, v, cos, sin, *compiled_caches, at)
+    assert torch.equal(compiled, got) and torch.equal(compiled_caches[0], caches[2])
+    torch.library.opcheck(torch.ops.ltxbench.rope_1d_cache.default,
+                          (q, k, v, cos, sin, guard.clone(), guard.clone(), at, interleaved))

@@ -4,6 +4,9 @@ says how the RoPE tables come from the model's own cos/sin."""
 
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from ltxbench.inject import forward_source
@@ -47,6 +50,47 @@ def linear_forward(ops):
         return linear(input, self.weight, self.bias)
 
     return forward
+
+
+# The static cache layer's update and the cache's dispatch to it (transformers 5.x) that rope_1d_cache stands for:
+# rows cumulative_length + s of the preallocated keys/values written with index_copy_, the length then advanced.
+STATIC_UPDATE = ("cache_position = torch.arange(kv_length, device=self.device) + self.cumulative_length",
+                 "self.cumulative_length.add_(kv_length)", "self.keys.index_copy_(2, cache_position, key_states)",
+                 "self.values.index_copy_(2, cache_position, value_states)", "return self.keys, self.values")
+CACHE_DISPATCH = ("keys, values = self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)",)
+
+
+@functools.cache
+def static_layer_classes():
+    """(Cache, StaticLayer) of transformers where StaticLayer.update and Cache.update are the code rope_1d_cache
+    stands for, else None (another release: the cache's own update runs). Read at injection, not in a traced call."""
+    try:
+        from transformers.cache_utils import Cache, StaticLayer
+    except ImportError:
+        return None
+    sources = (inspect.getsource(StaticLayer.update), inspect.getsource(Cache.update))
+    ok = all(f in sources[0] for f in STATIC_UPDATE) and all(f in sources[1] for f in CACHE_DISPATCH)
+    return (Cache, StaticLayer) if ok else None
+
+
+def static_layer(classes, cache, layer_idx: int, key_states, value_states):
+    """The cache's layer `layer_idx` where a decode step may write it with rope_1d_cache: a StaticLayer (exactly:
+    not a sliding one), already allocated, of the key's batch, heads, head dim and dtype, in a cache that neither
+    offloads nor overrides Cache.update; else None. `classes`: static_layer_classes()."""
+    layers = getattr(cache, "layers", None)
+    if classes is None or layers is None or layer_idx >= len(layers) or getattr(cache, "offloading", True):
+        return None
+    base, cls = classes
+    if type(cache).update is not base.update:
+        return None
+    layer = layers[layer_idx]
+    if type(layer) is not cls or not layer.is_initialized:
+        return None
+    keys = layer.keys
+    if (keys.dtype != key_states.dtype or keys.shape[:2] != key_states.shape[:2] or keys.shape[3] != key_states.shape[3]
+            or layer.values.shape != keys.shape or value_states.shape != key_states.shape):
+        return None
+    return layer
 
 
 def _tables_of(cos, sin):
@@ -97,6 +141,7 @@ def attn_forward(ops, rope_cache: dict, sliding, eager, qk_norm: bool, new_cache
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     linear = decode_linear(ops)
+    static_classes = static_layer_classes()
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
         kv_cache = kwargs.pop("past_key_values", None)  # 5.17's name; 5.24 still takes it (deprecated)
@@ -118,9 +163,16 @@ def attn_forward(ops, rope_cache: dict, sliding, eager, qk_norm: bool, new_cache
         value_states = value_states.view(hidden_shape).transpose(1, 2)
 
         cos_table, sin_table, positions = _rope_tables(rope_cache, *position_embeddings, self.layer_idx == 0)
-        query_states, key_states = ops.rope_1d(query_states, key_states, cos_table, sin_table, positions)
-
-        if kv_cache is not None:
+        layer = None if kv_cache is None else static_layer(static_classes, kv_cache, self.layer_idx, key_states,
+                                                             value_states)
+        if layer is not None:  # one kernel: the rotation and the static cache's writes, then its length advanced
+            query_states = ops.rope_1d_cache(query_states, key_states, value_states, cos_table, sin_table,
+                                             layer.keys, layer.values, layer.cumulative_length)
+            layer.cumulative_length.add_(key_states.shape[-2])
+            key_states, value_states = layer.keys, layer.values
+        else:
+            query_states, key_states = ops.rope_1d(query_states, key_states, cos_table, sin_table, positions)
+        if kv_cache is not None and layer is None:
             if new_cache_api:
                 key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
             else:
