@@ -101,15 +101,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> qk_rms_norm_rope_fp8(const Tensor& q,
   check_heads(p.D, heads, op);
   TORCH_CHECK((p.D / heads) % 2 == 0, "ltxbench.", op, ": the head dim D / heads must be even (RoPE pairs), got ",
               num(p.D / heads));
-  const auto fp8 = q.options().dtype(at::kFloat8_e4m3fn), f32 = q.options().dtype(at::kFloat);
-  Tensor q_out = at::empty(q.sizes(), fp8), k_out = at::empty(q.sizes(), fp8);
-  Tensor q_descale = at::empty({p.B, heads}, f32), k_descale = at::empty({p.B, heads}, f32);
-  Tensor scale8 = at::empty({2 * heads}, f32);
-  p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
-  p.heads = heads, p.scale8 = scale8.data_ptr<float>();
-  p.q_descale = q_descale.data_ptr<float>(), p.k_descale = k_descale.data_ptr<float>();
+  const Fp8QkOutputs o = fp8_qk_outputs(q, p.B, heads);
+  p.q_out = o.q.data_ptr(), p.k_out = o.k.data_ptr();
+  p.heads = heads, p.scale8 = o.scales.data_ptr<float>();
+  p.q_descale = o.q_descale.data_ptr<float>(), p.k_descale = o.k_descale.data_ptr<float>();
   launch_3d_checked(p, dt, q, op);
-  return {q_out, q_descale, k_out, k_descale};
+  return {o.q, o.q_descale, o.k, o.k_descale};
 }
 
 // (q, descale (B, heads)): x (B, S, D) in e4m3, one power-of-two scale per (batch, head) from its amax.

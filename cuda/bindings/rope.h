@@ -1,6 +1,8 @@
 // Shared by the RoPE bindings: the packed q/k/v outputs written through `outs` (rope_3d.cpp, rope_split.cpp), and
 // the fused q/k norm + 3-D RoPE's checks and launch, defined in rope_3d.cpp and reused by its FP8 form (fp8.cpp).
 #pragma once
+#include <ATen/ops/empty.h>
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -8,6 +10,18 @@
 #include "bindings/checks.h"
 
 namespace ltxbench {
+
+// The FP8 outputs of the q/k norm + RoPE kernels (fp8.cpp, rope_split.cpp): e4m3 q and k of q's shape, their
+// descales (B, groups) and the 2 · groups scales the kernels' first launch writes (q's, then k's).
+struct Fp8QkOutputs {
+  Tensor q, q_descale, k, k_descale, scales;
+};
+
+inline Fp8QkOutputs fp8_qk_outputs(const Tensor& q, int64_t batch, int64_t groups) {
+  const auto fp8 = q.options().dtype(at::kFloat8_e4m3fn), f32 = q.options().dtype(at::kFloat);
+  return {at::empty(q.sizes(), fp8), at::empty({batch, groups}, f32), at::empty(q.sizes(), fp8),
+          at::empty({batch, groups}, f32), at::empty({2 * groups}, f32)};
+}
 
 // `outs` as the parts of a packed q/k/v output, each (B, S, 3, chunk), contiguous, q's dtype, on q's device (a peer
 // GPU's memory mapped here counts as q's device): their pointers into part_out, the first also as `packed`.

@@ -134,15 +134,12 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> qk_rms_norm_rope_split_fp8(const Tens
   RopeSplitParams p = qk_split_params(q, k, nullptr, wq, wk, eps, cos, sin, op, keep);
   TORCH_CHECK(groups >= 1 && p.H % groups == 0, "ltxbench.", op, ": groups must be >= 1 and divide the heads of cos (",
               num(p.H), "), got ", num(groups));
-  const auto fp8 = q.options().dtype(at::kFloat8_e4m3fn), f32 = q.options().dtype(at::kFloat);
-  Tensor q_out = at::empty(q.sizes(), fp8), k_out = at::empty(q.sizes(), fp8);
-  Tensor q_descale = at::empty({p.B, groups}, f32), k_descale = at::empty({p.B, groups}, f32);
-  Tensor scale8 = at::empty({2 * groups}, f32);
-  p.q_out = q_out.data_ptr(), p.k_out = k_out.data_ptr();
-  p.groups = groups, p.scale8 = scale8.data_ptr<float>();
-  p.q_descale = q_descale.data_ptr<float>(), p.k_descale = k_descale.data_ptr<float>();
+  const Fp8QkOutputs o = fp8_qk_outputs(q, p.B, groups);
+  p.q_out = o.q.data_ptr(), p.k_out = o.k.data_ptr();
+  p.groups = groups, p.scale8 = o.scales.data_ptr<float>();
+  p.q_descale = o.q_descale.data_ptr<float>(), p.k_descale = o.k_descale.data_ptr<float>();
   run_rope_split(p, dt, q, op);
-  return {q_out, q_descale, k_out, k_descale};
+  return {o.q, o.q_descale, o.k, o.k_descale};
 }
 
 // qk_rms_norm_rope_split_pack with part r written to outs[r] (as qk_rms_norm_rope_pack_into).
