@@ -202,13 +202,19 @@ def memory_budget(family, settings, cpu_offload: bool = False) -> None:
                               "default or max-autotune-no-cudagraphs")
 
 
-def fp8_attention_installed(settings) -> None:
+def fp8_attention_installed(family, settings) -> None:
     """An FP8 attention backend where the run takes FP8 attention (--precision fp8-attention, or an
-    optimized-fp8-attention configuration): exit 4 before the model is built, not after, where none imports."""
+    optimized-fp8-attention configuration): exit 4 before the model is built, not after, where none imports; exit 2
+    where it refuses a preset's head dim (read from its shipped config; other models are checked at injection)."""
     from ltxbench.configurations import Configuration
 
     if settings.precision == "fp8-attention" or any(Configuration(c).precision == "fp8-attention"
                                                     for c in settings.configs or ()):
         from ltxbench.inject.fp8_attention import fp8_attention
 
-        fp8_attention(settings.kernel_provider or "cuda")
+        backend = fp8_attention(settings.kernel_provider or "cuda")
+        builder = getattr(family, "builder", None)
+        if builder is not None and settings.model in family.presets:
+            head_dim = builder.component_configs(settings.model)["transformer"].get("attention_head_dim")
+            if isinstance(head_dim, int):
+                backend.require(head_dim)

@@ -64,7 +64,7 @@ def e2e_command(**values) -> None:
     settings = family.settings("bench e2e", **values)
     family.validate(settings, "bench e2e")
     memory_budget(family, settings)
-    fp8_attention_installed(settings)
+    fp8_attention_installed(family, settings)
     check_outputs(result_outputs(values["output"], values["plot"]), values["force"])
     settings.parallel = _parallel.split_or_relaunch(family, settings.gpus, settings.parallel, settings.device)
 

@@ -65,7 +65,7 @@ def generate_command(**values) -> None:
         raise UsageError(f"--precision fp8-attention runs its own FP8 attention: drop --attention-backend "
                          f"{values['attention_backend']}")
     memory_budget(family, settings, values["cpu_offload"])
-    fp8_attention_installed(settings)
+    fp8_attention_installed(family, settings)
     if settings.device == "cpu" and values["cpu_offload"]:
         raise UsageError("--cpu-offload needs --device cuda")
     if settings.gpus > 1 and values["cpu_offload"]:

@@ -57,7 +57,7 @@ def profile_command(**values) -> None:
     settings = family.settings("profile", **values)
     family.validate(settings, "profile")
     memory_budget(family, settings)
-    fp8_attention_installed(settings)
+    fp8_attention_installed(family, settings)
     output, force = values["output"], values["force"]
     not_a_folder("--output", output, "profile.json")
     json_path, csv_path = result_paths(default_path("profile") if output is None else output)

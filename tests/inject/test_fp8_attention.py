@@ -184,6 +184,22 @@ def test_without_an_fp8_attention_backend_the_run_exits_4_saying_how_to_install_
     assert named.exit_code == 4 and "built ltx-tiny" not in named.output, named.output
 
 
+@pytest.mark.parametrize("command", [["generate", "--prompt", "a fox"], ["bench", "e2e"], ["profile"]])
+def test_cudnn_at_ltx_2b_head_dim_is_refused_before_the_build(command, tmp_path, monkeypatch):
+    """LTX-Video 2B's head dim 64 with only cuDNN's FP8 attention installed: exit 2 saying why and what to do, from
+    the preset's shipped config, before anything is built."""
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))
+    out = tmp_path / ("v.mp4" if command[0] == "generate" else "r.json")
+    result = runner.invoke(app, [*command, "--model", "ltx-2b", "--weights", "random", "--device", "cuda",
+                                 "--precision", "fp8-attention", "--output", str(out)])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "at head dim 64 cuDNN's FP8 attention is slower than bf16 attention" in text
+    assert "run --precision fp8, or install FlashAttention-3" in text and "built" not in text
+    assert not out.exists()
+
+
 def test_generate_refuses_fp8_attention_with_another_attention_backend(tmp_path):
     result = runner.invoke(app, ["generate", "--model", "ltx-tiny", "--weights", "random", "--device", "cpu",
                                  "--prompt", "a fox", "--precision", "fp8-attention", "--attention-backend", "native",
