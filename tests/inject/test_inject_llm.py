@@ -449,3 +449,45 @@ def test_a_compiled_decode_step_writes_the_static_cache_as_its_own_update():
         assert length == length0 == 9
         torch.testing.assert_close(k, k0, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(v, v0, atol=1e-6, rtol=1e-5)
+
+
+class _Adapter(torch.nn.Module):
+    """A wrapper put in a projection's place after the injection, as adapter libraries do: its forward adds a delta,
+    and it exposes the wrapped layer's weight and bias."""
+
+    def __init__(self, base):
+        super().__init__()
+        self.base_layer = base
+        self.delta = torch.nn.Linear(base.in_features, base.out_features, bias=False)
+        torch.nn.init.normal_(self.delta.weight, std=0.05, generator=torch.Generator().manual_seed(3))
+
+    @property
+    def weight(self):
+        return self.base_layer.weight
+
+    @property
+    def bias(self):
+        return self.base_layer.bias
+
+    def forward(self, x):
+        return self.base_layer(x) + self.delta(x)
+
+
+@pytest.mark.parametrize("rows", [1, 12])
+def test_a_down_projection_wrapped_after_the_injection_runs_its_wrapper(rows):
+    """The down projection's GEMM folds the residual in (prefill) or runs the GEMV (decode) only for the layer it
+    patched: a wrapper put in its place afterwards runs, delta included, in both."""
+    model = llm_build("llama")
+    ids = llm_prompt()[:, :rows]
+    mlp = model.model.layers[0].mlp
+    adapter = _Adapter(mlp.down_proj)
+    mlp.down_proj = adapter
+    with torch.no_grad():
+        expected = model(ids).logits
+    mlp.down_proj = adapter.base_layer
+    with llm.apply_kernels(model, "reference"):
+        mlp.down_proj = adapter
+        with torch.no_grad():
+            got = model(ids).logits
+        mlp.down_proj = adapter.base_layer
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

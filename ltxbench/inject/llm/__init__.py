@@ -127,10 +127,12 @@ def _layer_forward(ops):
 
 def _mlp_into_residual(ops, mlp, x, residual):
     """`residual + mlp(x)` with the down projection's GEMM accumulating into `residual` in place (beta = 1), or
-    None when the MLP is not our patched one, has a down bias, or gradients are on. Only for a residual this
-    layer created (fused_add_rms_norm's output): nobody else holds it."""
+    None when the MLP is not our patched one, its down projection is not a plain nn.Linear (an adapter put in its
+    place runs its own forward), has a bias, or gradients are on. Only for a residual this layer created
+    (fused_add_rms_norm's output): nobody else holds it."""
     down = mlp.down_proj
-    if down.bias is not None or down.weight.dtype != residual.dtype or torch.is_grad_enabled():
+    if original_class(down) is not torch.nn.Linear or down.bias is not None or down.weight.dtype != residual.dtype \
+            or torch.is_grad_enabled():
         return None
     act = _gate_up_swiglu(ops, mlp, x)
     if act is None:
