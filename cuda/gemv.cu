@@ -1,5 +1,5 @@
 // linear for a few rows (an LLM's decode step: one token a sequence): out (M, N) = x (M, K) @ W (N, K)ᵀ [+ bias]
-// [+ residual], M <= kGemvMaxRows, fp32 sums rounded once. Such a product reads every weight once and does two
+// [+ residual], M <= kGemvMaxRows, fp32 sums rounded once, on linear's GemmParams (M = tokens, N = n, K = k). Such a product reads every weight once and does two
 // FLOPs per weight read, so it is bound by memory bandwidth alone; the goal is to keep HBM busy.
 //
 // One block of kThreads threads per kRows output rows: each thread streams 16-byte vectors of the kRows weight rows
@@ -17,15 +17,15 @@ constexpr int kThreads = 128;
 constexpr int kRows = 4;  // weight rows a block computes
 
 template <typename T, int M>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
     constexpr int VEC = 16 / sizeof(T);
     __shared__ float partial[kThreads / 32][kRows * M];
     const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRows;
-    const int rows = static_cast<int>(p.N - n0 < kRows ? p.N - n0 : kRows);
-    const int64_t nvec = p.K / VEC;
+    const int rows = static_cast<int>(p.n - n0 < kRows ? p.n - n0 : kRows);
+    const int64_t nvec = p.k / VEC;
     const T* w = static_cast<const T*>(p.w) + n0 * p.ldw;
     const T* x = static_cast<const T*>(p.x);
 
@@ -70,15 +70,15 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemvParams p) {
       for (int g = 0; g < kThreads / 32; ++g) sum += partial[g][threadIdx.x];
       const int64_t n = n0 + r;
       if (p.bias) sum += to_float<T>(static_cast<const T*>(p.bias)[n]);
-      if (p.residual) sum += to_float<T>(static_cast<const T*>(p.residual)[m * p.N + n]);
-      static_cast<T*>(p.out)[m * p.N + n] = from_float<T>(sum);
+      if (p.residual) sum += to_float<T>(static_cast<const T*>(p.residual)[m * p.ldout + n]);
+      static_cast<T*>(p.out)[m * p.ldout + n] = from_float<T>(sum);
     }
   }
 }
 
-template <typename T> cudaError_t launch_gemv_typed(const GemvParams& p, cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((p.N + kRows - 1) / kRows);
-  switch (p.M) {
+template <typename T> cudaError_t launch_gemv_typed(const GemmParams& p, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>((p.n + kRows - 1) / kRows);
+  switch (p.tokens) {
     case 1: gemv_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(p); break;
     case 2: gemv_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(p); break;
     case 3: gemv_kernel<T, 3><<<blocks, kThreads, 0, stream>>>(p); break;
@@ -90,14 +90,14 @@ template <typename T> cudaError_t launch_gemv_typed(const GemvParams& p, cudaStr
 
 }  // namespace
 
-bool gemv_takes(const GemvParams& p, int element_bytes) {
+bool gemv_takes(const GemmParams& p, int element_bytes) {
   const int vec = 16 / element_bytes;
   auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  return p.M >= 1 && p.M <= kGemvMaxRows && p.N > 0 && p.K > 0 && p.N <= (int64_t{1} << 33) && p.K % vec == 0 &&
-         p.ldw % vec == 0 && p.ldx % vec == 0 && aligned16(p.w) && aligned16(p.x);
+  return p.act == 0 && p.tokens >= 1 && p.tokens <= kGemvMaxRows && p.n > 0 && p.k > 0 && p.n <= (int64_t{1} << 33) &&
+         p.k % vec == 0 && p.ldw % vec == 0 && p.ldx % vec == 0 && aligned16(p.w) && aligned16(p.x);
 }
 
-cudaError_t launch_gemv(const GemvParams& p, DType dtype, cudaStream_t stream) {
+cudaError_t launch_gemv(const GemmParams& p, DType dtype, cudaStream_t stream) {
   return dispatch_dtype(dtype, [&](auto tag) { return launch_gemv_typed<decltype(tag)>(p, stream); });
 }
 

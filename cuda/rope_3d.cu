@@ -226,19 +226,10 @@ int qk_vectors_per_thread() {
   return forced == 1 ? 1 : 2;
 }
 
-// Each head's FP8 scale for q (blockIdx.y 0) and k (1): fp8_pow2_scale of sqrt(D) · max |w| over the head's
-// channels (the bound in Rope3dParams), and its reciprocal for every batch element.
+// Each head's FP8 scale for q (blockIdx.y 0) and k (1) and their reciprocals (weight_bound_scale, one head a group).
 template <typename T>
 __global__ void fp8_head_scales_kernel(Rope3dParams p) {
-  const int64_t h = blockIdx.x, hd = p.D / p.heads;
-  const T* w = static_cast<const T*>(blockIdx.y ? p.wk : p.wq) + h * hd;
-  float m = 0.f;
-  for (int64_t j = threadIdx.x; j < hd; j += 32) m = fmaxf(m, fabsf(to_float<T>(w[j])));
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  const float scale = fp8_pow2_scale(__fmul_rn(__fsqrt_rn(static_cast<float>(p.D)), m));
-  if (threadIdx.x == 0) p.scale8[blockIdx.y * p.heads + h] = scale;
-  float* descale = blockIdx.y ? p.k_descale : p.q_descale;
-  for (int64_t b = threadIdx.x; b < p.B; b += 32) descale[b * p.heads + h] = 1.f / scale;
+  weight_bound_scale<T>(p.wq, p.wk, p.D, p.heads, p.B, p.scale8, p.q_descale, p.k_descale);
 }
 
 template <typename T, int VEC, int MAXV, bool FROM_GRID>

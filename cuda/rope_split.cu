@@ -174,20 +174,10 @@ template <typename T> cudaError_t launch_split(const RopeSplitParams& p, cudaStr
   return launch_split_with<T, 1, 8>(p, stream);
 }
 
-// Each group's FP8 scale for q (blockIdx.y 0) and k (1): fp8_pow2_scale of √D · max |w| over the group's channels
-// (RMSNorm over D bounds a normalized value by √D · |w|, and the rotation keeps a pair's length, its two channels
-// in one head), and its reciprocal for every batch element.
+// Each group's FP8 scale for q (blockIdx.y 0) and k (1) and their reciprocals (weight_bound_scale).
 template <typename T>
 __global__ void split_fp8_scales_kernel(RopeSplitParams p) {
-  const int64_t D = p.H * 2 * p.half, width = D / p.groups, g = blockIdx.x;
-  const T* w = static_cast<const T*>(blockIdx.y ? p.wk : p.wq) + g * width;
-  float m = 0.f;
-  for (int64_t j = threadIdx.x; j < width; j += 32) m = fmaxf(m, fabsf(to_float<T>(w[j])));
-  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
-  const float scale = fp8_pow2_scale(__fmul_rn(__fsqrt_rn(static_cast<float>(D)), m));
-  if (threadIdx.x == 0) p.scale8[blockIdx.y * p.groups + g] = scale;
-  float* descale = blockIdx.y ? p.k_descale : p.q_descale;
-  for (int64_t b = threadIdx.x; b < p.B; b += 32) descale[b * p.groups + g] = 1.f / scale;
+  weight_bound_scale<T>(p.wq, p.wk, p.H * 2 * p.half, p.groups, p.B, p.scale8, p.q_descale, p.k_descale);
 }
 
 }  // namespace

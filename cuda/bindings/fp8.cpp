@@ -101,10 +101,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> qk_rms_norm_rope_fp8(const Tensor& q,
   check_heads(p.D, heads, op);
   TORCH_CHECK((p.D / heads) % 2 == 0, "ltxbench.", op, ": the head dim D / heads must be even (RoPE pairs), got ",
               num(p.D / heads));
-  const Fp8QkOutputs o = fp8_qk_outputs(q, p.B, heads);
-  p.q_out = o.q.data_ptr(), p.k_out = o.k.data_ptr();
-  p.heads = heads, p.scale8 = o.scales.data_ptr<float>();
-  p.q_descale = o.q_descale.data_ptr<float>(), p.k_descale = o.k_descale.data_ptr<float>();
+  p.heads = heads;
+  const Fp8QkOutputs o = fp8_qk_outputs(p, q, heads);
   launch_3d_checked(p, dt, q, op);
   return {o.q, o.q_descale, o.k, o.k_descale};
 }

@@ -66,20 +66,6 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const std::optional<T
   // The residual is read through out's layout (rows of N at pitch N): any other layout is copied here.
   const Tensor residual = residual_in ? residual_in->reshape({tokens, N}).contiguous() : Tensor();
   Tensor out = at::empty({tokens, N}, x_in.options());
-  if (!gelu && gemv_enabled()) {  // a decode step's few rows: our bandwidth-bound kernel (gemv.cu)
-    GemvParams g;
-    g.M = tokens, g.N = N, g.K = K;
-    g.x = x.data_ptr(), g.ldx = x.stride(0);
-    g.w = w.data_ptr(), g.ldw = w.stride(0);
-    g.bias = bias ? b.data_ptr() : nullptr;
-    g.residual = residual_in ? residual.data_ptr() : nullptr;
-    g.out = out.data_ptr();
-    if (gemv_takes(g, static_cast<int>(x.element_size()))) {
-      launch_checked(x, op, [&](cudaStream_t stream) { return launch_gemv(g, dt, stream); });
-      return out.view(out_sizes);
-    }
-  }
-  Tensor workspace = at::empty({static_cast<int64_t>(kGemmWorkspaceBytes)}, x_in.options().dtype(at::kByte));
   GemmParams p;
   p.tokens = tokens, p.n = N, p.k = K;
   p.x = x.data_ptr(), p.ldx = x.stride(0);
@@ -87,10 +73,15 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const std::optional<T
   p.bias = bias ? b.data_ptr() : nullptr;
   p.out = out.data_ptr(), p.ldout = N;
   p.residual = residual_in ? residual.data_ptr() : nullptr;
+  if (!gelu && gemv_enabled() && gemv_takes(p, static_cast<int>(x.element_size()))) {  // a decode step's few rows
+    launch_checked(x, op, [&](cudaStream_t stream) { return launch_gemv(p, dt, stream); });
+    return out.view(out_sizes);
+  }
   // fp32: the GELU runs after the GEMM (torch's tanh GELU in place); cuBLASLt's epilogue GELU is within 16-bit
   // rounding but not within fp32's tolerance of the exact tanh form (GPU tests, H100).
   const bool epilogue_gelu = gelu && dt != DType::F32;
   p.act = epilogue_gelu ? 1 : 0;
+  Tensor workspace = at::empty({static_cast<int64_t>(kGemmWorkspaceBytes)}, x_in.options().dtype(at::kByte));
   p.workspace = workspace.data_ptr();
   const c10::cuda::CUDAGuard guard(x.device());
   const int err = launch_gemm(p, dt, x.get_device(), c10::cuda::getCurrentCUDAStream(x.get_device()).stream());

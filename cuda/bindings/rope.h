@@ -17,10 +17,16 @@ struct Fp8QkOutputs {
   Tensor q, q_descale, k, k_descale, scales;
 };
 
-inline Fp8QkOutputs fp8_qk_outputs(const Tensor& q, int64_t batch, int64_t groups) {
+// The outputs made and attached to the params `p` (Rope3dParams or RopeSplitParams: their q_out, k_out, scale8,
+// q_descale and k_descale), for `groups` groups of heads over p.B batch elements.
+template <typename Params>
+Fp8QkOutputs fp8_qk_outputs(Params& p, const Tensor& q, int64_t groups) {
   const auto fp8 = q.options().dtype(at::kFloat8_e4m3fn), f32 = q.options().dtype(at::kFloat);
-  return {at::empty(q.sizes(), fp8), at::empty({batch, groups}, f32), at::empty(q.sizes(), fp8),
-          at::empty({batch, groups}, f32), at::empty({2 * groups}, f32)};
+  Fp8QkOutputs o{at::empty(q.sizes(), fp8), at::empty({p.B, groups}, f32), at::empty(q.sizes(), fp8),
+                 at::empty({p.B, groups}, f32), at::empty({2 * groups}, f32)};
+  p.q_out = o.q.data_ptr(), p.k_out = o.k.data_ptr(), p.scale8 = o.scales.data_ptr<float>();
+  p.q_descale = o.q_descale.data_ptr<float>(), p.k_descale = o.k_descale.data_ptr<float>();
+  return o;
 }
 
 // `outs` as the parts of a packed q/k/v output, each (B, S, 3, chunk), contiguous, q's dtype, on q's device (a peer

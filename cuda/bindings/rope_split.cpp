@@ -134,10 +134,8 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> qk_rms_norm_rope_split_fp8(const Tens
   RopeSplitParams p = qk_split_params(q, k, nullptr, wq, wk, eps, cos, sin, op, keep);
   TORCH_CHECK(groups >= 1 && p.H % groups == 0, "ltxbench.", op, ": groups must be >= 1 and divide the heads of cos (",
               num(p.H), "), got ", num(groups));
-  const Fp8QkOutputs o = fp8_qk_outputs(q, p.B, groups);
-  p.q_out = o.q.data_ptr(), p.k_out = o.k.data_ptr();
-  p.groups = groups, p.scale8 = o.scales.data_ptr<float>();
-  p.q_descale = o.q_descale.data_ptr<float>(), p.k_descale = o.k_descale.data_ptr<float>();
+  p.groups = groups;
+  const Fp8QkOutputs o = fp8_qk_outputs(p, q, groups);
   run_rope_split(p, dt, q, op);
   return {o.q, o.q_descale, o.k, o.k_descale};
 }

@@ -1,10 +1,12 @@
-// FP8 (e4m3) stores and scales shared by the kernels that write FP8: fp8.cu (per-row and per-head scales) and
-// rope_3d.cu (the q/k norm + RoPE writing FlashAttention-3's FP8 inputs).
+// FP8 (e4m3) stores and scales shared by the kernels that write FP8: fp8.cu (per-row and per-head scales), and
+// rope_3d.cu and rope_split.cu (the q/k norm + RoPE writing FP8 attention's inputs).
 #pragma once
 
 #include <cuda_fp8.h>
 
 #include <cstdint>
+
+#include "dtype.cuh"
 
 namespace ltxbench {
 
@@ -43,6 +45,24 @@ __device__ __forceinline__ float fp8_pow2_scale(float bound) {
   int e = 0;
   frexpf(ratio, &e);  // ratio = m · 2^e, m in [0.5, 1)
   return ldexpf(1.f, max(-126, min(126, e - 1)));
+}
+
+// Block (g, t) of a launch over (groups, 2) with one warp a block: group g's FP8 scale for q (t = 0, norm weight wq)
+// or k (t = 1, wk), fp8_pow2_scale of √D · max |w| over the group's D / groups channels (RMSNorm over D bounds a
+// normalized value by √D · |w|, and the rotation keeps a pair's length, its channels in one group), into
+// scale8[t · groups + g], and its reciprocal for every batch element into descale (B, groups) of q or k.
+template <typename T>
+__device__ __forceinline__ void weight_bound_scale(const void* wq, const void* wk, int64_t D, int64_t groups,
+                                                   int64_t B, float* scale8, float* q_descale, float* k_descale) {
+  const int64_t g = blockIdx.x, width = D / groups;
+  const T* w = static_cast<const T*>(blockIdx.y ? wk : wq) + g * width;
+  float m = 0.f;
+  for (int64_t j = threadIdx.x; j < width; j += 32) m = fmaxf(m, fabsf(to_float<T>(w[j])));
+  for (int off = 16; off > 0; off >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, off));
+  const float scale = fp8_pow2_scale(__fmul_rn(__fsqrt_rn(static_cast<float>(D)), m));
+  if (threadIdx.x == 0) scale8[blockIdx.y * groups + g] = scale;
+  float* descale = blockIdx.y ? k_descale : q_descale;
+  for (int64_t b = threadIdx.x; b < B; b += 32) descale[b * groups + g] = 1.f / scale;
 }
 
 }  // namespace ltxbench

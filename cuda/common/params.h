@@ -240,23 +240,12 @@ struct GemmParams {
 
 constexpr size_t kGemmWorkspaceBytes = size_t(4) << 20;
 
-// linear over at most kGemvMaxRows rows of x (gemv.cu, a decode step's projections): out (M, N) contiguous =
-// x (M, K) @ w (N, K)ᵀ [+ bias (N)] [+ residual (M, N) contiguous], fp32 sums rounded once; gemv_takes says whether
-// the operands suit it (K and the row pitches whole 16-byte vectors, x and w 16-byte aligned).
+// linear over at most kGemvMaxRows rows of x (gemv.cu, a decode step's projections), on the GEMM's params without
+// an activation: out = x @ wᵀ [+ bias] [+ residual read at out's pitch], fp32 sums rounded once; gemv_takes says
+// whether the operands suit it (K and the row pitches whole 16-byte vectors, x and w 16-byte aligned).
 constexpr int64_t kGemvMaxRows = 4;
-struct GemvParams {
-  int64_t M = 0, N = 0, K = 0;
-  const void* x = nullptr;
-  int64_t ldx = 0;
-  const void* w = nullptr;
-  int64_t ldw = 0;
-  const void* bias = nullptr;
-  const void* residual = nullptr;
-  void* out = nullptr;
-};
-
-bool gemv_takes(const GemvParams& p, int element_bytes);
-cudaError_t launch_gemv(const GemvParams& p, DType dtype, cudaStream_t stream);
+bool gemv_takes(const GemmParams& p, int element_bytes);
+cudaError_t launch_gemv(const GemmParams& p, DType dtype, cudaStream_t stream);
 
 // 0 on success, else a cublasStatus_t / cudaError_t code; gemm_error_string says which.
 int launch_gemm(const GemmParams& p, DType dtype, int device, cudaStream_t stream);
