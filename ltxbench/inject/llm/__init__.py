@@ -45,10 +45,10 @@ from ltxbench.inject.fuse import follow_moves, fuse_linears, fused_linear, relea
 from ltxbench.inject.llm.attention import (
     ATTN_SOURCE,
     CACHE_UPDATE_KWARGS,
-    DECODE_ROWS,
     RULE_ROPE,
     attn_forward,
     decode_linear,
+    decode_rows,
     fuse_qkv,
     linear_forward,
     sliding_kwarg,
@@ -102,6 +102,7 @@ def _layer_forward(ops):
     """XDecoderLayer.forward (returns the hidden states tensor) with the attention residual and
     post_attention_layernorm fused. Arguments after hidden_states by keyword, as the models pass them; the KV
     cache goes on to the attention in `kwargs` under the name the caller used (`past_key_values` or `cache`)."""
+    linear = decode_linear(ops)
 
     def forward(self, hidden_states, *, attention_mask=None, position_ids=None, use_cache=False,
                 position_embeddings=None, **kwargs):
@@ -114,7 +115,7 @@ def _layer_forward(ops):
         if post.weight.dtype == hidden_states.dtype == residual.dtype and not post.weight.is_meta:  # meta: offloaded
             hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, post.weight, _eps(post),
                                                              cast_before_weight=True)
-            out = _mlp_into_residual(ops, self.mlp, hidden_states, residual)
+            out = _mlp_into_residual(ops, linear, self.mlp, hidden_states, residual)
             if out is not None:
                 return out
         else:
@@ -125,7 +126,7 @@ def _layer_forward(ops):
     return forward
 
 
-def _mlp_into_residual(ops, mlp, x, residual):
+def _mlp_into_residual(ops, linear, mlp, x, residual):
     """`residual + mlp(x)` with the down projection's GEMM accumulating into `residual` in place (beta = 1), or
     None when the MLP is not our patched one, its down projection is not a plain nn.Linear (an adapter put in its
     place runs its own forward), has a bias, or gradients are on. Only for a residual this layer created
@@ -134,10 +135,10 @@ def _mlp_into_residual(ops, mlp, x, residual):
     if original_class(down) is not torch.nn.Linear or down.bias is not None or down.weight.dtype != residual.dtype \
             or torch.is_grad_enabled():
         return None
-    act = _gate_up_swiglu(ops, mlp, x)
+    act = _gate_up_swiglu(ops, linear, mlp, x)
     if act is None:
         return None
-    if act.numel() <= DECODE_ROWS * act.shape[-1]:  # a decode step: the GEMV kernel adds the residual (not in place)
+    if decode_rows(act):  # a decode step: the GEMV kernel adds the residual (not in place)
         return ops.linear(act, down.weight, None, "none", residual)
     rows, act_rows = residual.view(-1, residual.shape[-1]), act.view(-1, act.shape[-1])
     if torch.compiler.is_compiling():  # functionalized, the in-place form costs a copy back into `residual`
@@ -148,16 +149,18 @@ def _mlp_into_residual(ops, mlp, x, residual):
 
 # ---- MLP ----------------------------------------------------------------------------------------------
 
-def _gate_up_swiglu(ops, mlp, x):
-    """`silu(gate(x)) * up(x)` as one [gate | up] GEMM + ops.swiglu, or None when the fused weights cannot
-    stand for the layers (not fused here, moved/replaced, or training)."""
-    gate_up = fused_linear(x, (mlp.gate_proj, mlp.up_proj), vars(mlp).get(FUSED_ATTR), decode_linear(ops))
+def _gate_up_swiglu(ops, linear, mlp, x):
+    """`silu(gate(x)) * up(x)` as one [gate | up] GEMM (`linear`: decode_linear) + ops.swiglu, or None when the
+    fused weights cannot stand for the layers (not fused here, moved/replaced, or training)."""
+    gate_up = fused_linear(x, (mlp.gate_proj, mlp.up_proj), vars(mlp).get(FUSED_ATTR), linear)
     return None if gate_up is None else ops.swiglu(gate_up, 0)
 
 
 def _mlp_forward(ops):
+    linear = decode_linear(ops)
+
     def forward(self, x):
-        act = _gate_up_swiglu(ops, self, x)
+        act = _gate_up_swiglu(ops, linear, self, x)
         if act is None:
             return original_class(self).forward(self, x)  # the original math
         return self.down_proj(act)

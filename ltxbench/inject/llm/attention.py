@@ -28,13 +28,18 @@ ATTN_SOURCE = ("query_states, key_states = apply_rotary_pos_emb(query_states, ke
 DECODE_ROWS = 4  # rows (tokens over the batch) ops.linear computes with its GEMV kernel (cuda/gemv.cu)
 
 
+def decode_rows(x) -> bool:
+    """x (..., K) has at most DECODE_ROWS rows: a decode step's, which ops.linear's GEMV kernel takes."""
+    return x.numel() <= DECODE_ROWS * x.shape[-1]
+
+
 def decode_linear(ops):
-    """linear(x, weight, bias) for the rules' projections: ops.linear where x has at most DECODE_ROWS rows (a decode
-    step: the bandwidth-bound GEMV kernel), else torch's F.linear (prefill: cuBLAS, as transformers runs it)."""
+    """linear(x, weight, bias) for the rules' projections: ops.linear where x has a decode step's rows (decode_rows:
+    the bandwidth-bound GEMV kernel), else torch's F.linear (prefill: cuBLAS, as transformers runs it)."""
     import torch.nn.functional as F
 
     def linear(x, weight, bias=None):
-        if x.numel() <= DECODE_ROWS * x.shape[-1]:
+        if decode_rows(x):
             return ops.linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
@@ -172,10 +177,9 @@ def attn_forward(ops, rope_cache: dict, sliding, eager, qk_norm: bool, new_cache
             key_states, value_states = layer.keys, layer.values
         else:
             query_states, key_states = ops.rope_1d(query_states, key_states, cos_table, sin_table, positions)
-        if kv_cache is not None and layer is None:
-            if new_cache_api:
+            if kv_cache is not None and new_cache_api:
                 key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
-            else:
+            elif kv_cache is not None:
                 key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx)
         attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
         attn_output, attn_weights = attention_interface(
