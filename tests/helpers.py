@@ -26,6 +26,14 @@ BENCH_E2E_LTX_TINY = ["bench", "e2e", "--model", "ltx-tiny", "--weights", "rando
                       "2", "--kernel-provider", "reference"]
 
 
+def without_flash_attention_3(monkeypatch) -> None:
+    """Neither FlashAttention-3 package imports (a None in sys.modules makes an import raise ImportError)."""
+    from ltxbench.inject.attention_backend import FA3_MODULES
+
+    for name in FA3_MODULES:
+        monkeypatch.setitem(sys.modules, name, None)
+
+
 # --- error measures ----------------------------------------------------------------------------------------------
 
 def _pairs(got, expected):

@@ -49,11 +49,14 @@ SHAPES = {
 }
 SHAPES["all"] = {**SHAPES["ltx"], **SHAPES["ltx2"], **SHAPES["wan"]}
 SDPA_BACKENDS = ("flash", "cudnn", "efficient")  # torch.nn.attention.SDPBackend FLASH_ATTENTION, ...
-PACKAGES = {"flash_attn": "flash_attn", "flash_attn_3": "flash_attn_interface"}  # backend -> module it imports
-# cuDNN's FP8 attention (ops.cudnn_fp8_attention) on inputs quantized per tensor before the timed call, and with
-# that quantization of q, k and v (two passes each, from the model's bf16 layout) inside it: the attention alone, and
-# what --precision fp8-attention pays for it where q and k do not come out of our q/k kernel in FP8 (LTX-2)
-FP8_BACKENDS = ("cudnn_fp8", "cudnn_fp8_quantizing")
+# backend -> the module it imports; flash_attn_3: FlashAttention-3 from a hopper/ build or pip's fa3-fwd, whichever
+# imports (ltxbench.inject.attention_backend), what --attention-backend fa3 runs
+PACKAGES = {"flash_attn": "flash_attn", "flash_attn_3": "flash_attn_interface or fa3_fwd_interface"}
+# The FP8 attentions --precision fp8-attention runs, on inputs quantized before the timed call as it quantizes them:
+# cuDNN's (ops.cudnn_fp8_attention; per tensor), also with that quantization of q, k and v (two passes each, from the
+# model's bf16 layout) inside it, what it pays where q and k do not come out of our q/k kernel in FP8 (LTX-2); and
+# FlashAttention-3's (per batch and head)
+FP8_BACKENDS = ("cudnn_fp8", "cudnn_fp8_quantizing", "flash_attn_3_fp8")
 BACKENDS = SDPA_BACKENDS + tuple(PACKAGES) + FP8_BACKENDS
 ATOL = 2e-2  # bf16 inputs and output (8 bits of mantissa) over softmax-weighted sums of unit-scale values
 FP8_ATOL = 6e-2  # e4m3 inputs, probabilities and output (4 bits of mantissa)
@@ -151,18 +154,51 @@ def call(backend: str, x: dict):
     if backend in FP8_BACKENDS:
         if x["q"].shape[2] != x["k"].shape[2]:  # H200: Wan 14B's text call 2.0x slower than bf16 cuDNN, 0.12 max error
             raise NotApplicable(f"{backend}: --precision fp8-attention runs self-attention only")
+        if backend == "flash_attn_3_fp8":
+            return _flash_attn_3_fp8(x)
         return _cudnn_fp8(x, quantizing=backend == "cudnn_fp8_quantizing")
-    try:
-        module = importlib.import_module(PACKAGES[backend])
-    except ImportError as exc:
-        raise NotApplicable(f"{PACKAGES[backend]} does not import ({exc.__class__.__name__})") from None
+    if backend == "flash_attn_3":
+        func = _flash_attention_3()
+    else:
+        try:
+            func = importlib.import_module(PACKAGES[backend]).flash_attn_func
+        except ImportError as exc:
+            raise NotApplicable(f"{PACKAGES[backend]} does not import ({exc.__class__.__name__})") from None
     q, k, v = (x[n].transpose(1, 2).contiguous() for n in "qkv")  # (B, S, H, D)
 
     def run_package():
-        out = module.flash_attn_func(q, k, v)
+        out = func(q, k, v)
         out = out[0] if isinstance(out, tuple) else out  # FlashAttention 3 returns (out, lse) in some versions
         return out.transpose(1, 2)
     return run_package
+
+
+def _flash_attention_3():
+    """FlashAttention-3's flash_attn_func from whichever package imports, else NotApplicable naming both."""
+    from ltxbench.inject.attention_backend import find_flash_attention_3
+
+    fa3, reasons = find_flash_attention_3()
+    if fa3 is None:
+        raise NotApplicable("FlashAttention-3 does not import (" + "; ".join(r.split(" ")[0] for r in reasons) + ")")
+    return fa3.flash_attn_func
+
+
+def _flash_attn_3_fp8(x: dict):
+    """FlashAttention-3's FP8 forward on q, k, v quantized per (batch, head) as --precision fp8-attention quantizes
+    them for it (outside the timed call), bf16 out."""
+    func = _flash_attention_3()
+    from ltxbench import ops
+    from ltxbench.inject.fp8_attention import quantized as quantize
+
+    heads = x["q"].shape[1]
+    parts = [part for name in "qkv" for part in quantize(ops, False, x[name].transpose(1, 2).flatten(2).contiguous(),
+                                                         heads)]
+    q8, k8, v8, q_descale, k_descale, v_descale = _ordered(parts)
+
+    def run():
+        out = func(q8, k8, v8, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
+    return run
 
 
 def _cudnn_fp8(x: dict, quantizing: bool = False):

@@ -202,12 +202,17 @@ def memory_budget(family, settings, cpu_offload: bool = False) -> None:
                               "default or max-autotune-no-cudagraphs")
 
 
-def fp8_attention_installed(family, settings) -> None:
-    """An FP8 attention backend where the run takes FP8 attention (--precision fp8-attention, or an
-    optimized-fp8-attention configuration): exit 4 before the model is built, not after, where none imports; exit 2
-    where it refuses a preset's head dim (read from its shipped config; other models are checked at injection)."""
+def attention_installed(family, settings) -> None:
+    """The attention kernels the run asks for, before the model is built (exit 4 where none imports, not after the
+    build): FlashAttention-3 for --attention-backend fa3; an FP8 attention backend where the run takes FP8 attention
+    (--precision fp8-attention, or an optimized-fp8-attention configuration), exit 2 where it refuses a preset's head
+    dim (read from its shipped config; other models are checked at injection)."""
     from ltxbench.configurations import Configuration
 
+    if getattr(settings, "attention_backend", None) == "fa3":
+        from ltxbench.inject.attention_backend import FA3, require_flash_attention_3
+
+        require_flash_attention_3(f"--attention-backend {FA3}")
     if settings.precision == "fp8-attention" or any(Configuration(c).precision == "fp8-attention"
                                                     for c in settings.configs or ()):
         from ltxbench.inject.fp8_attention import fp8_attention

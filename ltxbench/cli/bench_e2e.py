@@ -33,8 +33,8 @@ def e2e_command(**values) -> None:
     prefill/decode."""
     from ltxbench.cli import _parallel
     from ltxbench.cli._validate import (
+        attention_installed,
         check_outputs,
-        fp8_attention_installed,
         known_model,
         memory_budget,
         model_and_weights,
@@ -64,7 +64,7 @@ def e2e_command(**values) -> None:
     settings = family.settings("bench e2e", **values)
     family.validate(settings, "bench e2e")
     memory_budget(family, settings)
-    fp8_attention_installed(family, settings)
+    attention_installed(family, settings)
     check_outputs(result_outputs(values["output"], values["plot"]), values["force"])
     settings.parallel = _parallel.split_or_relaunch(family, settings.gpus, settings.parallel, settings.device)
 
@@ -99,6 +99,7 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
     with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
         target = _memory.build(family, settings, plan)
     log(f"built {settings.model} in {time.perf_counter() - building:.1f} s")
+    attention = family.set_attention(target, settings)  # before any configuration: the same for all of them
 
     args = settings.as_args()
     params = e2e.record_params(args, ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats",
@@ -128,6 +129,8 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
               "untimed_first_iteration": True}
     if described is not None:
         config["parallel"] = described
+    if attention is not None:
+        config["attention"] = attention
     placement = placement_of(target)
     if placement is not None:  # the plan, the streamers as they stand, and how the budget was enforced
         config["memory"] = {**placement.as_dict(), "enforced": placement.enforced}

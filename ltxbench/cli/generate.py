@@ -30,8 +30,8 @@ def generate_command(**values) -> None:
     step and the decodes."""
     from ltxbench.cli import _parallel
     from ltxbench.cli._validate import (
+        attention_installed,
         check_outputs,
-        fp8_attention_installed,
         known_model,
         memory_budget,
         model_and_weights,
@@ -61,11 +61,8 @@ def generate_command(**values) -> None:
     family.validate(settings, "generate")
     if settings.precision != "bf16" and not values["use_optimized_kernels"]:
         raise UsageError(f"--precision {settings.precision} applies to our kernels: drop --no-optimized-kernels")
-    if settings.precision == "fp8-attention" and values["attention_backend"]:
-        raise UsageError(f"--precision fp8-attention runs its own FP8 attention: drop --attention-backend "
-                         f"{values['attention_backend']}")
     memory_budget(family, settings, values["cpu_offload"])
-    fp8_attention_installed(family, settings)
+    attention_installed(family, settings)
     if settings.device == "cpu" and values["cpu_offload"]:
         raise UsageError("--cpu-offload needs --device cuda")
     if settings.gpus > 1 and values["cpu_offload"]:
@@ -120,8 +117,7 @@ def _run(family, settings, values: dict, output: Path, world) -> None:
                       "running diffusers' own modules")
     else:
         injection = {"applied": False, "reason": "disabled by --no-optimized-kernels"}
-    if values["attention_backend"]:
-        _set_attention_backend(family.denoisers(pipe), values["attention_backend"])
+    attention = family.set_attention(pipe, settings)
     if current_world() is not None:
         family.parallelize(pipe, settings)
     if values["compile"]:  # regional for the families whose default it is (LTX-2: the whole model compiles too long)
@@ -136,9 +132,11 @@ def _run(family, settings, values: dict, output: Path, world) -> None:
     if world is not None and not world.main:
         return
 
-    config = {**settings.as_args(), **{k: values[k] for k in ("use_optimized_kernels", "compile", "attention_backend",
-                                                                 "cpu_offload", "gemm_search")},
+    config = {**settings.as_args(), **{k: values[k] for k in ("use_optimized_kernels", "compile", "cpu_offload",
+                                                                 "gemm_search")},
               "negative_prompt": settings.negative_prompt, "output": str(output)}
+    if attention is not None:
+        config["attention"] = attention
     if described is not None:
         config["parallel"] = described
     if placement_of(pipe) is not None:
@@ -168,21 +166,6 @@ def _generate(family, pipe, settings):
     with bar:
         task = bar.add_task("denoising", total=settings.steps)
         return family.generate(pipe, settings, on_step=lambda: bar.advance(task))
-
-
-def _set_attention_backend(denoisers, name: str) -> None:
-    from diffusers.models.attention_dispatch import AttentionBackendName
-
-    from ltxbench.errors import EnvironmentProblem, UsageError
-
-    names = sorted(b.value for b in AttentionBackendName)
-    if name.lower() not in names:
-        raise UsageError(f"--attention-backend {name!r} is not a diffusers backend", hint=f"one of {', '.join(names)}")
-    try:
-        for denoiser in denoisers:  # each of the pipeline's (Wan 2.2 A14B: both experts)
-            denoiser.set_attention_backend(name.lower())
-    except (RuntimeError, ImportError) as exc:
-        raise EnvironmentProblem(f"attention backend {name!r} is not usable here: {exc}") from exc
 
 
 def _write_outputs(frames, audio, doc: dict, output: Path, json_path: Path, fps: int, force: bool):
@@ -263,8 +246,8 @@ def _result(config: dict, timings: dict, injection: dict, argv, seed, started_at
     from ltxbench.results.schema import make_record, make_result, stats_from_samples
 
     provider = injection.get("provider", "diffusers") if injection.get("applied") else "diffusers"
-    params = {k: config[k] for k in ("model", "weights", "device", "num_frames", "height", "width", "steps",
-                                     "guidance_scale", "compile", "attention_backend", "cpu_offload")}
+    params = {k: config.get(k) for k in ("model", "weights", "device", "num_frames", "height", "width", "steps",
+                                         "guidance_scale", "compile", "attention_backend", "cpu_offload")}
     if config.get("image") is not None:  # image-to-video; text-to-video records stay as they were
         params["image"] = config["image"]
     if config.get(MEMORY_BUDGET) is not None:  # --memory-budget; records without it stay as they were

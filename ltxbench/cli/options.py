@@ -52,8 +52,6 @@ SHARED = {o.name: o for o in (
            "algorithms for each projection shape on its first use (10-55 s in step 0 for LTX-2B on an H100, then ~6% "
            "less step time) and store them for this GPU model; off, the projections run stored choices (from bench "
            "e2e or an earlier --gemm-search), else cuBLASLt's heuristic pick, as torch.", ("generate",)),
-    Option("attention_backend", ("--attention-backend",), str, None, "diffusers attention backend, e.g. native, "
-           "_native_cudnn.", ("generate",)),
     Option("cpu_offload", ("--cpu-offload",), bool, False, "enable_model_cpu_offload (after injection).",
            ("generate",)),
     Option("batch_size", ("--batch-size",), int, 1, "Videos per prompt (video models) / sequences (LLMs).",

@@ -29,8 +29,8 @@ def profile_command(**values) -> None:
 
     from ltxbench.cli import _parallel
     from ltxbench.cli._validate import (
+        attention_installed,
         check_outputs,
-        fp8_attention_installed,
         known_model,
         memory_budget,
         model_and_weights,
@@ -57,7 +57,7 @@ def profile_command(**values) -> None:
     settings = family.settings("profile", **values)
     family.validate(settings, "profile")
     memory_budget(family, settings)
-    fp8_attention_installed(family, settings)
+    attention_installed(family, settings)
     output, force = values["output"], values["force"]
     not_a_folder("--output", output, "profile.json")
     json_path, csv_path = result_paths(default_path("profile") if output is None else output)
@@ -100,6 +100,7 @@ def _run(family, settings, json_path, traces: dict, force: bool, output, world) 
     started = utc_now()
     with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
         target = _memory.build(family, settings, plan)
+    attention = family.set_attention(target, settings)
 
     described = ranks = None
     if world is None:
@@ -120,6 +121,8 @@ def _run(family, settings, json_path, traces: dict, force: bool, output, world) 
               "injection": {name: res["injection"] for name, res in results.items()}}
     if placement_of(target) is not None:
         config["memory"] = placement_of(target).as_dict()
+    if attention is not None:
+        config["attention"] = attention
     if described is not None:
         config["parallel"] = described
         config["ranks"] = ranks  # every rank's kernel time per family (profile.rank_summary), by rank

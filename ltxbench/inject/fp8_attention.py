@@ -1,5 +1,6 @@
 """FP8 self-attention (`precision="fp8-attention"`): an FP8 attention forward on Hopper on top of the FP8
-projections (ltxbench.inject.fp8), through FlashAttention-3 where it is installed, else cuDNN's frontend.
+projections (ltxbench.inject.fp8), through FlashAttention-3 where it is installed (a source build, or pip's fa3-fwd:
+ltxbench.inject.attention_backend), else cuDNN's frontend.
 
 - q and k come out of the q/k RMSNorm + RoPE kernel already in FP8 (ops.qk_rms_norm_rope_fp8, LTX-2's split RoPE
   ops.qk_rms_norm_rope_split_fp8): the scales are powers of two bounded from the norm weights, so there is no amax
@@ -20,9 +21,9 @@ from dataclasses import dataclass
 from ltxbench.errors import EnvironmentProblem, UsageError
 
 FP8_ATTENTION = "fp8-attention"
-INSTALL_HINT = ("pip install --no-deps nvidia-cudnn-frontend (cuDNN's FP8 attention, on torch's cuDNN), or build "
-                "FlashAttention-3: git clone https://github.com/Dao-AILab/flash-attention && cd flash-attention/hopper "
-                "&& pip install --no-build-isolation . (or run --precision fp8)")
+INSTALL_HINT = ("pip install fa3-fwd (FlashAttention-3's forward kernels, bf16 and FP8), or pip install --no-deps "
+                "nvidia-cudnn-frontend (cuDNN's FP8 attention, on torch's cuDNN; not at head dim 64), or build "
+                "flash-attention's hopper/ tree (or run --precision fp8)")
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Fp8Attention:
         reason = self.refuses(head_dim)
         if reason is not None:
             raise UsageError(f"--precision {FP8_ATTENTION} through {self.name}: {reason}",
-                             hint="run --precision fp8, or install FlashAttention-3")
+                             hint="run --precision fp8, or install FlashAttention-3 (pip install fa3-fwd)")
 
 
 def _flash_attention_3(flash_attn_func) -> Fp8Attention:
@@ -70,18 +71,19 @@ def _cudnn(provider: str) -> Fp8Attention:
 
 
 def fp8_attention(provider: str = "cuda") -> Fp8Attention:
-    """FlashAttention-3 where `flash_attn_interface` imports, else cuDNN where `cudnn` (nvidia-cudnn-frontend) does,
-    else EnvironmentProblem (exit 4) saying how to install one."""
+    """FlashAttention-3 where one of its packages imports (ltxbench.inject.attention_backend), else cuDNN where
+    `cudnn` (nvidia-cudnn-frontend) does, else EnvironmentProblem (exit 4) saying how to install one."""
+    from ltxbench.inject.attention_backend import find_flash_attention_3
+
+    fa3, reasons = find_flash_attention_3()
+    if fa3 is not None:
+        return _flash_attention_3(fa3.flash_attn_func)
     try:
-        from flash_attn_interface import flash_attn_func
-    except ImportError as fa3:  # also a build for another torch: its extension fails to load
-        try:
-            import cudnn  # noqa: F401
-        except ImportError as exc:
-            raise EnvironmentProblem(f"--precision {FP8_ATTENTION} needs FlashAttention-3 (flash_attn_interface: "
-                                     f"{fa3}) or cuDNN's frontend (cudnn: {exc})", hint=INSTALL_HINT) from exc
-        return _cudnn(provider)
-    return _flash_attention_3(flash_attn_func)
+        import cudnn  # noqa: F401
+    except ImportError as exc:
+        raise EnvironmentProblem(f"--precision {FP8_ATTENTION} needs FlashAttention-3 ({'; '.join(reasons)}) or "
+                                 f"cuDNN's frontend (cudnn: {exc})", hint=INSTALL_HINT) from exc
+    return _cudnn(provider)
 
 
 def require_precision(precision: str) -> None:

@@ -173,6 +173,11 @@ class ModelFamily:
         itself)."""
         return [target]
 
+    def set_attention(self, target, settings: RunSettings) -> dict | None:
+        """The run's attention backend (--attention-backend) on `target` before any configuration: what was set, for
+        the record; None where the family takes no such option or none was given."""
+        return None
+
     def inject(self, target, settings: RunSettings):
         """Our kernels into `target` (ltxbench.inject.<family>): an InjectionReport, reverted by the runner."""
         raise NotImplementedError

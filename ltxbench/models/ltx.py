@@ -42,6 +42,7 @@ class LTXSettings(RunSettings):
     prompt: str | None = None         # generate (bench e2e and profile use PROMPT)
     negative_prompt: str | None = None
     image: str | None = None          # image-to-video: the first frame's file (recorded only when given)
+    attention_backend: str | None = None  # a diffusers backend, or fa3 (ltxbench.inject.attention_backend)
 
 
 _BENCH = ("bench e2e",)

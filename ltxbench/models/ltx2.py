@@ -50,6 +50,7 @@ class LTX2Settings(RunSettings):
     prompt: str | None = None
     negative_prompt: str | None = None
     image: str | None = None          # image-to-video: the first frame's file (recorded only when given)
+    attention_backend: str | None = None  # a diffusers backend, or fa3 (ltxbench.inject.attention_backend)
     # the 48-block transformer compiled whole took longer than 7 minutes on an H100 (docs/performance.md, LTX-2)
     compile_scope: str = "regional"
 

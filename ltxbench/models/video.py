@@ -40,6 +40,10 @@ def video_options(frames: int, steps: int, frame_rate: int, max_frames: int, max
         Option("frame_rate", ("--frame-rate", "--fps"), int, frame_rate, frame_rate_help),
         Option("phase", ("--phase",), str, "all", "all (encode + denoise + decode) | transformer (denoising loop "
                "only).", ("bench e2e", "profile"), choices=PHASES),
+        Option("attention_backend", ("--attention-backend",), str, None, "fa3: FlashAttention-3 on the "
+               "self-attentions (pip install fa3-fwd, or a hopper/ build), torch's SDPA on the rest; or a diffusers "
+               "backend for every attention (e.g. _native_cudnn). The same for every configuration of a run "
+               "(default: the model's own, torch's SDPA).", ("generate", "bench e2e", "profile")),
     )
 
 
@@ -159,6 +163,10 @@ class VideoFamily(ModelFamily):
         if settings.frame_rate < 1:
             raise UsageError(f"--frame-rate {settings.frame_rate} must be at least 1")
         validate_image(settings.image)
+        from ltxbench.inject import attention_backend
+
+        attention_backend.validate(settings.attention_backend, settings.dtype, settings.device, settings.gpus,
+                                   settings.precision, settings.configs)
         offloads = [c for c in map(Configuration, settings.configs or ()) if c.peer in OFFLOADS]
         if offloads and settings.gpus > 1:
             raise UsageError(f"--configs {offloads[0]}: diffusers' offloading runs on one GPU, not --gpus "
@@ -186,6 +194,15 @@ class VideoFamily(ModelFamily):
 
     def compiled_modules(self, pipe) -> list:
         return self.denoisers(pipe)
+
+    def set_attention(self, pipe, settings) -> dict | None:
+        """--attention-backend on every denoiser (ltxbench.inject.attention_backend): set before any configuration,
+        so the unpatched model and ours attend with the same kernel."""
+        if settings.attention_backend is None:
+            return None
+        from ltxbench.inject import attention_backend
+
+        return attention_backend.apply(self.denoisers(pipe), settings.attention_backend, settings.dtype)
 
     def peers(self) -> dict[str, PeerConfig]:
         """diffusers' offloading (models.video_peers): group offloading and model CPU offload."""

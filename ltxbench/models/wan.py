@@ -41,6 +41,7 @@ class WanSettings(RunSettings):
     prompt: str | None = None
     negative_prompt: str | None = None
     image: str | None = None  # image-to-video (TI2V wan2.2-5b, I2V wan2.1-i2v-14b): the first frame's file
+    attention_backend: str | None = None  # a diffusers backend, or fa3 (ltxbench.inject.attention_backend)
     pair_guidance: bool | None = None  # bench e2e: the optimized configurations' variant
 
 

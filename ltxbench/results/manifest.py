@@ -35,6 +35,7 @@ class Benchmark:
     image: bool = False           # image-to-video: `--image` the manifest's first frame (first_frame)
 
 
+FA3_NEED = "flash-attention-3"  # a FlashAttention-3 package (ltxbench.inject.attention_backend.FA3_MODULES)
 _LTX = ("bench", "e2e", "--model", "ltx-2b", "--weights", "random", "--height", "512", "--width", "768",
         "--compile-cache", "shared")
 _FOUR = ("--configs", "baseline,optimized,compile,optimized+compile")
@@ -61,7 +62,12 @@ BENCHMARKS = (
     Benchmark("e2e-ltx-2b-161f-fp8-attention", (*_LTX, "--configs", "compile", "--precision", "fp8-attention",
                                                 "--num-frames", "161", "--steps", "10", "--phase", "transformer",
                                                 "--warmup-iterations", "1", "--repeats", "2"), 6,
-              needs=("hopper", "flash_attn_interface")),
+              needs=("hopper", FA3_NEED)),
+    # FlashAttention-3 on the self-attentions of every configuration (--attention-backend fa3): the attention's gain
+    # beside e2e-ltx-2b-161f (SDPA), and the kernels' gain over compile with the same attention
+    Benchmark("e2e-ltx-2b-161f-fa3", (*_LTX, "--configs", "compile,optimized+compile", "--attention-backend", "fa3",
+                                      "--num-frames", "161", "--steps", "10", "--phase", "transformer",
+                                      "--warmup-iterations", "1", "--repeats", "2"), 2.5, needs=("hopper", FA3_NEED)),
     Benchmark("e2e-ltx2-19b-121f", (*_LTX2, "--configs", "baseline,optimized,compile,stg-off+compile,"
                                     "optimized+compile", "--steps", "3", "--repeats", "2"), 8),
     Benchmark("e2e-ltx2-19b-121f-fp8", (*_LTX2, "--configs", "stg-off+compile", "--precision", "fp8", "--steps", "3",
@@ -116,12 +122,15 @@ BENCHMARKS = (
           ("-fp8", "optimized", ("--precision", "fp8"), ("hopper",)))),
     # Wan, 81 frames at 480 x 832, the pipeline's guidance (its pair of calls as the configuration runs it)
     Benchmark("e2e-wan2.1-1.3b-81f", (*_WAN, "--model", "wan2.1-1.3b", *_FOUR, "--steps", "5"), 4),
+    Benchmark("e2e-wan2.1-1.3b-81f-fa3", (*_WAN, "--model", "wan2.1-1.3b", *_WAN_COMPILED, "--attention-backend",
+                                          "fa3", "--steps", "5"), 4, needs=("hopper", FA3_NEED)),
     Benchmark("e2e-wan2.1-14b-81f", (*_WAN, "--model", "wan2.1-14b", *_WAN_COMPILED, "--steps", "3"), 7),
     Benchmark("e2e-wan2.2-a14b-81f", (*_WAN, "--model", "wan2.2-a14b", *_WAN_COMPILED, "--steps", "4"), 9),
     # Wan's modulated LayerNorm and gated residual: float32 scale/shift/gate over bf16 rows, as its blocks hold them
     # attention at our models' shapes, per backend (n/a where a package is missing), TFLOP/s against the dense peak
     Benchmark("micro-attention", ("bench", "micro", "attention", "--shapes", "all", "--providers",
-                                  "flash,cudnn,efficient,flash_attn,flash_attn_3,cudnn_fp8,cudnn_fp8_quantizing"),
+                                  "flash,cudnn,efficient,flash_attn,flash_attn_3,cudnn_fp8,cudnn_fp8_quantizing,"
+                                  "flash_attn_3_fp8"),
                   4),
     Benchmark("micro-wan-f32", (*_MICRO, "layer_norm_modulate", "gated_residual", "--shapes", "wan", "--variant",
                                 "wan-f32", "--providers", "cuda,eager,compile"), 1),
@@ -201,6 +210,11 @@ def missing_needs(bench: Benchmark) -> list[str]:
         if need == "hopper":
             if not _has_hopper():
                 missing.append("a Hopper or newer GPU")
+        elif need == FA3_NEED:
+            from ltxbench.inject.attention_backend import flash_attention_3_installed
+
+            if not flash_attention_3_installed():
+                missing.append("FlashAttention-3 (pip install fa3-fwd)")
         elif importlib.util.find_spec(need) is None:
             missing.append(f"the Python module {need}")
     return missing

@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from ltxbench.bench import micro_attention as ma
 from ltxbench.cli import app
+from tests.helpers import without_flash_attention_3
 
 runner = CliRunner()
 
@@ -127,8 +128,9 @@ def test_the_fp8_backend_is_rated_against_the_fp8_peak_with_its_own_gate(monkeyp
     assert ma.record("s", shape, "cudnn", stats, None, error=0.05)["check"]["atol"] == ma.ATOL
     x = ma.inputs(ma.AttentionShape(1, 2, 16, 16, 64), "cpu", 0)
     monkeypatch.setitem(sys.modules, "cudnn", None)
+    without_flash_attention_3(monkeypatch)
     for backend in ma.FP8_BACKENDS:
-        with pytest.raises(ma.NotApplicable, match="cudnn does not import"):
+        with pytest.raises(ma.NotApplicable, match="cudnn does not import|FlashAttention-3 does not import"):
             ma.call(backend, x)
         assert ma.record("s", shape, backend, stats, None, error=0.05)["dtype"] == "fp8"
     assert ma._ordered([1, 2, 3, 4, 5, 6]) == (1, 3, 5, 2, 4, 6)
@@ -137,3 +139,40 @@ def test_the_fp8_backend_is_rated_against_the_fp8_peak_with_its_own_gate(monkeyp
     for backend in ma.FP8_BACKENDS:
         with pytest.raises(ma.NotApplicable, match="self-attention only"):
             ma.call(backend, ma.inputs(ma.AttentionShape(1, 2, 16, 8, 64), "cpu", 0))
+
+
+def test_flash_attention_3_from_pip_fa3_fwd_in_bf16_and_fp8(monkeypatch):
+    """flash_attn_3 and flash_attn_3_fp8 run whichever FlashAttention-3 package imports (here a stand-in for pip's
+    fa3-fwd: attention over the dequantized inputs), the FP8 one on q, k, v quantized per (batch, head) as
+    --precision fp8-attention quantizes them; both within their gates of the fp32 reference, and a 1% error fails."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from ltxbench import ops
+    from ltxbench.ops import reference
+
+    def flash_attn_func(q, k, v, q_descale=None, k_descale=None, v_descale=None, scale_error=1.0, **_):
+        def widen(t, descale):  # (B, S, H, D), descale (B, H)
+            return t.float() if descale is None else t.float() * descale[:, None, :, None]
+        q, k, v = widen(q, q_descale), widen(k, k_descale), widen(v, v_descale)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) * q.shape[-1] ** -0.5
+        return (torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v) * module.scale_error).to(torch.bfloat16)
+
+    module = types.ModuleType("fa3_fwd_interface")
+    module.__spec__ = importlib.machinery.ModuleSpec("fa3_fwd_interface", None)
+    module.flash_attn_func, module.scale_error = flash_attn_func, 1.0
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", module)
+    monkeypatch.setattr(ops, "quantize_fp8_heads", reference.quantize_fp8_heads)  # the CPU's
+    shapes = {"self": ma.AttentionShape(2, 4, 512, 512, 64)}  # enough keys to average as the models do
+
+    def stats(fn):
+        return {"median": 0.01, "p20": 0.01, "p80": 0.01, "min": 0.01, "max": 0.01, "n": 1}
+
+    records = ma.measure(shapes, ["flash_attn_3", "flash_attn_3_fp8"], stats, device="cpu", log=lambda s: None)
+    assert [r["dtype"] for r in records] == ["bf16", "fp8"] and ma.failed(records) == []
+    assert records[1]["check"]["max_abs_err"] > 1e-3  # FP8's rounding is there: the inputs were quantized
+    module.scale_error = 1.1
+    assert len(ma.failed(ma.measure(shapes, ["flash_attn_3", "flash_attn_3_fp8"], stats, device="cpu",
+                                    log=lambda s: None))) == 2

@@ -20,7 +20,7 @@ from ltxbench.cli import app
 from ltxbench.ops import reference
 from ltxbench.ops.accuracy import fp8_mismatch
 from ltxbench.ops.registry import SPECS
-from tests.helpers import BENCH_E2E_LTX_TINY, LTX_TINY
+from tests.helpers import BENCH_E2E_LTX_TINY, LTX_TINY, without_flash_attention_3
 
 FP8 = torch.float8_e4m3fn
 runner = CliRunner()
@@ -170,14 +170,15 @@ def test_public_functions_have_the_reference_signatures():
 # ---- the command line ------------------------------------------------------------------------------------------
 
 def test_without_an_fp8_attention_backend_the_run_exits_4_saying_how_to_install_one(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)  # an import of it raises ImportError
+    without_flash_attention_3(monkeypatch)  # an import of it raises ImportError
     monkeypatch.setitem(sys.modules, "cudnn", None)
     out = tmp_path / "r.json"
     result = runner.invoke(app, [*TINY, "--configs", "optimized", "--precision", "fp8-attention", "-o", str(out)])
     text = " ".join(result.output.split())
     assert result.exit_code == 4, result.output
     assert "--precision fp8-attention needs FlashAttention-3" in text and "or cuDNN's frontend" in text
-    assert "pip install --no-deps nvidia-cudnn-frontend" in text and "flash-attention/hopper" in text
+    assert "pip install fa3-fwd" in text and "pip install --no-deps nvidia-cudnn-frontend" in text
+    assert "fa3_fwd_interface" in text  # both FlashAttention-3 packages were looked for
     assert "built ltx-tiny" not in text  # refused before the model is built
     assert not out.exists()
     named = runner.invoke(app, [*TINY, "--configs", "optimized-fp8-attention", "-o", str(out)])  # by the config
@@ -188,7 +189,7 @@ def test_without_an_fp8_attention_backend_the_run_exits_4_saying_how_to_install_
 def test_cudnn_at_ltx_2b_head_dim_is_refused_before_the_build(command, tmp_path, monkeypatch):
     """LTX-Video 2B's head dim 64 with only cuDNN's FP8 attention installed: exit 2 saying why and what to do, from
     the preset's shipped config, before anything is built."""
-    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    without_flash_attention_3(monkeypatch)
     monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))
     out = tmp_path / ("v.mp4" if command[0] == "generate" else "r.json")
     result = runner.invoke(app, [*command, "--model", "ltx-2b", "--weights", "random", "--device", "cuda",
@@ -379,7 +380,7 @@ def test_cudnn_is_chosen_where_flash_attention_3_is_missing_and_refuses_head_dim
     from ltxbench.errors import UsageError
     from ltxbench.inject import fp8_attention
 
-    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    without_flash_attention_3(monkeypatch)
     monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))  # importable: the choice alone
     backend = fp8_attention.fp8_attention("reference")
     assert backend.name == "cuDNN" and backend.per_tensor
@@ -400,7 +401,7 @@ def test_the_ltx_fp8_attention_path_through_cudnn(monkeypatch):
     from ltxbench.models import family_of
     from ltxbench.ops import cudnn_fp8_attention as op
 
-    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    without_flash_attention_3(monkeypatch)
     monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))
     calls, emulated = [], op.emulated
 

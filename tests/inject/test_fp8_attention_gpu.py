@@ -6,13 +6,11 @@ same backend (our kernels, and for cuDNN the op against its emulation, are what 
 
 from __future__ import annotations
 
-import sys
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.helpers import ltx_2b_two_blocks
+from tests.helpers import ltx_2b_two_blocks, without_flash_attention_3
 
 pytestmark = pytest.mark.gpu
 
@@ -24,7 +22,12 @@ def _hopper():
 
 def _flash_attention_3():
     _hopper()
-    return pytest.importorskip("flash_attn_interface", reason="FlashAttention-3 (hopper/ build) not installed")
+    from ltxbench.inject.attention_backend import find_flash_attention_3
+
+    fa3, _ = find_flash_attention_3()  # a hopper/ build, else pip's fa3-fwd
+    if fa3 is None:
+        pytest.skip("FlashAttention-3 not installed (pip install fa3-fwd)")
+    return fa3
 
 
 def _backend(name):
@@ -148,7 +151,7 @@ def test_ltx_2b_blocks_with_fp8_attention_within_the_gate_and_equal_to_the_refer
     from ltxbench.inject.ltx import apply_kernels, generation
 
     if backend == "cuDNN":  # chosen only where FlashAttention-3 is not there; refused at head dim 64 for its speed
-        monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+        without_flash_attention_3(monkeypatch)
         monkeypatch.setattr(fp8_attention, "CUDNN_SLOWER_HEAD_DIMS", ())
 
     model, inputs = ltx_2b_two_blocks()

@@ -20,6 +20,7 @@ from tests.helpers import (
     ltx_pipeline,
     max_rel_error,
     simulated_fp8,
+    without_flash_attention_3,
 )
 
 TOL = 2e-5  # fused FP8 vs the simulation: the same roundings, fp32 sums in another order
@@ -325,7 +326,7 @@ def test_ltx2_fp8_attention_runs_the_video_self_attention_in_fp8(ltx2_runs, monk
     from ltxbench.ops import cudnn_fp8_attention as op
 
     pipe, exact, _ = ltx2_runs
-    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    without_flash_attention_3(monkeypatch)
     monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))  # importable: chosen; emulated on the CPU
     calls, emulated = [], op.emulated
 

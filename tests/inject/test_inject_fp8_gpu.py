@@ -16,6 +16,7 @@ from tests.helpers import (
     ltx_embeddings,
     ltx_generate,
     ltx_pipeline,
+    without_flash_attention_3,
 )
 
 pytestmark = pytest.mark.gpu
@@ -67,11 +68,10 @@ def test_ltx2_19b_blocks_fp8_within_the_gate_of_bf16():
 def test_ltx2_19b_blocks_fp8_attention_through_cudnn_against_its_emulation_and_bf16(monkeypatch):
     """The video self-attention in FP8 through cuDNN (19B blocks, 128-wide heads): equal to the reference provider's
     path up to bf16 rounding (there the op's fp32 emulation), and within FP8's gate of bf16."""
-    import sys
 
     _hopper()
     pytest.importorskip("cudnn", reason="cuDNN's frontend (nvidia-cudnn-frontend) not installed")
-    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    without_flash_attention_3(monkeypatch)
     from ltxbench.inject import ltx2 as inject_ltx2
 
     model = ltx2_cuda_transformer("ltx2-19b", torch.bfloat16)

@@ -15,7 +15,13 @@ from ltxbench.inject.wan import GELU_RULE, apply_kernels
 from ltxbench.inject.wan.precision import projections
 from ltxbench.models import wan_build
 from ltxbench.ops import reference, reference_fp8
-from tests.helpers import max_rel_error, simulated_fp8, wan_inputs, wan_transformer
+from tests.helpers import (
+    max_rel_error,
+    simulated_fp8,
+    wan_inputs,
+    wan_transformer,
+    without_flash_attention_3,
+)
 
 TOL = 2e-5  # FP8 path vs the simulation: the same roundings, fp32 sums in another order
 
@@ -133,7 +139,7 @@ def test_fp8_attention_runs_attn1_in_fp8_through_the_chosen_backend(runs, monkey
     from ltxbench.ops import cudnn_fp8_attention as op
 
     model, inputs, exact, _ = runs
-    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    without_flash_attention_3(monkeypatch)
     monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))  # importable: chosen; emulated on the CPU
     calls, emulated = [], op.emulated
 
@@ -164,12 +170,11 @@ def test_fp8_attention_runs_attn1_in_fp8_through_the_chosen_backend(runs, monkey
 def test_cuda_fp8_attention_through_cudnn_against_its_emulation_and_the_bf16_model(monkeypatch):
     """cuDNN's FP8 attention in Wan's attn1 on the GPU: equal (up to bf16 rounding) to the reference provider's path,
     whose attention is the op's fp32 emulation, and within FP8's error of the bf16 model, eager and compiled."""
-    import sys
 
     if torch.cuda.get_device_capability() < (9, 0):
         pytest.skip("needs FP8 tensor cores (compute capability 9.0+)")
     pytest.importorskip("cudnn", reason="cuDNN's frontend (nvidia-cudnn-frontend) not installed")
-    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)  # cuDNN's path, FlashAttention-3 or not
+    without_flash_attention_3(monkeypatch)  # cuDNN's path, FlashAttention-3 or not
     gpu = wan_transformer("cuda", "bf16")
     inputs = wan_inputs(gpu, device="cuda")
     exact = _call(gpu, inputs)

@@ -338,6 +338,9 @@ class FakeFamily:
     def parallelize(self, pipe, settings):
         self.parallelized.append(pipe)
 
+    def set_attention(self, pipe, settings):
+        return None
+
     def generate(self, pipe, settings, on_step):
         on_step()
         return [], {"step_ms": [1.0], "text_encode_ms": 1.0, "total_ms": 2.0}, None

@@ -168,3 +168,15 @@ def test_image_to_video_benchmarks_get_the_same_first_frame(tmp_path, head):
     assert code == 0 and "--image" not in seen["e2e-wan2.1-14b-81f"]
     assert seen["e2e-wan2.1-i2v-14b-81f"][-2] == "--image"
     assert seen["frame"] == manifest.first_frame(tmp_path / "again.png").read_bytes()
+
+
+def test_flash_attention_3_is_a_need_either_package_meets(monkeypatch):
+    import importlib.util
+
+    bench = manifest.Benchmark("x", ("bench", "e2e"), 1, needs=(manifest.FA3_NEED,))
+    found = set()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in found else None)
+    assert manifest.missing_needs(bench) == ["FlashAttention-3 (pip install fa3-fwd)"]
+    for name in ("fa3_fwd_interface", "flash_attn_interface"):
+        found = {name}
+        assert manifest.missing_needs(bench) == [], name

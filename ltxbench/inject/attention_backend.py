@@ -1,0 +1,152 @@
+"""`--attention-backend` of the video families: which kernel their attentions run, the same for every configuration
+of a run (set on the transformer before any of them; our processors keep the backend of the ones they replace), so
+that `bench e2e` keeps the kernels' gain apart from the attention's (docs/kernels.md#attention-backends).
+
+- `fa3`: FlashAttention-3 (Hopper) on each denoiser's self-attentions through diffusers' `_flash_3` backend, the
+  cross-attentions (masked for LTX) on torch's SDPA as before. Two packages hold its kernels, tried in this order:
+  a source build of flash-attention's hopper/ tree (`flash_attn_interface`), and pip's `fa3-fwd`
+  (`fa3_fwd_interface`: those kernels built for torch's CUDA 13 wheels, forward only, bf16 and FP8, no fp16). Both
+  expose `flash_attn_func(q, k, v, ...)` on (B, S, heads, head_dim). diffusers binds `_flash_3` to the source build
+  only; with fa3-fwd it is handed that package's `flash_attn_func` (same signature and outputs). Neither package is
+  a dependency: a user opts in by installing one. `--precision fp8-attention` uses its FP8 forward
+  (ltxbench.inject.fp8_attention).
+- any other name: that diffusers backend on every attention module, as `ModelMixin.set_attention_backend` sets it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ltxbench.errors import EnvironmentProblem, UsageError
+
+FA3 = "fa3"  # --attention-backend's name for FlashAttention-3 on the self-attentions
+FA3_MODULES = ("flash_attn_interface", "fa3_fwd_interface")  # the source build, then pip's fa3-fwd
+NO_FP16 = ("fa3_fwd_interface",)  # built without the fp16 kernels
+DIFFUSERS_FA3 = "_flash_3"
+SELF_ATTENTION_NAMES = ("attn1", "audio_attn1")  # diffusers' self-attentions in LTX-Video, LTX-2 and Wan blocks
+FA3_INSTALL_HINT = ("pip install fa3-fwd (FlashAttention-3's forward kernels for torch with CUDA 13, Hopper), or "
+                    "build flash-attention's hopper/ tree")
+
+
+@dataclass(frozen=True)
+class FlashAttention3:
+    module: str                 # the package it came from (FA3_MODULES)
+    flash_attn_func: Callable   # (q, k, v, softmax_scale=None, causal=False, ..., q/k/v_descale=None) on (B, S, H, D)
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return ("bf16",) if self.module in NO_FP16 else ("bf16", "fp16")
+
+
+def find_flash_attention_3() -> tuple[FlashAttention3 | None, list[str]]:
+    """The first of FA3_MODULES that imports (None if neither) and why each one tried before it did not: a package
+    built for another torch fails to load its extension (an ImportError or an OSError)."""
+    reasons = []
+    for name in FA3_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except (ImportError, OSError) as exc:
+            first_line = str(exc).splitlines()[0][:160] if str(exc) else ""
+            reasons.append(f"{name}: {exc.__class__.__name__} {first_line}".rstrip())
+            continue
+        return FlashAttention3(name, module.flash_attn_func), reasons
+    return None, reasons
+
+
+def flash_attention_3_installed() -> bool:
+    """Whether a package of FA3_MODULES is there, without importing it (the results manifest's check)."""
+    return any(importlib.util.find_spec(name) is not None for name in FA3_MODULES)
+
+
+def require_flash_attention_3(what: str) -> FlashAttention3:
+    """find_flash_attention_3()'s, else EnvironmentProblem (exit 4) naming what needs it and how to install it."""
+    found, reasons = find_flash_attention_3()
+    if found is None:
+        raise EnvironmentProblem(f"{what} needs FlashAttention-3 ({'; '.join(reasons)})", hint=FA3_INSTALL_HINT)
+    return found
+
+
+def validate(name: str | None, dtype: str, device: str, gpus: int, precision: str, configs=()) -> None:
+    """Refuse (UsageError naming the flag) what cannot run, before anything is built: any backend beside FP8 attention,
+    which brings its own kernel; fa3 off a GPU, in fp32, or over several GPUs."""
+    from ltxbench.configurations import Configuration
+
+    if name is None:
+        return
+    flag = f"--attention-backend {name}"
+    if precision == "fp8-attention" or any(Configuration(c).precision == "fp8-attention" for c in configs or ()):
+        raise UsageError(f"{flag} with fp8-attention: FP8 attention runs its own kernel",
+                         hint=f"drop --attention-backend {name}, or run --precision fp8")
+    if name != FA3:
+        return
+    if device != "cuda":
+        raise UsageError(f"{flag} runs on a GPU, not --device {device}")
+    if dtype not in ("bf16", "fp16"):
+        raise UsageError(f"{flag} takes bf16 or fp16, not --dtype {dtype}")
+    if gpus > 1:
+        raise UsageError(f"{flag} runs on one GPU, not --gpus {gpus}", hint="drop it over several GPUs")
+
+
+def self_attentions(denoiser) -> list:
+    """The denoiser's self-attention modules (named as SELF_ATTENTION_NAMES in its blocks): unmasked calls, where
+    nearly all of a video model's attention FLOPs are."""
+    from diffusers.models.attention import AttentionModuleMixin
+
+    return [module for name, module in denoiser.named_modules()
+            if name.rpartition(".")[2] in SELF_ATTENTION_NAMES and isinstance(module, AttentionModuleMixin)]
+
+
+def hand_to_diffusers(fa3: FlashAttention3) -> None:
+    """diffusers' `_flash_3` backend calls `fa3` (nothing to do where diffusers found the source build itself)."""
+    from diffusers.models import attention_dispatch as dispatch
+
+    if not hasattr(dispatch, "_wrapped_flash_attn_3") or not hasattr(dispatch, "flash_attn_3_func"):
+        raise EnvironmentProblem("this diffusers release has no FlashAttention-3 backend to run fa3-fwd through",
+                                 hint="use diffusers 0.42, or build flash-attention's hopper/ tree")
+    if dispatch.flash_attn_3_func is None:
+        dispatch.flash_attn_3_func = fa3.flash_attn_func
+
+
+def use_flash_attention_3(denoisers, dtype: str, fa3: FlashAttention3 | None = None) -> dict:
+    """FlashAttention-3 on every self-attention of `denoisers` (diffusers' `_flash_3` set on each module; the other
+    attentions keep theirs): what was set, for the run's record."""
+    fa3 = fa3 or require_flash_attention_3(f"--attention-backend {FA3}")
+    if dtype not in fa3.dtypes:
+        raise UsageError(f"--attention-backend {FA3} through {fa3.module} takes {' or '.join(fa3.dtypes)}, "
+                         f"not --dtype {dtype}")
+    modules = [module for denoiser in denoisers for module in self_attentions(denoiser)]
+    if not modules:
+        raise UsageError(f"--attention-backend {FA3}: the model has no self-attention module named "
+                         f"{' or '.join(SELF_ATTENTION_NAMES)}")
+    hand_to_diffusers(fa3)
+    for module in modules:
+        module.set_attention_backend(DIFFUSERS_FA3)
+    return {"name": FA3, "package": fa3.module, "self_attentions": len(modules),
+            "other_attentions": "unchanged (torch's SDPA)"}
+
+
+def use_diffusers_backend(denoisers, name: str) -> dict:
+    """diffusers' backend `name` on every attention of `denoisers` (UsageError for an unknown name, EnvironmentProblem
+    where its package is missing)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    names = sorted(b.value for b in AttentionBackendName)
+    if name.lower() not in names:
+        raise UsageError(f"--attention-backend {name!r} is neither {FA3} nor a diffusers backend",
+                         hint=f"one of {FA3}, {', '.join(names)}")
+    try:
+        for denoiser in denoisers:  # each of the pipeline's (Wan 2.2 A14B: both experts)
+            denoiser.set_attention_backend(name.lower())
+    except (RuntimeError, ImportError) as exc:
+        raise EnvironmentProblem(f"attention backend {name!r} is not usable here: {exc}") from exc
+    return {"name": name.lower(), "attentions": "all"}
+
+
+def apply(denoisers, name: str, dtype: str) -> dict:
+    """--attention-backend `name` on `denoisers`: what was set."""
+    if name == FA3:
+        return use_flash_attention_3(denoisers, dtype)
+    return use_diffusers_backend(denoisers, name)

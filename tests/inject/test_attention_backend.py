@@ -1,0 +1,309 @@
+"""--attention-backend (ltxbench.inject.attention_backend): which FlashAttention-3 package is found, which modules run
+it, that the unpatched model and ours both reach it through diffusers' `_flash_3` backend (and nothing else does),
+and the command line's refusals. On the CPU FlashAttention-3 is stood in for by attention in fp32; the kernels
+themselves are held against torch's SDPA on the GPU at the end."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from ltxbench.cli import app
+from ltxbench.inject import attention_backend as ab
+from tests.helpers import (
+    BENCH_E2E_LTX_TINY,
+    ltx2_call,
+    ltx2_transformer,
+    ltx_inputs,
+    ltx_transformer,
+    wan_inputs,
+    wan_transformer,
+    without_flash_attention_3,
+)
+
+runner = CliRunner()
+
+
+def _attention(q, k, v, softmax_scale=None, scale_error=1.0):
+    """softmax(q kᵀ · scale) v per (batch, head) in fp32 on (B, S, H, D), and its log-sum-exp (B, H, S)."""
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v.float()) * scale_error
+    return out.to(q.dtype).contiguous(), scores.logsumexp(-1)  # contiguous (B, S, H, D), as the kernel writes it
+
+
+class StandIn:
+    """FlashAttention-3's flash_attn_func as math, counting its calls; `scale_error` 1.01 is a 1% wrong kernel."""
+
+    def __init__(self, scale_error: float = 1.0):
+        self.calls, self.scale_error = [], scale_error
+
+    def __call__(self, q, k, v, softmax_scale=None, causal=False, return_attn_probs=False, **_):
+        assert not causal
+        self.calls.append(tuple(q.shape))
+        out, lse = _attention(q, k, v, softmax_scale, self.scale_error)
+        return (out, lse) if return_attn_probs else out
+
+
+def _module(name: str, func) -> types.ModuleType:
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    module.flash_attn_func = func
+    return module
+
+
+@pytest.fixture(scope="module", autouse=True)
+def diffusers_flash_3_on_the_cpu():
+    """diffusers' `_flash_3` op has a CUDA kernel only: a CPU one calling the same function, for the stand-in."""
+    from diffusers.models import attention_dispatch as dispatch
+
+    def cpu(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None, v_descale=None,
+            attention_chunk=0, softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0):
+        out, lse = dispatch.flash_attn_3_func(q=q, k=k, v=v, softmax_scale=softmax_scale, causal=causal,
+                                              return_attn_probs=True)
+        return out, lse.permute(0, 2, 1)
+
+    dispatch._wrapped_flash_attn_3.register_kernel("cpu")(cpu)
+
+
+@pytest.fixture
+def fa3_fwd(monkeypatch):
+    """pip's fa3-fwd stood in for (the source build absent), diffusers' `_flash_3` unbound as diffusers leaves it."""
+    from diffusers.models import attention_dispatch as dispatch
+
+    stand_in = StandIn()
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", _module("fa3_fwd_interface", stand_in))
+    monkeypatch.setattr(dispatch, "flash_attn_3_func", None)
+    return stand_in
+
+
+# ---- finding FlashAttention-3 -----------------------------------------------------------------------------------
+
+def test_the_source_build_is_preferred_then_pip_fa3_fwd_then_neither_with_both_reasons(monkeypatch):
+    source, pip = StandIn(), StandIn()
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", _module("flash_attn_interface", source))
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", _module("fa3_fwd_interface", pip))
+    found, _ = ab.find_flash_attention_3()
+    assert found.module == "flash_attn_interface" and found.flash_attn_func is source and "fp16" in found.dtypes
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    found, reasons = ab.find_flash_attention_3()
+    assert found.module == "fa3_fwd_interface" and found.flash_attn_func is pip and found.dtypes == ("bf16",)
+    assert len(reasons) == 1 and reasons[0].startswith("flash_attn_interface")
+    without_flash_attention_3(monkeypatch)
+    found, reasons = ab.find_flash_attention_3()
+    assert found is None and [r.split(":")[0] for r in reasons] == list(ab.FA3_MODULES)
+    with pytest.raises(ab.EnvironmentProblem, match="needs FlashAttention-3") as raised:
+        ab.require_flash_attention_3("--attention-backend fa3")
+    assert "pip install fa3-fwd" in raised.value.hint
+
+
+def test_fp16_through_fa3_fwd_is_refused_by_name(fa3_fwd):
+    with pytest.raises(ab.UsageError, match="through fa3_fwd_interface takes bf16, not --dtype fp16"):
+        ab.use_flash_attention_3([ltx_transformer()], "fp16")
+
+
+# ---- which modules, and that both the unpatched model and ours reach it -------------------------------------------
+
+def _backends(model) -> dict:
+    return {name: getattr(m.processor, "_attention_backend", None) for name, m in model.named_modules()
+            if hasattr(m, "processor")}
+
+
+@pytest.mark.parametrize("family", ["ltx", "ltx2", "wan"])
+def test_fa3_is_set_on_the_self_attentions_only(family, fa3_fwd):
+    model = {"ltx": ltx_transformer, "ltx2": lambda: ltx2_transformer(2), "wan": lambda: wan_transformer(dtype="fp32")}
+    model = model[family]()
+    info = ab.use_flash_attention_3([model], "bf16")
+    chosen = {name for name, backend in _backends(model).items() if backend is not None}
+    expected = {name for name in _backends(model) if name.rpartition(".")[2] in ("attn1", "audio_attn1")}
+    assert chosen == expected and len(expected) == info["self_attentions"] > 0
+    assert {str(b.value) for b in map(_backends(model).get, chosen)} == {"_flash_3"}
+    assert any(name.endswith("attn2") for name in _backends(model))  # cross-attentions exist and were left alone
+    assert info["package"] == "fa3_fwd_interface"
+    from diffusers.models import attention_dispatch as dispatch
+
+    assert dispatch.flash_attn_3_func is fa3_fwd  # handed to diffusers, which found no source build
+
+
+def test_a_source_build_diffusers_found_is_not_replaced(monkeypatch):
+    from diffusers.models import attention_dispatch as dispatch
+
+    theirs = StandIn()
+    monkeypatch.setattr(dispatch, "flash_attn_3_func", theirs)
+    ab.hand_to_diffusers(ab.FlashAttention3("fa3_fwd_interface", StandIn()))
+    assert dispatch.flash_attn_3_func is theirs
+
+
+def _ltx_call(model):
+    with torch.no_grad():
+        return model(**ltx_inputs(model))[0]
+
+
+def _wan_call(model):
+    with torch.no_grad():
+        return model(**wan_inputs(model))[0]
+
+
+def _ltx2_call(model):
+    return ltx2_call(model)[0]
+
+
+CASES = {  # family: (model, one call, our injection)
+    "ltx": (ltx_transformer, _ltx_call, "ltxbench.inject.ltx"),
+    "ltx2": (lambda: ltx2_transformer(2), _ltx2_call, "ltxbench.inject.ltx2"),
+    "wan": (lambda: wan_transformer(dtype="fp32"), _wan_call, "ltxbench.inject.wan"),
+}
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_the_unpatched_model_and_ours_run_the_self_attentions_on_it_and_match_sdpa(family, fa3_fwd):
+    """fp32 on the CPU: with the stand-in (exact attention) the outputs equal torch's SDPA path; every self-attention
+    call reaches it, for the unpatched model and with our kernels (reference provider) alike."""
+    import importlib
+
+    build, call, inject = CASES[family]
+    model = build()
+    expected = call(model)
+    info = ab.use_flash_attention_3([model], "bf16")
+    got = call(model)
+    calls = len(fa3_fwd.calls)
+    assert calls >= info["self_attentions"]  # each self-attention at least once a call
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=2e-5)
+    report = importlib.import_module(inject).apply_kernels(model, "reference")
+    try:
+        ours = call(model)
+    finally:
+        report.revert()
+    assert len(fa3_fwd.calls) == 2 * calls  # ours attends through the same backend, as often
+    torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("family", list(CASES))
+def test_a_one_percent_wrong_attention_kernel_fails_the_comparison(family, fa3_fwd):
+    build, call, _ = CASES[family]
+    model = build()
+    expected = call(model)
+    fa3_fwd.scale_error = 1.01
+    ab.use_flash_attention_3([model], "bf16")
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(call(model), expected, atol=2e-5, rtol=2e-5)
+
+
+def test_the_backend_stays_in_a_fullgraph_compile(fa3_fwd):
+    model = ltx_transformer()
+    expected = _ltx_call(model)
+    ab.use_flash_attention_3([model], "bf16")
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    with torch.no_grad():
+        got = compiled(**ltx_inputs(model))[0]
+    assert fa3_fwd.calls
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=2e-5)
+
+
+# ---- the command line -------------------------------------------------------------------------------------------
+
+CUDA_RUN = ["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--device", "cuda", "--num-frames", "9",
+            "--height", "64", "--width", "64", "--steps", "2"]
+
+
+@pytest.mark.parametrize("extra, says", [
+    (["--device", "cpu"], "--attention-backend fa3 runs on a GPU, not --device cpu"),
+    (["--dtype", "fp32"], "--attention-backend fa3 takes bf16 or fp16, not --dtype fp32"),
+    (["--gpus", "2"], "--attention-backend fa3 runs on one GPU, not --gpus 2"),
+    (["--precision", "fp8-attention"], "--attention-backend fa3 with fp8-attention: FP8 attention runs its own"),
+    (["--configs", "compile,optimized-fp8-attention"], "with fp8-attention"),
+])
+def test_fa3_where_it_cannot_run_is_refused_before_the_build(extra, says, tmp_path):
+    result = runner.invoke(app, [*CUDA_RUN, "--attention-backend", "fa3", *extra, "-o", str(tmp_path / "r.json")])
+    assert result.exit_code == 2, result.output
+    assert says in " ".join(result.output.split()) and "built" not in result.output
+
+
+def test_fa3_not_installed_exits_4_before_the_build_saying_how_to_install_it(tmp_path, monkeypatch):
+    without_flash_attention_3(monkeypatch)
+    result = runner.invoke(app, [*CUDA_RUN, "--attention-backend", "fa3", "-o", str(tmp_path / "r.json")])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 4, result.output
+    assert "--attention-backend fa3 needs FlashAttention-3" in text and "pip install fa3-fwd" in text
+    assert "built" not in text and not (tmp_path / "r.json").exists()
+
+
+def test_an_llm_refuses_the_option():
+    result = runner.invoke(app, ["bench", "e2e", "--model", "llama-tiny", "--weights", "random", "--device", "cpu",
+                                 "--attention-backend", "fa3"])
+    assert result.exit_code == 2 and "--attention-backend does not apply to" in " ".join(result.output.split())
+
+
+@pytest.mark.slow
+def test_a_diffusers_backend_is_recorded_for_every_configuration(tmp_path):
+    """The backend is set once, before the configurations: recorded in the run's config and in each record's
+    params (so a run with it is a different measurement from one without)."""
+    import json
+
+    out = tmp_path / "r.json"
+    result = runner.invoke(app, [*BENCH_E2E_LTX_TINY, "--configs", "baseline,optimized", "--phase", "transformer",
+                                 "--attention-backend", "native", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads(out.read_text())
+    assert doc["run"]["config"]["attention"] == {"name": "native", "attentions": "all"}
+    assert {r["params"]["attention_backend"] for r in doc["records"]} == {"native"}
+
+
+# ---- on the GPU: the real kernels against torch's SDPA ------------------------------------------------------------
+
+def _relative_l2(got, expected) -> float:
+    return ((got.float() - expected.float()).norm() / expected.float().norm()).item()
+
+
+@pytest.mark.gpu
+def test_flash_attention_3_on_ltx_2b_blocks_is_as_exact_as_sdpa_unpatched_and_with_our_kernels(monkeypatch):
+    """LTX-2B's width and heads (head dim 64), 2 blocks, 49 frames, bf16: FlashAttention-3 on the self-attentions
+    is as far from the fp32 model as torch's SDPA is (within 1.5x + 1e-3 of its relative error), with and without our
+    kernels."""
+    import copy
+
+    from ltxbench.inject.ltx import apply_kernels
+    from tests.helpers import ltx_2b_two_blocks
+
+    fa3, _ = ab.find_flash_attention_3()
+    if fa3 is None:
+        pytest.skip("FlashAttention-3 not installed (pip install fa3-fwd)")
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("FlashAttention-3 runs on Hopper")
+    from diffusers.models import attention_dispatch as dispatch
+
+    calls = []
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return fa3.flash_attn_func(*args, **kwargs)
+
+    monkeypatch.setattr(dispatch, "flash_attn_3_func", None)  # ours is handed over, counting the real kernel's calls
+    fa3 = ab.FlashAttention3(fa3.module, fa3.flash_attn_func)
+    counting = ab.FlashAttention3(fa3.module, counted)
+    model, inputs = ltx_2b_two_blocks()
+    with torch.no_grad():
+        reference = copy.deepcopy(model).float()(**{k: v.float() if torch.is_tensor(v) and v.is_floating_point()
+                                                     else v for k, v in inputs.items()})[0]
+        sdpa = model(**inputs)[0]
+        report = apply_kernels(model, "cuda")
+        ours_sdpa = model(**inputs)[0]
+        report.revert()
+        ab.use_flash_attention_3([model], "bf16", counting)
+        flash = model(**inputs)[0]
+        assert len(calls) == 2  # each block's attn1
+        report = apply_kernels(model, "cuda")
+        ours_flash = model(**inputs)[0]
+        report.revert()
+    assert len(calls) >= 3  # ours too (LTX's CFG-halves check may answer block 0's second half from its first)
+    for name, got, bar in (("unpatched", flash, sdpa), ("ours", ours_flash, ours_sdpa)):
+        err, bar_err = _relative_l2(got, reference), _relative_l2(bar, reference)
+        print(f"{name}: FlashAttention-3 ({fa3.module}) rel L2 {err:.2e}, SDPA {bar_err:.2e}")
+        assert err <= 1.5 * bar_err + 1e-3, name
