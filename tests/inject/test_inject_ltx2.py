@@ -41,9 +41,10 @@ def test_kept_keys_and_values_give_the_model_output_bit_for_bit(pipe):
                                        text_encoder=False)
     try:
         assert dict(report.rules) == {inject_ltx2.TEXT_KV_RULE: 4, inject_ltx2.PROJECTION_RULE: 2,
-                                      inject_ltx2.GENERATION_RULE: 1}
+                                      inject_ltx2.TEXT_MASK_RULE: 1, inject_ltx2.GENERATION_RULE: 1}
         cache = vars(pipe.transformer)[inject_ltx2.CACHE_ATTR]
-        assert _equal(_latents(pipe), expected)
+        assert _equal(_latents(pipe), expected)  # the connectors' all-ones masks left out too
+        assert cache.mask_checks == 2  # the pair's mask and the batch-1 passes' (video and audio share each): once each
         kept, calls = len(_attns(pipe)) + 2, 3 * GENERATE["num_inference_steps"]  # + the two prompt projections
         assert cache.builds == 2 * kept and cache.hits == (calls - 2) * kept
         assert cache.entries == {} and cache.generations == 0  # forgotten after the call

@@ -187,6 +187,7 @@ def test_optimized_reports_its_rules_and_still_writes(tmp_path):
         PROJECTIONS_RULE,
         STG_RULE,
         TEXT_KV_RULE,
+        TEXT_MASK_RULE,
     )
 
     out = tmp_path / "o.json"
@@ -199,7 +200,7 @@ def test_optimized_reports_its_rules_and_still_writes(tmp_path):
     rules = injection["rules"]
     text_encoder = {rule: rules.pop(rule) for rule in list(rules) if rule.startswith("text_encoder: ")}
     assert rules == {TEXT_KV_RULE: 4, PROJECTION_RULE: 2, GENERATION_RULE: 1, BLOCK_RULE: 2,
-                     PROJECTIONS_RULE: 8, STG_RULE: 1, MOVES_RULE: 8}  # each fused set follows .to()
+                     PROJECTIONS_RULE: 8, STG_RULE: 1, TEXT_MASK_RULE: 1, MOVES_RULE: 8}  # each fused set follows .to()
     assert text_encoder["text_encoder: gemma mlp: fused gate_up projection + geglu (tanh GELU)"] == 2  # its layers
     assert _names(doc["records"], "optimized") == {"denoise_step", "total"}
 

@@ -8,7 +8,8 @@ Rules:
   attentions' modulation.
   projections: the self-attentions' q/k/v and the audio<->video attentions' k/v as one GEMM each.
   text keys/values (text_kv.py): attn2 / audio_attn2 keys and values once per generation, also under regional
-  compile (looked up outside the block's graph).
+  compile (looked up outside the block's graph); text masks of all ones (the connectors') left out, so the text
+  attentions attend unmasked.
   STG pass (stg.py): where no block has perturbed attention (LTX-2.0), the pipeline's spatio-temporal-guidance pass
   computes the guidance pair's positive half again; it is answered from that half instead (checked per call).
 
@@ -43,11 +44,12 @@ from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx2.attention import plain_attention, plain_feed_forward
 from ltxbench.inject.ltx2.block import FUSED_PROCESSORS_ATTR, fused_block_forward
 from ltxbench.inject.ltx2.precision import quantize_block, unquantizable
-from ltxbench.inject.ltx2.stg import MEMO_ATTR, STG_RULE, PairMemo, memo_call
+from ltxbench.inject.ltx2.stg import MEMO_ATTR, STG_RULE, TEXT_CACHE_ATTR, PairMemo, memo_call
 from ltxbench.inject.ltx2.text_kv import (
     PROCESSOR_SOURCE,
     PROJECTION_RULE,
     TEXT_KV_RULE,
+    TEXT_MASK_RULE,
     TextKVCache,
     TextKVProcessor,
     keep_projections,
@@ -56,8 +58,8 @@ from ltxbench.inject.ltx2.text_kv import (
 )
 
 __all__ = ["ATTN1_FP8_RULE", "BLOCK_RULE", "CACHE_ATTR", "GENERATION_RULE", "MEMO_ATTR", "PROJECTION_RULE",
-           "PROJECTIONS_RULE", "STG_RULE", "TEXT_KV_RULE", "TextKVCache", "TextKVProcessor", "apply_kernels",
-           "generation", "new_generation"]
+           "PROJECTIONS_RULE", "STG_RULE", "TEXT_KV_RULE", "TEXT_MASK_RULE", "TextKVCache", "TextKVProcessor",
+           "apply_kernels", "generation", "new_generation"]
 
 BLOCK_RULE = ("block: modulated RMSNorms, gated residuals into the next norm, q/k RMSNorm + RoPE, GEMM epilogues "
               "(GELU-tanh, residual), a2v/v2a modulation")
@@ -65,7 +67,7 @@ PROJECTIONS_RULE = "attn1/audio_attn1 q/k/v, a2v/v2a k/v: one GEMM each (fused w
 ATTN1_FP8_RULE = "attn1: FP8 attention ({}) on q/k from the split-RoPE kernel in FP8 and v quantized"  # the backend
 GENERATION_RULE = ("pipeline: each call one generation (the text keys/values and the guidance pair kept across its "
                    "calls are forgotten after)")
-CACHE_ATTR = "_ltxbench_text_kv_cache"  # on the patched transformer: its TextKVCache
+CACHE_ATTR = TEXT_CACHE_ATTR  # on the patched transformer: its TextKVCache
 # sha256 (first 16 hex digits) of LTX2VideoTransformerBlock.forward and .get_mod_params in diffusers 0.42.1: the code
 # block.py reproduces.
 BLOCK_SOURCES = ("1dbdd9ab731b53b9", "493775244f201a41")
@@ -198,12 +200,16 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
         vars(transformer)[CACHE_ATTR] = cache
         report.on_revert(lambda: vars(transformer).pop(CACHE_ATTR, None))
     if reuse_stg_pass:
-        patch_call(report, STG_RULE, transformer, memo_call, {})
         memo = vars(transformer)[MEMO_ATTR] = PairMemo()
         report.on_revert(lambda: vars(transformer).pop(MEMO_ATTR, None))
         report.outcome(CALLS_ANSWERED, lambda: list(memo.answered))
     else:
         report.skip(STG_RULE, "turned off (reuse_stg_pass=False)")
+    text_masks = CACHE_ATTR in vars(transformer)
+    if reuse_stg_pass or text_masks:  # one `__call__` for both (memo_call): the masks left out, then the memo
+        patch_call(report, STG_RULE if reuse_stg_pass else TEXT_MASK_RULE, transformer, memo_call, {})
+        if reuse_stg_pass and text_masks:
+            report.note(TEXT_MASK_RULE)
     if CACHE_ATTR in vars(transformer) or MEMO_ATTR in vars(transformer):
         if target is not transformer:
             patch_call(report, GENERATION_RULE, target, _generation_call, {})

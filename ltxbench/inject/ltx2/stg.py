@@ -23,6 +23,7 @@ import torch
 from ltxbench.inject import original_class, parameter_versions
 
 MEMO_ATTR = "_ltxbench_stg_memo"  # on the patched transformer: its PairMemo
+TEXT_CACHE_ATTR = "_ltxbench_text_kv_cache"  # ... and its TextKVCache (text_kv.py), where the text rules apply
 STG_RULE = ("pipeline: the STG pass answered from the guidance pair's positive half where no block has perturbed "
             "attention (LTX-2.0: the same inputs, the same math)")
 STG_ARGS = ("spatio_temporal_guidance_blocks", "perturbation_mask")
@@ -111,7 +112,11 @@ def _half_output(output):
 
 
 def memo_call(self, *args, **kwargs):
-    """The transformer's `__call__` through its PairMemo (kwargs-only calls under no_grad; others run as they are)."""
+    """The transformer's `__call__`: its all-ones text masks left out by the generation's text cache (text_kv.py,
+    where there is one), then through its PairMemo (kwargs-only calls under no_grad; others run as they are)."""
+    cache = vars(self).get(TEXT_CACHE_ATTR)
+    if cache is not None and not args and not torch.is_grad_enabled():
+        kwargs = cache.without_ones_masks(kwargs)
     memo = vars(self).get(MEMO_ATTR)
     if memo is None or args or torch.is_grad_enabled() or not memo.generations:
         return original_class(self).__call__(self, *args, **kwargs)

@@ -30,6 +30,9 @@ PROJECTION_SOURCE = "767653bc523ffe7f"
 PROJECTION_RULE = ("caption_projection/audio_caption_projection: the projected prompt once per generation (the text "
                    "keys/values' input: the same tensor for every call)")
 ENTRIES_PER_LAYER = 4  # the CFG pair's prompt and the positive half (STG and modality passes): 2 in use
+TEXT_MASK_RULE = ("pipeline: text masks of all ones (what LTX-2's connectors return) left out, so attn2/audio_attn2 "
+                  "attend unmasked (exact: the additive bias they stand for is zero)")
+MASK_ARGS = ("encoder_attention_mask", "audio_encoder_attention_mask")  # the transformer's (B, L) 0/1 text masks
 
 
 class TextKVCache:
@@ -39,9 +42,35 @@ class TextKVCache:
         self.generations = 0  # open generation scopes: the cache answers only inside one
         self.builds = self.hits = 0
         self.entries: dict[int, list] = {}
+        self.masks: dict[tuple, tuple] = {}  # a text mask view's stamp -> (all ones, the mask kept alive)
+        self.mask_checks = 0
 
     def clear(self) -> None:
-        self.entries = {}
+        self.entries, self.masks = {}, {}
+
+    def without_ones_masks(self, kwargs: dict) -> dict:
+        """A transformer call's kwargs with each text mask (MASK_ARGS) that is all ones left out (None): the model then
+        adds no bias, where the mask would add zeros, and the attention backends take their unmasked path (faster on
+        cuDNN; FlashAttention-3 takes no mask). Inside a generation only, each mask view read once there (one
+        synchronization); a view written in place is read again. Anything else keeps its mask."""
+        if not self.generations:
+            return kwargs
+        out = kwargs
+        for name in MASK_ARGS:
+            mask = kwargs.get(name)
+            if torch.is_tensor(mask) and mask.dim() == 2 and self._all_ones(mask):
+                out = dict(out) if out is kwargs else out
+                out[name] = None
+        return out
+
+    def _all_ones(self, mask) -> bool:
+        stamp = _stamp(mask, ())
+        if stamp is None:  # under autograd, or an inference tensor (no version counter): keep the mask
+            return False
+        if stamp not in self.masks:
+            self.mask_checks += 1
+            self.masks[stamp] = (bool((mask == 1).all()), mask)  # kept alive: no other tensor takes its address
+        return self.masks[stamp][0]
 
     def key_value(self, attn, source):
         """The layer's (key, value) of `source`: from the cache when it holds this input and these weights."""
