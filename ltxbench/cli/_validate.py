@@ -209,10 +209,13 @@ def attention_installed(family, settings) -> None:
     dim (read from its shipped config; other models are checked at injection)."""
     from ltxbench.configurations import Configuration
 
-    if getattr(settings, "attention_backend", None) == "fa3":
-        from ltxbench.inject.attention_backend import FA3, require_flash_attention_3
+    name = getattr(settings, "attention_backend", None)
+    if name is not None:
+        from ltxbench.inject.attention_backend import FA3, check_name, require_flash_attention_3
 
-        require_flash_attention_3(f"--attention-backend {FA3}")
+        check_name(name)
+        if name == FA3:
+            require_flash_attention_3(f"--attention-backend {FA3}")
     if settings.precision == "fp8-attention" or any(Configuration(c).precision == "fp8-attention"
                                                     for c in settings.configs or ()):
         from ltxbench.inject.fp8_attention import fp8_attention

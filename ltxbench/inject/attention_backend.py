@@ -128,15 +128,22 @@ def use_flash_attention_3(denoisers, dtype: str, fa3: FlashAttention3 | None = N
             "other_attentions": "unchanged (torch's SDPA)"}
 
 
-def use_diffusers_backend(denoisers, name: str) -> dict:
-    """diffusers' backend `name` on every attention of `denoisers` (UsageError for an unknown name, EnvironmentProblem
-    where its package is missing)."""
+def check_name(name: str) -> None:
+    """UsageError unless `name` is fa3 or one of diffusers' attention backends (imports diffusers' dispatch)."""
+    if name == FA3:
+        return
     from diffusers.models.attention_dispatch import AttentionBackendName
 
     names = sorted(b.value for b in AttentionBackendName)
     if name.lower() not in names:
         raise UsageError(f"--attention-backend {name!r} is neither {FA3} nor a diffusers backend",
                          hint=f"one of {FA3}, {', '.join(names)}")
+
+
+def use_diffusers_backend(denoisers, name: str) -> dict:
+    """diffusers' backend `name` on every attention of `denoisers` (UsageError for an unknown name, EnvironmentProblem
+    where its package is missing)."""
+    check_name(name)
     try:
         for denoiser in denoisers:  # each of the pipeline's (Wan 2.2 A14B: both experts)
             denoiser.set_attention_backend(name.lower())

@@ -307,3 +307,10 @@ def test_flash_attention_3_on_ltx_2b_blocks_is_as_exact_as_sdpa_unpatched_and_wi
         err, bar_err = _relative_l2(got, reference), _relative_l2(bar, reference)
         print(f"{name}: FlashAttention-3 ({fa3.module}) rel L2 {err:.2e}, SDPA {bar_err:.2e}")
         assert err <= 1.5 * bar_err + 1e-3, name
+
+
+def test_an_unknown_backend_name_is_refused_before_the_build(tmp_path):
+    result = runner.invoke(app, [*BENCH_E2E_LTX_TINY, "--attention-backend", "fast", "-o", str(tmp_path / "r.json")])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2, result.output
+    assert "--attention-backend 'fast' is neither fa3 nor a diffusers backend" in text and "built" not in text
