@@ -32,6 +32,10 @@ TINY = ["profile", "--model", "ltx-tiny", "--weights", "random", "--device", "cp
      ", false, false, false, false, true, true, false>(pytorch_flash::Flash_fwd_params)", "attention"),
     ("fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t>)",
      "attention"),
+    ("void cutlass::device_kernel<flash::enable_sm90_or_later<flash::FlashAttnFwdSm90<flash::CollectiveMainloopFwdSm90"
+     "<2, cute::tuple<cute::C<1>, cute::C<1>, cute::C<1> >, cute::tuple<cute::C<128>, cute::C<128>, cute::C<64> >, 64, "
+     "cutlass::bfloat16_t, float, cutlass::arch::Sm90, false> > > >(...)", "attention"),  # FlashAttention-3 (fa3)
+    ("void ltxbench::(anonymous namespace)::gemv_kernel<__nv_bfloat16, 1>(ltxbench::GemmParams)", "ltxbench"),
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
     ("aten::_efficient_attention_forward", "attention"),
     ("void ltxbench::(anonymous namespace)::row_op_cached<__nv_bfloat16, 8, 4, 1>(ltxbench::RowArgs)", "ltxbench"),
