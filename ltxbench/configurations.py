@@ -2,8 +2,10 @@
 
 A `Configuration` is parsed once from its name (`--configs`, or the flags of a single selection) and its parts are
 read from it everywhere else: `patch` ("none", "ours" or a peer library's name), `precision` (what our projections
-run in) and `compiled`. It is a `str` whose value is its name, so that records, result keys and JSON keep the names
-users type. Names: baseline, compile, optimized[-<precision>][+compile], <peer>[+compile].
+run in), `compiled` and `attention` (an attention backend set for this configuration alone, or None: the run's). It
+is a `str` whose value is its name, so that records, result keys and JSON keep the names users type. Names:
+baseline, compile, optimized[-<precision>][+compile], <peer>[+compile], each of the first three with @<attention>
+(e.g. compile@fa3: the unpatched model compiled, its self-attentions on FlashAttention-3).
 
 Only the standard library: the CLI, the families, the runners and the result readers all import it.
 """
@@ -11,6 +13,8 @@ Only the standard library: the CLI, the families, the runners and the result rea
 from __future__ import annotations
 
 PRECISIONS = ("bf16", "fp8", "fp8-attention")  # --precision: ours in bf16, FP8 projections, and FP8 self-attention
+# <config>@<attention>: fa3, FlashAttention-3 on the self-attentions (ltxbench.inject.attention_backend)
+ATTENTIONS = ("fa3",)
 FP8_ACCUMULATIONS = ("fast", "fp32")  # --fp8-accumulation: the FP8 GEMMs' (ops.linear_fp8), fast the default
 COMPILED = "+compile"
 STANDARD = ("baseline", "optimized", "compile", "optimized+compile")  # ours and torch's; families add peers
@@ -29,15 +33,20 @@ class Configuration(str):
     patch: str      # "none" (the model as it is), "ours" (our kernels), or a peer library's name
     precision: str  # what our projections run in: bf16, fp8 or fp8-attention (bf16 for every other patch)
     compiled: bool  # torch.compile over the patch
+    attention: str | None  # an attention backend of this configuration alone (ATTENTIONS), or None
 
     def __new__(cls, name: str):
         if isinstance(name, Configuration):
             return name
         self = super().__new__(cls, name)
-        base = name.removesuffix(COMPILED)
-        compiled = base != name
-        if name in ("baseline", "compile"):
-            self.patch, self.precision, self.compiled = "none", "bf16", name == "compile"
+        rest, at, attention = name.partition("@")
+        if at and attention not in ATTENTIONS:
+            raise ValueError(f"not a configuration: {name!r} (attention {attention!r}: one of {', '.join(ATTENTIONS)})")
+        self.attention = attention or None
+        base = rest.removesuffix(COMPILED)
+        compiled = base != rest
+        if rest in ("baseline", "compile"):
+            self.patch, self.precision, self.compiled = "none", "bf16", rest == "compile"
             return self
         if not base or base in ("baseline", "compile") or "+" in base:
             raise ValueError(f"not a configuration: {name!r}")
@@ -45,18 +54,24 @@ class Configuration(str):
             precision = base.removeprefix("optimized").removeprefix("-") or "bf16"
             if precision not in PRECISIONS or precision == "bf16" and base != "optimized":
                 raise ValueError(f"not a configuration: {name!r} (precision {precision!r})")
+            if at and precision == "fp8-attention":
+                raise ValueError(f"not a configuration: {name!r} (fp8-attention runs its own attention kernel)")
             self.patch, self.precision = "ours", precision
+        elif at:
+            raise ValueError(f"not a configuration: {name!r} (@{attention} goes with ours or the unpatched model)")
         else:
             self.patch, self.precision = base, "bf16"
         self.compiled = compiled
         return self
 
     @classmethod
-    def of(cls, patch: str, precision: str = "bf16", compiled: bool = False) -> Configuration:
+    def of(cls, patch: str, precision: str = "bf16", compiled: bool = False,
+           attention: str | None = None) -> Configuration:
+        suffix = f"@{attention}" if attention else ""
         if patch == "none":
-            return cls("compile" if compiled else "baseline")
+            return cls(("compile" if compiled else "baseline") + suffix)
         base = ("optimized" if precision == "bf16" else f"optimized-{precision}") if patch == "ours" else patch
-        return cls(base + (COMPILED if compiled else ""))
+        return cls(base + (COMPILED if compiled else "") + suffix)
 
     @property
     def name(self) -> str:
@@ -78,6 +93,14 @@ class Configuration(str):
 
     def __getnewargs__(self):  # pickling (multi-process runs) rebuilds it from its name
         return (str(self),)
+
+
+def with_attention(configs, attention: str) -> tuple[Configuration, ...]:
+    """Each of `configs` that can take its own attention backend (the unpatched model and ours, but FP8 attention),
+    with `attention`."""
+    configs = map(Configuration, configs)
+    return tuple(Configuration.of(c.patch, c.precision, c.compiled, attention) for c in configs
+                 if c.attention is None and c.patch in ("none", "ours") and c.precision != "fp8-attention")
 
 
 def added_by(precision: str) -> tuple[Configuration, ...]:

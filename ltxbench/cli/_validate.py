@@ -204,13 +204,13 @@ def memory_budget(family, settings, cpu_offload: bool = False) -> None:
 
 def attention_installed(family, settings) -> None:
     """The attention kernels the run asks for, before the model is built (exit 4 where none imports, not after the
-    build): FlashAttention-3 for --attention-backend fa3; an FP8 attention backend where the run takes FP8 attention
-    (--precision fp8-attention, or an optimized-fp8-attention configuration), exit 2 where it refuses a preset's head
-    dim (read from its shipped config; other models are checked at injection)."""
+    build): FlashAttention-3 for --attention-backend fa3 or a configuration's @fa3; an FP8 attention backend where
+    the run takes FP8 attention (--precision fp8-attention, or an optimized-fp8-attention configuration), exit 2 where
+    it refuses a preset's head dim (read from its shipped config; other models are checked at injection)."""
     from ltxbench.configurations import Configuration
 
-    name = getattr(settings, "attention_backend", None)
-    if name is not None:
+    names = {Configuration(c).attention for c in settings.configs or ()}
+    for name in sorted((names | {getattr(settings, "attention_backend", None)}) - {None}):
         from ltxbench.inject.attention_backend import FA3, check_name, require_flash_attention_3
 
         check_name(name)

@@ -113,19 +113,74 @@ def hand_to_diffusers(fa3: FlashAttention3) -> None:
 def use_flash_attention_3(denoisers, dtype: str, fa3: FlashAttention3 | None = None) -> dict:
     """FlashAttention-3 on every self-attention of `denoisers` (diffusers' `_flash_3` set on each module; the other
     attentions keep theirs): what was set, for the run's record."""
-    fa3 = fa3 or require_flash_attention_3(f"--attention-backend {FA3}")
-    if dtype not in fa3.dtypes:
-        raise UsageError(f"--attention-backend {FA3} through {fa3.module} takes {' or '.join(fa3.dtypes)}, "
-                         f"not --dtype {dtype}")
-    modules = [module for denoiser in denoisers for module in self_attentions(denoiser)]
-    if not modules:
-        raise UsageError(f"--attention-backend {FA3}: the model has no self-attention module named "
-                         f"{' or '.join(SELF_ATTENTION_NAMES)}")
-    hand_to_diffusers(fa3)
-    for module in modules:
-        module.set_attention_backend(DIFFUSERS_FA3)
-    return {"name": FA3, "package": fa3.module, "self_attentions": len(modules),
-            "other_attentions": "unchanged (torch's SDPA)"}
+    return choose(denoisers, FA3, dtype, fa3).info
+
+
+class AttentionChoice:
+    """An attention backend set on some attention modules: `revert()` gives each module's processor its backend back
+    (after reverting the report it wraps, `around`: the configuration's own patch, which copied the backend into the
+    processors it installed). The report interface of bench e2e's configurations (as_dict, outcomes, revert)."""
+
+    def __init__(self, info: dict, previous: list):
+        self.info, self.previous, self.inner = info, previous, None
+
+    def around(self, inner):
+        self.inner = inner
+        return self
+
+    def revert(self) -> None:
+        if self.inner is not None:
+            self.inner.revert()
+            self.inner = None
+        for processor, backend in reversed(self.previous):
+            processor._attention_backend = backend
+        self.previous = []
+
+    def as_dict(self) -> dict:
+        out = self.inner.as_dict() if self.inner is not None else {"applied": False, "reason": "the unpatched model"}
+        return {**out, "attention": self.info}
+
+    def outcomes(self) -> dict:
+        read = getattr(self.inner, "outcomes", None)
+        return read() if read is not None else {}
+
+
+def choose(denoisers, name: str, dtype: str, fa3: FlashAttention3 | None = None) -> AttentionChoice:
+    """Attention backend `name` (FA3: FlashAttention-3 on the self-attentions; else a diffusers backend on every
+    attention) set on `denoisers`, revertible."""
+    if name == FA3:
+        fa3 = fa3 or require_flash_attention_3(f"--attention-backend {FA3}")
+        if dtype not in fa3.dtypes:
+            raise UsageError(f"--attention-backend {FA3} through {fa3.module} takes {' or '.join(fa3.dtypes)}, "
+                             f"not --dtype {dtype}")
+        modules = [module for denoiser in denoisers for module in self_attentions(denoiser)]
+        if not modules:
+            raise UsageError(f"--attention-backend {FA3}: the model has no self-attention module named "
+                             f"{' or '.join(SELF_ATTENTION_NAMES)}")
+        hand_to_diffusers(fa3)
+        backend, info = DIFFUSERS_FA3, {"name": FA3, "package": fa3.module, "self_attentions": len(modules),
+                                        "other_attentions": "unchanged (torch's SDPA)"}
+    else:  # through ModelMixin.set_attention_backend: diffusers checks the backend's package and the parallel config
+        check_name(name)
+        from diffusers.models.attention import AttentionModuleMixin
+        from diffusers.models.attention_processor import Attention, MochiAttention
+
+        kinds = (Attention, MochiAttention, AttentionModuleMixin)  # the modules it sets
+        modules = [m for denoiser in denoisers for m in denoiser.modules() if isinstance(m, kinds)]
+        backend, info = name.lower(), {"name": name.lower(), "attentions": "all"}
+    previous = [(module.processor, getattr(module.processor, "_attention_backend", None)) for module in modules]
+    choice = AttentionChoice(info, previous)
+    try:
+        if name == FA3:
+            for module in modules:
+                module.set_attention_backend(backend)
+        else:
+            for denoiser in denoisers:
+                denoiser.set_attention_backend(backend)
+    except (RuntimeError, ImportError) as exc:
+        choice.revert()
+        raise EnvironmentProblem(f"attention backend {name!r} is not usable here: {exc}") from exc
+    return choice
 
 
 def check_name(name: str) -> None:
@@ -140,20 +195,6 @@ def check_name(name: str) -> None:
                          hint=f"one of {FA3}, {', '.join(names)}")
 
 
-def use_diffusers_backend(denoisers, name: str) -> dict:
-    """diffusers' backend `name` on every attention of `denoisers` (UsageError for an unknown name, EnvironmentProblem
-    where its package is missing)."""
-    check_name(name)
-    try:
-        for denoiser in denoisers:  # each of the pipeline's (Wan 2.2 A14B: both experts)
-            denoiser.set_attention_backend(name.lower())
-    except (RuntimeError, ImportError) as exc:
-        raise EnvironmentProblem(f"attention backend {name!r} is not usable here: {exc}") from exc
-    return {"name": name.lower(), "attentions": "all"}
-
-
 def apply(denoisers, name: str, dtype: str) -> dict:
-    """--attention-backend `name` on `denoisers`: what was set."""
-    if name == FA3:
-        return use_flash_attention_3(denoisers, dtype)
-    return use_diffusers_backend(denoisers, name)
+    """--attention-backend `name` on `denoisers` for the whole run: what was set."""
+    return choose(denoisers, name, dtype).info

@@ -12,7 +12,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from ltxbench.configurations import CUDA_GRAPH_MODES, FP8_ACCUMULATIONS, STANDARD, Configuration, added_by
+from ltxbench.configurations import (
+    CUDA_GRAPH_MODES,
+    FP8_ACCUMULATIONS,
+    STANDARD,
+    Configuration,
+    added_by,
+    with_attention,
+)
 from ltxbench.errors import UsageError
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -99,6 +106,7 @@ class ModelFamily:
     parallel_splits: ClassVar[tuple[str, ...]] = ("cfg", "ulysses", "ring", "cfg+ulysses", "cfg+ring")
     two_gpu_split: ClassVar[str] = "cfg"  # --gpus 2 without --parallel
     precisions: ClassVar[tuple[str, ...]] = ("bf16",)  # --precision values its injection takes
+    attentions: ClassVar[tuple[str, ...]] = ()  # <config>@<attention> it takes (configurations.ATTENTIONS)
 
     # --- resolving --model ------------------------------------------------------------------------------
     def claims(self, model: str) -> bool:
@@ -161,7 +169,9 @@ class ModelFamily:
         each peer alone and compiled."""
         fp8 = tuple(dict.fromkeys(c for precision in self.precisions for c in added_by(precision)))
         peers = tuple(Configuration.of(peer, compiled=compiled) for peer in self.peers() for compiled in (False, True))
-        return tuple(map(Configuration, STANDARD)) + fp8 + peers
+        ours_and_torch = tuple(map(Configuration, STANDARD)) + fp8
+        attended = tuple(c for attention in self.attentions for c in with_attention(ours_and_torch, attention))
+        return ours_and_torch + peers + attended
 
     # --- with torch ------------------------------------------------------------------------------------
     def build(self, settings: RunSettings):
@@ -251,8 +261,10 @@ def parse_configs(text: str, allowed: tuple[str, ...] = STANDARD) -> list[Config
     names = [c.strip() for c in text.split(",") if c.strip()]
     if not names:
         raise UsageError("--configs is empty", hint=f"choose from {', '.join(allowed)} or all")
-    if names == ["all"]:  # the FP8 ones come with --precision (with_precision): they need a Hopper GPU
-        return [Configuration(c) for c in allowed if Configuration(c).precision == "bf16"]
+    if names == ["all"]:  # the FP8 ones come with --precision (with_precision): they need a Hopper GPU; the ones
+        # with an attention backend of their own need its package
+        return [Configuration(c) for c in allowed if Configuration(c).precision == "bf16"
+                and Configuration(c).attention is None]
     bad = [c for c in names if c not in allowed]
     if bad:
         raise UsageError(f"--configs: unknown configuration {bad[0]!r}",

@@ -167,6 +167,12 @@ class VideoFamily(ModelFamily):
 
         attention_backend.validate(settings.attention_backend, settings.dtype, settings.device, settings.gpus,
                                    settings.precision, settings.configs)
+        own = sorted({c.attention for c in map(Configuration, settings.configs or ()) if c.attention})
+        if own and settings.attention_backend is not None:
+            raise UsageError(f"--attention-backend {settings.attention_backend} sets every configuration's attention, "
+                             f"and --configs names @{own[0]}", hint="choose one of them")
+        for name in own:  # a configuration's own: fp8-attention ones cannot take it (Configuration refuses them)
+            attention_backend.validate(name, settings.dtype, settings.device, settings.gpus, "bf16")
         offloads = [c for c in map(Configuration, settings.configs or ()) if c.peer in OFFLOADS]
         if offloads and settings.gpus > 1:
             raise UsageError(f"--configs {offloads[0]}: diffusers' offloading runs on one GPU, not --gpus "
@@ -211,6 +217,8 @@ class VideoFamily(ModelFamily):
         return {video_peers.GROUP_OFFLOAD: PeerConfig(video_peers.GROUP_OFFLOAD, video_peers.apply_group_offload),
                 video_peers.MODEL_OFFLOAD: PeerConfig(video_peers.MODEL_OFFLOAD, video_peers.apply_model_offload)}
 
+    attentions = ("fa3",)  # compile@fa3, optimized+compile@fa3, ...: FlashAttention-3 for that configuration
+
     # --- several GPUs (ltxbench.parallel) ---
     supports_parallel = True
 
@@ -236,8 +244,22 @@ class VideoFamily(ModelFamily):
         return placed(pipe, lambda: self.inject(pipe, settings))
 
     def apply_config(self, target, settings, config: str):
-        """The configuration's patch (ours under --memory-budget: with the streamers uninstalled around it), then, in
-        a parallel run, the split on top (reverted first)."""
+        """The configuration's own attention backend (<config>@<attention>: set first, so that ours copies it into the
+        processors it installs; reverted last), its patch (ours under --memory-budget: with the streamers
+        uninstalled around it), then, in a parallel run, the split on top (reverted first)."""
+        attention = Configuration(config).attention
+        if attention is None:
+            return self._apply_config(target, settings, config)
+        from ltxbench.inject import attention_backend
+
+        choice = attention_backend.choose(self.denoisers(target), attention, settings.dtype)
+        try:
+            return choice.around(self._apply_config(target, settings, config))
+        except BaseException:
+            choice.revert()
+            raise
+
+    def _apply_config(self, target, settings, config: str):
         from ltxbench.memory.apply import placed
         from ltxbench.parallel.launch import current_world
 

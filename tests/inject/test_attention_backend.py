@@ -314,3 +314,55 @@ def test_an_unknown_backend_name_is_refused_before_the_build(tmp_path):
     text = " ".join(result.output.split())
     assert result.exit_code == 2, result.output
     assert "--attention-backend 'fast' is neither fa3 nor a diffusers backend" in text and "built" not in text
+
+
+# ---- a configuration's own attention (<config>@fa3) ----------------------------------------------------------------
+
+def _attention_backends(model) -> list:
+    return [getattr(m.processor, "_attention_backend", None) for m in ab.self_attentions(model)]
+
+
+def test_a_configurations_own_attention_is_set_for_it_and_given_back_after(fa3_fwd):
+    """optimized@fa3: set before our injection (whose processors copy it), reverted after it; compile@fa3: on the
+    unpatched model. Each configuration after it finds the model's own backend again."""
+    from ltxbench.models import family_of
+    from ltxbench.models.ltx import LTXSettings
+    from tests.helpers import ltx_pipeline
+
+    family, pipe = family_of("ltx-tiny"), ltx_pipeline()
+    model = pipe.transformer
+    settings = LTXSettings(model="ltx-tiny", weights="random", device="cpu", dtype="bf16", kernel_provider="reference")
+    processors = [m.processor for m in model.modules() if hasattr(m, "processor")]
+    for name in ("optimized@fa3", "compile@fa3"):
+        report = family.apply_config(pipe, settings, name)
+        assert {str(b.value) for b in _attention_backends(model)} == {"_flash_3"}, name
+        injection = report.as_dict()
+        assert injection["attention"]["name"] == "fa3" and injection["applied"] == name.startswith("optimized")
+        before = len(fa3_fwd.calls)
+        _ltx_call(model)
+        assert len(fa3_fwd.calls) > before, name  # the self-attentions ran on it
+        report.revert()
+        assert _attention_backends(model) == [None] * len(_attention_backends(model)), name
+        assert [m.processor for m in model.modules() if hasattr(m, "processor")] == processors, name
+    assert family.apply_config(pipe, settings, "optimized") is not None  # and a plain one sets nothing
+    assert _attention_backends(model) == [None] * len(_attention_backends(model))
+
+
+@pytest.mark.parametrize("configs, extra, says, code", [
+    ("compile,compile@fa3", ["--device", "cpu"], "--attention-backend fa3 runs on a GPU, not --device cpu", 2),
+    ("compile,compile@fa3", ["--attention-backend", "native"], "and --configs names @fa3", 2),
+    ("compile,optimized-fp8-attention@fa3", [], "unknown configuration 'optimized-fp8-attention@fa3'", 2),
+])
+def test_configurations_with_fa3_refused_where_they_cannot_run(configs, extra, says, code, tmp_path):
+    result = runner.invoke(app, [*CUDA_RUN, "--configs", configs, *extra, "-o", str(tmp_path / "r.json")])
+    assert result.exit_code == code, result.output
+    assert says in " ".join(result.output.split())
+
+
+def test_configurations_with_fa3_without_it_installed_exit_4_before_the_build(tmp_path, monkeypatch):
+    without_flash_attention_3(monkeypatch)
+    result = runner.invoke(app, [*CUDA_RUN, "--configs", "compile,compile@fa3", "-o", str(tmp_path / "r.json")])
+    assert result.exit_code == 4 and "pip install fa3-fwd" in " ".join(result.output.split()), result.output
+    llm = runner.invoke(app, ["bench", "e2e", "--model", "llama-tiny", "--weights", "random", "--device", "cpu",
+                              "--configs", "compile@fa3"])
+    assert llm.exit_code == 2 and "unknown configuration 'compile@fa3'" in " ".join(llm.output.split())

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ltxbench.configurations import STANDARD, Configuration, added_by, precision_label
+from ltxbench.configurations import STANDARD, Configuration, added_by, precision_label, with_attention
 from ltxbench.models import families
 
 PARTS = {
@@ -36,8 +36,35 @@ def test_a_name_parses_into_its_parts_and_back(name):
     assert (again, again.patch, again.precision, again.compiled) == (name, *PARTS[name])
 
 
+@pytest.mark.parametrize("name", ["compile@fa3", "baseline@fa3", "optimized@fa3", "optimized-fp8+compile@fa3"])
+def test_an_attention_of_its_own_is_one_more_part(name):
+    config = Configuration(name)
+    bare = Configuration(name.partition("@")[0])
+    assert config.attention == "fa3" and bare.attention is None
+    assert (config.patch, config.precision, config.compiled) == (bare.patch, bare.precision, bare.compiled)
+    assert Configuration.of(bare.patch, bare.precision, bare.compiled, "fa3") == name
+    assert not config.standard and config.peer is None
+    assert pickle.loads(pickle.dumps(config)).attention == "fa3"
+
+
+def test_with_attention_takes_ours_and_the_unpatched_model_but_fp8_attention_and_peers():
+    assert with_attention(["baseline", "optimized+compile", "optimized-fp8-attention", "liger", "compile@fa3"],
+                          "fa3") == ("baseline@fa3", "optimized+compile@fa3")
+
+
+def test_the_video_families_take_configurations_with_fa3_the_llms_do_not():
+    from ltxbench.models import family_of
+    from ltxbench.models.family import parse_configs
+
+    video, llm = family_of("ltx-tiny").config_names(), family_of("llama-tiny").config_names()
+    assert {"compile@fa3", "optimized+compile@fa3", "optimized-fp8+compile@fa3"} <= set(video)
+    assert "optimized-fp8-attention@fa3" not in video and not any(c.attention for c in llm)
+    assert not any(c.attention for c in parse_configs("all", video))  # "all" needs no package
+
+
 @pytest.mark.parametrize("name", ["", "+compile", "baseline+compile", "compile+compile", "optimized-fp16",
-                                  "optimized-bf16", "optimized+compile+compile", "liger+x"])
+                                  "optimized-bf16", "optimized+compile+compile", "liger+x", "compile@", "compile@fa2",
+                                  "liger@fa3", "optimized-fp8-attention@fa3", "compile@fa3@fa3"])
 def test_what_is_not_a_configuration_is_refused(name):
     with pytest.raises(ValueError, match="not a configuration"):
         Configuration(name)
