@@ -215,7 +215,7 @@ def attention_installed(family, settings) -> None:
 
         check_name(name)
         if name == FA3:
-            require_flash_attention_3(f"--attention-backend {FA3}")
+            require_flash_attention_3(FA3, settings.dtype)
     if settings.precision == "fp8-attention" or any(Configuration(c).precision == "fp8-attention"
                                                     for c in settings.configs or ()):
         from ltxbench.inject.fp8_attention import fp8_attention

@@ -61,22 +61,27 @@ def flash_attention_3_installed() -> bool:
     return any(importlib.util.find_spec(name) is not None for name in FA3_MODULES)
 
 
-def require_flash_attention_3(what: str) -> FlashAttention3:
-    """find_flash_attention_3()'s, else EnvironmentProblem (exit 4) naming what needs it and how to install it."""
+def require_flash_attention_3(what: str, dtype: str | None = None) -> FlashAttention3:
+    """find_flash_attention_3()'s, else EnvironmentProblem (exit 4) naming what needs it and how to install it;
+    UsageError where the one found has no kernels for `dtype` (fa3-fwd: fp16)."""
     found, reasons = find_flash_attention_3()
     if found is None:
         raise EnvironmentProblem(f"{what} needs FlashAttention-3 ({'; '.join(reasons)})", hint=FA3_INSTALL_HINT)
+    if dtype is not None and dtype not in found.dtypes:
+        raise UsageError(f"{what} through {found.module} takes {' or '.join(found.dtypes)}, not --dtype {dtype}")
     return found
 
 
-def validate(name: str | None, dtype: str, device: str, gpus: int, precision: str, configs=()) -> None:
-    """Refuse (UsageError naming the flag) what cannot run, before anything is built: any backend beside FP8 attention,
-    which brings its own kernel; fa3 off a GPU, in fp32, or over several GPUs."""
+def validate(name: str | None, dtype: str, device: str, gpus: int, precision: str, configs=(),
+             flag: str | None = None) -> None:
+    """Refuse (UsageError naming the flag: --attention-backend's, or `flag`) what cannot run, before anything is
+    built: any backend beside FP8 attention, which brings its own kernel; fa3 off a GPU, in fp32, or over several
+    GPUs."""
     from ltxbench.configurations import Configuration
 
     if name is None:
         return
-    flag = f"--attention-backend {name}"
+    flag = flag or f"--attention-backend {name}"
     if precision == "fp8-attention" or any(Configuration(c).precision == "fp8-attention" for c in configs or ()):
         raise UsageError(f"{flag} with fp8-attention: FP8 attention runs its own kernel",
                          hint=f"drop --attention-backend {name}, or run --precision fp8")
@@ -151,8 +156,7 @@ def choose(denoisers, name: str, dtype: str, fa3: FlashAttention3 | None = None)
     if name == FA3:
         fa3 = fa3 or require_flash_attention_3(f"--attention-backend {FA3}")
         if dtype not in fa3.dtypes:
-            raise UsageError(f"--attention-backend {FA3} through {fa3.module} takes {' or '.join(fa3.dtypes)}, "
-                             f"not --dtype {dtype}")
+            raise UsageError(f"{FA3} through {fa3.module} takes {' or '.join(fa3.dtypes)}, not --dtype {dtype}")
         modules = [module for denoiser in denoisers for module in self_attentions(denoiser)]
         if not modules:
             raise UsageError(f"--attention-backend {FA3}: the model has no self-attention module named "

@@ -167,12 +167,13 @@ class VideoFamily(ModelFamily):
 
         attention_backend.validate(settings.attention_backend, settings.dtype, settings.device, settings.gpus,
                                    settings.precision, settings.configs)
-        own = sorted({c.attention for c in map(Configuration, settings.configs or ()) if c.attention})
+        own = {c.attention: c for c in map(Configuration, settings.configs or ()) if c.attention}
         if own and settings.attention_backend is not None:
             raise UsageError(f"--attention-backend {settings.attention_backend} sets every configuration's attention, "
-                             f"and --configs names @{own[0]}", hint="choose one of them")
-        for name in own:  # a configuration's own: fp8-attention ones cannot take it (Configuration refuses them)
-            attention_backend.validate(name, settings.dtype, settings.device, settings.gpus, "bf16")
+                             f"and --configs names {next(iter(own.values()))}", hint="choose one of them")
+        for name, config in own.items():  # a configuration's own: fp8-attention ones cannot take it (Configuration)
+            attention_backend.validate(name, settings.dtype, settings.device, settings.gpus, "bf16",
+                                       flag=f"--configs {config}")
         offloads = [c for c in map(Configuration, settings.configs or ()) if c.peer in OFFLOADS]
         if offloads and settings.gpus > 1:
             raise UsageError(f"--configs {offloads[0]}: diffusers' offloading runs on one GPU, not --gpus "

@@ -103,9 +103,12 @@ def test_the_source_build_is_preferred_then_pip_fa3_fwd_then_neither_with_both_r
     assert "pip install fa3-fwd" in raised.value.hint
 
 
-def test_fp16_through_fa3_fwd_is_refused_by_name(fa3_fwd):
+def test_fp16_through_fa3_fwd_is_refused_by_name(fa3_fwd, tmp_path):
     with pytest.raises(ab.UsageError, match="through fa3_fwd_interface takes bf16, not --dtype fp16"):
         ab.use_flash_attention_3([ltx_transformer()], "fp16")
+    result = runner.invoke(app, [*CUDA_RUN, "--dtype", "fp16", "--attention-backend", "fa3", "-o",
+                                 str(tmp_path / "r.json")])  # before the build
+    assert result.exit_code == 2 and "fa3 through fa3_fwd_interface takes bf16, not --dtype fp16" in result.output
 
 
 # ---- which modules, and that both the unpatched model and ours reach it -------------------------------------------
@@ -231,7 +234,7 @@ def test_fa3_not_installed_exits_4_before_the_build_saying_how_to_install_it(tmp
     result = runner.invoke(app, [*CUDA_RUN, "--attention-backend", "fa3", "-o", str(tmp_path / "r.json")])
     text = " ".join(result.output.split())
     assert result.exit_code == 4, result.output
-    assert "--attention-backend fa3 needs FlashAttention-3" in text and "pip install fa3-fwd" in text
+    assert "fa3 needs FlashAttention-3" in text and "pip install fa3-fwd" in text
     assert "built" not in text and not (tmp_path / "r.json").exists()
 
 
@@ -349,8 +352,8 @@ def test_a_configurations_own_attention_is_set_for_it_and_given_back_after(fa3_f
 
 
 @pytest.mark.parametrize("configs, extra, says, code", [
-    ("compile,compile@fa3", ["--device", "cpu"], "--attention-backend fa3 runs on a GPU, not --device cpu", 2),
-    ("compile,compile@fa3", ["--attention-backend", "native"], "and --configs names @fa3", 2),
+    ("compile,compile@fa3", ["--device", "cpu"], "--configs compile@fa3 runs on a GPU, not --device cpu", 2),
+    ("compile,compile@fa3", ["--attention-backend", "native"], "and --configs names compile@fa3", 2),
     ("compile,optimized-fp8-attention@fa3", [], "unknown configuration 'optimized-fp8-attention@fa3'", 2),
 ])
 def test_configurations_with_fa3_refused_where_they_cannot_run(configs, extra, says, code, tmp_path):
