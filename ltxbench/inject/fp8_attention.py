@@ -70,14 +70,26 @@ def _cudnn(provider: str) -> Fp8Attention:
     return Fp8Attention("cuDNN", True, run, refuses)
 
 
+CHOICE_VARIABLE = "LTXBENCH_FP8_ATTENTION"  # fa3 or cudnn: one of them only (A/B; unset: the first that imports)
+
+
 def fp8_attention(provider: str = "cuda") -> Fp8Attention:
     """FlashAttention-3 where one of its packages imports (ltxbench.inject.attention_backend), else cuDNN where
-    `cudnn` (nvidia-cudnn-frontend) does, else EnvironmentProblem (exit 4) saying how to install one."""
+    `cudnn` (nvidia-cudnn-frontend) does, else EnvironmentProblem (exit 4) saying how to install one.
+    LTXBENCH_FP8_ATTENTION=fa3 or cudnn takes that one alone."""
+    import os
+
     from ltxbench.inject.attention_backend import find_flash_attention_3
 
-    fa3, reasons = find_flash_attention_3()
+    only = os.environ.get(CHOICE_VARIABLE, "")
+    if only not in ("", "fa3", "cudnn"):
+        raise UsageError(f"{CHOICE_VARIABLE}={only!r}: fa3 or cudnn (or unset: the first that imports)")
+    fa3, reasons = find_flash_attention_3() if only != "cudnn" else (None, [f"not chosen ({CHOICE_VARIABLE}=cudnn)"])
     if fa3 is not None:
         return _flash_attention_3(fa3.flash_attn_func)
+    if only == "fa3":
+        raise EnvironmentProblem(f"{CHOICE_VARIABLE}=fa3: FlashAttention-3 does not import ({'; '.join(reasons)})",
+                                 hint=INSTALL_HINT)
     try:
         import cudnn  # noqa: F401
     except ImportError as exc:

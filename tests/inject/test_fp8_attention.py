@@ -431,3 +431,27 @@ def test_the_ltx_fp8_attention_path_through_cudnn(monkeypatch):
     cosine = F.cosine_similarity(fp8.flatten(), attention.flatten(), dim=0).item()
     assert 0.995 <= cosine < 1.0, cosine
     assert fp8_attention.fp8_attention("reference").name == "cuDNN"
+
+
+def test_the_fp8_attention_kernel_can_be_chosen(monkeypatch):
+    """LTXBENCH_FP8_ATTENTION=cudnn takes cuDNN's even where FlashAttention-3 imports; =fa3 takes FlashAttention-3
+    or fails (exit 4), never falling back; another value is refused."""
+    from ltxbench.errors import EnvironmentProblem, UsageError
+    from ltxbench.inject import fp8_attention
+
+    fa3 = types.ModuleType("fa3_fwd_interface")
+    fa3.flash_attn_func = lambda *a, **k: None
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", fa3)
+    monkeypatch.setitem(sys.modules, "cudnn", types.ModuleType("cudnn"))
+    assert fp8_attention.fp8_attention().name == "FlashAttention-3"
+    monkeypatch.setenv("LTXBENCH_FP8_ATTENTION", "cudnn")
+    assert fp8_attention.fp8_attention().name == "cuDNN"
+    monkeypatch.setenv("LTXBENCH_FP8_ATTENTION", "fa3")
+    assert fp8_attention.fp8_attention().name == "FlashAttention-3"
+    without_flash_attention_3(monkeypatch)
+    with pytest.raises(EnvironmentProblem, match="LTXBENCH_FP8_ATTENTION=fa3: FlashAttention-3 does not import"):
+        fp8_attention.fp8_attention()
+    monkeypatch.setenv("LTXBENCH_FP8_ATTENTION", "fast")
+    with pytest.raises(UsageError, match="fa3 or cudnn"):
+        fp8_attention.fp8_attention()
