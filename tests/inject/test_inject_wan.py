@@ -108,7 +108,7 @@ def _scaled(fn):
     ("layer_norm_modulate", _scaled(reference.layer_norm_modulate)),
     ("gated_residual", lambda h, a, gate: _GATED(h, a, gate * 1.01)),
     ("rms_norm", _scaled(reference.rms_norm)),
-    ("gelu_tanh", _scaled(reference.gelu_tanh)),
+    ("linear_gelu_tanh", _scaled(reference.linear_gelu_tanh)),
 ])
 def test_a_one_percent_error_in_an_op_is_caught(model, op, wrong, monkeypatch):
     inputs = wan_inputs(model)
@@ -118,6 +118,31 @@ def test_a_one_percent_error_in_an_op_is_caught(model, op, wrong, monkeypatch):
         got = _call(model, inputs)
     error = ((got.float() - expected.float()).abs().max() / expected.float().abs().max()).item()
     assert error > 2e-3, f"{op}: a 1% error moved the output by only {error:.2g}"
+
+
+def test_the_gelu_epilogue_steps_aside_for_a_projection_hooked_after_the_injection(model, monkeypatch):
+    """The up-projection + GELU as one GEMM reads the projection's weight and bias: a hook put on it after the
+    injection (a LoRA wrapper, a user's probe) must still run, so that call takes the projection's own forward."""
+    inputs = wan_inputs(model)
+    calls = []
+    proj = model.blocks[0].ffn.net[0].proj
+    fused = reference.linear_gelu_tanh
+    monkeypatch.setattr(reference, "linear_gelu_tanh", lambda *a: calls.append(1) or fused(*a))
+    with apply_kernels(model, "reference"):
+        _call(model, inputs)
+        assert len(calls) == len(model.blocks)  # every block's feed-forward as one GEMM
+        handle = proj.register_forward_hook(lambda module, args, out: out * 2)
+        try:
+            hooked = _call(model, inputs)
+        finally:
+            handle.remove()
+        assert len(calls) == 2 * len(model.blocks) - 1  # block 0's ran its projection, hook and all
+    handle = proj.register_forward_hook(lambda module, args, out: out * 2)
+    try:
+        expected = _call(model, inputs)
+    finally:
+        handle.remove()
+    assert _relative_error(hooked, expected) < 1e-2  # the fused q/k rule's rounding, not the hook's doubling
 
 
 def test_cuda_provider_in_bf16_runs_every_rule_and_refuses_rows_too_wide(model, monkeypatch):

@@ -8,7 +8,9 @@ InjectionReport. The first, exact rules, each through an existing op whose math 
   q/k norms + RoPE: attn1's processor with norm_q / norm_k (torch.nn.RMSNorm over all heads, weight multiplied in
   fp32, rounded once) and the rotary embedding in one `qk_rms_norm_rope` (attention.py); attn2's norms, and attn1's
   where that is refused, through `rms_norm`.
-  feed-forward GELU: each block's up-projection followed by GELU-tanh through `gelu_tanh`.
+  feed-forward GELU: each block's up-projection and its GELU-tanh as one GEMM whose epilogue adds the bias and
+  applies the GELU (`linear_gelu_tanh`: the pre-activation is never written; the reference provider computes the
+  model's two steps); a projection hooked, wrapped or offloaded after the injection runs itself, then `gelu_tanh`.
 
 Refused and reported, left as diffusers runs them: a block or GELU forward whose source is not the code these rules
 reproduce (diffusers 0.42.1), norms of another class or without weights, another GELU approximation. Over 16-bit
@@ -21,8 +23,16 @@ from __future__ import annotations
 import torch
 
 from ltxbench.errors import UsageError
-from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, patch_call, patch_forward, require_provider
-from ltxbench.inject.ltx.attention import eps_of
+from ltxbench.inject import (
+    OFFLOADED,
+    InjectionReport,
+    offloaded,
+    original_class,
+    patch_call,
+    patch_forward,
+    require_provider,
+)
+from ltxbench.inject.ltx.attention import eps_of, needs_autograd
 from ltxbench.inject.ltx2.text_kv import source_digest as digest
 from ltxbench.inject.wan.attention import ATTN1_FP8_RULE, QK_ROPE_RULE, self_attention_call
 from ltxbench.inject.wan.attention import refusal as qk_rope_refusal
@@ -34,7 +44,7 @@ __all__ = ["BLOCK_RULE", "GELU_RULE", "GENERATION_RULE", "QK_NORM_RULE", "QK_ROP
 
 BLOCK_RULE = "block: norm1/norm3 modulated LayerNorm, gated residuals (fp32 modulation, one rounding)"
 QK_NORM_RULE = "attn1/attn2 norm_q, norm_k: RMSNorm across heads"
-GELU_RULE = "ffn: GELU-tanh after the up-projection"
+GELU_RULE = "ffn: up-projection + GELU-tanh as one GEMM (epilogue)"
 GENERATION_RULE = "pipeline: each call one generation (the guidance pair's negative prompt kept only inside it)"
 # sha256 (first 16 hex digits) of the sources these rules reproduce, diffusers 0.42.1
 BLOCK_SOURCE = "21c15441b009932c"                      # WanTransformerBlock.forward
@@ -72,10 +82,17 @@ def rms_norm_forward(ops):
 
 
 def gelu_forward(ops):
-    """diffusers' GELU (tanh approximation): the projection as nn.Linear computes it, then ops.gelu_tanh."""
+    """diffusers' GELU (tanh approximation) as ops.linear_gelu_tanh on its projection's weight and bias, where the
+    projection is a plain nn.Linear with a bias, unhooked, on the device and without autograd; else the projection as
+    it runs (its hooks, its wrapper, its offload), then ops.gelu_tanh."""
 
     def forward(self, hidden_states):
-        return ops.gelu_tanh(self.proj(hidden_states))
+        proj = self.proj
+        if (original_class(proj) is torch.nn.Linear and proj.bias is not None and not proj.weight.is_meta
+                and not (proj._forward_hooks or proj._forward_pre_hooks)
+                and not needs_autograd(hidden_states, proj.weight, proj.bias)):
+            return ops.linear_gelu_tanh(hidden_states, proj.weight, proj.bias)
+        return ops.gelu_tanh(proj(hidden_states))
 
     return forward
 
