@@ -44,7 +44,7 @@ from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx2.attention import plain_attention, plain_feed_forward
 from ltxbench.inject.ltx2.block import FUSED_PROCESSORS_ATTR, fused_block_forward
 from ltxbench.inject.ltx2.precision import quantize_block, unquantizable
-from ltxbench.inject.ltx2.stg import MEMO_ATTR, STG_RULE, TEXT_CACHE_ATTR, PairMemo, memo_call
+from ltxbench.inject.ltx2.stg import MEMO_ATTR, STG_RULE, TEXT_CACHE_ATTR, PairMemo, transformer_call
 from ltxbench.inject.ltx2.text_kv import (
     PROCESSOR_SOURCE,
     PROJECTION_RULE,
@@ -206,8 +206,8 @@ def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True,
     else:
         report.skip(STG_RULE, "turned off (reuse_stg_pass=False)")
     text_masks = CACHE_ATTR in vars(transformer)
-    if reuse_stg_pass or text_masks:  # one `__call__` for both (memo_call): the masks left out, then the memo
-        patch_call(report, STG_RULE if reuse_stg_pass else TEXT_MASK_RULE, transformer, memo_call, {})
+    if reuse_stg_pass or text_masks:  # one `__call__` for both (transformer_call): the masks left out, then the memo
+        patch_call(report, STG_RULE if reuse_stg_pass else TEXT_MASK_RULE, transformer, transformer_call, {})
         if reuse_stg_pass and text_masks:
             report.note(TEXT_MASK_RULE)
     if CACHE_ATTR in vars(transformer) or MEMO_ATTR in vars(transformer):

@@ -111,7 +111,7 @@ def _half_output(output):
     return type(output)(**{k: _positive_half(v) for k, v in output.items()})
 
 
-def memo_call(self, *args, **kwargs):
+def transformer_call(self, *args, **kwargs):
     """The transformer's `__call__`: its all-ones text masks left out by the generation's text cache (text_kv.py,
     where there is one), then through its PairMemo (kwargs-only calls under no_grad; others run as they are)."""
     cache = vars(self).get(TEXT_CACHE_ATTR)
