@@ -38,7 +38,7 @@ def stack_of(component: str, module, path: str, host_only: tuple[str, ...] = (),
 
 
 def _video_tokens(transformer, vae, settings) -> int:
-    """The transformer's video tokens, from the configs (as models.video.video_tokens from a built pipeline): the
+    """The transformer's video tokens, from the configs (as models.video_phases.video_tokens from a built pipeline): the
     VAE's compression (LTX: *_compression_ratio, 32 x 8 where the config leaves it to the class; Wan:
     scale_factor_*) over the transformer's patch (LTX: patch_size, patch_size_t; Wan: a (t, h, w) patch_size)."""
     spatial = getattr(vae, "spatial_compression_ratio", None) or getattr(vae, "scale_factor_spatial", None) or 32

@@ -18,8 +18,9 @@ from ltxbench.configurations import Configuration
 from ltxbench.models import ltx_build
 from ltxbench.models.family import Option, RunSettings
 from ltxbench.models.ltx_build import DEFAULT_HUB_ID, MAX_FRAMES, MAX_SIDE, PRESETS, TOKENIZER_MAX_LENGTH
-from ltxbench.models.video import VideoFamily, video_options
+from ltxbench.models.video import VideoFamily
 from ltxbench.models.video_image import IMAGE_OPTION
+from ltxbench.models.video_phases import video_options
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted"
@@ -168,10 +169,10 @@ def decode(pipe, latents, num_frames: int, height: int, width: int, generator):
 
 
 def run_once(pipe, settings: LTXSettings, embeds=None, phase=None, on_step=None):
-    """One generation, timed per phase (models.video.timed_generation): (timings, {"vae_decode": video} or {})."""
+    """One generation, timed per phase (video_phases.timed_generation): (timings, {"vae_decode": video} or {})."""
     from ltxbench.inject.ltx import new_generation
-    from ltxbench.models.video import timed_generation
     from ltxbench.models.video_image import conditioning_image
+    from ltxbench.models.video_phases import timed_generation
 
     new_generation(pipe)  # each iteration is one generation: nothing kept from the last one (the patched configs)
     device = pipe._execution_device

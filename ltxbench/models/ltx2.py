@@ -5,7 +5,7 @@ a family.
 One iteration is one generation: text encode (Gemma 3, prompt and negative), denoising (the pipeline's loop: with its
 default guidance, three transformer calls per step: the CFG pair, the STG pass and the modality-isolated pass; the
 text connectors run in step 0), video decode (VAE) and audio decode (audio VAE, then the vocoder: a 24 kHz stereo
-waveform), each timed on its own (models.video.timed_generation). `--image` runs image-to-video
+waveform), each timed on its own (models.video_phases.timed_generation). `--image` runs image-to-video
 (LTX2ImageToVideoPipeline on the same components): the video tokens get per-token timesteps, zero on the first
 frame's. Only the standard library at top level.
 """
@@ -21,8 +21,9 @@ from ltxbench.models.family import Option, PeerConfig, RunSettings
 from ltxbench.models.ltx2_build import PRESETS
 from ltxbench.models.ltx2_core import LTX_CORE
 from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
-from ltxbench.models.video import VideoFamily, video_options
+from ltxbench.models.video import VideoFamily
 from ltxbench.models.video_image import IMAGE_OPTION
+from ltxbench.models.video_phases import video_options
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, its paws crunching, wind in the pines, cinematic"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted, noise, muffled audio"
@@ -292,7 +293,7 @@ def _decode_audio(pipe, latents, _generator):
 
 def run_once(pipe, settings: LTX2Settings, embeds=None, phase=None, on_step=None):
     """One generation timed per phase: (timings, {"vae_decode": video, "audio_decode": waveform} or {})."""
-    from ltxbench.models.video import timed_generation
+    from ltxbench.models.video_phases import timed_generation
 
     device = pipe._execution_device
     image = _first_frame(pipe, settings.image)  # untimed, read once

@@ -7,7 +7,7 @@ pipeline's loop: with guidance two transformer calls per step, the conditional t
 batch 1; the optimized configurations make them one call of batch 2, `--no-pair-guidance` leaves them two; Wan 2.2
 A14B: the high-noise expert `transformer` at the timesteps from boundary_ratio x 1000 up, the low-noise
 `transformer_2` below, both compiled, patched and counted: `denoisers`), VAE decode (the latents de-normalised, then
-decoded), each timed on its own (models.video.timed_generation). Wan 2.2 5B gives every video token its own
+decoded), each timed on its own (models.video_phases.timed_generation). Wan 2.2 5B gives every video token its own
 timestep. The optimized configurations run the rules of ltxbench.inject.wan (the modulated norms and gated
 residuals, the q/k norms, the feed-forward's GELU: exact; the guidance pair: exact but where a GEMM rounds twice the
 rows otherwise). Only the standard library at top level.
@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from ltxbench.models import wan_build
 from ltxbench.models.family import Option, RunSettings
 from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
-from ltxbench.models.video import VideoFamily, video_options
+from ltxbench.models.video import VideoFamily
 from ltxbench.models.video_image import IMAGE_OPTION
+from ltxbench.models.video_phases import video_options
 from ltxbench.models.wan_build import PRESETS, TOKENIZER_MAX_LENGTH
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
@@ -215,8 +216,8 @@ def decode(pipe, latents, _generator=None):
 
 def run_once(pipe, settings: WanSettings, embeds=None, phase=None, on_step=None):
     """One generation timed per phase: (timings, {"vae_decode": video} or {})."""
-    from ltxbench.models.video import timed_generation
     from ltxbench.models.video_image import conditioning_image
+    from ltxbench.models.video_phases import timed_generation
 
     device = pipe._execution_device
     image = None if settings.image is None else conditioning_image(settings.image)  # untimed, read once

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ltxbench.models import family_of
-from ltxbench.models.video import video_tokens
+from ltxbench.models.video_phases import video_tokens
 
 
 def _sequence_length(pipe, **call) -> int:
