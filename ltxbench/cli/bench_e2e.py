@@ -19,6 +19,8 @@ EXAMPLES = (
     "--configs baseline,optimized,compile,optimized+compile --output results/e2e-2b.json\n\n"
     "  ltxbench bench e2e --num-frames 161 --use-optimized-kernels --compile\n\n"
     "  ltxbench bench e2e --model llama-3-8b --weights random --configs all   (ours beside Liger-Kernel's)\n\n"
+    "  ltxbench bench e2e --model wan2.1-1.3b --weights random --phase transformer --configs "
+    "compile,compile@fa3,optimized+compile@fa3   (FlashAttention-3's gain apart from the kernels')\n\n"
     "  ltxbench bench e2e --model ltx-tiny --weights random --device cpu --num-frames 9 --height 64 --width 64 "
     "--steps 2 --kernel-provider reference\n\n"
     "  ltxbench bench e2e --model ltx-2b --weights random --num-frames 161 --gpus 2   (the guidance pair over 2 "
