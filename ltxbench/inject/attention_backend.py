@@ -26,6 +26,9 @@ FA3 = "fa3"  # --attention-backend's name for FlashAttention-3 on the self-atten
 FA3_MODULES = ("flash_attn_interface", "fa3_fwd_interface")  # the source build, then pip's fa3-fwd
 NO_FP16 = ("fa3_fwd_interface",)  # built without the fp16 kernels
 DIFFUSERS_FA3 = "_flash_3"
+# sha256 (first 16 hex digits) of diffusers 0.42.1's `_flash_3` backend function and of the op it calls
+# (attention_dispatch._flash_attention_3, _wrapped_flash_attn_3): the call fa3-fwd's flash_attn_func was checked against
+DIFFUSERS_FA3_SOURCES = ("a11c16979edfe843", "432b14b27e9c6978")
 SELF_ATTENTION_NAMES = ("attn1", "audio_attn1")  # diffusers' self-attentions in LTX-Video, LTX-2 and Wan blocks
 FA3_INSTALL_HINT = ("pip install fa3-fwd (FlashAttention-3's forward kernels for torch with CUDA 13, Hopper), or "
                     "build flash-attention's hopper/ tree")
@@ -108,11 +111,20 @@ def hand_to_diffusers(fa3: FlashAttention3) -> None:
     """diffusers' `_flash_3` backend calls `fa3` (nothing to do where diffusers found the source build itself)."""
     from diffusers.models import attention_dispatch as dispatch
 
+    from ltxbench.inject.ltx2.text_kv import source_digest
+
     if not hasattr(dispatch, "_wrapped_flash_attn_3") or not hasattr(dispatch, "flash_attn_3_func"):
         raise EnvironmentProblem("this diffusers release has no FlashAttention-3 backend to run fa3-fwd through",
                                  hint="use diffusers 0.42, or build flash-attention's hopper/ tree")
-    if dispatch.flash_attn_3_func is None:
-        dispatch.flash_attn_3_func = fa3.flash_attn_func
+    if dispatch.flash_attn_3_func is not None:
+        return
+    op = dispatch._wrapped_flash_attn_3
+    sources = (source_digest(getattr(dispatch, "_flash_attention_3", None)), source_digest(getattr(op, "_init_fn", op)))
+    if sources != DIFFUSERS_FA3_SOURCES:
+        raise EnvironmentProblem("this diffusers release's FlashAttention-3 backend is not the code fa3-fwd was "
+                                 "checked against (diffusers 0.42.1)", hint="use diffusers 0.42.1, or build "
+                                 "flash-attention's hopper/ tree (diffusers calls that itself)")
+    dispatch.flash_attn_3_func = fa3.flash_attn_func
 
 
 def use_flash_attention_3(denoisers, dtype: str, fa3: FlashAttention3 | None = None) -> dict:

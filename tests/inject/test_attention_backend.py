@@ -134,6 +134,16 @@ def test_fa3_is_set_on_the_self_attentions_only(family, fa3_fwd):
     assert dispatch.flash_attn_3_func is fa3_fwd  # handed to diffusers, which found no source build
 
 
+def test_fa3_fwd_is_handed_only_to_the_diffusers_code_it_was_checked_against(monkeypatch):
+    from diffusers.models import attention_dispatch as dispatch
+
+    monkeypatch.setattr(dispatch, "flash_attn_3_func", None)
+    monkeypatch.setattr(ab, "DIFFUSERS_FA3_SOURCES", ("0" * 16, "0" * 16))
+    with pytest.raises(ab.EnvironmentProblem, match="not the code fa3-fwd was checked against"):
+        ab.hand_to_diffusers(ab.FlashAttention3("fa3_fwd_interface", StandIn()))
+    assert dispatch.flash_attn_3_func is None
+
+
 def test_a_source_build_diffusers_found_is_not_replaced(monkeypatch):
     from diffusers.models import attention_dispatch as dispatch
 
