@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from ltxbench.configurations import MEMORY_BUDGET, precision_label
+from ltxbench.configurations import MEMORY_BUDGET, Configuration, precision_label
 from ltxbench.errors import UsageError
 from ltxbench.results.comparable import world_of
 from ltxbench.results.io import load_result
@@ -122,6 +122,20 @@ def _gib(nbytes):
     return None if nbytes is None else nbytes / 2**30
 
 
+def _attention_of(config: str) -> str | None:
+    """The attention backend a configuration named for itself (`compile@fa3`), None for any other name."""
+    try:
+        return Configuration(config).attention
+    except ValueError:  # a name of an older file's vocabulary
+        return None
+
+
+def _same_attention_compile(config: str) -> str:
+    """The derived key of `config`'s speedup over compile with the same attention (speedup_vs_compile[@<att>])."""
+    attention = _attention_of(config)
+    return "speedup_vs_compile" + (f"@{attention}" if attention else "")
+
+
 def e2e_table(doc: dict):
     import pandas as pd
 
@@ -132,6 +146,7 @@ def e2e_table(doc: dict):
     by_config: dict = {}
     for rec in records:
         by_config.setdefault(rec["provider"], {})[measure_label(rec)] = rec
+    attended = any(_attention_of(config) for config in by_config)
     rows = []
     for config, recs in by_config.items():
         row = {"config": config}
@@ -148,6 +163,8 @@ def e2e_table(doc: dict):
                                   and stats.get("n", 0) > 1 else DASH)
         row["vs baseline"] = _num(derived.get("speedup_vs_baseline"), ".3f", "×")
         row["vs compile"] = _num(derived.get("speedup_vs_compile"), ".3f", "×")
+        if attended:  # <config>@<attention> in the run: the kernels' gain against compile with the same attention
+            row["vs compile, same attention"] = _num(derived.get(_same_attention_compile(config)), ".3f", "×")
         if "tokens_per_s" in derived:
             row["tok/s"] = _num(derived["tokens_per_s"], ".1f")
         for m in measures:  # an LLM's prefills carry their own TFLOP/s (a column per prompt length)

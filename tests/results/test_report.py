@@ -114,6 +114,20 @@ def test_e2e_table_has_each_config_its_step_speedup_and_clock():
     assert "J/step" not in table.columns  # no configuration carries it: the column is left out
 
 
+def test_e2e_table_with_configurations_of_their_own_attention_shows_the_kernels_against_the_same_attention():
+    """compile, compile@fa3, optimized+compile@fa3 in one run: compile@fa3's row says the attention's gain (vs
+    compile), optimized+compile@fa3's the kernels' (vs compile@fa3); a run without @ configurations has no column."""
+    doc = ltx_doc({"compile": 170.0, "compile@fa3": 150.0, "optimized+compile@fa3": 130.0})
+    for rec in doc["records"]:
+        if rec["provider"] == "optimized+compile@fa3" and rec["name"] == "denoise_step":
+            rec["derived"]["speedup_vs_compile@fa3"] = 150.0 / 130.0
+    table = e2e_table(doc).set_index("config")
+    assert table.loc["compile@fa3", "vs compile"] == f"{170 / 150:.3f}×"
+    assert table.loc["optimized+compile@fa3", "vs compile, same attention"] == f"{150 / 130:.3f}×"
+    assert table.loc["optimized+compile@fa3", "vs compile"] == f"{170 / 130:.3f}×"
+    assert "vs compile, same attention" not in e2e_table(ltx_doc({"compile": 1.0, "optimized+compile": 0.9})).columns
+
+
 def test_e2e_table_under_a_memory_budget_shows_what_each_configuration_held():
     doc = ltx_doc({"compile": 46.45, "optimized": 40.0})
     assert "peak GiB" not in e2e_table(doc).columns  # no budget: the memory is not the point
