@@ -72,6 +72,10 @@ def _print_table(env: dict, build: dict) -> None:
     versions = env.get("versions") or {}
     for name in ("torch", "cuda", "cudnn", "triton", "diffusers", "transformers", "accelerate", "ltxbench"):
         table.add_row(name, _fmt(versions.get(name)))
+    from ltxbench.results.env import ATTENTION_PACKAGES
+
+    extra = [f"{name} {versions[name]}" for name in ATTENTION_PACKAGES if versions.get(name)]
+    table.add_row("attention kernels", ", ".join(extra) or "torch's SDPA only (pip install fa3-fwd: docs/kernels.md)")
     nvcc = env.get("nvcc") or {}
     nvcc_text = f"{nvcc.get('version')} ({nvcc.get('path')})" if nvcc.get("path") else "not found"
     table.add_row("nvcc", nvcc_text)

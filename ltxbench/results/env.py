@@ -17,8 +17,11 @@ from pathlib import Path
 from ltxbench.results.provenance import provenance
 
 PROBE_TIMEOUT_S = 5
-# the libraries the runs use, then the peer configurations' (None where not installed)
-PACKAGES = ("torch", "triton", "diffusers", "transformers", "accelerate", "liger-kernel", "ltx-core")
+# the libraries the runs use, the peer configurations', then the attention kernels' that are no dependency
+# (FlashAttention-3 as pip's fa3-fwd or a hopper/ build, cuDNN's frontend): None where not installed
+ATTENTION_PACKAGES = ("fa3-fwd", "flash_attn_3", "nvidia-cudnn-frontend")
+PACKAGES = ("torch", "triton", "diffusers", "transformers", "accelerate", "liger-kernel", "ltx-core",
+            *ATTENTION_PACKAGES)
 
 
 def _run(cmd: list[str], cwd: str | Path | None = None) -> str | None:

@@ -65,7 +65,7 @@ def test_env_json_is_parseable_and_complete():
     assert {"hostname", "platform", "python"} <= set(env["host"])
     versions = env["versions"]
     for key in ("torch", "cuda", "cudnn", "triton", "diffusers", "transformers", "accelerate", "ltxbench",
-                "liger-kernel", "ltx-core"):
+                "liger-kernel", "ltx-core", "fa3-fwd", "flash_attn_3", "nvidia-cudnn-frontend"):
         assert key in versions
     import torch
 
