@@ -184,21 +184,11 @@ def _flash_attention_3():
 
 
 def _flash_attn_3_fp8(x: dict):
-    """FlashAttention-3's FP8 forward on q, k, v quantized per (batch, head) as --precision fp8-attention quantizes
-    them for it (outside the timed call), bf16 out."""
-    func = _flash_attention_3()
-    from ltxbench import ops
-    from ltxbench.inject.fp8_attention import quantized as quantize
+    """FlashAttention-3's FP8 forward as --precision fp8-attention runs it (fp8_attention's backend: per-(batch,
+    head) scales, bf16 out), on q, k, v quantized outside the timed call."""
+    from ltxbench.inject.fp8_attention import _flash_attention_3 as backend
 
-    heads = x["q"].shape[1]
-    parts = [part for name in "qkv" for part in quantize(ops, False, x[name].transpose(1, 2).flatten(2).contiguous(),
-                                                         heads)]
-    q8, k8, v8, q_descale, k_descale, v_descale = _ordered(parts)
-
-    def run():
-        out = func(q8, k8, v8, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
-        return (out[0] if isinstance(out, tuple) else out).transpose(1, 2)
-    return run
+    return _fp8(x, backend(_flash_attention_3()).run, per_tensor=False)
 
 
 def _cudnn_fp8(x: dict, quantizing: bool = False):
@@ -208,22 +198,31 @@ def _cudnn_fp8(x: dict, quantizing: bool = False):
         import cudnn  # noqa: F401
     except ImportError as exc:
         raise NotApplicable(f"cudnn does not import ({exc.__class__.__name__})") from None
-    from ltxbench import ops
-    from ltxbench.inject.fp8_attention import quantized as quantize
     from ltxbench.ops import cudnn_fp8_attention as op
 
     if op.supports(x["q"].shape[-1]) is not None:
         raise NotApplicable(op.supports(x["q"].shape[-1]))
+    return _fp8(x, op.cudnn_fp8_attention, per_tensor=True, quantizing=quantizing)
+
+
+def _fp8(x: dict, run, per_tensor: bool, quantizing: bool = False):
+    """A no-argument call of the FP8 attention `run(q8, k8, v8, q_descale, k_descale, v_descale)` -> (B, S, H, D) on
+    x's q, k, v taken from the model's layout (B, S, H·D) and quantized as --precision fp8-attention quantizes them
+    for that backend (one scale per tensor, or per (batch, head)): before the timed call, or inside it where
+    `quantizing`. Returns (B, H, S, D), as the reference."""
+    from ltxbench import ops
+    from ltxbench.inject.fp8_attention import quantized as quantize
+
     heads = x["q"].shape[1]
     rows = [x[name].transpose(1, 2).flatten(2).contiguous() for name in "qkv"]  # (B, S, H·D): the model's layout
 
-    def quantized():  # per tensor, as --precision fp8-attention quantizes them for cuDNN
-        return [part for t in rows for part in quantize(ops, True, t, heads)]
+    def quantized():
+        return _ordered([part for t in rows for part in quantize(ops, per_tensor, t, heads)])
 
     if quantizing:
-        return lambda: op.cudnn_fp8_attention(*_ordered(quantized())).transpose(1, 2)
-    ready = _ordered(quantized())
-    return lambda: op.cudnn_fp8_attention(*ready).transpose(1, 2)
+        return lambda: run(*quantized()).transpose(1, 2)
+    ready = quantized()
+    return lambda: run(*ready).transpose(1, 2)
 
 
 def _ordered(quantized: list) -> tuple:
