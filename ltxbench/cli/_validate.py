@@ -208,11 +208,10 @@ def attention_installed(family, settings) -> None:
     the run takes FP8 attention (--precision fp8-attention, or an optimized-fp8-attention configuration), exit 2 where
     it refuses a preset's head dim (read from its shipped config; other models are checked at injection)."""
     from ltxbench.configurations import Configuration
+    from ltxbench.inject.attention_backend import FA3, check_name, require_flash_attention_3
 
     names = {Configuration(c).attention for c in settings.configs or ()}
     for name in sorted((names | {getattr(settings, "attention_backend", None)}) - {None}):
-        from ltxbench.inject.attention_backend import FA3, check_name, require_flash_attention_3
-
         check_name(name)
         if name == FA3:
             require_flash_attention_3(FA3, settings.dtype)

@@ -43,6 +43,11 @@ class FlashAttention3:
     def dtypes(self) -> tuple[str, ...]:
         return ("bf16",) if self.module in NO_FP16 else ("bf16", "fp16")
 
+    def require_dtype(self, dtype: str) -> None:
+        """UsageError where this package has no kernels for `dtype` (fa3-fwd: fp16)."""
+        if dtype not in self.dtypes:
+            raise UsageError(f"{FA3} through {self.module} takes {' or '.join(self.dtypes)}, not --dtype {dtype}")
+
 
 def find_flash_attention_3() -> tuple[FlashAttention3 | None, list[str]]:
     """The first of FA3_MODULES that imports (None if neither) and why each one tried before it did not: a package
@@ -70,8 +75,8 @@ def require_flash_attention_3(what: str, dtype: str | None = None) -> FlashAtten
     found, reasons = find_flash_attention_3()
     if found is None:
         raise EnvironmentProblem(f"{what} needs FlashAttention-3 ({'; '.join(reasons)})", hint=FA3_INSTALL_HINT)
-    if dtype is not None and dtype not in found.dtypes:
-        raise UsageError(f"{what} through {found.module} takes {' or '.join(found.dtypes)}, not --dtype {dtype}")
+    if dtype is not None:
+        found.require_dtype(dtype)
     return found
 
 
@@ -167,8 +172,7 @@ def choose(denoisers, name: str, dtype: str, fa3: FlashAttention3 | None = None)
     attention) set on `denoisers`, revertible."""
     if name == FA3:
         fa3 = fa3 or require_flash_attention_3(f"--attention-backend {FA3}")
-        if dtype not in fa3.dtypes:
-            raise UsageError(f"{FA3} through {fa3.module} takes {' or '.join(fa3.dtypes)}, not --dtype {dtype}")
+        fa3.require_dtype(dtype)
         modules = [module for denoiser in denoisers for module in self_attentions(denoiser)]
         if not modules:
             raise UsageError(f"--attention-backend {FA3}: the model has no self-attention module named "
@@ -176,6 +180,7 @@ def choose(denoisers, name: str, dtype: str, fa3: FlashAttention3 | None = None)
         hand_to_diffusers(fa3)
         backend, info = DIFFUSERS_FA3, {"name": FA3, "package": fa3.module, "self_attentions": len(modules),
                                         "other_attentions": "unchanged (torch's SDPA)"}
+        setters = modules  # each self-attention (AttentionModuleMixin.set_attention_backend)
     else:  # through ModelMixin.set_attention_backend: diffusers checks the backend's package and the parallel config
         check_name(name)
         from diffusers.models.attention import AttentionModuleMixin
@@ -184,15 +189,12 @@ def choose(denoisers, name: str, dtype: str, fa3: FlashAttention3 | None = None)
         kinds = (Attention, MochiAttention, AttentionModuleMixin)  # the modules it sets
         modules = [m for denoiser in denoisers for m in denoiser.modules() if isinstance(m, kinds)]
         backend, info = name.lower(), {"name": name.lower(), "attentions": "all"}
+        setters = denoisers
     previous = [(module.processor, getattr(module.processor, "_attention_backend", None)) for module in modules]
     choice = AttentionChoice(info, previous)
     try:
-        if name == FA3:
-            for module in modules:
-                module.set_attention_backend(backend)
-        else:
-            for denoiser in denoisers:
-                denoiser.set_attention_backend(backend)
+        for setter in setters:
+            setter.set_attention_backend(backend)
     except (RuntimeError, ImportError) as exc:
         choice.revert()
         raise EnvironmentProblem(f"attention backend {name!r} is not usable here: {exc}") from exc
