@@ -44,8 +44,9 @@ from ltxbench.inject.fuse import fuse_layers
 from ltxbench.inject.ltx2.attention import plain_attention, plain_feed_forward
 from ltxbench.inject.ltx2.block import FUSED_PROCESSORS_ATTR, fused_block_forward
 from ltxbench.inject.ltx2.precision import quantize_block, unquantizable
-from ltxbench.inject.ltx2.stg import MEMO_ATTR, STG_RULE, TEXT_CACHE_ATTR, PairMemo, transformer_call
+from ltxbench.inject.ltx2.stg import MEMO_ATTR, STG_RULE, PairMemo, transformer_call
 from ltxbench.inject.ltx2.text_kv import (
+    CACHE_ATTR,
     PROCESSOR_SOURCE,
     PROJECTION_RULE,
     TEXT_KV_RULE,
@@ -67,7 +68,6 @@ PROJECTIONS_RULE = "attn1/audio_attn1 q/k/v, a2v/v2a k/v: one GEMM each (fused w
 ATTN1_FP8_RULE = "attn1: FP8 attention ({}) on q/k from the split-RoPE kernel in FP8 and v quantized"  # the backend
 GENERATION_RULE = ("pipeline: each call one generation (the text keys/values and the guidance pair kept across its "
                    "calls are forgotten after)")
-CACHE_ATTR = TEXT_CACHE_ATTR  # on the patched transformer: its TextKVCache
 # sha256 (first 16 hex digits) of LTX2VideoTransformerBlock.forward and .get_mod_params in diffusers 0.42.1: the code
 # block.py reproduces.
 BLOCK_SOURCES = ("1dbdd9ab731b53b9", "493775244f201a41")

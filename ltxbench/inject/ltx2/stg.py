@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 
 from ltxbench.inject import original_class, parameter_versions
+from ltxbench.inject.ltx2.text_kv import CACHE_ATTR as TEXT_CACHE_ATTR
 
 MEMO_ATTR = "_ltxbench_stg_memo"  # on the patched transformer: its PairMemo
-TEXT_CACHE_ATTR = "_ltxbench_text_kv_cache"  # ... and its TextKVCache (text_kv.py), where the text rules apply
 STG_RULE = ("pipeline: the STG pass answered from the guidance pair's positive half where no block has perturbed "
             "attention (LTX-2.0: the same inputs, the same math)")
 STG_ARGS = ("spatio_temporal_guidance_blocks", "perturbation_mask")

@@ -29,6 +29,7 @@ PROCESSOR_SOURCE = "0391667b7f0a45ae"
 PROJECTION_SOURCE = "767653bc523ffe7f"
 PROJECTION_RULE = ("caption_projection/audio_caption_projection: the projected prompt once per generation (the text "
                    "keys/values' input: the same tensor for every call)")
+CACHE_ATTR = "_ltxbench_text_kv_cache"  # on the patched transformer: its TextKVCache
 ENTRIES_PER_LAYER = 4  # the CFG pair's prompt and the positive half (STG and modality passes): 2 in use
 TEXT_MASK_RULE = ("pipeline: text masks of all ones (what LTX-2's connectors return) left out, so attn2/audio_attn2 "
                   "attend unmasked (exact: the additive bias they stand for is zero)")
