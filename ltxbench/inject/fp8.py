@@ -29,6 +29,7 @@ import torch
 from ltxbench.configurations import FP8_ACCUMULATIONS
 from ltxbench.errors import EnvironmentProblem, UsageError
 from ltxbench.inject.fp8_held import free_on_device
+from ltxbench.inject.fuse import unobserved
 
 WEIGHT_ATTR = "_ltxbench_fp8_weight"  # in a module's __dict__: its Fp8Stored (a FeedForward: (up, down) layers)
 DATA, SCALE, BIAS = "_ltxbench_fp8_data", "_ltxbench_fp8_scale", "_ltxbench_fp8_bias"  # buffers of the GEMM's owner
@@ -187,9 +188,11 @@ def _add_buffer(report, module, name: str, tensor) -> None:
 
 def fused_projection(ops, module, names: tuple[str, ...], x) -> tuple | None:
     """The outputs of `module`'s layers `names` on x from their one FP8 GEMM, where store_weights stored exactly
-    these together; else None."""
+    these together; else None (also where a hook was put on one of them since: each then runs on its own rows)."""
     stored = vars(module).get(WEIGHT_ATTR)
     if not isinstance(stored, Fp8Stored) or stored.names != names:
+        return None
+    if not all(unobserved(getattr(module, name)) for name in names):
         return None
     return project_split(ops, x, stored_weight(module))
 
@@ -209,10 +212,15 @@ def linear_forward(ops):
 @functools.cache  # one function per provider (see linear_forward)
 def feed_forward_forward(ops):
     """diffusers FeedForward (GELU-tanh up-projection, dropout, down-projection) on its stored (up, down) FP8
-    weights: the GELU pass writes FP8 for the down-projection (ops.gelu_tanh_fp8), no quantize pass of its own."""
+    weights: the GELU pass writes FP8 for the down-projection (ops.gelu_tanh_fp8), no quantize pass of its own.
+    Where a hook was put on one of its modules since the injection, diffusers' forward: each layer on its FP8 weight."""
 
     def forward(self, hidden_states, *args, **kwargs):
         up, down = vars(self)[WEIGHT_ATTR]
+        if not all(map(unobserved, (self.net[0], up, down))):
+            from ltxbench.inject import original_class
+
+            return original_class(self).forward(self, hidden_states, *args, **kwargs)
         hidden = project(ops, hidden_states, stored_weight(up))
         return project(ops, Quantized(*ops.gelu_tanh_fp8(hidden)), stored_weight(down))
 

@@ -246,10 +246,18 @@ def _intact(x, linears, fused: FusedWeights) -> bool:
             and tuple(p.data_ptr() for p in params) == fused.ptrs)
 
 
+@torch.compiler.assume_constant_result  # no guard per layer: hooks as when traced, as dynamo treats module hooks
+def unobserved(layer) -> bool:
+    """No forward hook on `layer` and no forward set on the instance (a probe, an adapter's or an offload hook): a
+    GEMM on its weights may stand for its call. A hook put on after the injection must see its layer run."""
+    return not (layer._forward_hooks or layer._forward_pre_hooks or "forward" in vars(layer))
+
+
 def fused_linear(x, linears, fused: FusedWeights | None, linear=F.linear):
     """x @ [W_1 | W_2 | ...]^T + [b_1 | ...] as one GEMM (`linear(x, weight, bias)`: torch's, or ops.linear), or None
-    when it cannot stand for the layers."""
-    if fused is None or not _intact(x, linears, fused):
+    when it cannot stand for the layers: one replaced or moved since fusing, or a forward hook put on one (a probe
+    or an adapter's hook must see its layer run)."""
+    if fused is None or not _intact(x, linears, fused) or not all(map(unobserved, linears)):
         return None
     if torch.is_grad_enabled() and any(p.requires_grad for p in fused.params):
         return None

@@ -67,6 +67,28 @@ def test_fp8_equals_a_simulation_of_fp8_on_the_unpatched_model(runs):
     assert 1e-3 < max_rel_error(got, exact) < 0.05, max_rel_error(got, exact)
 
 
+@pytest.mark.parametrize("layer", ["attn1.to_q", "ff.net.0.proj", "ff.net.2"])
+def test_a_hook_put_on_a_fused_fp8_projection_runs(runs, layer):
+    """q/k/v run as one FP8 GEMM, the feed-forward as one FP8 path: a forward hook put on one of their layers after the
+    injection must still run, so that call takes each layer on its own FP8 weight; the result is the simulation's
+    with the same hook."""
+    pipe, embeddings, _, simulated = runs
+    proj = pipe.transformer.transformer_blocks[0].get_submodule(layer)
+
+    def hooked(run):
+        handle = proj.register_forward_hook(lambda module, args, out: out + 0.5)
+        try:
+            return run()
+        finally:
+            handle.remove()
+
+    expected = hooked(lambda: _simulated_fp8(pipe, embeddings))
+    assert max_rel_error(expected, simulated) > 100 * TOL  # the hook matters
+    with apply_kernels(pipe, "reference", precision="fp8"):
+        got = hooked(lambda: ltx_generate(pipe, embeddings, 3.0))
+    assert max_rel_error(got, expected) <= TOL, max_rel_error(got, expected)
+
+
 @pytest.mark.parametrize("where", ["norm scale 1%", "gelu before quantizing", "weight scale 1%"])
 def test_a_perturbed_fp8_formula_fails_the_simulation(runs, monkeypatch, where):
     pipe, embeddings, _, simulated = runs

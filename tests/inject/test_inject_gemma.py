@@ -13,7 +13,7 @@ from ltxbench.inject import llm
 from ltxbench.inject.llm import attention as llm_attention
 from ltxbench.inject.llm import gemma
 from ltxbench.ops import reference
-from tests.helpers import gemma_build, llm_prompt
+from tests.helpers import count_calls, gemma_build, llm_prompt
 
 OPS = ("rms_norm", "fused_add_rms_norm", "geglu", "rope_1d", "linear", "rope_1d_cache")
 
@@ -44,7 +44,7 @@ def logits(model, ids):
         return model(ids).logits
 
 
-def test_patched_gemma_is_bit_identical_in_fp32_and_revert_is_exact(spy):
+def test_patched_gemma_is_bit_identical_in_fp32_and_revert_is_exact(spy, monkeypatch):
     from transformers.models.gemma3 import modeling_gemma3 as m
 
     model = gemma_build()
@@ -56,13 +56,10 @@ def test_patched_gemma_is_bit_identical_in_fp32_and_revert_is_exact(spy):
                                                                    gemma.RULE_MLP: 3, gemma.RULE_ROPE: 3,
                                                                    gemma.RULE_DECODE: 7}
     assert report.skipped == []
-    called: Counter = Counter()
-    hooks = [layer.get_submodule(name).register_forward_hook(lambda *_, key=name: called.update([key]))
-             for layer in model.model.layers for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj")]
+    called = count_calls(monkeypatch, [(name, layer.get_submodule(name)) for layer in model.model.layers
+                                       for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj")])
     patched = logits(model, ids)
     assert not called  # q/k/v and gate/up run as one GEMM each
-    for hook in hooks:
-        hook.remove()
     # pre_feedforward_layernorm runs inside fused_add_rms_norm; every norm reads `1 + weight` through the offset
     assert dict(spy) == {"rms_norm": 16, "rms_norm weight torch.float32": 16, "rms_norm offset 1.0": 16,
                          "fused_add_rms_norm": 3, "fused_add_rms_norm weight torch.float32": 3,

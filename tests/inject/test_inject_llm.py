@@ -13,7 +13,7 @@ from ltxbench.inject import llm
 from ltxbench.inject.fuse import MOVES_RULE
 from ltxbench.inject.llm import attention as llm_attention
 from ltxbench.ops import reference
-from tests.helpers import LLM_FAMILY_EXTRA, LLM_TINY, llm_build, llm_prompt
+from tests.helpers import LLM_FAMILY_EXTRA, LLM_TINY, count_calls, llm_build, llm_prompt
 
 FAMILIES = tuple(LLM_FAMILY_EXTRA)
 
@@ -52,7 +52,7 @@ def greedy(model, ids, mask, **kwargs):
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
-def test_patched_logits_match_and_revert_is_exact(model_type, spy):
+def test_patched_logits_match_and_revert_is_exact(model_type, spy, monkeypatch):
     model = llm_build(model_type)
     ids = llm_prompt()
     with torch.no_grad():
@@ -63,16 +63,13 @@ def test_patched_logits_match_and_revert_is_exact(model_type, spy):
                                   MOVES_RULE: 2, llm.RULE_DECODE: 5}
     assert report.skipped == []
     # the fused paths run: no separate q/k/v, gate/up or down projection module is called
-    linear_calls: Counter = Counter()
-    hooks = [getattr(layer, part).get_submodule(name).register_forward_hook(
-        lambda *_, key=name: linear_calls.update([key]))
-        for layer in model.model.layers for part, name in
-        (("self_attn", "q_proj"), ("self_attn", "v_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))]
+    linear_calls = count_calls(monkeypatch, [(name, getattr(layer, part).get_submodule(name))
+                                             for layer in model.model.layers for part, name in
+                                             (("self_attn", "q_proj"), ("self_attn", "v_proj"), ("mlp", "up_proj"),
+                                              ("mlp", "down_proj"))])
     with torch.no_grad():
         patched = model(ids).logits
     assert not linear_calls
-    for hook in hooks:
-        hook.remove()
     # post_attention_layernorm runs inside fused_add_rms_norm, so rms_norm counts every other norm
     assert dict(spy) == {"rms_norm": norms - 2, "fused_add_rms_norm": 2, "swiglu": 2, "rope_1d": 2}
     torch.testing.assert_close(patched, before, atol=1e-5, rtol=1e-5)
@@ -490,4 +487,28 @@ def test_a_down_projection_wrapped_after_the_injection_runs_its_wrapper(rows):
         with torch.no_grad():
             got = model(ids).logits
         mlp.down_proj = adapter.base_layer
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layer", ["self_attn.q_proj", "mlp.up_proj", "mlp.down_proj"])
+def test_a_hook_put_on_a_projection_after_the_injection_runs(layer):
+    """The fused q/k/v and gate/up GEMMs and the down GEMM into the residual read the projections' weights: a forward
+    hook put on one after the injection (a probe, an adapter's hook) must still run, so that call takes the layer."""
+    model = llm_build("llama")
+    ids = llm_prompt()
+    proj = model.model.layers[0].get_submodule(layer)
+
+    def hooked():
+        handle = proj.register_forward_hook(lambda module, args, out: out + 0.5)
+        try:
+            with torch.no_grad():
+                return model(ids).logits
+        finally:
+            handle.remove()
+
+    expected = hooked()
+    with llm.apply_kernels(model, "reference"):
+        got = hooked()
+    with torch.no_grad():
+        assert (expected - model(ids).logits).abs().max() > 1e-2  # the hook matters
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

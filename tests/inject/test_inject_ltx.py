@@ -21,7 +21,7 @@ from ltxbench.inject.ltx import (
 )
 from ltxbench.inject.ltx.cfg import PAIRED_ATTR
 from ltxbench.inject.ltx.cross_kv import CACHE_ATTR
-from tests.helpers import ltx_inputs, ltx_transformer
+from tests.helpers import count_calls, ltx_inputs, ltx_transformer
 
 BLOCK_RULE = "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"
 
@@ -107,11 +107,11 @@ def test_fused_projections_are_used_and_keep_one_copy_of_the_weights(monkeypatch
         (names1, fused1), (names2, _) = getattr(attn1, FUSED_ATTR), getattr(attn2, FUSED_ATTR)
         assert names1 == ("to_q", "to_k", "to_v") and names2 == ("to_k", "to_v")
         assert attn1.to_v.weight.untyped_storage().data_ptr() == fused1.weight.untyped_storage().data_ptr()
-        calls = []
-        for lin in (attn1.to_q, attn1.to_k, attn1.to_v, attn2.to_k, attn2.to_v):
-            monkeypatch.setattr(lin, "forward", lambda *a, _c=calls: _c.append(1))
+        calls = count_calls(monkeypatch, [(name, lin) for name, lin in (("q1", attn1.to_q), ("k1", attn1.to_k),
+                                                                         ("v1", attn1.to_v), ("k2", attn2.to_k),
+                                                                         ("v2", attn2.to_v))])
         model(**ltx_inputs(model))
-    assert calls == []  # every q/k/v of attn1 and k/v of attn2 came from the fused GEMMs
+    assert not calls  # every q/k/v of attn1 and k/v of attn2 came from the fused GEMMs
 
 
 @pytest.mark.parametrize("fuse", [True, False])
@@ -551,3 +551,42 @@ def test_linear_gelu_tanh_opcheck():
     torch.library.opcheck(torch.ops.ltxbench.linear_gelu_tanh.default, (x, w, b))
     compiled = torch.compile(ops.linear_gelu_tanh, fullgraph=True)(x, w, b)
     torch.testing.assert_close(compiled, ops.linear_gelu_tanh(x, w, b))
+
+
+@pytest.mark.parametrize("layer", ["attn1.to_q", "ff.net.0.proj"])
+def test_a_hook_put_on_a_projection_after_the_injection_runs(layer):
+    """The fused q/k/v GEMM and the up-projection + GELU epilogue read the projections' weights: a forward hook put on
+    one of them after the injection (a probe, an adapter's hook) must still run, so that call takes the layer itself."""
+    model = ltx_transformer()
+    inputs = ltx_inputs(model)
+    proj = model.transformer_blocks[0].get_submodule(layer)
+
+    def call():  # a shift, not a scale: q goes through an RMSNorm next, which a scale would not move
+        handle = proj.register_forward_hook(lambda module, args, out: out + 0.5)
+        try:
+            with torch.no_grad():
+                return model(**inputs)[0]
+        finally:
+            handle.remove()
+
+    expected = call()
+    with apply_kernels(model, "reference"):
+        got = call()
+    with torch.no_grad():
+        unhooked = model(**inputs)[0]
+    assert (expected - unhooked).abs().max() > 1e-2  # the hook matters
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_hook_on_the_out_projection_keeps_the_residual_out_of_its_gemm():
+    """attn2's out-projection adds the residual in its GEMM (beta = 1) only while nothing observes the layer."""
+    from ltxbench.inject.ltx.attention import takes_residual
+
+    model = ltx_transformer()
+    attn2 = model.transformer_blocks[0].attn2
+    with apply_kernels(model, "reference"):
+        assert takes_residual(attn2)
+        handle = attn2.to_out[0].register_forward_hook(lambda module, args, out: out)
+        assert not takes_residual(attn2)
+        handle.remove()
+        assert takes_residual(attn2)

@@ -208,3 +208,27 @@ def test_interleaved_rope_the_class_default(pipe, fused_calls):
         got = ltx2_call(transformer)
     assert "qk_rms_norm_rope" in fused_calls and "qk_rms_norm_rope_split" not in fused_calls
     assert max_rel_error(got, expected) < CALL_ATOL
+
+
+@pytest.mark.parametrize("layer", ["attn1.to_q", "attn1.to_out.0", "ff.net.0.proj", "audio_attn2.to_k"])
+def test_a_hook_put_on_a_projection_after_the_injection_runs(pipe, layer):
+    """The fused GEMMs (q/k/v, the out-projection with its residual, the up-projection with its GELU) read the layers'
+    weights: a forward hook put on one after the injection (a probe, an adapter's hook) must still run."""
+    transformer = pipe.transformer
+    inputs = ltx2_inputs(transformer)
+    proj = transformer.transformer_blocks[0].get_submodule(layer)
+
+    def hooked():
+        handle = proj.register_forward_hook(lambda module, args, out: out + 0.5)
+        try:
+            with torch.no_grad():
+                return transformer(**inputs)
+        finally:
+            handle.remove()
+
+    expected = hooked()
+    with inject_ltx2.apply_kernels(transformer, "reference"):
+        got = hooked()
+    with torch.no_grad():
+        assert max_rel_error(transformer(**inputs), expected) > 1e-3  # the hook matters
+    assert max_rel_error(got, expected) < CALL_ATOL

@@ -63,8 +63,10 @@ def test_lora_fuse_and_unfuse_match_the_unpatched_pipeline(order):
 
     patched, unpatched = ltx_pipeline(), ltx_pipeline()
     embeddings = ltx_embeddings(patched)
-    config = LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0"],
-                        init_lora_weights=False)  # random A and B: the adapter changes the result
+    # every projection of the block, the up-projection under the GELU epilogue included; random A and B: the adapter
+    # changes the result
+    config = LoraConfig(r=4, lora_alpha=4, target_modules=["to_q", "to_k", "to_v", "to_out.0", "ff.net.0.proj",
+                                                           "ff.net.2"], init_lora_weights=False)
 
     def add_adapter(pipe):
         torch.manual_seed(5)

@@ -41,7 +41,7 @@ from ltxbench.inject import (
     patch_forward,
     require_provider,
 )
-from ltxbench.inject.fuse import follow_moves, fuse_linears, fused_linear, release
+from ltxbench.inject.fuse import follow_moves, fuse_linears, fused_linear, release, unobserved
 from ltxbench.inject.llm.attention import (
     ATTN_SOURCE,
     CACHE_UPDATE_KWARGS,
@@ -129,11 +129,11 @@ def _layer_forward(ops):
 def _mlp_into_residual(ops, linear, mlp, x, residual):
     """`residual + mlp(x)` with the down projection's GEMM accumulating into `residual` in place (beta = 1), or
     None when the MLP is not our patched one, its down projection is not a plain nn.Linear (an adapter put in its
-    place runs its own forward), has a bias, or gradients are on. Only for a residual this layer created
-    (fused_add_rms_norm's output): nobody else holds it."""
+    place runs its own forward), is hooked since the injection, has a bias, or gradients are on. Only for a residual
+    this layer created (fused_add_rms_norm's output): nobody else holds it."""
     down = mlp.down_proj
     if original_class(down) is not torch.nn.Linear or down.bias is not None or down.weight.dtype != residual.dtype \
-            or torch.is_grad_enabled():
+            or torch.is_grad_enabled() or not unobserved(down):
         return None
     act = _gate_up_swiglu(ops, linear, mlp, x)
     if act is None:

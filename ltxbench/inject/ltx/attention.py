@@ -12,7 +12,7 @@ import torch
 
 from ltxbench.inject import forward_source, fp8_attention, original_class
 from ltxbench.inject.fp8 import fused_projection
-from ltxbench.inject.fuse import fused_outputs
+from ltxbench.inject.fuse import fused_outputs, unobserved
 from ltxbench.ops.reference import ltx_cos_sin
 from ltxbench.parallel.attend import attend, rope_attention
 
@@ -103,10 +103,10 @@ class FusedLTXAttnProcessor:
 
     def fuses_residual(self, attn) -> bool:
         """Can the out-projection add a residual in its GEMM (ops.linear with beta = 1)? With tuned GEMMs, a plain
-        nn.Linear and its dropout inactive: the add then costs no pass over memory of its own."""
+        nn.Linear, unhooked, and its dropout inactive: the add then costs no pass over memory of its own."""
         project, dropout = attn.to_out[0], attn.to_out[1]
-        return (self.tuned_gemm and original_class(project) is torch.nn.Linear and isinstance(dropout, torch.nn.Dropout)
-                and not (dropout.training and dropout.p > 0))
+        return (self.tuned_gemm and original_class(project) is torch.nn.Linear and unobserved(project)
+                and isinstance(dropout, torch.nn.Dropout) and not (dropout.training and dropout.p > 0))
 
     def _output(self, attn, hidden_states, residual):
         project = attn.to_out[0]

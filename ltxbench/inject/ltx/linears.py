@@ -4,24 +4,36 @@ GELU stays (GELU_MEASURED says why)."""
 
 from __future__ import annotations
 
+import torch
+
 from ltxbench.inject import original_class
+from ltxbench.inject.fuse import unobserved
 from ltxbench.inject.ltx.attention import needs_autograd, tuned_linear
 
 GELU_MEASURED = "torch's F.gelu measured faster than ltxbench.gelu_tanh (H100, 2x8064x8192: 179.7 vs 203.8 us)"
 
 
+def gemm_can_stand_for(proj, x) -> bool:
+    """May a GEMM on proj's weight and bias replace `proj(x)`? Only for a plain nn.Linear as injected: no hook or
+    wrapper put on it since (a LoRA adapter added after the injection replaces it by its own module, whose `weight`
+    is the base layer's), its weights on the device (not offloaded to meta), and no gradient wanted."""
+    return (original_class(proj) is torch.nn.Linear and not proj.weight.is_meta and unobserved(proj)
+            and not needs_autograd(x, proj.weight, proj.bias))
+
+
 def ff_gelu_forward(ops, epilogue: bool, tuned_gemm: bool):
     """diffusers GELU(approximate="tanh").forward as ONE GEMM with a GELU epilogue (`ops.linear` when tuned_gemm,
-    else torch's cuBLASLt binding `ops.linear_gelu_tanh`), or as proj + `ops.gelu_tanh`."""
+    else torch's cuBLASLt binding `ops.linear_gelu_tanh`), diffusers' own forward where the projection must run
+    itself (gemm_can_stand_for); without the epilogue, proj + `ops.gelu_tanh`."""
 
     def forward(self, hidden_states):
-        if self.proj.weight.is_meta:  # offloaded after the injection: proj's hook brings its weights in its forward
+        if not epilogue:
+            return ops.gelu_tanh(self.proj(hidden_states))
+        if not gemm_can_stand_for(self.proj, hidden_states):
             return original_class(self).forward(self, hidden_states)
-        if epilogue and tuned_gemm and not needs_autograd(hidden_states, self.proj.weight, self.proj.bias):
+        if tuned_gemm:
             return ops.linear(hidden_states, self.proj.weight, self.proj.bias, "gelu_tanh")
-        if epilogue:
-            return ops.linear_gelu_tanh(hidden_states, self.proj.weight, self.proj.bias)
-        return ops.gelu_tanh(self.proj(hidden_states))
+        return ops.linear_gelu_tanh(hidden_states, self.proj.weight, self.proj.bias)
 
     return forward
 

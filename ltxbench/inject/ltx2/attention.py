@@ -10,7 +10,7 @@ import torch
 
 from ltxbench.inject.fp8 import WEIGHT_ATTR, fused_projection
 from ltxbench.inject.fp8_attention import attend_normed, attention, runs_fp8_attention
-from ltxbench.inject.fuse import fused_outputs
+from ltxbench.inject.fuse import fused_outputs, unobserved
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.parallel.attend import attend, rope_attention
 
@@ -34,8 +34,8 @@ def plain_attention(attn) -> str | None:
 
 def linear(ops, x, layer, residual=None, activation: str = "none"):
     """`activation(layer(x)) [+ residual]`: ops.linear (one GEMM with its epilogue) for a plain nn.Linear, else the
-    layer itself (a LoRA or quantized wrapper keeps its own forward)."""
-    if type(layer) is torch.nn.Linear:
+    layer itself (a LoRA or quantized wrapper keeps its own forward, a hook put on the layer runs)."""
+    if type(layer) is torch.nn.Linear and unobserved(layer):
         return ops.linear(x, layer.weight, layer.bias, activation, residual)
     out = layer(x)
     if activation == "gelu_tanh":

@@ -27,12 +27,12 @@ from ltxbench.inject import (
     OFFLOADED,
     InjectionReport,
     offloaded,
-    original_class,
     patch_call,
     patch_forward,
     require_provider,
 )
-from ltxbench.inject.ltx.attention import eps_of, needs_autograd
+from ltxbench.inject.ltx.attention import eps_of
+from ltxbench.inject.ltx.linears import gemm_can_stand_for
 from ltxbench.inject.ltx2.text_kv import source_digest as digest
 from ltxbench.inject.wan.attention import ATTN1_FP8_RULE, QK_ROPE_RULE, self_attention_call
 from ltxbench.inject.wan.attention import refusal as qk_rope_refusal
@@ -88,9 +88,7 @@ def gelu_forward(ops):
 
     def forward(self, hidden_states):
         proj = self.proj
-        if (original_class(proj) is torch.nn.Linear and proj.bias is not None and not proj.weight.is_meta
-                and not (proj._forward_hooks or proj._forward_pre_hooks)
-                and not needs_autograd(hidden_states, proj.weight, proj.bias)):
+        if proj.bias is not None and gemm_can_stand_for(proj, hidden_states):
             return ops.linear_gelu_tanh(hidden_states, proj.weight, proj.bias)
         return ops.gelu_tanh(proj(hidden_states))
 
