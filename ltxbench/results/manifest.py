@@ -2,7 +2,8 @@
 
 `make results GPU=h200` (`python -m ltxbench.results.manifest run results/h200`) runs, at the checkout's commit, each
 benchmark of the folder's kind (one GPU, or `hXXXxN`: the N-GPU set) whose file does not already record that commit
-clean, then regenerates the folder's README. Each benchmark's files replace the old ones only once it has finished,
+clean, or a commit with the same code (provenance.code_digest: only docs or tests changed since), then regenerates the
+folder's README. Each benchmark's files replace the old ones only once it has finished,
 so that a run stopped by its time budget (`--budget-minutes`, to fit a GPU machine's command limit), a failure or
 Ctrl-C leaves the folder consistent: call it again and it resumes with the first benchmark not yet current.
 `list` shows each benchmark's state without running anything.
@@ -201,8 +202,18 @@ def recorded_git(path: Path) -> dict | None:
 
 
 def is_current(path: Path, head: dict) -> bool:
+    """Measured clean at the checkout's commit, or at one whose code (provenance.code_digest) it still runs."""
     git = recorded_git(path)
-    return bool(git) and git.get("sha") == head["sha"] and git.get("dirty") is False
+    if not git or git.get("dirty") is not False:
+        return False
+    return git.get("sha") == head["sha"] or (git.get("code") is not None and git.get("code") == head.get("code"))
+
+
+def current_label(path: Path, head: dict) -> str:
+    """'current (abc1234)', or 'current (measured at abc1234, the code of def5678)'."""
+    measured = label(recorded_git(path))
+    return f"current ({measured})" if measured == label(head) else f"current (measured at {measured}, the code of " \
+        f"{label(head)})"
 
 
 def missing_needs(bench: Benchmark) -> list[str]:
@@ -266,7 +277,7 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
     for bench in chosen:
         target = folder / f"{bench.name}.json"
         if not redo and is_current(target, head):
-            print(f"{bench.name}: current ({label(head)})", flush=True)
+            print(f"{bench.name}: {current_label(target, head)}", flush=True)
             continue
         missing = missing_needs(bench)
         if missing:
@@ -323,7 +334,7 @@ def show(folder: Path) -> int:
     for bench in benchmarks_for(folder):
         path = folder / f"{bench.name}.json"
         git = recorded_git(path)
-        state = ("missing" if not path.is_file() else "current" if head and is_current(path, head)
+        state = ("missing" if not path.is_file() else current_label(path, head) if head and is_current(path, head)
                  else f"measured at {label(git)}")
         print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{bench.minutes:g} min  {state}")
     return 0

@@ -8,7 +8,9 @@ SHA-256 of `git diff HEAD`, so that two runs of the same edit can be told apart 
 A copy of the tree without `.git` (what a GPU machine is sent) cannot ask git. `python -m ltxbench.results.provenance
 stamp` writes `.ltxbench-commit.json` at the repository root before the copy: the commit and the git blob id of every
 tracked file. The copy then hashes its files the way git does and records that commit, clean when every listed file
-is there with its committed content; else dirty, with a hash of what differs. Such a stamp also wins over `.git`
+is there with its committed content; else dirty, with a hash of what differs. Either way a result also records the
+commit's `code` digest (code_digest: the blobs of what a run executes), which says whether it still describes a later
+commit that changed only docs or tests. Such a stamp also wins over `.git`
 metadata older than the files (which git would call dirty). A stamp of a dirty checkout is refused:
 it would describe a commit the files do not hold.
 """
@@ -23,6 +25,7 @@ from pathlib import Path
 
 STAMP_NAME = ".ltxbench-commit.json"
 OUTPUTS = "results/"  # what the runs write (tracked result documents): never the code a run measured
+CODE = ("ltxbench/", "cuda/", "configs/", "pyproject.toml")  # what a run executes: not docs, tests or results
 TIMEOUT_S = 20
 
 
@@ -50,13 +53,35 @@ def blob_id(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+def code_digest(files: dict[str, str]) -> str:
+    """SHA-256 over the blob ids ({path: blob}) of the files a run executes (CODE): two commits with the same digest
+    measure the same code, so a result of one describes the other (a commit that changed only docs or tests)."""
+    lines = sorted(f"{name} {blob}" for name, blob in files.items() if name.startswith(CODE))
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _committed_blobs(root: Path) -> dict[str, str] | None:
+    """{path: blob id} of HEAD's tree (submodules left out)."""
+    listing = _git(["ls-tree", "-r", "HEAD"], root)
+    if listing is None:
+        return None
+    blobs = {}
+    for line in listing.splitlines():
+        meta, name = line.split("\t", 1)
+        _mode, kind, blob = meta.split()
+        if kind == "blob":
+            blobs[name] = blob
+    return blobs
+
+
 def from_git(root: Path) -> dict | None:
-    """{sha, dirty, diff_sha256, source: "git"} of a checkout; None where git does not answer for `root`."""
+    """{sha, dirty, diff_sha256, code, source: "git"} of a checkout (code: HEAD's code_digest); None where git does not
+    answer for `root`."""
     if not _is_checkout(root):
         return None
     sha = _git(["rev-parse", "HEAD"], root)
     if sha is None:  # a repository without commits
-        return {"sha": None, "dirty": True, "diff_sha256": None, "source": "git"}
+        return {"sha": None, "dirty": True, "diff_sha256": None, "code": None, "source": "git"}
     status = _git(["status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){OUTPUTS}"], root)
     dirty = None if status is None else bool(status.strip())
     digest = None
@@ -64,11 +89,13 @@ def from_git(root: Path) -> dict | None:
         diff = subprocess.run(["git", "diff", "HEAD", "--binary", "--", ".", f":(exclude){OUTPUTS}"], cwd=root,
                               capture_output=True, timeout=TIMEOUT_S)
         digest = hashlib.sha256(diff.stdout).hexdigest() if diff.returncode == 0 else None
-    return {"sha": sha.strip(), "dirty": dirty, "diff_sha256": digest, "source": "git"}
+    blobs = _committed_blobs(root)
+    return {"sha": sha.strip(), "dirty": dirty, "diff_sha256": digest,
+            "code": None if blobs is None else code_digest(blobs), "source": "git"}
 
 
 def from_stamp(root: Path) -> dict | None:
-    """{sha, dirty, diff_sha256, source: "stamp"} of a copy holding a stamp; None without one."""
+    """{sha, dirty, diff_sha256, code, source: "stamp"} of a copy holding a stamp; None without one."""
     path = root / STAMP_NAME
     if not path.is_file():
         return None
@@ -82,7 +109,8 @@ def from_stamp(root: Path) -> dict | None:
         if actual != committed:
             differing.append(f"{name}\0{actual}")
     digest = hashlib.sha256("\n".join(differing).encode()).hexdigest() if differing else None
-    return {"sha": stamp["sha"], "dirty": bool(differing), "diff_sha256": digest, "source": "stamp"}
+    return {"sha": stamp["sha"], "dirty": bool(differing), "diff_sha256": digest, "code": code_digest(stamp["files"]),
+            "source": "stamp"}
 
 
 def provenance(root: Path | None = None) -> dict | None:

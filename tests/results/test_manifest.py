@@ -14,7 +14,8 @@ from typer.testing import CliRunner
 from ltxbench.cli import app
 from ltxbench.results import manifest
 
-HEAD = {"sha": "a" * 40, "dirty": False, "diff_sha256": None, "source": "git"}
+HEAD = {"sha": "a" * 40, "dirty": False, "diff_sha256": None, "code": "c" * 64, "source": "git"}
+OLDER = {**HEAD, "sha": "b" * 40, "code": "d" * 64}  # an earlier commit of other code
 
 
 @pytest.fixture
@@ -54,7 +55,7 @@ def test_runs_what_is_not_current_then_resumes_with_nothing_to_do(tmp_path, head
     names = [b.name for b in manifest.benchmarks_for(folder)]
     folder.mkdir(parents=True)
     (folder / f"{names[0]}.json").write_text(_doc(HEAD))  # current already
-    (folder / f"{names[1]}.json").write_text(_doc({**HEAD, "sha": "b" * 40}))  # an older commit
+    (folder / f"{names[1]}.json").write_text(_doc(OLDER))  # an older commit, other code
     (folder / f"{names[2]}.json").write_text(_doc({**HEAD, "dirty": True}))  # the same commit, dirty
     runner = FakeRunner(HEAD)
     code, regenerated = _run(folder, runner)
@@ -70,7 +71,7 @@ def test_a_failure_keeps_the_stored_file_and_stops(tmp_path, head):
     folder = tmp_path / "h200"
     first, second = (b.name for b in manifest.benchmarks_for(folder)[:2])
     folder.mkdir()
-    (folder / f"{second}.json").write_text(_doc({**HEAD, "sha": "b" * 40}))
+    (folder / f"{second}.json").write_text(_doc(OLDER))
     code, regenerated = _run(folder, FakeRunner(HEAD, fail=second))
     assert code == 1 and regenerated == [folder]  # the first one's README entry is regenerated
     assert manifest.recorded_git(folder / f"{second}.json")["sha"] == "b" * 40
@@ -180,3 +181,16 @@ def test_flash_attention_3_is_a_need_either_package_meets(monkeypatch):
     for name in ("fa3_fwd_interface", "flash_attn_interface"):
         found = {name}
         assert manifest.missing_needs(bench) == [], name
+
+
+def test_a_result_of_an_earlier_commit_with_the_same_code_is_current(tmp_path, head):
+    """A commit that changed only docs or tests (the same provenance.code_digest) keeps the results measured before it;
+    another code, a dirty run or a result without a digest is measured again."""
+    path = tmp_path / "r.json"
+    for git, current in (({**HEAD, "sha": "b" * 40}, True), ({**HEAD, "sha": "b" * 40, "code": "d" * 64}, False),
+                         ({**HEAD, "sha": "b" * 40, "dirty": True}, False), ({**HEAD, "sha": "b" * 40, "code": None},
+                                                                              False), (HEAD, True)):
+        path.write_text(_doc(git))
+        assert manifest.is_current(path, HEAD) is current, git
+    path.write_text(_doc({**HEAD, "sha": "b" * 40}))
+    assert manifest.current_label(path, HEAD) == "current (measured at bbbbbbb, the code of aaaaaaa)"

@@ -29,13 +29,21 @@ def checkout(tmp_path):
     return root
 
 
+def _without_code(state: dict) -> dict:
+    return {key: value for key, value in state.items() if key != "code"}
+
+
+def _stamped_clean(checkout) -> dict:
+    return {"sha": _head(checkout), "dirty": False, "diff_sha256": None, "source": "stamp"}
+
+
 def _head(root) -> str:
     return subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
 
 
 def test_a_clean_checkout_records_its_commit_clean(checkout):
     state = prov.provenance(checkout)
-    assert state == {"sha": _head(checkout), "dirty": False, "diff_sha256": None, "source": "git"}
+    assert _without_code(state) == {"sha": _head(checkout), "dirty": False, "diff_sha256": None, "source": "git"}
 
 
 def test_untracked_files_never_make_a_run_dirty(checkout):
@@ -74,7 +82,7 @@ def test_a_copy_without_git_records_the_stamped_commit_clean(checkout, tmp_path)
     prov.write_stamp(checkout)
     copy = _copy_without_git(checkout, tmp_path)
     (copy / "results.json").write_text("{}")  # untracked in the copy: still clean
-    assert prov.provenance(copy) == {"sha": _head(checkout), "dirty": False, "diff_sha256": None, "source": "stamp"}
+    assert _without_code(prov.provenance(copy)) == _stamped_clean(checkout)
 
 
 @pytest.mark.parametrize("change", ["edit", "delete"])
@@ -115,7 +123,7 @@ def test_a_folder_inside_another_repository_is_not_taken_for_it(checkout):
 
 def test_this_package_records_a_commit_where_it_runs_from_a_checkout():
     state = prov.provenance()
-    assert state is None or set(state) == {"sha", "dirty", "diff_sha256", "source"}
+    assert state is None or set(state) == {"sha", "dirty", "diff_sha256", "code", "source"}
 
 
 def test_a_copy_with_older_git_metadata_records_the_stamped_commit(checkout, tmp_path):
@@ -128,7 +136,7 @@ def test_a_copy_with_older_git_metadata_records_the_stamped_commit(checkout, tmp
     copy = _copy_without_git(checkout, tmp_path)
     shutil.copytree(old_git, copy / ".git")
     assert prov.from_git(copy)["dirty"] is True
-    assert prov.provenance(copy) == {"sha": _head(checkout), "dirty": False, "diff_sha256": None, "source": "stamp"}
+    assert _without_code(prov.provenance(copy)) == _stamped_clean(checkout)
     (copy / "README.md").write_text("edited on the copy\n")  # now neither is clean: git's answer stands
     assert prov.provenance(copy)["source"] == "git"
 
@@ -140,4 +148,28 @@ def test_stored_results_replaced_by_a_run_never_make_the_next_dirty(checkout, tm
     for root in (checkout, copy):
         (root / "results" / "h200" / "e2e.json").write_text('{"new": 1}\n')
     assert prov.provenance(checkout)["dirty"] is False
-    assert prov.provenance(copy) == {"sha": _head(checkout), "dirty": False, "diff_sha256": None, "source": "stamp"}
+    assert _without_code(prov.provenance(copy)) == _stamped_clean(checkout)
+
+
+def test_the_code_digest_follows_the_code_not_docs_tests_or_results(checkout, tmp_path):
+    """Two commits with the same code digest measure the same code: a commit of docs, tests or results keeps it, one of
+    the package, its CUDA sources, its configs or pyproject.toml changes it; a copy's stamp gives git's digest."""
+    for name in ("ltxbench/run.py", "cuda/k.cu", "configs/m.json", "pyproject.toml", "docs/d.md", "tests/t.py"):
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text("1\n")
+    _git(checkout, "add", ".")
+
+    def commit() -> str:
+        _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "next")
+        return prov.provenance(checkout)["code"]
+
+    first = commit()
+    for name in ("docs/d.md", "tests/t.py", "results/h200/e2e.json", "README.md"):
+        (checkout / name).write_text("2\n")
+        assert commit() == first, name
+    for name in ("ltxbench/run.py", "cuda/k.cu", "configs/m.json", "pyproject.toml"):
+        before = prov.provenance(checkout)["code"]
+        (checkout / name).write_text("3\n")
+        assert commit() != before, name
+    prov.write_stamp(checkout)
+    assert prov.from_stamp(_copy_without_git(checkout, tmp_path))["code"] == prov.from_git(checkout)["code"]
