@@ -4,8 +4,9 @@ A `Configuration` is parsed once from its name (`--configs`, or the flags of a s
 read from it everywhere else: `patch` ("none", "ours" or a peer library's name), `precision` (what our projections
 run in), `compiled` and `attention` (an attention backend set for this configuration alone, or None: the run's). It
 is a `str` whose value is its name, so that records, result keys and JSON keep the names users type. Names:
-baseline, compile, optimized[-<precision>][+compile], <peer>[+compile], each of the first three with @<attention>
-(e.g. compile@fa3: the unpatched model compiled, its self-attentions on FlashAttention-3).
+baseline, compile, optimized[-<precision>][+compile], <peer>[+compile], each with @<attention> (e.g. compile@fa3: the
+unpatched model compiled, its self-attentions on FlashAttention-3; a peer only where its family runs the model's own
+attention, LTX-2's stg-off).
 
 Only the standard library: the CLI, the families, the runners and the result readers all import it.
 """
@@ -57,9 +58,7 @@ class Configuration(str):
             if at and precision == "fp8-attention":
                 raise ValueError(f"not a configuration: {name!r} (fp8-attention runs its own attention kernel)")
             self.patch, self.precision = "ours", precision
-        elif at:
-            raise ValueError(f"not a configuration: {name!r} (@{attention} goes with ours or the unpatched model)")
-        else:
+        else:  # a peer: with @<attention> only where its family lets it (ModelFamily.attention_peers)
             self.patch, self.precision = base, "bf16"
         self.compiled = compiled
         return self
@@ -95,12 +94,12 @@ class Configuration(str):
         return (str(self),)
 
 
-def with_attention(configs, attention: str) -> tuple[Configuration, ...]:
-    """Each of `configs` that can take its own attention backend (the unpatched model and ours, but FP8 attention),
-    with `attention`."""
+def with_attention(configs, attention: str, peers: tuple[str, ...] = ()) -> tuple[Configuration, ...]:
+    """Each of `configs` that can take its own attention backend (the unpatched model, ours but FP8 attention, and the
+    `peers` that run the model's own attention), with `attention`."""
     configs = map(Configuration, configs)
     return tuple(Configuration.of(c.patch, c.precision, c.compiled, attention) for c in configs
-                 if c.attention is None and c.patch in ("none", "ours") and c.precision != "fp8-attention")
+                 if c.attention is None and c.patch in ("none", "ours", *peers) and c.precision != "fp8-attention")
 
 
 def added_by(precision: str) -> tuple[Configuration, ...]:

@@ -107,6 +107,7 @@ class ModelFamily:
     two_gpu_split: ClassVar[str] = "cfg"  # --gpus 2 without --parallel
     precisions: ClassVar[tuple[str, ...]] = ("bf16",)  # --precision values its injection takes
     attentions: ClassVar[tuple[str, ...]] = ()  # <config>@<attention> it takes (configurations.ATTENTIONS)
+    attention_peers: ClassVar[tuple[str, ...]] = ()  # its peers that run the model's own attention: <peer>@<attention>
 
     # --- resolving --model ------------------------------------------------------------------------------
     def claims(self, model: str) -> bool:
@@ -170,7 +171,8 @@ class ModelFamily:
         fp8 = tuple(dict.fromkeys(c for precision in self.precisions for c in added_by(precision)))
         peers = tuple(Configuration.of(peer, compiled=compiled) for peer in self.peers() for compiled in (False, True))
         ours_and_torch = tuple(map(Configuration, STANDARD)) + fp8
-        attended = tuple(c for attention in self.attentions for c in with_attention(ours_and_torch, attention))
+        attended = tuple(c for attention in self.attentions
+                         for c in with_attention(ours_and_torch + peers, attention, self.attention_peers))
         return ours_and_torch + peers + attended
 
     # --- with torch ------------------------------------------------------------------------------------

@@ -117,6 +117,8 @@ class LTX2Family(VideoFamily):
         if core:
             _validate_ltx_core(core[0], settings)
 
+    attention_peers = (STG_OFF,)  # stg-off+compile@fa3: the pipeline without its STG pass, on FlashAttention-3
+
     def peers(self) -> dict[str, PeerConfig]:
         from ltxbench.models.ltx2_core import apply_ltx_core
 

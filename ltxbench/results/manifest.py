@@ -72,6 +72,11 @@ BENCHMARKS = (
               needs=("hopper", FA3_NEED)),
     Benchmark("e2e-ltx2-19b-121f", (*_LTX2, "--configs", "baseline,optimized,compile,stg-off+compile,"
                                     "optimized+compile", "--steps", "3", "--repeats", "2"), 8),
+    # FlashAttention-3 on the self-attentions (@fa3): the attention's gain without the STG pass on both sides, and the
+    # kernels' on it
+    Benchmark("e2e-ltx2-19b-121f-fa3", (*_LTX2, "--configs", "stg-off+compile,stg-off+compile@fa3,"
+                                        "optimized+compile@fa3", "--steps", "3", "--repeats", "2"), 7,
+              needs=("hopper", FA3_NEED)),
     Benchmark("e2e-ltx2-19b-121f-fp8", (*_LTX2, "--configs", "stg-off+compile", "--precision", "fp8", "--steps", "3",
                                         "--repeats", "2"), 6, needs=("hopper",)),
     # the video self-attention in FP8 too (cuDNN's where FlashAttention-3 is not installed), beside FP8 projections
@@ -128,12 +133,11 @@ BENCHMARKS = (
                                           "5"), 5, needs=("hopper", FA3_NEED)),
     Benchmark("e2e-wan2.1-14b-81f", (*_WAN, "--model", "wan2.1-14b", *_WAN_COMPILED, "--steps", "3"), 7),
     Benchmark("e2e-wan2.2-a14b-81f", (*_WAN, "--model", "wan2.2-a14b", *_WAN_COMPILED, "--steps", "4"), 9),
-    # Wan's modulated LayerNorm and gated residual: float32 scale/shift/gate over bf16 rows, as its blocks hold them
     # attention at our models' shapes, per backend (n/a where a package is missing), TFLOP/s against the dense peak
     Benchmark("micro-attention", ("bench", "micro", "attention", "--shapes", "all", "--providers",
                                   "flash,cudnn,efficient,flash_attn,flash_attn_3,cudnn_fp8,cudnn_fp8_quantizing,"
-                                  "flash_attn_3_fp8"),
-                  4),
+                                  "flash_attn_3_fp8"), 4),
+    # Wan's modulated LayerNorm and gated residual: float32 scale/shift/gate over bf16 rows, as its blocks hold them
     Benchmark("micro-wan-f32", (*_MICRO, "layer_norm_modulate", "gated_residual", "--shapes", "wan", "--variant",
                                 "wan-f32", "--providers", "cuda,eager,compile"), 1),
     # linear at Llama-3-8B's decode shapes (one token: our GEMV kernel) and the norms of a decode step

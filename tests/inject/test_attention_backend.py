@@ -370,6 +370,26 @@ def test_a_configurations_own_attention_is_set_for_it_and_given_back_after(fa3_f
     assert _attention_backends(model) == [None] * len(_attention_backends(model))
 
 
+def test_ltx2s_pipeline_without_its_stg_pass_takes_an_attention_of_its_own(fa3_fwd, ltx2_tiny):
+    """stg-off@fa3 (LTX-2's fair baseline on FlashAttention-3): the STG pass dropped from the settings, the
+    self-attentions of both streams on FlashAttention-3, both given back after."""
+    from ltxbench.models import family_of
+    from ltxbench.models.ltx2 import LTX2Settings
+
+    family, model = family_of("ltx2-tiny"), ltx2_tiny.transformer
+    settings = LTX2Settings(model="ltx2-tiny", weights="random", device="cpu", dtype="bf16",
+                            kernel_provider="reference")
+    assert family.settings_for(settings, "stg-off+compile@fa3").stg_scale == 0.0
+    report = family.apply_config(ltx2_tiny, settings, "stg-off@fa3")
+    assert {str(b.value) for b in _attention_backends(model)} == {"_flash_3"}
+    assert report.as_dict()["attention"]["name"] == "fa3"
+    before = len(fa3_fwd.calls)
+    _ltx2_call(model)
+    assert len(fa3_fwd.calls) > before
+    report.revert()
+    assert _attention_backends(model) == [None] * len(_attention_backends(model))
+
+
 @pytest.mark.parametrize("configs, extra, says, code", [
     ("compile,compile@fa3", ["--device", "cpu"], "--configs compile@fa3 runs on a GPU, not --device cpu", 2),
     ("compile,compile@fa3", ["--attention-backend", "native"], "and --configs names compile@fa3", 2),

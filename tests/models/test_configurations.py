@@ -47,9 +47,13 @@ def test_an_attention_of_its_own_is_one_more_part(name):
     assert pickle.loads(pickle.dumps(config)).attention == "fa3"
 
 
-def test_with_attention_takes_ours_and_the_unpatched_model_but_fp8_attention_and_peers():
+def test_with_attention_takes_ours_and_the_unpatched_model_but_fp8_attention_and_peers_not_named():
     assert with_attention(["baseline", "optimized+compile", "optimized-fp8-attention", "liger", "compile@fa3"],
                           "fa3") == ("baseline@fa3", "optimized+compile@fa3")
+    assert with_attention(["stg-off+compile", "ltx-core", "compile"], "fa3", ("stg-off",)) == (
+        "stg-off+compile@fa3", "compile@fa3")
+    config = Configuration("stg-off+compile@fa3")
+    assert (config.peer, config.compiled, config.attention) == ("stg-off", True, "fa3")
 
 
 def test_the_video_families_take_configurations_with_fa3_the_llms_do_not():
@@ -59,12 +63,15 @@ def test_the_video_families_take_configurations_with_fa3_the_llms_do_not():
     video, llm = family_of("ltx-tiny").config_names(), family_of("llama-tiny").config_names()
     assert {"compile@fa3", "optimized+compile@fa3", "optimized-fp8+compile@fa3"} <= set(video)
     assert "optimized-fp8-attention@fa3" not in video and not any(c.attention for c in llm)
+    ltx2 = set(family_of("ltx2-tiny").config_names())
+    assert {"stg-off@fa3", "stg-off+compile@fa3"} <= ltx2  # LTX-2's peer of its own attention, not ltx-core's
+    assert not {"ltx-core@fa3", "group-offload@fa3"} & ltx2 and "stg-off@fa3" not in video
     assert not any(c.attention for c in parse_configs("all", video))  # "all" needs no package
 
 
 @pytest.mark.parametrize("name", ["", "+compile", "baseline+compile", "compile+compile", "optimized-fp16",
                                   "optimized-bf16", "optimized+compile+compile", "liger+x", "compile@", "compile@fa2",
-                                  "liger@fa3", "optimized-fp8-attention@fa3", "compile@fa3@fa3"])
+                                  "optimized-fp8-attention@fa3", "compile@fa3@fa3"])
 def test_what_is_not_a_configuration_is_refused(name):
     with pytest.raises(ValueError, match="not a configuration"):
         Configuration(name)
