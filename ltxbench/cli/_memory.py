@@ -4,6 +4,7 @@ host memory and placed by it (ltxbench.memory). Only the standard library at top
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 
 def planned(family, settings, log, fit_free: bool = False):
@@ -11,15 +12,16 @@ def planned(family, settings, log, fit_free: bool = False):
     the host cannot hold the run. fit_free (generate): without --memory-budget, where the whole pipeline would not
     fit in what the GPU has free, the plan of that free memory (fitted_budget), said in one line, instead of an
     out-of-memory error; settings.memory_budget_gib is then set to it."""
+    footprint = functools.cache(lambda: _footprint(family, settings))  # the meta build, once for both plans
     if settings.memory_budget_gib is None:
-        fitted = fitted_budget(family, settings) if fit_free else None
+        fitted = fitted_budget(family, settings, footprint) if fit_free else None
         if fitted is None:
             return None
         budget, needed, where = fitted
         log(f"the whole pipeline needs about {needed:.1f} GiB of GPU memory at once and {where}: planned to "
             f"{budget:g} GiB (--memory-budget chooses)")
         settings.memory_budget_gib = budget
-    plan = plan_for(family, settings)
+    plan = plan_for(family, settings, footprint)
     for line in plan.lines():
         log(line)
     return plan
@@ -35,21 +37,22 @@ def _footprint(family, settings):
     return footprint(family, settings, parts)
 
 
-def plan_for(family, settings):
+def plan_for(family, settings, footprint=None):
     """The plan of `settings.memory_budget_gib` for this run (the host's available memory read now, before the
-    pipeline is built there). EnvironmentProblem (exit 4) where it cannot be met."""
+    pipeline is built there). EnvironmentProblem (exit 4) where it cannot be met. footprint: a call giving the run's
+    Footprint, where the caller has one."""
     from ltxbench.memory.fit import available
     from ltxbench.memory.plan import plan_memory
 
     host_free, _ = available("cpu")
-    return plan_memory(settings.memory_budget_gib, _footprint(family, settings), host_free)
+    return plan_memory(settings.memory_budget_gib, (footprint or (lambda: _footprint(family, settings)))(), host_free)
 
 
 RESIDENT_BUDGET_GIB = 1 << 20  # a budget no run reaches: the plan with every component on the GPU at once
 MIN_BUDGET_GIB = 2.0  # --memory-budget's minimum
 
 
-def fitted_budget(family, settings) -> tuple[float, float, str] | None:
+def fitted_budget(family, settings, footprint=None) -> tuple[float, float, str] | None:
     """(budget GiB, GiB the whole pipeline needs at once, where the free memory was read) where a family that plans
     budgets runs on one CUDA GPU, outside CUDA graphs, and its pipeline held whole would not fit in what the GPU has
     free now; the budget is that free memory, in quarters of a GiB. None otherwise: the run places nothing."""
@@ -63,7 +66,7 @@ def fitted_budget(family, settings) -> tuple[float, float, str] | None:
     free, where = available(settings.device)
     if free is None:
         return None
-    needed = plan_memory(RESIDENT_BUDGET_GIB, _footprint(family, settings)).gpu_bytes
+    needed = plan_memory(RESIDENT_BUDGET_GIB, (footprint or (lambda: _footprint(family, settings)))()).gpu_bytes
     if needed <= free:
         return None
     budget = int(4 * free / GIB) / 4

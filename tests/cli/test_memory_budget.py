@@ -328,7 +328,8 @@ def test_generate_runs_the_plan_of_the_free_memory_and_says_so(on_the_cpu, monke
     from ltxbench.cli import _memory
     from ltxbench.results.io import load_result
 
-    monkeypatch.setattr(_memory, "fitted_budget", lambda family, settings: (3.0, 5.25, "the GPU has 3.1 GiB free"))
+    fitted = (3.0, 5.25, "the GPU has 3.1 GiB free")
+    monkeypatch.setattr(_memory, "fitted_budget", lambda family, settings, footprint=None: fitted)
     out = tmp_path / "x.mp4"
     result = runner.invoke(app, ["generate", "--prompt", "a red fox", *LTX_TINY, "--kernel-provider", "reference",
                                  "--output", str(out)])
@@ -339,3 +340,20 @@ def test_generate_runs_the_plan_of_the_free_memory_and_says_so(on_the_cpu, monke
     doc = load_result(out.with_suffix(".json"))
     assert doc["run"]["config"]["memory"]["budget_from"].startswith("the GPU's free memory")
     assert {r["params"][MEMORY_BUDGET] for r in doc["records"]} == {3.0}
+
+
+def test_a_planned_generate_sizes_the_pipeline_once(monkeypatch):
+    """The free-memory plan and the plan itself read one footprint: the meta build of the components runs once."""
+    from ltxbench.cli import _memory
+    from ltxbench.memory import fit
+    from ltxbench.models import family_of
+
+    monkeypatch.setattr(fit, "available", lambda dev: (int((512 if dev == "cpu" else 47.9) * GIB), "free"))
+    built = []
+    footprint = _memory._footprint
+    monkeypatch.setattr(_memory, "_footprint", lambda *a: built.append(1) or footprint(*a))
+    family = family_of("ltx2-19b")
+    settings = family.settings("generate", model="ltx2-19b", weights="random", device="cuda", num_frames=121,
+                               height=512, width=768, steps=8)
+    plan = _memory.planned(family, settings, lambda line: None, fit_free=True)
+    assert plan is not None and settings.memory_budget_gib == 47.75 and built == [1]
