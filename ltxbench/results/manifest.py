@@ -132,6 +132,8 @@ BENCHMARKS = (
     Benchmark("e2e-wan2.1-1.3b-81f-fa3", (*_WAN, "--model", "wan2.1-1.3b", "--configs", _FA3_CONFIGS, "--steps",
                                           "5"), 5, needs=("hopper", FA3_NEED)),
     Benchmark("e2e-wan2.1-14b-81f", (*_WAN, "--model", "wan2.1-14b", *_WAN_COMPILED, "--steps", "3"), 7),
+    Benchmark("e2e-wan2.1-14b-81f-fa3", (*_WAN, "--model", "wan2.1-14b", "--configs", _FA3_CONFIGS, "--steps", "2"),
+              8, needs=("hopper", FA3_NEED)),
     Benchmark("e2e-wan2.2-a14b-81f", (*_WAN, "--model", "wan2.2-a14b", *_WAN_COMPILED, "--steps", "4"), 9),
     # attention at our models' shapes, per backend (n/a where a package is missing), TFLOP/s against the dense peak
     Benchmark("micro-attention", ("bench", "micro", "attention", "--shapes", "all", "--providers",
