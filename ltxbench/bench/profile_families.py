@@ -6,7 +6,8 @@ The first rule that matches wins, so the specific rules come first:
     1. ltxbench                 our kernels and custom ops (ltxbench::, row_op_cached, rope3d_kernel, ...)
     2. normalization/reduction  inductor's fused reductions (triton_red_*, triton_per_*)
     3. elementwise/copy         inductor's fused pointwise kernels (triton_poi_*)
-    4. attention                flash, fmha, sdpa, *attention*, cuDNN attention (cudnn + sdpa/fmha/flash/mha)
+    4. attention                flash, fmha, sdpa, *attention*, fa3_fwd's op, cuDNN attention (cudnn +
+                                sdpa/fmha/flash/mha)
     5. GEMM                     gemm/gemv, cutlass, cublas, xmma, nvjet, matmul, conv (implicit GEMM), mm, bmm,
                                 addmm, baddbmm, linear
     6. normalization/reduction  *norm* (not "normal"), rms*, reduce, softmax, sum, mean, var
@@ -41,7 +42,7 @@ RULES: tuple[tuple[str, str], ...] = (
                       "qk_norm_rope_kernel", "rope1d_kernel") + r"|(?<![a-z0-9])act_kernel"),
     ("normalization/reduction", _sub("triton_red_", "triton_per_")),
     ("elementwise/copy", _sub("triton_poi_")),
-    ("attention", _sub("flash", "fmha", "sdpa", "attention", "_efficient_attention")
+    ("attention", _sub("flash", "fmha", "sdpa", "attention", "_efficient_attention", "fa3_fwd::")
      + r"|cudnn.*(?:mha|attn)"),
     ("GEMM", _sub("gemm", "gemv", "cutlass", "cublas", "xmma", "nvjet", "matmul")
      + r"|conv(?!ert)|" + _word("mm", "bmm", "addmm", "baddbmm", "linear", "_addmm_activation")),

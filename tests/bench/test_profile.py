@@ -37,6 +37,7 @@ TINY = ["profile", "--model", "ltx-tiny", "--weights", "random", "--device", "cp
      "cutlass::bfloat16_t, float, cutlass::arch::Sm90, false> > > >(...)", "attention"),  # FlashAttention-3 (fa3)
     ("void ltxbench::(anonymous namespace)::gemv_kernel<__nv_bfloat16, 1>(ltxbench::GemmParams)", "ltxbench"),
     ("aten::_scaled_dot_product_flash_attention_for_cpu", "attention"),
+    ("fa3_fwd::fwd", "attention"),  # pip's FlashAttention-3 op
     ("aten::_efficient_attention_forward", "attention"),
     ("void ltxbench::(anonymous namespace)::row_op_cached<__nv_bfloat16, 8, 4, 1>(ltxbench::RowArgs)", "ltxbench"),
     ("void ltxbench::(anonymous namespace)::qk_norm_rope_kernel<__nv_bfloat16, 8>(...)", "ltxbench"),
