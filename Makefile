@@ -42,7 +42,7 @@ clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache
 
 # On a GPU machine: re-measure, at the checkout's commit, the canonical benchmarks of results/$(GPU) that do not
-# record it yet (ltxbench/results/manifest.py), then regenerate its README. Resumable: ONLY=a,b picks benchmarks,
+# record it yet (ltxbench/results/benchmarks.py), then regenerate its README. Resumable: ONLY=a,b picks benchmarks,
 # BUDGET=9 starts none that would end after 9 minutes (exit 124: call again).
 .PHONY: results
 results:

@@ -1,6 +1,7 @@
-"""The canonical benchmarks and their re-measurement (ltxbench.results.manifest): only what is not current at the
-checkout's commit runs, each benchmark's files replace the old ones only once it finished, a budget or a failure
-stops the run where it can resume, a dirty tree is refused; every benchmark's command takes the options it names."""
+"""The canonical benchmarks (ltxbench.results.benchmarks) and their re-measurement (ltxbench.results.manifest): only
+what is not current at the checkout's commit runs, each benchmark's files replace the old ones only once it finished,
+a budget or a failure stops the run where it can resume, a dirty tree is refused; every benchmark's command takes the
+options it names."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ltxbench.cli import app
-from ltxbench.results import manifest
+from ltxbench.results import benchmarks, manifest
 
 HEAD = {"sha": "a" * 40, "dirty": False, "diff_sha256": None, "code": "c" * 64, "source": "git"}
 OLDER = {**HEAD, "sha": "b" * 40, "code": "d" * 64}  # an earlier commit of other code
@@ -52,7 +53,7 @@ def _run(folder, runner, **kwargs):
 
 def test_runs_what_is_not_current_then_resumes_with_nothing_to_do(tmp_path, head):
     folder = tmp_path / "results" / "h200"
-    names = [b.name for b in manifest.benchmarks_for(folder)]
+    names = [b.name for b in benchmarks.benchmarks_for(folder)]
     folder.mkdir(parents=True)
     (folder / f"{names[0]}.json").write_text(_doc(HEAD))  # current already
     (folder / f"{names[1]}.json").write_text(_doc(OLDER))  # an older commit, other code
@@ -69,7 +70,7 @@ def test_runs_what_is_not_current_then_resumes_with_nothing_to_do(tmp_path, head
 
 def test_a_failure_keeps_the_stored_file_and_stops(tmp_path, head):
     folder = tmp_path / "h200"
-    first, second = (b.name for b in manifest.benchmarks_for(folder)[:2])
+    first, second = (b.name for b in benchmarks.benchmarks_for(folder)[:2])
     folder.mkdir()
     (folder / f"{second}.json").write_text(_doc(OLDER))
     code, regenerated = _run(folder, FakeRunner(HEAD, fail=second))
@@ -80,7 +81,7 @@ def test_a_failure_keeps_the_stored_file_and_stops(tmp_path, head):
 
 def test_the_budget_leaves_the_rest_pending(tmp_path, head):
     folder = tmp_path / "h200"
-    benches = manifest.benchmarks_for(folder)
+    benches = benchmarks.benchmarks_for(folder)
     runner = FakeRunner(HEAD)
     code, _ = _run(folder, runner, budget_minutes=benches[0].minutes + 0.5)
     assert code == 124 and runner.ran == [benches[0].name]
@@ -105,18 +106,18 @@ def test_only_and_redo(tmp_path, head):
 
 
 def test_each_folder_kind_gets_its_set():
-    one = {b.name for b in manifest.benchmarks_for(Path("results/h100"))}
-    two = [b.name for b in manifest.benchmarks_for(Path("results/h200x2"))]
-    four = {b.name for b in manifest.benchmarks_for(Path("results/h100x4"))}
+    one = {b.name for b in benchmarks.benchmarks_for(Path("results/h100"))}
+    two = [b.name for b in benchmarks.benchmarks_for(Path("results/h200x2"))]
+    four = {b.name for b in benchmarks.benchmarks_for(Path("results/h100x4"))}
     assert {"e2e-ltx-2b-49f", "e2e-ltx-2b-161f", "e2e-ltx2-19b-121f", "e2e-ltx-2b-161f-fp8", "e2e-ltx2-19b-121f-fp8",
             "e2e-llama-3-8b-peers", "micro-all"} <= one
     assert two[0].endswith("-1gpu") and "e2e-ltx-2b-161f-4gpu-cfg-ulysses-graphs" not in two
     assert "e2e-ltx-2b-161f-4gpu-cfg-ulysses-graphs" in four and not one & four
-    assert len({b.name for b in manifest.BENCHMARKS}) == len(manifest.BENCHMARKS)
+    assert len({b.name for b in benchmarks.BENCHMARKS}) == len(benchmarks.BENCHMARKS)
 
 
 def test_ltx2_comparisons_carry_the_compile_row_without_the_stg_pass():
-    for bench in manifest.BENCHMARKS:
+    for bench in benchmarks.BENCHMARKS:
         # under a budget the comparison is ours against diffusers' offloading, both running the pipeline's three calls
         if "ltx2-19b" in bench.argv and bench.gpus == 1 and "--memory-budget" not in bench.argv:
             configs = bench.argv[bench.argv.index("--configs") + 1]
@@ -134,7 +135,7 @@ def _options_of(command: tuple[str, ...]) -> set[str]:
     return _HELP[command]
 
 
-@pytest.mark.parametrize("bench", manifest.BENCHMARKS, ids=lambda b: b.name)
+@pytest.mark.parametrize("bench", benchmarks.BENCHMARKS, ids=lambda b: b.name)
 def test_every_benchmark_names_only_options_its_command_takes(bench):
     command = tuple(bench.argv[:2]) if bench.argv[0] == "bench" else (bench.argv[0],)
     flags = {a for a in bench.argv if a.startswith("--")}
@@ -145,7 +146,7 @@ def test_the_bench_check_baselines_are_the_makefiles_commands():
     makefile = (Path(__file__).resolve().parents[2] / "Makefile").read_text()
     for name, variable in (("bench-check-e2e", "BENCH_CHECK_E2E"), ("bench-check-micro", "BENCH_CHECK_MICRO")):
         text = re.search(rf"^{variable} = (.*?)(?<!\\)$", makefile, re.M | re.S).group(1).replace("\\\n", " ")
-        bench = next(b for b in manifest.BENCHMARKS if b.name == name)
+        bench = next(b for b in benchmarks.BENCHMARKS if b.name == name)
         assert sorted(text.split()) == sorted(bench.argv), name
 
 
@@ -174,7 +175,7 @@ def test_image_to_video_benchmarks_get_the_same_first_frame(tmp_path, head):
 def test_flash_attention_3_is_a_need_either_package_meets(monkeypatch):
     import importlib.util
 
-    bench = manifest.Benchmark("x", ("bench", "e2e"), 1, needs=(manifest.FA3_NEED,))
+    bench = benchmarks.Benchmark("x", ("bench", "e2e"), 1, needs=(benchmarks.FA3_NEED,))
     found = set()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in found else None)
     assert manifest.missing_needs(bench) == ["FlashAttention-3 (pip install fa3-fwd)"]
