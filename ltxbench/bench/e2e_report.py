@@ -61,6 +61,10 @@ def render_table(records, title: str = "ltxbench bench e2e"):
     if counted:
         table.add_column("step TFLOP/s", justify="right")
         table.add_column("MFU", justify="right")
+    # An LLM's batch-1 decode step against its floor: every weight read once at the datasheet bandwidth (hbm_floor)
+    floored = any("pct_of_hbm_floor" in (step_record(row) or {}).get("derived", {}) for row in rows.values())
+    if floored:
+        table.add_column("% of HBM floor", justify="right")
     # The GPU's clock during the timed repeats, where it was sampled: at the power cap, a denser step runs slower.
     clocked = any("gpu_sm_mhz_median" in rec.get("derived", {}) for row in rows.values() for rec in row.values())
     if clocked:
@@ -92,6 +96,8 @@ def render_table(records, title: str = "ltxbench bench e2e"):
             unit = (step_record(row) or {}).get("derived", {})
             mfu = unit.get("mfu")
             flop_cells += [_fmt(unit.get("tflops"), ".1f"), _fmt(None if mfu is None else 100 * mfu, ".1f", "%")]
+        if floored:
+            flop_cells.append(_fmt((step_record(row) or {}).get("derived", {}).get("pct_of_hbm_floor"), ".1f", "%"))
         table.add_row(config, *precision, *cells, _fmt(rate, ".2f"),
                       _fmt(derived.get("speedup_vs_baseline"), ".2f", "x"),
                       _fmt(derived.get("speedup_vs_compile"), ".2f", "x"), _fmt(derived.get("compile_s"), ".1f"),

@@ -33,6 +33,19 @@ PEAK_TFLOPS: tuple[tuple[str, dict], ...] = (
 )
 
 
+# HBM bandwidth in TB/s from the same datasheets (H100 SXM5 3.35, PCIe 2.0; H200 4.8; A100 80GB 2.039, 40GB 1.555;
+# L40S 0.864; RTX 4090 1.008): a batch-1 decode step reads every weight once, so weight bytes / this is its floor.
+PEAK_HBM_TBPS: tuple[tuple[str, float], ...] = (
+    (r"H100.*PCIe", 2.0),
+    (r"H100 (80GB HBM3|SXM)", 3.35),
+    (r"H200", 4.8),
+    (r"A100.*80GB", 2.039),
+    (r"A100", 1.555),
+    (r"L40S", 0.864),
+    (r"RTX 4090", 1.008),
+)
+
+
 def peak_class(precision: str) -> str | None:
     """The peak a record's precision is held against: bf16 (and fp16, the same rate), fp8 where the projections
     ran in FP8 (fp8, fp8-attention); None for fp32 and anything else (no MFU)."""
@@ -62,6 +75,32 @@ def rates(model_flop: float | None, median_ms: float, gpu: str | None, precision
     peak = peak_tflops(gpu, precision)
     if peak is not None:
         out["mfu"] = out["tflops"] / (peak * gpus)
+    return out
+
+
+def decode_weight_bytes(model) -> int:
+    """The weight bytes a batch-1 decode step of a transformers causal LM reads: every parameter once (a head tied to
+    the embedding counted once, as the head reads it whole), but an untied input embedding, of which a step reads one
+    row."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())  # parameters() yields a shared one once
+    embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+    if head is None or head.weight is not embedding.weight:
+        total -= embedding.weight.numel() * embedding.weight.element_size()
+    return total
+
+
+def hbm_floor(weight_bytes: int | None, median_ms: float | None, gpu: str | None) -> dict:
+    """The decode step against its memory floor: weight_gb, and on a GPU of PEAK_HBM_TBPS hbm_floor_ms (the bytes at
+    the datasheet bandwidth) and pct_of_hbm_floor (that floor over the median step: 100 reads at the peak). {} when
+    the bytes or the time are unknown."""
+    if not weight_bytes or not median_ms or median_ms <= 0:
+        return {}
+    out = {"weight_gb": weight_bytes / 1e9}
+    for pattern, tbps in PEAK_HBM_TBPS:
+        if gpu and re.search(pattern, gpu):
+            out["hbm_floor_ms"] = weight_bytes / (tbps * 1e12) * 1e3
+            out["pct_of_hbm_floor"] = 100 * out["hbm_floor_ms"] / median_ms
+            break
     return out
 
 

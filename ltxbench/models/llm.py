@@ -107,19 +107,29 @@ class LLMFamily(ModelFamily):
         return apply_kernels(model, settings.kernel_provider)
 
     def bench(self, model, settings: LLMSettings, log) -> dict:
+        """The configurations timed; each result also carries the weight bytes a decode step reads and the GPU
+        (decode_weights: the decode records' floor, flops.hbm_floor)."""
+        import torch
+
         from ltxbench.bench import flops
         from ltxbench.bench.e2e import run_configs
 
         ids = {n: row.to(model.device) for n, row in prompt_ids(settings, model.config.vocab_size).items()}
+        weights = {"bytes": flops.decode_weight_bytes(model),  # before the injection, which keeps the bytes
+                   "gpu": torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None}
         try:
-            return run_configs(model, settings.configs, lambda c: self.apply_config(model, settings, c),
-                               lambda config: run_once(model, settings, ids, compiled=Configuration(config).compiled,
-                                                       fullgraph=Configuration(config).peer is None),
-                               settings.warmup, settings.repeats, model.device, log, settings.compile_mode,
-                               settings.rounds, compile_scope=settings.compile_scope,
-                               unit_flops=lambda _timings, calls: flops.llm_units(settings.prompt_lengths, calls))
+            results = run_configs(model, settings.configs, lambda c: self.apply_config(model, settings, c),
+                                  lambda config: run_once(model, settings, ids,
+                                                          compiled=Configuration(config).compiled,
+                                                          fullgraph=Configuration(config).peer is None),
+                                  settings.warmup, settings.repeats, model.device, log, settings.compile_mode,
+                                  settings.rounds, compile_scope=settings.compile_scope,
+                                  unit_flops=lambda _timings, calls: flops.llm_units(settings.prompt_lengths, calls))
         finally:
             vars(model).pop("_compiled_call", None)  # generate()'s compiled step (transformers caches it here)
+        for res in results.values():
+            res["decode_weights"] = weights
+        return results
 
     def records(self, results: dict, params: dict, settings: LLMSettings) -> list[dict]:
         return build_records(results, params, settings.dtype, settings.prompt_lengths, settings.new_tokens,
@@ -251,6 +261,7 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
     """prefill (one per prompt length), decode_step (tokens/s derived), generate, compile records per config.
     The decode records of the compile configs carry decode_compile_mode (how generate() compiled the step)."""
     from ltxbench.bench.e2e_report import compile_derived, flop_rates, speedups
+    from ltxbench.bench.flops import hbm_floor
     from ltxbench.bench.gpu_monitor import summarize as gpu_summary
     from ltxbench.results.schema import make_record, stats_from_samples
 
@@ -271,8 +282,11 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
                 decode_params["decode_fullgraph"] = False
         if res["step_ms"]:
             median = statistics.median(res["step_ms"])
+            weights = res.get("decode_weights") or {}
             derived = {**common, **speedups(results, name, "step_ms"), **flop_rates(res, "step_ms", dtype, params),
                        "tokens_per_s": 1e3 * params.get("batch_size", 1) / median if median > 0 else None}
+            if params.get("batch_size", 1) == 1:  # the floor of a batch-1 step: every weight read once
+                derived.update(hbm_floor(weights.get("bytes"), median, weights.get("gpu")))
             records.append(make_record("decode_step", name, dtype, decode_params, "time", "ms", "lower",
                                        stats_from_samples(res["step_ms"]), derived=derived))
         records.append(make_record("generate", name, dtype, decode_params, "time", "ms", "lower",

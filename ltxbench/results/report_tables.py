@@ -183,6 +183,7 @@ def e2e_table(doc: dict):
         unit = (recs.get("denoise_step") or recs.get("decode_step") or {}).get("derived", {})
         row["step TFLOP/s"] = _num(unit.get("tflops"), ".1f")
         row["MFU"] = _num(None if unit.get("mfu") is None else 100 * unit["mfu"], ".1f", "%")
+        row["% of HBM floor"] = _num(unit.get("pct_of_hbm_floor"), ".1f", "%")  # an LLM's batch-1 decode step
         row["SM MHz"] = _num(derived.get("gpu_sm_mhz_median"), ".0f")
         capped = derived.get("gpu_power_capped_share")
         row["power-capped"] = _num(None if capped is None else 100 * capped, ".0f", "%")

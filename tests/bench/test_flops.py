@@ -102,6 +102,38 @@ def test_rates_tflops_and_mfu():
     assert flops.rates(None, 2.0, "NVIDIA H200", "bf16") == {}
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_a_decode_step_reads_every_weight_once_but_the_untied_input_embedding(tied):
+    model = llm_build("llama", tie_word_embeddings=tied)
+    embedding = model.get_input_embeddings().weight
+    every = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert (model.get_output_embeddings().weight is embedding) == tied
+    expected = every if tied else every - embedding.numel() * embedding.element_size()
+    assert flops.decode_weight_bytes(model) == expected
+
+
+def test_the_hbm_floor_of_a_decode_step():
+    got = flops.hbm_floor(16_060_000_000, 8.29, "NVIDIA H100 80GB HBM3")  # Llama-3-8B's weights at 8.29 ms
+    assert got["weight_gb"] == pytest.approx(16.06) and got["hbm_floor_ms"] == pytest.approx(16.06 / 3.35)
+    assert got["pct_of_hbm_floor"] == pytest.approx(100 * 16.06 / 3.35 / 8.29)
+    assert flops.hbm_floor(1e9, 1.0, "NVIDIA H200")["hbm_floor_ms"] == pytest.approx(1 / 4.8)
+    assert flops.hbm_floor(1e9, 1.0, None) == {"weight_gb": 1.0} and flops.hbm_floor(None, 1.0, "NVIDIA H200") == {}
+
+
+def test_llm_decode_records_carry_the_floor_and_the_tables_show_it():
+    from ltxbench.models.llm import build_records
+
+    res = {"peak_memory_bytes": 1, "compile_s": None, "generate_ms": [20.0], "prefill_16_ms": [5.0],
+           "step_ms": [4.0, 4.0], "decode_weights": {"bytes": 9.6e9, "gpu": "NVIDIA H200"}}
+    records = build_records({"baseline": res}, {"batch_size": 1}, "bf16", [16], 4)
+    step = next(r for r in records if r["name"] == "decode_step")
+    assert step["derived"]["pct_of_hbm_floor"] == pytest.approx(50.0)  # 9.6 GB at 4.8 TB/s: 2 ms of 4
+    assert e2e_table({"records": records})["% of HBM floor"].tolist() == ["50.0%"]
+    assert "% of HBM floor" in [c.header for c in e2e_report.render_table(records).columns]
+    batched = build_records({"baseline": res}, {"batch_size": 2}, "bf16", [16], 4)
+    assert "pct_of_hbm_floor" not in next(r for r in batched if r["name"] == "decode_step")["derived"]
+
+
 def test_llm_records_carry_model_flops_and_the_tables_show_them(tmp_path):
     out = tmp_path / "llm.json"
     argv = ["bench", "e2e", "--model", "llama-tiny", "--device", "cpu", "--prompt-lengths", "16,32", "--new-tokens",
