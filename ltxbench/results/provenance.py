@@ -132,13 +132,7 @@ def write_stamp(root: Path | None = None) -> Path:
         raise ValueError(f"{root} is not a git checkout with a commit")
     if state["dirty"]:
         raise ValueError("tracked files differ from HEAD: commit or stash them first (a stamp names one commit)")
-    listing = _git(["ls-files", "-s"], root) or ""
-    files = {}
-    for line in listing.splitlines():
-        meta, name = line.split("\t", 1)
-        mode, blob, _stage = meta.split()
-        if mode != "160000":  # submodules are not files
-            files[name] = blob
+    files = _committed_blobs(root) or {}  # clean: HEAD's tree is the checkout's tracked files
     path = root / STAMP_NAME
     path.write_text(json.dumps({"sha": state["sha"], "files": files}, indent=0, sort_keys=True) + "\n")
     return path
