@@ -53,6 +53,16 @@ def count_calls(monkeypatch, modules) -> Counter:
     return counts
 
 
+def with_shifted_output(module, run):
+    """run() while a forward hook adds 0.5 to `module`'s output (a probe or an adapter's hook put on after an
+    injection; a shift, not a scale: a q projection goes through an RMSNorm next, which a scale would not move)."""
+    handle = module.register_forward_hook(lambda _module, _args, out: out + 0.5)
+    try:
+        return run()
+    finally:
+        handle.remove()
+
+
 def _pairs(got, expected):
     """(got, expected) of one tensor, or of each pair of tensors (an LTX-2 call's video and audio)."""
     if torch.is_tensor(got):

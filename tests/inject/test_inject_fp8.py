@@ -20,6 +20,7 @@ from tests.helpers import (
     ltx_pipeline,
     max_rel_error,
     simulated_fp8,
+    with_shifted_output,
     without_flash_attention_3,
 )
 
@@ -75,17 +76,10 @@ def test_a_hook_put_on_a_fused_fp8_projection_runs(runs, layer):
     pipe, embeddings, _, simulated = runs
     proj = pipe.transformer.transformer_blocks[0].get_submodule(layer)
 
-    def hooked(run):
-        handle = proj.register_forward_hook(lambda module, args, out: out + 0.5)
-        try:
-            return run()
-        finally:
-            handle.remove()
-
-    expected = hooked(lambda: _simulated_fp8(pipe, embeddings))
+    expected = with_shifted_output(proj, lambda: _simulated_fp8(pipe, embeddings))
     assert max_rel_error(expected, simulated) > 100 * TOL  # the hook matters
     with apply_kernels(pipe, "reference", precision="fp8"):
-        got = hooked(lambda: ltx_generate(pipe, embeddings, 3.0))
+        got = with_shifted_output(proj, lambda: ltx_generate(pipe, embeddings, 3.0))
     assert max_rel_error(got, expected) <= TOL, max_rel_error(got, expected)
 
 

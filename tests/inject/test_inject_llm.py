@@ -13,7 +13,7 @@ from ltxbench.inject import llm
 from ltxbench.inject.fuse import MOVES_RULE
 from ltxbench.inject.llm import attention as llm_attention
 from ltxbench.ops import reference
-from tests.helpers import LLM_FAMILY_EXTRA, LLM_TINY, count_calls, llm_build, llm_prompt
+from tests.helpers import LLM_FAMILY_EXTRA, LLM_TINY, count_calls, llm_build, llm_prompt, with_shifted_output
 
 FAMILIES = tuple(LLM_FAMILY_EXTRA)
 
@@ -499,12 +499,8 @@ def test_a_hook_put_on_a_projection_after_the_injection_runs(layer):
     proj = model.model.layers[0].get_submodule(layer)
 
     def hooked():
-        handle = proj.register_forward_hook(lambda module, args, out: out + 0.5)
-        try:
-            with torch.no_grad():
-                return model(ids).logits
-        finally:
-            handle.remove()
+        with torch.no_grad():
+            return with_shifted_output(proj, lambda: model(ids).logits)
 
     expected = hooked()
     with llm.apply_kernels(model, "reference"):

@@ -21,7 +21,7 @@ from ltxbench.inject.ltx import (
 )
 from ltxbench.inject.ltx.cfg import PAIRED_ATTR
 from ltxbench.inject.ltx.cross_kv import CACHE_ATTR
-from tests.helpers import count_calls, ltx_inputs, ltx_transformer
+from tests.helpers import count_calls, ltx_inputs, ltx_transformer, with_shifted_output
 
 BLOCK_RULE = "block: rms_norm_modulate, gated_residual x2, add_rms_norm_modulate"
 
@@ -561,13 +561,9 @@ def test_a_hook_put_on_a_projection_after_the_injection_runs(layer):
     inputs = ltx_inputs(model)
     proj = model.transformer_blocks[0].get_submodule(layer)
 
-    def call():  # a shift, not a scale: q goes through an RMSNorm next, which a scale would not move
-        handle = proj.register_forward_hook(lambda module, args, out: out + 0.5)
-        try:
-            with torch.no_grad():
-                return model(**inputs)[0]
-        finally:
-            handle.remove()
+    def call():
+        with torch.no_grad():
+            return with_shifted_output(proj, lambda: model(**inputs)[0])
 
     expected = call()
     with apply_kernels(model, "reference"):

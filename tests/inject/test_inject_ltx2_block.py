@@ -14,7 +14,14 @@ from ltxbench.inject import ltx2 as inject_ltx2
 from ltxbench.inject.fuse import FUSED_ATTR
 from ltxbench.models.video_image import to_image_to_video
 from ltxbench.ops import reference
-from tests.helpers import ltx2_call, ltx2_generate, ltx2_inputs, max_rel_error, realistic_modulation
+from tests.helpers import (
+    ltx2_call,
+    ltx2_generate,
+    ltx2_inputs,
+    max_rel_error,
+    realistic_modulation,
+    with_shifted_output,
+)
 
 # max |patched - unpatched| / max |unpatched|, fp32 (the fused formulas round once where the model rounds per op):
 CALL_ATOL = 1e-6  # one transformer call
@@ -219,12 +226,8 @@ def test_a_hook_put_on_a_projection_after_the_injection_runs(pipe, layer):
     proj = transformer.transformer_blocks[0].get_submodule(layer)
 
     def hooked():
-        handle = proj.register_forward_hook(lambda module, args, out: out + 0.5)
-        try:
-            with torch.no_grad():
-                return transformer(**inputs)
-        finally:
-            handle.remove()
+        with torch.no_grad():
+            return with_shifted_output(proj, lambda: transformer(**inputs))
 
     expected = hooked()
     with inject_ltx2.apply_kernels(transformer, "reference"):
