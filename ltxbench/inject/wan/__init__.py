@@ -23,14 +23,7 @@ from __future__ import annotations
 import torch
 
 from ltxbench.errors import UsageError
-from ltxbench.inject import (
-    OFFLOADED,
-    InjectionReport,
-    offloaded,
-    patch_call,
-    patch_forward,
-    require_provider,
-)
+from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, patch_call, patch_forward, require_provider
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx.linears import gemm_can_stand_for
 from ltxbench.inject.ltx2.text_kv import source_digest as digest
