@@ -246,10 +246,11 @@ def _intact(x, linears, fused: FusedWeights) -> bool:
             and tuple(p.data_ptr() for p in params) == fused.ptrs)
 
 
-@torch.compiler.assume_constant_result  # no guard per layer: hooks as when traced, as dynamo treats module hooks
 def unobserved(layer) -> bool:
     """No forward hook on `layer` and no forward set on the instance (a probe, an adapter's or an offload hook): a
-    GEMM on its weights may stand for its call. A hook put on after the injection must see its layer run."""
+    GEMM on its weights may stand for its call. A hook put on after the injection must see its layer run.
+    Traced as plain Python under torch.compile (assume_constant_result cannot take a module on torch 2.11): hooks
+    count as dynamo counts its own module hooks, as at trace time (torch 2.14 also guards on them)."""
     return not (layer._forward_hooks or layer._forward_pre_hooks or "forward" in vars(layer))
 
 
