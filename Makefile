@@ -2,7 +2,7 @@
 PYTHON ?= python3
 ARCHS ?= 7.5;8.0;9.0
 
-.PHONY: install test test-all test-gpu demo lint build-check clean
+.PHONY: install test test-all test-compat test-gpu demo lint build-check clean
 
 install:
 	$(PYTHON) -m pip install -e ".[dev,plot]"
@@ -19,6 +19,16 @@ test:
 # The whole CPU suite (what CI runs): both tiers, the CUDA sources compiled for every arch in $(ARCHS).
 test-all:
 	TORCH_CUDA_ARCH_LIST="$(ARCHS)" $(PYTEST) -m "not gpu" tests
+
+# The compile-path tests again on the oldest torch release supported (pyproject.toml), in a venv of its own:
+# dynamo's rules change between releases (a decorator torch 2.14 accepts broke every compiled run on 2.11).
+COMPAT_TORCH ?= 2.11.0
+COMPAT_VENV ?= .venv-torch-$(COMPAT_TORCH)
+test-compat:
+	[ -x "$(COMPAT_VENV)/bin/python" ] || python3 -m venv "$(COMPAT_VENV)"
+	"$(COMPAT_VENV)/bin/python" -m pip install -q "torch==$(COMPAT_TORCH)" -e ".[dev]"
+	TORCH_CUDA_ARCH_LIST="$(QUICK_ARCHS)" PYTHONPATH="$(CURDIR)" "$(COMPAT_VENV)/bin/python" -m pytest -q \
+		-m "not slow and not gpu" -k compile tests
 
 # On a GPU machine: the kernel tests against the references (arch detected from the GPU). Without a visible GPU
 # it fails at once (--require-gpu, tests/conftest.py) rather than skip every test.
