@@ -74,6 +74,18 @@ class LTXVideoFamily(VideoFamily):
     memory_stacks = {"transformer": "transformer_blocks", "text_encoder": "encoder.block"}  # --memory-budget: T5's
     text_tokens = TOKENIZER_MAX_LENGTH
 
+    def validate(self, settings, command: str) -> None:
+        """The video families' checks, and no regional compile of our configurations: the patched forward runs its
+        blocks inline (one graph for the step), so compiling the blocks on their own would leave them eager."""
+        from ltxbench.errors import UsageError
+
+        ours = [c for c in map(Configuration, settings.configs or ()) if c.ours and c.compiled]
+        if settings.compile_scope == "regional" and ours:
+            raise UsageError(f"--compile-scope regional with --configs {ours[0]}: LTX-Video's patched forward runs "
+                             "its blocks inline, so with our kernels the whole model compiles",
+                             hint="leave --compile-scope out (model), or drop the optimized configurations")
+        super().validate(settings, command)
+
     def claims(self, model: str) -> bool:
         from pathlib import Path
 

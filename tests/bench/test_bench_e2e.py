@@ -586,7 +586,8 @@ def test_regional_compile_compiles_each_repeated_block_and_is_undone(monkeypatch
 
 def test_compile_scope_defaults_by_family_and_llms_refuse_regional(tmp_path, compile_calls):
     """LTX-2 compiles regionally unless told otherwise (its 48 blocks compiled whole take too long); LTX-Video the
-    whole model; an LLM refuses regional (exit 2); the scope is in the records' params only when not "model"."""
+    whole model, and refuses regional for its patched model (whose forward runs the blocks inline); an LLM refuses
+    regional (exit 2); the scope is in the records' params only when not "model"."""
     from ltxbench.models.ltx2 import LTX2Settings
 
     assert LTX2Settings(model="ltx2-tiny", weights="random").compile_scope == "regional"
@@ -596,6 +597,8 @@ def test_compile_scope_defaults_by_family_and_llms_refuse_regional(tmp_path, com
     assert compile_calls.scopes == ["model"] and "compile_scope" not in _records(out)[0]["params"]
     refused = runner.invoke(app, [*LLAMA, "--configs", "compile", "--compile-scope", "regional"])
     assert refused.exit_code == 2 and "--compile-scope regional" in refused.output
+    inline = runner.invoke(app, [*TINY, "--configs", "compile,optimized+compile", "--compile-scope", "regional"])
+    assert inline.exit_code == 2 and "--configs optimized+compile" in inline.output, inline.output  # blocks inline
     bad = runner.invoke(app, [*TINY, "--compile-scope", "blocks"])
     assert bad.exit_code == 2 and "--compile-scope 'blocks'" in bad.output
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import types
 from collections import Counter
 
@@ -301,9 +302,12 @@ def test_a_compiled_patched_model_guards_no_more_than_the_original(monkeypatch):
     for weight in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
         assert f"_modules['{weight}']._parameters['weight']" in original
         assert f"_modules['{weight}']._parameters['weight']" not in patched, weight
-    # a module's own hooks are checked when its forward is an instance attribute (transformers 5.17 checks the decoder
-    # layers' hooks in the original too, 5.24 does not)
-    assert patched.count("]._forward_hooks") <= original.count("]._forward_hooks")
+    # Hooks: a GEMM standing for layers checks theirs (fuse.unobserved), which torch 2.14 guards (a dict length each,
+    # forward and pre-forward); no other module's (transformers 5.17 checks the decoder layers' in the original too
+    # when their forward is an instance attribute, 5.24 does not)
+    stood_for = re.compile(r"_modules\['(q|k|v|gate|up|down)_proj'\]\._forward(_pre)?_hooks")
+    other = [line for line in patched.splitlines() if "]._forward_hooks" in line and not stood_for.search(line)]
+    assert len(other) <= original.count("]._forward_hooks")
     assert "'].intact" not in patched and "].linears[" not in patched  # one guard on fuse._any_broken instead
 
 
