@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ltxbench.results.provenance import provenance
+from ltxbench.results.provenance import run_provenance
 
 PROBE_TIMEOUT_S = 5
 # the libraries the runs use, the peer configurations', then the attention kernels' that are no dependency
@@ -143,7 +143,7 @@ def capture_env() -> dict:
     versions.update(cuda=None, cudnn=None, ltxbench=_ltxbench_version())
     env["versions"] = versions
     _torch_info(env)
-    probes = (("driver", _driver), ("cuda_home", _cuda_home), ("git", provenance))  # git: the code that ran
+    probes = (("driver", _driver), ("cuda_home", _cuda_home), ("git", run_provenance))  # git: the code that ran
     for key, probe in probes:
         try:
             env[key] = probe()

@@ -2,10 +2,11 @@
 
 `make results GPU=h200` (`python -m ltxbench.results.manifest run results/h200`) runs, at the checkout's commit, each
 benchmark of the folder's kind (one GPU, or `hXXXxN`: the N-GPU set) whose file does not already record that commit
-clean, or a commit with the same code (provenance.code_digest: only docs or tests changed since), then regenerates the
-folder's README. Each benchmark's files replace the old ones only once it has finished,
-so that a run stopped by its time budget (`--budget-minutes`, to fit a GPU machine's command limit), a failure or
-Ctrl-C leaves the folder consistent: call it again and it resumes with the first benchmark not yet current.
+clean with its command, or a commit whose code it ran is unchanged (provenance.executed_digest: only docs, tests or
+modules the run never imported changed since), then regenerates the folder's README. Each benchmark's files replace
+the old ones only once it has finished, so that a run stopped by its time budget (`--budget-minutes`, to fit a GPU
+machine's command limit), a failure or Ctrl-C leaves the folder consistent: call it again and it resumes with the
+first benchmark not yet current.
 `list` shows each benchmark's state without running anything.
 """
 
@@ -21,26 +22,67 @@ import time
 from pathlib import Path
 
 from ltxbench.results.benchmarks import FA3_NEED, Benchmark, benchmarks_for
-from ltxbench.results.provenance import label, provenance
+from ltxbench.results.provenance import committed_files, executed_digest, label, provenance
+
+
+def _document(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def recorded_git(path: Path) -> dict | None:
+    return (_document(path).get("env") or {}).get("git")
+
+
+def _words_and_options(argv) -> tuple[tuple[str, ...], dict[str, str | None]]:
+    """A command line's words (the command, kernel names) and its options ({flag: value, or None for a switch})."""
+    words, options, i = [], {}, 0
+    while i < len(argv):
+        if argv[i].startswith("--"):
+            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
+            options[argv[i]] = value
+            i += 1 if value is None else 2
+        else:
+            words.append(argv[i])
+            i += 1
+    return tuple(words), options
+
+
+def _same_value(recorded: str | None, asked: str | None) -> bool:
     try:
-        return (json.loads(path.read_text()).get("env") or {}).get("git")
-    except (OSError, ValueError):
-        return None
-
-
-def is_current(path: Path, head: dict) -> bool:
-    """Measured clean at the checkout's commit, or at one whose code (provenance.code_digest) it still runs."""
-    git = recorded_git(path)
-    if not git or git.get("dirty") is not False:
+        return recorded == asked or float(recorded) == float(asked)  # --memory-budget 8 is recorded as 8.0
+    except (TypeError, ValueError):
         return False
-    return git.get("sha") == head["sha"] or (git.get("code") is not None and git.get("code") == head.get("code"))
+
+
+def ran_the_command(path: Path, bench: Benchmark) -> bool:
+    """The result's command line (recorded with every default spelled out) is the benchmark's: its words, and each
+    option the benchmark names with the same value."""
+    argv = (_document(path).get("run") or {}).get("argv") or []
+    words, options = _words_and_options(argv[1:])  # argv[0]: the program
+    asked_words, asked = _words_and_options(bench.argv)
+    return words == asked_words and all(flag in options and _same_value(options[flag], value)
+                                        for flag, value in asked.items())
+
+
+def is_current(path: Path, head: dict, bench: Benchmark | None = None, files: dict | None = None) -> bool:
+    """Measured clean (with the benchmark's command, when given) at the checkout's commit, or at one whose code it
+    still runs: the same executed_digest of the modules it imported at the checkout's committed `files`, or, for a
+    result without that list, the same code_digest."""
+    git = recorded_git(path)
+    if not git or git.get("dirty") is not False or (bench is not None and not ran_the_command(path, bench)):
+        return False
+    if git.get("sha") == head["sha"]:
+        return True
+    if git.get("executed_code") is not None and files is not None:
+        return executed_digest(files, git.get("executed") or []) == git["executed_code"]
+    return git.get("code") is not None and git.get("code") == head.get("code")
 
 
 def current_label(path: Path, head: dict) -> str:
-    """'current (abc1234)', or 'current (measured at abc1234, the code of def5678)'."""
+    """'current (abc1234)', or 'current (measured at abc1234, the code of def5678)': the code it ran unchanged."""
     measured = label(recorded_git(path))
     return f"current ({measured})" if measured == label(head) else f"current (measured at {measured}, the code of " \
         f"{label(head)})"
@@ -103,10 +145,10 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
     folder.mkdir(parents=True, exist_ok=True)
     work = folder.parent / "runs" / "manifest" / folder.name
     deadline = None if budget_minutes is None else time.monotonic() + budget_minutes * 60
-    measured, status = [], 0
+    measured, status, files = [], 0, committed_files(head)
     for bench in chosen:
         target = folder / f"{bench.name}.json"
-        if not redo and is_current(target, head):
+        if not redo and is_current(target, head, bench, files):
             print(f"{bench.name}: {current_label(target, head)}", flush=True)
             continue
         missing = missing_needs(bench)
@@ -161,10 +203,12 @@ def _regenerate(folder: Path) -> None:
 
 def show(folder: Path) -> int:
     head = provenance() or {}
+    files = committed_files(head)
     for bench in benchmarks_for(folder):
         path = folder / f"{bench.name}.json"
         git = recorded_git(path)
-        state = ("missing" if not path.is_file() else current_label(path, head) if head and is_current(path, head)
+        current = bool(head) and is_current(path, head, bench, files)
+        state = ("missing" if not path.is_file() else current_label(path, head) if current
                  else f"measured at {label(git)}")
         print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{bench.minutes:g} min  {state}")
     return 0

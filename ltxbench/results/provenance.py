@@ -10,7 +10,9 @@ stamp` writes `.ltxbench-commit.json` at the repository root before the copy: th
 tracked file. The copy then hashes its files the way git does and records that commit, clean when every listed file
 is there with its committed content; else dirty, with a hash of what differs. Either way a result also records the
 commit's `code` digest (code_digest: the blobs of what a run executes), which says whether it still describes a later
-commit that changed only docs or tests. Such a stamp also wins over `.git`
+commit that changed only docs or tests. A run's result also names the package modules it imported (`executed`) and
+their digest with the CUDA sources, configs and data (`executed_code`): whether it describes a later commit that
+changed only code the run never imported (another family's injection, the report). A stamp also wins over `.git`
 metadata older than the files (which git would call dirty). A stamp of a dirty checkout is refused:
 it would describe a commit the files do not hold.
 """
@@ -58,6 +60,45 @@ def code_digest(files: dict[str, str]) -> str:
     measure the same code, so a result of one describes the other (a commit that changed only docs or tests)."""
     lines = sorted(f"{name} {blob}" for name, blob in files.items() if name.startswith(CODE))
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+PACKAGE = "ltxbench/"
+
+
+def executed_modules(root: Path) -> list[str]:
+    """The package's Python files this process imported (paths relative to `root`): at the end of a run, the code
+    it may have executed; the rest of the package (another family's injection, the report) it cannot have."""
+    package = (root / PACKAGE).resolve()
+    paths = set()
+    for name, module in list(sys.modules.items()):
+        file = getattr(module, "__file__", None)
+        if file and (name == "ltxbench" or name.startswith("ltxbench.")):
+            path = Path(file).resolve()
+            if path.is_relative_to(package):
+                paths.add(path.relative_to(root.resolve()).as_posix())
+    return sorted(paths)
+
+
+def executed_digest(files: dict[str, str], modules: list[str]) -> str:
+    """SHA-256 over the blob ids of what a run with these imported `modules` executes: those modules, every other
+    file of CODE but the package's Python files (CUDA sources, configs, data files read as resources,
+    pyproject.toml), and a module no longer in `files` as missing."""
+    imported = set(modules)
+    lines = [f"{name} {blob}" for name, blob in files.items() if name.startswith(CODE)
+             and (not (name.startswith(PACKAGE) and name.endswith(".py")) or name in imported)]
+    lines += [f"{name} missing" for name in imported - files.keys()]
+    return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
+
+
+def committed_files(state: dict | None, root: Path | None = None) -> dict[str, str] | None:
+    """{path: blob id} of the commit a provenance() `state` names: HEAD's tree where it came from git, the stamp's
+    list where from a stamp; None for neither."""
+    root = root or repository_root()
+    source = (state or {}).get("source")
+    if source == "git":
+        return _committed_blobs(root)
+    path = root / STAMP_NAME
+    return json.loads(path.read_text())["files"] if source == "stamp" and path.is_file() else None
 
 
 def _committed_blobs(root: Path) -> dict[str, str] | None:
@@ -122,6 +163,18 @@ def provenance(root: Path | None = None) -> dict | None:
     if stamp is not None and not stamp["dirty"] and (git is None or git["dirty"]):
         return stamp
     return git or stamp
+
+
+def run_provenance(root: Path | None = None) -> dict | None:
+    """provenance() of a finished run, with the package modules it imported (`executed`) and `executed_code`, their
+    executed_digest at the commit, by which a later commit's checkout tells whether the run still describes it."""
+    root = root or repository_root()
+    state = provenance(root)
+    files = committed_files(state, root)
+    if files is not None:
+        modules = executed_modules(root)
+        state = {**state, "executed": modules, "executed_code": executed_digest(files, modules)}
+    return state
 
 
 def write_stamp(root: Path | None = None) -> Path:

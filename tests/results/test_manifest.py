@@ -27,8 +27,9 @@ def head(monkeypatch):
     return state
 
 
-def _doc(git: dict) -> str:
-    return json.dumps({"kind": "e2e", "env": {"git": git}, "records": []})
+def _doc(git: dict, argv=()) -> str:
+    """A result recording `git`, measured by `ltxbench <argv>` (the manifest checks the command too)."""
+    return json.dumps({"kind": "e2e", "env": {"git": git}, "run": {"argv": ["ltxbench", *argv]}, "records": []})
 
 
 class FakeRunner:
@@ -40,7 +41,7 @@ class FakeRunner:
     def __call__(self, argv, output: Path, timeout_s):
         name = output.stem
         self.ran.append(name)
-        output.write_text(_doc(self.git))
+        output.write_text(_doc(self.git, argv))
         output.with_suffix(".csv").write_text("csv\n")
         return 1 if name == self.fail else 0
 
@@ -53,15 +54,16 @@ def _run(folder, runner, **kwargs):
 
 def test_runs_what_is_not_current_then_resumes_with_nothing_to_do(tmp_path, head):
     folder = tmp_path / "results" / "h200"
-    names = [b.name for b in benchmarks.benchmarks_for(folder)]
+    benches = benchmarks.benchmarks_for(folder)
+    names = [b.name for b in benches]
     folder.mkdir(parents=True)
-    (folder / f"{names[0]}.json").write_text(_doc(HEAD))  # current already
+    (folder / f"{names[0]}.json").write_text(_doc(HEAD, benches[0].argv))  # current already
     (folder / f"{names[1]}.json").write_text(_doc(OLDER))  # an older commit, other code
     (folder / f"{names[2]}.json").write_text(_doc({**HEAD, "dirty": True}))  # the same commit, dirty
     runner = FakeRunner(HEAD)
     code, regenerated = _run(folder, runner)
     assert code == 0 and runner.ran == names[1:] and regenerated == [folder]
-    assert all(manifest.is_current(folder / f"{n}.json", HEAD) for n in names)
+    assert all(manifest.is_current(folder / f"{b.name}.json", HEAD, b) for b in benches)
     assert (folder / f"{names[1]}.csv").read_text() == "csv\n"
     runner.ran.clear()
     code, regenerated = _run(folder, runner)
@@ -195,3 +197,36 @@ def test_a_result_of_an_earlier_commit_with_the_same_code_is_current(tmp_path, h
         assert manifest.is_current(path, HEAD) is current, git
     path.write_text(_doc({**HEAD, "sha": "b" * 40}))
     assert manifest.current_label(path, HEAD) == "current (measured at bbbbbbb, the code of aaaaaaa)"
+
+
+def test_a_result_stays_current_while_the_code_it_ran_is_unchanged(tmp_path, head):
+    """A later commit that changed only modules the run never imported (provenance.executed_digest) keeps the result;
+    one that changed an imported module, a CUDA source or a config measures it again; so does a result whose recorded
+    command differs from the benchmark's."""
+    from ltxbench.results.provenance import executed_digest
+
+    bench = next(b for b in benchmarks.BENCHMARKS if b.name == "e2e-ltx-2b-161f-8gib")
+    files = {"ltxbench/run.py": "1", "ltxbench/inject/wan/x.py": "2", "cuda/k.cu": "3", "configs/m.json": "4"}
+    git = {**OLDER, "executed": ["ltxbench/run.py"], "executed_code": executed_digest(files, ["ltxbench/run.py"])}
+    path = tmp_path / "r.json"
+    path.write_text(_doc(git, bench.argv))
+    assert manifest.is_current(path, HEAD, bench, files)
+    assert manifest.is_current(path, HEAD, bench, {**files, "ltxbench/inject/wan/x.py": "x"})
+    for name in ("ltxbench/run.py", "cuda/k.cu", "configs/m.json"):
+        assert not manifest.is_current(path, HEAD, bench, {**files, name: "x"}), name
+    steps = list(bench.argv)
+    steps[steps.index("--steps") + 1] = "3"
+    path.write_text(_doc(git, steps))
+    assert not manifest.is_current(path, HEAD, bench, files)
+
+
+def test_the_recorded_command_is_the_benchmarks_with_its_defaults_spelled_out(tmp_path):
+    bench = next(b for b in benchmarks.BENCHMARKS if b.name == "e2e-ltx-2b-161f-8gib")
+    recorded = [*bench.argv, "--seed", "42", "--force"]
+    recorded[recorded.index("--memory-budget") + 1] = "8.0"  # as the run records it
+    path = tmp_path / "r.json"
+    for argv, same in ((recorded, True), ([a for a in recorded if a != "--force"], True),
+                       (["bench", "micro", *recorded[2:]], False),
+                       ([a for a in recorded if a not in ("--memory-budget", "8.0")], False)):
+        path.write_text(_doc(HEAD, argv))
+        assert manifest.ran_the_command(path, bench) is same, argv

@@ -173,3 +173,47 @@ def test_the_code_digest_follows_the_code_not_docs_tests_or_results(checkout, tm
         assert commit() != before, name
     prov.write_stamp(checkout)
     assert prov.from_stamp(_copy_without_git(checkout, tmp_path))["code"] == prov.from_git(checkout)["code"]
+
+
+def test_a_run_records_the_package_modules_it_imported_and_their_digest():
+    """run_provenance (what a result records, at the end of its run) lists the package's modules the process imported,
+    and no module it never imported (here: an injection of another family); executed_code is their executed_digest
+    at the commit."""
+    import json
+    import sys
+
+    from tests.helpers import REPO
+
+    script = ("import json, ltxbench.results.provenance as p, ltxbench.inject.fuse; "
+              "print(json.dumps(p.run_provenance()))")
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, check=True)
+    state = json.loads(out.stdout)
+    if state is None:
+        pytest.skip("not a checkout and no stamp: nothing recorded")
+    assert {"ltxbench/results/provenance.py", "ltxbench/inject/fuse.py"} <= set(state["executed"])
+    assert "ltxbench/inject/wan/__init__.py" not in state["executed"]
+    files = prov.committed_files(state, REPO)
+    assert state["executed_code"] == prov.executed_digest(files, state["executed"])
+
+
+def test_a_copy_gives_the_stamped_files_and_git_gives_heads(checkout, tmp_path):
+    prov.write_stamp(checkout)
+    copy = _copy_without_git(checkout, tmp_path)
+    stamped = prov.committed_files(prov.provenance(copy), copy)
+    assert stamped == prov.committed_files(prov.provenance(checkout), checkout)
+    assert stamped["pkg/a.py"] == prov.blob_id(b"A = 1\n")
+    assert prov.committed_files(None, copy) is None
+
+
+def test_the_executed_digest_follows_the_imported_modules_and_everything_but_python():
+    """A module the run never imported may change; an imported one, a CUDA source, a config, a data file of the
+    package or pyproject.toml may not; docs and tests never count; a module gone is a change."""
+    files = {"ltxbench/run.py": "1", "ltxbench/other.py": "2", "ltxbench/ops/choices.json": "3", "cuda/k.cu": "4",
+             "configs/m.json": "5", "pyproject.toml": "6", "docs/d.md": "7", "tests/t.py": "8"}
+    first = prov.executed_digest(files, ["ltxbench/run.py"])
+    for name in ("ltxbench/other.py", "docs/d.md", "tests/t.py"):
+        assert prov.executed_digest({**files, name: "x"}, ["ltxbench/run.py"]) == first, name
+    for name in ("ltxbench/run.py", "ltxbench/ops/choices.json", "cuda/k.cu", "configs/m.json", "pyproject.toml"):
+        assert prov.executed_digest({**files, name: "x"}, ["ltxbench/run.py"]) != first, name
+    gone = {name: blob for name, blob in files.items() if name != "ltxbench/run.py"}
+    assert prov.executed_digest(gone, ["ltxbench/run.py"]) != first
