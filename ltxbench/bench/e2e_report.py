@@ -92,12 +92,12 @@ def render_table(records, title: str = "ltxbench bench e2e"):
             gpu_cells.append(_fmt((step or {}).get("derived", {}).get("gpu_energy_j_per_step"), ".1f"))
         precision = [precision_label(next(iter(row.values())))] if fp8 else []
         flop_cells = [_fmt(row.get(p, {}).get("derived", {}).get("tflops"), ".1f") for p in prefills]
+        unit = (step_record(row) or {}).get("derived", {})
         if counted:
-            unit = (step_record(row) or {}).get("derived", {})
             mfu = unit.get("mfu")
             flop_cells += [_fmt(unit.get("tflops"), ".1f"), _fmt(None if mfu is None else 100 * mfu, ".1f", "%")]
         if floored:
-            flop_cells.append(_fmt((step_record(row) or {}).get("derived", {}).get("pct_of_hbm_floor"), ".1f", "%"))
+            flop_cells.append(_fmt(unit.get("pct_of_hbm_floor"), ".1f", "%"))
         table.add_row(config, *precision, *cells, _fmt(rate, ".2f"),
                       _fmt(derived.get("speedup_vs_baseline"), ".2f", "x"),
                       _fmt(derived.get("speedup_vs_compile"), ".2f", "x"), _fmt(derived.get("compile_s"), ".1f"),

@@ -21,7 +21,7 @@ def planned(family, settings, log, fit_free: bool = False):
         log(f"the whole pipeline needs about {needed:.1f} GiB of GPU memory at once and {where}: planned to "
             f"{budget:g} GiB (--memory-budget chooses)")
         settings.memory_budget_gib = budget
-    plan = plan_for(family, settings, footprint)
+    plan = plan_for(settings, footprint)
     for line in plan.lines():
         log(line)
     return plan
@@ -37,15 +37,15 @@ def _footprint(family, settings):
     return footprint(family, settings, parts)
 
 
-def plan_for(family, settings, footprint=None):
+def plan_for(settings, footprint):
     """The plan of `settings.memory_budget_gib` for this run (the host's available memory read now, before the
     pipeline is built there). EnvironmentProblem (exit 4) where it cannot be met. footprint: a call giving the run's
-    Footprint, where the caller has one."""
+    Footprint."""
     from ltxbench.memory.fit import available
     from ltxbench.memory.plan import plan_memory
 
     host_free, _ = available("cpu")
-    return plan_memory(settings.memory_budget_gib, (footprint or (lambda: _footprint(family, settings)))(), host_free)
+    return plan_memory(settings.memory_budget_gib, footprint(), host_free)
 
 
 RESIDENT_BUDGET_GIB = 1 << 20  # a budget no run reaches: the plan with every component on the GPU at once

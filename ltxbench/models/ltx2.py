@@ -84,6 +84,7 @@ _GUIDANCE = ("guidance_scale", "stg_scale", "modality_scale", "guidance_rescale"
 class LTX2Family(VideoFamily):
     name, title = "ltx2", "LTX-2"
     precisions = ("bf16", "fp8", "fp8-attention")
+    attention_peers = (STG_OFF,)  # stg-off+compile@fa3: the pipeline without its STG pass, on FlashAttention-3
     # not cfg+ring: built for LTX-Video's self-attention (our ring attention), untested on LTX-2's streams
     parallel_splits = ("cfg", "ulysses", "ring", "cfg+ulysses", "hybrid")
     two_gpu_split = "hybrid"  # 1.79x against cfg's 1.44x on LTX-2 19B (docs/parallel.md#measured)
@@ -116,8 +117,6 @@ class LTX2Family(VideoFamily):
         core = [c for c in map(Configuration, settings.configs or ()) if c.peer == LTX_CORE]
         if core:
             _validate_ltx_core(core[0], settings)
-
-    attention_peers = (STG_OFF,)  # stg-off+compile@fa3: the pipeline without its STG pass, on FlashAttention-3
 
     def peers(self) -> dict[str, PeerConfig]:
         from ltxbench.models.ltx2_core import apply_ltx_core

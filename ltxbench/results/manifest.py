@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from ltxbench.results.benchmarks import FA3_NEED, Benchmark, benchmarks_for
-from ltxbench.results.provenance import committed_files, executed_digest, label, provenance
+from ltxbench.results.provenance import executed_digest, label, provenance_and_files
 
 
 def _document(path: Path) -> dict:
@@ -33,7 +33,11 @@ def _document(path: Path) -> dict:
 
 
 def recorded_git(path: Path) -> dict | None:
-    return (_document(path).get("env") or {}).get("git")
+    return _git_of(_document(path))
+
+
+def _git_of(document: dict) -> dict | None:
+    return (document.get("env") or {}).get("git")
 
 
 def _words_and_options(argv) -> tuple[tuple[str, ...], dict[str, str | None]]:
@@ -57,10 +61,10 @@ def _same_value(recorded: str | None, asked: str | None) -> bool:
         return False
 
 
-def ran_the_command(path: Path, bench: Benchmark) -> bool:
-    """The result's command line (recorded with every default spelled out) is the benchmark's: its words, and each
-    option the benchmark names with the same value."""
-    argv = (_document(path).get("run") or {}).get("argv") or []
+def ran_the_command(document: dict, bench: Benchmark) -> bool:
+    """The result `document`'s command line (recorded with every default spelled out) is the benchmark's: its words,
+    and each option the benchmark names with the same value."""
+    argv = (document.get("run") or {}).get("argv") or []
     words, options = _words_and_options(argv[1:])  # argv[0]: the program
     asked_words, asked = _words_and_options(bench.argv)
     return words == asked_words and all(flag in options and _same_value(options[flag], value)
@@ -71,8 +75,9 @@ def is_current(path: Path, head: dict, bench: Benchmark | None = None, files: di
     """Measured clean (with the benchmark's command, when given) at the checkout's commit, or at one whose code it
     still runs: the same executed_digest of the modules it imported at the checkout's committed `files`, or, for a
     result without that list, the same code_digest."""
-    git = recorded_git(path)
-    if not git or git.get("dirty") is not False or (bench is not None and not ran_the_command(path, bench)):
+    document = _document(path)
+    git = _git_of(document)
+    if not git or git.get("dirty") is not False or (bench is not None and not ran_the_command(document, bench)):
         return False
     if git.get("sha") == head["sha"]:
         return True
@@ -126,7 +131,7 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
         allow_dirty: bool = False, runner=execute, regenerate=None) -> int:
     """Re-measure the folder's benchmarks that are not current; 0 when all are current or measured, 1 when one
     failed, 2 for a bad call, 124 when the budget stopped the run (call again to resume)."""
-    head = provenance()
+    head, files = provenance_and_files()
     if head is None or head.get("sha") is None:
         print("error: no commit to record: run from a git checkout, or a copy holding its stamp", file=sys.stderr)
         return 2
@@ -145,7 +150,7 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
     folder.mkdir(parents=True, exist_ok=True)
     work = folder.parent / "runs" / "manifest" / folder.name
     deadline = None if budget_minutes is None else time.monotonic() + budget_minutes * 60
-    measured, status, files = [], 0, committed_files(head)
+    measured, status = [], 0
     for bench in chosen:
         target = folder / f"{bench.name}.json"
         if not redo and is_current(target, head, bench, files):
@@ -202,8 +207,8 @@ def _regenerate(folder: Path) -> None:
 
 
 def show(folder: Path) -> int:
-    head = provenance() or {}
-    files = committed_files(head)
+    head, files = provenance_and_files()
+    head = head or {}
     for bench in benchmarks_for(folder):
         path = folder / f"{bench.name}.json"
         git = recorded_git(path)

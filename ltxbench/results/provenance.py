@@ -90,17 +90,6 @@ def executed_digest(files: dict[str, str], modules: list[str]) -> str:
     return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
 
 
-def committed_files(state: dict | None, root: Path | None = None) -> dict[str, str] | None:
-    """{path: blob id} of the commit a provenance() `state` names: HEAD's tree where it came from git, the stamp's
-    list where from a stamp; None for neither."""
-    root = root or repository_root()
-    source = (state or {}).get("source")
-    if source == "git":
-        return _committed_blobs(root)
-    path = root / STAMP_NAME
-    return json.loads(path.read_text())["files"] if source == "stamp" and path.is_file() else None
-
-
 def _committed_blobs(root: Path) -> dict[str, str] | None:
     """{path: blob id} of HEAD's tree (submodules left out)."""
     listing = _git(["ls-tree", "-r", "HEAD"], root)
@@ -118,11 +107,16 @@ def _committed_blobs(root: Path) -> dict[str, str] | None:
 def from_git(root: Path) -> dict | None:
     """{sha, dirty, diff_sha256, code, source: "git"} of a checkout (code: HEAD's code_digest); None where git does not
     answer for `root`."""
+    return _git_state(root)[0]
+
+
+def _git_state(root: Path) -> tuple[dict | None, dict[str, str] | None]:
+    """from_git's state, and HEAD's {path: blob id} it was computed from."""
     if not _is_checkout(root):
-        return None
+        return None, None
     sha = _git(["rev-parse", "HEAD"], root)
     if sha is None:  # a repository without commits
-        return {"sha": None, "dirty": True, "diff_sha256": None, "code": None, "source": "git"}
+        return {"sha": None, "dirty": True, "diff_sha256": None, "code": None, "source": "git"}, None
     status = _git(["status", "--porcelain", "--untracked-files=no", "--", ".", f":(exclude){OUTPUTS}"], root)
     dirty = None if status is None else bool(status.strip())
     digest = None
@@ -132,14 +126,19 @@ def from_git(root: Path) -> dict | None:
         digest = hashlib.sha256(diff.stdout).hexdigest() if diff.returncode == 0 else None
     blobs = _committed_blobs(root)
     return {"sha": sha.strip(), "dirty": dirty, "diff_sha256": digest,
-            "code": None if blobs is None else code_digest(blobs), "source": "git"}
+            "code": None if blobs is None else code_digest(blobs), "source": "git"}, blobs
 
 
 def from_stamp(root: Path) -> dict | None:
     """{sha, dirty, diff_sha256, code, source: "stamp"} of a copy holding a stamp; None without one."""
+    return _stamp_state(root)[0]
+
+
+def _stamp_state(root: Path) -> tuple[dict | None, dict[str, str] | None]:
+    """from_stamp's state, and the stamp's {path: blob id}."""
     path = root / STAMP_NAME
     if not path.is_file():
-        return None
+        return None, None
     stamp = json.loads(path.read_text())
     differing = []
     for name, committed in sorted(stamp["files"].items()):
@@ -151,26 +150,31 @@ def from_stamp(root: Path) -> dict | None:
             differing.append(f"{name}\0{actual}")
     digest = hashlib.sha256("\n".join(differing).encode()).hexdigest() if differing else None
     return {"sha": stamp["sha"], "dirty": bool(differing), "diff_sha256": digest, "code": code_digest(stamp["files"]),
-            "source": "stamp"}
+            "source": "stamp"}, stamp["files"]
 
 
 def provenance(root: Path | None = None) -> dict | None:
     """The code this process runs: from git where the package sits in a checkout, else from a stamp; None when
     neither is there (an installed wheel). A stamp whose every file holds its commit's content wins over a git that
     calls the tree dirty: a copy can carry `.git` metadata older than its files (a GPU machine's copy does)."""
+    return provenance_and_files(root)[0]
+
+
+def provenance_and_files(root: Path | None = None) -> tuple[dict | None, dict[str, str] | None]:
+    """provenance(), and the {path: blob id} of the commit it names (HEAD's tree, or the stamp's list; None where
+    there is none): what executed_digest reads."""
     root = root or repository_root()
-    git, stamp = from_git(root), from_stamp(root)
-    if stamp is not None and not stamp["dirty"] and (git is None or git["dirty"]):
+    git, stamp = _git_state(root), _stamp_state(root)
+    if stamp[0] is not None and not stamp[0]["dirty"] and (git[0] is None or git[0]["dirty"]):
         return stamp
-    return git or stamp
+    return git if git[0] is not None else stamp
 
 
 def run_provenance(root: Path | None = None) -> dict | None:
     """provenance() of a finished run, with the package modules it imported (`executed`) and `executed_code`, their
     executed_digest at the commit, by which a later commit's checkout tells whether the run still describes it."""
     root = root or repository_root()
-    state = provenance(root)
-    files = committed_files(state, root)
+    state, files = provenance_and_files(root)
     if files is not None:
         modules = executed_modules(root)
         state = {**state, "executed": modules, "executed_code": executed_digest(files, modules)}

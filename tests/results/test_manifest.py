@@ -22,7 +22,7 @@ OLDER = {**HEAD, "sha": "b" * 40, "code": "d" * 64}  # an earlier commit of othe
 @pytest.fixture
 def head(monkeypatch):
     state = dict(HEAD)
-    monkeypatch.setattr(manifest, "provenance", lambda: state)
+    monkeypatch.setattr(manifest, "provenance_and_files", lambda: (state, None))
     monkeypatch.setattr(manifest, "missing_needs", lambda bench: [])
     return state
 
@@ -229,4 +229,4 @@ def test_the_recorded_command_is_the_benchmarks_with_its_defaults_spelled_out(tm
                        (["bench", "micro", *recorded[2:]], False),
                        ([a for a in recorded if a not in ("--memory-budget", "8.0")], False)):
         path.write_text(_doc(HEAD, argv))
-        assert manifest.ran_the_command(path, bench) is same, argv
+        assert manifest.ran_the_command(json.loads(path.read_text()), bench) is same, argv

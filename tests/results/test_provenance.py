@@ -192,17 +192,17 @@ def test_a_run_records_the_package_modules_it_imported_and_their_digest():
         pytest.skip("not a checkout and no stamp: nothing recorded")
     assert {"ltxbench/results/provenance.py", "ltxbench/inject/fuse.py"} <= set(state["executed"])
     assert "ltxbench/inject/wan/__init__.py" not in state["executed"]
-    files = prov.committed_files(state, REPO)
+    files = prov.provenance_and_files(REPO)[1]
     assert state["executed_code"] == prov.executed_digest(files, state["executed"])
 
 
 def test_a_copy_gives_the_stamped_files_and_git_gives_heads(checkout, tmp_path):
     prov.write_stamp(checkout)
     copy = _copy_without_git(checkout, tmp_path)
-    stamped = prov.committed_files(prov.provenance(copy), copy)
-    assert stamped == prov.committed_files(prov.provenance(checkout), checkout)
+    state, stamped = prov.provenance_and_files(copy)
+    assert state["source"] == "stamp" and stamped == prov.provenance_and_files(checkout)[1]
     assert stamped["pkg/a.py"] == prov.blob_id(b"A = 1\n")
-    assert prov.committed_files(None, copy) is None
+    assert prov.provenance_and_files(tmp_path / "neither") == (None, None)
 
 
 def test_the_executed_digest_follows_the_imported_modules_and_everything_but_python():
