@@ -42,6 +42,7 @@ class LLMSettings(RunSettings):
     prompt_length: int | None = None          # profile: the one prefill length
     new_tokens: int = 128
     decode_compile_mode: str | None = None    # bench e2e: how generate() compiles the decode step
+    tuned_gemm: bool | None = None
 
 
 OPTIONS = (
@@ -54,6 +55,9 @@ OPTIONS = (
     Option("decode_compile_mode", ("--decode-compile-mode",), str, DECODE_COMPILE_DEFAULT, "LLM compile configs: "
            "mode of the decode step that generate() compiles itself (transformers' CompileConfig; its default).",
            ("bench e2e",), choices=COMPILE_MODES),
+    Option("tuned_gemm", ("--tuned-gemm/--no-tuned-gemm",), bool, True, "LLM optimized configs: a prompt's "
+           "projections on cuBLASLt with the algorithm per shape chosen by timing (first call), or torch's linear.",
+           ("bench e2e",)),
 )
 
 
@@ -104,7 +108,7 @@ class LLMFamily(ModelFamily):
     def inject(self, model, settings: LLMSettings):
         from ltxbench.inject.llm import apply_kernels
 
-        return apply_kernels(model, settings.kernel_provider)
+        return apply_kernels(model, settings.kernel_provider, tuned_gemm=settings.tuned_gemm is not False)
 
     def bench(self, model, settings: LLMSettings, log) -> dict:
         """The configurations timed; each result also carries the weight bytes a decode step reads and the GPU
@@ -117,6 +121,7 @@ class LLMFamily(ModelFamily):
         ids = {n: row.to(model.device) for n, row in prompt_ids(settings, model.config.vocab_size).items()}
         weights = {"bytes": flops.decode_weight_bytes(model),  # before the injection, which keeps the bytes
                    "gpu": torch.cuda.get_device_name(model.device) if model.device.type == "cuda" else None}
+        searched = _search_gemms(model, settings, ids, lambda: self.apply_config(model, settings, "optimized"), log)
         try:
             results = run_configs(model, settings.configs, lambda c: self.apply_config(model, settings, c),
                                   lambda config: run_once(model, settings, ids,
@@ -127,8 +132,10 @@ class LLMFamily(ModelFamily):
                                   unit_flops=lambda _timings, calls: flops.llm_units(settings.prompt_lengths, calls))
         finally:
             vars(model).pop("_compiled_call", None)  # generate()'s compiled step (transformers caches it here)
-        for res in results.values():
+        for name, res in results.items():
             res["decode_weights"] = weights
+            if searched is not None and Configuration(name).ours:
+                res["injection"].update(searched())
         return results
 
     def records(self, results: dict, params: dict, settings: LLMSettings) -> list[dict]:
@@ -154,6 +161,31 @@ class LLMFamily(ModelFamily):
 
     def bench_argv(self, settings: LLMSettings) -> list[str]:
         return ["--prompt-lengths", str(settings.prompt_length), "--new-tokens", str(settings.new_tokens)]
+
+
+def _search_gemms(model, settings: LLMSettings, ids: dict, inject, log):
+    """With our kernels among the configurations on the GPU and tuned_gemm on: one untimed prefill per prompt length
+    of the patched model (inject(): the optimized configs' injection), eager, before any configuration, so that
+    ops.linear's algorithm search (or the load of stored choices) is not counted in a configuration's first call
+    (compile time). Returns a function giving what ops.linear chose per shape (process-wide, read after the
+    configurations ran) and the search's seconds; None when nothing is searched."""
+    import time
+
+    import torch
+
+    if (settings.tuned_gemm is False or settings.kernel_provider != "cuda" or model.device.type != "cuda"
+            or not any(Configuration(name).ours for name in settings.configs)):
+        return None
+    from ltxbench import ops
+
+    log("optimized: choosing the GEMM algorithms (untimed, one prefill per prompt length)")
+    start = time.perf_counter()
+    with inject(), torch.no_grad():
+        for length in settings.prompt_lengths:
+            model(input_ids=ids[length], use_cache=False, logits_to_keep=1)
+    torch.cuda.synchronize(model.device)
+    seconds = time.perf_counter() - start
+    return lambda: {"gemm_choices": ops.gemm_choices(), "gemm_search_s": seconds}
 
 
 def profiled_iteration(model, ids, new_tokens: int, cuda: bool) -> None:

@@ -290,6 +290,31 @@ def test_llama_tiny_optimized_runs_the_llm_injection_and_reverts_it(tmp_path, ca
                for layer in model.model.layers)
 
 
+@pytest.mark.parametrize("flag", [None, "--no-tuned-gemm"])
+def test_llm_tuned_gemm_reaches_the_injection_and_the_records(tmp_path, monkeypatch, flag):
+    """--no-tuned-gemm keeps a prompt's projections on torch's linear (apply_kernels(tuned_gemm=False)) and is
+    recorded; the default (on) is not, as for LTX. On the CPU nothing is searched: no GEMM choices in the record."""
+    from ltxbench.inject import llm
+
+    seen = []
+    original = llm.apply_kernels
+
+    def recording(model, provider="cuda", tuned_gemm=True):
+        seen.append(tuned_gemm)
+        return original(model, provider, tuned_gemm=tuned_gemm)
+
+    monkeypatch.setattr(llm, "apply_kernels", recording)
+    out = tmp_path / "llm-tuned.json"
+    result = runner.invoke(app, [*LLAMA, "--configs", "optimized", "--kernel-provider", "reference",
+                                 *([flag] if flag else []), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert seen and set(seen) == {flag is None}
+    doc = json.loads(out.read_text())
+    params = _by(doc["records"], "decode_step", "optimized")["params"]
+    assert params.get("tuned_gemm", True) is (flag is None) and ("tuned_gemm" in params) is (flag is not None)
+    assert "gemm_choices" not in doc["run"]["config"]["injection"]["optimized"]
+
+
 def test_rounds_are_recorded_and_multiply_the_samples(tmp_path):
     out = tmp_path / "llm-rounds.json"
     result = runner.invoke(app, [*LLAMA, "--configs", "baseline", "--rounds", "2", "--output", str(out)])

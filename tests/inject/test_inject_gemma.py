@@ -60,10 +60,11 @@ def test_patched_gemma_is_bit_identical_in_fp32_and_revert_is_exact(spy, monkeyp
                                        for name in ("self_attn.q_proj", "self_attn.v_proj", "mlp.up_proj")])
     patched = logits(model, ids)
     assert not called  # q/k/v and gate/up run as one GEMM each
-    # pre_feedforward_layernorm runs inside fused_add_rms_norm; every norm reads `1 + weight` through the offset
+    # pre_feedforward_layernorm runs inside fused_add_rms_norm; every norm reads `1 + weight` through the offset; the
+    # prompt's q/k/v, o_proj, gate/up and down per layer and lm_head through ops.linear (tuned_gemm)
     assert dict(spy) == {"rms_norm": 16, "rms_norm weight torch.float32": 16, "rms_norm offset 1.0": 16,
                          "fused_add_rms_norm": 3, "fused_add_rms_norm weight torch.float32": 3,
-                         "fused_add_rms_norm offset 1.0": 3, "geglu": 3, "rope_1d": 3}
+                         "fused_add_rms_norm offset 1.0": 3, "geglu": 3, "rope_1d": 3, "linear": 13}
     assert torch.equal(patched, before)
 
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
@@ -138,8 +139,9 @@ def test_gemma_generates_the_same_tokens(cache, spy):
     assert spy["rope_1d"] + spy["rope_1d_cache"] == 3 * 8
     # the static cache's global layer (1 of 3) writes its decode steps with rope_1d_cache; sliding ones update
     assert spy["rope_1d_cache"] == (7 if cache == "static" else 0)
-    # each decode step's q/k/v, o_proj, gate/up, down and lm_head (and the prefill's last-token logits): the GEMV's rows
-    assert spy["linear"] == (4 * 3 + 1) * 7 + 1
+    # the prompt's and each decode step's q/k/v, o_proj, gate/up, down and lm_head (tuned_gemm; a decode step's rows:
+    # the GEMV)
+    assert spy["linear"] == (4 * 3 + 1) * 8
     assert torch.equal(tokens, expected)
 
 

@@ -71,8 +71,9 @@ def test_patched_logits_match_and_revert_is_exact(model_type, spy, monkeypatch):
     with torch.no_grad():
         patched = model(ids).logits
     assert not linear_calls
-    # post_attention_layernorm runs inside fused_add_rms_norm, so rms_norm counts every other norm
-    assert dict(spy) == {"rms_norm": norms - 2, "fused_add_rms_norm": 2, "swiglu": 2, "rope_1d": 2}
+    # post_attention_layernorm runs inside fused_add_rms_norm, so rms_norm counts every other norm; the prompt's
+    # projections (q/k/v, o_proj, gate/up, down + residual per layer, lm_head) through ops.linear (tuned_gemm)
+    assert dict(spy) == {"rms_norm": norms - 2, "fused_add_rms_norm": 2, "swiglu": 2, "rope_1d": 2, "linear": 9}
     torch.testing.assert_close(patched, before, atol=1e-5, rtol=1e-5)
 
     mlp = model.model.layers[0].mlp
@@ -118,24 +119,46 @@ def test_generate_same_tokens(model_type, cache, spy):
     assert spy["rope_1d"] + spy["rope_1d_cache"] == layers * 8
     full = cache == "static" and getattr(model.config, "sliding_window", None) is None  # sliding: own update
     assert spy["rope_1d_cache"] == (layers * 7 if full else 0)
-    # each decode step's 2 rows: q/k/v, o_proj, gate/up and down (+ the residual) through ops.linear (the GEMV), and
-    # lm_head (generate keeps the last token's logits, the prefill's included)
-    assert spy["linear"] == (4 * layers + 1) * 7 + 1
+    # the prompt's rows and each decode step's 2: q/k/v, o_proj, gate/up and down (+ the residual) through ops.linear
+    # (tuned_gemm; the GEMV for a decode step), and lm_head (generate keeps the last token's logits)
+    assert spy["linear"] == (4 * layers + 1) * 8
     assert tokens.shape == (2, 12 + 8)
     assert torch.equal(tokens, expected)
 
 
-def test_only_a_decode_steps_few_rows_take_ops_linear(spy):
-    """Prefill rows stay torch's GEMMs (F.linear, the down projection accumulating into the residual); 4 rows or fewer
-    (tokens over the batch) run ops.linear, bit for bit the same in fp32."""
+@pytest.mark.parametrize("tuned_gemm", [True, False])
+def test_prompt_rows_take_ops_linear_only_with_tuned_gemm(spy, tuned_gemm):
+    """Without tuned_gemm, prefill rows stay torch's GEMMs (F.linear, the down projection accumulating into the
+    residual) and only 4 rows or fewer (tokens over the batch: the GEMV) run ops.linear; with it, every row count
+    does. Bit for bit the unpatched logits in fp32 either way."""
     model = llm_build("llama")
     ids = llm_prompt()
+    per_forward = 4 * len(model.model.layers) + 1  # q/k/v, o_proj, gate/up, down per layer + lm_head
     with torch.no_grad():
         prefill, one_token = model(ids).logits, model(ids[:, :1]).logits
-    with llm.apply_kernels(model, "reference"), torch.no_grad():
-        assert torch.equal(model(ids).logits, prefill) and spy["linear"] == 0
+    with llm.apply_kernels(model, "reference", tuned_gemm=tuned_gemm), torch.no_grad():
+        assert torch.equal(model(ids).logits, prefill) and spy["linear"] == (per_forward if tuned_gemm else 0)
         assert torch.equal(model(ids[:, :1]).logits, one_token)
-    assert spy["linear"] == 4 * len(model.model.layers) + 1  # + lm_head
+    assert spy["linear"] == per_forward * (2 if tuned_gemm else 1)
+
+
+def test_projection_linear_leaves_autocast_and_gradients_to_torch(spy):
+    """ops.linear has no backward and no autocast rule: with autocast on, or a gradient wanted through x or the
+    weight, torch's F.linear runs, whatever the rows."""
+    ops = llm.get_provider("reference")
+    linear = llm_attention.projection_linear(ops, True)
+    w = torch.randn(6, 8)
+    for x in (torch.randn(2, 8), torch.randn(9, 8)):
+        linear(x, w)
+        linear(x.double(), w.double())
+        assert spy["linear"] == 2
+        spy.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # F.linear computes in bf16; ops.linear would in fp32
+            assert linear(x, w).dtype == torch.bfloat16
+        linear(x.requires_grad_(), w).sum().backward()
+        linear(x.detach(), w.requires_grad_()).sum().backward()
+        w = w.detach()
+        assert spy["linear"] == 0
 
 
 def test_mlp_residual_fallbacks_stay_exact(spy):
@@ -247,6 +270,13 @@ def test_llama3_width_bf16_cuda_kernels():
     matching = (tokens[:, 64:] == expected[:, 64:]).sum().item()
     print(f"logits cosine {cosine:.6f}; greedy tokens matching {matching}/{tokens[:, 64:].numel()}")
     assert cosine >= 0.999
+    # tuned_gemm (the default): the prompt's 128 rows ran ops.linear's cuBLASLt GEMM, q/k/v and gate/up included
+    from ltxbench import ops
+
+    prompt_gemms = [line for line in ops.gemm_choices() if "tokens 128 " in line]
+    assert any(" n 6144 k 4096 " in line for line in prompt_gemms)  # [q | k | v]
+    assert any(" n 28672 k 4096 " in line for line in prompt_gemms)  # [gate | up]
+    assert any("x@w.T+residual tokens 128 n 4096 k 14336 " in line for line in prompt_gemms)  # down + residual
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen3"])

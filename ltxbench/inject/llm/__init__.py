@@ -9,6 +9,7 @@ Rules (docs/models.md has the math):
   MLP: gate_proj and up_proj as ONE [gate | up] projection      → F.linear + ops.swiglu + down_proj
   attention: q_proj/k_proj/v_proj as ONE projection; apply_rotary_pos_emb → ops.rope_1d   (attention.py)
   a decode step's projections and lm_head (at most 4 rows)      → ops.linear: its GEMV kernel (cuda/gemv.cu)
+  a prompt's projections (tuned_gemm)                           → ops.linear: cuBLASLt, algorithm chosen by timing
 Anything else (unknown classes, forwards already wrapped by hooks, forwards whose
 source differs from the code reproduced here) is skipped with a reason, never patched. Inference only: a
 forward that would need gradients through the fused MLP weight runs the original forward instead.
@@ -40,6 +41,7 @@ from ltxbench.inject import (
     original_class,
     patch_forward,
     require_provider,
+    run_device,
 )
 from ltxbench.inject.fuse import follow_moves, fuse_linears, fused_linear, release, unobserved
 from ltxbench.inject.llm.attention import (
@@ -47,10 +49,10 @@ from ltxbench.inject.llm.attention import (
     CACHE_UPDATE_KWARGS,
     RULE_ROPE,
     attn_forward,
-    decode_linear,
     decode_rows,
     fuse_qkv,
     linear_forward,
+    projection_linear,
     sliding_kwarg,
 )
 from ltxbench.ops import get_provider
@@ -98,11 +100,11 @@ def _norm_forward(ops):
 
 # ---- decoder layer ------------------------------------------------------------------------------------
 
-def _layer_forward(ops):
+def _layer_forward(ops, linear, tuned_gemm: bool):
     """XDecoderLayer.forward (returns the hidden states tensor) with the attention residual and
     post_attention_layernorm fused. Arguments after hidden_states by keyword, as the models pass them; the KV
-    cache goes on to the attention in `kwargs` under the name the caller used (`past_key_values` or `cache`)."""
-    linear = decode_linear(ops)
+    cache goes on to the attention in `kwargs` under the name the caller used (`past_key_values` or `cache`).
+    `linear`: the gate/up GEMM's (projection_linear); `tuned_gemm`: the down projection's too, for any rows."""
 
     def forward(self, hidden_states, *, attention_mask=None, position_ids=None, use_cache=False,
                 position_embeddings=None, **kwargs):
@@ -115,7 +117,7 @@ def _layer_forward(ops):
         if post.weight.dtype == hidden_states.dtype == residual.dtype and not post.weight.is_meta:  # meta: offloaded
             hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, post.weight, _eps(post),
                                                              cast_before_weight=True)
-            out = _mlp_into_residual(ops, linear, self.mlp, hidden_states, residual)
+            out = _mlp_into_residual(ops, linear, self.mlp, hidden_states, residual, tuned_gemm)
             if out is not None:
                 return out
         else:
@@ -126,8 +128,9 @@ def _layer_forward(ops):
     return forward
 
 
-def _mlp_into_residual(ops, linear, mlp, x, residual):
-    """`residual + mlp(x)` with the down projection's GEMM accumulating into `residual` in place (beta = 1), or
+def _mlp_into_residual(ops, linear, mlp, x, residual, tuned_gemm: bool):
+    """`residual + mlp(x)` with the down projection's GEMM accumulating into `residual` (beta = 1: ops.linear for a
+    decode step's rows and, with tuned_gemm, for any; else torch's addmm in place), or
     None when the MLP is not our patched one, its down projection is not a plain nn.Linear (an adapter put in its
     place runs its own forward), is hooked since the injection, has a bias, or gradients are on. Only for a residual
     this layer created (fused_add_rms_norm's output): nobody else holds it."""
@@ -138,7 +141,7 @@ def _mlp_into_residual(ops, linear, mlp, x, residual):
     act = _gate_up_swiglu(ops, linear, mlp, x)
     if act is None:
         return None
-    if decode_rows(act):  # a decode step: the GEMV kernel adds the residual (not in place)
+    if tuned_gemm or decode_rows(act):  # the GEMV kernel or the tuned GEMM adds the residual (not in place)
         return ops.linear(act, down.weight, None, "none", residual)
     rows, act_rows = residual.view(-1, residual.shape[-1]), act.view(-1, act.shape[-1])
     if torch.compiler.is_compiling():  # functionalized, the in-place form costs a copy back into `residual`
@@ -150,15 +153,13 @@ def _mlp_into_residual(ops, linear, mlp, x, residual):
 # ---- MLP ----------------------------------------------------------------------------------------------
 
 def _gate_up_swiglu(ops, linear, mlp, x):
-    """`silu(gate(x)) * up(x)` as one [gate | up] GEMM (`linear`: decode_linear) + ops.swiglu, or None when the
+    """`silu(gate(x)) * up(x)` as one [gate | up] GEMM (`linear`: projection_linear) + ops.swiglu, or None when the
     fused weights cannot stand for the layers (not fused here, moved/replaced, or training)."""
     gate_up = fused_linear(x, (mlp.gate_proj, mlp.up_proj), vars(mlp).get(FUSED_ATTR), linear)
     return None if gate_up is None else ops.swiglu(gate_up, 0)
 
 
-def _mlp_forward(ops):
-    linear = decode_linear(ops)
-
+def _mlp_forward(ops, linear):
     def forward(self, x):
         act = _gate_up_swiglu(ops, linear, self, x)
         if act is None:
@@ -229,9 +230,12 @@ def fuse_gate_up(report, rule: str, mlp, index: int, mlp_forward, classes) -> No
     patch_forward(report, rule, mlp, mlp_forward, classes)
 
 
-def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
+def apply_kernels(model, provider: str = "cuda", tuned_gemm: bool = True) -> InjectionReport:
     """Patch a llama/mistral/qwen2/qwen3/gemma3 causal LM (or its base model) in place; `report.revert()` restores
-    every forward (the fused gate/up weights stay numerically identical views)."""
+    every forward (the fused gate/up weights stay numerically identical views). tuned_gemm: a prompt's projections
+    on ops.linear too (cuda: cuBLASLt with the algorithm per shape chosen by timing on its first call or taken from
+    the choices stored for this GPU model, ops.load_gemm_choices; reference: its fp32-accumulating math), else
+    torch's linear."""
     if offloaded(model):
         report = InjectionReport(provider)
         report.skip("model", OFFLOADED)
@@ -242,8 +246,10 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     from ltxbench.inject.llm.gemma import GEMMA_FAMILIES, apply_gemma
 
+    if tuned_gemm and provider == "cuda":  # earlier processes' searches on this GPU model (ops.gemm_cache)
+        ops.load_gemm_choices(run_device(model))
     if model_type in GEMMA_FAMILIES:
-        apply_gemma(model, ops, report)
+        apply_gemma(model, ops, report, tuned_gemm)
         return report
     prefix = FAMILIES.get(model_type)
     if prefix is None:
@@ -253,8 +259,9 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
                               "verified, nothing patched")
         return report
     base = getattr(model, "model", model)
-    norm_forward, layer_forward, mlp_forward = _norm_forward(ops), _layer_forward(ops), _mlp_forward(ops)
-    projection_forward = linear_forward(ops)
+    linear = projection_linear(ops, tuned_gemm)
+    norm_forward, layer_forward = _norm_forward(ops), _layer_forward(ops, linear, tuned_gemm)
+    mlp_forward, projection_forward = _mlp_forward(ops, linear), linear_forward(linear)
     classes: dict = {}  # (class, forward) -> its patched subclass
     norms_ok = {}
     for name, module in base.named_modules():
@@ -288,7 +295,8 @@ def apply_kernels(model, provider: str = "cuda") -> InjectionReport:
                 eager = inspect.getmodule(type(attn)).eager_attention_forward
                 qk_norm = getattr(attn, "q_norm", None) is not None
                 new_cache_api = CACHE_UPDATE_KWARGS in forward_source(type(attn))
-                attn_forwards[type(attn)] = attn_forward(ops, rope_cache, sliding, eager, qk_norm, new_cache_api)
+                attn_forwards[type(attn)] = attn_forward(ops, linear, rope_cache, sliding, eager, qk_norm,
+                                                         new_cache_api)
             if _patch(report, RULE_ROPE, attn, attn_forwards[type(attn)], "Attention", prefix, classes, ATTN_SOURCE):
                 fuse_qkv(report, attn, index)
         patch_projections(report, [(f"layers.{index}.self_attn.o_proj", attn.o_proj),

@@ -33,23 +33,27 @@ def decode_rows(x) -> bool:
     return x.numel() <= DECODE_ROWS * x.shape[-1]
 
 
-def decode_linear(ops):
+def projection_linear(ops, tuned_gemm: bool):
     """linear(x, weight, bias) for the rules' projections: ops.linear where x has a decode step's rows (decode_rows:
-    the bandwidth-bound GEMV kernel), else torch's F.linear (prefill: cuBLAS, as transformers runs it)."""
+    the bandwidth-bound GEMV kernel) and, with `tuned_gemm`, for a prompt's rows too (cuBLASLt with the algorithm
+    per shape chosen by timing, as the LTX rules' projections run); torch's F.linear otherwise (prefill without
+    tuned_gemm: cuBLAS, as transformers runs it), and wherever a gradient is wanted, autocast is on or x is not in
+    the weight's dtype (ops.linear has no backward and no autocast rule: it would compute in the inputs' dtype)."""
     import torch.nn.functional as F
 
     def linear(x, weight, bias=None):
-        if decode_rows(x):
+        if ((tuned_gemm or decode_rows(x)) and x.dtype == weight.dtype and not torch.is_autocast_enabled(x.device.type)
+                and not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad))):
             return ops.linear(x, weight, bias)
         return F.linear(x, weight, bias)
 
     return linear
 
 
-def linear_forward(ops):
-    """nn.Linear.forward through decode_linear: an o_proj / down_proj patched so that a decode step's rows run the
-    GEMV kernel (called as a module still: its hooks run, a wrapper put in its place runs instead)."""
-    linear = decode_linear(ops)
+def linear_forward(linear):
+    """nn.Linear.forward through `linear` (projection_linear): an o_proj / down_proj / lm_head patched so that a
+    decode step's rows run the GEMV kernel (called as a module still: its hooks run, a wrapper put in its place runs
+    instead)."""
 
     def forward(self, input):
         return linear(input, self.weight, self.bias)
@@ -138,14 +142,14 @@ def sliding_kwarg(cls):
     return None
 
 
-def attn_forward(ops, rope_cache: dict, sliding, eager, qk_norm: bool, new_cache_api: bool):
+def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, new_cache_api: bool):
     """XAttention.forward (llama/mistral/qwen2/qwen3, transformers 5.x) with the RoPE through ops.rope_1d.
     `qk_norm` (Qwen3's per-head q/k RMSNorm) is known per class: `hasattr(self, "q_norm")` in the forward made every
     compiled call raise and catch an AttributeError per layer to check its guard. `new_cache_api`: the class takes
-    the KV cache as `cache` and passes its kwargs to the cache's update (transformers 5.24)."""
+    the KV cache as `cache` and passes its kwargs to the cache's update (transformers 5.24). `linear`: the q/k/v
+    GEMM's (projection_linear)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    linear = decode_linear(ops)
     static_classes = static_layer_classes()
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):

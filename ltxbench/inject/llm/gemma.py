@@ -39,9 +39,9 @@ from ltxbench.inject.llm.attention import (
     CACHE_UPDATE_KWARGS,
     RULE_ROPE,
     attn_forward,
-    decode_linear,
     fuse_qkv,
     linear_forward,
+    projection_linear,
 )
 
 GEMMA_FAMILIES = {"gemma3_text": "Gemma3", "gemma3": "Gemma3"}  # model_type -> class prefix
@@ -122,9 +122,7 @@ def _layer_forward(ops):
 
 # ---- MLP ----------------------------------------------------------------------------------------------
 
-def _mlp_forward(ops):
-    linear = decode_linear(ops)  # a decode step's few rows through the GEMV kernel
-
+def _mlp_forward(ops, linear):
     def forward(self, x):
         gate_up = fused_linear(x, (self.gate_proj, self.up_proj), vars(self).get(FUSED_ATTR), linear)
         if gate_up is None:  # the fused weights cannot stand for the layers (moved, replaced, training)
@@ -145,8 +143,9 @@ def _tanh_gelu(mlp) -> bool:
 
 # ---- entry point --------------------------------------------------------------------------------------
 
-def apply_gemma(model, ops, report) -> None:
-    """Patch the Gemma 3 text model of `model` in place (llm.apply_kernels calls this for GEMMA_FAMILIES)."""
+def apply_gemma(model, ops, report, tuned_gemm: bool = False) -> None:
+    """Patch the Gemma 3 text model of `model` in place (llm.apply_kernels calls this for GEMMA_FAMILIES; tuned_gemm
+    as there)."""
     base = text_model(model)
     classes: dict = {}
     norm_forward = _norm_forward(ops)
@@ -158,8 +157,9 @@ def apply_gemma(model, ops, report) -> None:
                                       ((cls.forward, NORM_SOURCE), (getattr(cls, "_norm", None), NORM_MATH)))
             if norms_ok[name]:
                 patch_forward(report, RULE_NORM, module, norm_forward, classes)
-    layer_forward, mlp_forward = _layer_forward(ops), _mlp_forward(ops)
-    projection_forward = linear_forward(ops)
+    linear = projection_linear(ops, tuned_gemm)
+    layer_forward, mlp_forward = _layer_forward(ops), _mlp_forward(ops, linear)
+    projection_forward = linear_forward(linear)
     rope_cache: dict = {}
     attn_forwards: dict = {}
     for index, layer in enumerate(base.layers):
@@ -177,7 +177,8 @@ def apply_gemma(model, ops, report) -> None:
             if type(attn) not in attn_forwards:
                 eager = inspect.getmodule(type(attn)).eager_attention_forward
                 new_cache_api = CACHE_UPDATE_KWARGS in _source_of(type(attn).forward)  # 5.24+; 5.17: past_key_values
-                attn_forwards[type(attn)] = attn_forward(ops, rope_cache, _sliding, eager, True, new_cache_api)
+                attn_forwards[type(attn)] = attn_forward(ops, linear, rope_cache, _sliding, eager, True,
+                                                         new_cache_api)
             patch_forward(report, RULE_ROPE, attn, attn_forwards[type(attn)], classes)
             fuse_qkv(report, attn, index)
         patch_projections(report, [(f"layers.{index}.self_attn.o_proj", attn.o_proj),
