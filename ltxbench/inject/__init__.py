@@ -112,6 +112,29 @@ def parameter_versions(module) -> int:
 _RUNS_ON: contextvars.ContextVar = contextvars.ContextVar("ltxbench_runs_on", default=None)
 
 
+# diffusers hooks that move, cast or split the weights and tokens of a call, whatever its batch and whether it runs:
+# a call may be batched with another or answered from one under them. Any other (First Block Cache, MagCache,
+# FasterCache, TaylorSeer, ...: caches deciding per call from its values, in a context per guidance branch) must see
+# every call the pipeline makes, as it makes it.
+BATCH_BLIND_HOOKS = ("group_offloading", "layer_execution_tracker", "lazy_prefetch_group_offloading",
+                     "layerwise_casting", "peft_autocast_disable")
+BATCH_BLIND_PREFIXES = ("cp_input---", "cp_output---")  # diffusers' context parallelism
+
+
+def decides_per_call(module) -> bool:
+    """A diffusers hook on `module` or any of its submodules (a cache's are on the blocks) other than our guidance
+    split (parallel/split.py, which divides a batch over the guidance ranks and gathers it back) and those blind to
+    the batch (BATCH_BLIND_HOOKS): calls must then run one by one, as the pipeline makes them."""
+    from ltxbench.parallel.split import HOOK_NAME
+
+    for sub in module.modules():
+        registry = vars(sub).get("_diffusers_hook")
+        for name in getattr(registry, "hooks", None) or {}:
+            if name != HOOK_NAME and name not in BATCH_BLIND_HOOKS and not name.startswith(BATCH_BLIND_PREFIXES):
+                return True
+    return False
+
+
 @contextlib.contextmanager
 def runs_on(device):
     """Injections inside take `device` as the one the model runs on, though its weights may be on the host now (a

@@ -58,6 +58,23 @@ def test_not_served_where_a_block_perturbs_or_without_a_pair(pipe):
         assert _memo(pipe).served == 0 and _memo(pipe).pairs == GENERATE["num_inference_steps"]
 
 
+def test_not_served_under_a_cache_hook_that_must_see_the_stg_pass(pipe):
+    """A diffusers cache (First Block Cache's hooks on the blocks) keeps per-branch state from every call: the STG
+    pass runs for it. A hook blind to the calls (layerwise casting) leaves the memo serving."""
+    from diffusers.hooks import HookRegistry, ModelHook
+
+    block = pipe.transformer.transformer_blocks[0]
+    with _stg_only(pipe):
+        for name, served in (("fbc_block_hook", 0), ("layerwise_casting", GENERATE["num_inference_steps"])):
+            registry = HookRegistry.check_if_exists_or_initialize(block)
+            registry.register_hook(ModelHook(), name)
+            try:
+                _generate(pipe)
+            finally:
+                registry.remove_hook(name)
+            assert _memo(pipe).served == served
+
+
 def test_the_bare_transformer_serves_only_inside_a_generation(pipe):
     with _stg_only(pipe.transformer) as report:
         assert inject_ltx2.GENERATION_RULE in dict(report.skipped)

@@ -131,3 +131,37 @@ def test_the_kept_half_is_served_only_for_the_same_inputs_unchanged(pipe):
                     pair.generations += 1
         finally:
             pair.generations -= 1
+
+
+def test_a_cache_hook_on_the_blocks_keeps_the_calls_apart(pipe):
+    """diffusers' First Block Cache decides per call, in a context per guidance branch, from hooks on the blocks: a
+    pair would give its conditional context one call of batch 2 and its unconditional one none (another video).
+    With it on, nothing pairs and the latents are the unpatched pipeline's."""
+    from diffusers.hooks import FirstBlockCacheConfig
+
+    experts = [m for m in (pipe.transformer, getattr(pipe, "transformer_2", None)) if m is not None]
+    for expert in experts:
+        expert.enable_cache(FirstBlockCacheConfig(threshold=0.5))
+    try:
+        expected = _latents(pipe)
+        with apply_kernels(pipe, "reference", blocks=False, qk_norms=False, gelu=False):
+            got = _latents(pipe)
+            assert vars(pipe.transformer)[PAIR_ATTR].pairs == 0
+        assert torch.equal(got, expected)
+    finally:
+        for expert in experts:
+            expert.disable_cache()
+
+
+@pytest.mark.parametrize(("name", "refused"), [("fbc_block_hook", True), ("mag_cache_block_hook", True),
+                                               ("layerwise_casting", False), ("group_offloading", False),
+                                               ("cp_input---blocks.0", False)])
+def test_hooks_blind_to_the_batch_leave_the_pair_on(name, refused):
+    from diffusers.hooks import HookRegistry, ModelHook
+
+    from ltxbench.inject import decides_per_call
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    assert not decides_per_call(model)
+    HookRegistry.check_if_exists_or_initialize(model[1][0]).register_hook(ModelHook(), name)
+    assert decides_per_call(model) is refused

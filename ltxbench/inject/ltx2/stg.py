@@ -9,8 +9,9 @@ multiplies by stg_scale). PairMemo keeps the pair's inputs and outputs until the
 the STG pass of the same inputs, returns the pair's positive half instead of computing it again.
 
 Served only when all of this holds, else the call runs: the call comes right after the pair, inside one generation
-(nothing kept across generations), without autograd; every block the call lists for STG (and so every block) has no
-perturbed attention; the arguments are the pair's but for the STG ones, every tensor equal in value to the pair's
+(nothing kept across generations), without autograd; no diffusers cache hook (inject.decides_per_call) on the
+transformer, which must see the STG pass in its own context; every block the call lists for STG (and so every block)
+has no perturbed attention; the arguments are the pair's but for the STG ones, every tensor equal in value to the pair's
 positive half (one device comparison, read once: a synchronization per step); no parameter of the transformer, and
 none of the pair's input and output tensors, changed version since the pair (inference tensors, which have no version,
 are never kept).
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject import original_class, parameter_versions
+from ltxbench.inject import decides_per_call, original_class, parameter_versions
 from ltxbench.inject.ltx2.text_kv import CACHE_ATTR as TEXT_CACHE_ATTR
 
 MEMO_ATTR = "_ltxbench_stg_memo"  # on the patched transformer: its PairMemo
@@ -79,7 +80,7 @@ class PairMemo:
         pair_kwargs, output, versions, tensor_versions = last
         if [t._version for t in _tensors(pair_kwargs, output)] != tensor_versions:
             return None
-        if any(getattr(b, "perturbed_attn", False) for b in module.transformer_blocks):
+        if any(getattr(b, "perturbed_attn", False) for b in module.transformer_blocks) or decides_per_call(module):
             return None
         if set(kwargs) - set(STG_ARGS) != set(pair_kwargs) - set(STG_ARGS):
             return None

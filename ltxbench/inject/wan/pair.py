@@ -11,8 +11,9 @@ the unconditional half may round differently from a batch-1 call (docs/injection
 The negative prompt's embeddings come from the pipeline's own `encode_prompt` inside the same generation (a call of
 the patched pipeline). The pair runs only where all of this holds, else each call runs as it is: no autograd; the
 pipeline's negative embeddings are a tensor of the conditional call's shape, dtype and device (the pipeline's cast
-to the transformer's dtype then leaves the very tensor it passes); no diffusers hook on the transformer but our
-guidance split (its caches would see one call of batch 2; the split gives each of 2 GPUs one sample of the pair);
+to the transformer's dtype then leaves the very tensor it passes); no diffusers hook on the transformer or its blocks
+but our guidance split (the split gives each of 2 GPUs one sample of the pair) and those blind to the batch (offload,
+casting, context parallelism): a cache's would see one call of batch 2;
 the call passes keyword arguments only. Wan 2.1 I2V's CLIP image features, the same for both calls, are stacked
 with the pair. The second call is answered only when it comes right after the pair, from the same expert, with the
 pair's latents and timestep (the same tensors, at the same versions), the negative embeddings themselves, the same
@@ -23,22 +24,13 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject import original_class, parameter_versions
+from ltxbench.inject import decides_per_call, original_class, parameter_versions
 
 PAIR_ATTR = "_ltxbench_wan_pair"  # on each patched expert (and the pipeline): the generation's GuidancePair
 PAIRED_ARGS = ("hidden_states", "timestep", "encoder_hidden_states")  # stacked in the pair; the others the same
 PAIR_RULE = ("pipeline: the guidance pair's two batch-1 calls as one call of batch 2 (the unconditional half kept "
              "for the call after)")
 
-
-
-def _hooked(module) -> bool:
-    """A diffusers hook on the transformer other than our guidance split (parallel/split.py), which divides the
-    pair's batch over the guidance ranks and gathers it back."""
-    from ltxbench.parallel.split import HOOK_NAME
-
-    registry = vars(module).get("_diffusers_hook")
-    return any(name != HOOK_NAME for name in (getattr(registry, "hooks", None) or {}))
 
 
 class GuidancePair:
@@ -65,7 +57,7 @@ class GuidancePair:
         image = kwargs.get("encoder_hidden_states_image")
         if (negative.shape != prompt.shape or negative.dtype != prompt.dtype or negative.device != prompt.device
                 or not (image is None or torch.is_tensor(image)) or kwargs.get("return_dict", True)
-                or _hooked(module)):
+                or decides_per_call(module)):
             return None
         kept = (hidden, timestep, negative)
         if any(t.is_inference() for t in (*kept, *_tensors(image))):  # no version counter to see an in-place write
