@@ -86,6 +86,11 @@ class InjectionReport:
             self._undo.pop()()
         self._blockers.clear()
 
+    def __post_init__(self) -> None:
+        opened = _OPEN_INJECTIONS.get()
+        if opened is not None:
+            opened.append(self)
+
     def __enter__(self) -> InjectionReport:
         return self
 
@@ -95,6 +100,33 @@ class InjectionReport:
     def as_dict(self) -> dict:
         return {"applied": bool(self.rules), "provider": self.provider, "rules": dict(self.rules),
                 "skipped": [{"target": t, "reason": r} for t, r in self.skipped]}
+
+
+# The reports made inside the outermost all_or_nothing call still running (None: no such call)
+_OPEN_INJECTIONS: contextvars.ContextVar = contextvars.ContextVar("ltxbench_open_injections", default=None)
+
+
+def all_or_nothing(apply: Callable) -> Callable:
+    """An apply_kernels that raises part way (a component on the wrong device, a refusal found late) leaves nothing
+    patched: every report made during its call (its own and those of the components it includes) is reverted,
+    newest first, before the error goes on."""
+
+    @functools.wraps(apply)
+    def applied(*args, **kwargs):
+        if _OPEN_INJECTIONS.get() is not None:  # inside another's call: that one undoes everything
+            return apply(*args, **kwargs)
+        token = _OPEN_INJECTIONS.set([])
+        try:
+            return apply(*args, **kwargs)
+        except BaseException:
+            for report in reversed(_OPEN_INJECTIONS.get()):
+                while report._undo:
+                    report._undo.pop()()
+            raise
+        finally:
+            _OPEN_INJECTIONS.reset(token)
+
+    return applied
 
 
 def outcomes_of(report) -> dict:

@@ -36,6 +36,7 @@ from ltxbench.inject import (
     ORIGINAL_CLASS,
     InjectionReport,
     _source_of,
+    all_or_nothing,
     forward_source,
     offloaded,
     original_class,
@@ -230,6 +231,7 @@ def fuse_gate_up(report, rule: str, mlp, index: int, mlp_forward, classes) -> No
     patch_forward(report, rule, mlp, mlp_forward, classes)
 
 
+@all_or_nothing
 def apply_kernels(model, provider: str = "cuda", tuned_gemm: bool = True) -> InjectionReport:
     """Patch a llama/mistral/qwen2/qwen3/gemma3 causal LM (or its base model) in place; `report.revert()` restores
     every forward (the fused gate/up weights stay numerically identical views). tuned_gemm: a prompt's projections

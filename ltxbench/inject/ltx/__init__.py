@@ -29,6 +29,7 @@ from ltxbench.inject import (
     OFFLOADED,
     ORIGINAL_CLASS,
     InjectionReport,
+    all_or_nothing,
     generation_call,
     generation_scope,
     offloaded,
@@ -147,6 +148,7 @@ ATTN2_RULES = {True: "attn2: rms_norm q, k; cross_attention (default backend)", 
 CROSS_ATTENTION_HEAD_DIMS = (64, 128)
 
 
+@all_or_nothing
 def apply_kernels(target, provider: str = "cuda", *, rope_from_coords: bool = True, fuse_projections: bool = True,
                   gelu_epilogue: bool = True, gelu_tanh: bool = False,
                   cross_attention: bool | None = None, cross_kv_cache: bool = True,

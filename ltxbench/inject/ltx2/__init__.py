@@ -29,6 +29,7 @@ from ltxbench.inject import (
     CALLS_ANSWERED,
     OFFLOADED,
     InjectionReport,
+    all_or_nothing,
     generation_call,
     generation_scope,
     offloaded,
@@ -136,6 +137,7 @@ def _text_kv_processors(report: InjectionReport, transformer, cache: TextKVCache
             report.patched(TEXT_KV_RULE, lambda attn=attn, original=original: setattr(attn, "processor", original))
 
 
+@all_or_nothing
 def apply_kernels(target, provider: str = "cuda", *, text_kv_cache: bool = True, fused_blocks: bool = True,
                   fuse_projections: bool = True, reuse_stg_pass: bool = True,
                   precision: str = "bf16", fp8_accumulation: str = "fast",
@@ -227,6 +229,10 @@ def _patch_text_encoder(report, target, transformer, provider: str, wanted: bool
         return
     if not wanted:
         report.skip("text_encoder", "turned off (text_encoder=False)")
+        return
+    device = run_device(encoder) if not offloaded(encoder) else None
+    if provider == "cuda" and device is not None and device.type != "cuda":  # kept on the host to save GPU memory
+        report.skip("text_encoder", f"on {device}: the cuda kernels run on a CUDA device; it runs as it is")
         return
     from ltxbench.inject import llm
 

@@ -23,7 +23,15 @@ from __future__ import annotations
 import torch
 
 from ltxbench.errors import UsageError
-from ltxbench.inject import OFFLOADED, InjectionReport, offloaded, patch_call, patch_forward, require_provider
+from ltxbench.inject import (
+    OFFLOADED,
+    InjectionReport,
+    all_or_nothing,
+    offloaded,
+    patch_call,
+    patch_forward,
+    require_provider,
+)
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx.linears import gemm_can_stand_for
 from ltxbench.inject.ltx2.text_kv import source_digest as digest
@@ -115,13 +123,16 @@ def _gelu_refusal(layer) -> str | None:
 
 def experts(target) -> list[tuple[str, torch.nn.Module]]:
     """(name, transformer) of each denoiser of a WanPipeline: its `transformer` and, in Wan 2.2 A14B, the low-noise
-    expert `transformer_2`; a transformer given alone is ("transformer", it)."""
+    expert `transformer_2` (unless it is the same module); a transformer given alone is ("transformer", it)."""
     if not hasattr(target, "transformer"):
         return [("transformer", target)]
-    return [(name, module) for name in ("transformer", "transformer_2")
-            if (module := getattr(target, name, None)) is not None]
+    found = [(name, module) for name in ("transformer", "transformer_2")
+             if (module := getattr(target, name, None)) is not None]
+    return [(name, module) for i, (name, module) in enumerate(found)
+            if all(module is not other for _, other in found[:i])]  # one module in both slots: patched once
 
 
+@all_or_nothing
 def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_norms: bool = True,
                   qk_rope: bool = True, gelu: bool = True, pair_guidance: bool = True, precision: str = "bf16",
                   fp8_accumulation: str = "fast") -> InjectionReport:
@@ -207,10 +218,15 @@ def _pair_guidance(report, target, classes: dict, wanted: bool) -> None:
         vars(module)[PAIR_ATTR] = pair
         report.on_revert(lambda module=module: vars(module).pop(PAIR_ATTR, None))
         patch_call(report, PAIR_RULE, module, pair_call, classes)
+    own = vars(target).get("encode_prompt", _NONE)  # a wrapper of the user's: given back at revert
     vars(target)["encode_prompt"] = encode_and_keep(pair, target.encode_prompt)
-    report.on_revert(lambda: vars(target).pop("encode_prompt", None))
+    report.on_revert(lambda: vars(target).pop("encode_prompt", None) if own is _NONE
+                     else vars(target).__setitem__("encode_prompt", own))
     patch_call(report, GENERATION_RULE, target, generation_call(
         lambda pipe: generation_scope(pipe, PAIR_ATTR, lambda _pipe: pair.forget())), {})
+
+
+_NONE = object()
 
 
 def _patch_expert(report, transformer, ops, forwards: dict, prefix: str, classes: dict, *, blocks: bool,

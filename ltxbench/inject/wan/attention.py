@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from ltxbench.inject import fp8_attention as fp8
 from ltxbench.inject import original_class
+from ltxbench.inject.fuse import unobserved
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx2.text_kv import source_digest
 
@@ -36,6 +37,8 @@ def refusal(attn) -> str | None:
         norm = getattr(attn, name)
         if type(norm) is not torch.nn.RMSNorm or norm.weight is None:
             return f"{name} is not an affine torch.nn.RMSNorm"
+    if eps_of(attn.norm_q) != eps_of(attn.norm_k):  # the kernel takes one eps
+        return "norm_q and norm_k differ in eps"
     if attn.add_k_proj is not None:
         return "an image cross-attention (add_k_proj)"
     return None
@@ -50,7 +53,11 @@ def self_attention_call(ops, fp8_attention=None):
         from diffusers.models.attention_dispatch import dispatch_attention_fn
         from diffusers.models.transformers.transformer_wan import _get_qkv_projections
 
-        if rotary_emb is None or encoder_hidden_states is not None or attn.add_k_proj is not None:
+        # the norms' weights read here, not through the modules: offloaded since the injection (on meta, each module's
+        # hook brings its own) or hooked since, the norms must run themselves
+        norms = (attn.norm_q, attn.norm_k)
+        if (rotary_emb is None or encoder_hidden_states is not None or attn.add_k_proj is not None
+                or any(n.weight.is_meta or not unobserved(n) for n in norms)):
             return original_class(self).__call__(self, attn, hidden_states, encoder_hidden_states, attention_mask,
                                                  rotary_emb)
         query, key, value = _get_qkv_projections(attn, hidden_states, None)

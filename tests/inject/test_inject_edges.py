@@ -1,0 +1,135 @@
+"""Injections at their edges (CPU, reference provider): an apply_kernels that fails part way leaves nothing patched
+(every family); one module in both of Wan 2.2's expert slots is patched once; Wan's fused q/k norm + RoPE steps aside
+for norms offloaded or hooked after the injection and refuses norms of two eps; revert gives back a user's own
+encode_prompt; LTX-2's text encoder kept on the host is left as it is rather than failing the injection."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ltxbench.inject import ORIGINAL_CLASS
+from ltxbench.inject import wan as inject_wan
+from ltxbench.inject.wan import QK_ROPE_RULE, apply_kernels
+from ltxbench.inject.wan.pair import PAIR_RULE
+from ltxbench.models import wan_build
+from tests.helpers import wan_inputs, wan_transformer
+
+GENERATE = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames=5, height=32, width=32,
+                num_inference_steps=2, output_type="latent", return_dict=False)
+
+
+def _pipe(preset="wan-tiny"):
+    pipe = wan_build.build_pipeline(preset, "random", "cpu", "fp32")
+    pipe.set_progress_bar_config(disable=True)
+    return pipe
+
+
+def _latents(pipe):
+    with torch.no_grad():
+        return pipe(**GENERATE, generator=torch.Generator("cpu").manual_seed(3))[0]
+
+
+def _patched_anywhere(*modules) -> bool:
+    return any(ORIGINAL_CLASS in vars(type(m)) for root in modules for m in root.modules()) or any(
+        ORIGINAL_CLASS in vars(type(getattr(m, "processor", None))) for root in modules for m in root.modules())
+
+
+def test_a_wan_injection_that_fails_part_way_leaves_nothing_patched(monkeypatch):
+    pipe = _pipe("wan-tiny-a14b")
+
+    def fails(*_args, **_kwargs):
+        raise RuntimeError("late refusal")
+
+    monkeypatch.setattr(inject_wan, "_pair_guidance", fails)  # after both experts are patched
+    with pytest.raises(RuntimeError, match="late refusal"):
+        apply_kernels(pipe, "reference")
+    assert not _patched_anywhere(pipe.transformer, pipe.transformer_2)
+    monkeypatch.undo()
+    with apply_kernels(pipe, "reference") as report:  # patches again: nothing was left behind
+        assert not report.skipped
+
+
+def test_an_ltx2_injection_whose_text_encoder_fails_leaves_the_transformer_unpatched(monkeypatch):
+    from ltxbench.inject import llm
+    from ltxbench.inject.ltx2 import apply_kernels as apply_ltx2
+    from ltxbench.models import ltx2_build
+
+    pipe = ltx2_build.build_pipeline("ltx2-tiny", "random", "cpu", "fp32")
+    monkeypatch.setattr(llm, "apply_kernels", lambda *_a, **_k: (_ for _ in ()).throw(RuntimeError("encoder")))
+    with pytest.raises(RuntimeError, match="encoder"):
+        apply_ltx2(pipe, "reference")
+    assert not _patched_anywhere(pipe.transformer)
+    assert all(not k.startswith("_ltxbench") for k in vars(pipe.transformer))
+
+
+def test_ltx2_text_encoder_on_the_host_is_left_as_it_is_with_the_cuda_provider():
+    from ltxbench.inject import InjectionReport
+    from ltxbench.inject.ltx2 import _patch_text_encoder
+    from ltxbench.models import ltx2_build
+
+    pipe = ltx2_build.build_pipeline("ltx2-tiny", "random", "cpu", "fp32")
+    report = InjectionReport("cuda")
+    _patch_text_encoder(report, pipe, pipe.transformer, "cuda", True)  # nothing built, nothing raised
+    assert report.skipped == [("text_encoder", "on cpu: the cuda kernels run on a CUDA device; it runs as it is")]
+    assert not report.rules and not _patched_anywhere(pipe.text_encoder)
+
+
+def test_one_transformer_in_both_expert_slots_is_patched_once():
+    pipe = _pipe("wan-tiny-a14b")
+    pipe.register_modules(transformer_2=pipe.transformer)
+    expected = _latents(pipe)
+    with apply_kernels(pipe, "reference") as report:
+        assert report.rules[QK_ROPE_RULE] == len(pipe.transformer.blocks) and report.rules[PAIR_RULE] == 1
+        assert not any(target.startswith("transformer_2") for target, _ in report.skipped)
+        torch.testing.assert_close(_latents(pipe), expected, rtol=1e-4, atol=2e-5)
+    assert not _patched_anywhere(pipe.transformer)
+
+
+@pytest.mark.parametrize("how", ["offloaded", "hooked"])
+def test_the_fused_qk_norm_rope_steps_aside_for_norms_offloaded_or_hooked_after_the_injection(how):
+    """The fused call reads norm_q/norm_k's weights itself: offloaded since (accelerate's hooks keep them on meta
+    until each module runs) or hooked since (a probe must see them run), the processor's own call runs instead."""
+    from accelerate import cpu_offload
+
+    model = wan_transformer(dtype="fp32")
+    inputs = wan_inputs(model)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+    seen = []
+    with apply_kernels(model, "reference") as report:
+        assert report.rules[QK_ROPE_RULE] == len(model.blocks)
+        if how == "offloaded":
+            cpu_offload(model, execution_device="cpu")
+        else:
+            model.blocks[0].attn1.norm_k.register_forward_hook(lambda *_: seen.append(1))
+        with torch.no_grad():
+            got = model(**inputs)[0]
+    torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)
+    assert how == "offloaded" or seen == [1]
+
+
+def test_norms_of_two_eps_are_refused_by_the_fused_qk_rope():
+    model = wan_transformer(dtype="fp32")
+    model.blocks[1].attn1.norm_k.eps = 1e-3
+    with apply_kernels(model, "reference") as report:
+        assert report.rules[QK_ROPE_RULE] == len(model.blocks) - 1
+        assert ("blocks.1.attn1", "norm_q and norm_k differ in eps") in report.skipped
+
+
+def test_revert_gives_back_a_users_own_encode_prompt():
+    pipe = _pipe()
+    original = pipe.encode_prompt
+    calls = []
+
+    def weighted(*args, **kwargs):  # a user's prompt weighting, set on the instance
+        calls.append(1)
+        prompt, negative = original(*args, **kwargs)
+        return 2 * prompt, None if negative is None else 2 * negative
+
+    pipe.encode_prompt = weighted
+    expected = _latents(pipe)
+    with apply_kernels(pipe, "reference", blocks=False, qk_norms=False, qk_rope=False, gelu=False):
+        torch.testing.assert_close(_latents(pipe), expected, rtol=1e-4, atol=2e-5)  # through the user's, paired
+    assert vars(pipe)["encode_prompt"] is weighted and len(calls) == 2
+    assert torch.equal(_latents(pipe), expected) and len(calls) == 3
