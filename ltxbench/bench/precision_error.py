@@ -1,6 +1,7 @@
 """The error of the FP8 configuration, measured in the run that times it: one transformer call on the inputs of a
 generation's first step (the same seed as the timed runs), by the model as it comes (bf16), by our bf16 kernels, by
-our FP8 projections, and by an fp32 copy of the model (the reference, where the GPU has room for it). Cosine and
+our FP8 projections, and by an fp32 copy of the model (the reference, where the GPU has room for it and no
+--memory-budget placement streams its blocks). Cosine and
 relative L2 of each against the reference and of FP8 against bf16; the gate is FP8's cosine to our bf16 output.
 Then the whole generation, decoded: PSNR and SSIM of the FP8 video against the bf16 one (same seed). The
 transformer's weight memory with and without the FP8 weights goes beside it.
@@ -149,7 +150,12 @@ def measure(pipe, inject, run_generation, log, run_full=None, precision: str = "
                 weights["fp8"] = weight_bytes(transformer)["total"]
         finally:
             report.revert()
-    reference, skipped = _fp32_reference(transformer, args, kwargs, log)
+    from ltxbench.memory.apply import placement_of
+
+    if placement_of(pipe) is not None:  # a copy of streamed blocks would share their device slots and host slabs
+        reference, skipped = None, "the pipeline is placed by --memory-budget: its blocks cannot be copied as they run"
+    else:
+        reference, skipped = _fp32_reference(transformer, args, kwargs, log)
     result = {"precision": precision, "fp8_vs_bf16": compare(outputs[measured], outputs["optimized"]),
               "gate_cosine": FP8_COSINE_GATE,
               "weight_bytes": weights, "weight_ratio": weights["fp8"] / weights["bf16"],

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 
+from ltxbench.configurations import Configuration
 from ltxbench.memory.plan import EXPERTS, Footprint, Stack, activation_bytes, decode_bytes
 
 TILE_FRAMES, TILE_SIDE = 17, 512  # a VAE decode tile with tiling on (diffusers' LTX VAEs: 16 frames, 512 pixels)
@@ -68,12 +69,21 @@ def _host_only(family, component: str) -> tuple[str, ...]:
     return tuple(p.removeprefix(prefix) for p in family.memory_host_only if p.startswith(prefix))
 
 
+def _fp8_block_bytes(family, parts: dict) -> int:
+    """The transformer's largest block in FP8 (its FP8 copy's bytes)."""
+    path = family.memory_stacks["transformer"]
+    return stack_of("transformer", parts["transformer"], path, _host_only(family, "transformer"), True).block_bytes
+
+
 def footprint(family, settings, parts: dict) -> Footprint:
     """The Footprint of `settings`' run of `family` whose components (on the meta device) are `parts`. Experts beyond
     the first (Wan 2.2 A14B's `transformer_2`, the transformer's config) are counted as the transformer."""
     from ltxbench.memory.fit import module_bytes
 
-    fp8 = settings.precision != "bf16"
+    # the precisions the run's configurations take (generate: --precision's): the plan holds FP8 blocks only where
+    # every configuration runs them; the FP8 copies are made on the host where any does
+    precisions = {Configuration(c).precision for c in getattr(settings, "configs", None) or ()} or {settings.precision}
+    fp8, fp8_copies = "bf16" not in precisions, precisions != {"bf16"}
     stacks = {name: stack_of(name, parts[name], path, _host_only(family, name), fp8 and name == "transformer")
               for name, path in family.memory_stacks.items()}
     transformer, text_encoder = stacks["transformer"], stacks["text_encoder"]
@@ -81,8 +91,8 @@ def footprint(family, settings, parts: dict) -> Footprint:
     others = tuple((name, module_bytes(part)) for name, part in parts.items()
                    if name not in stacks and name not in EXPERTS and hasattr(part, "parameters"))
     built = module_bytes(*(p for p in parts.values() if hasattr(p, "parameters")))
-    if fp8:  # the FP8 copies are made on the host beside the bf16 weights (kept there for revert)
-        built += experts * transformer.blocks * transformer.block_bytes
+    if fp8_copies:  # the FP8 copies are made on the host beside the bf16 weights (kept there for revert)
+        built += experts * transformer.blocks * _fp8_block_bytes(family, parts)
     config, vae = parts["transformer"].config, parts["vae"].config
     tokens = _video_tokens(config, vae, settings)
     guided = any(getattr(settings, name, 0) > 1 for name in ("guidance_scale", "audio_guidance_scale"))

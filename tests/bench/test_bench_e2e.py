@@ -872,3 +872,31 @@ def test_a_configuration_that_did_not_fit_is_shown_as_out_of_memory_at_its_budge
     table = e2e_table({"records": records})
     row = table[table["config"] == "model-offload"].iloc[0]
     assert "out of memory at 16 GiB" in row.tolist()
+
+
+@pytest.mark.parametrize("placed", [False, True])
+def test_the_fp8_errors_fp32_reference_is_not_a_copy_of_placed_blocks(monkeypatch, placed):
+    """Under --memory-budget the streamed blocks share device slots (and the copy would share their hooks and host
+    slabs): a deep copy computes with whatever block a slot last held. The reference is then skipped, said so."""
+    import types
+
+    import torch
+
+    from ltxbench.bench import precision_error
+    from ltxbench.memory import apply
+
+    class Denoiser(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, hidden_states, return_dict=True):
+            return (self.proj(hidden_states),)
+
+    pipe = types.SimpleNamespace(transformer=Denoiser())
+    x = torch.randn(2, 4)
+    monkeypatch.setattr(apply, "placement_of", lambda _pipe: object() if placed else None)
+    result = precision_error.measure(pipe, lambda _name: types.SimpleNamespace(revert=lambda: None),
+                                     lambda: pipe.transformer(hidden_states=x), lambda _line: None)
+    assert ("vs_fp32" in result) is not placed
+    assert result.get("fp32_reference", "").startswith("skipped: the pipeline is placed by --memory-budget") is placed

@@ -172,6 +172,33 @@ def test_sizes_counted_on_the_meta_device():
     assert plans[0].transformer.resident == 19  # 121 x 512 x 768, guided: the denoise phase alone
 
 
+@pytest.mark.parametrize(("precision", "configs", "fp8_blocks", "fp8_copies"), [
+    ("bf16", ["baseline", "optimized"], False, False),
+    ("fp8", ["baseline", "optimized", "optimized-fp8"], False, True),  # the bf16 ones run under the plan too
+    ("bf16", ["baseline", "optimized-fp8"], False, True),
+    ("bf16", ["optimized-fp8", "optimized-fp8+compile"], True, True),
+    ("fp8", None, True, True),  # generate: --precision's configuration alone
+])
+def test_the_plan_holds_fp8_blocks_only_where_every_configuration_runs_them(precision, configs, fp8_blocks,
+                                                                           fp8_copies):
+    """bench e2e under --memory-budget runs every configuration under one plan: its blocks are sized for bf16 where
+    any configuration runs bf16 blocks (an FP8-sized plan put the bf16 ones past the budget), and the host holds
+    the FP8 copies beside the bf16 weights where any configuration makes them."""
+    from ltxbench.memory.fit import module_bytes
+    from ltxbench.memory.sizes import footprint, stack_of
+    from ltxbench.models import family_of, ltx2_build
+    from ltxbench.models.ltx2 import LTX2Settings
+
+    parts = ltx2_build.build_components(ltx2_build.component_configs("ltx2-19b"), "meta", torch.bfloat16)
+    settings = LTX2Settings(model="ltx2-19b", weights="random", family="ltx2", precision=precision, configs=configs)
+    need = footprint(family_of("ltx2-19b"), settings, parts)
+    blocks = parts["transformer"].transformer_blocks
+    fp8 = stack_of("transformer", parts["transformer"], "transformer_blocks", fp8=True).block_bytes
+    assert need.transformer.block_bytes == (fp8 if fp8_blocks else module_bytes(blocks[0]))
+    built = module_bytes(*(p for p in parts.values() if hasattr(p, "parameters")))
+    assert need.built_bytes == built + (48 * fp8 if fp8_copies else 0)
+
+
 def test_experts_are_planned_as_the_transformer_one_on_the_gpu_at_a_time():
     """Wan 2.2 A14B: transformer_2 has the transformer's stack and plan; the denoise holds one expert at a time (the
     same resident blocks as one transformer), both move between phases, and the host holds both experts' copies."""
