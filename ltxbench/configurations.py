@@ -26,6 +26,7 @@ COMPILE_CACHES = ("shared", "cold")  # bench e2e --compile-cache: inductor's usu
 # The record param naming the --memory-budget (GiB) a configuration ran under: the same configuration under another
 # budget (or none) is another measurement (results.schema.record_key keys on the params).
 MEMORY_BUDGET = "memory_budget_gib"
+MIN_MEMORY_BUDGET_GIB = 2  # the smallest --memory-budget: a CUDA context and one streamed block's two slots
 
 
 class Configuration(str):

@@ -41,9 +41,15 @@ def plan_for(settings, footprint):
     """The plan of `settings.memory_budget_gib` for this run (the host's available memory read now, before the
     pipeline is built there). EnvironmentProblem (exit 4) where it cannot be met. footprint: a call giving the run's
     Footprint."""
-    from ltxbench.memory.fit import available
+    from ltxbench.errors import EnvironmentProblem
+    from ltxbench.memory.fit import available, gpu_memory
     from ltxbench.memory.plan import plan_memory
 
+    total = gpu_memory(settings.device)
+    if total is not None and settings.memory_budget_gib * 2**30 > total:
+        raise EnvironmentProblem(f"--memory-budget {settings.memory_budget_gib:g} is more than this GPU's "
+                                 f"{total / 2**30:.1f} GiB", hint=f"choose at most {int(total / 2**30)}, or leave "
+                                 "--memory-budget out to run resident")
     host_free, _ = available("cpu")
     return plan_memory(settings.memory_budget_gib, footprint(), host_free)
 
@@ -86,13 +92,16 @@ def build(family, settings, plan):
         return family.build(settings)
     from ltxbench.memory.apply import Placement
 
-    if _random_on_the_gpu(settings, plan):
+    on_the_gpu = _random_on_the_gpu(settings, plan)
+    if on_the_gpu:
         pipe = family.build(settings)
         pipe.to("cpu")
         _release_cached(settings.device)
     else:
         pipe = family.build(dataclasses.replace(settings, device="cpu"))
     placement = Placement(pipe, plan, family, settings.device)
+    if settings.weights == "random":
+        placement.random_weights_drawn_on = "gpu" if on_the_gpu else "host"
     placement.place()
     placement.install()
     return pipe

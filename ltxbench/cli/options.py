@@ -16,7 +16,7 @@ from typing import Optional
 
 import typer
 
-from ltxbench.configurations import COMPILE_CACHES, COMPILE_MODES, COMPILE_SCOPES
+from ltxbench.configurations import COMPILE_CACHES, COMPILE_MODES, COMPILE_SCOPES, MIN_MEMORY_BUDGET_GIB
 from ltxbench.models.family import Option
 
 _DEVICE = "bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)."
@@ -71,7 +71,8 @@ SHARED = {o.name: o for o in (
            "Default: cfg on 2 GPUs (LTX-2: hybrid), cfg+ulysses on 4 or more (even), else ulysses."),
     Option("memory_budget_gib", ("--memory-budget",), float, None, "GiB of GPU memory the run may use (LTX-Video, "
            "LTX-2, Wan; one GPU): the pipeline is built in host memory and what does not fit streams from pinned host "
-           "memory, layer by layer, exactly (docs/memory.md); the plan is printed before the run.", bounds=(2, 4096)),
+           "memory, layer by layer, exactly (docs/memory.md); the plan is printed before the run.",
+           bounds=(MIN_MEMORY_BUDGET_GIB, 4096)),
     Option("kernel_provider", ("--kernel-provider",), str, None, "cuda | reference (default: cuda on cuda, reference "
            "on cpu)."),
     Option("dtype", ("--dtype",), str, None, _DEVICE),

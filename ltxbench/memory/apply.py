@@ -78,6 +78,9 @@ class Placement:
         self._hooks: list = []
         self.phase: str | None = None  # the phase whose components are on the GPU
         self.enforced: dict | None = None  # bench e2e: how the budget was held to (budget_enforcer)
+        # where random weights were drawn (cli._memory): from one seed, the GPU's generator and the host's give
+        # other numbers, so a budgeted run's random weights are the resident run's only where drawn on the GPU
+        self.random_weights_drawn_on: str | None = None
         # wall seconds of each install() / uninstall(): the pinned copies laid out (again, around each injection)
         self.layout_seconds: dict[str, list[float]] = {"install": [], "uninstall": []}
 
@@ -212,6 +215,7 @@ class Placement:
     def as_dict(self) -> dict:
         return {**self.plan.as_dict(), "streamers": [s.as_dict() for s in self.streamers],
                 "moved_bytes": {name: m.nbytes for name, m in self.movers.items()},
+                "random_weights_drawn_on": self.random_weights_drawn_on,
                 "layout_seconds": {step: list(seconds) for step, seconds in self.layout_seconds.items()}}
 
 

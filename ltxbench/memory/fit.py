@@ -55,6 +55,16 @@ def available(device) -> tuple[int | None, str]:
     return None, ""
 
 
+def gpu_memory(device) -> int | None:
+    """The total memory of CUDA `device` in bytes, None for another device or without CUDA."""
+    import torch
+
+    device = torch.device(device)
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return None
+    return torch.cuda.get_device_properties(device.index or 0).total_memory
+
+
 def ensure_fits(nbytes: int, device, what: str, dtype, budgeted: bool = False) -> None:
     """EnvironmentProblem (exit 4) when `nbytes` of weights (of torch dtype `dtype`) cannot fit in what `device` has
     free; `budgeted`: the model takes --memory-budget, which the hint then offers at what the GPU has free."""
@@ -64,8 +74,11 @@ def ensure_fits(nbytes: int, device, what: str, dtype, budgeted: bool = False) -
     dtype_name = _DTYPE_NAMES.get(str(dtype).removeprefix("torch."), str(dtype))
     smaller = "--dtype bf16 (half the bytes of fp32), " if dtype_name == "fp32" else ""
     gpu = str(device).startswith("cuda")
-    budget = f"--memory-budget {max(1, int(free / 2**30) - 1)} (weights streamed from host memory), " \
-        if gpu and budgeted else ""
+    from ltxbench.configurations import MIN_MEMORY_BUDGET_GIB
+
+    offered = int(free / 2**30) - 1  # a GiB below what is free: the context and other processes' growth
+    budget = f"--memory-budget {offered} (weights streamed from host memory), " \
+        if gpu and budgeted and offered >= MIN_MEMORY_BUDGET_GIB else ""
     other = "free the GPU (other processes), " if gpu else ""
     raise EnvironmentProblem(f"{what} in {dtype_name} needs about {nbytes / 2**30:.1f} GiB for its weights alone, "
                              f"and {where}",

@@ -75,6 +75,8 @@ class Mover:
             self.buffer = None
 
     def revert(self) -> None:
+        if self.buffer is not None and self.device.type == "cuda":  # its copy from the slab may still be queued
+            torch.cuda.synchronize(self.device)
         for span in self.spans:
             fresh = torch.empty(span.nbytes, dtype=torch.uint8, device=span.device)
             fresh.copy_(self.slab[span.at:span.at + span.nbytes])

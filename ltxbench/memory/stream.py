@@ -115,7 +115,8 @@ def _host_slab(nbytes: int, pin: bool):
 
 
 def _unpin(slabs) -> None:
-    for slab in slabs:
+    """Unregister the pinned `slabs` (a list, or a dict of them: those still in it when this runs)."""
+    for slab in slabs.values() if isinstance(slabs, dict) else slabs:
         if slab.numel():
             torch.cuda.cudart().cudaHostUnregister(slab.data_ptr())
 
@@ -189,8 +190,8 @@ class BlockStreamer:
                 slab[span.at:span.at + span.nbytes].copy_(_bytes(span))
                 _point(span, slab[span.at:span.at + span.nbytes])
         self._buffers = []
-        if self.cuda:  # unpinned when the streamer goes, reverted or not (held until then)
-            self._finalizer = weakref.finalize(self, _unpin, list(self._slabs.values()))
+        if self.cuda:  # unpinned when the streamer goes (the slabs still held then: revert unpins each as it goes)
+            self._finalizer = weakref.finalize(self, _unpin, self._slabs)
         for index in self.streamed:
             block = self.blocks[index]
             self._hooks += [block.register_forward_pre_hook(_hook(self.enter, index)),
@@ -276,12 +277,15 @@ class BlockStreamer:
         vars(self.blocks).pop(STREAMER_ATTR, None)
         if self.cuda and self._spans:
             torch.cuda.synchronize(self.device)
-        for index, spans in self._spans.items():
-            slab = self._slabs[index]
+        for index, spans in self._spans.items():  # a block at a time, its slab freed after it: the host holds one
+            slab = self._slabs.pop(index)          # block more at most, as when the slabs were filled
             for span in spans:
                 fresh = torch.empty(span.nbytes, dtype=torch.uint8, device=span.device)
                 fresh.copy_(slab[span.at:span.at + span.nbytes])
                 _point(span, fresh)
+            if self.cuda:
+                _unpin([slab])
+            del slab
         for span in self._moved:
             _relocate(span, span.device)
         fuse.relocated(self._fused)

@@ -78,6 +78,7 @@ def test_bench_e2e_streams_every_configuration_and_records_the_budget(on_the_cpu
     memory = doc["run"]["config"]["memory"]
     assert memory["budget_gib"] == 6 and memory["transformer"]["streamed"] == [0, 1]
     assert memory["enforced"] is None  # the CPU has no allocator to cap
+    assert memory["random_weights_drawn_on"] == "host"  # from the seed, the host's generator: other numbers
     assert memory["phased"] and set(memory["moved"]) >= {"transformer", "text_encoder", "vae", "connectors"}
     assert "  denoise: transformer" in result.output
     assert doc["run"]["config"][MEMORY_BUDGET] == 6.0 and "--memory-budget" in doc["run"]["argv"]
@@ -174,6 +175,32 @@ def test_random_weights_are_made_on_the_gpu_where_the_whole_pipeline_fits(weight
     settings = SimpleNamespace(weights=weights, device=device)
     plan = SimpleNamespace(built_bytes=20 * GIB)
     assert _memory._random_on_the_gpu(settings, plan) is on_gpu
+
+
+@pytest.mark.parametrize(("free_gib", "offered"), [(30.6, "--memory-budget 29 "), (2.5, None)])
+def test_the_out_of_memory_hint_offers_only_a_budget_the_cli_takes(free_gib, offered, monkeypatch):
+    from ltxbench.errors import EnvironmentProblem
+    from ltxbench.memory import fit
+
+    monkeypatch.setattr(fit, "available", lambda _device: (free_gib * GIB, "the GPU has little free"))
+    with pytest.raises(EnvironmentProblem) as refused:
+        fit.ensure_fits(40 * GIB, "cuda", "ltx2-19b", torch.bfloat16, budgeted=True)
+    assert refused.value.exit_code == 4
+    assert (offered in refused.value.hint) if offered else "--memory-budget" not in refused.value.hint
+
+
+def test_a_budget_above_the_gpus_memory_is_refused_before_anything_is_built(monkeypatch):
+    from types import SimpleNamespace
+
+    from ltxbench.cli import _memory
+    from ltxbench.errors import EnvironmentProblem
+    from ltxbench.memory import fit
+
+    monkeypatch.setattr(fit, "gpu_memory", lambda _device: int(47.5 * GIB))
+    built = []
+    with pytest.raises(EnvironmentProblem, match="--memory-budget 60 is more than this GPU's 47.5 GiB") as refused:
+        _memory.plan_for(SimpleNamespace(memory_budget_gib=60.0, device="cuda"), lambda: built.append(1))
+    assert refused.value.exit_code == 4 and "at most 47" in refused.value.hint and not built
 
 
 WAN_TINY = ["bench", "e2e", "--model", "wan-tiny", "--weights", "random", "--device", "cpu", "--num-frames", "9",

@@ -155,6 +155,26 @@ def test_revert_gives_back_the_same_tensors_where_they_were_with_their_values():
     inject.revert()
 
 
+def test_revert_frees_each_blocks_slab_before_copying_the_next(monkeypatch):
+    """The host check allows one block beyond the plan: revert copies a block's weights out of its slab and drops
+    that slab before the next block's copies are made (it held every slab to the end: the streamed blocks twice)."""
+    from ltxbench.memory import stream
+
+    model = ltx2_transformer()
+    streamer = BlockStreamer(model.transformer_blocks, (0, 2, 3, 5), 2, "cpu")
+    held, point = [], stream._point
+
+    def pointing(span, storage):
+        held.append(sorted(streamer._slabs))
+        point(span, storage)
+
+    monkeypatch.setattr(stream, "_point", pointing)
+    streamer.revert()
+    firsts = list(dict.fromkeys(map(tuple, held)))
+    # each block's copies made beside its own slab (taken out of the streamer's) and the later blocks' only
+    assert firsts == [(2, 3, 5), (3, 5), (5,), ()]
+
+
 def test_a_skipped_load_or_a_wrong_slot_changes_the_output(monkeypatch):
     """The checks above can fail: block 2 computed on the weights another block left in its slot."""
     model = ltx2_transformer()
