@@ -110,7 +110,11 @@ def _host_slab(nbytes: int, pin: bool):
     if pin and nbytes:
         code = int(torch.cuda.cudart().cudaHostRegister(slab.data_ptr(), nbytes, _PORTABLE))
         if code:
-            raise RuntimeError(f"could not pin {nbytes / 2**30:.2f} GiB of host memory (cudaHostRegister error {code})")
+            from ltxbench.errors import EnvironmentProblem
+
+            raise EnvironmentProblem(f"could not pin {nbytes / 2**30:.2f} GiB of host memory (cudaHostRegister error "
+                                     f"{code})", hint="free host memory (other processes), raise the locked-memory "
+                                     "limit (ulimit -l), or choose a larger --memory-budget (less to stream)")
     return slab
 
 
@@ -184,14 +188,14 @@ class BlockStreamer:
         """Slabs filled, tensors re-pointed into their slots (their old storage freed), hooks on, first loads."""
         sizes = {index: max((s.at + s.nbytes for s in spans), default=0) for index, spans in self._spans.items()}
         self._slot_bytes = max(sizes.values())
+        if self.cuda:  # unpinned when the streamer goes (the slabs still held then: revert unpins each as it goes;
+            self._finalizer = weakref.finalize(self, _unpin, self._slabs)  # a failed pin: those pinned before it)
         for index, spans in self._spans.items():  # one block at a time: the host holds one extra block at most
             slab = self._slabs[index] = _host_slab(sizes[index], self.cuda)
             for span in spans:
                 slab[span.at:span.at + span.nbytes].copy_(_bytes(span))
                 _point(span, slab[span.at:span.at + span.nbytes])
         self._buffers = []
-        if self.cuda:  # unpinned when the streamer goes (the slabs still held then: revert unpins each as it goes)
-            self._finalizer = weakref.finalize(self, _unpin, self._slabs)
         for index in self.streamed:
             block = self.blocks[index]
             self._hooks += [block.register_forward_pre_hook(_hook(self.enter, index)),

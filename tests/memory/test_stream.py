@@ -281,3 +281,16 @@ def test_refusals():
     with pytest.raises(ValueError, match="blocks 1 and 3 share a storage"):
         BlockStreamer(blocks, (1, 2), 2, "cpu")
     assert streamer_of(blocks) is None
+
+
+def test_a_pin_the_host_refuses_is_an_environment_problem(monkeypatch):
+    """cudaHostRegister failing (locked-memory limit, host memory short) exits 4 with a hint, not a traceback."""
+    from types import SimpleNamespace
+
+    from ltxbench.errors import EnvironmentProblem
+    from ltxbench.memory import stream
+
+    monkeypatch.setattr(torch.cuda, "cudart", lambda: SimpleNamespace(cudaHostRegister=lambda *_: 2))
+    with pytest.raises(EnvironmentProblem, match="could not pin 0.00 GiB of host memory") as refused:
+        stream._host_slab(4096, pin=True)
+    assert refused.value.exit_code == 4 and "ulimit -l" in refused.value.hint
