@@ -229,6 +229,7 @@ def _entering(placement: Placement, name: str):
     def hook(_module, _args):
         placement.enter(phase, name)
 
+    hook.moves_weights_only = True  # idempotent, leaves the call's arguments alone (ltx.step may run it first)
     return hook
 
 

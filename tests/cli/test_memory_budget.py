@@ -96,6 +96,39 @@ def test_bench_e2e_streams_every_configuration_and_records_the_budget(on_the_cpu
     assert all("forward" not in vars(block) for block in blocks)  # the injection reverted
 
 
+def test_ltx_video_keeps_its_step_work_under_a_placement(on_the_cpu, monkeypatch, tmp_path):
+    """The placement's pre-hook on the transformer only brings weights to the GPU: the patched step still builds its
+    inputs itself (attn2's keys and values from the generation's cache, the guidance halves paired), running that
+    hook first, instead of handing the call to the unpatched path as for a hook it does not know. The plan: phases,
+    the transformer's blocks resident in its phase (as LTX-Video 2B at 8 GiB)."""
+    from ltxbench.inject.ltx import step
+    from ltxbench.memory import plan as planner
+
+    def resident_blocks(budget_gib, need, host_free=None):
+        transformer, text = need.transformer, need.text_encoder
+        return MemoryPlan(int(budget_gib * GIB), Streaming("transformer", transformer.blocks, transformer.block_bytes,
+                                                           (), 2),
+                          Streaming(text.component, text.blocks, text.block_bytes, tuple(range(text.blocks)), 2),
+                          need.others, 0, 0, False, (("encode", 0), ("denoise", need.denoise_bytes), ("decode", 0)),
+                          0, phased=True, experts=need.experts)
+
+    monkeypatch.setattr(planner, "plan_memory", resident_blocks)
+
+    built, original = [], step.step_inputs
+
+    def spied(*args, **kwargs):
+        built.append((kwargs.get("prompt_entry") is not None, kwargs.get("paired")))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(step, "step_inputs", spied)
+    out = tmp_path / "ltx.json"
+    result = runner.invoke(app, [*BENCH_E2E_LTX_TINY, "--configs", "optimized", "--memory-budget", "4",
+                                 "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert json.loads(out.read_text())["run"]["config"]["memory"]["phased"]
+    assert built and all(cached for cached, _ in built) and any(paired for _, paired in built)
+
+
 def test_generate_streams_and_records_the_plan(on_the_cpu, tmp_path):
     from ltxbench.results.io import load_result
 

@@ -90,19 +90,24 @@ def step_inputs(model, hidden_states, encoder_hidden_states, timestep, encoder_a
 
 def step_call(self, *args, **kwargs):
     """`__call__` of the patched LTX model: StepInputs built here, eagerly, and passed to forward as `step`. Not inside
-    a trace, not with autograd, and not where a forward pre-hook, a hook's forward wrapper (accelerate's offload
-    moves the weights to the GPU inside it; a parallel run's split hook is taken over: the call is split here) or a
-    LoRA scale (attention_kwargs["scale"], applied by the forward's
-    decorator) could change what the step computes: there the forward builds it."""
+    a trace, not with autograd, and not where a forward pre-hook (but a placement's), a hook's forward wrapper
+    (accelerate's offload moves the weights to the GPU inside it; a parallel run's split hook is taken over: the call
+    is split here) or a LoRA scale (attention_kwargs["scale"], applied by the forward's decorator) could change what
+    the step computes: there the forward builds it."""
     from torch.nn.modules import module as nn_module
 
     from ltxbench.parallel.split import split_hook_of
 
     parallel = split_hook_of(self)  # a parallel run's split of the call (the one wrapper taken over here)
+    # a --memory-budget placement's pre-hook brings the weights to the GPU and leaves the arguments alone: it runs
+    # here first, before the step reads the weights (attn2's keys and values), and again, a no-op, in the call
+    placing = all(getattr(hook, "moves_weights_only", False) for hook in self._forward_pre_hooks.values())
     if (torch.compiler.is_compiling() or "step" in kwargs or len(args) > len(FORWARD_ARGS)
-            or torch.is_grad_enabled() or self._forward_pre_hooks or nn_module._global_forward_pre_hooks
+            or torch.is_grad_enabled() or not placing or nn_module._global_forward_pre_hooks
             or ("forward" in vars(self) and parallel is None) or "scale" in (kwargs.get("attention_kwargs") or {})):
         return torch.nn.Module.__call__(self, *args, **kwargs)
+    for hook in self._forward_pre_hooks.values():
+        hook(self, args)
     bound = dict(zip(FORWARD_ARGS, args, strict=False))  # len(args) <= len(FORWARD_ARGS), checked above
     bound.update((name, kwargs.pop(name)) for name in FORWARD_ARGS if name in kwargs)
     gather = False
