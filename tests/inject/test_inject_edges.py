@@ -133,3 +133,17 @@ def test_revert_gives_back_a_users_own_encode_prompt():
         torch.testing.assert_close(_latents(pipe), expected, rtol=1e-4, atol=2e-5)  # through the user's, paired
     assert vars(pipe)["encode_prompt"] is weighted and len(calls) == 2
     assert torch.equal(_latents(pipe), expected) and len(calls) == 3
+
+
+def test_the_guidance_pair_is_only_for_wans_own_transformer_class():
+    """VACE's and Animate's transformers take per-sample inputs (control states, poses) the pair would not stack."""
+    pipe = _pipe()
+    cls = type(pipe.transformer)
+    pipe.transformer.__class__ = type("WanVACETransformer3DModel", (cls,), {})
+    try:
+        with apply_kernels(pipe, "reference") as report:
+            assert PAIR_RULE not in report.rules
+            assert (PAIR_RULE, "WanVACETransformer3DModel is not WanTransformer3DModel: its other inputs would not "
+                               "be stacked with the pair") in report.skipped
+    finally:
+        pipe.transformer.__class__ = cls

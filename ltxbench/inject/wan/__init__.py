@@ -28,6 +28,7 @@ from ltxbench.inject import (
     InjectionReport,
     all_or_nothing,
     offloaded,
+    original_class,
     patch_call,
     patch_forward,
     require_provider,
@@ -210,8 +211,15 @@ def _pair_guidance(report, target, classes: dict, wanted: bool) -> None:
         return
     if not hasattr(target, "transformer"):  # the pair needs the pipeline's negative prompt: a pipeline's rule
         return
+    from diffusers import WanTransformer3DModel
+
     denoisers = [module for name, module in experts(target) if not offloaded(module)]
     if not denoisers:
+        return
+    other = next((m for m in denoisers if original_class(m) is not WanTransformer3DModel), None)
+    if other is not None:  # VACE's and Animate's take per-sample inputs beside the three the pair stacks
+        report.skip(PAIR_RULE, f"{original_class(other).__name__} is not WanTransformer3DModel: its other inputs "
+                               "would not be stacked with the pair")
         return
     pair = GuidancePair()
     for module in denoisers:
