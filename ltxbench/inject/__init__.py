@@ -216,6 +216,19 @@ def offloaded(module) -> bool:
     return len(on_meta) == 2 or any(getattr(vars(m).get("_hf_hook"), "offload", False) for m in module.modules())
 
 
+# Set (True) on the forward hooks of ltxbench's own weight placement (--memory-budget: a component brought to its
+# phase's device, a streamed block loaded): they move weights and change no argument or output, so a patched forward
+# that calls a block's layers itself may run their work itself (or the placement's, idempotent, first).
+PLACES_WEIGHTS = "ltxbench_places_weights"
+
+
+def observed(module) -> bool:
+    """A hook on `module` that must see it run: any forward (pre-)hook but our placement's, or a forward set on the
+    instance (an offload's or diffusers' hook registry's wrapper)."""
+    hooks = (*module._forward_pre_hooks.values(), *module._forward_hooks.values())
+    return "forward" in vars(module) or not all(getattr(h, PLACES_WEIGHTS, False) for h in hooks)
+
+
 STREAMER_ATTR = "_ltxbench_block_streamer"  # in a streamed ModuleList's __dict__: its ltxbench.memory BlockStreamer
 
 

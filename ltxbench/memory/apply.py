@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import time
 
+from ltxbench.inject import PLACES_WEIGHTS
 from ltxbench.memory.plan import ENCODE_PARTS, EXPERTS, MemoryPlan
 from ltxbench.memory.sizes import at
 
@@ -229,7 +230,7 @@ def _entering(placement: Placement, name: str):
     def hook(_module, _args):
         placement.enter(phase, name)
 
-    hook.moves_weights_only = True  # idempotent, leaves the call's arguments alone (ltx.step may run it first)
+    setattr(hook, PLACES_WEIGHTS, True)  # idempotent, the call's arguments left alone (ltx.step may run it first)
     return hook
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ltxbench.inject import STREAMER_ATTR, fuse
+from ltxbench.inject import PLACES_WEIGHTS, STREAMER_ATTR, fuse
 
 ALIGN = 512  # bytes: each region starts where the caching allocator starts a tensor (kernels see the same alignment)
 KEEP = ("scale_shift_table",)
@@ -316,4 +316,5 @@ def _hook(step, index: int):
     def hook(_module, *_args):
         step(index)
 
+    setattr(hook, PLACES_WEIGHTS, True)
     return hook

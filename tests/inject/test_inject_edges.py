@@ -147,3 +147,39 @@ def test_the_guidance_pair_is_only_for_wans_own_transformer_class():
                                "be stacked with the pair") in report.skipped
     finally:
         pipe.transformer.__class__ = cls
+
+
+def test_ltx_videos_chained_blocks_step_aside_for_a_hook_put_on_a_block_since(monkeypatch):
+    """The chained forward uses each block's layers without calling the block: a hook put on one after the injection
+    (a probe; diffusers' First Block Cache, which decides per call) must see it run, so the original forward runs
+    the blocks then. ltxbench's own streamer hooks (--memory-budget) keep the chain."""
+    from diffusers import LTXVideoTransformer3DModel
+
+    from ltxbench.inject import ltx as inject_ltx
+    from ltxbench.memory.stream import BlockStreamer
+    from tests.helpers import ltx_inputs, ltx_transformer
+
+    model = ltx_transformer(num_layers=3)
+    inputs = ltx_inputs(model)
+    original, unchained = LTXVideoTransformer3DModel.forward, []
+
+    def counted(self, *args, **kwargs):
+        unchained.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(LTXVideoTransformer3DModel, "forward", counted)
+    with torch.no_grad():
+        expected = model(**inputs)[0]
+        seen = []
+        with inject_ltx.apply_kernels(model, "reference"):
+            unchained.clear()
+            torch.testing.assert_close(model(**inputs)[0], expected, rtol=2e-5, atol=2e-5)
+            assert not unchained  # the chain
+            streamer = BlockStreamer(model.transformer_blocks, (0, 2), 2, "cpu")
+            torch.testing.assert_close(model(**inputs)[0], expected, rtol=2e-5, atol=2e-5)
+            assert not unchained  # still the chain: the streamer's hooks are ours
+            streamer.revert()
+            handle = model.transformer_blocks[1].register_forward_hook(lambda *_: seen.append(1))
+            torch.testing.assert_close(model(**inputs)[0], expected, rtol=2e-5, atol=2e-5)
+            handle.remove()
+        assert seen == [1] and unchained == [1]

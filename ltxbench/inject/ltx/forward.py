@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject import original_class, streamer_of
+from ltxbench.inject import observed, original_class, streamer_of
 from ltxbench.inject.ltx.attention import takes_residual
 from ltxbench.inject.ltx.cfg import first_half
 from ltxbench.inject.ltx.step import block_modulation, modulation_of, step_inputs
@@ -76,17 +76,18 @@ def fused_model_forward(ops):
     def forward(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask, num_frames=None,
                 height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
                 return_dict=True, step=None):
-        # checkpointing with gradients, or blocks offloaded after the injection (their weights reach the device only
-        # inside each block's own forward, which the chain does not call): the original forward, block by block
+        # checkpointing with gradients, blocks offloaded after the injection (their weights reach the device only
+        # inside each block's own forward, which the chain does not call), or a hook put on a block since (a probe, a
+        # cache such as First Block Cache deciding per call: it must see the block run): the original forward
+        blocks = self.transformer_blocks
         if (torch.is_grad_enabled() and self.gradient_checkpointing) or (
-                self.transformer_blocks and self.transformer_blocks[0].scale_shift_table.is_meta):
+                blocks and blocks[0].scale_shift_table.is_meta) or any(map(observed, blocks)):
             return original_class(self).forward(self, hidden_states, encoder_hidden_states, timestep,
                                                 encoder_attention_mask, num_frames, height, width,
                                                 rope_interpolation_scale, video_coords, attention_kwargs, return_dict)
         if step is None:
             step = step_inputs(self, hidden_states, encoder_hidden_states, timestep, encoder_attention_mask,
                                num_frames, height, width, rope_interpolation_scale, video_coords)
-        blocks = self.transformer_blocks
         streamer = streamer_of(blocks)  # --memory-budget: the chain uses a block's layers without calling it
         hidden_states = step.hidden_states
         ada = modulation_of(step, blocks, 0)

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import torch
 
+from ltxbench.inject import PLACES_WEIGHTS
 from ltxbench.inject.ltx.attention import attn2_mask
 from ltxbench.inject.ltx.cfg import PAIRED_ATTR, Answer, compare_halves
 from ltxbench.inject.ltx.cross_kv import CACHE_ATTR
@@ -101,7 +102,7 @@ def step_call(self, *args, **kwargs):
     parallel = split_hook_of(self)  # a parallel run's split of the call (the one wrapper taken over here)
     # a --memory-budget placement's pre-hook brings the weights to the GPU and leaves the arguments alone: it runs
     # here first, before the step reads the weights (attn2's keys and values), and again, a no-op, in the call
-    placing = all(getattr(hook, "moves_weights_only", False) for hook in self._forward_pre_hooks.values())
+    placing = all(getattr(hook, PLACES_WEIGHTS, False) for hook in self._forward_pre_hooks.values())
     if (torch.compiler.is_compiling() or "step" in kwargs or len(args) > len(FORWARD_ARGS)
             or torch.is_grad_enabled() or not placing or nn_module._global_forward_pre_hooks
             or ("forward" in vars(self) and parallel is None) or "scale" in (kwargs.get("attention_kwargs") or {})):
