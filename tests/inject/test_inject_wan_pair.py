@@ -106,7 +106,7 @@ def test_the_kept_half_is_served_only_for_the_same_inputs_unchanged(pipe):
         pair.generations += 1
         try:
             for change in changes:
-                pair.negative = negative
+                pair.negative, pair.missed = negative, False  # each change against a pair of its own
                 conditional = _direct(module, hidden, timestep, prompt, image)
                 served = pair.served
                 latents, features = hidden, image
@@ -131,6 +131,33 @@ def test_the_kept_half_is_served_only_for_the_same_inputs_unchanged(pipe):
                     pair.generations += 1
         finally:
             pair.generations -= 1
+
+
+def test_a_step_callback_with_new_negative_embeddings_stops_the_pairs_for_the_generation(pipe):
+    """The kept half not taken (the callback's negative embeddings are new tensors): the calls left run as they come,
+    one sample each, not as pairs computed for nothing; the latents are the unpatched pipeline's."""
+    if getattr(pipe, "image_encoder", None) is not None or getattr(pipe, "transformer_2", None) is not None:
+        pytest.skip("one text-to-video expert: every step's calls on the hooked transformer")
+    samples: list[int] = []
+    handle = pipe.transformer.register_forward_pre_hook(
+        lambda _m, _a, kwargs: samples.append(kwargs["hidden_states"].shape[0]), with_kwargs=True)
+
+    def renew(_pipe, _step, _timestep, kwargs):
+        return {"negative_prompt_embeds": kwargs["negative_prompt_embeds"] * 1.0}
+
+    callback = dict(callback_on_step_end=renew, callback_on_step_end_tensor_inputs=["negative_prompt_embeds"])
+    try:
+        expected = _latents(pipe, **callback)
+        assert samples == [1] * 2 * STEPS
+        samples.clear()
+        with apply_kernels(pipe, "reference", blocks=False, qk_norms=False, gelu=False):
+            got = _latents(pipe, **callback)
+            # step 0 paired and answered; step 1's pair is not taken (the callback's new negative): from then on one
+            # sample a call
+            assert samples == [2, 2, 1] + [1] * 2 * (STEPS - 2)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=2e-5)
+    finally:
+        handle.remove()
 
 
 def test_a_cache_hook_on_the_blocks_keeps_the_calls_apart(pipe):

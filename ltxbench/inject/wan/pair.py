@@ -41,14 +41,18 @@ class GuidancePair:
         self.generations = 0  # open generation scopes: the pair runs only inside one
         self.negative = None
         self.last = None
+        self.missed = False  # a kept half the next call did not take: no more pairs in this generation
         self.pairs = self.served = 0
 
     def forget(self) -> None:
         self.negative = self.last = None
+        self.missed = False
 
     def run_pair(self, module, kwargs: dict):
         """The conditional call's output from one call of batch 2, the unconditional half kept; None: run it."""
         self.last = None
+        if self.missed:
+            return None
         negative, prompt, hidden = self.negative, kwargs.get("encoder_hidden_states"), kwargs.get("hidden_states")
         timestep = kwargs.get("timestep")
         if not (torch.is_tensor(negative) and torch.is_tensor(prompt) and torch.is_tensor(hidden)
@@ -80,7 +84,15 @@ class GuidancePair:
         return tuple(conditional)
 
     def answer(self, module, kwargs: dict):
-        """The kept unconditional half as this call's output, or None (run it)."""
+        """The kept unconditional half as this call's output, or None (run it). A kept half this call cannot take
+        means the pipeline's calls are not the pairs predicted (a step callback gave new negative embeddings): the
+        calls left in the generation run as they come, none paired for nothing again."""
+        kept = self.last is not None
+        output = self._answer(module, kwargs)
+        self.missed = self.missed or (kept and output is None)
+        return output
+
+    def _answer(self, module, kwargs: dict):
         last, self.last = self.last, None
         if last is None:
             return None
