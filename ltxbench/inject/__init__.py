@@ -229,6 +229,13 @@ def observed(module) -> bool:
     return "forward" in vars(module) or not all(getattr(h, PLACES_WEIGHTS, False) for h in hooks)
 
 
+def observed_inside(module) -> bool:
+    """A hook that must see its module run (observed) on any submodule of `module`: a fused block that reads its
+    layers' weights without calling them runs its original forward then (a probe; diffusers' pyramid attention
+    broadcast or FasterCache on the attention modules)."""
+    return any(observed(sub) for sub in module.modules() if sub is not module)
+
+
 STREAMER_ATTR = "_ltxbench_block_streamer"  # in a streamed ModuleList's __dict__: its ltxbench.memory BlockStreamer
 
 

@@ -183,3 +183,42 @@ def test_ltx_videos_chained_blocks_step_aside_for_a_hook_put_on_a_block_since(mo
             torch.testing.assert_close(model(**inputs)[0], expected, rtol=2e-5, atol=2e-5)
             handle.remove()
         assert seen == [1] and unchained == [1]
+
+
+@pytest.mark.parametrize("family", ["ltx", "ltx2", "wan"])
+def test_a_hook_put_on_a_blocks_layer_since_sees_it_run(family):
+    """The fused blocks read their norms' and attentions' weights without calling those modules: a hook put on one
+    after the injection (a probe, pyramid attention broadcast) must see it run, so that block runs its original
+    forward; the output stays the unpatched model's."""
+    from tests.helpers import ltx2_call, ltx2_transformer, ltx_inputs, ltx_transformer
+
+    if family == "ltx":
+        from ltxbench.inject.ltx import apply_kernels as apply
+        model = ltx_transformer(num_layers=3)
+        inputs = ltx_inputs(model)
+        run = lambda: model(**inputs)[0]  # noqa: E731
+        layer = model.transformer_blocks[1].norm1  # folded into the previous block's add + norm
+    elif family == "ltx2":
+        from ltxbench.inject.ltx2 import apply_kernels as apply
+        model = ltx2_transformer(3)
+        run = lambda: ltx2_call(model)[0]  # noqa: E731
+        layer = model.transformer_blocks[1].audio_attn1
+    else:
+        apply = apply_kernels
+        model = wan_transformer(dtype="fp32")
+        inputs = wan_inputs(model)
+        run = lambda: model(**inputs)[0]  # noqa: E731
+        layer = model.blocks[1].norm1
+    layers = [layer]
+    if family == "ltx":  # attn1's processor reads its q/k norms' weights itself
+        layers.append(model.transformer_blocks[2].attn1.norm_k)
+    with torch.no_grad():
+        expected = run()
+        for layer in layers:
+            seen = []
+            with apply(model, "reference"):
+                handle = layer.register_forward_hook(lambda *_: seen.append(1))
+                got = run()
+                handle.remove()
+            assert seen == [1]
+            torch.testing.assert_close(got, expected, rtol=2e-5, atol=2e-5)

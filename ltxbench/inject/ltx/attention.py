@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject import forward_source, fp8_attention, original_class
+from ltxbench.inject import forward_source, fp8_attention, observed, original_class
 from ltxbench.inject.fp8 import fused_projection
 from ltxbench.inject.fuse import fused_outputs, unobserved
 from ltxbench.ops.reference import ltx_cos_sin
@@ -126,7 +126,8 @@ class FusedLTXAttnProcessor:
 
     def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, image_rotary_emb=None,
                  cross_kv=None, residual=None):
-        if attn.norm_q.weight.is_meta:  # offloaded after the injection: the layers' hooks bring their own weights
+        # offloaded after the injection (the layers' hooks bring their own weights) or hooked since: the norms run
+        if attn.norm_q.weight.is_meta or observed(attn.norm_q) or observed(attn.norm_k):
             if image_rotary_emb is not None and "grid" in _rope_kwargs(image_rotary_emb):  # our rope's coordinates
                 image_rotary_emb = ltx_cos_sin(*image_rotary_emb, attn.to_q.out_features)
             out = self.original(attn, hidden_states, encoder_hidden_states, attention_mask, image_rotary_emb)

@@ -50,12 +50,19 @@ def _cross_attention_and_ff(ops, block, hidden_states, ada, encoder_hidden_state
     return hidden_states, block.ff(norm)
 
 
+def _bypassed_hook(block) -> bool:
+    """A hook on `block` or on a norm of it that the fused code folds into its kernels instead of calling."""
+    return observed(block) or observed(block.norm1) or observed(block.norm2)
+
+
 def fused_block_forward(ops):
     """LTXVideoTransformerBlock.forward with the norms, modulations and residuals fused through `ops`."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, encoder_attention_mask=None):
         ada = block_modulation(self, temb, hidden_states.size(0))
-        if ada[0].dtype != hidden_states.dtype:  # mixed precision: the kernels take one dtype; run the original
+        # mixed precision (the kernels take one dtype), or a hook on norm1/norm2 since the injection (they must run
+        # themselves): the original
+        if ada[0].dtype != hidden_states.dtype or observed(self.norm1) or observed(self.norm2):  # not self: called
             return original_class(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                                 encoder_attention_mask)
         norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], self.norm1.eps)
@@ -77,11 +84,11 @@ def fused_model_forward(ops):
                 height=None, width=None, rope_interpolation_scale=None, video_coords=None, attention_kwargs=None,
                 return_dict=True, step=None):
         # checkpointing with gradients, blocks offloaded after the injection (their weights reach the device only
-        # inside each block's own forward, which the chain does not call), or a hook put on a block since (a probe, a
-        # cache such as First Block Cache deciding per call: it must see the block run): the original forward
+        # inside each block's own forward, which the chain does not call), or a hook put since on a block or a norm the
+        # chain folds (a probe, First Block Cache: it must see them run; attn1, attn2 and ff are called): the original
         blocks = self.transformer_blocks
         if (torch.is_grad_enabled() and self.gradient_checkpointing) or (
-                blocks and blocks[0].scale_shift_table.is_meta) or any(map(observed, blocks)):
+                blocks and blocks[0].scale_shift_table.is_meta) or any(map(_bypassed_hook, blocks)):
             return original_class(self).forward(self, hidden_states, encoder_hidden_states, timestep,
                                                 encoder_attention_mask, num_frames, height, width,
                                                 rope_interpolation_scale, video_coords, attention_kwargs, return_dict)

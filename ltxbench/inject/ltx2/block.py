@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import torch
 
-from ltxbench.inject import original_class
+from ltxbench.inject import observed_inside, original_class
 from ltxbench.inject.ltx2.attention import (
     feed_forward,
     modality_attention,
@@ -152,7 +152,9 @@ def _fusable(block, hidden_states, audio_hidden_states, temb, temb_audio, masks)
         return False
     # the device from a weight of the block's own: under FP8 a projection's weight is an empty placeholder, left on
     # the host when the injection ran there (--memory-budget), while its FP8 copy streams to the GPU
-    return not block.attn1.to_q.weight.is_meta and block.scale_shift_table.device == hidden_states.device
+    # hooks put on the block's layers since the injection (a probe, pyramid attention broadcast) must see them run
+    return (not block.attn1.to_q.weight.is_meta and block.scale_shift_table.device == hidden_states.device
+            and not observed_inside(block))
 
 
 def fused_block_forward(ops, cache, fp8_attention=None):

@@ -27,6 +27,7 @@ from ltxbench.inject import (
     OFFLOADED,
     InjectionReport,
     all_or_nothing,
+    observed,
     offloaded,
     original_class,
     patch_call,
@@ -58,6 +59,8 @@ def block_forward(ops):
     """WanTransformerBlock.forward (diffusers 0.42.1) with the modulated norms and gated residuals as ops."""
 
     def forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
+        if observed(self.norm1) or observed(self.norm3):  # hooked since the injection: they must run themselves
+            return original_class(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)
         if temb.ndim == 4:  # per-token time embedding (Wan 2.2 5B): (B, S, 6, D)
             mod = [m.squeeze(2) for m in (self.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)]
         else:               # (B, 6, D)
