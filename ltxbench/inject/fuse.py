@@ -58,6 +58,15 @@ class FusedView(torch.nn.Parameter):
             _broken(fused)
             fused.weight = fused.bias = None  # every reader checks intact first
 
+    def set_(self, *args, **kwargs):
+        """`weight.set_(other)`: the same object, other storage, which a compiled graph's guards would not see."""
+        out = torch.Tensor.set_(self, *args, **kwargs)
+        fused = _set_of(self)
+        if fused is not None and fused.intact and not fused.moving:
+            _broken(fused)
+            fused.weight = fused.bias = None
+        return out
+
 
 # id(view) -> its FusedWeights, which holds the view (so the id stays its own while the entry lives); tensors
 # compare elementwise, so they cannot be keys of a WeakKeyDictionary
@@ -84,7 +93,7 @@ def _broken(fused: FusedWeights) -> None:
 
 def _on_parameter_registered(module, name, param):
     fused = _FUSED_OF.get(module)
-    if fused is not None and name in ("weight", "bias"):
+    if fused is not None and name in ("weight", "bias") and not fused.moving:
         _broken(fused)
 
 
@@ -93,6 +102,42 @@ def _on_module_registered(parent, name, module):
     fused = _FUSED_OF.get(old) if old is not None else None
     if fused is not None and module is not old:
         _broken(fused)
+    fused = _FUSED_OF.get(parent)  # a module put in a fused layer (parametrize's `parametrizations`)
+    if fused is not None:
+        _broken(fused)
+
+
+class _WatchedParameters(dict):
+    """A fused layer's parameter dict for as long as its set stands: a weight or bias put in or deleted directly
+    (accelerate's set_module_tensor_to_device writes `_parameters[name]`, parametrize deletes it), outside torch's
+    registration hooks, ends the set's fusion as `layer.weight = ...` does. A compiled graph, which cannot compare
+    data pointers, relies on this."""
+
+    def __init__(self, owner, entries):
+        super().__init__(entries)
+        self.owner = weakref.ref(owner)
+
+    def __setitem__(self, name, value):
+        super().__setitem__(name, value)
+        owner = self.owner()
+        if owner is not None:
+            _on_parameter_registered(owner, name, value)
+
+    def __delitem__(self, name):
+        super().__delitem__(name)
+        owner = self.owner()
+        if owner is not None:
+            _on_parameter_registered(owner, name, None)
+
+
+def _watch(lin) -> None:
+    if type(lin._parameters) is not _WatchedParameters:
+        vars(lin)["_parameters"] = _WatchedParameters(lin, lin._parameters)
+
+
+def _unwatch(lin) -> None:
+    if type(lin._parameters) is _WatchedParameters:
+        vars(lin)["_parameters"] = dict(lin._parameters)
 
 
 def fused_set(param) -> FusedWeights | None:
@@ -115,6 +160,7 @@ def release(fused: FusedWeights) -> None:
     for lin in fused.linears:
         if _FUSED_OF.get(lin) is fused:
             del _FUSED_OF[lin]
+            _unwatch(lin)
     with torch.no_grad():
         for param, ptr in zip(fused.params, fused.ptrs, strict=True):
             if _SET_OF_VIEW.get(id(param)) is not fused:
@@ -184,6 +230,7 @@ def _track(linears, fused: FusedWeights) -> None:
         _hooks.append(registration.register_module_module_registration_hook(_on_module_registered))
     for lin in linears:
         _FUSED_OF[lin] = fused
+        _watch(lin)
 
 
 def fuse_linears(linears) -> FusedWeights | str:
@@ -230,10 +277,10 @@ def fuse_linears(linears) -> FusedWeights | str:
 def _intact(x, linears, fused: FusedWeights) -> bool:
     if torch.compiler.is_compiling():
         # Dynamo cannot compare data pointers, and every object it reads costs a guard per call (a parameter: a
-        # tensor guard). So: no layer or parameter replaced since fusing (the registration hooks; checked per set only
-        # once some set has lost one), and the fused weight where the input is (`.to()` moves the layers'
-        # parameters one by one, and follow_moves makes a new concatenation where its owner is moved; free: the graph
-        # guards on the fused weight's device and dtype anyway).
+        # tensor guard). So: no layer or parameter replaced since fusing (the registration hooks and the layers'
+        # watched parameter dicts; checked per set only once some set has lost one), and the fused weight where the
+        # input is (`.to()` moves the layers' parameters one by one, and follow_moves makes a new concatenation where
+        # its owner is moved; free: the graph guards on the fused weight's device and dtype anyway).
         same = not _any_broken or (fused.intact and all(a is b for a, b in zip(linears, fused.linears, strict=True)))
         return same and fused.weight.device == x.device and fused.weight.dtype == x.dtype
     # Eager, on every call (56 per LTX step, whose host time is close to its GPU time): read the layers' parameter

@@ -217,7 +217,7 @@ def test_a_hook_put_on_a_blocks_layer_since_sees_it_run(family):
         for layer in layers:
             seen = []
             with apply(model, "reference"):
-                handle = layer.register_forward_hook(lambda *_: seen.append(1))
+                handle = layer.register_forward_hook(lambda *_, seen=seen: seen.append(1))
                 got = run()
                 handle.remove()
             assert seen == [1]

@@ -542,3 +542,52 @@ def test_a_hook_put_on_a_projection_after_the_injection_runs(layer):
     with torch.no_grad():
         assert (expected - model(ids).logits).abs().max() > 1e-2  # the hook matters
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("change", ["parameters_dict", "accelerate", "set_", "parametrize"])
+def test_a_compiled_model_follows_a_weight_replaced_outside_the_registration_hooks(change):
+    """A compiled graph cannot compare data pointers: a fused layer's parameter dict is watched while its set stands
+    and a FusedView's set_ ends its set, so a weight replaced by accelerate's set_module_tensor_to_device (the dict
+    written directly), `_parameters[...] =`, `weight.set_` or a parametrization is followed, not read from the old
+    concatenation; revert gives the layers plain dicts back."""
+    import copy
+
+    model = llm_build("llama")
+    ids = llm_prompt()
+    reference = copy.deepcopy(model)
+    new = {name: torch.randn(p.shape, generator=torch.Generator().manual_seed(9)) * p.shape[-1] ** -0.5
+           for name, p in model.named_parameters() if name.endswith(("k_proj.weight", "up_proj.weight"))}
+
+    def replace(target):
+        for name, value in new.items():
+            layer, attr = target.get_submodule(name.rsplit(".", 1)[0]), name.rsplit(".", 1)[1]
+            if change == "parameters_dict":
+                layer._parameters[attr] = torch.nn.Parameter(value.clone())
+            elif change == "accelerate":
+                from accelerate.utils import set_module_tensor_to_device
+
+                set_module_tensor_to_device(target, name, "cpu", value=value.clone())
+            elif change == "set_":
+                with torch.no_grad():
+                    getattr(layer, attr).set_(value.clone())
+            else:
+                from torch.nn.utils import parametrize
+
+                class Scaled(torch.nn.Module):
+                    def forward(self, weight):
+                        return 0.5 * weight
+
+                parametrize.register_parametrization(layer, attr, Scaled())
+
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad(), llm.apply_kernels(model, "reference"):
+            compiled = torch.compile(model, backend="eager")
+            torch.testing.assert_close(compiled(ids).logits, reference(ids).logits, atol=1e-5, rtol=1e-5)
+            replace(model)
+            replace(reference)
+            expected = reference(ids).logits
+            assert (compiled(ids).logits - expected).abs().max() < 1e-5
+        assert all(type(m._parameters) is dict for m in model.modules())
+    finally:
+        torch._dynamo.reset()
