@@ -4,6 +4,7 @@ base."""
 
 from __future__ import annotations
 
+from ltxbench.configurations import MEMORY_BUDGET
 from ltxbench.errors import IncomparableResults
 from ltxbench.results.schema import incomplete
 
@@ -58,6 +59,10 @@ def workload_differences(base_doc: dict, new_doc: dict) -> list[str]:
     differ = [(k, configs[0][k], configs[1][k]) for k in RUN_SETTINGS
               if k in configs[0] and k in configs[1] and configs[0][k] != configs[1][k]]
     base, new = _shared_params(base_doc), _shared_params(new_doc)
+    for params, other in ((base, new), (new, base)):  # no budget is a setting too: another measurement
+        if MEMORY_BUDGET in params and MEMORY_BUDGET not in other and not _any_record_has(
+                base_doc if other is base else new_doc, MEMORY_BUDGET):
+            other[MEMORY_BUDGET] = None
     keys = sorted((k for k in base if k in new and base[k] != new[k]), key=lambda k: (k != "model", k))
     if "model" in keys and "family" in keys:  # another model's family says nothing more
         keys.remove("family")
@@ -65,7 +70,13 @@ def workload_differences(base_doc: dict, new_doc: dict) -> list[str]:
     return [f"{key} {_text(a)} vs {_text(b)}" for key, a, b in differ]
 
 
+def _any_record_has(doc: dict, key: str) -> bool:
+    return any(isinstance(r, dict) and key in (r.get("params") or {}) for r in doc.get("records", ()))
+
+
 def _text(value) -> str:
+    if value is None:
+        return "none"
     return ",".join(map(str, value)) if isinstance(value, list | tuple) else str(value)
 
 

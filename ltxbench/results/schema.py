@@ -200,7 +200,14 @@ def _validate_record(rec, i: int) -> None:
             raise _bad(f"record {i} has stats.{key} = {value!r}: expected a number or null")
 
 
+# Parameters recorded since a release that added them, as their value then: a record without one measured that
+# (files from before `--precision` ran bf16), so the two are the same measurement.
+IMPLIED_PARAMS = {"precision": "bf16"}
+
+
 def record_key(rec: dict) -> tuple:
-    """Identity of a measurement across files: same kernel, provider, dtype, shape and metric."""
-    params = json.dumps(rec.get("params") or {}, sort_keys=True, separators=(",", ":"), default=str)
+    """Identity of a measurement across files: same kernel, provider, dtype, shape and metric (IMPLIED_PARAMS
+    left out at their implied value)."""
+    params = {k: v for k, v in (rec.get("params") or {}).items() if IMPLIED_PARAMS.get(k, object()) != v}
+    params = json.dumps(params, sort_keys=True, separators=(",", ":"), default=str)
     return (rec["name"], rec["provider"], rec["dtype"], params, rec["metric"])

@@ -238,6 +238,37 @@ def test_runs_of_another_model_shape_or_precision_are_not_comparable(tmp_path, s
         assert expected is None or expected in line, line
 
 
+def test_records_from_before_precision_was_recorded_match_bf16_ones(tmp_path):
+    """Files from before --precision carry no `precision` in their records: they ran bf16, so a new run's bf16
+    records are the same measurements (it matched none: every baseline of a stored file counted as lost)."""
+    cold = io.load_result(COLD)
+    old = copy.deepcopy(cold)
+    for rec in old["records"]:
+        rec["params"].pop("precision", None)
+    old["run"]["config"].pop("precision", None)
+    new = copy.deepcopy(cold)
+    for rec in new["records"]:
+        rec["params"]["precision"] = "bf16"
+    code, report = _json(_write(tmp_path, old, "base.json"), _write(tmp_path, new))
+    assert code == 0 and report["unchanged"] > 0 and not report["removed"] and not report["added"]
+    fp8 = _run_of(new, precision="fp8", fp8_accumulation="fast")  # an FP8 run stays another measurement
+    assert _invoke(_write(tmp_path, old, "base.json"), _write(tmp_path, fp8)).exit_code == 3
+
+
+def test_a_run_under_a_memory_budget_is_not_comparable_with_one_without(tmp_path):
+    """Only the budgeted file's records carry memory_budget_gib: no budget is a setting too (exit 3, not "missing")."""
+    from ltxbench.configurations import MEMORY_BUDGET
+
+    cold = io.load_result(COLD)
+    budgeted = copy.deepcopy(cold)
+    for rec in budgeted["records"]:
+        rec["params"][MEMORY_BUDGET] = 8.0
+    for pair in ((cold, budgeted), (budgeted, cold)):
+        result = _invoke(*(_write(tmp_path, doc, f"{i}.json") for i, doc in enumerate(pair)))
+        assert result.exit_code == 3, result.output
+        assert "memory_budget_gib" in " ".join(result.output.split())
+
+
 def test_runs_that_differ_only_in_their_configurations_still_compare(tmp_path):
     """Another --configs, --output or seed is no other workload: the records both runs have are compared."""
     cold = io.load_result(COLD)
