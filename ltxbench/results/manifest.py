@@ -116,15 +116,36 @@ def _has_hopper() -> bool:
 
 
 def execute(argv: list[str], output: Path, timeout_s: float) -> int:
-    """One benchmark command in a process of its own; its exit code (124: stopped at the time budget)."""
+    """One benchmark command in a process group of its own (its torchrun ranks with it); its exit code (124: stopped
+    at the time budget). Stopped, or on Ctrl-C, the whole group is: interrupted, then killed 30 s later."""
     command = [sys.executable, "-m", "ltxbench", *argv, "--output", str(output), "--force"]
     if argv[0] == "profile":
         command += ["--trace-dir", str(output.parent / f"{output.stem}-traces")]
     print("$ " + " ".join(["ltxbench", *argv]), flush=True)
+    process = subprocess.Popen(command, start_new_session=True)
     try:
-        return subprocess.run(command, timeout=timeout_s).returncode
+        return process.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
+        _stop(process)
         return 124
+    except BaseException:
+        _stop(process)
+        raise
+
+
+def _stop(process) -> None:
+    import os
+    import signal
+
+    for sig, grace in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+            process.wait(timeout=grace)
+            return
+        except ProcessLookupError:
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def run(folder: Path, only: list[str] | None = None, budget_minutes: float | None = None, redo: bool = False,
@@ -151,6 +172,23 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
     work = folder.parent / "runs" / "manifest" / folder.name
     deadline = None if budget_minutes is None else time.monotonic() + budget_minutes * 60
     measured, status = [], 0
+    try:
+        status = _measure(chosen, folder, work, head, files, redo, deadline, runner, measured)
+    except KeyboardInterrupt:
+        kept = f"kept {', '.join(measured)}" if measured else "no benchmark finished"
+        print(f"interrupted: {kept}; the one running is left as it was stored; call again to resume", flush=True)
+        status = 130
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+        # every call: one that measured, one stopped after moving a file in, and one that found all current after
+        # such a stop (its README may describe the files before it)
+        (regenerate or _regenerate)(folder)
+    return status
+
+
+def _measure(chosen, folder: Path, work: Path, head, files, redo: bool, deadline, runner, measured: list) -> int:
+    """Run the benchmarks of `chosen` not current yet, each file moved into `folder` once it finished (its name then
+    appended to `measured`); the run's status (0, 1 failed, 124 out of budget or time)."""
     for bench in chosen:
         target = folder / f"{bench.name}.json"
         if not redo and is_current(target, head, bench, files):
@@ -164,8 +202,7 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
         if left is not None and left < bench.minutes * 60:
             print(f"{bench.name}: pending (about {bench.minutes:g} min, {max(left, 0) / 60:.1f} min of the budget "
                   "left); call again to resume", flush=True)
-            status = 124
-            break
+            return 124
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         started = time.monotonic()
@@ -173,18 +210,14 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
         code = runner(argv, work / target.name, left if left is not None else 24 * 3600)
         if code != 0:
             print(f"{bench.name}: failed (exit {code}); the stored file is left as it was", flush=True)
-            status = 124 if code == 124 else 1
-            break
+            return 124 if code == 124 else 1
         for produced in (work / target.name, (work / target.name).with_suffix(".csv")):
             if produced.is_file():
                 shutil.move(produced, folder / produced.name)
         measured.append(bench.name)
         # the wall time, to check the `minutes` estimate that the budget goes by
         print(f"{bench.name}: measured at {label(head)} in {(time.monotonic() - started) / 60:.1f} min", flush=True)
-    shutil.rmtree(work, ignore_errors=True)
-    if measured:
-        (regenerate or _regenerate)(folder)
-    return status
+    return 0
 
 
 def first_frame(path: Path, height: int = 512, width: int = 832) -> Path:

@@ -67,7 +67,27 @@ def test_runs_what_is_not_current_then_resumes_with_nothing_to_do(tmp_path, head
     assert (folder / f"{names[1]}.csv").read_text() == "csv\n"
     runner.ran.clear()
     code, regenerated = _run(folder, runner)
-    assert code == 0 and runner.ran == [] and regenerated == []
+    # nothing to measure; the README regenerated all the same (byte for byte: a call stopped after moving a file in
+    # may have left it behind)
+    assert code == 0 and runner.ran == [] and regenerated == [folder]
+
+
+def test_ctrl_c_keeps_what_finished_says_so_and_regenerates_the_readme(tmp_path, head, capsys):
+    folder = tmp_path / "results" / "h200"
+    benches = benchmarks.benchmarks_for(folder)[:2]
+    names = [b.name for b in benches]
+    calls = []
+
+    def interrupted(argv, output, timeout):
+        calls.append(output)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return FakeRunner(HEAD)(argv, output, timeout)
+
+    code, regenerated = _run(folder, interrupted, only=names)
+    assert code == 130 and regenerated == [folder]
+    assert (folder / f"{names[0]}.json").is_file() and not (folder / f"{names[1]}.json").exists()
+    assert f"interrupted: kept {names[0]}" in capsys.readouterr().out
 
 
 def test_a_failure_keeps_the_stored_file_and_stops(tmp_path, head):
@@ -230,3 +250,21 @@ def test_the_recorded_command_is_the_benchmarks_with_its_defaults_spelled_out(tm
                        ([a for a in recorded if a not in ("--memory-budget", "8.0")], False)):
         path.write_text(_doc(HEAD, argv))
         assert manifest.ran_the_command(json.loads(path.read_text()), bench) is same, argv
+
+
+def test_a_benchmark_past_its_time_is_stopped_with_its_child_processes(tmp_path, monkeypatch):
+    """The command and what it started (torchrun's ranks) form one process group, stopped as one at the time limit."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "grandchild-alive"
+    sleeper = (f"import pathlib, time; time.sleep(3); pathlib.Path({str(marker)!r}).write_text('alive')")
+    parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {sleeper!r}]); time.sleep(60)"
+    popen = subprocess.Popen
+    monkeypatch.setattr(manifest.subprocess, "Popen",
+                        lambda _command, **kw: popen([sys.executable, "-c", parent], **kw))
+    assert manifest.execute(["bench", "e2e"], tmp_path / "r.json", 1) == 124
+    import time
+
+    time.sleep(3.5)
+    assert not marker.exists()
