@@ -181,7 +181,7 @@ def _write_outputs(frames, audio, doc: dict, output: Path, json_path: Path, fps:
         output.parent.mkdir(parents=True, exist_ok=True)
         video_error = _export(frames, audio, output, fps, force)
         json_written, _ = write_result(doc, output=json_path, force=force)
-    except (OSError, LtxbenchError) as exc:
+    except (OSError, LtxbenchError, KeyboardInterrupt) as exc:  # interrupted too: nothing of this call left
         if not existed:
             output.unlink(missing_ok=True)
         for folder in created:  # innermost first; only the ones left empty
@@ -206,24 +206,29 @@ def _export(frames, audio, output: Path, fps: int, force: bool) -> str | None:
 
     if output.exists() and not force:  # a concurrent run may have written it meanwhile
         raise UsageError(f"{output} already exists; not overwriting it", hint="pass --force to overwrite")
+    # written beside it under another name, then renamed: an interrupted or failed write leaves no partial mp4
+    partial = output.with_name(f".{output.stem}.partial{output.suffix}")
     try:
         if audio is None:
-            export_to_video(frames, str(output), fps=fps)
-            return None
-        import imageio_ffmpeg
+            export_to_video(frames, str(partial), fps=fps)
+        else:
+            import imageio_ffmpeg
 
-        with tempfile.TemporaryDirectory(dir=output.parent, prefix=".ltxbench-mux-") as work:
-            silent, wav = Path(work) / "video.mp4", Path(work) / "audio.wav"
-            export_to_video(frames, str(silent), fps=fps)
-            waveform, rate = audio  # no longer than the video: the mux copies the video stream as it is
-            _write_wav(wav, waveform[:, :round(len(frames) / fps * rate)], rate)
-            subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", "-y", "-i", str(silent), "-i",
-                            str(wav), "-c:v", "copy", "-c:a", "aac", "-b:a", "192k", str(output)],
-                           check=True, capture_output=True, text=True)
+            with tempfile.TemporaryDirectory(dir=output.parent, prefix=".ltxbench-mux-") as work:
+                silent, wav = Path(work) / "video.mp4", Path(work) / "audio.wav"
+                export_to_video(frames, str(silent), fps=fps)
+                waveform, rate = audio  # no longer than the video: the mux copies the video stream as it is
+                _write_wav(wav, waveform[:, :round(len(frames) / fps * rate)], rate)
+                subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-loglevel", "error", "-y", "-i", str(silent), "-i",
+                                str(wav), "-c:v", "copy", "-c:a", "aac", "-b:a", "192k", "-f", "mp4", str(partial)],
+                               check=True, capture_output=True, text=True)
+        partial.replace(output)
     except subprocess.CalledProcessError as exc:
         return f"ffmpeg could not mux the audio: {((exc.stderr or '').strip().splitlines() or [exc.returncode])[-1]}"
     except (ImportError, AttributeError, RuntimeError, OSError) as exc:
         return f"{type(exc).__name__}: {exc}".splitlines()[0]
+    finally:
+        partial.unlink(missing_ok=True)
     return None
 
 

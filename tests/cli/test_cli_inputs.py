@@ -247,6 +247,22 @@ def test_ctrl_c_during_generate_says_nothing_was_written(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
 
 
+def test_ctrl_c_while_the_mp4_is_written_leaves_no_part_of_it(tmp_path, monkeypatch):
+    """The mp4 is written under another name and renamed when whole: interrupted half way, nothing is left."""
+    import diffusers.utils
+
+    def half_written(frames, path, fps=None, **kwargs):
+        Path(path).write_bytes(b"\x00\x00\x00\x18ftypmp42")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(diffusers.utils, "export_to_video", half_written)
+    result = runner.invoke(app, ["generate", "--prompt", "a fox", *TINY, "--no-optimized-kernels", "--output",
+                                 str(tmp_path / "v.mp4")])
+    assert result.exit_code == 130, result.output
+    assert [ln for ln in result.output.splitlines() if ln.strip()] == ["interrupted: nothing written"]
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("command", ["bench e2e", "profile"])
 def test_ctrl_c_while_the_model_is_built_says_nothing_was_written(command, tmp_path, monkeypatch):
     monkeypatch.setattr(ltx.LTXVideoFamily, "build", _interrupt)
