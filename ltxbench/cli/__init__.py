@@ -27,6 +27,9 @@ def _classify(exc: BaseException, command: str | None = None) -> LtxbenchError |
             hint=f"lower --num-frames/--height/--width/--batch-size, or try {offload}--memory-budget GIB (video "
                  "models: weights streamed, docs/memory.md) or a GPU with more memory",
         )
+    if isinstance(exc, MemoryError) or name == "_ArrayMemoryError":  # numpy's, for an array past the host's memory
+        return EnvironmentProblem(f"out of host memory: {text.splitlines()[0] if text else name}",
+                                  hint="lower --num-frames/--height/--width/--batch-size/--steps")
     if isinstance(exc, RuntimeError) and "DefaultCPUAllocator: can't allocate memory" in text:
         return EnvironmentProblem(f"out of host memory: {text.splitlines()[0]}",
                                   hint="lower --num-frames/--height/--width/--batch-size, or use --dtype bf16")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from collections.abc import Callable
 from typing import Optional
 
@@ -85,7 +86,8 @@ SHARED = {o.name: o for o in (
     Option("fp8_accumulation", ("--fp8-accumulation",), str, None, "The FP8 GEMMs' accumulation: fast (on the "
            "tensor cores alone, as torchao's FP8 inference; ~18% faster GEMMs) or fp32 (partial sums promoted to "
            "fp32). Default with --precision fp8 / fp8-attention: fast (docs/precision.md#accumulation)."),
-    Option("seed", ("--seed",), int, 42, "Seed of weights, noise and token ids (the same for every configuration)."),
+    Option("seed", ("--seed",), int, 42, "Seed of weights, noise and token ids (the same for every configuration).",
+           bounds=(-(2**63), 2**64 - 1)),  # what torch's generators take
     Option("output", ("--output", "-o"), str, None, "Result JSON (CSV beside it); default results/runs/.",
            defaults={"generate": "out.mp4"}, helps={"generate": "mp4 path; the result JSON goes beside it."}),
     Option("trace_dir", ("--trace-dir",), str, None, "Chrome traces (default: beside the result JSON).",
@@ -163,11 +165,14 @@ def check_bounds(command: str, values: dict) -> None:
 
     for option in declared(command):
         value = values.get(option.name)
+        if isinstance(value, float) and not math.isfinite(value):  # typer parses "nan" and "inf" as floats
+            raise UsageError(f"{option.flags[0]} {value} must be a finite number")
         if option.name in SHARED and option.bounds is not None and value is not None:
             lo, hi = option.bounds
             if not lo <= value <= hi:
                 side = f"below the minimum of {lo}" if value < lo else f"above the maximum of {hi}"
-                raise UsageError(f"{option.flags[0]} {value:g} is {side} (allowed: {lo} to {hi})")
+                shown = f"{value:g}" if isinstance(value, float) else value
+                raise UsageError(f"{option.flags[0]} {shown} is {side} (allowed: {lo} to {hi})")
 
 
 def check_choices(command: str, values: dict) -> None:

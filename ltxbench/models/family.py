@@ -8,6 +8,7 @@ library at top level: the CLI resolves the family and validates the settings bef
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -150,6 +151,8 @@ class ModelFamily:
         count or size far beyond what the model runs would otherwise fail only after the model is built."""
         for option in self.options:
             value = getattr(settings, option.name, None)
+            if isinstance(value, float) and not math.isfinite(value):  # typer parses "nan" and "inf" as floats
+                raise UsageError(f"{option.flags[0]} {value} must be a finite number")
             if option.bounds is None or command not in option.commands or value is None:
                 continue
             lo, hi = option.bounds

@@ -17,6 +17,9 @@ from ltxbench.models.family import Option
 PHASES = ("all", "transformer")  # --phase: the whole generation, or the denoising loop alone
 
 
+MAX_STEPS = 10_000  # far past any schedule a video model is run with: a typo's 10**11 fails here, not in numpy
+
+
 def video_options(frames: int, steps: int, frame_rate: int, max_frames: int, max_side: int, min_side: int,
                   frame_multiple: int, side_multiple: int, frame_rate_help: str) -> tuple[Option, ...]:
     """The options every video family takes, with the family's defaults and limits: frames (k * frame_multiple + 1,
@@ -28,7 +31,8 @@ def video_options(frames: int, steps: int, frame_rate: int, max_frames: int, max
                f"Frames: {frame_multiple}k+1, at most {max_frames}.", bounds=(1, max_frames)),
         Option("height", ("--height",), int, 512, f"Height in pixels, {side}", bounds=(min_side, max_side)),
         Option("width", ("--width",), int, 768, f"Width in pixels, {side}", bounds=(min_side, max_side)),
-        Option("steps", ("--steps",), int, steps, "Denoising steps (at least 2).", defaults={"profile": 2}),
+        Option("steps", ("--steps",), int, steps, "Denoising steps (at least 2).", defaults={"profile": 2},
+               bounds=(1, MAX_STEPS)),
         Option("guidance_scale", ("--guidance-scale",), float, 3.0, "Classifier-free guidance scale (> 1 doubles "
                "the batch)."),
         Option("frame_rate", ("--frame-rate", "--fps"), int, frame_rate, frame_rate_help),

@@ -63,7 +63,7 @@ def test_the_bounds_are_declared_on_the_options_and_shown_in_the_help():
 
     for model, low in (("ltx-tiny", 32), ("ltx2-tiny", 64)):
         bounds = {o.name: o.bounds for o in family_of(model).options if o.bounds}
-        assert bounds == {"num_frames": (1, 1025), "height": (low, 4096), "width": (low, 4096)}
+        assert bounds == {"num_frames": (1, 1025), "height": (low, 4096), "width": (low, 4096), "steps": (1, 10_000)}
     text = " ".join(runner.invoke(app, ["bench", "e2e", "--help"]).output.split())
     assert "Frames: 8k+1, at most 1025 (LTX-2, LTX-Video); Frames: 4k+1, at most 1025 (Wan)" in text
     assert "a multiple of 32, at most 4096 (LTX-2, LTX-Video)" in text
@@ -244,6 +244,40 @@ def test_ctrl_c_during_generate_says_nothing_was_written(tmp_path, monkeypatch):
                                  str(tmp_path / "v.mp4")])
     assert result.exit_code == 130, result.output
     assert [ln for ln in result.output.splitlines() if ln.strip()] == ["interrupted: nothing written"]
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("flag", "value", "words"), [
+    ("--steps", "100000000000", "--steps 100000000000 is above LTX-Video's maximum of 10000"),
+    ("--seed", "99999999999999999999", "--seed 99999999999999999999 is above the maximum of 18446744073709551615"),
+])
+def test_numbers_past_what_the_run_can_take_are_refused_in_one_line(flag, value, words, tmp_path):
+    """They ended in a numpy memory error or an overflow traceback, exit 1."""
+    result = runner.invoke(app, ["bench", "e2e", *TINY, flag, value, "--output", str(tmp_path / "r.json")])
+    assert result.exit_code == 2, result.output
+    assert words in " ".join(result.output.split()) and not list(tmp_path.iterdir())
+
+
+def test_host_memory_running_out_is_an_environment_problem():
+    from ltxbench.cli import _classify
+
+    for error in (MemoryError(), type("_ArrayMemoryError", (MemoryError,), {})("Unable to allocate 80 GiB")):
+        problem = _classify(error)
+        assert problem is not None and problem.exit_code == 4 and "out of host memory" in problem.message
+
+
+@pytest.mark.parametrize(("command", "model", "flag"), [
+    ("generate", "ltx-tiny", "--guidance-scale"), ("bench e2e", "ltx-tiny", "--guidance-scale"),
+    ("bench e2e", "ltx-tiny", "--memory-budget"), ("bench e2e", "ltx2-tiny", "--audio-guidance-scale"),
+    ("profile", "wan-tiny", "--guidance-scale"),
+])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf"])
+def test_a_float_that_is_not_finite_is_refused_naming_the_flag(command, model, flag, value, tmp_path):
+    """typer parses nan and inf as floats, which pass every `< 0` check: a video of NaN frames, exit 0."""
+    argv = [*COMMANDS[command], "--model", model, "--weights", "random", "--device", "cpu", flag, value]
+    result = runner.invoke(app, [*argv, "--output", _out(command, tmp_path)])
+    assert result.exit_code == 2, result.output
+    assert f"{flag} {value} must be a finite number" in " ".join(result.output.split())
     assert not list(tmp_path.iterdir())
 
 
