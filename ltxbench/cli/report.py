@@ -40,6 +40,8 @@ def report_command(
     folders = [Path(d) for d in results_dirs]
     if headline is not None and Path(headline).suffix.lower() != ".png":
         raise UsageError(f"--headline {headline} must name a .png file")
+    if headline is not None and Path(headline).is_dir():  # found before anything is rendered, not at publishing
+        raise UsageError(f"--headline {headline} is a folder; name the .png file to write")
     if len({f.resolve() for f in folders}) != len(folders):
         raise UsageError("RESULTS_DIR: a folder is named twice")
     written = write_reports(folders, force=force, headline=None if headline is None else Path(headline),

@@ -64,6 +64,8 @@ def _anchor(name: str) -> str:
 def check_readme(folder: Path, force: bool) -> None:
     """A README this command did not write is someone's prose: replace it only when asked to."""
     readme = folder / README
+    if readme.is_dir():
+        raise UsageError(f"{readme} is a folder; nothing was written")
     if readme.exists() and not force and not readme.read_text(encoding="utf-8").startswith(MARKER):
         raise UsageError(f"{readme} was not written by `ltxbench report`; not overwriting it",
                          hint="pass --force to replace it with the generated one")
@@ -86,6 +88,11 @@ class Staging:
         return tmp / final.name
 
     def publish(self) -> list[Path]:
+        """Every staged file into place; a destination that cannot take one (a folder in its way) is found before
+        any file moves."""
+        blocked = next((final for _, final in self._moves if final.is_dir()), None)
+        if blocked is not None:
+            raise UsageError(f"{blocked} is a folder; nothing was written")
         for staged, final in self._moves:
             staged.replace(final)
         return [final for _, final in self._moves]

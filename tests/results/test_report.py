@@ -281,6 +281,19 @@ def test_headline_needs_the_result_in_every_folder(folders):
     assert not Path("head.png").exists() and not (h100 / "README.md").exists()
 
 
+def test_a_folder_in_the_way_of_an_output_is_found_before_anything_is_written(folders):
+    h100, h200 = folders
+    Path("head.png").mkdir()
+    result = _report(str(h100), str(h200), "--headline", "head.png")
+    assert result.exit_code == 2 and "--headline head.png is a folder" in result.output, result.output
+    assert not (h100 / "README.md").exists()
+    Path("head.png").rmdir()
+    (h100 / "README.md").mkdir()  # in the way of a staged file: found before any file moves
+    result = _report(str(h100), str(h200), "--headline", "head.png")
+    assert result.exit_code == 2 and "is a folder; nothing was written" in result.output, result.output
+    assert not Path("head.png").exists() and not (h200 / "README.md").exists()
+
+
 def test_failure_while_drawing_leaves_nothing_behind(folders, monkeypatch):
     from ltxbench.results import report_plots
 
