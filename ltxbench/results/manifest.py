@@ -2,8 +2,9 @@
 
 `make results GPU=h200` (`python -m ltxbench.results.manifest run results/h200`) runs, at the checkout's commit, each
 benchmark of the folder's kind (one GPU, or `hXXXxN`: the N-GPU set) whose file does not already record that commit
-clean with its command, or a commit whose code it ran is unchanged (provenance.executed_digest: only docs, tests or
-modules the run never imported changed since), then regenerates the folder's README. Each benchmark's files replace
+clean, stamped as that benchmark's (ran_the_command), or a commit whose code it ran is unchanged
+(provenance.executed_digest: only docs, tests or modules the run never imported changed since), then regenerates the
+folder's README. Each benchmark's files replace
 the old ones only once it has finished, so that a run stopped by its time budget (`--budget-minutes`, to fit a GPU
 machine's command limit), a failure or Ctrl-C leaves the folder consistent: call it again and it resumes with the
 first benchmark not yet current.
@@ -40,35 +41,20 @@ def _git_of(document: dict) -> dict | None:
     return (document.get("env") or {}).get("git")
 
 
-def _words_and_options(argv) -> tuple[tuple[str, ...], dict[str, str | None]]:
-    """A command line's words (the command, kernel names) and its options ({flag: value, or None for a switch})."""
-    words, options, i = [], {}, 0
-    while i < len(argv):
-        if argv[i].startswith("--"):
-            value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("--") else None
-            options[argv[i]] = value
-            i += 1 if value is None else 2
-        else:
-            words.append(argv[i])
-            i += 1
-    return tuple(words), options
-
-
-def _same_value(recorded: str | None, asked: str | None) -> bool:
-    try:
-        return recorded == asked or float(recorded) == float(asked)  # --memory-budget 8 is recorded as 8.0
-    except (TypeError, ValueError):
-        return False
-
-
 def ran_the_command(document: dict, bench: Benchmark) -> bool:
-    """The result `document`'s command line (recorded with every default spelled out) is the benchmark's: its words,
-    and each option the benchmark names with the same value."""
-    argv = (document.get("run") or {}).get("argv") or []
-    words, options = _words_and_options(argv[1:])  # argv[0]: the program
-    asked_words, asked = _words_and_options(bench.argv)
-    return words == asked_words and all(flag in options and _same_value(options[flag], value)
-                                        for flag, value in asked.items())
+    """The result `document` is the benchmark's as it is defined now: made by this manifest for it (run.benchmark,
+    stamped when the run finished: its name and command line). A file from another command line (another --dtype,
+    --seed or --precision, a flag the definition has dropped since) or put there by hand is not."""
+    return (document.get("run") or {}).get("benchmark") == {"name": bench.name, "argv": list(bench.argv)}
+
+
+def _stamp(path: Path, bench: Benchmark) -> None:
+    """Record in the finished result which benchmark of the manifest it is (ran_the_command reads it)."""
+    from ltxbench.results.io import dumps
+
+    document = json.loads(path.read_text())
+    document.setdefault("run", {})["benchmark"] = {"name": bench.name, "argv": list(bench.argv)}
+    path.write_text(dumps(document))
 
 
 def is_current(path: Path, head: dict, bench: Benchmark | None = None, files: dict | None = None) -> bool:
@@ -211,6 +197,7 @@ def _measure(chosen, folder: Path, work: Path, head, files, redo: bool, deadline
         if code != 0:
             print(f"{bench.name}: failed (exit {code}); the stored file is left as it was", flush=True)
             return 124 if code == 124 else 1
+        _stamp(work / target.name, bench)
         for produced in (work / target.name, (work / target.name).with_suffix(".csv")):
             if produced.is_file():
                 shutil.move(produced, folder / produced.name)

@@ -5,6 +5,7 @@ options it names."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -27,9 +28,13 @@ def head(monkeypatch):
     return state
 
 
-def _doc(git: dict, argv=()) -> str:
-    """A result recording `git`, measured by `ltxbench <argv>` (the manifest checks the command too)."""
-    return json.dumps({"kind": "e2e", "env": {"git": git}, "run": {"argv": ["ltxbench", *argv]}, "records": []})
+def _doc(git: dict, argv=(), bench=None) -> str:
+    """A result recording `git`, measured by `ltxbench <argv>`, stamped as benchmark `bench`'s when given (the manifest
+    stamps what it ran, and checks the stamp)."""
+    run = {"argv": ["ltxbench", *argv]}
+    if bench is not None:
+        run["benchmark"] = {"name": bench.name, "argv": list(bench.argv)}
+    return json.dumps({"kind": "e2e", "env": {"git": git}, "run": run, "records": []})
 
 
 class FakeRunner:
@@ -57,7 +62,7 @@ def test_runs_what_is_not_current_then_resumes_with_nothing_to_do(tmp_path, head
     benches = benchmarks.benchmarks_for(folder)
     names = [b.name for b in benches]
     folder.mkdir(parents=True)
-    (folder / f"{names[0]}.json").write_text(_doc(HEAD, benches[0].argv))  # current already
+    (folder / f"{names[0]}.json").write_text(_doc(HEAD, benches[0].argv, benches[0]))  # current already
     (folder / f"{names[1]}.json").write_text(_doc(OLDER))  # an older commit, other code
     (folder / f"{names[2]}.json").write_text(_doc({**HEAD, "dirty": True}))  # the same commit, dirty
     runner = FakeRunner(HEAD)
@@ -229,27 +234,37 @@ def test_a_result_stays_current_while_the_code_it_ran_is_unchanged(tmp_path, hea
     files = {"ltxbench/run.py": "1", "ltxbench/inject/wan/x.py": "2", "cuda/k.cu": "3", "configs/m.json": "4"}
     git = {**OLDER, "executed": ["ltxbench/run.py"], "executed_code": executed_digest(files, ["ltxbench/run.py"])}
     path = tmp_path / "r.json"
-    path.write_text(_doc(git, bench.argv))
+    path.write_text(_doc(git, bench.argv, bench))
     assert manifest.is_current(path, HEAD, bench, files)
     assert manifest.is_current(path, HEAD, bench, {**files, "ltxbench/inject/wan/x.py": "x"})
     for name in ("ltxbench/run.py", "cuda/k.cu", "configs/m.json"):
         assert not manifest.is_current(path, HEAD, bench, {**files, name: "x"}), name
     steps = list(bench.argv)
     steps[steps.index("--steps") + 1] = "3"
-    path.write_text(_doc(git, steps))
+    path.write_text(_doc(git, steps, dataclasses.replace(bench, argv=tuple(steps))))  # the definition changed since
     assert not manifest.is_current(path, HEAD, bench, files)
 
 
-def test_the_recorded_command_is_the_benchmarks_with_its_defaults_spelled_out(tmp_path):
+def test_only_a_result_this_manifest_made_for_the_benchmark_counts_as_its_measurement(tmp_path):
+    """The stamp the manifest writes when a run finishes: the benchmark's name and command line as defined. A file
+    of the same command with other settings (--dtype, --seed, --precision, which the stamp does not vouch for), one
+    put there by hand, or one of another benchmark is not the benchmark's measurement."""
     bench = next(b for b in benchmarks.BENCHMARKS if b.name == "e2e-ltx-2b-161f-8gib")
-    recorded = [*bench.argv, "--seed", "42", "--force"]
-    recorded[recorded.index("--memory-budget") + 1] = "8.0"  # as the run records it
+    other = next(b for b in benchmarks.BENCHMARKS if b.name != bench.name)
     path = tmp_path / "r.json"
-    for argv, same in ((recorded, True), ([a for a in recorded if a != "--force"], True),
-                       (["bench", "micro", *recorded[2:]], False),
-                       ([a for a in recorded if a not in ("--memory-budget", "8.0")], False)):
-        path.write_text(_doc(HEAD, argv))
-        assert manifest.ran_the_command(json.loads(path.read_text()), bench) is same, argv
+    for stamp, same in ((bench, True), (None, False), (other, False),
+                        (dataclasses.replace(bench, argv=(*bench.argv, "--dtype", "fp16")), False)):
+        path.write_text(_doc(HEAD, bench.argv, stamp))
+        assert manifest.ran_the_command(json.loads(path.read_text()), bench) is same, stamp
+
+
+def test_the_manifest_stamps_what_it_ran(tmp_path, head):
+    folder = tmp_path / "results" / "h200"
+    bench = benchmarks.benchmarks_for(folder)[0]
+    code, _ = _run(folder, FakeRunner(HEAD), only=[bench.name])
+    document = json.loads((folder / f"{bench.name}.json").read_text())
+    assert code == 0 and document["run"]["benchmark"] == {"name": bench.name, "argv": list(bench.argv)}
+    assert manifest.is_current(folder / f"{bench.name}.json", HEAD, bench)
 
 
 def test_a_benchmark_past_its_time_is_stopped_with_its_child_processes(tmp_path, monkeypatch):
