@@ -591,3 +591,44 @@ def test_a_compiled_model_follows_a_weight_replaced_outside_the_registration_hoo
         assert all(type(m._parameters) is dict for m in model.modules())
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize(("model_type", "target"), [("llama", "mlp"), ("llama", "post_attention_layernorm"),
+                                                    ("qwen3", "mlp"), ("gemma", "pre_feedforward_layernorm")])
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_hook_on_a_module_the_fused_layer_computes_itself_sees_it_run(model_type, target, when):
+    """The decoder layer fuses the residual into post_attention_layernorm (Gemma: pre_feedforward_layernorm) and runs
+    the MLP into the residual without calling either: a hook on one, put on before or after the injection, makes the
+    layer call it. The hook here halves the output: the logits are the unpatched model's with the same hook."""
+    from tests.helpers import gemma_build
+
+    model = gemma_build() if model_type == "gemma" else llm_build(model_type)
+    ids = llm_prompt()
+    module = getattr(model.model.layers[0], target)
+
+    def halve(_module, _args, output):
+        return output * 0.5
+
+    handle = module.register_forward_hook(halve) if when == "before" else None
+    with torch.no_grad():
+        if handle is None:
+            handle = module.register_forward_hook(halve)
+        expected = model(ids).logits
+        handle.remove()
+        handle = module.register_forward_hook(halve) if when == "before" else None
+        with llm.apply_kernels(model, "reference"):
+            if handle is None:
+                handle = module.register_forward_hook(halve)
+            got = model(ids).logits
+        handle.remove()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_float64_rows_are_normalized_as_transformers_does_in_float32():
+    model = llm_build("llama", dtype=torch.float64)
+    ids = llm_prompt()
+    with torch.no_grad():
+        expected = model(ids).logits
+        with llm.apply_kernels(model, "reference"):
+            got = model(ids).logits
+    assert torch.equal(got, expected)

@@ -38,6 +38,7 @@ from ltxbench.inject import (
     _source_of,
     all_or_nothing,
     forward_source,
+    observed,
     offloaded,
     original_class,
     patch_forward,
@@ -90,9 +91,13 @@ def _eps(norm) -> float:
 
 # ---- RMSNorm ------------------------------------------------------------------------------------------
 
+_ROWS = (torch.float32, torch.float16, torch.bfloat16)  # float64 rows: transformers' norms compute them in float32
+
+
 def _norm_forward(ops):
     def forward(self, hidden_states):
-        if self.weight.dtype != hidden_states.dtype:  # transformers promotes to the weight's dtype; ops don't
+        # transformers promotes to the weight's dtype (ops don't), and computes float64 rows in float32
+        if self.weight.dtype != hidden_states.dtype or hidden_states.dtype not in _ROWS:
             return original_class(self).forward(self, hidden_states)
         return ops.rms_norm(hidden_states, self.weight, _eps(self), cast_before_weight=True)
 
@@ -115,7 +120,9 @@ def _layer_forward(ops, linear, tuned_gemm: bool):
                                           position_ids=position_ids, use_cache=use_cache,
                                           position_embeddings=position_embeddings, **kwargs)
         post = self.post_attention_layernorm
-        if post.weight.dtype == hidden_states.dtype == residual.dtype and not post.weight.is_meta:  # meta: offloaded
+        # meta: offloaded; observed: hooked, it must run itself
+        if (post.weight.dtype == hidden_states.dtype == residual.dtype and hidden_states.dtype in _ROWS
+                and not post.weight.is_meta and not observed(post)):
             hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, post.weight, _eps(post),
                                                              cast_before_weight=True)
             out = _mlp_into_residual(ops, linear, self.mlp, hidden_states, residual, tuned_gemm)
@@ -137,7 +144,7 @@ def _mlp_into_residual(ops, linear, mlp, x, residual, tuned_gemm: bool):
     this layer created (fused_add_rms_norm's output): nobody else holds it."""
     down = mlp.down_proj
     if original_class(down) is not torch.nn.Linear or down.bias is not None or down.weight.dtype != residual.dtype \
-            or torch.is_grad_enabled() or not unobserved(down):
+            or torch.is_grad_enabled() or not unobserved(down) or observed(mlp):  # a hooked MLP must run itself
         return None
     act = _gate_up_swiglu(ops, linear, mlp, x)
     if act is None:

@@ -25,7 +25,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from ltxbench.inject import _source_of, original_class, patch_forward
+from ltxbench.inject import _source_of, observed, original_class, patch_forward
 from ltxbench.inject.fuse import fused_linear
 from ltxbench.inject.llm import (  # the package loads before it imports this
     FUSED_ATTR,
@@ -108,7 +108,7 @@ def _layer_forward(ops):
         hidden_states = self.post_attention_layernorm(hidden_states)
         pre = self.pre_feedforward_layernorm
         if (hidden_states.dtype == residual.dtype == pre.weight.dtype and hidden_states.dtype in (torch.float32, *HALF)
-                and not pre.weight.is_meta):
+                and not pre.weight.is_meta and not observed(pre)):  # hooked: it must run itself
             hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, pre.weight, pre.eps,
                                                              weight_offset=1.0)
         else:
