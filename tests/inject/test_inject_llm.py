@@ -332,10 +332,12 @@ def test_a_compiled_patched_model_guards_no_more_than_the_original(monkeypatch):
     for weight in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"):
         assert f"_modules['{weight}']._parameters['weight']" in original
         assert f"_modules['{weight}']._parameters['weight']" not in patched, weight
-    # Hooks: a GEMM standing for layers checks theirs (fuse.unobserved), which torch 2.14 guards (a dict length each,
+    # Hooks: a GEMM standing for layers checks theirs (fuse.unobserved), and the decoder layer the modules it computes
+    # itself (post_attention_layernorm, the MLP: inject.observed), which torch 2.14 guards (a dict length each,
     # forward and pre-forward); no other module's (transformers 5.17 checks the decoder layers' in the original too
     # when their forward is an instance attribute, 5.24 does not)
-    stood_for = re.compile(r"_modules\['(q|k|v|gate|up|down)_proj'\]\._forward(_pre)?_hooks")
+    stood_for = re.compile(r"_modules\['((q|k|v|gate|up|down)_proj|post_attention_layernorm|mlp)'\]"
+                           r"\._forward(_pre)?_hooks")
     other = [line for line in patched.splitlines() if "]._forward_hooks" in line and not stood_for.search(line)]
     assert len(other) <= original.count("]._forward_hooks")
     assert "'].intact" not in patched and "].linears[" not in patched  # one guard on fuse._any_broken instead
