@@ -17,20 +17,32 @@ HELD_MESSAGE = ("this layer's weights are held by ltxbench's FP8 injection (--pr
 _NOT_VALUE_WRITES = frozenset({"requires_grad_", "share_memory_", "retain_grad"})
 
 
+def _held(value) -> bool:
+    """A held tensor, or a list of tensors holding one (the foreach ops': `torch._foreach_mul_([w, ...], 2)`)."""
+    if isinstance(value, (list, tuple)):
+        return any(isinstance(v, (Fp8Placeholder, HeldData)) for v in value)
+    return isinstance(value, (Fp8Placeholder, HeldData))
+
+
 def _refuse_value_writes(func, args) -> None:
     """Raise where `func` writes values into a held tensor (args[0]): an in-place op (`weight *= 2`, `zero_()`,
-    `torch.nn.init.*_`, `w[i] = x`). On the empty placeholder it would do nothing, silently."""
+    `torch.nn.init.*_`, `w[i] = x`, a foreach op over a list holding one). On the empty placeholder it would do
+    nothing, silently."""
     name = getattr(func, "__name__", "")
-    if not args or not isinstance(args[0], (Fp8Placeholder, HeldData)):
+    if not args or not _held(args[0]):
         return
-    if name == "__setitem__" or (name.endswith("_") and not name.startswith("_") and name not in _NOT_VALUE_WRITES):
+    in_place = name.endswith("_") and (not name.startswith("_") or name.startswith("_foreach_"))
+    if name == "__setitem__" or (in_place and name not in _NOT_VALUE_WRITES):
         raise RuntimeError(HELD_MESSAGE)
 
 
 def _guarded_torch_function(cls, func, types, args=(), kwargs=None):
     _refuse_value_writes(func, args)
     with torch._C.DisableTorchFunctionSubclass():  # results are plain tensors, as a Parameter's are
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+    if getattr(func, "__name__", "") in ("detach", "detach_") and isinstance(out, torch.Tensor):
+        return out.as_subclass(HeldData)  # shares the held storage: `w.detach().mul_(2)` is refused as `w.mul_(2)`
+    return out
 
 
 class HeldData(torch.Tensor):
@@ -56,7 +68,11 @@ class Fp8Placeholder(torch.nn.Parameter):
 
     @data.setter
     def data(self, value):
-        if value.numel():
+        # a move (`.to()`, group offloading) gives an empty tensor of its own; values (vector_to_parameters' empty
+        # slice of a real vector among them) come in a storage that holds bytes
+        with torch._C.DisableTorchFunctionSubclass():
+            values = value.numel() or value.untyped_storage().nbytes()
+        if values:
             raise RuntimeError(HELD_MESSAGE)
         torch.Tensor.data.__set__(self, value)
 

@@ -176,7 +176,14 @@ def test_new_values_for_a_stored_weight_are_refused_moves_are_not(runs):
                  "weight.data *= 2": lambda: layer.weight.data.mul_(2),
                  "init": lambda: torch.nn.init.zeros_(layer.weight), "bias.data += 1": lambda: layer.bias.data.add_(1),
                  "weight[:] = 0": lambda: layer.weight.__setitem__(slice(None), 0.0),
-                 "weight.set_(w)": lambda: layer.weight.set_(torch.randn(layer.out_features, layer.in_features))}
+                 "weight.set_(w)": lambda: layer.weight.set_(torch.randn(layer.out_features, layer.in_features)),
+                 # a list holding it (the foreach ops), a detached alias of it, an empty slice of a real vector
+                 "foreach mul_": lambda: torch._foreach_mul_([layer.weight], 2.0),
+                 "foreach zero_": lambda: torch._foreach_zero_([layer.bias]),
+                 "detach().mul_": lambda: layer.weight.detach().mul_(2),
+                 "vector_to_parameters": lambda: torch.nn.utils.vector_to_parameters(
+                     torch.zeros(sum(p.numel() for p in pipe.transformer.parameters())),
+                     pipe.transformer.parameters())}
         for name, edit in edits.items():
             with torch.no_grad(), pytest.raises(RuntimeError, match="held by ltxbench.s FP8 injection"):
                 edit()

@@ -190,3 +190,20 @@ def test_cuda_fp8_attention_through_cudnn_against_its_emulation_and_the_bf16_mod
     got, emulated, compiled = run("cuda"), run("reference"), run("cuda", compiled=True)
     rel_l2 = ((got.float() - emulated.float()).norm() / emulated.float().norm()).item()  # a wrong scale shows here
     assert cos(got, emulated) > 0.9995 and rel_l2 < 0.03 and cos(compiled, got) > 0.9999 and cos(got, exact) > 0.995
+
+
+@pytest.mark.parametrize("layer", ["ffn.net.2", "ffn.net.0.proj", "attn1.to_q"])
+def test_a_layer_replaced_after_the_fp8_injection_is_refused(layer):
+    """The FP8 feed-forward reads the layers it captured at injection: one put in their place (peft's LoRA wrapping, a
+    new nn.Linear) would not run, so it is refused as it happens, as on LTX-Video and LTX-2."""
+    from ltxbench.inject.wan import apply_kernels
+
+    model = wan_transformer()
+    block = model.blocks[0]
+    parent_name, _, name = layer.rpartition(".")
+    parent = block.get_submodule(parent_name)
+    old = getattr(parent, name)
+    with apply_kernels(model, "reference", precision="fp8"):
+        with pytest.raises(RuntimeError, match="runs in FP8 under ltxbench's injection"):
+            setattr(parent, name, torch.nn.Linear(old.in_features, old.out_features))
+    assert getattr(parent, name) is old

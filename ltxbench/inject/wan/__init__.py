@@ -34,6 +34,7 @@ from ltxbench.inject import (
     patch_forward,
     require_provider,
 )
+from ltxbench.inject.fp8_held import hold_modules
 from ltxbench.inject.ltx.attention import eps_of
 from ltxbench.inject.ltx.linears import gemm_can_stand_for
 from ltxbench.inject.ltx2.text_kv import source_digest as digest
@@ -183,6 +184,8 @@ def apply_kernels(target, provider: str = "cuda", *, blocks: bool = True, qk_nor
                       qk_rope=qk_rope, gelu=gelu and not fp8, attention8=attention8)
         for block in transformer.blocks if fp8 else ():
             quantize_block(report, ops, block, classes, fp8_accumulation)
+        if fp8:
+            hold_modules(report, transformer)  # a weight or layer replaced from now on is refused (fp8_held)
     if fp8 and gelu:
         report.skip(GELU_RULE, "precision fp8: the feed-forward runs on its FP8 weights, its GELU writing FP8")
     for name, wanted in (("qk_norms", qk_norms), ("qk_rope", qk_rope), ("gelu", gelu)):
