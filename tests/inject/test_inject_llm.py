@@ -61,7 +61,7 @@ def test_patched_logits_match_and_revert_is_exact(model_type, spy, monkeypatch):
     report = llm.apply_kernels(model, "reference")
     norms = 2 * 2 + 1 + (2 * 2 if model_type == "qwen3" else 0)
     assert dict(report.rules) == {llm.RULE_NORM: norms, llm.RULE_LAYER: 2, llm.RULE_MLP: 2, llm.RULE_ROPE: 2,
-                                  MOVES_RULE: 2, llm.RULE_DECODE: 5}
+                                  MOVES_RULE: 4, llm.RULE_DECODE: 5}  # gate/up and q/k/v follow moves
     assert report.skipped == []
     # the fused paths run: no separate q/k/v, gate/up or down projection module is called
     linear_calls = count_calls(monkeypatch, [(name, getattr(layer, part).get_submodule(name))
@@ -634,3 +634,39 @@ def test_float64_rows_are_normalized_as_transformers_does_in_float32():
         with llm.apply_kernels(model, "reference"):
             got = model(ids).logits
     assert torch.equal(got, expected)
+
+
+def test_qkv_stays_one_gemm_after_the_model_is_moved_or_cast(monkeypatch):
+    """A cast or move (`.to()`, model CPU offload) concatenates q/k/v again, as gate/up: the set was lost for good
+    (three GEMMs from then on, and every compiled graph's guards per set)."""
+    from ltxbench.inject.llm.attention import QKV_ATTR
+
+    model = llm_build("llama")
+    ids = llm_prompt()
+    with torch.no_grad(), llm.apply_kernels(model, "reference"):
+        model.double()
+        model.float()
+        attn = model.model.layers[0].self_attn
+        assert vars(attn)[QKV_ATTR].intact
+        calls = count_calls(monkeypatch, [("q_proj", attn.q_proj)])
+        model(ids)
+        assert not calls
+
+
+def test_the_rope_tables_kept_stay_few_where_layer_0_is_not_patched():
+    """The tables are dropped by the first layer of each forward; with layer 0 left alone (a wrapper on its forward)
+    no layer does, and the list of kept tables grew by one pair each forward."""
+    from ltxbench.inject.llm.attention import MAX_TABLE_PAIRS
+
+    model = llm_build("llama")
+    model.model.layers[0].self_attn.forward = model.model.layers[0].self_attn.forward  # an instance forward
+    ids = llm_prompt()
+    with torch.no_grad(), llm.apply_kernels(model, "reference") as report:
+        assert any(target.startswith("Llama") or "layers.0" in target or "wrapped" in reason
+                   for target, reason in report.skipped)
+        attn = model.model.layers[1].self_attn
+        for length in range(4, 12):
+            model(ids[:, :length])
+        cache = next(c.cell_contents for c in type(attn).forward.__closure__
+                     if isinstance(c.cell_contents, dict) and "pairs" in c.cell_contents)
+        assert len(cache["pairs"]) <= MAX_TABLE_PAIRS

@@ -10,7 +10,7 @@ import inspect
 import torch
 
 from ltxbench.inject import forward_source
-from ltxbench.inject.fuse import fuse_linears, fused_linear, release
+from ltxbench.inject.fuse import follow_moves, fuse_linears, fused_linear, release
 
 RULE_ROPE = "attention: one q/k/v GEMM + rope_1d"
 QKV_ATTR = "_ltxbench_qkv"  # FusedWeights: [q | k | v], q/k/v projection weights (and biases) are views of it
@@ -110,6 +110,9 @@ def _tables_of(cos, sin):
     return (*table, None)
 
 
+MAX_TABLE_PAIRS = 4  # a forward passes one (cos, sin) pair per layer type: Gemma 3's two at most
+
+
 def _rope_tables(cache: dict, cos, sin, first_layer: bool):
     """(cos (B*S, hd/2) fp32, sin, no positions) from the model's position_embeddings, once per forward
     in eager mode: built when the first layer of a forward or a layer with other cos/sin objects asks (Gemma 3
@@ -126,6 +129,8 @@ def _rope_tables(cache: dict, cos, sin, first_layer: bool):
     for known_cos, known_sin, tables in pairs:
         if known_cos is cos and known_sin is sin:
             return tables
+    if len(pairs) >= MAX_TABLE_PAIRS:  # layer 0 unpatched (wrapped, refused): no forward starts with a clear
+        pairs.pop(0)
     pairs.append((cos, sin, _tables_of(cos, sin)))
     return pairs[-1][2]
 
@@ -221,3 +226,4 @@ def fuse_qkv(report, attn, index: int) -> None:
         return
     setattr(attn, QKV_ATTR, fused)
     report.on_revert(lambda: release(vars(attn).pop(QKV_ATTR)))
+    follow_moves(report, attn, fused)  # concatenated again where .to() moves or casts the model, as gate/up
