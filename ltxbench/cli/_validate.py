@@ -41,6 +41,8 @@ def check_outputs(paths, force: bool, hint: str = OVERWRITE_HINT) -> None:
     """Before any work: every output's folder exists or can be made (no file in the way, writable), and unless
     --force none of the outputs exists, so a finished run never fails at its last step."""
     for path in paths:
+        if path.is_dir():  # even with --force: a folder is not replaced by a file
+            raise UsageError(f"cannot write {path}: it is a folder", hint="name a file in it, or another path")
         for folder in path.parents:
             if folder.exists():
                 if not folder.is_dir():

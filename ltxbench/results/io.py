@@ -49,6 +49,8 @@ def default_path(kind: str, runs_dir: str | Path = DEFAULT_RUNS_DIR) -> Path:
 def result_paths(output: str | Path) -> tuple[Path, Path]:
     """(JSON, CSV) that write_result writes for --output: `.json` appended where the name lacks it, the CSV beside.
     The commands check these before they run anything."""
+    if isinstance(output, str) and output.endswith(("/", os.sep)):  # Path() would drop the slash: ./name.json
+        raise UsageError(f"--output {output} names a folder", hint=f"name the result file, e.g. {output}run.json")
     path = Path(output)
     if path.suffix.lower() != ".json":
         path = path.with_name(path.name + ".json")

@@ -330,3 +330,16 @@ def test_every_declared_choice_is_checked_before_the_command_runs():
                 check_choices(command, {option.name: option.choices[0]})
                 with pytest.raises(UsageError, match=f"{option.flags[0]} 'nope' is not one of"):
                     check_choices(command, {option.name: "nope"})
+
+
+def test_an_output_naming_a_folder_is_refused_before_the_run(tmp_path):
+    """A trailing slash names a folder (Path() would drop it: ./name.json), and a folder in the way of the JSON or
+    CSV is found before the run, --force or not (it was found after the whole run)."""
+    argv = ["bench", "e2e", *TINY]
+    result = runner.invoke(app, [*argv, "--output", f"{tmp_path}/new/"])
+    assert result.exit_code == 2 and "names a folder" in result.output, result.output
+    assert not (tmp_path / "new").exists() and not (tmp_path / "new.json").exists()
+    (tmp_path / "r.csv").mkdir()
+    result = runner.invoke(app, [*argv, "--output", str(tmp_path / "r.json"), "--force"])
+    assert result.exit_code == 2 and "r.csv: it is a folder" in " ".join(result.output.split()), result.output
+    assert not (tmp_path / "r.json").exists()

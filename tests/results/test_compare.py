@@ -269,6 +269,22 @@ def test_a_run_under_a_memory_budget_is_not_comparable_with_one_without(tmp_path
         assert "memory_budget_gib" in " ".join(result.output.split())
 
 
+def test_a_profiles_top_kernels_are_listed_not_judged(tmp_path):
+    """Which kernels make a profile's top N changes between runs of the same code (ties near the cut): those records
+    are not judged or counted as lost; the kernel families are."""
+    doc = io.load_result(REPO / "results" / "h200" / "profile-ltx-2b-161f.json")
+    new = copy.deepcopy(doc)
+    kernels = [r for r in new["records"] if r["name"].startswith("kernel:")]
+    new["records"].remove(kernels[0])
+    kernels[1]["name"] = "kernel:another_one_now_in_the_top"
+    code, report = _json(_write(tmp_path, doc, "base.json"), _write(tmp_path, new))
+    assert code == 0 and not report["removed"] and not report["added"] and report["unchanged"] > 0
+    assert any("top-kernel record(s) listed" in w for w in report["warnings"])
+    slower = copy.deepcopy(doc)
+    next(r for r in slower["records"] if r["name"] == "GEMM")["stats"]["median"] *= 1.1
+    assert _json(_write(tmp_path, doc, "base.json"), _write(tmp_path, slower))[0] == 1
+
+
 def test_runs_that_differ_only_in_their_configurations_still_compare(tmp_path):
     """Another --configs, --output or seed is no other workload: the records both runs have are compared."""
     cold = io.load_result(COLD)
