@@ -69,7 +69,7 @@ def _greedy(model, batch, pad_token_id, **kwargs):
 def _assert_everything_patched(report, layers: int) -> None:
     assert report.skipped == []
     assert dict(report.rules) == {llm.RULE_NORM: 2 * layers + 1, llm.RULE_LAYER: layers, llm.RULE_MLP: layers,
-                                  llm.RULE_ROPE: layers, MOVES_RULE: layers,
+                                  llm.RULE_ROPE: layers, MOVES_RULE: 2 * layers,  # gate/up and q/k/v
                                   llm.RULE_DECODE: 2 * layers + 1}
 
 
