@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import math
 from collections.abc import Callable
 from typing import Optional
 
@@ -161,18 +160,12 @@ def takes_options(command: str) -> Callable:
 def check_bounds(command: str, values: dict) -> None:
     """A shared option's value outside its declared bounds is a usage error naming the flag and the range (the
     families check their own options: ModelFamily.check_bounds)."""
-    from ltxbench.errors import UsageError
-
     for option in declared(command):
         value = values.get(option.name)
-        if isinstance(value, float) and not math.isfinite(value):  # typer parses "nan" and "inf" as floats
-            raise UsageError(f"{option.flags[0]} {value} must be a finite number")
-        if option.name in SHARED and option.bounds is not None and value is not None:
-            lo, hi = option.bounds
-            if not lo <= value <= hi:
-                side = f"below the minimum of {lo}" if value < lo else f"above the maximum of {hi}"
-                shown = f"{value:g}" if isinstance(value, float) else value
-                raise UsageError(f"{option.flags[0]} {shown} is {side} (allowed: {lo} to {hi})")
+        if option.name in SHARED:
+            option.check(value)
+        else:
+            option.check_finite(value)
 
 
 def check_choices(command: str, values: dict) -> None:

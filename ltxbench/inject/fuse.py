@@ -53,19 +53,21 @@ class FusedView(torch.nn.Parameter):
         same = (value.data_ptr() == self.data_ptr() and value.shape == self.shape and value.dtype == self.dtype
                 and value.device == self.device and value.stride() == self.stride())
         torch.Tensor.data.__set__(self, value)
-        fused = _set_of(self)
-        if not same and fused is not None and fused.intact and not fused.moving:
-            _broken(fused)
-            fused.weight = fused.bias = None  # every reader checks intact first
+        if not same:
+            self._leaves_its_set()
 
     def set_(self, *args, **kwargs):
         """`weight.set_(other)`: the same object, other storage, which a compiled graph's guards would not see."""
         out = torch.Tensor.set_(self, *args, **kwargs)
+        self._leaves_its_set()
+        return out
+
+    def _leaves_its_set(self) -> None:
+        """Given other storage (not by a move of the set's owner): the set's fusion ends and its concatenation goes."""
         fused = _set_of(self)
         if fused is not None and fused.intact and not fused.moving:
             _broken(fused)
-            fused.weight = fused.bias = None
-        return out
+            fused.weight = fused.bias = None  # every reader checks intact first
 
 
 # id(view) -> its FusedWeights, which holds the view (so the id stays its own while the entry lives); tensors

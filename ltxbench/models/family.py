@@ -50,6 +50,24 @@ class Option:
     def help_for(self, command: str) -> str:
         return self.helps.get(command, self.help)
 
+    def check_finite(self, value) -> None:
+        """UsageError naming the flag for nan or inf (typer parses them as floats; they pass every `< 0` check)."""
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UsageError(f"{self.flags[0]} {value} must be a finite number")
+
+    def check(self, value, owner: str | None = None) -> None:
+        """check_finite, then UsageError naming the flag and the range for a value outside the bounds; `owner`: the
+        family whose bounds these are, named in the message."""
+        self.check_finite(value)
+        if self.bounds is None or value is None:
+            return
+        lo, hi = self.bounds
+        if not lo <= value <= hi:
+            whose = f"{owner}'s" if owner else "the"
+            side = f"below {whose} minimum of {lo}" if value < lo else f"above {whose} maximum of {hi}"
+            shown = f"{value:g}" if isinstance(value, float) else value
+            raise UsageError(f"{self.flags[0]} {shown} is {side} (allowed: {lo} to {hi})")
+
 
 @dataclass(kw_only=True)
 class RunSettings:
@@ -151,15 +169,10 @@ class ModelFamily:
         count or size far beyond what the model runs would otherwise fail only after the model is built."""
         for option in self.options:
             value = getattr(settings, option.name, None)
-            if isinstance(value, float) and not math.isfinite(value):  # typer parses "nan" and "inf" as floats
-                raise UsageError(f"{option.flags[0]} {value} must be a finite number")
-            if option.bounds is None or command not in option.commands or value is None:
-                continue
-            lo, hi = option.bounds
-            if not lo <= value <= hi:
-                side = f"below {self.title}'s minimum of {lo}" if value < lo else \
-                    f"above {self.title}'s maximum of {hi}"
-                raise UsageError(f"{option.flags[0]} {value} is {side} (allowed: {lo} to {hi})")
+            if command in option.commands:
+                option.check(value, self.title)
+            else:
+                option.check_finite(value)
 
     def validate(self, settings: RunSettings, command: str) -> None:
         """Refuse values this family cannot run (UsageError naming the flag), before anything heavy loads."""

@@ -132,10 +132,11 @@ class LLMFamily(ModelFamily):
                                   unit_flops=lambda _timings, calls: flops.llm_units(settings.prompt_lengths, calls))
         finally:
             vars(model).pop("_compiled_call", None)  # generate()'s compiled step (transformers caches it here)
+        chosen = searched() if searched is not None else {}  # process-wide: every configuration's GEMMs
         for name, res in results.items():
             res["decode_weights"] = weights
-            if searched is not None and Configuration(name).ours:
-                res["injection"].update(searched())
+            if Configuration(name).ours:
+                res["injection"].update(chosen)
         return results
 
     def records(self, results: dict, params: dict, settings: LLMSettings) -> list[dict]:

@@ -50,9 +50,9 @@ def _cross_attention_and_ff(ops, block, hidden_states, ada, encoder_hidden_state
     return hidden_states, block.ff(norm)
 
 
-def _bypassed_hook(block) -> bool:
-    """A hook on `block` or on a norm of it that the fused code folds into its kernels instead of calling."""
-    return observed(block) or observed(block.norm1) or observed(block.norm2)
+def _norms_hooked(block) -> bool:
+    """A hook on norm1 or norm2 of `block`, which the fused code folds into its kernels instead of calling."""
+    return observed(block.norm1) or observed(block.norm2)
 
 
 def fused_block_forward(ops):
@@ -62,7 +62,7 @@ def fused_block_forward(ops):
         ada = block_modulation(self, temb, hidden_states.size(0))
         # mixed precision (the kernels take one dtype), or a hook on norm1/norm2 since the injection (they must run
         # themselves): the original
-        if ada[0].dtype != hidden_states.dtype or observed(self.norm1) or observed(self.norm2):  # not self: called
+        if ada[0].dtype != hidden_states.dtype or _norms_hooked(self):  # the block itself is called: its hooks run
             return original_class(self).forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                                                 encoder_attention_mask)
         norm = ops.rms_norm_modulate(hidden_states, None, ada[1], ada[0], self.norm1.eps)
@@ -88,7 +88,8 @@ def fused_model_forward(ops):
         # chain folds (a probe, First Block Cache: it must see them run; attn1, attn2 and ff are called): the original
         blocks = self.transformer_blocks
         if (torch.is_grad_enabled() and self.gradient_checkpointing) or (
-                blocks and blocks[0].scale_shift_table.is_meta) or any(map(_bypassed_hook, blocks)):
+                blocks and blocks[0].scale_shift_table.is_meta) or any(
+                    observed(b) or _norms_hooked(b) for b in blocks):
             return original_class(self).forward(self, hidden_states, encoder_hidden_states, timestep,
                                                 encoder_attention_mask, num_frames, height, width,
                                                 rope_interpolation_scale, video_coords, attention_kwargs, return_dict)
