@@ -35,7 +35,6 @@ from ltxbench.inject import (
     OFFLOADED,
     ORIGINAL_CLASS,
     InjectionReport,
-    _source_of,
     all_or_nothing,
     forward_source,
     observed,
@@ -44,6 +43,7 @@ from ltxbench.inject import (
     patch_forward,
     require_provider,
     run_device,
+    source_of,
 )
 from ltxbench.inject.fuse import follow_moves, fuse_linears, fused_linear, release, unobserved
 from ltxbench.inject.llm.attention import (
@@ -77,7 +77,7 @@ MLP_SOURCE = ("self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))"
 
 def source_has(function, fragments) -> bool:
     """Every fragment in `function`'s source (a tuple: one of its alternatives)."""
-    src = _source_of(function)
+    src = source_of(function)
     return all(any(f in src for f in ((f,) if isinstance(f, str) else f)) for f in fragments)
 
 

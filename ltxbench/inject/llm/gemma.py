@@ -25,7 +25,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-from ltxbench.inject import _source_of, observed, original_class, patch_forward
+from ltxbench.inject import observed, original_class, patch_forward, source_of
 from ltxbench.inject.fuse import fused_linear
 from ltxbench.inject.llm import (  # the package loads before it imports this
     FUSED_ATTR,
@@ -176,7 +176,7 @@ def apply_gemma(model, ops, report, tuned_gemm: bool = False) -> None:
         elif verified(report, RULE_ROPE, attn, "Gemma3Attention", ((type(attn).forward, ATTN_FRAGMENTS),)):
             if type(attn) not in attn_forwards:
                 eager = inspect.getmodule(type(attn)).eager_attention_forward
-                new_cache_api = CACHE_UPDATE_KWARGS in _source_of(type(attn).forward)  # 5.24+; 5.17: past_key_values
+                new_cache_api = CACHE_UPDATE_KWARGS in source_of(type(attn).forward)  # 5.24+; 5.17: past_key_values
                 attn_forwards[type(attn)] = attn_forward(ops, linear, rope_cache, _sliding, eager, True,
                                                          new_cache_api)
             patch_forward(report, RULE_ROPE, attn, attn_forwards[type(attn)], classes)
