@@ -132,6 +132,11 @@ def write_reports(folders: list[Path], force: bool = False, headline: Path | Non
                                                           encoding="utf-8")
         if headline is not None:
             plots.save(plots.headline_figure(head_docs), staging.path_for(headline))
-        return staging.publish()
+        written = staging.publish()
     finally:
         staging.cleanup()
+    for folder in folders:  # a figure of a document no longer there would be read as a current result
+        for png in folder.glob("*.png"):
+            if png not in written and plots.drawn_by_report(png):
+                png.unlink()
+    return written

@@ -163,8 +163,18 @@ def headline_figure(documents: list[Document]):
     return fig
 
 
+# A tEXt chunk in every figure `report` draws: how a later report tells its own stale figures from a user's PNG.
+FIGURE_TAG = "ltxbench report"
+
+
 def save(fig, path) -> None:
     plt = _pyplot()
     # No software/date metadata: the same documents give the same bytes.
-    fig.savefig(path, dpi=110, metadata={"Software": None})
+    fig.savefig(path, dpi=110, metadata={"Software": None, "Source": FIGURE_TAG})
     plt.close(fig)
+
+
+def drawn_by_report(path) -> bool:
+    """`path` is a figure some `ltxbench report` drew (its tag in the PNG's first chunks)."""
+    with open(path, "rb") as f:
+        return f"Source\0{FIGURE_TAG}".encode() in f.read(4096)

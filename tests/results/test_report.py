@@ -345,3 +345,15 @@ def test_an_incomplete_run_is_marked_before_its_figures(tmp_path):
     readme = (folder / "README.md").read_text(encoding="utf-8")
     marked = readme.index("**Incomplete**: interrupted (SIGTERM); measured baseline, not measured compile.")
     assert readme.index("## e2e-cut.json") < marked < readme.index("| baseline |")
+
+
+def test_report_removes_its_figures_of_documents_no_longer_there(folders):
+    h100, _ = folders
+    assert _report(str(h100)).exit_code == 0
+    foreign = h100 / "my-plot.png"
+    foreign.write_bytes(PNG + b"a user's own figure")
+    (h100 / "micro-all.json").unlink()
+    result = _report(str(h100))
+    assert result.exit_code == 0, result.output
+    assert not (h100 / "micro-all.png").exists()  # its document is gone: the figure would outlive it
+    assert (h100 / "e2e-ltx-2b-49f.png").exists() and foreign.exists()  # current figures and a user's PNG stay
