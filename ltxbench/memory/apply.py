@@ -78,6 +78,7 @@ class Placement:
         self.movers: dict = {}   # component -> its phases.Mover (a phased plan)
         self._hooks: list = []
         self.phase: str | None = None  # the phase whose components are on the GPU
+        self.installed = False  # streamers and phase hooks in place (install(); a peer or a user may uninstall())
         self.enforced: dict | None = None  # bench e2e: how the budget was held to (budget_enforcer)
         # where random weights were drawn (cli._memory): from one seed, the GPU's generator and the host's give
         # other numbers, so a budgeted run's random weights are the resident run's only where drawn on the GPU
@@ -119,6 +120,7 @@ class Placement:
         before the next component's come) and the phase hooks."""
         with self._timed("install"):
             self._install()
+        self.installed = True
 
     def _install(self) -> None:
         from ltxbench.memory.phases import Mover, tensors_of
@@ -174,6 +176,7 @@ class Placement:
         """The hooks off, every component's weights back where place() left them, the streamers reverted."""
         with self._timed("uninstall"):
             self._uninstall()
+        self.installed = False
 
     def _uninstall(self) -> None:
         for hook in self._hooks:
@@ -201,17 +204,26 @@ class Placement:
             self.layout_seconds[step].append(round(time.perf_counter() - started, 3))
 
     def around(self, patch):
-        """patch() (an injection: its report, or None) applied with the streamers uninstalled, then installed again;
-        the report returned reverts the same way."""
+        """patch() (an injection: its report, or None) applied with the streamers uninstalled, then installed again
+        where they were (a placement someone uninstalled stays so); the report returned reverts the same way."""
         from ltxbench.inject import runs_on
 
-        self.uninstall()
-        try:
+        with self.lifted():
             with runs_on(self.device):
                 report = patch()
-        finally:
-            self.install()
         return report if report is None else _Placed(report, self)
+
+    @contextlib.contextmanager
+    def lifted(self):
+        """The streamers and hooks off inside, back on after (an exception included) only where they were on."""
+        was_installed = self.installed
+        if was_installed:
+            self.uninstall()
+        try:
+            yield
+        finally:
+            if was_installed:
+                self.install()
 
     def as_dict(self) -> dict:
         return {**self.plan.as_dict(), "streamers": [s.as_dict() for s in self.streamers],
@@ -241,11 +253,8 @@ class _Placed:
         self.report, self.placement = report, placement
 
     def revert(self) -> None:
-        self.placement.uninstall()
-        try:
+        with self.placement.lifted():
             self.report.revert()
-        finally:
-            self.placement.install()
 
     def __enter__(self):
         return self

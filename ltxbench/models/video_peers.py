@@ -108,7 +108,7 @@ def _apply(pipe, name: str, settings: dict, enable, remove) -> OffloadReport:
 
     report = OffloadReport(name, f"diffusers {metadata.version('diffusers')}", settings)
     placement = placement_of(pipe)
-    if placement is not None:
+    if placement is not None and placement.installed:  # reinstalled at revert only where it was installed
         placement.uninstall()
         report._undo.append(placement.install)
     try:

@@ -226,3 +226,30 @@ def test_an_injection_under_a_placement_runs_for_its_device(monkeypatch):
     placement.around(lambda: seen.append(run_device(pipe.transformer)))
     placement.uninstall()
     assert declared == [placement.device] and seen == [torch.device("cuda:0")]
+
+
+def test_an_uninstalled_placement_stays_uninstalled_around_an_injection_and_its_revert():
+    """Placement.around and the report's revert put the streamers back only where they were: a placement someone
+    uninstalled (a peer's offload, a user) is not reinstalled under them."""
+    pipe = ltx_pipeline()
+    pipe.transformer = ltx_transformer(num_layers=5)
+    models = family_of("ltx-tiny")
+    placement = Placement(pipe, tiny_memory_plan(pipe, models, phased=False), models, "cpu")
+    placement.place()
+    assert not placement.installed
+    placement.install()
+    assert placement.installed and placement.streamers
+    placement.uninstall()
+    plain = ltx_generate(pipe, ltx_embeddings(pipe), 3.0)
+    report = placement.around(lambda: inject_ltx.apply_kernels(pipe, "reference"))
+    assert not placement.installed and placement.streamers == []
+    assert streamer_of(pipe.transformer.transformer_blocks) is None
+    report.revert()
+    assert not placement.installed and placement.streamers == []
+    assert _equal((ltx_generate(pipe, ltx_embeddings(pipe), 3.0),), (plain,))
+    placement.install()  # installed, the same calls keep it installed
+    report = placement.around(lambda: inject_ltx.apply_kernels(pipe, "reference"))
+    assert placement.installed and streamer_of(pipe.transformer.transformer_blocks) is not None
+    report.revert()
+    assert placement.installed and len(placement.streamers) == 2
+    placement.uninstall()
