@@ -7,7 +7,7 @@ clean, stamped as that benchmark's (ran_the_command), or a commit whose code it 
 folder's README. Each benchmark's files replace
 the old ones only once it has finished, so that a run stopped by its time budget (`--budget-minutes`, to fit a GPU
 machine's command limit), a failure or Ctrl-C leaves the folder consistent: call it again and it resumes with the
-first benchmark not yet current.
+first benchmark not yet current. A command stopped as it exits, its whole result published, has finished: kept.
 `list` shows each benchmark's state without running anything.
 """
 
@@ -193,18 +193,41 @@ def _measure(chosen, folder: Path, work: Path, head, files, redo: bool, deadline
         work.mkdir(parents=True)
         started = time.monotonic()
         argv = [*bench.argv, *(("--image", str(first_frame(work / "first-frame.png"))) if bench.image else ())]
-        code = runner(argv, work / target.name, left if left is not None else 24 * 3600)
+        output = work / target.name
+        try:
+            code = runner(argv, output, left if left is not None else 24 * 3600)
+        except KeyboardInterrupt:
+            if _finished(output):  # stopped while exiting, its whole result published: keep it
+                _keep(output, bench, folder, measured, f"measured at {label(head)}, kept as the run was interrupted")
+            raise
+        if code == 124 and _finished(output):
+            code = 0  # stopped at the time budget while exiting, its whole result published
         if code != 0:
             print(f"{bench.name}: failed (exit {code}); the stored file is left as it was", flush=True)
             return 124 if code == 124 else 1
-        _stamp(work / target.name, bench)
-        for produced in (work / target.name, (work / target.name).with_suffix(".csv")):
-            if produced.is_file():
-                shutil.move(produced, folder / produced.name)
-        measured.append(bench.name)
         # the wall time, to check the `minutes` estimate that the budget goes by
-        print(f"{bench.name}: measured at {label(head)} in {(time.monotonic() - started) / 60:.1f} min", flush=True)
+        _keep(output, bench, folder, measured,
+              f"measured at {label(head)} in {(time.monotonic() - started) / 60:.1f} min")
     return 0
+
+
+def _finished(output: Path) -> bool:
+    """The command published its whole result at `output`: a run stopped before its end publishes none, or one that
+    says it is incomplete (what it measured)."""
+    from ltxbench.results.schema import incomplete
+
+    document = _document(output)
+    return bool(document.get("records")) and not incomplete(document)
+
+
+def _keep(output: Path, bench: Benchmark, folder: Path, measured: list, how: str) -> None:
+    """A finished benchmark's files, stamped, into `folder` (its name appended to `measured`)."""
+    _stamp(output, bench)
+    for produced in (output, output.with_suffix(".csv")):
+        if produced.is_file():
+            shutil.move(produced, folder / produced.name)
+    measured.append(bench.name)
+    print(f"{bench.name}: {how}", flush=True)
 
 
 def first_frame(path: Path, height: int = 512, width: int = 832) -> Path:

@@ -283,3 +283,46 @@ def test_a_benchmark_past_its_time_is_stopped_with_its_child_processes(tmp_path,
 
     time.sleep(3.5)
     assert not marker.exists()
+
+
+def _finished_doc(git: dict, cut: bool = False) -> str:
+    """A whole result (records and all), or with `cut` one a stopped run published of what it measured."""
+    from ltxbench.results.schema import INCOMPLETE
+
+    config = {INCOMPLETE: {"reason": "interrupted", "measured": [], "not_measured": ["compile"]}} if cut else {}
+    return json.dumps({"kind": "e2e", "env": {"git": git}, "run": {"argv": ["ltxbench"], "config": config},
+                       "records": [{"name": "denoise_step"}]})
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_benchmark_interrupted_while_exiting_keeps_its_whole_result(tmp_path, head, capsys, cut):
+    """Ctrl-C (or the machine's time limit) arriving after the command published its whole result, as it exits: the
+    result is kept, stamped; a result the command says is incomplete is not."""
+    folder = tmp_path / "results" / "h200"
+    bench = benchmarks.benchmarks_for(folder)[0]
+
+    def published_then_interrupted(argv, output, timeout):
+        output.write_text(_finished_doc(HEAD, cut))
+        raise KeyboardInterrupt
+
+    code, regenerated = _run(folder, published_then_interrupted, only=[bench.name])
+    assert code == 130 and regenerated == [folder]
+    kept = folder / f"{bench.name}.json"
+    assert kept.exists() is not cut
+    if not cut:
+        assert manifest.is_current(kept, HEAD, bench)
+        assert f"interrupted: kept {bench.name}" in capsys.readouterr().out
+
+
+def test_a_benchmark_stopped_at_its_time_after_publishing_is_kept(tmp_path, head):
+    folder = tmp_path / "results" / "h200"
+    bench = benchmarks.benchmarks_for(folder)[0]
+
+    def stopped(argv, output, timeout, cut):
+        output.write_text(_finished_doc(HEAD, cut))
+        return 124
+
+    code, _ = _run(folder, lambda *args: stopped(*args, cut=True), only=[bench.name])
+    assert code == 124 and not (folder / f"{bench.name}.json").exists()  # what a stopped run measured: not kept
+    code, _ = _run(folder, lambda *args: stopped(*args, cut=False), only=[bench.name])
+    assert code == 0 and manifest.is_current(folder / f"{bench.name}.json", HEAD, bench)
