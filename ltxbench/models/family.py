@@ -117,6 +117,8 @@ class ModelFamily:
     name: ClassVar[str]                       # recorded as the runs' "family"
     title: ClassVar[str]                      # for messages ("LTX-Video", "LLM")
     presets: ClassVar[dict[str, str | None]]  # preset -> hub id of its pretrained weights (None: random only)
+    # preset -> settings it runs with where the command line gives none (a tiny preset's CPU-sized video)
+    preset_defaults: ClassVar[dict[str, dict]] = {}
     settings_class: ClassVar[type[RunSettings]] = RunSettings
     options: ClassVar[tuple[Option, ...]] = ()
     makes_video: ClassVar[bool] = False             # `generate` takes it
@@ -141,8 +143,9 @@ class ModelFamily:
         """The typed settings from a command's option values (those that are not fields, e.g. --output, left out)."""
         names = {f.name for f in dataclasses.fields(self.settings_class)} - {"family"}
         # None: not given (an option whose default differs by family leaves it to this family's settings)
-        settings = self.settings_class(family=self.name, **{k: v for k, v in values.items()
-                                                            if k in names and v is not None})
+        given = {k: v for k, v in values.items() if k in names and v is not None}
+        preset = {k: v for k, v in self.preset_defaults.get(values.get("model"), {}).items() if k not in given}
+        settings = self.settings_class(family=self.name, **preset, **given)
         self.check_bounds(settings, command)
         if settings.precision not in self.precisions:
             raise UsageError(f"--precision {settings.precision!r}: {self.title} runs "

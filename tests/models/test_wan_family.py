@@ -53,14 +53,21 @@ def test_a_wan_pipeline_directory_is_wans_and_an_ltx_one_is_not(tmp_path):
 
 @pytest.mark.parametrize("command", ["generate", "bench e2e"])
 def test_the_pipelines_own_defaults_apply_where_the_command_line_has_none(command):
+    """A released preset runs the pipeline's defaults; a tiny one a CPU-sized video, unless the command line says."""
     from ltxbench.cli.options import declared
 
     values = {o.name: o.default_for(command) for o in declared(command)}
-    family = family_of("wan-tiny")
-    settings = family.settings(command, **{**values, "model": "wan-tiny", "weights": "random", "prompt": "x"})
+    family = family_of("wan2.1-1.3b")
+    settings = family.settings(command, **{**values, "model": "wan2.1-1.3b", "weights": "random", "prompt": "x"})
     assert type(settings) is wan.WanSettings
     assert (settings.num_frames, settings.height, settings.width, settings.steps, settings.guidance_scale,
             settings.frame_rate) == (81, 480, 832, 50, 5.0, 16)
+    for tiny in ("wan-tiny", "wan-tiny-a14b", "wan-tiny-ti2v", "wan-tiny-i2v", "wan-tiny-i2v-a14b"):
+        settings = family.settings(command, **{**values, "model": tiny, "weights": "random", "prompt": "x"})
+        assert (settings.num_frames, settings.height, settings.width, settings.steps) == (9, 64, 64, 50), tiny
+    given = family.settings(command, **{**values, "model": "wan-tiny", "weights": "random", "prompt": "x",
+                                        "num_frames": 17, "width": 128})
+    assert (given.num_frames, given.height, given.width) == (17, 64, 128)
 
 
 # --- configs and builder ----------------------------------------------------------------------------
