@@ -59,9 +59,8 @@ def workload_differences(base_doc: dict, new_doc: dict) -> list[str]:
     differ = [(k, configs[0][k], configs[1][k]) for k in RUN_SETTINGS
               if k in configs[0] and k in configs[1] and configs[0][k] != configs[1][k]]
     base, new = _shared_params(base_doc), _shared_params(new_doc)
-    for params, other in ((base, new), (new, base)):  # no budget is a setting too: another measurement
-        if MEMORY_BUDGET in params and MEMORY_BUDGET not in other and not _any_record_has(
-                base_doc if other is base else new_doc, MEMORY_BUDGET):
+    for params, other, other_doc in ((base, new, new_doc), (new, base, base_doc)):  # no budget is a setting too
+        if MEMORY_BUDGET in params and MEMORY_BUDGET not in other and not _any_record_has(other_doc, MEMORY_BUDGET):
             other[MEMORY_BUDGET] = None
     keys = sorted((k for k in base if k in new and base[k] != new[k]), key=lambda k: (k != "model", k))
     if "model" in keys and "family" in keys:  # another model's family says nothing more

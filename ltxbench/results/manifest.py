@@ -45,7 +45,12 @@ def ran_the_command(document: dict, bench: Benchmark) -> bool:
     """The result `document` is the benchmark's as it is defined now: made by this manifest for it (run.benchmark,
     stamped when the run finished: its name and command line). A file from another command line (another --dtype,
     --seed or --precision, a flag the definition has dropped since) or put there by hand is not."""
-    return (document.get("run") or {}).get("benchmark") == {"name": bench.name, "argv": list(bench.argv)}
+    return (document.get("run") or {}).get("benchmark") == _stamp_of(bench)
+
+
+def _stamp_of(bench: Benchmark) -> dict:
+    """`run.benchmark` of a result this manifest made for `bench`: its name and command line as defined now."""
+    return {"name": bench.name, "argv": list(bench.argv)}
 
 
 def _stamp(path: Path, bench: Benchmark) -> None:
@@ -53,7 +58,7 @@ def _stamp(path: Path, bench: Benchmark) -> None:
     from ltxbench.results.io import dumps
 
     document = json.loads(path.read_text())
-    document.setdefault("run", {})["benchmark"] = {"name": bench.name, "argv": list(bench.argv)}
+    document.setdefault("run", {})["benchmark"] = _stamp_of(bench)
     path.write_text(dumps(document))
 
 

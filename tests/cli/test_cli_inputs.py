@@ -237,14 +237,19 @@ def _interrupt(*args, **kwargs):
     raise KeyboardInterrupt
 
 
-def test_ctrl_c_during_generate_says_nothing_was_written(tmp_path, monkeypatch):
-    monkeypatch.setattr(ltx.LTXVideoFamily, "build", lambda self, settings: object())
-    monkeypatch.setattr(ltx.LTXVideoFamily, "generate", _interrupt)
+def _generate_interrupted_writes_nothing(tmp_path) -> None:
+    """`generate` of the tiny model into tmp_path, interrupted somewhere: one line, exit 130, nothing left there."""
     result = runner.invoke(app, ["generate", "--prompt", "a fox", *TINY, "--no-optimized-kernels", "--output",
                                  str(tmp_path / "v.mp4")])
     assert result.exit_code == 130, result.output
     assert [ln for ln in result.output.splitlines() if ln.strip()] == ["interrupted: nothing written"]
     assert not list(tmp_path.iterdir())
+
+
+def test_ctrl_c_during_generate_says_nothing_was_written(tmp_path, monkeypatch):
+    monkeypatch.setattr(ltx.LTXVideoFamily, "build", lambda self, settings: object())
+    monkeypatch.setattr(ltx.LTXVideoFamily, "generate", _interrupt)
+    _generate_interrupted_writes_nothing(tmp_path)
 
 
 @pytest.mark.parametrize(("flag", "value", "words"), [
@@ -290,11 +295,7 @@ def test_ctrl_c_while_the_mp4_is_written_leaves_no_part_of_it(tmp_path, monkeypa
         raise KeyboardInterrupt
 
     monkeypatch.setattr(diffusers.utils, "export_to_video", half_written)
-    result = runner.invoke(app, ["generate", "--prompt", "a fox", *TINY, "--no-optimized-kernels", "--output",
-                                 str(tmp_path / "v.mp4")])
-    assert result.exit_code == 130, result.output
-    assert [ln for ln in result.output.splitlines() if ln.strip()] == ["interrupted: nothing written"]
-    assert not list(tmp_path.iterdir())
+    _generate_interrupted_writes_nothing(tmp_path)
 
 
 @pytest.mark.parametrize("command", ["bench e2e", "profile"])

@@ -91,13 +91,14 @@ def _eps(norm) -> float:
 
 # ---- RMSNorm ------------------------------------------------------------------------------------------
 
-_ROWS = (torch.float32, torch.float16, torch.bfloat16)  # float64 rows: transformers' norms compute them in float32
+# the rows' dtypes our norms reproduce: transformers' (Gemma's too) compute float64 rows in float32
+NORM_ROWS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _norm_forward(ops):
     def forward(self, hidden_states):
         # transformers promotes to the weight's dtype (ops don't), and computes float64 rows in float32
-        if self.weight.dtype != hidden_states.dtype or hidden_states.dtype not in _ROWS:
+        if self.weight.dtype != hidden_states.dtype or hidden_states.dtype not in NORM_ROWS:
             return original_class(self).forward(self, hidden_states)
         return ops.rms_norm(hidden_states, self.weight, _eps(self), cast_before_weight=True)
 
@@ -121,7 +122,7 @@ def _layer_forward(ops, linear, tuned_gemm: bool):
                                           position_embeddings=position_embeddings, **kwargs)
         post = self.post_attention_layernorm
         # meta: offloaded; observed: hooked, it must run itself
-        if (post.weight.dtype == hidden_states.dtype == residual.dtype and hidden_states.dtype in _ROWS
+        if (post.weight.dtype == hidden_states.dtype == residual.dtype and hidden_states.dtype in NORM_ROWS
                 and not post.weight.is_meta and not observed(post)):
             hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, post.weight, _eps(post),
                                                              cast_before_weight=True)

@@ -22,13 +22,13 @@ from __future__ import annotations
 import functools
 import inspect
 
-import torch
 import torch.nn.functional as F
 
 from ltxbench.inject import observed, original_class, patch_forward, source_of
 from ltxbench.inject.fuse import fused_linear
 from ltxbench.inject.llm import (  # the package loads before it imports this
     FUSED_ATTR,
+    NORM_ROWS,
     RULE_DECODE,
     fuse_gate_up,
     patch_projections,
@@ -49,7 +49,6 @@ RULE_NORM = "gemma rms_norm (1 + weight)"
 RULE_LAYER = "gemma decoder layer: residual + pre_feedforward_layernorm (fused_add_rms_norm)"
 RULE_MLP = "gemma mlp: fused gate_up projection + geglu (tanh GELU)"
 RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE, RULE_DECODE)
-HALF = (torch.bfloat16, torch.float16)
 
 # Source fragments of the transformers 5.x code reproduced here: a release that rewrites them is skipped.
 NORM_SOURCE = ("output = self._norm(x.float())", "output = output * (1.0 + self.weight.float())",
@@ -78,7 +77,7 @@ def text_model(model):
 def gemma_rms_norm(ops, norm, x):
     """Gemma3RMSNorm's numbers through ops.rms_norm, or None for rows it would not reproduce (not fp32/16-bit:
     Gemma computes float64 rows in fp32)."""
-    if x.dtype not in (torch.float32, *HALF):
+    if x.dtype not in NORM_ROWS:
         return None
     if norm.weight.dtype == x.dtype:
         return ops.rms_norm(x, norm.weight, norm.eps, weight_offset=1.0)
@@ -107,7 +106,7 @@ def _layer_forward(ops):
                                           attention_mask=attention_mask, position_ids=position_ids, **kwargs)
         hidden_states = self.post_attention_layernorm(hidden_states)
         pre = self.pre_feedforward_layernorm
-        if (hidden_states.dtype == residual.dtype == pre.weight.dtype and hidden_states.dtype in (torch.float32, *HALF)
+        if (hidden_states.dtype == residual.dtype == pre.weight.dtype and hidden_states.dtype in NORM_ROWS
                 and not pre.weight.is_meta and not observed(pre)):  # hooked: it must run itself
             hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, pre.weight, pre.eps,
                                                              weight_offset=1.0)
