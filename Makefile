@@ -56,7 +56,7 @@ clean:
 
 # On a GPU machine: re-measure, at the checkout's commit, the canonical benchmarks of results/$(GPU) that do not
 # record it yet (ltxbench/results/benchmarks.py), then regenerate its README. Resumable: ONLY=a,b picks benchmarks,
-# BUDGET=9 starts none that would end after 9 minutes (exit 124: call again).
+# BUDGET=9 runs those that fit in 9 minutes, in order, the others left pending (exit 124: call again).
 .PHONY: results
 results:
 	@[ -n "$(GPU)" ] || { echo "make $@: set GPU to the results/ folder of this machine, e.g. GPU=h100 or GPU=h200x4" >&2; \

@@ -53,13 +53,30 @@ def _stamp_of(bench: Benchmark) -> dict:
     return {"name": bench.name, "argv": list(bench.argv)}
 
 
-def _stamp(path: Path, bench: Benchmark) -> None:
-    """Record in the finished result which benchmark of the manifest it is (ran_the_command reads it)."""
+WALL = "manifest_wall_minutes"  # run.<WALL>: the command's wall time as the manifest measured it (expected_minutes)
+
+
+def _stamp(path: Path, bench: Benchmark, wall_minutes: float | None = None) -> None:
+    """Record in the finished result which benchmark of the manifest it is (ran_the_command reads it) and the wall
+    time the command took."""
     from ltxbench.results.io import dumps
 
     document = json.loads(path.read_text())
-    document.setdefault("run", {})["benchmark"] = _stamp_of(bench)
+    run = document.setdefault("run", {})
+    run["benchmark"] = _stamp_of(bench)
+    if wall_minutes is not None:
+        run[WALL] = round(wall_minutes, 2)
     path.write_text(dumps(document))
+
+
+def expected_minutes(bench: Benchmark, target: Path) -> float:
+    """The wall time the budget goes by: the stored result's own (the same benchmark on this folder's GPU), with a
+    quarter and 15 s to spare for a colder machine; else the benchmark's estimate."""
+    document = _document(target)
+    wall = (document.get("run") or {}).get(WALL)
+    if isinstance(wall, int | float) and wall > 0 and ran_the_command(document, bench):
+        return round(1.25 * wall + 0.25, 1)
+    return bench.minutes
 
 
 def is_current(path: Path, head: dict, bench: Benchmark | None = None, files: dict | None = None) -> bool:
@@ -187,8 +204,10 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
 
 
 def _measure(chosen, folder: Path, work: Path, head, files, redo: bool, deadline, runner, measured: list) -> int:
-    """Run the benchmarks of `chosen` not current yet, each file moved into `folder` once it finished (its name then
-    appended to `measured`); the run's status (0, 1 failed, 124 out of budget or time)."""
+    """Run the benchmarks of `chosen` not current yet that fit in the budget left, in order, each file moved into
+    `folder` once it finished (its name then appended to `measured`); the run's status (0, 1 failed, 124 out of budget
+    or time: some left pending)."""
+    pending = []
     for bench in chosen:
         target = folder / f"{bench.name}.json"
         if not redo and is_current(target, head, bench, files):
@@ -199,10 +218,12 @@ def _measure(chosen, folder: Path, work: Path, head, files, redo: bool, deadline
             print(f"{bench.name}: skipped, needs {', '.join(missing)}", flush=True)
             continue
         left = None if deadline is None else deadline - time.monotonic()
-        if left is not None and left < bench.minutes * 60:
-            print(f"{bench.name}: pending (about {bench.minutes:g} min, {max(left, 0) / 60:.1f} min of the budget "
-                  "left); call again to resume", flush=True)
-            return 124
+        minutes = expected_minutes(bench, target)
+        if left is not None and left < minutes * 60:  # left for the next call; a shorter one after it may still fit
+            print(f"{bench.name}: pending (about {minutes:g} min, {max(left, 0) / 60:.1f} min of the budget left)",
+                  flush=True)
+            pending.append(bench.name)
+            continue
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         started = time.monotonic()
@@ -219,9 +240,11 @@ def _measure(chosen, folder: Path, work: Path, head, files, redo: bool, deadline
         if code != 0:
             print(f"{bench.name}: failed (exit {code}); the stored file is left as it was", flush=True)
             return 124 if code == 124 else 1
-        # the wall time, to check the `minutes` estimate that the budget goes by
-        _keep(output, bench, folder, measured,
-              f"measured at {label(head)} in {(time.monotonic() - started) / 60:.1f} min")
+        wall = (time.monotonic() - started) / 60  # kept in the result: the next budget goes by it
+        _keep(output, bench, folder, measured, f"measured at {label(head)} in {wall:.1f} min", wall)
+    if pending:
+        print(f"{len(pending)} pending ({', '.join(pending)}): call again to resume", flush=True)
+        return 124
     return 0
 
 
@@ -234,9 +257,9 @@ def _finished(output: Path) -> bool:
     return bool(document.get("records")) and not incomplete(document)
 
 
-def _keep(output: Path, bench: Benchmark, folder: Path, measured: list, how: str) -> None:
+def _keep(output: Path, bench: Benchmark, folder: Path, measured: list, how: str, wall: float | None = None) -> None:
     """A finished benchmark's files, stamped, into `folder` (its name appended to `measured`)."""
-    _stamp(output, bench)
+    _stamp(output, bench, wall)
     for produced in (output, output.with_suffix(".csv")):
         if produced.is_file():
             shutil.move(produced, folder / produced.name)

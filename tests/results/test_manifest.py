@@ -106,12 +106,31 @@ def test_a_failure_keeps_the_stored_file_and_stops(tmp_path, head):
     assert manifest.is_current(folder / f"{first}.json", HEAD)
 
 
-def test_the_budget_leaves_the_rest_pending(tmp_path, head):
+def test_the_budget_runs_what_fits_in_order_and_leaves_the_rest_pending(tmp_path, head, capsys):
+    """Under a budget each benchmark that fits in what is left runs, in order (a shorter one after a long one still
+    does); the others are pending for the next call (exit 124)."""
     folder = tmp_path / "h200"
     benches = benchmarks.benchmarks_for(folder)
     runner = FakeRunner(HEAD)
-    code, _ = _run(folder, runner, budget_minutes=benches[0].minutes + 0.5)
-    assert code == 124 and runner.ran == [benches[0].name]
+    code, _ = _run(folder, runner, budget_minutes=1.05)  # the fake commands take no time
+    fitting = [b.name for b in benches if b.minutes <= 1]
+    assert code == 124 and fitting and runner.ran == fitting
+    out = capsys.readouterr().out
+    assert f"{benches[0].name}: pending (about {benches[0].minutes:g} min" in out
+    assert f"{len(benches) - len(fitting)} pending (" in out
+    for name in fitting:  # each kept with the wall time it took, which the next budget goes by
+        assert manifest.WALL in json.loads((folder / f"{name}.json").read_text())["run"]
+
+
+def test_the_budget_goes_by_the_stored_run_s_own_wall_time(tmp_path):
+    bench = benchmarks.benchmarks_for(tmp_path)[0]
+    target = tmp_path / f"{bench.name}.json"
+    assert manifest.expected_minutes(bench, target) == bench.minutes  # nothing stored: the estimate
+    target.write_text(_doc(HEAD, bench.argv, bench))
+    manifest._stamp(target, bench, 2.0)
+    assert manifest.expected_minutes(bench, target) == 2.8  # with a quarter and 15 s to spare
+    other = dataclasses.replace(bench, argv=(*bench.argv, "--seed", "1"))
+    assert manifest.expected_minutes(other, target) == other.minutes  # another command's time does not count
 
 
 def test_a_dirty_tree_or_an_unknown_benchmark_is_refused(tmp_path, head, capsys):
