@@ -299,10 +299,10 @@ def show(folder: Path) -> int:
         current = bool(head) and is_current(path, head, bench, files)
         state = ("missing" if not path.is_file() else current_label(path, head) if current
                  else f"measured at {label(git)}")
-        print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{bench.minutes:g} min  {state}")
-        due += [] if current else [bench]
-    print(f"{len(chosen) - len(due)} of {len(chosen)} current; the other {len(due)} take ~"
-          f"{sum(b.minutes for b in due):g} min")
+        minutes = expected_minutes(bench, path)
+        print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{minutes:g} min  {state}")
+        due += [] if current else [minutes]
+    print(f"{len(chosen) - len(due)} of {len(chosen)} current; the other {len(due)} take ~{sum(due):g} min")
     return 0
 
 
