@@ -70,3 +70,15 @@ def test_the_cuda_skip_check_sees_each_form():
                  '@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a GPU")'):
         assert OWN_CUDA_SKIP.search(line), line
     assert not OWN_CUDA_SKIP.search('@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU path")')
+
+
+# The docs stay short enough to read: the README is the front page, each docs/ page one topic, decisions and numbers.
+README_MAX_LINES, DOC_MAX_LINES = 150, 250
+
+
+def test_the_readme_and_each_docs_page_keep_to_their_length():
+    root = TESTS.parent
+    pages = {root / "README.md": README_MAX_LINES, **{p: DOC_MAX_LINES for p in sorted((root / "docs").glob("*.md"))}}
+    for page, limit in pages.items():
+        lines = len(page.read_text(encoding="utf-8").splitlines())
+        assert lines <= limit, f"{page.relative_to(root)}: {lines} lines, more than {limit}"
