@@ -301,7 +301,8 @@ def show(folder: Path) -> int:
                  else f"measured at {label(git)}")
         minutes = expected_minutes(bench, path)
         print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{minutes:g} min  {state}")
-        due += [] if current else [minutes]
+        if not current:
+            due.append(minutes)
     print(f"{len(chosen) - len(due)} of {len(chosen)} current; the other {len(due)} take ~{sum(due):g} min")
     return 0
 

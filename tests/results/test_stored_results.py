@@ -3,12 +3,12 @@ each folder holds only result documents, their CSV and PNG, and that README."""
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 
+from ltxbench.results.manifest import recorded_git
 from ltxbench.results.report import README, load_folder, render_readme
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,7 +51,7 @@ def test_a_doc_names_existing_results_and_the_commit_they_record(doc):
     for line, path, commit in citations(doc.read_text(encoding="utf-8")):
         assert (ROOT / path).is_file(), f"{doc.name}:{line} names {path}, which is not stored"
         if commit is not None:
-            recorded = (json.loads((ROOT / path).read_text()).get("env", {}).get("git") or {}).get("sha", "")
+            recorded = (recorded_git(ROOT / path) or {}).get("sha", "")
             assert recorded.startswith(commit), f"{doc.name}:{line}: {path} records {recorded[:7]}, the doc {commit}"
 
 
