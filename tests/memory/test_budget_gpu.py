@@ -45,9 +45,9 @@ def test_an_allocation_past_the_budget_runs_out_of_memory():
 
 def test_bench_e2e_records_the_budget_and_both_peaks(tmp_path):
     out = tmp_path / "e2e.json"
-    # 4 GiB above what the GPU already holds (other processes on a shared GPU count against a budget: refused, exit 4)
-    free, total = torch.cuda.mem_get_info()
-    budget = math.ceil((total - free) / 2**30) + 4
+    # 90% of the GPU: what other processes hold counts against a budget (past it: refused, exit 4), and under
+    # `make test-gpu GPU_WORKERS=N` the other workers' use grows while this runs (a snapshot + 4 GiB was refused)
+    budget = math.floor(0.9 * torch.cuda.mem_get_info()[1] / 2**30)
     result = CliRunner().invoke(app, ["bench", "e2e", "--model", "ltx2-tiny", "--weights", "random", "--num-frames",
                                       "9", "--height", "64", "--width", "64", "--steps", "2", "--warmup-iterations",
                                       "1", "--repeats", "1", "--configs", "baseline,optimized", "--memory-budget",
