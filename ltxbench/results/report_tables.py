@@ -17,6 +17,7 @@ from ltxbench.results.schema import out_of_memory_label
 
 OURS = "cuda"  # the provider name of ltxbench's own kernels in `bench micro`
 DASH = "–"
+BESIDE = "manifest_beside"  # ltxbench.results.manifest.BESIDE (that module runs benchmarks: not imported here)
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,9 @@ class Document:
 
     @property
     def provenance(self) -> str:
-        return f"{self.path.as_posix()} · {self.devices} · git {self.commit} · {self.started} UTC"
+        beside = self.doc["run"].get(BESIDE)  # the results manifest ran it on one GPU of several, others beside it
+        shared = f" · beside {len(beside)} other benchmarks on this host's GPUs" if beside else ""
+        return f"{self.path.as_posix()} · {self.devices} · git {self.commit} · {self.started} UTC{shared}"
 
 
 def load_folder(folder: Path) -> list[Document]:

