@@ -13,11 +13,11 @@ from ltxbench.errors import UsageError
 from ltxbench.results.comparable import world_of
 from ltxbench.results.io import load_result
 from ltxbench.results.provenance import label as provenance_label
+from ltxbench.results.remeasure import BESIDE
 from ltxbench.results.schema import out_of_memory_label
 
 OURS = "cuda"  # the provider name of ltxbench's own kernels in `bench micro`
 DASH = "–"
-BESIDE = "manifest_beside"  # ltxbench.results.manifest.BESIDE (that module runs benchmarks: not imported here)
 
 
 @dataclass(frozen=True)

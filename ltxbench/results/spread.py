@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from ltxbench.results import manifest
+from ltxbench.results import remeasure
 from ltxbench.results.benchmarks import Benchmark
 from ltxbench.results.commands import signal_all
 from ltxbench.results.provenance import label
@@ -46,7 +46,7 @@ class Board:
             while True:
                 if self.status or self.interrupted or not self.queue:
                     return None, None
-                left = manifest.time_left(self.deadline)
+                left = remeasure.time_left(self.deadline)
                 if any(alone(b) for b in self.running.values()):
                     self.cond.wait()
                     continue
@@ -54,7 +54,7 @@ class Board:
                     if alone(bench) and self.running:
                         continue
                     self.queue.remove(bench)
-                    if not manifest.fits(bench, self.folder, left):  # the budget only shrinks: left for a later call
+                    if not remeasure.fits(bench, self.folder, left):  # the budget only shrinks: left for a later call
                         self.pending.append(bench.name)
                         continue
                     self._start(bench)
@@ -90,9 +90,9 @@ class Board:
 
 def measure_spread(chosen: list[Benchmark], folder: Path, work: Path, head, files, redo: bool, deadline, runner,
                    measured: list, devices: list[int], logs: Path) -> int:
-    """manifest._measure over `devices`, one worker thread each; the run's status (0, 1 failed, 124 out of budget or
+    """remeasure._measure over `devices`, one worker thread each; the run's status (0, 1 failed, 124 out of budget or
     time), or KeyboardInterrupt once every command has stopped (the finished ones kept)."""
-    board = Board([b for b in chosen if manifest.due(b, folder, head, files, redo)], folder, deadline)
+    board = Board([b for b in chosen if remeasure.due(b, folder, head, files, redo)], folder, deadline)
     logs.mkdir(parents=True, exist_ok=True)
     lock = threading.Lock()  # moving finished files into the folder, and the `measured` list
 
@@ -101,7 +101,7 @@ def measure_spread(chosen: list[Benchmark], folder: Path, work: Path, head, file
             bench, left = board.take()
             if bench is None:
                 return
-            argv, output = manifest.prepare(bench, work / f"gpu{device}")
+            argv, output = remeasure.prepare(bench, work / f"gpu{device}")
             log, status = logs / f"{bench.name}.log", 1
             where, started = f" on GPU {device} (log {log})", time.monotonic()
             try:
@@ -113,11 +113,11 @@ def measure_spread(chosen: list[Benchmark], folder: Path, work: Path, head, file
                 with lock:
                     beside = board.beside_of(bench.name)
                     if not board.interrupted:
-                        status = manifest.settle(code, output, bench, folder, measured, head, started, beside, where)
+                        status = remeasure.settle(code, output, bench, folder, measured, head, started, beside, where)
                     else:
                         status = 0
-                        if manifest.finished(output):  # stopped while exiting, its whole result published: kept
-                            manifest.keep(output, bench, folder, measured, f"measured at {label(head)}{where}, kept "
+                        if remeasure.finished(output):  # stopped while exiting, its whole result published: kept
+                            remeasure.keep(output, bench, folder, measured, f"measured at {label(head)}{where}, kept "
                                           "as the run was interrupted", None, beside)
             finally:  # also when the runner raised: the others must not wait for it
                 board.finish(bench, status)

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from ltxbench.cli import app
-from ltxbench.results import benchmarks, commands, manifest
+from ltxbench.results import benchmarks, commands, manifest, remeasure
 
 HEAD = {"sha": "a" * 40, "dirty": False, "diff_sha256": None, "code": "c" * 64, "source": "git"}
 OLDER = {**HEAD, "sha": "b" * 40, "code": "d" * 64}  # an earlier commit of other code
@@ -24,7 +24,7 @@ OLDER = {**HEAD, "sha": "b" * 40, "code": "d" * 64}  # an earlier commit of othe
 def head(monkeypatch):
     state = dict(HEAD)
     monkeypatch.setattr(manifest, "provenance_and_files", lambda: (state, None))
-    monkeypatch.setattr(manifest, "missing_needs", lambda bench: [])
+    monkeypatch.setattr(remeasure, "missing_needs", lambda bench: [])
     return state
 
 
@@ -68,7 +68,7 @@ def test_runs_what_is_not_current_then_resumes_with_nothing_to_do(tmp_path, head
     runner = FakeRunner(HEAD)
     code, regenerated = _run(folder, runner)
     assert code == 0 and runner.ran == names[1:] and regenerated == [folder]
-    assert all(manifest.is_current(folder / f"{b.name}.json", HEAD, b) for b in benches)
+    assert all(remeasure.is_current(folder / f"{b.name}.json", HEAD, b) for b in benches)
     assert (folder / f"{names[1]}.csv").read_text() == "csv\n"
     runner.ran.clear()
     code, regenerated = _run(folder, runner)
@@ -102,8 +102,8 @@ def test_a_failure_keeps_the_stored_file_and_stops(tmp_path, head):
     (folder / f"{second}.json").write_text(_doc(OLDER))
     code, regenerated = _run(folder, FakeRunner(HEAD, fail=second))
     assert code == 1 and regenerated == [folder]  # the first one's README entry is regenerated
-    assert manifest.recorded_git(folder / f"{second}.json")["sha"] == "b" * 40
-    assert manifest.is_current(folder / f"{first}.json", HEAD)
+    assert remeasure.recorded_git(folder / f"{second}.json")["sha"] == "b" * 40
+    assert remeasure.is_current(folder / f"{first}.json", HEAD)
 
 
 def test_the_budget_runs_what_fits_in_order_and_leaves_the_rest_pending(tmp_path, head, capsys):
@@ -119,18 +119,18 @@ def test_the_budget_runs_what_fits_in_order_and_leaves_the_rest_pending(tmp_path
     assert f"{benches[0].name}: pending (about {benches[0].minutes:g} min" in out
     assert f"{len(benches) - len(fitting)} pending (" in out
     for name in fitting:  # each kept with the wall time it took, which the next budget goes by
-        assert manifest.WALL in json.loads((folder / f"{name}.json").read_text())["run"]
+        assert remeasure.WALL in json.loads((folder / f"{name}.json").read_text())["run"]
 
 
 def test_the_budget_goes_by_the_stored_run_s_own_wall_time(tmp_path):
     bench = benchmarks.benchmarks_for(tmp_path)[0]
     target = tmp_path / f"{bench.name}.json"
-    assert manifest.expected_minutes(bench, target) == bench.minutes  # nothing stored: the estimate
+    assert remeasure.expected_minutes(bench, target) == bench.minutes  # nothing stored: the estimate
     target.write_text(_doc(HEAD, bench.argv, bench))
-    manifest._stamp(target, bench, 2.0)
-    assert manifest.expected_minutes(bench, target) == 2.8  # with a quarter and 15 s to spare
+    remeasure._stamp(target, bench, 2.0)
+    assert remeasure.expected_minutes(bench, target) == 2.8  # with a quarter and 15 s to spare
     other = dataclasses.replace(bench, argv=(*bench.argv, "--seed", "1"))
-    assert manifest.expected_minutes(other, target) == other.minutes  # another command's time does not count
+    assert remeasure.expected_minutes(other, target) == other.minutes  # another command's time does not count
 
 
 def test_a_dirty_tree_or_an_unknown_benchmark_is_refused(tmp_path, head, capsys):
@@ -273,9 +273,9 @@ def test_a_result_of_an_earlier_commit_with_the_same_code_is_current(tmp_path, h
                          ({**HEAD, "sha": "b" * 40, "dirty": True}, False), ({**HEAD, "sha": "b" * 40, "code": None},
                                                                               False), (HEAD, True)):
         path.write_text(_doc(git))
-        assert manifest.is_current(path, HEAD) is current, git
+        assert remeasure.is_current(path, HEAD) is current, git
     path.write_text(_doc({**HEAD, "sha": "b" * 40}))
-    assert manifest.current_label(path, HEAD) == "current (measured at bbbbbbb, the code of aaaaaaa)"
+    assert remeasure.current_label(path, HEAD) == "current (measured at bbbbbbb, the code of aaaaaaa)"
 
 
 def test_a_result_stays_current_while_the_code_it_ran_is_unchanged(tmp_path, head):
@@ -289,14 +289,14 @@ def test_a_result_stays_current_while_the_code_it_ran_is_unchanged(tmp_path, hea
     git = {**OLDER, "executed": ["ltxbench/run.py"], "executed_code": executed_digest(files, ["ltxbench/run.py"])}
     path = tmp_path / "r.json"
     path.write_text(_doc(git, bench.argv, bench))
-    assert manifest.is_current(path, HEAD, bench, files)
-    assert manifest.is_current(path, HEAD, bench, {**files, "ltxbench/inject/wan/x.py": "x"})
+    assert remeasure.is_current(path, HEAD, bench, files)
+    assert remeasure.is_current(path, HEAD, bench, {**files, "ltxbench/inject/wan/x.py": "x"})
     for name in ("ltxbench/run.py", "cuda/k.cu", "configs/m.json"):
-        assert not manifest.is_current(path, HEAD, bench, {**files, name: "x"}), name
+        assert not remeasure.is_current(path, HEAD, bench, {**files, name: "x"}), name
     steps = list(bench.argv)
     steps[steps.index("--steps") + 1] = "3"
     path.write_text(_doc(git, steps, dataclasses.replace(bench, argv=tuple(steps))))  # the definition changed since
-    assert not manifest.is_current(path, HEAD, bench, files)
+    assert not remeasure.is_current(path, HEAD, bench, files)
 
 
 def test_only_a_result_this_manifest_made_for_the_benchmark_counts_as_its_measurement(tmp_path):
@@ -309,7 +309,7 @@ def test_only_a_result_this_manifest_made_for_the_benchmark_counts_as_its_measur
     for stamp, same in ((bench, True), (None, False), (other, False),
                         (dataclasses.replace(bench, argv=(*bench.argv, "--dtype", "fp16")), False)):
         path.write_text(_doc(HEAD, bench.argv, stamp))
-        assert manifest.ran_the_command(json.loads(path.read_text()), bench) is same, stamp
+        assert remeasure.ran_the_command(json.loads(path.read_text()), bench) is same, stamp
 
 
 def test_the_manifest_stamps_what_it_ran(tmp_path, head):
@@ -318,7 +318,7 @@ def test_the_manifest_stamps_what_it_ran(tmp_path, head):
     code, _ = _run(folder, FakeRunner(HEAD), only=[bench.name])
     document = json.loads((folder / f"{bench.name}.json").read_text())
     assert code == 0 and document["run"]["benchmark"] == {"name": bench.name, "argv": list(bench.argv)}
-    assert manifest.is_current(folder / f"{bench.name}.json", HEAD, bench)
+    assert remeasure.is_current(folder / f"{bench.name}.json", HEAD, bench)
 
 
 def test_a_benchmark_past_its_time_is_stopped_with_its_child_processes(tmp_path, monkeypatch):
@@ -364,7 +364,7 @@ def test_a_benchmark_interrupted_while_exiting_keeps_its_whole_result(tmp_path, 
     kept = folder / f"{bench.name}.json"
     assert kept.exists() is not cut
     if not cut:
-        assert manifest.is_current(kept, HEAD, bench)
+        assert remeasure.is_current(kept, HEAD, bench)
         assert f"interrupted: kept {bench.name}" in capsys.readouterr().out
 
 
@@ -379,4 +379,4 @@ def test_a_benchmark_stopped_at_its_time_after_publishing_is_kept(tmp_path, head
     code, _ = _run(folder, lambda *args: stopped(*args, cut=True), only=[bench.name])
     assert code == 124 and not (folder / f"{bench.name}.json").exists()  # what a stopped run measured: not kept
     code, _ = _run(folder, lambda *args: stopped(*args, cut=False), only=[bench.name])
-    assert code == 0 and manifest.is_current(folder / f"{bench.name}.json", HEAD, bench)
+    assert code == 0 and remeasure.is_current(folder / f"{bench.name}.json", HEAD, bench)

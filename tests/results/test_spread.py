@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ltxbench.results import benchmarks, commands, manifest, spread
+from ltxbench.results import benchmarks, commands, manifest, remeasure, spread
 from ltxbench.results.report_tables import Document
 
 HEAD = {"sha": "a" * 40, "dirty": False, "diff_sha256": None, "code": "c" * 64, "source": "git"}
@@ -22,7 +22,7 @@ ALONE = "e2e-ltx-2b-161f-8gib"  # --memory-budget: streams from pinned host memo
 @pytest.fixture
 def head(monkeypatch):
     monkeypatch.setattr(manifest, "provenance_and_files", lambda: (dict(HEAD), None))
-    monkeypatch.setattr(manifest, "missing_needs", lambda bench: [])
+    monkeypatch.setattr(remeasure, "missing_needs", lambda bench: [])
 
 
 class GpuRunner:
@@ -60,7 +60,7 @@ def _run(folder, runner, names, devices=(0, 1), **kwargs):
 
 
 def _stamped_beside(folder, name):
-    return json.loads((folder / f"{name}.json").read_text())["run"][manifest.BESIDE]
+    return json.loads((folder / f"{name}.json").read_text())["run"][remeasure.BESIDE]
 
 
 def test_each_benchmark_runs_once_on_one_gpu_and_says_what_ran_beside_it(tmp_path, head):
@@ -70,7 +70,7 @@ def test_each_benchmark_runs_once_on_one_gpu_and_says_what_ran_beside_it(tmp_pat
     assert sorted(n for n, _ in runner.ran) == sorted(SHARED)
     assert {d for _, d in runner.ran} == {0, 1}  # both GPUs worked
     for name in SHARED:
-        assert manifest.is_current(folder / f"{name}.json", HEAD)
+        assert remeasure.is_current(folder / f"{name}.json", HEAD)
         # every command that ran at the same time is named (the board counts from start to file kept: a superset)
         assert runner.overlaps[name] <= set(_stamped_beside(folder, name)) <= set(SHARED) - {name}
     assert any(runner.overlaps.values())  # side by side, and said so
@@ -105,14 +105,14 @@ def test_a_failure_starts_nothing_more_and_keeps_the_stored_file(tmp_path, head)
     assert not (folder / f"{SHARED[0]}.json").exists()
     ran = [n for n, _ in runner.ran]
     assert len(ran) < len(SHARED) and SHARED[1] in ran  # the other GPU's first one finished and is kept
-    assert manifest.is_current(folder / f"{SHARED[1]}.json", HEAD)
+    assert remeasure.is_current(folder / f"{SHARED[1]}.json", HEAD)
 
 
 def test_ctrl_c_in_one_command_stops_the_run_and_keeps_what_finished(tmp_path, head, capsys):
     folder = tmp_path / "results" / "h100"
     runner = GpuRunner(interrupt=SHARED[1])
     assert _run(folder, runner, SHARED) == 130
-    assert manifest.is_current(folder / f"{SHARED[0]}.json", HEAD)  # ran beside the interrupted one, finished
+    assert remeasure.is_current(folder / f"{SHARED[0]}.json", HEAD)  # ran beside the interrupted one, finished
     assert not (folder / f"{SHARED[1]}.json").exists()
     assert f"interrupted: kept {SHARED[0]}" in capsys.readouterr().out
 
@@ -132,7 +132,7 @@ def test_one_device_pins_the_sequential_run_to_that_gpu(tmp_path, head):
     runner = GpuRunner(seconds=0)
     assert _run(folder, runner, SHARED[:2], devices=(3,)) == 0
     assert runner.ran == [(SHARED[0], 3), (SHARED[1], 3)]
-    assert manifest.BESIDE not in json.loads((folder / f"{SHARED[0]}.json").read_text())["run"]
+    assert remeasure.BESIDE not in json.loads((folder / f"{SHARED[0]}.json").read_text())["run"]
 
 
 def test_the_command_sees_only_its_gpu_and_writes_its_log(tmp_path, monkeypatch):
@@ -158,7 +158,7 @@ def test_the_command_sees_only_its_gpu_and_writes_its_log(tmp_path, monkeypatch)
 
 def test_the_report_says_a_result_was_measured_beside_others(tmp_path):
     doc = {"kind": "e2e", "env": {"git": HEAD, "gpus": [{"name": "NVIDIA H100 80GB HBM3"}]},
-           "run": {"argv": ["ltxbench"], "started_at": "2026-12-05T10:00:00+00:00", manifest.BESIDE: ["a", "b"]}}
+           "run": {"argv": ["ltxbench"], "started_at": "2026-12-05T10:00:00+00:00", remeasure.BESIDE: ["a", "b"]}}
     assert "beside 2 other benchmarks on this host's GPUs" in Document(tmp_path / "x.json", doc).provenance
-    doc["run"][manifest.BESIDE] = []
+    doc["run"][remeasure.BESIDE] = []
     assert "beside" not in Document(tmp_path / "x.json", doc).provenance

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ltxbench.results.manifest import recorded_git
+from ltxbench.results.remeasure import recorded_git
 from ltxbench.results.report import README, load_folder, render_readme
 
 ROOT = Path(__file__).resolve().parents[2]
