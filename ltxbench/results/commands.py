@@ -58,7 +58,8 @@ def execute(argv: list[str], output: Path, timeout_s: float, device: int | None 
     if argv[0] == "profile":
         command += ["--trace-dir", str(output.parent / f"{output.stem}-traces")]
     env = None if device is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(device)}
-    print("$ " + " ".join(["ltxbench", *argv]) + ("" if device is None else f"  (GPU {device})"), flush=True)
+    line = "$ " + " ".join(["ltxbench", *argv]) + ("" if device is None else f"  (GPU {device})")
+    print(line + "\n", end="", flush=True)  # one write: the commands of several GPUs start at once
     with open(log, "w") if log is not None else contextlib.nullcontext() as sink:
         process = subprocess.Popen(command, start_new_session=True, env=env, stdout=sink,
                                    stderr=None if sink is None else subprocess.STDOUT)

@@ -78,7 +78,7 @@ def run(folder: Path, only: list[str] | None = None, budget_minutes: float | Non
             status = _measure(chosen, folder, work, head, files, redo, deadline, pinned, measured)
     except KeyboardInterrupt:
         kept = f"kept {', '.join(measured)}" if measured else "no benchmark finished"
-        print(f"interrupted: {kept}; the one running is left as it was stored; call again to resume", flush=True)
+        print(f"interrupted: {kept}; what was running is left as it was stored; call again to resume", flush=True)
         status = 130
     finally:
         shutil.rmtree(work, ignore_errors=True)
