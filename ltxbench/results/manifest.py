@@ -129,7 +129,7 @@ def show(folder: Path) -> int:
     head, files = provenance_and_files()
     head = head or {}
     chosen = benchmarks_for(folder)
-    due = []
+    stale, missing = [], []  # the minutes of the stored files not current, and of the benchmarks never stored
     for bench in chosen:
         path = folder / f"{bench.name}.json"
         git = recorded_git(path)
@@ -139,8 +139,10 @@ def show(folder: Path) -> int:
         minutes = expected_minutes(bench, path)
         print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{minutes:g} min  {state}")
         if not current:
-            due.append(minutes)
-    print(f"{len(chosen) - len(due)} of {len(chosen)} current; the other {len(due)} take ~{sum(due):g} min")
+            (stale if path.is_file() else missing).append(minutes)
+    due = len(stale) + len(missing)
+    print(f"{len(chosen) - due} of {len(chosen)} current; the other {due} take ~{sum(stale) + sum(missing):g} min "
+          f"({len(stale)} stored, ~{sum(stale):g} min; {len(missing)} never stored, ~{sum(missing):g} min)")
     return 0
 
 

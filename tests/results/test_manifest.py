@@ -236,11 +236,15 @@ def test_the_listing_sums_what_making_the_folder_current_takes(tmp_path, head, c
     chosen = benchmarks.benchmarks_for(folder)
     first = chosen[0]
     (folder / f"{first.name}.json").write_text(_doc(HEAD, first.argv, first))
+    stored = chosen[1]  # stored at an older commit: re-measured, apart from the never-stored ones
+    (folder / f"{stored.name}.json").write_text(_doc(OLDER, stored.argv, stored))
     assert manifest.show(folder) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith(first.name) and "current" in lines[0] and "missing" in lines[1]
-    rest = sum(b.minutes for b in chosen[1:])
-    assert lines[-1] == f"1 of {len(chosen)} current; the other {len(chosen) - 1} take ~{rest:g} min"
+    assert lines[0].startswith(first.name) and "current" in lines[0] and "measured at bbbbbbb" in lines[1]
+    assert "missing" in lines[2]
+    rest = sum(b.minutes for b in chosen[2:])
+    assert lines[-1] == (f"1 of {len(chosen)} current; the other {len(chosen) - 1} take ~{rest + stored.minutes:g} "
+                         f"min (1 stored, ~{stored.minutes:g} min; {len(chosen) - 2} never stored, ~{rest:g} min)")
 
 
 def test_smollm2_weights_are_a_need_the_package_or_the_variable_meets(tmp_path, monkeypatch):
