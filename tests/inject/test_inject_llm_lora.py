@@ -1,4 +1,4 @@
-"""LLMs patched as users run them with PEFT (CPU, reference provider, fp32): a LoRA adapter on every projection (the
+"""LLMs (Llama, Qwen3, Gemma 3) patched as users run them with PEFT (CPU, reference provider, fp32): a LoRA adapter on every projection (the
 fused q/k/v and gate/up included) added before or after the injection, merged in place or with `safe_merge` (a new
 weight tensor given through `.data`), unmerged, and `merge_and_unload`; each against the unpatched model with the
 same adapter, by logits and by greedy tokens through the static cache; revert gives the model back."""
@@ -9,10 +9,14 @@ import pytest
 import torch
 
 from ltxbench.inject import llm
-from tests.helpers import llm_build, llm_prompt, max_rel_error
+from tests.helpers import gemma_build, llm_build, llm_prompt, max_rel_error
 
 TOL = 1e-5  # the reference ops are the model's own math; only the GEMMs' grouping differs (fused q/k/v, gate/up)
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _build(model_type: str):
+    return gemma_build() if model_type == "gemma3" else llm_build(model_type)
 
 
 def _with_adapter(model):
@@ -44,16 +48,16 @@ def norm_calls(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma3"])
 @pytest.mark.parametrize("order", ["adapter after injection", "adapter before injection"])
 def test_a_lora_adapter_merged_and_unmerged_matches_the_unpatched_model(order, model_type):
     pytest.importorskip("peft")
     ids = llm_prompt()
-    expected_model = _with_adapter(llm_build(model_type))
+    expected_model = _with_adapter(_build(model_type))
     expected = _logits(expected_model, ids)
-    assert max_rel_error(_logits(llm_build(model_type), ids), expected) > 100 * TOL  # the adapter matters
+    assert max_rel_error(_logits(_build(model_type), ids), expected) > 100 * TOL  # the adapter matters
 
-    base = llm_build(model_type)
+    base = _build(model_type)
     if order == "adapter before injection":
         model = _with_adapter(base)
         report = llm.apply_kernels(model.base_model.model, "reference")
