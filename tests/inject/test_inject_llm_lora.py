@@ -1,7 +1,8 @@
-"""LLMs (Llama, Qwen3, Gemma 3) patched as users run them with PEFT (CPU, reference provider, fp32): a LoRA adapter on every projection (the
-fused q/k/v and gate/up included) added before or after the injection, merged in place or with `safe_merge` (a new
-weight tensor given through `.data`), unmerged, and `merge_and_unload`; each against the unpatched model with the
-same adapter, by logits and by greedy tokens through the static cache; revert gives the model back."""
+"""LLMs (Llama, Qwen3, Gemma 3) patched as users run them with PEFT (CPU, reference provider, fp32): a LoRA adapter
+on every projection (the fused q/k/v and gate/up included) added before or after the injection, merged in place or
+with `safe_merge` (a new weight tensor given through `.data`), unmerged, and `merge_and_unload`; each against the
+unpatched model with the same adapter, by logits and by greedy tokens through the static cache; revert gives the
+model back."""
 
 from __future__ import annotations
 
