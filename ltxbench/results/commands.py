@@ -49,21 +49,27 @@ def _has_hopper() -> bool:
 _LIVE: set = set()  # the benchmark commands running now, each the leader of its process group (signal_all)
 
 
-def execute(argv: list[str], output: Path, timeout_s: float, device: int | None = None,
-            log: Path | None = None) -> int:
+def execute(argv: list[str], output: Path, timeout_s: float, device: int | None = None, log: Path | None = None,
+            cpus: list[int] | None = None) -> int:
     """One benchmark command in a process group of its own (its torchrun ranks with it); its exit code (124: stopped
     at the time budget). Stopped, or on Ctrl-C, the whole group is: interrupted, then killed 30 s later. `device`:
-    the host's GPU it alone sees (CUDA_VISIBLE_DEVICES); `log`: a file for its output instead of this terminal."""
+    the host's GPU it alone sees (CUDA_VISIBLE_DEVICES); `log`: a file for its output instead of this terminal;
+    `cpus`: the CPU cores it runs on (its threads as many), so that commands side by side do not take each other's."""
     command = [sys.executable, "-m", "ltxbench", *argv, "--output", str(output), "--force"]
     if argv[0] == "profile":
         command += ["--trace-dir", str(output.parent / f"{output.stem}-traces")]
-    env = None if device is None else {**os.environ, "CUDA_VISIBLE_DEVICES": str(device)}
+    env = None if device is None and cpus is None else {
+        **os.environ, **({} if device is None else {"CUDA_VISIBLE_DEVICES": str(device)}),
+        **({} if cpus is None else {"OMP_NUM_THREADS": str(len(cpus))})}
     line = "$ " + " ".join(["ltxbench", *argv]) + ("" if device is None else f"  (GPU {device})")
     print(line + "\n", end="", flush=True)  # one write: the commands of several GPUs start at once
     with open(log, "w") if log is not None else contextlib.nullcontext() as sink:
         process = subprocess.Popen(command, start_new_session=True, env=env, stdout=sink,
                                    stderr=None if sink is None else subprocess.STDOUT)
         _LIVE.add(process)
+        if cpus is not None:  # before it starts its threads (Python's start-up takes longer); they inherit it
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(process.pid, cpus)
         try:
             return process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -44,9 +44,10 @@ def _stamp_of(bench: Benchmark) -> dict:
 
 WALL = "manifest_wall_minutes"  # run.<WALL>: the command's wall time as the manifest measured it (expected_minutes)
 BESIDE = "manifest_beside"  # run.<BESIDE>: benchmarks run on the host's other GPUs meanwhile (spread), [] for none
+CORES = "manifest_cpu_cores"  # run.<CORES>: the host's CPU cores the command had to itself (spread)
 
 
-def _stamp(path: Path, bench: Benchmark, wall_minutes: float | None = None, beside: list[str] | None = None) -> None:
+def _stamp(path: Path, bench: Benchmark, wall_minutes: float | None = None, host: dict | None = None) -> None:
     """Record in the finished result which benchmark of the manifest it is (ran_the_command reads it), the wall
     time the command took and, measured on one GPU of several (spread), what ran on the others meanwhile."""
     from ltxbench.results.io import dumps
@@ -56,8 +57,7 @@ def _stamp(path: Path, bench: Benchmark, wall_minutes: float | None = None, besi
     run["benchmark"] = _stamp_of(bench)
     if wall_minutes is not None:
         run[WALL] = round(wall_minutes, 2)
-    if beside is not None:
-        run[BESIDE] = sorted(beside)
+    run.update(host or {})  # spread: BESIDE and CORES
     path.write_text(dumps(document))
 
 
@@ -130,16 +130,16 @@ def prepare(bench: Benchmark, work: Path) -> tuple[list[str], Path]:
 
 
 def settle(code: int, output: Path, bench: Benchmark, folder: Path, measured: list, head, started: float,
-           beside: list[str] | None = None, where: str = "") -> int:
-    """A finished command's outcome: its files kept (stamped; `beside`: the benchmarks that ran on the host's other
-    GPUs meanwhile) and 0, or the stored file left as it was and 1 (failed) / 124 (stopped at its time)."""
+           host: dict | None = None, where: str = "") -> int:
+    """A finished command's outcome: its files kept (stamped; `host`: what spread records of the host it shared) and
+    0, or the stored file left as it was and 1 (failed) / 124 (stopped at its time)."""
     if code == 124 and finished(output):
         code = 0  # stopped at the time budget while exiting, its whole result published
     if code != 0:
         print(f"{bench.name}: failed (exit {code}){where}; the stored file is left as it was", flush=True)
         return 124 if code == 124 else 1
     wall = (time.monotonic() - started) / 60  # kept in the result: the next budget goes by it
-    keep(output, bench, folder, measured, f"measured at {label(head)} in {wall:.1f} min{where}", wall, beside)
+    keep(output, bench, folder, measured, f"measured at {label(head)} in {wall:.1f} min{where}", wall, host)
     return 0
 
 
@@ -153,9 +153,9 @@ def finished(output: Path) -> bool:
 
 
 def keep(output: Path, bench: Benchmark, folder: Path, measured: list, how: str, wall: float | None = None,
-          beside: list[str] | None = None) -> None:
+          host: dict | None = None) -> None:
     """A finished benchmark's files, stamped, into `folder` (its name appended to `measured`)."""
-    _stamp(output, bench, wall, beside)
+    _stamp(output, bench, wall, host)
     for produced in (output, output.with_suffix(".csv")):
         if produced.is_file():
             shutil.move(produced, folder / produced.name)

@@ -13,7 +13,7 @@ from ltxbench.errors import UsageError
 from ltxbench.results.comparable import world_of
 from ltxbench.results.io import load_result
 from ltxbench.results.provenance import label as provenance_label
-from ltxbench.results.remeasure import BESIDE
+from ltxbench.results.remeasure import BESIDE, CORES
 from ltxbench.results.schema import out_of_memory_label
 
 OURS = "cuda"  # the provider name of ltxbench's own kernels in `bench micro`
@@ -66,7 +66,9 @@ class Document:
     @property
     def provenance(self) -> str:
         beside = self.doc["run"].get(BESIDE)  # the results manifest ran it on one GPU of several, others beside it
+        cores = self.doc["run"].get(CORES)
         shared = f" · beside {len(beside)} other benchmarks on this host's GPUs" if beside else ""
+        shared += f", on {cores} CPU cores of its own" if beside and cores else ""
         return f"{self.path.as_posix()} · {self.devices} · git {self.commit} · {self.started} UTC{shared}"
 
 

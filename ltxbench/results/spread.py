@@ -4,11 +4,14 @@ Each GPU runs one benchmark at a time, alone on it (CUDA_VISIBLE_DEVICES), takin
 order that fits the budget left; its output goes to a log file, not the terminal. The host's CPU cores, memory and
 PCIe are shared, so a benchmark that streams weights from pinned host memory (`--memory-budget`) runs with no other
 beside it, after the rest. Each result records what ran on the other GPUs meanwhile (`run.manifest_beside`), which
-`ltxbench report` prints beside its provenance; the stored results then say they were measured side by side.
+`ltxbench report` prints beside its provenance, and the CPU cores it had to itself: each command runs on its own
+slice of the host's cores (its threads as many), so that one's CPU work (building a model) does not slow another's
+launches; one that runs alone has them all.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
@@ -90,10 +93,13 @@ class Board:
 
 def measure_spread(chosen: list[Benchmark], folder: Path, work: Path, head, files, redo: bool, deadline, runner,
                    measured: list, devices: list[int], logs: Path) -> int:
-    """remeasure._measure over `devices`, one worker thread each; the run's status (0, 1 failed, 124 out of budget or
-    time), or KeyboardInterrupt once every command has stopped (the finished ones kept)."""
+    """The manifest's run spread over `devices`, one worker thread each; the run's status (0, 1 failed, 124 out of
+    budget or time), or KeyboardInterrupt once every command has stopped (the finished ones kept)."""
     board = Board([b for b in chosen if remeasure.due(b, folder, head, files, redo)], folder, deadline)
     logs.mkdir(parents=True, exist_ok=True)
+    all_cores = sorted(os.sched_getaffinity(0))
+    share = max(len(all_cores) // len(devices), 1)  # each GPU's command its own slice of the host's cores
+    cores = {d: all_cores[i * share:(i + 1) * share] or all_cores for i, d in enumerate(devices)}
     lock = threading.Lock()  # moving finished files into the folder, and the `measured` list
 
     def worker(device: int) -> None:
@@ -102,23 +108,26 @@ def measure_spread(chosen: list[Benchmark], folder: Path, work: Path, head, file
             if bench is None:
                 return
             argv, output = remeasure.prepare(bench, work / f"gpu{device}")
+            own = None if alone(bench) else cores[device]  # alone: the whole host's
             log, status = logs / f"{bench.name}.log", 1
             where, started = f" on GPU {device} (log {log})", time.monotonic()
             try:
                 try:
-                    code = runner(argv, output, left if left is not None else DAY_S, device=device, log=log)
+                    code = runner(argv, output, left if left is not None else DAY_S, device=device, log=log,
+                                  cpus=own)
                 except KeyboardInterrupt:
                     board.interrupt()
                     code = 130
                 with lock:
-                    beside = board.beside_of(bench.name)
+                    host = {remeasure.BESIDE: board.beside_of(bench.name),
+                            remeasure.CORES: len(own if own is not None else all_cores)}
                     if not board.interrupted:
-                        status = remeasure.settle(code, output, bench, folder, measured, head, started, beside, where)
+                        status = remeasure.settle(code, output, bench, folder, measured, head, started, host, where)
                     else:
                         status = 0
                         if remeasure.finished(output):  # stopped while exiting, its whole result published: kept
                             remeasure.keep(output, bench, folder, measured, f"measured at {label(head)}{where}, kept "
-                                          "as the run was interrupted", None, beside)
+                                          "as the run was interrupted", None, host)
             finally:  # also when the runner raised: the others must not wait for it
                 board.finish(bench, status)
 

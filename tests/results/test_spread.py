@@ -30,12 +30,13 @@ class GpuRunner:
 
     def __init__(self, seconds=0.15, fail=None, interrupt=None):
         self.seconds, self.fail, self.interrupt = seconds, fail, interrupt
-        self.lock, self.running, self.ran, self.overlaps = threading.Lock(), set(), [], {}
+        self.lock, self.running, self.ran, self.overlaps, self.cpus = threading.Lock(), set(), [], {}, {}
 
-    def __call__(self, argv, output: Path, timeout_s, device=None, log=None):
+    def __call__(self, argv, output: Path, timeout_s, device=None, log=None, cpus=None):
         name = output.stem
         with self.lock:
             self.ran.append((name, device))
+            self.cpus[name] = cpus
             self.overlaps[name] = set(self.running)
             for other in self.running:
                 self.overlaps[other].add(name)
@@ -74,6 +75,9 @@ def test_each_benchmark_runs_once_on_one_gpu_and_says_what_ran_beside_it(tmp_pat
         # every command that ran at the same time is named (the board counts from start to file kept: a superset)
         assert runner.overlaps[name] <= set(_stamped_beside(folder, name)) <= set(SHARED) - {name}
     assert any(runner.overlaps.values())  # side by side, and said so
+    for name, others in runner.overlaps.items():  # each on CPU cores of its own, recorded
+        assert runner.cpus[name] and all(not set(runner.cpus[name]) & set(runner.cpus[o]) for o in others)
+        assert json.loads((folder / f"{name}.json").read_text())["run"][remeasure.CORES] == len(runner.cpus[name])
     logs = tmp_path / "results" / "runs" / "manifest-logs" / "h100"
     assert sorted(p.stem for p in logs.glob("*.log")) == sorted(SHARED)
     assert not (tmp_path / "results" / "runs" / "manifest" / "h100").exists()  # the work folders are gone
@@ -86,6 +90,7 @@ def test_a_benchmark_streaming_host_memory_runs_with_nothing_beside_it(tmp_path,
     assert spread.alone(next(b for b in benchmarks.BENCHMARKS if b.name == ALONE))
     assert _run(folder, runner, names, devices=(0, 1, 2)) == 0
     assert runner.overlaps[ALONE] == set() and _stamped_beside(folder, ALONE) == []
+    assert runner.cpus[ALONE] is None  # the whole host's cores
     assert [n for n, _ in runner.ran][-1] == ALONE
 
 
@@ -150,15 +155,19 @@ def test_the_command_sees_only_its_gpu_and_writes_its_log(tmp_path, monkeypatch)
         return Process()
 
     monkeypatch.setattr(commands.subprocess, "Popen", popen)
+    monkeypatch.setattr(commands.os, "sched_setaffinity", lambda pid, cpus: seen.update(affinity=(pid, list(cpus))))
     log = tmp_path / "x.log"
-    assert commands.execute(["bench", "e2e"], tmp_path / "r.json", 10, device=2, log=log) == 0
+    assert commands.execute(["bench", "e2e"], tmp_path / "r.json", 10, device=2, log=log, cpus=[4, 5, 6]) == 0
     assert seen["env"]["CUDA_VISIBLE_DEVICES"] == "2" and seen["stderr"] == commands.subprocess.STDOUT
+    assert seen["env"]["OMP_NUM_THREADS"] == "3" and seen["affinity"] == (12345, [4, 5, 6])
     assert log.read_text() == "hello\n"
 
 
 def test_the_report_says_a_result_was_measured_beside_others(tmp_path):
     doc = {"kind": "e2e", "env": {"git": HEAD, "gpus": [{"name": "NVIDIA H100 80GB HBM3"}]},
-           "run": {"argv": ["ltxbench"], "started_at": "2026-12-05T10:00:00+00:00", remeasure.BESIDE: ["a", "b"]}}
-    assert "beside 2 other benchmarks on this host's GPUs" in Document(tmp_path / "x.json", doc).provenance
+           "run": {"argv": ["ltxbench"], "started_at": "2026-12-05T10:00:00+00:00", remeasure.BESIDE: ["a", "b"],
+                   remeasure.CORES: 16}}
+    assert "beside 2 other benchmarks on this host's GPUs, on 16 CPU cores of its own" in \
+        Document(tmp_path / "x.json", doc).provenance
     doc["run"][remeasure.BESIDE] = []
     assert "beside" not in Document(tmp_path / "x.json", doc).provenance
