@@ -25,6 +25,7 @@ from ltxbench.results.benchmarks import benchmarks_for, gpus_of
 from ltxbench.results.commands import execute, host_gpus, parse_devices
 from ltxbench.results.provenance import label, provenance_and_files
 from ltxbench.results.remeasure import (
+    NO_BUDGET_S,
     current_label,
     due,
     expected_minutes,
@@ -32,6 +33,7 @@ from ltxbench.results.remeasure import (
     fits,
     is_current,
     keep,
+    pending_status,
     prepare,
     recorded_git,
     settle,
@@ -103,7 +105,7 @@ def _measure(chosen, folder: Path, work: Path, head, files, redo: bool, deadline
         argv, output = prepare(bench, work)
         started = time.monotonic()
         try:
-            code = runner(argv, output, left if left is not None else 24 * 3600)
+            code = runner(argv, output, left if left is not None else NO_BUDGET_S)
         except KeyboardInterrupt:
             if finished(output):  # stopped while exiting, its whole result published: keep it
                 keep(output, bench, folder, measured, f"measured at {label(head)}, kept as the run was interrupted")
@@ -111,10 +113,7 @@ def _measure(chosen, folder: Path, work: Path, head, files, redo: bool, deadline
         status = settle(code, output, bench, folder, measured, head, started)
         if status:
             return status
-    if pending:
-        print(f"{len(pending)} pending ({', '.join(pending)}): call again to resume", flush=True)
-        return 124
-    return 0
+    return pending_status(pending)
 
 
 def _regenerate(folder: Path) -> None:
@@ -140,8 +139,9 @@ def show(folder: Path) -> int:
         print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{minutes:g} min  {state}")
         if not current:
             (stale if path.is_file() else missing).append(minutes)
-    due = len(stale) + len(missing)
-    print(f"{len(chosen) - due} of {len(chosen)} current; the other {due} take ~{sum(stale) + sum(missing):g} min "
+    not_current = len(stale) + len(missing)
+    print(f"{len(chosen) - not_current} of {len(chosen)} current; the other {not_current} take "
+          f"~{sum(stale) + sum(missing):g} min "
           f"({len(stale)} stored, ~{sum(stale):g} min; {len(missing)} never stored, ~{sum(missing):g} min)")
     return 0
 
@@ -170,8 +170,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: --devices {args.devices!r}: {problem}", file=sys.stderr)
             return 2
     return run(args.folder, only, args.budget_minutes, args.redo, args.allow_dirty, devices=devices)
-
-
 
 
 if __name__ == "__main__":

@@ -106,8 +106,19 @@ def due(bench: Benchmark, folder: Path, head, files, redo: bool) -> bool:
     return True
 
 
+NO_BUDGET_S = 24 * 3600  # a command's time limit where no budget was given
+
+
 def time_left(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
+
+
+def pending_status(pending: list[str]) -> int:
+    """124 where benchmarks were left pending by the budget (said so, to call again), else 0."""
+    if not pending:
+        return 0
+    print(f"{len(pending)} pending ({', '.join(pending)}): call again to resume", flush=True)
+    return 124
 
 
 def fits(bench: Benchmark, folder: Path, left: float | None) -> bool:

@@ -23,7 +23,6 @@ from ltxbench.results.commands import signal_all
 from ltxbench.results.provenance import label
 
 STREAMS_HOST_MEMORY = "--memory-budget"
-DAY_S = 24 * 3600
 
 
 def alone(bench: Benchmark) -> bool:
@@ -113,8 +112,8 @@ def measure_spread(chosen: list[Benchmark], folder: Path, work: Path, head, file
             where, started = f" on GPU {device} (log {log})", time.monotonic()
             try:
                 try:
-                    code = runner(argv, output, left if left is not None else DAY_S, device=device, log=log,
-                                  cpus=own)
+                    limit = left if left is not None else remeasure.NO_BUDGET_S
+                    code = runner(argv, output, limit, device=device, log=log, cpus=own)
                 except KeyboardInterrupt:
                     board.interrupt()
                     code = 130
@@ -145,9 +144,8 @@ def measure_spread(chosen: list[Benchmark], folder: Path, work: Path, head, file
     if board.interrupted:  # a command was interrupted (Ctrl-C reached its process group)
         _stop_commands(threads)
         raise KeyboardInterrupt
-    if board.pending:
-        print(f"{len(board.pending)} pending ({', '.join(board.pending)}): call again to resume", flush=True)
-    return board.status or (124 if board.pending else 0)
+    pending = remeasure.pending_status(board.pending)
+    return board.status or pending
 
 
 def _stop_commands(threads: list[threading.Thread]) -> None:
