@@ -139,6 +139,9 @@ def show(folder: Path) -> int:
         print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{minutes:g} min  {state}")
         if not current:
             (stale if path.is_file() else missing).append(minutes)
+    names = {bench.name for bench in chosen}
+    for extra in sorted(path.stem for path in folder.glob("*.json") if path.stem not in names):
+        print(f"{extra:45s} stored, not a benchmark of the manifest: replace it in the docs, then remove it")
     not_current = len(stale) + len(missing)
     print(f"{len(chosen) - not_current} of {len(chosen)} current; the other {not_current} take "
           f"~{sum(stale) + sum(missing):g} min "

@@ -145,10 +145,10 @@ def test_a_dirty_tree_or_an_unknown_benchmark_is_refused(tmp_path, head, capsys)
 def test_only_and_redo(tmp_path, head):
     folder = tmp_path / "h200"
     runner = FakeRunner(HEAD)
-    _run(folder, runner, only=["micro-all"])
-    _run(folder, runner, only=["micro-all"])
-    _run(folder, runner, only=["micro-all"], redo=True)
-    assert runner.ran == ["micro-all", "micro-all"]
+    _run(folder, runner, only=["micro-fp8"])
+    _run(folder, runner, only=["micro-fp8"])
+    _run(folder, runner, only=["micro-fp8"], redo=True)
+    assert runner.ran == ["micro-fp8", "micro-fp8"]
 
 
 def test_each_folder_kind_gets_its_set():
@@ -156,10 +156,20 @@ def test_each_folder_kind_gets_its_set():
     two = [b.name for b in benchmarks.benchmarks_for(Path("results/h200x2"))]
     four = {b.name for b in benchmarks.benchmarks_for(Path("results/h100x4"))}
     assert {"e2e-ltx-2b-49f", "e2e-ltx-2b-161f", "e2e-ltx2-19b-121f", "e2e-ltx-2b-161f-fp8", "e2e-ltx2-19b-121f-fp8",
-            "e2e-llama-3-8b-peers", "micro-all"} <= one
+            "e2e-llama-3-8b-peers", "micro-norms", "micro-rope-act", "micro-fp8"} <= one
     assert two[0].endswith("-1gpu") and "e2e-ltx-2b-161f-4gpu-cfg-ulysses-graphs" not in two
     assert "e2e-ltx-2b-161f-4gpu-cfg-ulysses-graphs" in four and not one & four
     assert len({b.name for b in benchmarks.BENCHMARKS}) == len(benchmarks.BENCHMARKS)
+
+
+def test_the_micro_parts_measure_every_kernel_once():
+    from ltxbench.ops.registry import SPECS
+
+    kernels = [kernel for _, part, _ in benchmarks.MICRO_PARTS for kernel in part]
+    assert sorted(kernels) == sorted(SPECS)
+    for part, names, _ in benchmarks.MICRO_PARTS:
+        argv = next(b.argv for b in benchmarks.BENCHMARKS if b.name == f"micro-{part}")
+        assert all(name in argv for name in names) and "--shapes" in argv
 
 
 def test_ltx2_comparisons_carry_the_compile_row_without_the_stg_pass():
@@ -238,8 +248,11 @@ def test_the_listing_sums_what_making_the_folder_current_takes(tmp_path, head, c
     (folder / f"{first.name}.json").write_text(_doc(HEAD, first.argv, first))
     stored = chosen[1]  # stored at an older commit: re-measured, apart from the never-stored ones
     (folder / f"{stored.name}.json").write_text(_doc(OLDER, stored.argv, stored))
+    (folder / "micro-all.json").write_text(_doc(OLDER, ("bench", "micro"), stored))  # a benchmark no longer listed
     assert manifest.show(folder) == 0
     lines = capsys.readouterr().out.splitlines()
+    extra = lines.pop(-2)
+    assert extra.startswith("micro-all ") and "not a benchmark of the manifest" in extra
     assert lines[0].startswith(first.name) and "current" in lines[0] and "measured at bbbbbbb" in lines[1]
     assert "missing" in lines[2]
     rest = sum(b.minutes for b in chosen[2:])
