@@ -15,17 +15,9 @@ from typer.testing import CliRunner
 
 from ltxbench.cli import app
 from ltxbench.results import benchmarks, commands, manifest, remeasure
+from tests.results.conftest import HEAD
 
-HEAD = {"sha": "a" * 40, "dirty": False, "diff_sha256": None, "code": "c" * 64, "source": "git"}
 OLDER = {**HEAD, "sha": "b" * 40, "code": "d" * 64}  # an earlier commit of other code
-
-
-@pytest.fixture
-def head(monkeypatch):
-    state = dict(HEAD)
-    monkeypatch.setattr(manifest, "provenance_and_files", lambda: (state, None))
-    monkeypatch.setattr(remeasure, "missing_needs", lambda bench: [])
-    return state
 
 
 def _doc(git: dict, argv=(), bench=None) -> str:

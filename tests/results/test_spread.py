@@ -9,20 +9,12 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
-
 from ltxbench.results import benchmarks, commands, manifest, remeasure, spread
 from ltxbench.results.report_tables import Document
+from tests.results.conftest import HEAD
 
-HEAD = {"sha": "a" * 40, "dirty": False, "diff_sha256": None, "code": "c" * 64, "source": "git"}
 SHARED = ["e2e-ltx-2b-49f", "e2e-ltx-2b-161f", "micro-attention", "micro-wan-f32"]
 ALONE = "e2e-ltx-2b-161f-8gib"  # --memory-budget: streams from pinned host memory
-
-
-@pytest.fixture
-def head(monkeypatch):
-    monkeypatch.setattr(manifest, "provenance_and_files", lambda: (dict(HEAD), None))
-    monkeypatch.setattr(remeasure, "missing_needs", lambda bench: [])
 
 
 class GpuRunner:
