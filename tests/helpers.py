@@ -17,6 +17,8 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = REPO / "tests" / "workers"  # the ranks torch's launcher starts, the compute-sanitizer workload
 
+# the provenance of a clean checkout, as ltxbench.results.provenance reports it (the manifest's tests)
+CLEAN_HEAD = {"sha": "a" * 40, "dirty": False, "diff_sha256": None, "code": "c" * 64, "source": "git"}
 REQUIRE_GPU_MESSAGE = "make test-gpu needs an NVIDIA GPU: none is visible (torch.cuda.is_available() is False)"
 
 # The tiny LTX-Video run on the CPU: generate's options, and bench e2e's command with the reference ops.

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from ltxbench.cli import app
 from ltxbench.results import benchmarks, commands, manifest, remeasure
-from tests.results.conftest import HEAD
+from tests.helpers import CLEAN_HEAD as HEAD
 
 OLDER = {**HEAD, "sha": "b" * 40, "code": "d" * 64}  # an earlier commit of other code
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ltxbench.results import benchmarks, commands, manifest, remeasure, spread
 from ltxbench.results.report_tables import Document
-from tests.results.conftest import HEAD
+from tests.helpers import CLEAN_HEAD as HEAD
 
 SHARED = ["e2e-ltx-2b-49f", "e2e-ltx-2b-161f", "micro-attention", "micro-wan-f32"]
 ALONE = "e2e-ltx-2b-161f-8gib"  # --memory-budget: streams from pinned host memory
