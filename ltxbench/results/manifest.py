@@ -122,13 +122,14 @@ def _regenerate(folder: Path) -> None:
         print(f"the README was not regenerated (exit {code}): run `ltxbench report {folder}`", flush=True)
 
 
-def show(folder: Path) -> int:
-    """Each benchmark's state, then what making the folder current would take (the estimates' sum): a plan for runs
-    of a few minutes each."""
+def show(folder: Path, plan_minutes: float | None = None) -> int:
+    """Each benchmark's state, then what making the folder current would take (the estimates' sum); with
+    `plan_minutes`, the benchmarks not current packed into commands of at most that many minutes (`plan`)."""
     head, files = provenance_and_files()
     head = head or {}
     chosen = benchmarks_for(folder)
     stale, missing = [], []  # the minutes of the stored files not current, and of the benchmarks never stored
+    due_minutes: dict[str, float] = {}
     for bench in chosen:
         path = folder / f"{bench.name}.json"
         git = recorded_git(path)
@@ -139,6 +140,7 @@ def show(folder: Path) -> int:
         print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{minutes:g} min  {state}")
         if not current:
             (stale if path.is_file() else missing).append(minutes)
+            due_minutes[bench.name] = minutes
     names = {bench.name for bench in chosen}
     for extra in sorted(path.stem for path in folder.glob("*.json") if path.stem not in names):
         print(f"{extra:45s} stored, not a benchmark of the manifest: replace it in the docs, then remove it")
@@ -146,7 +148,31 @@ def show(folder: Path) -> int:
     print(f"{len(chosen) - not_current} of {len(chosen)} current; the other {not_current} take "
           f"~{sum(stale) + sum(missing):g} min "
           f"({len(stale)} stored, ~{sum(stale):g} min; {len(missing)} never stored, ~{sum(missing):g} min)")
+    if plan_minutes is not None:
+        commands, too_long = plan(due_minutes, plan_minutes)
+        print(f"in commands of at most {plan_minutes:g} min (`make results GPU={folder.name} ONLY=...`):")
+        for i, names in enumerate(commands, 1):
+            print(f"  {i}. ONLY={','.join(names)}  (~{sum(due_minutes[n] for n in names):g} min)")
+        for name in too_long:
+            print(f"  {name}: ~{due_minutes[name]:g} min, longer than one command: run it alone with a longer limit")
     return 0
+
+
+def plan(minutes: dict[str, float], limit: float) -> tuple[list[list[str]], list[str]]:
+    """Benchmarks (name -> expected minutes) packed into as few commands of at most `limit` minutes as first-fit
+    decreasing finds (the longest first, each into the first command with room), and those longer than `limit`."""
+    commands: list[list[str]] = []
+    room: list[float] = []
+    too_long = [name for name, m in minutes.items() if m > limit]
+    for name in sorted((n for n in minutes if n not in too_long), key=lambda n: -minutes[n]):
+        slot = next((i for i, left in enumerate(room) if minutes[name] <= left + 1e-9), None)
+        if slot is None:
+            commands.append([name])
+            room.append(limit - minutes[name])
+        else:
+            commands[slot].append(name)
+            room[slot] -= minutes[name]
+    return commands, too_long
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -162,9 +188,14 @@ def main(argv: list[str] | None = None) -> int:
                       "spread over them, one at a time on each (default: the current GPU)")
     listing = sub.add_parser("list", help="each benchmark of the folder and its state")
     listing.add_argument("folder", type=Path)
+    listing.add_argument("--plan", type=float, metavar="MINUTES",
+                         help="also pack the benchmarks not current into commands of at most MINUTES each")
     args = parser.parse_args(argv)
     if args.verb == "list":
-        return show(args.folder)
+        if args.plan is not None and not args.plan > 0:
+            print(f"error: --plan {args.plan:g}: give the minutes one command may take (> 0)", file=sys.stderr)
+            return 2
+        return show(args.folder, args.plan)
     only = [n.strip() for n in args.only.split(",") if n.strip()] if args.only else None
     devices = None
     if args.devices is not None:

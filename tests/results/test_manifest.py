@@ -389,3 +389,25 @@ def test_a_benchmark_stopped_at_its_time_after_publishing_is_kept(tmp_path, head
     assert code == 124 and not (folder / f"{bench.name}.json").exists()  # what a stopped run measured: not kept
     code, _ = _run(folder, lambda *args: stopped(*args, cut=False), only=[bench.name])
     assert code == 0 and remeasure.is_current(folder / f"{bench.name}.json", HEAD, bench)
+
+
+def test_the_plan_packs_what_is_due_into_commands_that_fit():
+    minutes = {"a": 8, "b": 6, "c": 3, "d": 2.5, "e": 1, "long": 12}
+    commands, too_long = manifest.plan(minutes, 9)
+    assert too_long == ["long"]
+    assert commands == [["a", "e"], ["b", "c"], ["d"]]  # the longest first, each into the first command with room
+    assert all(sum(minutes[n] for n in names) <= 9 for names in commands)
+    assert sorted(n for names in commands for n in names) == ["a", "b", "c", "d", "e"]
+
+
+def test_the_listing_plans_commands_on_request(tmp_path, head, capsys):
+    folder = tmp_path / "h100"
+    folder.mkdir()
+    assert manifest.show(folder, plan_minutes=9) == 0
+    out = capsys.readouterr().out
+    planned = [m.group(1).split(",") for m in re.finditer(r"^ +\d+\. ONLY=(\S+)", out, re.MULTILINE)]
+    due = {b.name for b in benchmarks.benchmarks_for(folder)}
+    over = {b.name for b in benchmarks.benchmarks_for(folder) if b.minutes > 9}
+    assert sorted(n for names in planned for n in names) == sorted(due - over)
+    assert "make results GPU=h100 ONLY=..." in out
+    assert manifest.main(["list", str(folder), "--plan", "0"]) == 2
