@@ -30,15 +30,15 @@ _FOUR = ("--configs", "baseline,optimized,compile,optimized+compile")
 _LTX2 = ("bench", "e2e", "--model", "ltx2-19b", "--weights", "random", "--num-frames", "121", "--height", "512",
          "--width", "768", "--phase", "transformer", "--compile-cache", "shared", "--warmup-iterations", "1")
 _MICRO = ("bench", "micro", "--dtype", "bf16")
-_MICRO_PROVIDERS = "cuda,eager,F.rms_norm,compile,liger"
-MICRO_PARTS = (  # (part, kernels, minutes): together every kernel of ltxbench.ops.registry (a test checks)
+_PEERS = "cuda,eager,F.rms_norm,compile,liger"
+MICRO_PARTS = (  # (part, kernels, providers, minutes): together every kernel of ltxbench.ops.registry (a test checks)
     ("norms", ("rms_norm", "fused_add_rms_norm", "rms_norm_modulate", "layer_norm_modulate", "gated_residual",
-               "add_rms_norm_modulate"), 6),
+               "add_rms_norm_modulate"), _PEERS, 6),
     ("rope-act", ("rope_3d", "qk_rms_norm_rope", "qk_rms_norm_rope_pack", "qk_rms_norm_rope_kv", "rms_norm_rope_split",
                   "qk_rms_norm_rope_split", "qk_rms_norm_rope_split_pack", "rope_1d", "gelu_tanh", "geglu", "swiglu",
-                  "cross_attention", "linear"), 4),
+                  "cross_attention", "linear"), _PEERS, 4),
     ("fp8", ("rms_norm_modulate_fp8", "add_rms_norm_modulate_fp8", "gelu_tanh_fp8", "quantize_fp8",
-             "qk_rms_norm_rope_fp8", "qk_rms_norm_rope_split_fp8", "quantize_fp8_heads"), 3),
+             "qk_rms_norm_rope_fp8", "qk_rms_norm_rope_split_fp8", "quantize_fp8_heads"), "cuda,eager,compile", 3),
 )
 _WAN = ("bench", "e2e", "--weights", "random", "--num-frames", "81", "--height", "480", "--width", "832", "--phase",
         "transformer", "--compile-cache", "shared", "--warmup-iterations", "1", "--repeats", "2")
@@ -101,8 +101,9 @@ BENCHMARKS = (
                                    "--repeats", "3"), 3, needs=(SMOLLM2_NEED, "gguf")),
     # every kernel at its benchmark shapes, in three parts that each fit a 10-minute GPU command (all in one command
     # had measured 107 of its 130 kernel shapes after 8.5 min on a fresh H100); each part measures its own copy peak
-    *(Benchmark(f"micro-{part}", (*_MICRO, *kernels, "--shapes", "all", "--providers", _MICRO_PROVIDERS), minutes,
-                needs=("liger_kernel",)) for part, kernels, minutes in MICRO_PARTS),
+    *(Benchmark(f"micro-{part}", (*_MICRO, *kernels, "--shapes", "all", "--providers", providers), minutes,
+                needs=("liger_kernel",) if "liger" in providers else ())
+      for part, kernels, providers, minutes in MICRO_PARTS),
     Benchmark("profile-ltx-2b-161f", ("profile", "--model", "ltx-2b", "--weights", "random", "--configs",
                                       "compile,optimized+compile", "--num-frames", "161", "--height", "512", "--width",
                                       "768", "--steps", "2", "--phase", "transformer", "--top", "25"), 4),

@@ -157,9 +157,9 @@ def test_each_folder_kind_gets_its_set():
 def test_the_micro_parts_measure_every_kernel_once():
     from ltxbench.ops.registry import SPECS
 
-    kernels = [kernel for _, part, _ in benchmarks.MICRO_PARTS for kernel in part]
+    kernels = [kernel for _, part, _, _ in benchmarks.MICRO_PARTS for kernel in part]
     assert sorted(kernels) == sorted(SPECS)
-    for part, names, _ in benchmarks.MICRO_PARTS:
+    for part, names, _, _ in benchmarks.MICRO_PARTS:
         argv = next(b.argv for b in benchmarks.BENCHMARKS if b.name == f"micro-{part}")
         assert all(name in argv for name in names) and "--shapes" in argv
 
