@@ -127,26 +127,30 @@ def _gib(nbytes):
     return None if nbytes is None else nbytes / 2**30
 
 
-def _attention_of(config: str) -> str | None:
-    """The attention backend a configuration named for itself (`compile@fa3`), None for any other name."""
+def _parsed(config: str) -> Configuration | None:
     try:
-        return Configuration(config).attention
+        return Configuration(config)
     except ValueError:  # a name of an older file's vocabulary
         return None
+
+
+def _attention_of(config: str) -> str | None:
+    """The attention backend a configuration named for itself (`compile@fa3`), None for any other name."""
+    parsed = _parsed(config)
+    return parsed.attention if parsed is not None else None
 
 
 def _attention_reference(configs) -> str | None:
     """The run's compiled configuration without our kernels on an attention of its own, which the kernels on that
     attention are measured against: compile@fa3, else a peer's (LTX-2's stg-off+compile@fa3); None without one."""
-    found = []
-    for config in configs:
-        try:
-            parsed = Configuration(config)
-        except ValueError:  # a name of an older file's vocabulary
-            continue
-        if parsed.attention and parsed.compiled and not parsed.ours:
-            found.append(parsed)
+    found = [c for c in map(_parsed, configs) if c is not None and c.attention and c.compiled and not c.ours]
     return min(found, key=lambda c: c.patch != "none", default=None)
+
+
+def _compiled_peers(configs) -> list[str]:
+    """The run's compiled peer configurations on the default attention (LTX-2's stg-off+compile, Liger's
+    liger+compile): the strongest baselines a user could pick, which our kernels' rows are also measured against."""
+    return [c for c in map(_parsed, configs) if c is not None and c.peer and c.compiled and not c.attention]
 
 
 def e2e_table(doc: dict):
@@ -160,6 +164,7 @@ def e2e_table(doc: dict):
     for rec in records:
         by_config.setdefault(rec["provider"], {})[measure_label(rec)] = rec
     reference = _attention_reference(by_config)  # its column: the kernels' gain on the same attention
+    peers = _compiled_peers(by_config)  # a column each: our kernels against that peer
     rows = []
     for config, recs in by_config.items():
         row = {"config": config}
@@ -179,6 +184,9 @@ def e2e_table(doc: dict):
         if reference is not None:
             same = config != reference and _attention_of(config) == reference.attention
             row[f"vs {reference}"] = _num(derived.get(f"speedup_vs_{reference}") if same else None, ".3f", "×")
+        ours = (_parsed(config) or Configuration("baseline")).ours and not _attention_of(config)
+        for peer in peers:
+            row[f"vs {peer}"] = _num(derived.get(f"speedup_vs_{peer}") if ours else None, ".3f", "×")
         if "tokens_per_s" in derived:
             row["tok/s"] = _num(derived["tokens_per_s"], ".1f")
         for m in measures:  # an LLM's prefills carry their own TFLOP/s (a column per prompt length)

@@ -139,6 +139,20 @@ def test_e2e_table_with_configurations_of_their_own_attention_shows_the_kernels_
     assert table.loc["optimized+compile@fa3", "vs stg-off+compile@fa3"] == f"{150 / 130:.3f}×"
 
 
+def test_e2e_table_measures_our_kernels_against_each_compiled_peer():
+    """LTX-2's stg-off+compile (compile without the redundant STG pass) or Liger's liger+compile: our rows carry the
+    speedup over it in a column of its own, the other rows a dash."""
+    doc = ltx_doc({"compile": 1337.6, "stg-off+compile": 987.4, "optimized+compile": 907.6, "optimized": 902.5})
+    for rec in doc["records"]:
+        if rec["provider"] in ("optimized", "optimized+compile") and rec["name"] == "denoise_step":
+            rec["derived"]["speedup_vs_stg-off+compile"] = 987.4 / rec["stats"]["median"]
+    table = e2e_table(doc).set_index("config")
+    assert table.loc["optimized+compile", "vs stg-off+compile"] == f"{987.4 / 907.6:.3f}×"
+    assert table.loc["optimized", "vs stg-off+compile"] == f"{987.4 / 902.5:.3f}×"
+    assert table.loc[["compile", "stg-off+compile"], "vs stg-off+compile"].tolist() == ["–", "–"]
+    assert "vs stg-off+compile" not in e2e_table(ltx_doc({"compile": 1.0, "optimized+compile": 0.9})).columns
+
+
 def test_e2e_table_under_a_memory_budget_shows_what_each_configuration_held():
     doc = ltx_doc({"compile": 46.45, "optimized": 40.0})
     assert "peak GiB" not in e2e_table(doc).columns  # no budget: the memory is not the point
