@@ -7,7 +7,8 @@ matplotlib is a dependency of ltxbench; where it is missing anyway the report re
 from __future__ import annotations
 
 from ltxbench.errors import EnvironmentProblem
-from ltxbench.results.report_tables import OURS, Document, main_measure, measure_label, micro_cases
+from ltxbench.results.report_documents import OURS, Document, main_measure, measure_label
+from ltxbench.results.report_tables import micro_cases
 
 
 def require_matplotlib() -> None:

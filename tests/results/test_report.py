@@ -11,7 +11,8 @@ from typer.testing import CliRunner
 from ltxbench.cli import app
 from ltxbench.results import io
 from ltxbench.results.report import MARKER
-from ltxbench.results.report_tables import Document, e2e_table, micro_table, profile_table, to_markdown
+from ltxbench.results.report_documents import Document, to_markdown
+from ltxbench.results.report_tables import e2e_table, micro_table, profile_table
 from ltxbench.results.schema import make_record, make_result
 
 pytest.importorskip("matplotlib")
@@ -210,8 +211,8 @@ def test_report_writes_readme_and_one_png_per_document(folders):
 
 
 def test_every_figure_names_its_file_and_commit(folders):
+    from ltxbench.results.report_documents import load_folder
     from ltxbench.results.report_plots import figure_for, headline_figure
-    from ltxbench.results.report_tables import load_folder
 
     h100, h200 = folders
     for d in load_folder(h100):
@@ -225,8 +226,8 @@ def test_every_figure_names_its_file_and_commit(folders):
 
 
 def test_headline_compares_the_gpus_step_times(folders):
+    from ltxbench.results.report_documents import load_folder
     from ltxbench.results.report_plots import headline_figure
-    from ltxbench.results.report_tables import load_folder
 
     h100, h200 = folders
     ax = headline_figure([load_folder(h100)[0], load_folder(h200)[0]]).axes[0]

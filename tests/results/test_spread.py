@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ltxbench.results import benchmarks, commands, manifest, remeasure, spread
-from ltxbench.results.report_tables import Document
+from ltxbench.results.report_documents import Document
 from tests.helpers import CLEAN_HEAD as HEAD
 
 SHARED = ["e2e-ltx-2b-49f", "e2e-ltx-2b-161f", "micro-attention", "micro-wan-f32"]
