@@ -128,8 +128,8 @@ def show(folder: Path, plan_minutes: float | None = None) -> int:
     head, files = provenance_and_files()
     head = head or {}
     chosen = benchmarks_for(folder)
-    stale, missing = [], []  # the minutes of the stored files not current, and of the benchmarks never stored
-    due_minutes: dict[str, float] = {}
+    due_minutes: dict[str, float] = {}  # the benchmarks not current and their expected minutes
+    never: set[str] = set()  # those of them never stored
     for bench in chosen:
         path = folder / f"{bench.name}.json"
         git = recorded_git(path)
@@ -139,20 +139,22 @@ def show(folder: Path, plan_minutes: float | None = None) -> int:
         minutes = expected_minutes(bench, path)
         print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{minutes:g} min  {state}")
         if not current:
-            (stale if path.is_file() else missing).append(minutes)
             due_minutes[bench.name] = minutes
-    names = {bench.name for bench in chosen}
-    for extra in sorted(path.stem for path in folder.glob("*.json") if path.stem not in names):
+            if not path.is_file():
+                never.add(bench.name)
+    known = {bench.name for bench in chosen}
+    for extra in sorted(path.stem for path in folder.glob("*.json") if path.stem not in known):
         print(f"{extra:45s} stored, not a benchmark of the manifest: replace it in the docs, then remove it")
-    not_current = len(stale) + len(missing)
-    print(f"{len(chosen) - not_current} of {len(chosen)} current; the other {not_current} take "
-          f"~{sum(stale) + sum(missing):g} min "
+    stale = [m for name, m in due_minutes.items() if name not in never]
+    missing = [due_minutes[name] for name in never]
+    print(f"{len(chosen) - len(due_minutes)} of {len(chosen)} current; the other {len(due_minutes)} take "
+          f"~{sum(due_minutes.values()):g} min "
           f"({len(stale)} stored, ~{sum(stale):g} min; {len(missing)} never stored, ~{sum(missing):g} min)")
     if plan_minutes is not None:
         commands, too_long = plan(due_minutes, plan_minutes)
         print(f"in commands of at most {plan_minutes:g} min (`make results GPU={folder.name} ONLY=...`):")
-        for i, names in enumerate(commands, 1):
-            print(f"  {i}. ONLY={','.join(names)}  (~{sum(due_minutes[n] for n in names):g} min)")
+        for i, batch in enumerate(commands, 1):
+            print(f"  {i}. ONLY={','.join(batch)}  (~{sum(due_minutes[n] for n in batch):g} min)")
         for name in too_long:
             print(f"  {name}: ~{due_minutes[name]:g} min, longer than one command: run it alone with a longer limit")
     return 0

@@ -15,12 +15,6 @@ def _parsed(config: str) -> Configuration | None:
         return None
 
 
-def _attention_of(config: str) -> str | None:
-    """The attention backend a configuration named for itself (`compile@fa3`), None for any other name."""
-    parsed = _parsed(config)
-    return parsed.attention if parsed is not None else None
-
-
 def _attention_reference(configs) -> str | None:
     """The run's compiled configuration without our kernels on an attention of its own, which the kernels on that
     attention are measured against: compile@fa3, else a peer's (LTX-2's stg-off+compile@fa3); None without one."""
@@ -48,7 +42,8 @@ def e2e_table(doc: dict):
     peers = _compiled_peers(by_config)  # a column each: our kernels against that peer
     rows = []
     for config, recs in by_config.items():
-        row = {"config": config}
+        row, parsed = {"config": config}, _parsed(config)
+        attention = parsed.attention if parsed is not None else None  # a backend the configuration named for itself
         if fp8:
             row["precision"] = precision_label(next(iter(recs.values())))
         for m in measures:
@@ -63,9 +58,9 @@ def e2e_table(doc: dict):
         row["vs baseline"] = fmt(derived.get("speedup_vs_baseline"), ".3f", "×")
         row["vs compile"] = fmt(derived.get("speedup_vs_compile"), ".3f", "×")
         if reference is not None:
-            same = config != reference and _attention_of(config) == reference.attention
+            same = config != reference and attention == reference.attention
             row[f"vs {reference}"] = fmt(derived.get(f"speedup_vs_{reference}") if same else None, ".3f", "×")
-        ours = (_parsed(config) or Configuration("baseline")).ours and not _attention_of(config)
+        ours = parsed is not None and parsed.ours and attention is None
         for peer in peers:
             row[f"vs {peer}"] = fmt(derived.get(f"speedup_vs_{peer}") if ours else None, ".3f", "×")
         if "tokens_per_s" in derived:
