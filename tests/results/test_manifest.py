@@ -125,6 +125,21 @@ def test_the_budget_goes_by_the_stored_run_s_own_wall_time(tmp_path):
     assert remeasure.expected_minutes(other, target) == other.minutes  # another command's time does not count
 
 
+def test_without_its_own_wall_time_the_budget_goes_by_the_slowest_gpu_folder_beside(tmp_path):
+    bench = benchmarks.benchmarks_for(tmp_path)[0]
+    folders = {name: tmp_path / name for name in ("h100", "h200", "h200x2")}
+    for folder in folders.values():
+        folder.mkdir()
+    for name, wall in (("h100", 2.0), ("h200x2", 1.0)):
+        path = folders[name] / f"{bench.name}.json"
+        path.write_text(_doc(HEAD, bench.argv, bench))
+        remeasure._stamp(path, bench, wall)
+    assert remeasure.expected_minutes(bench, folders["h200"] / f"{bench.name}.json") == 2.8  # h100's, the slowest
+    assert remeasure.expected_minutes(bench, folders["h200x2"] / f"{bench.name}.json") == 1.5  # its own first
+    other = dataclasses.replace(bench, argv=(*bench.argv, "--seed", "1"))  # another command's times do not count
+    assert remeasure.expected_minutes(other, folders["h200"] / f"{bench.name}.json") == other.minutes
+
+
 def test_a_dirty_tree_or_an_unknown_benchmark_is_refused(tmp_path, head, capsys):
     head["dirty"] = True
     runner = FakeRunner(HEAD)
