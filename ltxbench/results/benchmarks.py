@@ -111,6 +111,11 @@ BENCHMARKS = (
                                           "compile@fa3,optimized+compile@fa3", "--num-frames", "161", "--height",
                                           "512", "--width", "768", "--steps", "2", "--phase", "transformer", "--top",
                                           "25"), 4, needs=("hopper", FA3_NEED)),
+    # where the FP8 step's time goes (compile in bf16 beside it): its own kernels, the FP8 GEMMs, FP8 attention
+    Benchmark("profile-ltx-2b-161f-fp8-attention", ("profile", "--model", "ltx-2b", "--weights", "random", "--configs",
+                                                    "compile", "--precision", "fp8-attention", "--num-frames", "161",
+                                                    "--height", "512", "--width", "768", "--steps", "2", "--phase",
+                                                    "transformer", "--top", "25"), 4, needs=("hopper", FA3_NEED)),
     Benchmark("profile-ltx2-19b-121f", ("profile", "--model", "ltx2-19b", "--weights", "random", "--configs",
                                         "stg-off+compile,optimized+compile", "--num-frames", "121", "--height", "512",
                                         "--width", "768", "--steps", "2", "--phase", "transformer", "--top", "25"), 7),
