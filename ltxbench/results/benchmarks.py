@@ -40,6 +40,14 @@ MICRO_PARTS = (  # (part, kernels, providers, minutes): together every kernel of
     ("fp8", ("rms_norm_modulate_fp8", "add_rms_norm_modulate_fp8", "gelu_tanh_fp8", "quantize_fp8",
              "qk_rms_norm_rope_fp8", "qk_rms_norm_rope_split_fp8", "quantize_fp8_heads"), "cuda,eager,compile", 3),
 )
+
+
+def _ltx_profile(*selection: str) -> tuple[str, ...]:
+    """`profile` of the LTX-2B step at 161 frames, two steps, for the configurations `selection` names."""
+    return ("profile", "--model", "ltx-2b", "--weights", "random", *selection, "--num-frames", "161", "--height", "512",
+            "--width", "768", "--steps", "2", "--phase", "transformer", "--top", "25")
+
+
 _WAN = ("bench", "e2e", "--weights", "random", "--num-frames", "81", "--height", "480", "--width", "832", "--phase",
         "transformer", "--compile-cache", "shared", "--warmup-iterations", "1", "--repeats", "2")
 _WAN_COMPILED = ("--configs", "compile,optimized+compile")
@@ -104,18 +112,12 @@ BENCHMARKS = (
     *(Benchmark(f"micro-{part}", (*_MICRO, *kernels, "--shapes", "all", "--providers", providers), minutes,
                 needs=("liger_kernel",) if "liger" in providers else ())
       for part, kernels, providers, minutes in MICRO_PARTS),
-    Benchmark("profile-ltx-2b-161f", ("profile", "--model", "ltx-2b", "--weights", "random", "--configs",
-                                      "compile,optimized+compile", "--num-frames", "161", "--height", "512", "--width",
-                                      "768", "--steps", "2", "--phase", "transformer", "--top", "25"), 4),
-    Benchmark("profile-ltx-2b-161f-fa3", ("profile", "--model", "ltx-2b", "--weights", "random", "--configs",
-                                          "compile@fa3,optimized+compile@fa3", "--num-frames", "161", "--height",
-                                          "512", "--width", "768", "--steps", "2", "--phase", "transformer", "--top",
-                                          "25"), 4, needs=("hopper", FA3_NEED)),
+    Benchmark("profile-ltx-2b-161f", _ltx_profile("--configs", "compile,optimized+compile"), 4),
+    Benchmark("profile-ltx-2b-161f-fa3", _ltx_profile("--configs", "compile@fa3,optimized+compile@fa3"), 4,
+              needs=("hopper", FA3_NEED)),
     # where the FP8 step's time goes (compile in bf16 beside it): its own kernels, the FP8 GEMMs, FP8 attention
-    Benchmark("profile-ltx-2b-161f-fp8-attention", ("profile", "--model", "ltx-2b", "--weights", "random", "--configs",
-                                                    "compile", "--precision", "fp8-attention", "--num-frames", "161",
-                                                    "--height", "512", "--width", "768", "--steps", "2", "--phase",
-                                                    "transformer", "--top", "25"), 4, needs=("hopper", FA3_NEED)),
+    Benchmark("profile-ltx-2b-161f-fp8-attention", _ltx_profile("--configs", "compile", "--precision", "fp8-attention"),
+              4, needs=("hopper", FA3_NEED)),
     Benchmark("profile-ltx2-19b-121f", ("profile", "--model", "ltx2-19b", "--weights", "random", "--configs",
                                         "stg-off+compile,optimized+compile", "--num-frames", "121", "--height", "512",
                                         "--width", "768", "--steps", "2", "--phase", "transformer", "--top", "25"), 7),

@@ -65,19 +65,16 @@ def expected_minutes(bench: Benchmark, target: Path) -> float:
     """The wall time the budget goes by, with a quarter and 15 s to spare for a colder machine: the stored result's
     own (the same benchmark on this folder's GPU); else the slowest of the same benchmark's results in the folders
     beside this one (other GPUs: a closer guess than a fixed estimate); else the benchmark's estimate."""
-    own = _wall(target, bench)
-    if own is not None:
-        return round(1.25 * own + 0.25, 1)
-    folder = target.parent
-    beside = [w for d in sorted(folder.parent.iterdir()) if d.is_dir() and d != folder
-              for w in [_wall(d / target.name, bench)] if w is not None] if folder.parent.is_dir() else []
-    return round(1.25 * max(beside) + 0.25, 1) if beside else bench.minutes
+    wall = _wall(target, bench)
+    folders = target.parent.parent
+    if wall is None and folders.is_dir():
+        beside = (_wall(d / target.name, bench) for d in folders.iterdir() if d.is_dir() and d != target.parent)
+        wall = max((w for w in beside if w is not None), default=None)
+    return bench.minutes if wall is None else round(1.25 * wall + 0.25, 1)
 
 
 def _wall(path: Path, bench: Benchmark) -> float | None:
     """The wall minutes the manifest recorded in the result at `path`, where it is `bench`'s (ran_the_command)."""
-    if not path.is_file():
-        return None
     document = _document(path)
     wall = (document.get("run") or {}).get(WALL)
     ok = isinstance(wall, int | float) and wall > 0 and ran_the_command(document, bench)
