@@ -42,10 +42,11 @@ MICRO_PARTS = (  # (part, kernels, providers, minutes): together every kernel of
 )
 
 
-def _ltx_profile(*selection: str) -> tuple[str, ...]:
-    """`profile` of the LTX-2B step at 161 frames, two steps, for the configurations `selection` names."""
-    return ("profile", "--model", "ltx-2b", "--weights", "random", *selection, "--num-frames", "161", "--height", "512",
-            "--width", "768", "--steps", "2", "--phase", "transformer", "--top", "25")
+def _profile(model: str, frames: int, *selection: str) -> tuple[str, ...]:
+    """`profile` of `model`'s denoising step at `frames` frames of 512x768, two steps, for the configurations
+    `selection` names."""
+    return ("profile", "--model", model, "--weights", "random", *selection, "--num-frames", str(frames), "--height",
+            "512", "--width", "768", "--steps", "2", "--phase", "transformer", "--top", "25")
 
 
 _WAN = ("bench", "e2e", "--weights", "random", "--num-frames", "81", "--height", "480", "--width", "832", "--phase",
@@ -112,15 +113,13 @@ BENCHMARKS = (
     *(Benchmark(f"micro-{part}", (*_MICRO, *kernels, "--shapes", "all", "--providers", providers), minutes,
                 needs=("liger_kernel",) if "liger" in providers else ())
       for part, kernels, providers, minutes in MICRO_PARTS),
-    Benchmark("profile-ltx-2b-161f", _ltx_profile("--configs", "compile,optimized+compile"), 4),
-    Benchmark("profile-ltx-2b-161f-fa3", _ltx_profile("--configs", "compile@fa3,optimized+compile@fa3"), 4,
+    Benchmark("profile-ltx-2b-161f", _profile("ltx-2b", 161, "--configs", "compile,optimized+compile"), 4),
+    Benchmark("profile-ltx-2b-161f-fa3", _profile("ltx-2b", 161, "--configs", "compile@fa3,optimized+compile@fa3"), 4,
               needs=("hopper", FA3_NEED)),
     # where the FP8 step's time goes (compile in bf16 beside it): its own kernels, the FP8 GEMMs, FP8 attention
-    Benchmark("profile-ltx-2b-161f-fp8-attention", _ltx_profile("--configs", "compile", "--precision", "fp8-attention"),
-              4, needs=("hopper", FA3_NEED)),
-    Benchmark("profile-ltx2-19b-121f", ("profile", "--model", "ltx2-19b", "--weights", "random", "--configs",
-                                        "stg-off+compile,optimized+compile", "--num-frames", "121", "--height", "512",
-                                        "--width", "768", "--steps", "2", "--phase", "transformer", "--top", "25"), 7),
+    Benchmark("profile-ltx-2b-161f-fp8-attention", _profile("ltx-2b", 161, "--configs", "compile", "--precision",
+                                                            "fp8-attention"), 4, needs=("hopper", FA3_NEED)),
+    Benchmark("profile-ltx2-19b-121f", _profile("ltx2-19b", 121, "--configs", "stg-off+compile,optimized+compile"), 7),
     # under --memory-budget, diffusers' group offloading at the same budget beside ours; the resident runs they are
     # held against are e2e-ltx-2b-161f and e2e-ltx2-19b-121f (docs/memory.md)
     Benchmark("e2e-ltx-2b-161f-8gib", (*_LTX, "--configs", "optimized,optimized+compile,group-offload",
