@@ -268,18 +268,31 @@ def run_cases(cases, *, timer: str = "do_bench", seed: int = 0, device: str = "c
 
     results, nbytes = {}, {}
     with torch.no_grad():
-        for case in cases:
-            if log:
-                log(f"{case.kernel} {case.shape_name} {case.dtype}")
-            spec = get_spec(case.kernel)
-            dtype = DTYPES[case.dtype]
-            gen = torch.Generator(device="cpu").manual_seed(seed)  # same inputs for every provider
-            inputs = spec.make_inputs(case.shape, dtype, device, gen, case.variant)
-            nbytes[case] = spec.bytes_moved(inputs)
-            ref = spec.reference(**inputs)
-            for name in case.providers:
-                results[(case, name)] = measure(name, spec, inputs, ref, spec.tolerance(dtype), time_fn, sync)
-            del inputs, ref
-            if nbytes[case]:
-                results[(case, SAME_SIZE_COPY)] = _same_size_copy(nbytes[case], device, time_fn)
+        try:
+            for case in cases:
+                if log:
+                    log(f"{case.kernel} {case.shape_name} {case.dtype}")
+                spec = get_spec(case.kernel)
+                dtype = DTYPES[case.dtype]
+                gen = torch.Generator(device="cpu").manual_seed(seed)  # same inputs for every provider
+                inputs = spec.make_inputs(case.shape, dtype, device, gen, case.variant)
+                moved = spec.bytes_moved(inputs)
+                ref = spec.reference(**inputs)
+                measured = {(case, name): measure(name, spec, inputs, ref, spec.tolerance(dtype), time_fn, sync)
+                            for name in case.providers}
+                del inputs, ref
+                if moved:
+                    measured[(case, SAME_SIZE_COPY)] = _same_size_copy(moved, device, time_fn)
+                results.update(measured)  # whole cases only: a case cut short would compare providers unevenly
+                nbytes[case] = moved
+        except KeyboardInterrupt as stop:
+            raise Interrupted(results, nbytes) from stop
     return results, nbytes
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during run_cases: `results` and `nbytes` hold the cases measured before it, whole."""
+
+    def __init__(self, results: dict, nbytes: dict):
+        super().__init__()
+        self.results, self.nbytes = results, nbytes

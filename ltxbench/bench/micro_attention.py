@@ -240,26 +240,39 @@ def measure(shapes: dict, backends: list[str], time_fn, device: str = "cuda", se
 
     gpu = torch.cuda.get_device_name(device) if torch.device(device).type == "cuda" else None
     records = []
-    for name, shape in shapes.items():
-        x = inputs(shape, device, seed)
-        ref = reference(x)
-        for backend in backends:
-            log(f"attention {name}: {backend}")
-            try:
-                fn = call(backend, x)
+    try:
+        for name, shape in shapes.items():
+            x = inputs(shape, device, seed)
+            ref = reference(x)
+            measured = []
+            for backend in backends:
+                log(f"attention {name}: {backend}")
                 try:
-                    out = fn()
-                except RuntimeError as exc:  # torch's SDPA refuses a shape with a RuntimeError (no kernel)
-                    raise NotApplicable(str(exc).splitlines()[0][:200]) from None
-                error = (out.float() - ref).abs().max().item()
-                stats = time_fn(fn)
-            except NotApplicable as why:
-                records.append(record(name, shape, backend, None, gpu, reason=str(why)))
-                continue
-            records.append(record(name, shape, backend, stats, gpu, error=error))
-        del x, ref
-        torch.cuda.empty_cache()
+                    fn = call(backend, x)
+                    try:
+                        out = fn()
+                    except RuntimeError as exc:  # torch's SDPA refuses a shape with a RuntimeError (no kernel)
+                        raise NotApplicable(str(exc).splitlines()[0][:200]) from None
+                    error = (out.float() - ref).abs().max().item()
+                    stats = time_fn(fn)
+                except NotApplicable as why:
+                    measured.append(record(name, shape, backend, None, gpu, reason=str(why)))
+                    continue
+                measured.append(record(name, shape, backend, stats, gpu, error=error))
+            del x, ref
+            records += measured  # whole shapes only, every backend beside the others
+            torch.cuda.empty_cache()
+    except KeyboardInterrupt as stop:
+        raise Interrupted(records) from stop
     return records
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or SIGTERM) during measure: `records` holds the shapes measured before it, every backend of each."""
+
+    def __init__(self, records: list[dict]):
+        super().__init__()
+        self.records = records
 
 
 def record(name: str, shape: AttentionShape, backend: str, stats: dict | None, gpu: str | None,

@@ -9,6 +9,9 @@ from typing import Annotated
 
 import typer
 
+# SIGTERM (a job's time limit) ends a measurement as Ctrl-C does: what was measured is written, marked incomplete
+from ltxbench.cli.bench_e2e import _terminate_as_interrupt
+
 EXAMPLES = (
     "Examples:\n\n"
     "  ltxbench bench micro rmsnorm --dtype bf16 --shapes ltx\n\n"
@@ -17,7 +20,7 @@ EXAMPLES = (
     "  ltxbench bench micro all --shapes seed --output results/micro.json --plot results/micro.png\n\n"
     "  ltxbench bench micro attention --shapes ltx2 --providers flash,cudnn,efficient,flash_attn_3\n\n"
     "Exit codes: 0 ok, 1 a cuda kernel failed its correctness check (files are still written), "
-    "2 bad arguments, 4 no GPU / build problem."
+    "2 bad arguments, 4 no GPU / build problem, 130 interrupted (the cases measured are written, marked incomplete)."
 )
 
 
@@ -85,7 +88,7 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
     from ltxbench.cli._console import console as wide_console
     from ltxbench.errors import CheckFailed
     from ltxbench.results.io import write_result
-    from ltxbench.results.schema import make_result, utc_now
+    from ltxbench.results.schema import INCOMPLETE, make_result, utc_now
 
     console, log = wide_console(), Console(stderr=True, highlight=False)
     for note in notes:
@@ -96,11 +99,24 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
         log.print("loading the ltxbench CUDA kernels (compiled on first use)…", markup=False)
         build.load()  # a build failure is an environment problem (exit 4), never an n/a column
     started = utc_now()
-    log.print(f"measuring the copy bandwidth ({timer})…", markup=False)
-    copy = copy_bandwidth_gbps(timer=timer)
-    results, nbytes = micro.run_cases(cases, timer=timer, seed=seed,
-                                      log=lambda s: log.print(f"measuring {s}", markup=False))
-    records = [micro_report.copy_record(copy), *micro_report.build_records(cases, results, nbytes, copy["gbps"])]
+    cause = {"signal": "Ctrl-C"}
+    with _terminate_as_interrupt(cause):
+        log.print(f"measuring the copy bandwidth ({timer})…", markup=False)
+        copy = copy_bandwidth_gbps(timer=timer)
+        try:
+            results, nbytes = micro.run_cases(cases, timer=timer, seed=seed,
+                                              log=lambda s: log.print(f"measuring {s}", markup=False))
+        except micro.Interrupted as stop:
+            results, nbytes = stop.results, stop.nbytes
+    measured = [case for case in cases if case in nbytes]
+    cut_short = None
+    if len(measured) < len(cases):
+        if not measured:
+            log.print("interrupted: nothing measured yet, nothing written", markup=False)
+            raise typer.Exit(130)
+        cut_short = {"reason": f"interrupted ({cause['signal']})", "measured": [_label(c) for c in measured],
+                     "not_measured": [_label(c) for c in cases if c not in nbytes]}
+    records = [micro_report.copy_record(copy), *micro_report.build_records(measured, results, nbytes, copy["gbps"])]
     argv = ["ltxbench", "bench", "micro", *(kernels or ["all"]), "--dtype", ",".join(dtypes), "--shapes", shapes,
             "--providers", ",".join(providers), "--timer", timer, "--seed", str(seed)]
     argv += ["--variant", variant] if variant else []
@@ -109,12 +125,18 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
               "copy_bytes": copy["bytes"],
               "host_headroom_cycles": HOST_HEADROOM_CYCLES if timer == "do_bench" else 0,
               "l2_persisting_reset": timer == "do_bench"}
+    if cut_short is not None:
+        config[INCOMPLETE] = cut_short
     doc = make_result("micro", argv, config, seed, started, utc_now(), records)
     json_path, csv_path = write_result(doc, output, force)
 
     console.print(micro_report.render_table(records))
     for line in micro_report.na_notes(records):
         console.print(line, markup=False)
+    if cut_short is not None:  # no plot: a figure would not say that it shows part of the run
+        log.print(f"interrupted: kept {len(measured)} of {len(cases)} cases in {json_path}, marked incomplete (not a "
+                  "baseline for compare)", markup=False)
+        raise typer.Exit(130)
     console.print(f"wrote {json_path} and {csv_path}", markup=False)
     if plot is not None:
         micro_report.plot(records, plot)
@@ -124,6 +146,10 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
         more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
         raise CheckFailed(f"cuda kernel outside tolerance: {failures[0]}{more}",
                           hint="the table's check column and the JSON's check fields have the details")
+
+
+def _label(case) -> str:
+    return f"{case.kernel} {case.shape_name} {case.dtype}"
 
 
 def _attention(shapes: str, providers: str, timer: str, seed: int, output, force: bool) -> None:
@@ -147,18 +173,35 @@ def _attention(shapes: str, providers: str, timer: str, seed: int, output, force
     from ltxbench.bench.timing import time_cuda
     from ltxbench.cli._console import console as wide_console
     from ltxbench.results.io import write_result
-    from ltxbench.results.schema import make_result, utc_now
+    from ltxbench.results.schema import INCOMPLETE, make_result, utc_now
 
     console, log = wide_console(), Console(stderr=True, highlight=False)
     started = utc_now()
-    records = micro_attention.measure(chosen, backends, lambda fn: time_cuda(fn, timer=timer), seed=seed,
-                                      log=lambda s: log.print(f"measuring {s}", markup=False))
+    cause, cut_short = {"signal": "Ctrl-C"}, None
+    with _terminate_as_interrupt(cause):
+        try:
+            records = micro_attention.measure(chosen, backends, lambda fn: time_cuda(fn, timer=timer), seed=seed,
+                                              log=lambda s: log.print(f"measuring {s}", markup=False))
+        except micro_attention.Interrupted as stop:
+            records = stop.records
+            done = list(dict.fromkeys(r["params"]["shape_name"] for r in records))
+            if not done:
+                log.print("interrupted: nothing measured yet, nothing written", markup=False)
+                raise typer.Exit(130) from None
+            cut_short = {"reason": f"interrupted ({cause['signal']})", "measured": done,
+                         "not_measured": [name for name in chosen if name not in done]}
     argv = ["ltxbench", "bench", "micro", "attention", "--shapes", shapes, "--providers", ",".join(backends),
             "--timer", timer, "--seed", str(seed)]
     config = {"shapes": shapes, "providers": backends, "timer": timer, "atol": micro_attention.ATOL}
+    if cut_short is not None:
+        config[INCOMPLETE] = cut_short
     doc = make_result("micro-attention", argv, config, seed, started, utc_now(), records)
     json_path, csv_path = write_result(doc, output, force)
     console.print(micro_attention.render_table(records))
+    if cut_short is not None:
+        log.print(f"interrupted: kept {len(cut_short['measured'])} of {len(chosen)} shapes in {json_path}, marked "
+                  "incomplete (not a baseline for compare)", markup=False)
+        raise typer.Exit(130)
     console.print(f"wrote {json_path} and {csv_path}", markup=False)
     failures = micro_attention.failed(records)
     if failures:

@@ -571,3 +571,79 @@ def test_time_cuda_takes_every_sample_under_host_headroom_and_reports_the_median
     assert stats["median"] == 2.5 and stats["n"] == 5 and stats["max"] == 100.0 and stats["min"] == 1.0
     with pytest.raises(ValueError, match="unknown timer"):
         timing.time_cuda(lambda: None, timer="wallclock")
+
+
+# --- Ctrl-C / SIGTERM: what was measured is kept, marked incomplete ----------------------------------------
+
+def _interrupting_timer(after: int):
+    """A stand-in timer that raises KeyboardInterrupt at its call number `after` + 1 (as Ctrl-C would)."""
+    time_fn, calls = _counting_timer()
+
+    def timer(fn):
+        if len(calls) == after:
+            raise KeyboardInterrupt
+        return time_fn(fn)
+
+    return timer
+
+
+def test_run_cases_interrupted_keeps_the_whole_cases_measured_before():
+    cases = [Case("rms_norm", f"tiny{i}", (2, 3, 83 + i), "fp32", "weight", ("eager", "F.rms_norm")) for i in range(3)]
+    # each case: 2 providers + the copy of its bytes = 3 timings; the 5th timing is case 1's second provider
+    with pytest.raises(micro.Interrupted) as stop:
+        micro.run_cases(cases, device="cpu", time_fn=_interrupting_timer(4))
+    assert list(stop.value.nbytes) == [cases[0]]
+    assert {case for case, _ in stop.value.results} == {cases[0]}  # case 1's first provider is not kept alone
+    assert isinstance(stop.value, KeyboardInterrupt)
+
+
+@pytest.mark.parametrize("after", [4, 0])
+def test_cli_interrupted_writes_the_cases_measured_marked_incomplete(tmp_path, monkeypatch, after):
+    from ltxbench.results.schema import incomplete
+
+    real_run = micro.run_cases
+    _cpu_pipeline(monkeypatch, lambda spec, inputs: spec.reference(**inputs))
+    monkeypatch.setattr(micro, "run_cases", lambda cases, **kw: real_run(  # the timer stops after `after` timings
+        cases, **{**kw, "device": "cpu", "time_fn": _interrupting_timer(after)}))
+    out = tmp_path / "m.json"
+    args = ["bench", "micro", "rms", "--shapes", "odd", "--dtype", "fp32", "--providers", "cuda,eager",
+            "--output", str(out), "--plot", str(tmp_path / "m.png")]
+    result = runner.invoke(app, args, env={"COLUMNS": "200"})
+    assert result.exit_code == 130, result.output
+    assert not (tmp_path / "m.png").exists()  # no figure of part of a run
+    if after == 0:
+        assert "interrupted: nothing measured yet, nothing written" in result.output
+        assert not out.exists() and not (tmp_path / "m.csv").exists()
+        return
+    doc = load_result(out)
+    cut = incomplete(doc)
+    assert cut == {"reason": "interrupted (Ctrl-C)", "measured": ["rms_norm odd-2x1024x5125 fp32"],
+                   "not_measured": ["rms_norm odd-4x997x769 fp32"]}
+    assert len(doc["records"]) == 1 + 2  # the copy peak and the first shape's two providers
+    assert {r["params"]["shape_name"] for r in doc["records"] if r["name"] != "copy"} == {"odd-2x1024x5125"}
+    assert "interrupted: kept 1 of 2 cases" in result.output and "marked incomplete" in result.output
+
+
+def test_cli_sigterm_ends_the_run_as_ctrl_c_does(tmp_path, monkeypatch):
+    """A job's time limit (SIGTERM) keeps the cases measured too, and says which signal ended the run."""
+    import signal
+
+    from ltxbench.results.schema import incomplete
+
+    real_run = micro.run_cases
+    _cpu_pipeline(monkeypatch, lambda spec, inputs: spec.reference(**inputs))
+    time_fn, calls = _counting_timer()
+
+    def terminated_at_the_fourth(fn):
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return time_fn(fn)
+
+    monkeypatch.setattr(micro, "run_cases", lambda cases, **kw: real_run(
+        cases, **{**kw, "device": "cpu", "time_fn": terminated_at_the_fourth}))
+    out, before = tmp_path / "m.json", signal.getsignal(signal.SIGTERM)
+    result = runner.invoke(app, ["bench", "micro", "rms", "--shapes", "odd", "--dtype", "fp32", "--providers",
+                                 "cuda,eager", "--output", str(out)])
+    assert result.exit_code == 130, result.output
+    assert incomplete(load_result(out))["reason"] == "interrupted (SIGTERM)"
+    assert signal.getsignal(signal.SIGTERM) is before  # the handler is the run's alone

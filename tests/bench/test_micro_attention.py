@@ -176,3 +176,45 @@ def test_flash_attention_3_from_pip_fa3_fwd_in_bf16_and_fp8(monkeypatch):
     module.scale_error = 1.1
     assert len(ma.failed(ma.measure(shapes, ["flash_attn_3", "flash_attn_3_fp8"], stats, device="cpu",
                                     log=lambda s: None))) == 2
+
+
+def test_measure_interrupted_keeps_whole_shapes():
+    shapes = {"a": ma.AttentionShape(1, 2, 16, 16, 8), "b": ma.AttentionShape(1, 2, 16, 16, 8)}
+    calls = []
+
+    def timer(fn):
+        if len(calls) == 1:  # shape b's flash, after its cudnn row (n/a on the CPU) was made
+            raise KeyboardInterrupt
+        calls.append(fn())
+        return {"median": 0.01, "p20": 0.01, "p80": 0.01, "min": 0.01, "max": 0.01, "n": 1}
+
+    with pytest.raises(ma.Interrupted) as stop:
+        ma.measure(shapes, ["cudnn", "flash"], timer, device="cpu", log=lambda s: None)
+    assert [(r["params"]["shape_name"], r["provider"]) for r in stop.value.records] == [("a", "cudnn"), ("a", "flash")]
+
+
+@pytest.mark.parametrize("kept", [True, False])
+def test_cli_interrupted_writes_the_shapes_measured_marked_incomplete(tmp_path, monkeypatch, kept):
+    from ltxbench.results.io import load_result
+    from ltxbench.results.schema import incomplete
+
+    shape = ma.SHAPES["ltx"]["ltx2b-49f-self"]
+    done = [ma.record("ltx2b-49f-self", shape, "flash", {"median": 1.0, "p20": 1.0, "p80": 1.0, "min": 1.0,
+                                                         "max": 1.0, "n": 1}, None, error=0.0)]
+
+    def interrupted(*args, **kwargs):
+        raise ma.Interrupted(done if kept else [])
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(ma, "measure", interrupted)
+    out = tmp_path / "a.json"
+    result = runner.invoke(app, ["bench", "micro", "attention", "--shapes", "ltx", "--providers", "flash",
+                                 "--output", str(out)])
+    assert result.exit_code == 130, result.output
+    if not kept:
+        assert "nothing measured yet, nothing written" in result.output and not out.exists()
+        return
+    cut = incomplete(load_result(out))
+    assert cut["reason"] == "interrupted (Ctrl-C)" and cut["measured"] == ["ltx2b-49f-self"]
+    assert cut["not_measured"] == [name for name in ma.SHAPES["ltx"] if name != "ltx2b-49f-self"]
+    assert "kept 1 of" in result.output
