@@ -1,12 +1,13 @@
 """The `ltxbench` command line.
 
-Every command lives in its own module and imports torch/diffusers inside its function body, so that
-`ltxbench --help` never pays for them. The exit-code policy (ltxbench.errors) is applied once, here, in
-`PolicyGroup.invoke`, which wraps every command and sub-command.
+Every command lives in its own module, imported when that command runs (LazyGroup), and imports torch/diffusers
+inside its function body, so that `ltxbench --help` never pays for them. The exit-code policy (ltxbench.errors) is
+applied once, here, in `PolicyGroup.invoke`, which wraps every command and sub-command.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import typer
@@ -68,7 +69,45 @@ def _print_traceback() -> None:
     traceback.print_exc()
 
 
-class PolicyGroup(TyperGroup):
+# Each command's module, imported only when that command runs or a help page lists it (and each imports only typer
+# and the standard library at top level): a run imports its own command's code and no other's, which is what its
+# result records as executed (ltxbench.results.provenance.executed_modules), so editing one command leaves the
+# stored results of the others current. {command: (module of ltxbench.cli, function)}, in help order.
+COMMANDS = {"env": ("env", "env_command"), "kernels": ("kernels", "kernels_command"),
+            "generate": ("generate", "generate_command"), "compare": ("compare", "compare_command"),
+            "profile": ("profile", "profile_command"), "report": ("report", "report_command")}
+BENCH_COMMANDS = {"micro": ("bench_micro", "micro_command"), "e2e": ("bench_e2e", "e2e_command")}
+
+
+def _load_command(name: str, module_name: str, function: str):
+    """The click command of `ltxbench.cli.<module_name>.<function>`, its module's EXAMPLES as the epilog."""
+    module = importlib.import_module(f"ltxbench.cli.{module_name}")
+    single = typer.Typer(rich_markup_mode=None, add_completion=False, pretty_exceptions_enable=False)
+    single.command(name, epilog=module.EXAMPLES)(getattr(module, function))
+    return typer.main.get_command(single)
+
+
+class LazyGroup(TyperGroup):
+    """A group whose commands (`lazy`: name -> (module, function)) are built on first use."""
+
+    lazy: dict[str, tuple[str, str]] = {}
+
+    def list_commands(self, ctx):
+        return [*self.lazy, *(name for name in super().list_commands(ctx) if name not in self.lazy)]
+
+    def get_command(self, ctx, name):
+        if name in self.lazy and name not in self.commands:
+            self.commands[name] = _load_command(name, *self.lazy[name])
+        return super().get_command(ctx, name)
+
+
+class BenchGroup(LazyGroup):
+    lazy = BENCH_COMMANDS
+
+
+class PolicyGroup(LazyGroup):
+    lazy = COMMANDS
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -118,7 +157,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 bench_app = typer.Typer(
-    cls=TyperGroup,
+    cls=BenchGroup,
     help="Benchmarks: micro (one kernel vs baselines) and e2e (whole models).",
     epilog=("Examples:\n\n  ltxbench bench micro rmsnorm --shapes seed\n\n"
             "  ltxbench bench e2e --model ltx-2b --weights random --num-frames 49 --steps 10 --phase transformer"),
@@ -126,25 +165,6 @@ bench_app = typer.Typer(
     rich_markup_mode=None,
 )
 app.add_typer(bench_app, name="bench")
-
-
-def _register() -> None:
-    # Each module imports only typer and the standard library at top level.
-    from ltxbench.cli import bench_e2e, bench_micro, env, generate, kernels, report
-    from ltxbench.cli import compare as compare_cli
-    from ltxbench.cli import profile as profile_cli
-
-    app.command("env", epilog=env.EXAMPLES)(env.env_command)
-    app.command("kernels", epilog=kernels.EXAMPLES)(kernels.kernels_command)
-    app.command("generate", epilog=generate.EXAMPLES)(generate.generate_command)
-    app.command("compare", epilog=compare_cli.EXAMPLES)(compare_cli.compare_command)
-    app.command("profile", epilog=profile_cli.EXAMPLES)(profile_cli.profile_command)
-    app.command("report", epilog=report.EXAMPLES)(report.report_command)
-    bench_app.command("micro", epilog=bench_micro.EXAMPLES)(bench_micro.micro_command)
-    bench_app.command("e2e", epilog=bench_e2e.EXAMPLES)(bench_e2e.e2e_command)
-
-
-_register()
 
 
 def main() -> None:

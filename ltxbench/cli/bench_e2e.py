@@ -10,6 +10,7 @@ import time
 
 import typer
 
+from ltxbench.cli._signals import terminate_as_interrupt
 from ltxbench.cli.options import command_line, takes_options
 from ltxbench.configurations import Configuration
 
@@ -109,7 +110,7 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
     interrupted, cause = False, {"signal": "Ctrl-C"}
     # Over several GPUs the launcher stops the other ranks with SIGTERM when one fails: that ends them, with no
     # partial result; only a one-process run turns SIGTERM into an interruption that writes what was measured.
-    terminating = _terminate_as_interrupt(cause) if world is None else contextlib.nullcontext()
+    terminating = terminate_as_interrupt(cause) if world is None else contextlib.nullcontext()
     with e2e.inductor_cache(settings.compile_cache), terminating:
         try:
             results = family.bench(target, settings, log)
@@ -164,24 +165,3 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
     if failed:
         raise CheckFailed(f"FP8 step error above its gate: {failed[0]}", hint="the result is written; "
                           "the FP8 configurations' times stand for output that differs from bf16 by more than allowed")
-
-
-@contextlib.contextmanager
-def _terminate_as_interrupt(cause: dict):
-    """SIGTERM (a job's time limit, `timeout`, a scheduler) during the measurement ends it as Ctrl-C does: the
-    configurations measured so far are written, marked incomplete, instead of the process dying with nothing."""
-    import signal
-
-    def stop(_signum, _frame):
-        cause["signal"] = "SIGTERM"
-        raise KeyboardInterrupt
-
-    try:
-        previous = signal.signal(signal.SIGTERM, stop)
-    except ValueError:  # not the main thread: leave the default handler
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

@@ -9,8 +9,7 @@ from typing import Annotated
 
 import typer
 
-# SIGTERM (a job's time limit) ends a measurement as Ctrl-C does: what was measured is written, marked incomplete
-from ltxbench.cli.bench_e2e import _terminate_as_interrupt
+from ltxbench.cli._signals import terminate_as_interrupt
 
 EXAMPLES = (
     "Examples:\n\n"
@@ -100,7 +99,7 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
         build.load()  # a build failure is an environment problem (exit 4), never an n/a column
     started = utc_now()
     cause = {"signal": "Ctrl-C"}
-    with _terminate_as_interrupt(cause):
+    with terminate_as_interrupt(cause):
         log.print(f"measuring the copy bandwidth ({timer})…", markup=False)
         copy = copy_bandwidth_gbps(timer=timer)
         try:
@@ -178,7 +177,7 @@ def _attention(shapes: str, providers: str, timer: str, seed: int, output, force
     console, log = wide_console(), Console(stderr=True, highlight=False)
     started = utc_now()
     cause, cut_short = {"signal": "Ctrl-C"}, None
-    with _terminate_as_interrupt(cause):
+    with terminate_as_interrupt(cause):
         try:
             records = micro_attention.measure(chosen, backends, lambda fn: time_cuda(fn, timer=timer), seed=seed,
                                               log=lambda s: log.print(f"measuring {s}", markup=False))

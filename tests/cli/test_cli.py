@@ -204,6 +204,27 @@ def test_help_does_not_import_heavy_modules():
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.parametrize("argv", [["kernels", "--help"], ["bench", "micro", "--help"], ["report", "--help"]])
+def test_a_command_imports_its_own_module_and_no_other_commands(argv):
+    """A run records the package modules it imported as the code it executed (results.provenance): editing one
+    command's module must leave the stored results of the others current, so no command imports another's."""
+    code = (
+        "import sys\n"
+        "from ltxbench.cli import COMMANDS, BENCH_COMMANDS, app\n"
+        f"argv = {argv!r}\n"
+        "try:\n"
+        "    app(argv)\n"
+        "except SystemExit as e:\n"
+        "    assert e.code in (0, None), e.code\n"
+        "modules = {m for m, _ in [*COMMANDS.values(), *BENCH_COMMANDS.values()]}\n"
+        "print(sorted(m for m in modules if 'ltxbench.cli.' + m in sys.modules))\n"
+    )
+    proc = _python("-c", code)
+    assert proc.returncode == 0, proc.stderr
+    own = {"kernels": "kernels", "micro": "bench_micro", "report": "report"}[argv[-2]]
+    assert proc.stdout.strip().splitlines()[-1] == repr([own])
+
+
 def test_help_is_fast():
     timings = []
     for _ in range(3):

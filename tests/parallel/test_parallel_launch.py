@@ -377,7 +377,7 @@ def test_bench_e2e_writes_on_rank_0_only_and_records_the_world(rank, settled, tm
     from ltxbench.results.io import load_result
 
     monkeypatch.setattr(e2e_report, "render_table", lambda records: "the table")
-    monkeypatch.setattr(bench_e2e, "_terminate_as_interrupt", lambda cause: pytest.fail("SIGTERM handler installed"))
+    monkeypatch.setattr(bench_e2e, "terminate_as_interrupt", lambda cause: pytest.fail("SIGTERM handler installed"))
     monkeypatch.setattr(launch, "_world", _world(rank))
     out = tmp_path / "r.json"
     bench_e2e._run(FakeFamily(), _e2e_settings(2), str(out), False, None, _world(rank))
