@@ -3,7 +3,8 @@
 Per configuration (applied and undone by `e2e.configuration`, as in `bench e2e`): one warmup iteration outside
 the profile, then one profiled iteration, the model family's workload (ModelFamily.profile: LTX-Video = its timed
 generation with --steps denoising steps, phases text_encode / denoise / vae_decode, or the loop alone with --phase
-transformer; LLM = prefill of one prompt then --new-tokens greedy decode steps, phases prefill / decode). Every
+transformer; LLM = what `bench e2e` times at one prompt length: its prefill, then generate() of --new-tokens with a
+static cache, the decode step compiled by transformers in the compile configurations; phases prefill / generate). Every
 phase is a `record_function` range and, on CUDA, an NVTX range. Time: on CUDA the device time of every kernel /
 memcpy / memset event (`self_device_time_total`, which for a device event is its own duration); on the CPU the
 self CPU time of every op (`self_cpu_time_total`), so that nested ops are not counted twice. Phase ranges are left out.

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from ltxbench.configurations import COMPILE_MODES, Configuration
 from ltxbench.errors import EnvironmentProblem, UsageError
-from ltxbench.models.family import ModelFamily, Option, PeerConfig, RunSettings, positive_ints, refuse_cuda_graphs
+from ltxbench.models.family import ModelFamily, Option, PeerConfig, RunSettings, positive_ints
 from ltxbench.models.llm_build import LLM_PRESETS, build_llm, is_llm
 
 # The prompt text of the packaged presets: plain English, so that a trained model reads what it was trained on.
@@ -41,7 +41,7 @@ class LLMSettings(RunSettings):
     prompt_lengths: list[int] | None = None   # bench e2e: prefill lengths; decode starts from the first
     prompt_length: int | None = None          # profile: the one prefill length
     new_tokens: int = 128
-    decode_compile_mode: str | None = None    # bench e2e: how generate() compiles the decode step
+    decode_compile_mode: str | None = None    # bench e2e, profile: how generate() compiles the decode step
     tuned_gemm: bool | None = None
 
 
@@ -54,7 +54,7 @@ OPTIONS = (
            helps={"profile": "LLM decode steps profiled."}),
     Option("decode_compile_mode", ("--decode-compile-mode",), str, DECODE_COMPILE_DEFAULT, "LLM compile configs: "
            "mode of the decode step that generate() compiles itself (transformers' CompileConfig; its default).",
-           ("bench e2e",), choices=COMPILE_MODES),
+           ("bench e2e", "profile"), choices=COMPILE_MODES),
     Option("tuned_gemm", ("--tuned-gemm/--no-tuned-gemm",), bool, True, "LLM optimized configs: a prompt's "
            "projections on cuBLASLt with the algorithm per shape chosen by timing (first call), or torch's linear.",
            ("bench e2e",)),
@@ -89,10 +89,6 @@ class LLMFamily(ModelFamily):
         if settings.compile_scope == "regional":
             raise UsageError("--compile-scope regional is for diffusers models (their repeated blocks); LLMs compile "
                              "whole", hint="leave --compile-scope out, or pass --compile-scope model")
-        if command == "profile":
-            refuse_cuda_graphs(settings.compile_mode, "profile's LLM decode loop feeds each step the cache tensors "
-                                "the previous CUDA-graph replay returned, which the next replay overwrites; use "
-                                "default or max-autotune-no-cudagraphs")
 
     def peers(self) -> dict[str, PeerConfig]:
         from ltxbench.models import llm_peers
@@ -155,10 +151,23 @@ class LLMFamily(ModelFamily):
         gen = torch.Generator("cpu").manual_seed(settings.seed)
         ids = torch.randint(3, model.config.vocab_size, (settings.batch_size, settings.prompt_length), generator=gen)
         ids, device = ids.to(model.device), torch.device(model.device)
-        return profile_configs(model, settings.configs, lambda c: self.apply_config(model, settings, c),
-                               lambda: profiled_iteration(model, ids, settings.new_tokens, device.type == "cuda"),
-                               device, traces, settings.top, log, settings.compile_mode,
-                               compile_scope=settings.compile_scope)
+        mode = settings.decode_compile_mode or DECODE_COMPILE_DEFAULT
+        now: dict = {}  # the configuration being profiled: whether generate() compiles the decode step
+
+        def apply(config: str):
+            now["config"] = Configuration(config)
+            return self.apply_config(model, settings, config)
+
+        def iteration():
+            config = now["config"]
+            profiled_iteration(model, ids, settings.new_tokens, device.type == "cuda", config.compiled, mode,
+                               fullgraph=config.peer is None)
+
+        try:
+            return profile_configs(model, settings.configs, apply, iteration, device, traces, settings.top, log,
+                                   settings.compile_mode, compile_scope=settings.compile_scope)
+        finally:
+            vars(model).pop("_compiled_call", None)  # generate()'s compiled step (transformers caches it here)
 
     def bench_argv(self, settings: LLMSettings) -> list[str]:
         return ["--prompt-lengths", str(settings.prompt_length), "--new-tokens", str(settings.new_tokens)]
@@ -189,23 +198,22 @@ def _search_gemms(model, settings: LLMSettings, ids: dict, inject, log):
     return lambda: {"gemm_choices": ops.gemm_choices(), "gemm_search_s": seconds}
 
 
-def profiled_iteration(model, ids, new_tokens: int, cuda: bool) -> None:
-    """Prefill `ids` (cache on, last logits only), then `new_tokens` greedy single-token decode steps."""
-    import inspect
-
+def profiled_iteration(model, ids, new_tokens: int, cuda: bool, compiled: bool = False,
+                       decode_mode: str = DECODE_COMPILE_DEFAULT, fullgraph: bool = True) -> None:
+    """What `bench e2e` times (run_once), at one prompt length: the prefill of `ids` (no cache, last logits only),
+    then generate() of `new_tokens` from them with a static cache, its decode step compiled by transformers
+    (`decode_mode`, CUDA graphs by default) when the configuration compiles (`compiled`)."""
     import torch
 
     from ltxbench.bench.profile import phase
 
-    # the KV cache's name in the forward and its output: `past_key_values` in transformers 5.17, `cache` in 5.24
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
     with torch.no_grad():
         with phase("prefill", cuda):
-            out = model(input_ids=ids, use_cache=True, logits_to_keep=1)
-        with phase("decode", cuda):
-            for _ in range(new_tokens):
-                token = out.logits[:, -1:].argmax(-1)
-                out = model(input_ids=token, use_cache=True, **{name: getattr(out, name)})
+            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        with phase("generate", cuda), module_compile_set_aside(model) if compiled else contextlib.nullcontext():
+            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache_implementation="static",
+                           min_new_tokens=new_tokens, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                           **decode_kwargs(compiled, decode_mode, fullgraph))
 
 
 def decode_kwargs(compiled: bool, mode: str, fullgraph: bool = True) -> dict:

@@ -192,7 +192,7 @@ def test_llama_tiny_baseline(tmp_path, captured):
     doc = json.loads(out.read_text())
     _check_doc(doc, ("baseline",))
     names = {e.get("name") for e in json.loads((traces / "llm-baseline.trace.json").read_text())["traceEvents"]}
-    assert {"prefill", "decode"} <= names
+    assert {"prefill", "generate"} <= names
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU's profiler log")
@@ -225,9 +225,11 @@ def test_compile_mode_reaches_the_compile_configs(tmp_path, captured, compile_ca
     assert [mode for _, mode in compile_calls] == ["reduce-overhead"] and "--compile-mode" in doc["run"]["argv"]
     assert all(r["params"]["compile_mode"] == "reduce-overhead" for r in doc["records"])
     llm = runner.invoke(app, ["profile", "--model", "llama-tiny", "--weights", "random", "--device", "cpu",
-                              "--compile-mode", "max-autotune", "--output", str(tmp_path / "l.json")])
-    assert llm.exit_code == 2 and "--compile-mode max-autotune (CUDA graphs) is not supported here" in llm.output
-    assert "decode loop" in llm.output
+                              "--configs", "baseline", "--prompt-length", "8", "--new-tokens", "2",
+                              "--decode-compile-mode", "default", "--output", str(tmp_path / "l.json")])
+    assert llm.exit_code == 0, llm.output  # the LLM's decode step: generate()'s own compile, as in bench e2e
+    argv = json.loads((tmp_path / "l.json").read_text())["run"]["argv"]
+    assert argv[argv.index("--decode-compile-mode") + 1] == "default"
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU path")
@@ -278,3 +280,26 @@ def test_the_profiled_run_is_sampled_and_the_gpu_fields_reach_the_idle_record(tm
     console.print(profile.render_families(res, "kernel time"))
     row = console.export_text().strip().splitlines()[-2]
     assert "SM clock MHz" in row and "1635" in row and "100" in row
+
+
+def test_llm_profile_decodes_as_bench_e2e_times_it(tmp_path, captured, compile_calls, monkeypatch):
+    """Each configuration's profiled iteration is what `bench e2e` times: a prefill, then generate() with a static
+    cache whose decode step transformers compiles (--decode-compile-mode, CUDA graphs by default) in the compile
+    configurations only, the module-level compile set aside for that call."""
+    from ltxbench.models import llm
+
+    generated = []
+    real_generate_kwargs = llm.decode_kwargs
+
+    def decode_kwargs(compiled, mode, fullgraph=True):
+        generated.append((compiled, mode, fullgraph))
+        return real_generate_kwargs(False, mode)  # the CPU runs the step eager; what was asked is what counts
+
+    monkeypatch.setattr(llm, "decode_kwargs", decode_kwargs)
+    result = runner.invoke(app, ["profile", "--model", "llama-tiny", "--weights", "random", "--device", "cpu",
+                                 "--configs", "baseline,compile", "--prompt-length", "8", "--new-tokens", "2",
+                                 "--output", str(tmp_path / "l.json")])
+    assert result.exit_code == 0, result.output
+    # baseline: warmup (counting its FLOPs) and the profiled run; compile: the same two
+    assert generated == [(False, "reduce-overhead", True)] * 2 + [(True, "reduce-overhead", True)] * 2
+    assert "_compiled_call" not in vars(captured["target"])  # generate()'s compiled step is not left behind

@@ -170,16 +170,17 @@ def test_the_stg_off_profile_gets_no_flops(monkeypatch):
 
 
 def _llama_profile_by_hand(cfg, prompt: int, new_tokens: int) -> dict:
-    """{kind: FLOPs} of llm.profiled_iteration: a prefill keeping the last logits, then one token per decode step
-    over the growing cache."""
+    """{kind: FLOPs} of llm.profiled_iteration: a prefill without cache keeping the last logits, then generate() of
+    `new_tokens` with a static cache: its own prefill (attending over the prompt), then one token per step, each
+    attending over the whole cache, the prompt and every token fed but the last (the positions not yet written are
+    masked, not skipped)."""
     d, ff, heads, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_hidden_layers
     head_dim, kv = d // heads, cfg.num_key_value_heads * (d // heads)
-    tokens = prompt + new_tokens
+    tokens, cache = 2 * prompt + new_tokens - 1, prompt + new_tokens - 1
     gemm = (layers * (2 * _gemm(tokens, d, d) + 2 * _gemm(tokens, d, kv) + 2 * _gemm(tokens, d, ff)
                       + _gemm(tokens, ff, d)) + _gemm(1 + new_tokens, d, cfg.vocab_size))
-    attention = layers * (flops.attention_flops(1, heads, prompt, prompt, head_dim)
-                          + sum(flops.attention_flops(1, heads, 1, prompt + i, head_dim)
-                                for i in range(1, new_tokens + 1)))
+    attention = layers * (2 * flops.attention_flops(1, heads, prompt, prompt, head_dim)
+                          + (new_tokens - 1) * flops.attention_flops(1, heads, 1, cache, head_dim))
     return {"GEMM": gemm, "attention": attention}
 
 
@@ -214,8 +215,9 @@ def test_a_gpu_profile_rates_both_families_against_the_peak(tmp_path, captured):
     rated = [r for r in records if r["name"] in ("GEMM", "attention")]
     assert len(rated) == 4 and all(r["stats"]["median"] > 0 for r in rated)
     model_config = captured["target"].config
-    # on the GPU the RoPE tables' outer product (inv_freq x positions, head_dim/2 x 1 x tokens) runs as a matmul
-    rope_tables = 2 * (model_config.hidden_size // model_config.num_attention_heads // 2) * (16 + 3)
+    # on the GPU the RoPE tables' outer product (inv_freq x positions, head_dim/2 x 1 x tokens) runs as a matmul, in
+    # every forward: the prefill's 16 tokens, generate()'s 16, then its 2 single-token steps
+    rope_tables = 2 * (model_config.hidden_size // model_config.num_attention_heads // 2) * (16 + 16 + 3 - 1)
     for config in ("baseline", "optimized"):
         mine = {r["name"]: r["derived"] for r in rated if r["provider"] == config}
         assert (mine["GEMM"]["model_tflop"] + mine["attention"]["model_tflop"]) * 1e12 == pytest.approx(
