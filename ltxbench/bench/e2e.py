@@ -119,7 +119,7 @@ def _progress(name: str, i: int, warmup: int, repeats: int) -> str:
 
 def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: int, device, log,
                 compile_mode: str = "default", rounds: int = 1, monitor=None, compile_scope: str = "model",
-                warmed_up=None, unit_flops=None, budget_gib: float | None = None) -> dict:
+                warmed_up=None, unit_flops=None, budget_gib: float | None = None, work=None) -> dict:
     """Every configuration on the one model, each from a clean state: warmups, then timed repeats (peak memory
     reset between them); apply(config) patches (see `configuration`), run(config) does one iteration.
     {config: summary} with peak_memory_bytes and the injection report.
@@ -134,6 +134,9 @@ def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: in
     unit_flops(timings, calls): the family's FLOPs per timed unit ({summary key: FLOPs}, ltxbench.bench.flops) from
     the first iteration's timings and the FLOPs of each call of `module` in it, counted there by torch; every
     summary then carries them as model_flop {"units", "gpu"} (the records' model_tflop, tflops and mfu).
+    work(config): what a configuration computes where that is not the baseline's (LTX-2's stg-off leaves the STG
+    pass out), as a key; each other key's FLOPs are counted in one more untimed unpatched iteration of its first
+    configuration, and its configurations carry those.
     budget_gib (--memory-budget): a configuration that runs out of memory (torch's error under the allocator's cap)
     gets the summary {out_of_memory: {budget_gib, error}, injection} and the run goes on with the next one.
     Ctrl-C raises Interrupted with the configurations measured so far."""
@@ -142,16 +145,21 @@ def run_configs(module, configs: list[str], apply, run, warmup: int, repeats: in
     # (cuBLAS / cuDNN handles, lazily loaded kernels, the allocator's first blocks, the first text-encoder and VAE
     # calls) land here and not in whichever configuration runs first.
     log("untimed first iteration (unpatched, eager)")
-    model_flop = None
+    work = work or (lambda _config: None)
+    counted: dict = {}  # work -> model_flop
     if unit_flops is None:
         run("baseline")
     else:
-        model_flop = count_model_flops(module, lambda: run("baseline"), unit_flops, device)
+        counted[work("baseline")] = count_model_flops(module, lambda: run("baseline"), unit_flops, device)
+        for name in configs:
+            if work(name) not in counted:
+                log(f"untimed iteration of {name}'s work (unpatched, eager): its FLOPs")
+                counted[work(name)] = count_model_flops(module, lambda name=name: run(name), unit_flops, device)
     if warmed_up is not None:
         warmed_up()
     try:
         _run_rounds(module, configs, apply, run, warmup, repeats, device, log, (compile_mode, compile_scope), rounds,
-                    monitor, results, model_flop, budget_gib)
+                    monitor, results, lambda name: counted.get(work(name)), budget_gib)
     except KeyboardInterrupt as stop:
         raise Interrupted({name: res for name, res in results.items() if res is not None}) from stop
     return results
@@ -180,7 +188,7 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compiling, rounds, monitor,
-                results, model_flop=None, budget_gib=None) -> None:
+                results, flop_of=None, budget_gib=None) -> None:
     """run_configs' measurement: each configuration's summary goes into `results` as soon as it is complete. Under a
     memory budget (budget_gib), a configuration that runs out of memory is recorded as not fitting (out_of_memory)
     and the run goes on."""
@@ -207,7 +215,7 @@ def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compi
                 else:
                     timed.close()  # the sampling ends with the repeats
                     summary = _summary(name, iterations, warmup, device, injection, compile_cache, sampler,
-                                       model_flop)
+                                       flop_of(name) if flop_of is not None else None)
             if did_not_fit(summary):  # what the configuration held is freed before the next one
                 results[name] = summary
                 release(device)

@@ -95,7 +95,7 @@ def summarize(table: dict, top: int) -> dict:
 
 
 def profile_configs(module, configs: list[str], apply, run, device, traces: dict, top: int, log,
-                    compile_mode: str = "default", monitor=None, compile_scope: str = "model") -> dict:
+                    compile_mode: str = "default", monitor=None, compile_scope: str = "model", work=None) -> dict:
     """Every configuration on the one model: warmup, one profiled run, chrome trace, summary (+ injection).
 
     On CUDA the GPU's SM clock and power are sampled during the profiled run (res["gpu"], gpu_monitor's fields, also
@@ -107,7 +107,9 @@ def profile_configs(module, configs: list[str], apply, run, device, traces: dict
     the first unpatched eager configuration, or in one more untimed run of the unpatched model before the others
     where there is none; every summary carries them as res["model_flop"] {"kinds", "gpu"} (profile_flops.add_rates
     turns them into the families' TFLOP/s), less the transformer calls its injection answered without running them
-    (done_flops)."""
+    (done_flops). work(config): what a configuration computes where that is not the baseline's, as a key (as
+    e2e.run_configs takes it); each other key is counted in one more untimed run of its first configuration,
+    uncompiled (LTX-2's stg-off: the pipeline without its STG pass)."""
     import torch
 
     from ltxbench.bench import flops, gpu_monitor
@@ -119,21 +121,27 @@ def profile_configs(module, configs: list[str], apply, run, device, traces: dict
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    results, counted = {}, {"calls": []}
+    work = work or (lambda _config: None)
+    results, counted = {}, {}  # work -> {"calls": [FLOPs by kind of each call of the transformer], "kinds"}
 
-    def count() -> None:  # the whole run by kind, and each call of the transformer by kind
-        counted["kinds"] = flops.by_kind(lambda: flops.per_call(module, run, counted["calls"]))[1]
+    def count(key) -> None:  # the whole run by kind, and each call of the transformer by kind
+        calls: list = []
+        counted[key] = {"kinds": flops.by_kind(lambda: flops.per_call(module, run, calls))[1], "calls": calls}
 
     counted_in = counting_config(configs)
-    if counted_in is None:
-        with configuration(module, "baseline", apply, compile_mode, compile_scope):
-            log("untimed run of the unpatched model: its FLOPs")
-            count()
+    for key in dict.fromkeys([work("baseline"), *map(work, configs)]):
+        if (counted_in is not None and work(counted_in) == key) or not any(work(n) == key for n in configs):
+            continue
+        first = Configuration(next(n for n in ("baseline", *configs) if work(n) == key))
+        uncompiled = Configuration.of(first.patch, first.precision, False, first.attention)
+        with configuration(module, uncompiled, apply, compile_mode, compile_scope):
+            log(f"untimed run of {uncompiled}: its FLOPs")
+            count(key)
     for name in configs:
         with configuration(module, name, apply, compile_mode, compile_scope) as injection:
             log(f"{name}: warmup" + (" (counting the model's FLOPs)" if name == counted_in else ""))
             if name == counted_in:
-                count()
+                count(work(name))
             else:
                 run()
             if cuda:
@@ -154,8 +162,8 @@ def profile_configs(module, configs: list[str], apply, run, device, traces: dict
         results[name] = res
         log(f"{name}: {res['total_ms']:.2f} ms profiled{gpu_monitor.describe(res['gpu'])}, trace {traces[name]}")
     gpu = torch.cuda.get_device_name(device) if cuda else None
-    for res in results.values():
-        res["model_flop"] = done_flops(counted, res["injection"], gpu)
+    for name, res in results.items():
+        res["model_flop"] = done_flops(counted[work(name)], res["injection"], gpu)
     return results
 
 

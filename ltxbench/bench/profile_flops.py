@@ -44,8 +44,8 @@ def family_rates(flop: float | None, ms: float, gpu: str | None, precision: str)
 
 def add_rates(results: dict, dtype: str) -> dict:
     """Every configuration's GEMM and attention family summaries get family_rates' fields, from the run's count
-    (res["model_flop"]: {"kinds": {kind: FLOPs}, "gpu": name or None}); a configuration without one (other work
-    than the one counted) gets none. `results` is changed in place and returned."""
+    (res["model_flop"]: {"kinds": {kind: FLOPs}, "gpu": name or None}); a configuration without one gets none.
+    `results` is changed in place and returned."""
     for config, res in results.items():
         counted = res.get("model_flop")
         if not counted:

@@ -204,11 +204,10 @@ class VideoFamily(ModelFamily):
                               settings.warmup,
                               settings.repeats, pipe._execution_device, log, settings.compile_mode, settings.rounds,
                               compile_scope=settings.compile_scope, warmed_up=budget_enforcer(pipe, log),
-                              unit_flops=video_step, budget_gib=settings.memory_budget_gib)
+                              unit_flops=video_step, budget_gib=settings.memory_budget_gib,
+                              work=lambda c: repr(self.settings_for(settings, c)))  # stg-off: no STG pass
         extra = after() if after is not None else {}
         for name, res in results.items():
-            if self.settings_for(settings, name) is not settings:  # other work than the one counted (stg-off)
-                res.pop("model_flop", None)
             if Configuration(name).ours:
                 res["injection"].update(extra)
         for precision, error in errors.items():  # one measurement each, under the precision's first configuration
@@ -265,10 +264,8 @@ class VideoFamily(ModelFamily):
                                   lambda: self.iteration(pipe, applied["settings"], embeds,
                                                          phase=lambda name: phase(name, cuda)),
                                   pipe._execution_device, traces, settings.top, log, settings.compile_mode,
-                                  compile_scope=settings.compile_scope)
-        for name, res in results.items():
-            if self.settings_for(settings, name) is not settings:  # other work than the one counted (stg-off)
-                res.pop("model_flop", None)
+                                  compile_scope=settings.compile_scope,
+                                  work=lambda c: repr(self.settings_for(settings, c)))  # stg-off: no STG pass
         return results
 
     def bench_argv(self, settings) -> list[str]:

@@ -150,13 +150,13 @@ def test_profile_configs_counts_once_in_the_unpatched_warmup(tmp_path):
     assert len(runs) == 3 and applied == ["baseline", "optimized"]  # one untimed run of the unpatched model first
 
 
-def test_the_stg_off_profile_gets_no_flops(monkeypatch):
-    """LTX-2's stg-off runs other work than the one counted: no FLOP fields (as in bench e2e)."""
+def test_the_stg_off_profile_counts_its_own_work(monkeypatch):
+    """LTX-2's stg-off runs other work than the baseline (no STG pass): its FLOPs are counted on their own."""
     from ltxbench.models import family_of
     from ltxbench.models.ltx2 import LTX2Settings
 
-    monkeypatch.setattr(profile, "profile_configs", lambda *args, **kwargs: {
-        "baseline": {"model_flop": {"kinds": {}}}, "stg-off": {"model_flop": {"kinds": {}}}})
+    passed = {}
+    monkeypatch.setattr(profile, "profile_configs", lambda *args, **kwargs: passed.update(kwargs) or {})
 
     class Pipe:
         transformer, _execution_device = None, torch.device("cpu")
@@ -165,8 +165,32 @@ def test_the_stg_off_profile_gets_no_flops(monkeypatch):
             pass
 
     settings = LTX2Settings(model="ltx2-tiny", weights="random", configs=["baseline", "stg-off"], device="cpu")
-    results = family_of("ltx2-tiny").profile(Pipe(), settings, {}, lambda _line: None)
-    assert "model_flop" in results["baseline"] and "model_flop" not in results["stg-off"]
+    family_of("ltx2-tiny").profile(Pipe(), settings, {}, lambda _line: None)
+    work = passed["work"]
+    assert work("stg-off") == work("stg-off+compile") == work("ltx-core") != work("baseline")
+    assert work("baseline") == work("compile") == work("optimized+compile")
+
+
+def test_profile_counts_each_work_once_in_an_uncompiled_run(tmp_path):
+    """A configuration of other work (its own key of `work`: here one call where the others make two) is counted in
+    one more untimed run of it uncompiled, before the profiled ones; the others keep the count of the first
+    unpatched eager configuration's warmup."""
+    layer, x = torch.nn.Linear(4, 3), torch.randn(5, 4)
+    applied = []
+
+    def run():
+        with torch.no_grad():
+            for _ in range(1 if applied[-1].startswith("stg-off") else 2):
+                layer(x)
+
+    configs = ["baseline", "stg-off+compile", "optimized"]
+    out = profile.profile_configs(layer, configs, applied.append, run, torch.device("cpu"),
+                                  {c: tmp_path / f"{c}.json" for c in configs}, 5, lambda _line: None,
+                                  work=lambda c: c.startswith("stg-off"))
+    assert applied == ["stg-off", *configs]  # counted uncompiled, before the profiled configurations
+    assert out["stg-off+compile"]["model_flop"]["kinds"]["GEMM"] == _gemm(5, 4, 3)
+    assert out["baseline"]["model_flop"]["kinds"]["GEMM"] == out["optimized"]["model_flop"]["kinds"]["GEMM"] \
+        == 2 * _gemm(5, 4, 3)
 
 
 def _llama_profile_by_hand(cfg, prompt: int, new_tokens: int) -> dict:
