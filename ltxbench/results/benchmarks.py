@@ -120,6 +120,10 @@ BENCHMARKS = (
     Benchmark("profile-ltx-2b-161f-fp8-attention", _profile("ltx-2b", 161, "--configs", "compile", "--precision",
                                                             "fp8-attention"), 4, needs=("hopper", FA3_NEED)),
     Benchmark("profile-ltx2-19b-121f", _profile("ltx2-19b", 121, "--configs", "stg-off+compile,optimized+compile"), 7),
+    # where an LLM decode step goes, as bench e2e times it (generate(), static cache, CUDA-graph step): docs/llm.md
+    Benchmark("profile-llama-3-8b", ("profile", "--model", "llama-3-8b", "--weights", "random", "--configs",
+                                     "compile,optimized+compile", "--prompt-length", "512", "--new-tokens", "64",
+                                     "--top", "25"), 4),
     # under --memory-budget, diffusers' group offloading at the same budget beside ours; the resident runs they are
     # held against are e2e-ltx-2b-161f and e2e-ltx2-19b-121f (docs/memory.md)
     Benchmark("e2e-ltx-2b-161f-8gib", (*_LTX, "--configs", "optimized,optimized+compile,group-offload",
