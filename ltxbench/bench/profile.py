@@ -129,8 +129,8 @@ def profile_configs(module, configs: list[str], apply, run, device, traces: dict
         counted[key] = {"kinds": flops.by_kind(lambda: flops.per_call(module, run, calls))[1], "calls": calls}
 
     counted_in = counting_config(configs)
-    for key in dict.fromkeys([work("baseline"), *map(work, configs)]):
-        if (counted_in is not None and work(counted_in) == key) or not any(work(n) == key for n in configs):
+    for key in dict.fromkeys(map(work, configs)):
+        if counted_in is not None and work(counted_in) == key:
             continue
         first = Configuration(next(n for n in ("baseline", *configs) if work(n) == key))
         uncompiled = Configuration.of(first.patch, first.precision, False, first.attention)
