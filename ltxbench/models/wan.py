@@ -79,8 +79,9 @@ class WanFamily(VideoFamily):
     builder = wan_build
     text_tokens = TOKENIZER_MAX_LENGTH
     # --gpus 2: the guidance pair's samples on two ranks; the pair is one call of batch 2 where the optimized
-    # configurations pair it (inject/wan/pair.py), otherwise each batch-1 call runs whole on every rank
-    parallel_splits = ("cfg",)
+    # configurations pair it (inject/wan/pair.py), otherwise each batch-1 call runs whole on every rank. ulysses splits
+    # every call's video tokens (batch 1 or the pair); ring is not offered: no run of it on Wan has been checked
+    parallel_splits = ("cfg", "ulysses", "cfg+ulysses")
     two_gpu_split = "cfg"
     # --memory-budget: the blocks and UMT5's layers stream; our Wan rules keep no text keys/values across calls
     memory_stacks = {"transformer": "blocks", "text_encoder": "encoder.block"}
@@ -120,17 +121,22 @@ class WanFamily(VideoFamily):
         return [module for _, module in experts(pipe)]
 
     def parallel_plan(self):
+        """The root takes latents (B, C, F, H, W): it splits the batch (cfg) and a per-token timestep (Wan 2.2 5B);
+        the tokens split below it, as diffusers' own Wan plan splits them (RoPE's tables, block 0's input; proj_out
+        gathered). The prompt (and I2V's image tokens) stay whole on every rank: attn2 runs locally."""
         from ltxbench.parallel import ParallelPlan
 
-        return ParallelPlan()  # a batch split: no tokens split, no context parallelism
+        return ParallelPlan(sequence_inputs={"timestep": 1}, below_root=_context_plan,
+                            local_attentions=lambda model: [block.attn2 for block in model.blocks],
+                            token_count=_latent_tokens)
 
     def parallelize(self, pipe, settings):
-        """The guidance split on every denoiser (both of Wan 2.2 A14B's experts), one report."""
+        """The run's split on every denoiser (both of Wan 2.2 A14B's experts), one report."""
         from ltxbench.parallel import parallelize
         from ltxbench.parallel.launch import current_world
 
-        world, plan = current_world(), self.parallel_plan()
-        return ParallelReports([parallelize(module, world, plan) for module in self.denoisers(pipe)])
+        world, plan, tokens = current_world(), self.parallel_plan(), self.tokens(pipe, settings)
+        return ParallelReports([parallelize(module, world, plan, tokens) for module in self.denoisers(pipe)])
 
     def inject(self, pipe, settings: WanSettings):
         from ltxbench.inject.wan import apply_kernels
@@ -157,6 +163,22 @@ class ParallelReports:
 
     def as_dict(self) -> dict:
         return {**self.reports[0].as_dict(), "denoisers": len(self.reports)}
+
+
+def _context_plan(transformer) -> dict:
+    """diffusers' context-parallel plan of WanTransformer3DModel below the root (its root entry, the timestep, is
+    the split hook's, which also splits the batch)."""
+    return {name: entry for name, entry in type(transformer)._cp_plan.items() if name}
+
+
+def _latent_tokens(transformer):
+    """The video token count of a call from its latents (B, C, F, H, W): F·H·W over the patch volume."""
+    patch = transformer.config.patch_size
+
+    def count(latents) -> int:
+        return (latents.size(2) // patch[0]) * (latents.size(3) // patch[1]) * (latents.size(4) // patch[2])
+
+    return count
 
 
 def _encode(pipe, settings: WanSettings, device):

@@ -22,11 +22,15 @@ class ParallelPlan:
     local_attentions(transformer): the attention modules whose keys and values every rank holds whole (the
     prompt's), which run without communication. An attention whose queries every rank holds whole but whose keys
     come from the split tokens (LTX-2's video-to-audio) keeps the parallel config: Ulysses and ring attention are
-    exact with replicated queries (each rank's copy is answered over all the keys)."""
+    exact with replicated queries (each rank's copy is answered over all the keys).
+    token_count(transformer): for a transformer that patchifies its own input (Wan's root takes (B, C, F, H, W)
+    latents), a function of the root's hidden_states giving the call's video token count, the size a per-token
+    input holds; None: the hidden states are the tokens, (B, S, D)."""
 
     sequence_inputs: dict[str, int] = field(default_factory=lambda: {"hidden_states": 1})
     below_root: Callable | None = None
     local_attentions: Callable | None = None
+    token_count: Callable | None = None
 
 
 class ParallelReport:
@@ -82,7 +86,8 @@ def parallelize(transformer, world, plan: ParallelPlan, tokens: int | None = Non
                 symmetric.prepare(group)  # collective: every rank decides the exchange here
             report.description["ulysses_exchange"] = symmetric.describe(group)
     hook = split.SplitHook((cfg_mesh.get_group(), cfg, cfg_mesh.get_local_rank()),
-                           (world.cp_degree, cp_rank), plan.sequence_inputs, switch=switch)
+                           (world.cp_degree, cp_rank), plan.sequence_inputs, switch=switch,
+                           count=plan.token_count(transformer) if plan.token_count else None)
     split.install(transformer, hook)
     report._undo.append(lambda: split.remove(transformer))
     return report

@@ -36,14 +36,16 @@ HOOK_NAME = "ltxbench_parallel_split"
 class SplitHook(ModelHook):
     """Root hook of a parallel transformer (see the module doc). cfg: (guidance group, its degree, this rank's index
     in it); cp: (context-parallel degree, this rank's index in its group); sequence_inputs: {forward argument: the dim
-    holding the video token count}; tokens_of: the argument whose dim 1 is that count; switch: the `hybrid` split's
+    holding the video token count}; tokens_of: the argument whose dim 0 is the batch and whose dim 1 is that count,
+    or from which `count` reads it (a patchifying transformer's latents); switch: the `hybrid` split's
     context.ContextSwitch (one split per call), None otherwise."""
 
     _is_stateful = False
 
     def __init__(self, cfg: tuple, cp: tuple, sequence_inputs: dict[str, int], tokens_of: str = "hidden_states",
-                 switch=None):
+                 switch=None, count=None):
         super().__init__()
+        self.count = count
         self.cfg_group, self.cfg_degree, self.cfg_rank = cfg
         self.cp_degree, self.cp_rank = cp
         self.sequence_inputs, self.tokens_of = sequence_inputs, tokens_of
@@ -83,7 +85,7 @@ class SplitHook(ModelHook):
         hidden = bound.get(self.tokens_of)
         if not torch.is_tensor(hidden) or hidden.dim() < 2:
             return bound, False
-        batch, tokens = hidden.size(0), hidden.size(1)
+        batch, tokens = hidden.size(0), (self.count(hidden) if self.count else hidden.size(1))
         halves = self.cfg_degree > 1 and batch % self.cfg_degree == 0
         split_tokens = self.cp_degree > 1 and not (halves and self.switch is not None)
         if self.switch is not None:

@@ -462,3 +462,20 @@ def test_profile_refuses_an_existing_trace_of_another_rank(tmp_path, no_relaunch
                                  str(tmp_path / "r.json")])
     assert result.exit_code == 2 and "r-baseline-rank1.trace.json" in result.output, result.output
     assert no_relaunch == []
+
+
+@pytest.mark.slow  # 2 processes, each timing a tiny Wan generation
+def test_wan_bench_e2e_over_two_processes_splits_the_tokens(tmp_path):
+    """`bench e2e --model wan-tiny --gpus 2 --parallel ulysses` as a user types it (2 gloo processes on the CPU):
+    both configurations run with the video tokens split and rank 0 records the split."""
+    import subprocess
+
+    out = tmp_path / "wan.json"
+    command = [sys.executable, "-m", "ltxbench", "bench", "e2e", "--model", "wan-tiny", "--weights", "random",
+               "--device", "cpu", "--steps", "2", "--configs", "baseline,optimized", "--warmup-iterations", "1",
+               "--repeats", "1", "--gpus", "2", "--parallel", "ulysses", "--output", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LTXBENCH_CPU_RANKS": "1"}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-3000:]
+    config = json.loads(out.read_text())["run"]["config"]
+    assert config["parallel"]["split"] == "ulysses" and config["parallel"]["cp_degree"] == 2, config["parallel"]

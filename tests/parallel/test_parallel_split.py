@@ -104,12 +104,44 @@ def test_wan_guidance_split_equals_one_process(tmp_path, config, model):
     optimized configurations pair them into one call of batch 2, which gives each rank one sample (both experts of
     A14B split)."""
     result = _run(tmp_path, "wan", "cfg", config, model=model)
-    assert result["error"] < TOL, result
+    assert result["error"] < TOL and result["self_attention_tokens"] == [48], result  # every token on every rank
     assert result["after_revert_equal"] and not result["hooks_left"], result
     steps = 3
     assert len(result["calls"]) == (steps if config == "optimized" else 2 * steps), result["calls"]
     assert {shape[0] for shape in result["calls"]} == {1}, result["calls"]
     assert result["parallel"]["denoisers"] == (2 if model == "wan-tiny-a14b" else 1), result["parallel"]
+
+
+@pytest.mark.parametrize(("model", "config", "image"), [
+    ("wan-tiny", "baseline", False), ("wan-tiny", "optimized", False), ("wan-tiny-a14b", "optimized", False),
+    ("wan-tiny-ti2v", "optimized", False), ("wan-tiny-i2v", "optimized", True)])
+def test_wan_token_split_equals_one_process(tmp_path, model, config, image):
+    """ulysses on Wan: the root takes latents (B, C, F, H, W), so the tokens split below it (diffusers' Wan plan:
+    RoPE's tables, block 0's input, proj_out gathered); the prompt (and I2V's image tokens) stay whole and attn2
+    runs locally. Unpatched, the two batch-1 calls a step each split their tokens; optimized, the pair's one call of
+    batch 2 does. Wan 2.2 5B's per-token timesteps (wan-tiny-ti2v) split with the tokens at the root."""
+    result = _run(tmp_path, "wan", "ulysses", config, model=model, image=image)
+    assert result["error"] < TOL, result
+    assert result["after_revert_equal"] and not result["hooks_left"], result
+    assert result["parallel"]["ulysses_degree"] == 2 and not result["parallel"]["uneven_tokens"], result["parallel"]
+    steps = 3
+    batch = 2 if config == "optimized" else 1  # the root's batch: the split is below it
+    assert [shape[0] for shape in result["calls"]] == [batch] * (steps * (2 // batch)), result["calls"]
+    assert result["self_attention_tokens"] == [48 // 2], result  # 9 frames of 64 x 64: 3 x 4 x 4 tokens, halved
+
+
+def test_wan_local_self_attention_fails(tmp_path):
+    """The Wan token split's check can fail: attn1 run on this rank's tokens alone (no exchange) is far off."""
+    result = _run(tmp_path, "wan", "ulysses", "optimized", mutation="local-self")
+    assert result["error"] > 100 * TOL, result
+
+
+def test_wan_cfg_ulysses_four_processes(tmp_path):
+    """cfg+ulysses on 4 processes: the pair's samples over the guidance ranks, each one's tokens over 2."""
+    result = _run(tmp_path, "wan", "cfg+ulysses", "optimized", nproc=4)
+    assert result["error"] < TOL and result["after_revert_equal"] and not result["hooks_left"], result
+    assert {shape[0] for shape in result["calls"]} == {1}, result["calls"]
+    assert result["self_attention_tokens"] == [48 // 2], result
 
 
 def test_wan_missing_gather_fails(tmp_path):

@@ -8,7 +8,8 @@ argv[2]: a JSON spec: family (ltx | ltx2 | wan), model (a preset, default the ti
 optimized | optimized+compile | optimized-fp8: our kernels with the FP8 projections), device (cpu | cuda),
 num_frames, height, width, steps, guidance, image (image-to-video from a random first frame), mutation
 ("own-half": each guidance rank repeats its own half of the output instead of gathering both, which must fail
-the check; "local-keys": LTX-2's video-to-audio attention run on this rank's video keys alone; "swapped-heads":
+the check; "local-keys": LTX-2's video-to-audio attention run on this rank's video keys alone; "local-self": Wan's
+video self-attention likewise; "swapped-heads":
 our Ulysses attention's output exchange returns the head groups in reverse order; "own-keys": our ring
 attention's all-gather returns this rank's own keys and values in every slot), reference (GPU: the
 same model upcast to fp32 on rank 0 at the end, and each latent's cosine to it: the bf16 rounding of one GPU beside
@@ -68,10 +69,19 @@ def _runner(pipe, spec, device, dtype):
     size = dict(num_frames=spec["num_frames"], height=spec["height"], width=spec["width"],
                 num_inference_steps=spec["steps"], guidance_scale=spec["guidance"], output_type="latent",
                 **_image(spec))
-    if spec["family"] == "wan":
+    if spec["family"] == "wan":  # the prompt through the family's encode (I2V's pipeline needs ftfy for text)
+        from types import SimpleNamespace
+
+        from ltxbench.models import family_of
+
+        prompt = SimpleNamespace(prompt="a fox in the snow", negative_prompt="blurry",
+                                 guidance_scale=spec["guidance"], batch_size=1)
+        with torch.no_grad():
+            embeds, negative = family_of(spec["model"]).encode(pipe, prompt, device)
+
         def run():
             with torch.no_grad():
-                return pipe(prompt="a fox in the snow", negative_prompt="blurry", return_dict=False,
+                return pipe(prompt_embeds=embeds, negative_prompt_embeds=negative, return_dict=False,
                             generator=torch.Generator("cpu").manual_seed(3), **size)[0].float()
     elif spec["family"] == "ltx":
         channels = pipe.transformer.config.caption_channels
@@ -148,11 +158,20 @@ def main(out: str, spec_text: str) -> None:
         context._ring_backend = lambda transformer, local_attentions: None
     packs = _count_packs(report, spec["mutation"] == "scaled-packed-v")
     tokens = ((spec["num_frames"] - 1) // 8 + 1) * (spec["height"] // 32) * (spec["width"] // 32)
+    if spec["family"] == "wan":  # its VAE's factors (4 frames, 8 pixels) and patch (1, 2, 2)
+        from ltxbench.models.video_phases import video_tokens
+
+        tokens = video_tokens(pipe, spec["num_frames"], spec["height"], spec["width"])
     plan = family.parallel_plan()
-    if spec["mutation"] == "local-keys":  # the video-to-audio attention run locally, on this rank's video keys
+    if spec["mutation"] in ("local-keys", "local-self"):  # an attention over the split tokens on this rank's alone
         local = plan.local_attentions
+        name = {"local-keys": "video_to_audio_attn", "local-self": "attn1"}[spec["mutation"]]
+
+        def blocks(model):
+            return model.blocks if spec["family"] == "wan" else model.transformer_blocks
+
         plan = dataclasses.replace(plan, local_attentions=lambda model: [
-            *local(model), *(block.video_to_audio_attn for block in model.transformer_blocks)])
+            *local(model), *(getattr(block, name) for block in blocks(model))])
     if spec["family"] == "wan":  # every denoiser (both experts of Wan 2.2 A14B)
         from ltxbench.models.wan import ParallelReports
 
@@ -162,7 +181,10 @@ def main(out: str, spec_text: str) -> None:
     if spec["config"].endswith("compile"):
         pipe.transformer.compile(dynamic=False)
     before = _cache_counts(pipe.transformer)
+    seen = _self_attention_tokens(pipe, family) if spec["family"] == "wan" else (set(), [])
     together = run()
+    for handle in seen[1]:
+        handle.remove()
     caches = {k: v - before[k] for k, v in _cache_counts(pipe.transformer).items()}
     description = parallel.as_dict()
     pipe.transformer._compiled_call_impl = None
@@ -179,7 +201,7 @@ def main(out: str, spec_text: str) -> None:
                   "calls": calls, "parallel": description, "caches": caches, "exchanges": exchanges[0],
                   "gathers": gathers[0],
                   "packs": packs[0],
-                  "hooks_left": _hooks_left(pipe.transformer)}
+                  "hooks_left": _hooks_left(pipe.transformer), "self_attention_tokens": sorted(seen[0])}
         if spec["reference"]:  # the same weights in fp32 (bf16 values are exact in fp32): the math without rounding
             reference = _runner(pipe.to(torch.float32), spec, device, torch.float32)()
             result["vs_fp32"] = {name: _agreement(latents, reference) for name, latents in
@@ -187,6 +209,18 @@ def main(out: str, spec_text: str) -> None:
         with open(out, "w") as file:
             json.dump(result, file)
     rank_exit.leave()
+
+
+def _self_attention_tokens(pipe, family) -> tuple[set, list]:
+    """({token counts of the calls to block 0's attn1 in each denoiser}, the hooks that record them): how many
+    tokens this rank's self-attention takes (below the split)."""
+    seen = set()
+
+    def record(module, args, kwargs):
+        seen.add((args[0] if args else kwargs["hidden_states"]).shape[1])
+
+    return seen, [denoiser.blocks[0].attn1.register_forward_pre_hook(record, with_kwargs=True)
+                  for denoiser in family.denoisers(pipe)]
 
 
 def _count_exchanges(swap_heads: bool) -> list:
