@@ -188,10 +188,10 @@ class Interrupted(KeyboardInterrupt):
 
 
 def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compiling, rounds, monitor,
-                results, flop_of=None, budget_gib=None) -> None:
-    """run_configs' measurement: each configuration's summary goes into `results` as soon as it is complete. Under a
-    memory budget (budget_gib), a configuration that runs out of memory is recorded as not fitting (out_of_memory)
-    and the run goes on."""
+                results, flop_of, budget_gib=None) -> None:
+    """run_configs' measurement: each configuration's summary (with flop_of(name), its FLOP counts) goes into
+    `results` as soon as it is complete. Under a memory budget (budget_gib), a configuration that runs out of memory
+    is recorded as not fitting (out_of_memory) and the run goes on."""
     import torch
 
     from ltxbench.bench import gpu_monitor
@@ -215,7 +215,7 @@ def _run_rounds(module, configs, apply, run, warmup, repeats, device, log, compi
                 else:
                     timed.close()  # the sampling ends with the repeats
                     summary = _summary(name, iterations, warmup, device, injection, compile_cache, sampler,
-                                       flop_of(name) if flop_of is not None else None)
+                                       flop_of(name))
             if did_not_fit(summary):  # what the configuration held is freed before the next one
                 results[name] = summary
                 release(device)

@@ -25,3 +25,17 @@ def terminate_as_interrupt(cause: dict):
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+NOTHING_KEPT = "interrupted: nothing measured yet, nothing written"
+
+
+def interruption(cause: dict, measured, not_measured) -> dict:
+    """The record of a measurement cut short (a result's `incomplete`): the signal, what was and was not measured."""
+    return {"reason": f"interrupted ({cause['signal']})", "measured": list(measured),
+            "not_measured": list(not_measured)}
+
+
+def kept_line(kept: int, of: int, what: str, path) -> str:
+    """The one line an interrupted measurement that wrote its partial result ends with (exit 130)."""
+    return f"interrupted: kept {kept} of {of} {what} in {path}, marked incomplete (not a baseline for compare)"

@@ -10,7 +10,7 @@ import time
 
 import typer
 
-from ltxbench.cli._signals import terminate_as_interrupt
+from ltxbench.cli._signals import NOTHING_KEPT, interruption, kept_line, terminate_as_interrupt
 from ltxbench.cli.options import command_line, takes_options
 from ltxbench.configurations import Configuration
 
@@ -117,7 +117,7 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
         except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: keep what was measured (e2e.Interrupted carries it)
             results, interrupted = getattr(stop, "results", {}), True
     if interrupted and (not results or world is not None):
-        err.print("interrupted: nothing measured yet, nothing written" if world is None else
+        err.print(NOTHING_KEPT if world is None else
                   f"interrupted: nothing written (a run over {world.size} GPUs writes complete results only)",
                   markup=False)
         raise typer.Exit(130)
@@ -138,14 +138,13 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
     if placement is not None:  # the plan, the streamers as they stand, and how the budget was enforced
         config["memory"] = {**placement.as_dict(), "enforced": placement.enforced}
     if interrupted:
-        config[INCOMPLETE] = {"reason": f"interrupted ({cause['signal']})", "measured": list(results),
-                              "not_measured": [name for name in settings.configs if name not in results]}
+        config[INCOMPLETE] = interruption(cause, results, [name for name in settings.configs if name not in results])
     argv = command_line("bench e2e", {**args, "output": output, "plot": plot, "force": force})
     doc = make_result("e2e", argv, config, settings.seed, started, utc_now(), records)
     json_path, csv_path = write_result(doc, output, force)
     if interrupted:
-        err.print(f"interrupted: kept {len(results)} of {len(settings.configs)} configurations ({', '.join(results)}) "
-                  f"in {json_path}, marked incomplete (not a baseline for compare)", markup=False)
+        err.print(kept_line(len(results), len(settings.configs), f"configurations ({', '.join(results)})", json_path),
+                  markup=False)
         raise typer.Exit(130)
     console.print(e2e_report.render_table(records))
     for name, res in results.items():

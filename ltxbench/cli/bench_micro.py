@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from ltxbench.cli._signals import terminate_as_interrupt
+from ltxbench.cli._signals import NOTHING_KEPT, interruption, kept_line, terminate_as_interrupt
 
 EXAMPLES = (
     "Examples:\n\n"
@@ -111,10 +111,9 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
     cut_short = None
     if len(measured) < len(cases):
         if not measured:
-            log.print("interrupted: nothing measured yet, nothing written", markup=False)
+            log.print(NOTHING_KEPT, markup=False)
             raise typer.Exit(130)
-        cut_short = {"reason": f"interrupted ({cause['signal']})", "measured": [_label(c) for c in measured],
-                     "not_measured": [_label(c) for c in cases if c not in nbytes]}
+        cut_short = interruption(cause, map(_label, measured), [_label(c) for c in cases if c not in nbytes])
     records = [micro_report.copy_record(copy), *micro_report.build_records(measured, results, nbytes, copy["gbps"])]
     argv = ["ltxbench", "bench", "micro", *(kernels or ["all"]), "--dtype", ",".join(dtypes), "--shapes", shapes,
             "--providers", ",".join(providers), "--timer", timer, "--seed", str(seed)]
@@ -133,8 +132,7 @@ def _run(cases, notes, kernels, dtypes, shapes, providers, timer, variant, seed,
     for line in micro_report.na_notes(records):
         console.print(line, markup=False)
     if cut_short is not None:  # no plot: a figure would not say that it shows part of the run
-        log.print(f"interrupted: kept {len(measured)} of {len(cases)} cases in {json_path}, marked incomplete (not a "
-                  "baseline for compare)", markup=False)
+        log.print(kept_line(len(measured), len(cases), "cases", json_path), markup=False)
         raise typer.Exit(130)
     console.print(f"wrote {json_path} and {csv_path}", markup=False)
     if plot is not None:
@@ -185,10 +183,9 @@ def _attention(shapes: str, providers: str, timer: str, seed: int, output, force
             records = stop.records
             done = list(dict.fromkeys(r["params"]["shape_name"] for r in records))
             if not done:
-                log.print("interrupted: nothing measured yet, nothing written", markup=False)
+                log.print(NOTHING_KEPT, markup=False)
                 raise typer.Exit(130) from None
-            cut_short = {"reason": f"interrupted ({cause['signal']})", "measured": done,
-                         "not_measured": [name for name in chosen if name not in done]}
+            cut_short = interruption(cause, done, [name for name in chosen if name not in done])
     argv = ["ltxbench", "bench", "micro", "attention", "--shapes", shapes, "--providers", ",".join(backends),
             "--timer", timer, "--seed", str(seed)]
     config = {"shapes": shapes, "providers": backends, "timer": timer, "atol": micro_attention.ATOL}
@@ -198,8 +195,7 @@ def _attention(shapes: str, providers: str, timer: str, seed: int, output, force
     json_path, csv_path = write_result(doc, output, force)
     console.print(micro_attention.render_table(records))
     if cut_short is not None:
-        log.print(f"interrupted: kept {len(cut_short['measured'])} of {len(chosen)} shapes in {json_path}, marked "
-                  "incomplete (not a baseline for compare)", markup=False)
+        log.print(kept_line(len(cut_short["measured"]), len(chosen), "shapes", json_path), markup=False)
         raise typer.Exit(130)
     console.print(f"wrote {json_path} and {csv_path}", markup=False)
     failures = micro_attention.failed(records)

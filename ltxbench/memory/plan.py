@@ -66,8 +66,9 @@ class Stack:
 @dataclass(frozen=True)
 class Footprint:
     """What a run needs (bytes): the two stacks, the components held whole on the GPU, the pipeline's weights as it
-    is built (on the host; with FP8 the blocks' bf16 weights, kept there for revert), and the activation estimates
-    of each phase."""
+    is built (built_bytes: random ones may be drawn on the GPU, then moved to the host), the FP8 copies of the blocks
+    made afterwards on the host beside the bf16 weights (kept there for revert), and the activation estimates of
+    each phase."""
 
     transformer: Stack
     text_encoder: Stack
@@ -78,6 +79,7 @@ class Footprint:
     decode_bytes: int        # untiled
     decode_tiled_bytes: int
     experts: int = 1         # transformers of the same stack, each the denoiser of its own steps (Wan 2.2 A14B: 2)
+    fp8_copy_bytes: int = 0  # the blocks' FP8 copies, made on the host after the build
 
 
 @dataclass(frozen=True)
@@ -134,7 +136,7 @@ class MemoryPlan:
     context_bytes: int                     # the allowance: CUDA context and the allocator's free cached blocks
     phased: bool = True
     transformer_stays: tuple[str, ...] = ()   # phases besides the denoise with the transformer left on the GPU
-    built_bytes: int = 0                      # the whole pipeline's weights, as built
+    built_bytes: int = 0                      # the whole pipeline's weights, as built (no FP8 copies yet)
     experts: int = 1                          # transformers planned alike (EXPERTS), one on the GPU at a time
 
     def stack(self, component: str) -> Streaming:
@@ -304,11 +306,12 @@ def _host_checked(plan: MemoryPlan, budget_gib: float, need: Footprint, host_fre
     """`plan`, or EnvironmentProblem where the host cannot hold it: the pipeline built there, then its pinned copies
     made one storage at a time (each old storage freed after)."""
     tr, te = need.transformer, need.text_encoder
-    host_need = max(need.built_bytes, plan.host_bytes) + max(tr.block_bytes, te.block_bytes, *dict(need.others)
-                                                             .values(), tr.outside_bytes, te.outside_bytes)
+    weights = need.built_bytes + need.fp8_copy_bytes
+    largest = max(tr.block_bytes, te.block_bytes, *dict(need.others).values(), tr.outside_bytes, te.outside_bytes)
+    host_need = max(weights, plan.host_bytes) + largest
     if host_free is not None and host_need > host_free:
         raise EnvironmentProblem(
-            f"--memory-budget {budget_gib:g} GiB builds the pipeline in host memory ({_gib(need.built_bytes)} of "
+            f"--memory-budget {budget_gib:g} GiB builds the pipeline in host memory ({_gib(weights)} of "
             f"weights, {_gib(plan.host_bytes)} of them then pinned) and the host has "
             f"{_gib(host_free)} available", hint="free host memory, or run on a machine with more RAM")
     return dataclasses.replace(plan, built_bytes=need.built_bytes)

@@ -91,8 +91,8 @@ def footprint(family, settings, parts: dict) -> Footprint:
     others = tuple((name, module_bytes(part)) for name, part in parts.items()
                    if name not in stacks and name not in EXPERTS and hasattr(part, "parameters"))
     built = module_bytes(*(p for p in parts.values() if hasattr(p, "parameters")))
-    if fp8_copies:  # the FP8 copies are made on the host beside the bf16 weights (kept there for revert)
-        built += experts * transformer.blocks * _fp8_block_bytes(family, parts)
+    # the FP8 copies are made on the host beside the bf16 weights (kept there for revert), after the build
+    copies = experts * transformer.blocks * _fp8_block_bytes(family, parts) if fp8_copies else 0
     config, vae = parts["transformer"].config, parts["vae"].config
     tokens = _video_tokens(config, vae, settings)
     guided = any(getattr(settings, name, 0) > 1 for name in ("guidance_scale", "audio_guidance_scale"))
@@ -119,4 +119,4 @@ def footprint(family, settings, parts: dict) -> Footprint:
                      kept + decode_bytes(min(settings.num_frames, family.decode_frames or settings.num_frames),
                                          settings.height, settings.width, channels, patch),
                      kept + decode_bytes(min(settings.num_frames, TILE_FRAMES), min(settings.height, TILE_SIDE),
-                                         min(settings.width, TILE_SIDE), channels, patch), experts)
+                                         min(settings.width, TILE_SIDE), channels, patch), experts, copies)

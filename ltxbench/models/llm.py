@@ -210,10 +210,21 @@ def profiled_iteration(model, ids, new_tokens: int, cuda: bool, compiled: bool =
     with torch.no_grad():
         with phase("prefill", cuda):
             model(input_ids=ids, use_cache=False, logits_to_keep=1)
-        with phase("generate", cuda), module_compile_set_aside(model) if compiled else contextlib.nullcontext():
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), cache_implementation="static",
-                           min_new_tokens=new_tokens, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
-                           **decode_kwargs(compiled, decode_mode, fullgraph))
+        with phase("generate", cuda):
+            generate(model, ids, new_tokens, compiled, decode_mode, fullgraph)
+
+
+def generate(model, prompt, new_tokens: int, compiled: bool, decode_mode: str, fullgraph: bool = True,
+             **extra) -> None:
+    """generate() of exactly `new_tokens` greedy tokens from `prompt` with a static cache, as `bench e2e` and
+    `profile` run it: its decode step compiled by transformers (decode_kwargs) when `compiled`, the module-level
+    compile set aside for the call; `extra`: more generate() keywords (run_once's logits processor)."""
+    import torch
+
+    with module_compile_set_aside(model) if compiled else contextlib.nullcontext():
+        model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), cache_implementation="static",
+                       min_new_tokens=new_tokens, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                       **decode_kwargs(compiled, decode_mode, fullgraph), **extra)
 
 
 def decode_kwargs(compiled: bool, mode: str, fullgraph: bool = True) -> dict:
@@ -263,12 +274,9 @@ def run_once(model, settings: LLMSettings, ids: dict, compiled: bool = False, fu
             model(input_ids=ids[length], use_cache=False, logits_to_keep=1)
             bounds.append(clock.mark())
         gen_start = clock.mark()
-        n, prompt = settings.new_tokens, ids[settings.prompt_lengths[0]]
-        decode = decode_kwargs(compiled, settings.decode_compile_mode or DECODE_COMPILE_DEFAULT, fullgraph)
-        with module_compile_set_aside(model) if compiled else contextlib.nullcontext():
-            model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), cache_implementation="static",
-                           min_new_tokens=n, max_new_tokens=n, do_sample=False, pad_token_id=0,
-                           logits_processor=LogitsProcessorList([Mark()]), **decode)
+        generate(model, ids[settings.prompt_lengths[0]], settings.new_tokens, compiled,
+                 settings.decode_compile_mode or DECODE_COMPILE_DEFAULT, fullgraph,
+                 logits_processor=LogitsProcessorList([Mark()]))
         end = clock.mark()
     clock.finish()
     for length, (a, b) in zip(settings.prompt_lengths, zip(bounds[:-1], bounds[1:], strict=True), strict=True):

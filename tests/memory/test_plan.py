@@ -196,7 +196,33 @@ def test_the_plan_holds_fp8_blocks_only_where_every_configuration_runs_them(prec
     fp8 = stack_of("transformer", parts["transformer"], "transformer_blocks", fp8=True).block_bytes
     assert need.transformer.block_bytes == (fp8 if fp8_blocks else module_bytes(blocks[0]))
     built = module_bytes(*(p for p in parts.values() if hasattr(p, "parameters")))
-    assert need.built_bytes == built + (48 * fp8 if fp8_copies else 0)
+    assert need.built_bytes == built and need.fp8_copy_bytes == (48 * fp8 if fp8_copies else 0)
+
+
+def test_fp8_random_weights_are_drawn_on_the_gpu_by_the_bf16_build_alone(monkeypatch):
+    """The FP8 copies are made on the host after the build: whether random weights are drawn on the GPU depends on
+    the bf16 pipeline alone. LTX-2 19B with FP8 on an 80 GB GPU: its bf16 build fits, the build and the copies would
+    not; counting the copies drew 31 B parameters on one host core (minutes) instead of on the GPU (seconds)."""
+    from types import SimpleNamespace
+
+    from ltxbench.cli import _memory
+    from ltxbench.memory import fit
+    from ltxbench.memory.sizes import footprint
+    from ltxbench.models import family_of, ltx2_build
+    from ltxbench.models.ltx2 import LTX2Settings
+
+    parts = ltx2_build.build_components(ltx2_build.component_configs("ltx2-19b"), "meta", torch.bfloat16)
+    settings = LTX2Settings(model="ltx2-19b", weights="random", family="ltx2", precision="fp8", configs=None)
+    need = footprint(family_of("ltx2-19b"), settings, parts)
+    plan = plan_memory(24, need)
+    assert plan.built_bytes == need.built_bytes
+    free = need.built_bytes + _memory.BUILD_MARGIN + GIB  # a GPU the bf16 build fits, not the build and the copies
+    assert need.built_bytes + need.fp8_copy_bytes + _memory.BUILD_MARGIN > free
+    monkeypatch.setattr(fit, "available", lambda _device: (free, ""))
+    assert _memory._random_on_the_gpu(SimpleNamespace(weights="random", device="cuda"), plan)
+    # the host holds both: one that holds the build but not the copies is refused before anything is built
+    with pytest.raises(EnvironmentProblem, match="builds the pipeline in host memory"):
+        plan_memory(24, need, host_free=need.built_bytes + need.fp8_copy_bytes // 2)
 
 
 def test_experts_are_planned_as_the_transformer_one_on_the_gpu_at_a_time():
