@@ -230,7 +230,7 @@ def video_step(timings: dict, calls: list[int]) -> dict:
 
 
 def llm_units(prompt_lengths: list[int], calls: list[int]) -> dict:
-    """{summary key: FLOPs} of one LLM iteration (llm.run_once): a prefill per length, then generate()'s own
+    """{summary key: FLOPs} of one LLM iteration (llm_run.run_once): a prefill per length, then generate()'s own
     prefill and its decode steps. A decode step's FLOPs are the mean over them (its attention reads the static
     cache, whose length does not change; the step_ms samples are the intervals between those calls)."""
     n = len(prompt_lengths)

@@ -15,12 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ltxbench.configurations import Configuration
-from ltxbench.models import ltx_build
 from ltxbench.models.family import Option, RunSettings
-from ltxbench.models.ltx_build import DEFAULT_HUB_ID, MAX_FRAMES, MAX_SIDE, PRESETS, TOKENIZER_MAX_LENGTH
+from ltxbench.models.ltx_build import DEFAULT_HUB_ID, PRESETS, TOKENIZER_MAX_LENGTH
 from ltxbench.models.video import VideoFamily
 from ltxbench.models.video_image import IMAGE_OPTION
-from ltxbench.models.video_phases import video_options
+from ltxbench.models.video_phases import MAX_FRAMES, MAX_SIDE, video_options
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted"
@@ -70,7 +69,7 @@ class LTXVideoFamily(VideoFamily):
     settings_class = LTXSettings
     options = OPTIONS
     image_to_video = "LTXImageToVideoPipeline"
-    builder = ltx_build
+    builder_module = "ltxbench.models.ltx_build"
     memory_stacks = {"transformer": "transformer_blocks", "text_encoder": "encoder.block"}  # --memory-budget: T5's
     text_tokens = TOKENIZER_MAX_LENGTH
 

@@ -16,14 +16,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from ltxbench.configurations import Configuration
-from ltxbench.models import ltx2_build
 from ltxbench.models.family import Option, PeerConfig, RunSettings
 from ltxbench.models.ltx2_build import PRESETS
 from ltxbench.models.ltx2_core import LTX_CORE
-from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
 from ltxbench.models.video import VideoFamily
 from ltxbench.models.video_image import IMAGE_OPTION
-from ltxbench.models.video_phases import video_options
+from ltxbench.models.video_phases import MAX_FRAMES, MAX_SIDE, video_options
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, its paws crunching, wind in the pines, cinematic"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted, noise, muffled audio"
@@ -93,7 +91,7 @@ class LTX2Family(VideoFamily):
     options = OPTIONS
     decodes = ("vae_decode", "audio_decode")
     image_to_video = "LTX2ImageToVideoPipeline"
-    builder = ltx2_build
+    builder_module = "ltxbench.models.ltx2_build"
     guidance = _GUIDANCE
     # --memory-budget: Gemma 3's decoder layers stream like the blocks; its image tower stays on the host (unused)
     memory_stacks = {"transformer": "transformer_blocks", "text_encoder": "model.language_model.layers"}

@@ -30,10 +30,6 @@ COMPONENTS = ("transformer", "vae", "text_encoder", "scheduler")
 _DIFFUSERS_FILES = {"transformer": "config.json", "vae": "config.json", "text_encoder": "config.json",
                     "scheduler": "scheduler_config.json"}
 TOKENIZER_MAX_LENGTH = 128
-# The video families' --num-frames / --height / --width bounds (Option.bounds, checked before torch loads): generous
-# (1025 frames are 129 latent frames; 4096 pixels a side is beyond 4K), but a value past them would only end in an
-# allocation failure after the model was built.
-MAX_FRAMES, MAX_SIDE = 1025, 4096
 
 
 def validate_video_args(num_frames: int, height: int, width: int, steps: int) -> None:

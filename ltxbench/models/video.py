@@ -27,7 +27,7 @@ class VideoFamily(ModelFamily):
     makes_video = True
     decodes: ClassVar[tuple[str, ...]] = ("vae_decode",)  # timed after the loop, in order; "vae_decode" is the video
     image_to_video: ClassVar[str]                          # diffusers' image-to-video pipeline class
-    builder: ClassVar[ModuleType]  # its models/<family>_build module: validate_video_args, build_pipeline
+    builder_module: ClassVar[str]  # its models/<family>_build module: validate_video_args, build_pipeline
     guidance: ClassVar[tuple[str, ...]] = ("guidance_scale",)  # settings that must not be negative
     # --memory-budget (ltxbench.memory): component -> its stack of layers that can stream; parts left on the host
     memory_stacks: ClassVar[dict[str, str]] = {}
@@ -38,6 +38,14 @@ class VideoFamily(ModelFamily):
     text_attentions: ClassVar[tuple[str, ...]] = ("attn2",)
     text_kv_extra_rows: ClassVar[int] = 0
     decode_frames: ClassVar[int | None] = None  # frames a VAE decode holds at once (None: all of them)
+
+    @property
+    def builder(self) -> ModuleType:
+        """The family's build module, imported when a run of this family first needs it (a run of another family
+        never loads it, so editing it leaves their stored results current)."""
+        import importlib
+
+        return importlib.import_module(self.builder_module)
 
     # --- what a video family implements ---
     def encode(self, pipe, settings, device):

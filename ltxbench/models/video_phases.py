@@ -18,6 +18,10 @@ PHASES = ("all", "transformer")  # --phase: the whole generation, or the denoisi
 
 
 MAX_STEPS = 10_000  # far past any schedule a video model is run with: a typo's 10**11 fails here, not in numpy
+# The video families' --num-frames / --height / --width bounds (Option.bounds, checked before torch loads): generous
+# (1025 frames are 129 latent frames; 4096 pixels a side is beyond 4K), but a value past them would only end in an
+# allocation failure after the model was built.
+MAX_FRAMES, MAX_SIDE = 1025, 4096
 
 
 def video_options(frames: int, steps: int, frame_rate: int, max_frames: int, max_side: int, min_side: int,

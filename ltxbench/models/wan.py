@@ -18,16 +18,29 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ltxbench.models import wan_build
 from ltxbench.models.family import Option, RunSettings
-from ltxbench.models.ltx_build import MAX_FRAMES, MAX_SIDE
 from ltxbench.models.video import VideoFamily
 from ltxbench.models.video_image import IMAGE_OPTION
-from ltxbench.models.video_phases import video_options
-from ltxbench.models.wan_build import PRESETS, TOKENIZER_MAX_LENGTH
+from ltxbench.models.video_phases import MAX_FRAMES, MAX_SIDE, video_options
 
 PROMPT = "a red fox trotting through fresh snow at golden hour, cinematic, shallow depth of field"
 NEGATIVE_PROMPT = "worst quality, blurry, jittery, distorted, static"
+
+# preset -> (config dir, hub id of its diffusers-format weights for --weights pretrained)
+PRESETS = {
+    "wan2.1-1.3b": ("wan2.1-1.3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"),
+    "wan2.1-14b": ("wan2.1-14b", "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
+    "wan2.2-5b": ("wan2.2-5b", "Wan-AI/Wan2.2-TI2V-5B-Diffusers"),
+    "wan2.2-a14b": ("wan2.2-a14b", "Wan-AI/Wan2.2-T2V-A14B-Diffusers"),
+    "wan-tiny": ("wan-tiny", None),
+    "wan-tiny-a14b": ("wan-tiny-a14b", None),
+    "wan-tiny-ti2v": ("wan-tiny", None),  # wan-tiny run as Wan 2.2 5B runs: per-token timesteps, --image
+    "wan2.1-i2v-14b": ("wan2.1-i2v-14b", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"),
+    "wan-tiny-i2v": ("wan-tiny-i2v", None),
+    "wan2.2-i2v-a14b": ("wan2.2-i2v-a14b", "Wan-AI/Wan2.2-I2V-A14B-Diffusers"),
+    "wan-tiny-i2v-a14b": ("wan-tiny-i2v-a14b", None),
+}
+TOKENIZER_MAX_LENGTH = 512  # WanPipeline pads every prompt to 512 tokens (its max_sequence_length)
 
 
 @dataclass(kw_only=True)
@@ -76,7 +89,7 @@ class WanFamily(VideoFamily):
     settings_class = WanSettings
     options = OPTIONS
     image_to_video = "WanImageToVideoPipeline"
-    builder = wan_build
+    builder_module = "ltxbench.models.wan_build"
     text_tokens = TOKENIZER_MAX_LENGTH
     # --gpus 2: the guidance pair's samples on two ranks; the pair is one call of batch 2 where the optimized
     # configurations pair it (inject/wan/pair.py), otherwise each batch-1 call runs whole on every rank. ulysses splits
@@ -101,16 +114,16 @@ class WanFamily(VideoFamily):
 
     def validate_shape(self, settings: WanSettings) -> None:
         self.builder.validate_video_args(settings.num_frames, settings.height, settings.width, settings.steps,
-                                         wan_build.side_multiple(settings.model))
+                                         self.builder.side_multiple(settings.model))
 
     def validate(self, settings: WanSettings, command: str) -> None:
         """The video families' checks, after Wan's own: --image on the TI2V and I2V models only, and always on I2V."""
         from ltxbench.errors import UsageError
 
-        if settings.image is not None and not wan_build.takes_an_image(settings.model):
+        if settings.image is not None and not self.builder.takes_an_image(settings.model):
             raise UsageError(f"--image: Wan's image-to-video runs on the TI2V model (wan2.2-5b) or the I2V one "
                              f"(wan2.1-i2v-14b), not {settings.model}")
-        if settings.image is None and wan_build.needs_an_image(settings.model):
+        if settings.image is None and self.builder.needs_an_image(settings.model):
             raise UsageError(f"--model {settings.model} is an image-to-video model: give the first frame with --image")
         super().validate(settings, command)
 
@@ -124,14 +137,16 @@ class WanFamily(VideoFamily):
         """The root takes latents (B, C, F, H, W): it splits the batch (cfg) and a per-token timestep (Wan 2.2 5B);
         the tokens split below it, as diffusers' own Wan plan splits them (RoPE's tables, block 0's input; proj_out
         gathered). The prompt (and I2V's image tokens) stay whole on every rank: attn2 runs locally."""
+        from ltxbench.models import wan_run
         from ltxbench.parallel import ParallelPlan
 
-        return ParallelPlan(sequence_inputs={"timestep": 1}, below_root=_context_plan,
+        return ParallelPlan(sequence_inputs={"timestep": 1}, below_root=wan_run.context_plan,
                             local_attentions=lambda model: [block.attn2 for block in model.blocks],
-                            token_count=_latent_tokens)
+                            token_count=wan_run.latent_tokens)
 
     def parallelize(self, pipe, settings):
         """The run's split on every denoiser (both of Wan 2.2 A14B's experts), one report."""
+        from ltxbench.models.wan_run import ParallelReports
         from ltxbench.parallel import parallelize
         from ltxbench.parallel.launch import current_world
 
@@ -145,109 +160,11 @@ class WanFamily(VideoFamily):
                              precision=settings.precision, fp8_accumulation=settings.fp8_accumulation or "fast")
 
     def encode(self, pipe, settings: WanSettings, device):
-        return _encode(pipe, settings, device)
+        from ltxbench.models import wan_run
+
+        return wan_run.encode(pipe, settings, device)
 
     def iteration(self, pipe, settings: WanSettings, embeds=None, phase=None, on_step=None):
-        return run_once(pipe, settings, embeds, phase, on_step)
+        from ltxbench.models import wan_run
 
-
-class ParallelReports:
-    """The split of each denoiser, reverted and described as one."""
-
-    def __init__(self, reports: list):
-        self.reports = reports
-
-    def revert(self) -> None:
-        for report in reversed(self.reports):
-            report.revert()
-
-    def as_dict(self) -> dict:
-        return {**self.reports[0].as_dict(), "denoisers": len(self.reports)}
-
-
-def _context_plan(transformer) -> dict:
-    """diffusers' context-parallel plan of WanTransformer3DModel below the root (its root entry, the timestep, is
-    the split hook's, which also splits the batch)."""
-    return {name: entry for name, entry in type(transformer)._cp_plan.items() if name}
-
-
-def _latent_tokens(transformer):
-    """The video token count of a call from its latents (B, C, F, H, W): F·H·W over the patch volume."""
-    patch = transformer.config.patch_size
-
-    def count(latents) -> int:
-        return (latents.size(2) // patch[0]) * (latents.size(3) // patch[1]) * (latents.size(4) // patch[2])
-
-    return count
-
-
-def _encode(pipe, settings: WanSettings, device):
-    """(prompt embeddings, negative prompt embeddings or None), each (B, 512, text dim), rows past the prompt zero.
-    Through WanPipeline's encode_prompt for both pipelines: the image-to-video pipeline's cleans the text with ftfy
-    unconditionally (a NameError without it); the text-to-video one uses it where installed, the same otherwise."""
-    from diffusers import WanPipeline
-
-    return WanPipeline.encode_prompt(_text_side(pipe), prompt=settings.prompt or PROMPT,
-                              negative_prompt=settings.negative_prompt if settings.prompt else NEGATIVE_PROMPT,
-                              do_classifier_free_guidance=settings.guidance_scale > 1.0,
-                              num_videos_per_prompt=settings.batch_size, max_sequence_length=TOKENIZER_MAX_LENGTH,
-                              device=device)
-
-
-class _TextSide:
-    """What WanPipeline.encode_prompt reads of its pipeline: the tokenizer, the text encoder, the execution device,
-    and its own T5 prompt encoding (WanPipeline's, whatever `pipe` is)."""
-
-    def __init__(self, pipe):
-        self.pipe = pipe
-
-    def __getattr__(self, name):
-        return getattr(self.pipe, name)
-
-    def _get_t5_prompt_embeds(self, *args, **kwargs):
-        from diffusers import WanPipeline
-
-        return WanPipeline._get_t5_prompt_embeds(self, *args, **kwargs)
-
-
-def _text_side(pipe):
-    from diffusers import WanPipeline
-
-    return pipe if isinstance(pipe, WanPipeline) else _TextSide(pipe)
-
-
-def _denoise(pipe, embeds, settings: WanSettings, generator, on_step_end, image=None):
-    """The pipeline's loop on the given embeddings (and the first frame, image-to-video): the final latents
-    (B, C, F', H', W'), fp32, normalised."""
-    return pipe(**({} if image is None else {"image": image}), prompt_embeds=embeds[0],
-                negative_prompt_embeds=embeds[1], num_frames=settings.num_frames,
-                height=settings.height, width=settings.width, num_inference_steps=settings.steps,
-                guidance_scale=settings.guidance_scale, generator=generator, output_type="latent",
-                return_dict=False, callback_on_step_end=on_step_end)[0]
-
-
-def decode(pipe, latents, _generator=None):
-    """What WanPipeline does to the latents for output_type != "latent": de-normalised with the VAE's per-channel
-    mean and std, then decoded (the video in [-1, 1])."""
-    import torch
-
-    vae = pipe.vae
-    latents = latents.to(vae.dtype)
-    shape = (1, vae.config.z_dim, 1, 1, 1)
-    mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
-    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
-    return vae.decode(latents / inv_std + mean, return_dict=False)[0]
-
-
-def run_once(pipe, settings: WanSettings, embeds=None, phase=None, on_step=None):
-    """One generation timed per phase: (timings, {"vae_decode": video} or {})."""
-    from ltxbench.models.video_image import conditioning_image
-    from ltxbench.models.video_phases import timed_generation
-
-    device = pipe._execution_device
-    image = None if settings.image is None else conditioning_image(settings.image)  # untimed, read once
-    return timed_generation(
-        device, settings.seed, lambda: _encode(pipe, settings, device),
-        lambda prompt, generator, on_step_end: _denoise(pipe, prompt, settings, generator, on_step_end, image),
-        [("vae_decode", lambda latents, generator: decode(pipe, latents, generator))],
-        embeds, phase, on_step)
+        return wan_run.run_once(pipe, settings, embeds, phase, on_step)

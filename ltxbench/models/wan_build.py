@@ -20,23 +20,10 @@ from ltxbench.errors import UsageError
 from ltxbench.models.family import torch_dtype
 from ltxbench.models.hub import looks_like_path
 from ltxbench.models.ltx_build import seeded
+from ltxbench.models.wan import PRESETS, TOKENIZER_MAX_LENGTH
 from ltxbench.resources import configs_dir
 
 CONFIGS = configs_dir("wan")  # configs/wan/ of the checkout, or the installed package's copy
-# preset -> (config dir, hub id of its diffusers-format weights for --weights pretrained)
-PRESETS = {
-    "wan2.1-1.3b": ("wan2.1-1.3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"),
-    "wan2.1-14b": ("wan2.1-14b", "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
-    "wan2.2-5b": ("wan2.2-5b", "Wan-AI/Wan2.2-TI2V-5B-Diffusers"),
-    "wan2.2-a14b": ("wan2.2-a14b", "Wan-AI/Wan2.2-T2V-A14B-Diffusers"),
-    "wan-tiny": ("wan-tiny", None),
-    "wan-tiny-a14b": ("wan-tiny-a14b", None),
-    "wan-tiny-ti2v": ("wan-tiny", None),  # wan-tiny run as Wan 2.2 5B runs: per-token timesteps, --image
-    "wan2.1-i2v-14b": ("wan2.1-i2v-14b", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"),
-    "wan-tiny-i2v": ("wan-tiny-i2v", None),
-    "wan2.2-i2v-a14b": ("wan2.2-i2v-a14b", "Wan-AI/Wan2.2-I2V-A14B-Diffusers"),
-    "wan-tiny-i2v-a14b": ("wan-tiny-i2v-a14b", None),
-}
 # Wan 2.2 5B's pipeline gives every video token its own timestep (WanPipeline's expand_timesteps); its image-to-video
 # (TI2V) is the same transformer with the image's latents as the first latent frame, at timestep 0
 EXPAND_TIMESTEPS = {"wan2.2-5b", "wan-tiny-ti2v"}
@@ -45,7 +32,6 @@ COMPONENTS = ("transformer", "vae", "text_encoder", "scheduler")
 # I2V's CLIP image encoder (its transformer takes the image's CLIP features beside the text: image_dim)
 OPTIONAL = ("transformer_2", "pipeline", "image_encoder")
 MODEL_FORMS = f"a preset ({', '.join(PRESETS)}), a hub id (owner/name) or a Wan pipeline directory"
-TOKENIZER_MAX_LENGTH = 512  # WanPipeline pads every prompt to 512 tokens (its max_sequence_length)
 FRAME_MULTIPLE = 4          # the VAE's temporal compression: frames are 4k+1
 # Pixels per transformer patch side (VAE x patch): 16 for Wan 2.1's x8 VAE, 32 for Wan 2.2's x16 one
 SIDE_MULTIPLES = {"wan2.2-5b": 32}

@@ -121,7 +121,7 @@ def test_the_hbm_floor_of_a_decode_step():
 
 
 def test_llm_decode_records_carry_the_floor_and_the_tables_show_it():
-    from ltxbench.models.llm import build_records
+    from ltxbench.models.llm_run import build_records
 
     res = {"peak_memory_bytes": 1, "compile_s": None, "generate_ms": [20.0], "prefill_16_ms": [5.0],
            "step_ms": [4.0, 4.0], "decode_weights": {"bytes": 9.6e9, "gpu": "NVIDIA H200"}}

@@ -286,7 +286,7 @@ def test_llm_profile_decodes_as_bench_e2e_times_it(tmp_path, captured, compile_c
     """Each configuration's profiled iteration is what `bench e2e` times: a prefill, then generate() with a static
     cache whose decode step transformers compiles (--decode-compile-mode, CUDA graphs by default) in the compile
     configurations only, the module-level compile set aside for that call."""
-    from ltxbench.models import llm
+    from ltxbench.models import llm_run as llm
 
     generated = []
     real_generate_kwargs = llm.decode_kwargs

@@ -194,7 +194,7 @@ def test_profile_counts_each_work_once_in_an_uncompiled_run(tmp_path):
 
 
 def _llama_profile_by_hand(cfg, prompt: int, new_tokens: int) -> dict:
-    """{kind: FLOPs} of llm.profiled_iteration: a prefill without cache keeping the last logits, then generate() of
+    """{kind: FLOPs} of llm_run.profiled_iteration: a prefill without cache keeping the last logits, then generate() of
     `new_tokens` with a static cache: its own prefill (attending over the prompt), then one token per step, each
     attending over the whole cache, the prompt and every token fed but the last (the positions not yet written are
     masked, not skipped)."""

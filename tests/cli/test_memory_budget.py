@@ -245,7 +245,7 @@ def test_wan_streams_its_blocks_and_text_layers_and_gives_the_resident_latents(o
     """Wan under a budget: its blocks and UMT5's layers stream (every one, through 2 slots), each component comes
     in its phase, and the streamed generation's latents are the resident ones, unpatched and with our rules."""
     from ltxbench.memory.apply import placement_of
-    from ltxbench.models import family_of, wan
+    from ltxbench.models import family_of, wan_run
 
     out = tmp_path / "wan.json"
     result = runner.invoke(app, [*WAN_TINY, "--configs", "baseline,optimized", "--memory-budget", "6",
@@ -265,9 +265,9 @@ def test_wan_streams_its_blocks_and_text_layers_and_gives_the_resident_latents(o
     for name in ("transformer", "text_encoder", "vae"):  # the same seeded weights, built again on the CPU
         getattr(resident, name).load_state_dict(getattr(pipe, name).state_dict())
     with torch.no_grad():
-        embeds = wan._encode(resident, settings, "cpu")
-        placed_embeds = wan._encode(pipe, settings, "cpu")
-        latents = [wan._denoise(p, e, settings, torch.Generator().manual_seed(0), None)
+        embeds = wan_run.encode(resident, settings, "cpu")
+        placed_embeds = wan_run.encode(pipe, settings, "cpu")
+        latents = [wan_run.denoise(p, e, settings, torch.Generator().manual_seed(0), None)
                    for p, e in ((resident, embeds), (pipe, placed_embeds))]
     assert torch.equal(placed_embeds[0], embeds[0]) and torch.equal(latents[1], latents[0])
 
@@ -277,7 +277,7 @@ def test_wan_a14b_plans_both_experts_one_on_the_gpu_at_a_time(on_the_cpu, captur
     the GPU only during its own steps (the high-noise expert leaves when the low-noise one is first called), and the
     generation's latents are the resident pipeline's."""
     from ltxbench.memory.apply import placement_of
-    from ltxbench.models import family_of, wan
+    from ltxbench.models import family_of, wan_run
 
     args = [a if a != "wan-tiny" else "wan-tiny-a14b" for a in WAN_TINY]
     out = tmp_path / "a14b.json"
@@ -306,8 +306,8 @@ def test_wan_a14b_plans_both_experts_one_on_the_gpu_at_a_time(on_the_cpu, captur
         getattr(resident, name).load_state_dict(getattr(pipe, name).state_dict())
     try:
         with torch.no_grad():
-            embeds = wan._encode(resident, settings, "cpu")
-            latents = [wan._denoise(p, embeds, settings, torch.Generator().manual_seed(0), None)
+            embeds = wan_run.encode(resident, settings, "cpu")
+            latents = [wan_run.denoise(p, embeds, settings, torch.Generator().manual_seed(0), None)
                        for p in (resident, pipe)]
     finally:
         for handle in handles:
@@ -325,7 +325,7 @@ def test_wan_i2v_under_a_budget_encodes_the_image_in_the_encode_phase(on_the_cpu
     from PIL import Image
 
     from ltxbench.memory.apply import placement_of
-    from ltxbench.models import family_of, wan
+    from ltxbench.models import family_of, wan_run
 
     image = tmp_path / "first.png"
     Image.new("RGB", (64, 64), "red").save(image)
@@ -345,8 +345,8 @@ def test_wan_i2v_under_a_budget_encodes_the_image_in_the_encode_phase(on_the_cpu
         getattr(resident, name).load_state_dict(getattr(pipe, name).state_dict())
     frame = Image.open(image)
     with torch.no_grad():
-        embeds = wan._encode(resident, settings, "cpu")
-        latents = [wan._denoise(p, embeds, settings, torch.Generator().manual_seed(0), None, frame)
+        embeds = wan_run.encode(resident, settings, "cpu")
+        latents = [wan_run.denoise(p, embeds, settings, torch.Generator().manual_seed(0), None, frame)
                    for p in (resident, pipe)]
     assert torch.equal(latents[1], latents[0])
     assert not placement.movers["image_encoder"].on_device  # the denoise sent it back to the host

@@ -30,12 +30,12 @@ def _latents(pipe, **overrides):
     from diffusers import WanPipeline
     from PIL import Image
 
-    from ltxbench.models.wan import _text_side
+    from ltxbench.models.wan_run import text_side
 
     generate = dict(GENERATE)
     with torch.no_grad():
         if getattr(pipe, "image_encoder", None) is not None:
-            prompt, negative = WanPipeline.encode_prompt(_text_side(pipe), generate.pop("prompt"),
+            prompt, negative = WanPipeline.encode_prompt(text_side(pipe), generate.pop("prompt"),
                                                          generate.pop("negative_prompt"), device="cpu")
             generate.update(image=Image.new("RGB", (64, 64), "red"), prompt_embeds=prompt,
                             negative_prompt_embeds=negative)

@@ -35,10 +35,10 @@ def _experts(pipe) -> list[str]:
 def _embeddings(pipe):
     from diffusers import WanPipeline
 
-    from ltxbench.models.wan import _text_side
+    from ltxbench.models.wan_run import text_side
 
     with torch.no_grad():
-        return WanPipeline.encode_prompt(_text_side(pipe), "a fox in the snow", "blurry", device="cpu")
+        return WanPipeline.encode_prompt(text_side(pipe), "a fox in the snow", "blurry", device="cpu")
 
 
 def _latents(pipe, embeddings, guidance: float):

@@ -22,7 +22,7 @@ from ltxbench.errors import EnvironmentProblem
 from ltxbench.inject import llm
 from ltxbench.inject.fuse import MOVES_RULE
 from ltxbench.models import llm as llm_family
-from ltxbench.models import llm_build, llm_weights
+from ltxbench.models import llm_build, llm_run, llm_weights
 
 PRESET = "smollm2-135m"
 PROMPTS = (
@@ -162,8 +162,8 @@ def test_bench_e2e_and_profile_run_the_preset_on_text(smollm2, monkeypatch, tmp_
     model, tokenizer = smollm2
     loads, seen_ids = [], []
     monkeypatch.setattr(llm_weights, "load_model", lambda *a: loads.append(a) or model)
-    real_prompt_ids = llm_family.prompt_ids
-    monkeypatch.setattr(llm_family, "prompt_ids", lambda *a: seen_ids.append(real_prompt_ids(*a)) or seen_ids[-1])
+    real_prompt_ids = llm_run.prompt_ids
+    monkeypatch.setattr(llm_run, "prompt_ids", lambda *a: seen_ids.append(real_prompt_ids(*a)) or seen_ids[-1])
     out = tmp_path / "e2e.json"
     result = runner.invoke(app, ["bench", "e2e", "--model", PRESET, "--device", "cpu", "--configs",
                                  "baseline,optimized", "--prompt-lengths", "8,24", "--new-tokens", "3", "--repeats",
@@ -188,7 +188,7 @@ def test_bench_e2e_and_profile_run_the_preset_on_text(smollm2, monkeypatch, tmp_
 
 def test_prompt_ids_are_seeded_random_ids_without_the_packaged_weights():
     args = llm_family.LLMSettings(prompt_lengths=[4, 8], batch_size=2, seed=3, model=PRESET, weights="random")
-    first, again = llm_family.prompt_ids(args, 100), llm_family.prompt_ids(args, 100)
+    first, again = llm_run.prompt_ids(args, 100), llm_run.prompt_ids(args, 100)
     assert first[8].shape == (2, 8) and all(torch.equal(first[n], again[n]) for n in (4, 8))
     assert int(first[8].min()) >= 3 and int(first[8].max()) < 100  # no special tokens (ids 0-2)
 

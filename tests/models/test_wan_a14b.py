@@ -11,7 +11,7 @@ import torch
 from typer.testing import CliRunner
 
 from ltxbench.cli import app
-from ltxbench.models import family_of, wan, wan_build
+from ltxbench.models import family_of, wan, wan_build, wan_run
 
 runner = CliRunner()
 STEPS = 6
@@ -87,7 +87,7 @@ def test_the_tiny_pipeline_has_two_distinct_experts_and_the_family_names_both(ti
 def test_each_expert_runs_its_share_of_the_steps(tiny):
     high, low = _expected_calls(tiny)
     assert high and low  # the split falls inside the run
-    counts = _count_calls([tiny.transformer, tiny.transformer_2], lambda: wan.run_once(tiny, _settings()))
+    counts = _count_calls([tiny.transformer, tiny.transformer_2], lambda: wan_run.run_once(tiny, _settings()))
     assert counts == [high, low]
 
 
@@ -95,9 +95,9 @@ def test_flops_are_counted_over_both_experts(tiny):
     from ltxbench.bench import flops
 
     high, low = _expected_calls(tiny)
-    _, calls = flops.per_call([tiny.transformer, tiny.transformer_2], lambda: wan.run_once(tiny, _settings()))
+    _, calls = flops.per_call([tiny.transformer, tiny.transformer_2], lambda: wan_run.run_once(tiny, _settings()))
     assert len(calls) == high + low and min(calls) > 0
-    _, first_only = flops.per_call(tiny.transformer, lambda: wan.run_once(tiny, _settings()))
+    _, first_only = flops.per_call(tiny.transformer, lambda: wan_run.run_once(tiny, _settings()))
     assert len(first_only) == high
 
 
@@ -136,7 +136,7 @@ def test_bench_e2e_compiles_both_experts_and_undoes_both(scope, tmp_path, captur
     assert pipe.transformer._compiled_call_impl is None and pipe.transformer_2._compiled_call_impl is None
     records = json.loads(out.read_text())["records"]
     step = next(r for r in records if r["provider"] == "baseline" and r["name"] == "denoise_step")
-    _, calls = flops.per_call([tiny.transformer, tiny.transformer_2], lambda: wan.run_once(tiny, _settings()))
+    _, calls = flops.per_call([tiny.transformer, tiny.transformer_2], lambda: wan_run.run_once(tiny, _settings()))
     # every step's two guided calls counted, whichever expert made them (the experts' calls cost the same)
     assert step["derived"]["model_tflop"] * 1e12 == pytest.approx(sum(calls) / STEPS, rel=1e-9)
 

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from ltxbench.cli import app
 from ltxbench.errors import UsageError
-from ltxbench.models import family_of, wan, wan_build
+from ltxbench.models import family_of, wan, wan_build, wan_run
 from tests.helpers import REPO
 
 runner = CliRunner()
@@ -137,7 +137,7 @@ def test_tokens_are_the_transformers_sequence_length(tiny):
                                guidance_scale=1.0)
     try:
         with torch.no_grad():
-            wan.run_once(tiny, settings)
+            wan_run.run_once(tiny, settings)
     finally:
         handle.remove()
     assert seen == [48] and family_of("wan-tiny").tokens(tiny, settings) == 48
@@ -160,7 +160,7 @@ def test_our_decode_is_the_pipelines(tiny):
     settings = wan.WanSettings(model="wan-tiny", weights="random", num_frames=5, height=32, width=48, steps=2,
                                prompt="a red fox", negative_prompt="blurry")
     with torch.no_grad():
-        _, outputs = wan.run_once(tiny, settings)
+        _, outputs = wan_run.run_once(tiny, settings)
         ours = tiny.video_processor.postprocess_video(outputs["vae_decode"], output_type="pt")
         whole = tiny("a red fox", negative_prompt="blurry", num_frames=5, height=32, width=48, num_inference_steps=2,
                      guidance_scale=5.0, generator=torch.Generator("cpu").manual_seed(settings.seed),
@@ -300,9 +300,9 @@ def test_the_ti2v_pipeline_conditions_on_the_image():
                                height=64, width=64, steps=2, image="unused")
     pipe = family.build(settings)
     assert isinstance(pipe, WanImageToVideoPipeline) and pipe.config.expand_timesteps
-    embeds = wan._encode(pipe, settings, "cpu")
+    embeds = wan_run.encode(pipe, settings, "cpu")
     red, blue = (Image.new("RGB", (64, 64), color) for color in ("red", "blue"))
-    latents = [wan._denoise(pipe, embeds, settings, torch.Generator().manual_seed(0), None, image)
+    latents = [wan_run.denoise(pipe, embeds, settings, torch.Generator().manual_seed(0), None, image)
                for image in (red, red, blue)]
     assert torch.equal(latents[0], latents[1]) and not torch.equal(latents[0], latents[2])
 
@@ -351,11 +351,11 @@ def test_the_i2v_pipeline_conditions_on_the_image_and_its_clip_features():
     pipe = family.build(settings)
     assert isinstance(pipe, WanImageToVideoPipeline) and pipe.image_encoder is not None
     assert pipe.transformer.config.in_channels == 36 and pipe.transformer.config.image_dim == 32
-    embeds = wan._encode(pipe, settings, "cpu")
+    embeds = wan_run.encode(pipe, settings, "cpu")
     red, blue = (Image.new("RGB", (64, 64), color) for color in ("red", "blue"))
 
     def latents(image):
-        return wan._denoise(pipe, embeds, settings, torch.Generator().manual_seed(0), None, image)
+        return wan_run.denoise(pipe, embeds, settings, torch.Generator().manual_seed(0), None, image)
 
     plain = latents(red)
     assert torch.equal(plain, latents(red)) and not torch.equal(plain, latents(blue))
@@ -412,3 +412,19 @@ def test_bench_e2e_in_fp8_adds_ours_in_fp8_with_its_error_measured(tmp_path):
     assert any(r["name"] == "step_error" and r["provider"] == "optimized-fp8" for r in doc["records"])
     assert "fp8: attention projections on FP8 weights, each input quantized per token" in \
         doc["run"]["config"]["injection"]["optimized-fp8"]["rules"]
+
+
+def test_a_run_loads_only_its_own_familys_run_code():
+    """A run's stored result names the modules it imported (its code digest): the command line takes every family's
+    declarations (options, presets), but Wan's builder and run code and the LLMs' run code load only for a run of
+    their family, so editing them leaves the other families' stored results current."""
+    code = ("import sys\nfrom ltxbench.cli.options import declared\nfrom ltxbench.models import family_of, presets\n"
+            "[declared(c) for c in ('generate', 'bench e2e', 'profile')]\npresets()\n"
+            "family_of('ltx-tiny').builder\nfamily_of('ltx2-tiny').builder\nfamily_of('llama-tiny')\n"
+            "loaded = lambda: sorted(m for m in sys.modules if m.startswith(('ltxbench.models.wan_', "
+            "'ltxbench.inject.wan', 'ltxbench.models.llm_run')))\nprint(loaded())\n"
+            "family_of('wan-tiny').builder\nfamily_of('wan-tiny').parallel_plan()\nprint(loaded())\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=180)
+    assert proc.stdout.split("\n")[:2] == ["[]", "['ltxbench.models.wan_build', 'ltxbench.models.wan_run']"], \
+        proc.stdout + proc.stderr

@@ -173,7 +173,7 @@ def main(out: str, spec_text: str) -> None:
         plan = dataclasses.replace(plan, local_attentions=lambda model: [
             *local(model), *(getattr(block, name) for block in blocks(model))])
     if spec["family"] == "wan":  # every denoiser (both experts of Wan 2.2 A14B)
-        from ltxbench.models.wan import ParallelReports
+        from ltxbench.models.wan_run import ParallelReports
 
         parallel = ParallelReports([parallelize(module, world, plan, tokens) for module in family.denoisers(pipe)])
     else:
