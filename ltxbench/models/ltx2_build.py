@@ -15,14 +15,12 @@ from pathlib import Path
 from ltxbench.errors import UsageError
 from ltxbench.models.family import torch_dtype
 from ltxbench.models.hub import looks_like_path
+from ltxbench.models.ltx2 import DEFAULT_HUB_ID, PRESETS
 from ltxbench.models.ltx_build import seeded
 from ltxbench.models.ltx_build import validate_video_args as _validate_ltx_video_args
 from ltxbench.resources import configs_dir
 
 CONFIGS = configs_dir("ltx2")  # configs/ltx2/ of the checkout, or the installed package's copy
-DEFAULT_HUB_ID = "Lightricks/LTX-2"
-# preset -> (config dirs, later ones override per component; hub id for --weights pretrained)
-PRESETS = {"ltx2-19b": (("ltx2-19b",), DEFAULT_HUB_ID), "ltx2-tiny": (("ltx2-tiny",), None)}
 COMPONENTS = ("transformer", "connectors", "vae", "audio_vae", "vocoder", "text_encoder", "scheduler")
 MODEL_FORMS = f"a preset ({', '.join(PRESETS)}), a hub id (owner/name) or an LTX-2 pipeline directory"
 TOKENIZER_MAX_LENGTH = 1024  # LTX2Pipeline pads every prompt to 1024 tokens (its max_sequence_length)

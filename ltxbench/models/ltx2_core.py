@@ -17,7 +17,8 @@ top level.
 
 from __future__ import annotations
 
-LTX_CORE = "ltx-core"  # the configuration's name
+from ltxbench.models.ltx2 import LTX_CORE  # the configuration's name
+
 RULE = ("transformer: ltx-core's LTXModel on the diffusers model's weights (SDPA attention), the pipeline without its "
         "STG pass")
 # ltx-core's configurator checks these values (model_configurator.py) and fails on any other: the LTX-2 architecture

@@ -15,7 +15,7 @@ from ltxbench.bench import e2e, e2e_report
 from ltxbench.cli import app
 from ltxbench.configurations import STANDARD, added_by
 from ltxbench.errors import UsageError
-from ltxbench.models import family, family_of, ltx
+from ltxbench.models import family, family_of, ltx, ltx_run
 from tests.helpers import BENCH_E2E_LTX_TINY as TINY
 
 REPO = Path(__file__).resolve().parents[2]
@@ -398,8 +398,8 @@ def test_the_gemm_search_is_one_untimed_step_before_the_configurations(monkeypat
         events.append("configs")
         return {"baseline": {"injection": {"applied": False}}, "optimized": {"injection": {"applied": True}}}
 
-    monkeypatch.setattr(ltx, "_encode", lambda *_: "embeds")
-    monkeypatch.setattr(ltx, "run_once", lambda pipe, settings, embeds=None: events.append(("step", settings.steps,
+    monkeypatch.setattr(ltx_run, "encode", lambda *_: "embeds")
+    monkeypatch.setattr(ltx_run, "run_once", lambda pipe, settings, embeds=None: events.append(("step", settings.steps,
                                                                                             embeds)))
     monkeypatch.setattr(ltx_inject, "apply_kernels", lambda pipe, prov, **kw: events.append(("inject", prov, kw))
                         or Report())
@@ -474,7 +474,7 @@ def test_ctrl_c_keeps_the_configurations_measured_and_marks_the_result_incomplet
     (and what was not measured), the command says so in one line and exits 130; compare refuses it as a baseline
     and, as the new side, fails on what it lacks."""
     calls = []
-    real = ltx.run_once
+    real = ltx_run.run_once
 
     def interrupted_in_the_second_config(*args, **kwargs):
         calls.append(1)
@@ -482,7 +482,7 @@ def test_ctrl_c_keeps_the_configurations_measured_and_marks_the_result_incomplet
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ltx, "run_once", interrupted_in_the_second_config)
+    monkeypatch.setattr(ltx_run, "run_once", interrupted_in_the_second_config)
     out = tmp_path / "cut.json"
     result = runner.invoke(app, [*TINY, "--configs", "baseline,optimized", "--output", str(out)])
     assert result.exit_code == 130, result.output
@@ -493,7 +493,7 @@ def test_ctrl_c_keeps_the_configurations_measured_and_marks_the_result_incomplet
     assert doc["run"]["config"]["incomplete"] == {"reason": "interrupted (Ctrl-C)", "measured": ["baseline"],
                                                  "not_measured": ["optimized"]}
     assert {r["provider"] for r in doc["records"]} == {"baseline"} and doc["records"]
-    monkeypatch.setattr(ltx, "run_once", real)
+    monkeypatch.setattr(ltx_run, "run_once", real)
     full = tmp_path / "full.json"
     assert runner.invoke(app, [*TINY, "--configs", "baseline,optimized", "--output", str(full)]).exit_code == 0
     as_base = runner.invoke(app, ["compare", str(out), str(full)])
@@ -506,7 +506,7 @@ def test_ctrl_c_before_any_configuration_writes_nothing(tmp_path, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ltx, "run_once", interrupt)
+    monkeypatch.setattr(ltx_run, "run_once", interrupt)
     out = tmp_path / "none.json"
     result = runner.invoke(app, [*TINY, "--configs", "baseline", "--output", str(out)])
     assert result.exit_code == 130, result.output
@@ -558,7 +558,7 @@ def test_sigterm_keeps_the_configurations_measured_as_ctrl_c_does(tmp_path, monk
     and exits 130; the handler it installed is gone afterwards."""
     import signal
 
-    calls, real = [], ltx.run_once
+    calls, real = [], ltx_run.run_once
 
     def terminated_in_the_second_config(*args, **kwargs):
         calls.append(1)
@@ -567,7 +567,7 @@ def test_sigterm_keeps_the_configurations_measured_as_ctrl_c_does(tmp_path, monk
         return real(*args, **kwargs)
 
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(ltx, "run_once", terminated_in_the_second_config)
+    monkeypatch.setattr(ltx_run, "run_once", terminated_in_the_second_config)
     out = tmp_path / "cut.json"
     result = runner.invoke(app, [*TINY, "--configs", "baseline,optimized", "--output", str(out)])
     assert result.exit_code == 130, result.output

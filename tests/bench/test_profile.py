@@ -150,9 +150,9 @@ def _check_doc(doc, configs):
 
 
 def test_ltx_tiny_baseline_and_optimized(tmp_path, captured):
-    from ltxbench.models import ltx
+    from ltxbench.models import ltx_run as ltx
 
-    originals = (ltx._encode, ltx._denoise, ltx.decode)
+    originals = (ltx.encode, ltx.denoise, ltx.decode)
     out = tmp_path / "prof.json"
     result = runner.invoke(app, [*TINY, "--top", "5", "--output", str(out)])
     assert result.exit_code == 0, result.output
@@ -169,7 +169,7 @@ def test_ltx_tiny_baseline_and_optimized(tmp_path, captured):
     assert "forward" not in vars(transformer) and "forward" not in vars(transformer.rope)
     assert all("forward" not in vars(block) for block in transformer.transformer_blocks)
     assert all(type(b.attn1.processor).__name__ != "FusedLTXAttnProcessor" for b in transformer.transformer_blocks)
-    assert (ltx._encode, ltx._denoise, ltx.decode) == originals
+    assert (ltx.encode, ltx.denoise, ltx.decode) == originals
     # no clobbering without --force: the result, and the traces alone (checked before anything runs)
     again = runner.invoke(app, [*TINY, "--output", str(out)])
     assert again.exit_code == 2 and "already exists" in again.output

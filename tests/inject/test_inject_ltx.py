@@ -419,8 +419,8 @@ def test_cuda_provider_in_fp32_is_the_unpatched_math(cross_attention):
 def test_full_2b_random_pipeline_latents_after_10_steps_and_decoded_frames_match_unpatched():
     """Issue numerics check: LTX-2B, random weights, bf16, 512x768, 49 frames, CFG, 10 steps, cuda provider:
     latents cosine >= 0.999 against the unpatched pipeline, and the PSNR of the VAE-decoded frames."""
-    from ltxbench.models.ltx import decode as _decode
     from ltxbench.models.ltx_build import build_pipeline
+    from ltxbench.models.ltx_run import decode as _decode
 
     pipe = build_pipeline("ltx-2b", "random", "cuda", "bf16")
     pipe.set_progress_bar_config(disable=True)

@@ -89,15 +89,15 @@ PHASE = {"text_encoder": "encode", "connectors": "encode", "transformer": "denoi
 
 def _generate_and_decode(family, pipe):
     """A generation from text, then its decodes (the video; LTX-2's audio), as the families run them."""
-    from ltxbench.models import ltx, ltx2
+    from ltxbench.models import ltx2_run, ltx_run
 
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
         if family == "ltx2":
             latents = ltx2_generate(pipe)
-            return (*latents, ltx2._decode_video(pipe, latents, gen), ltx2._decode_audio(pipe, latents, gen))
+            return (*latents, ltx2_run.decode_video(pipe, latents, gen), ltx2_run.decode_audio(pipe, latents, gen))
         latents = ltx_generate(pipe, None, 3.0)
-        return latents, ltx.decode(pipe, latents, 9, 64, 64, gen)
+        return latents, ltx_run.decode(pipe, latents, 9, 64, 64, gen)
 
 
 @pytest.mark.parametrize("stays", [(), ("decode",)])

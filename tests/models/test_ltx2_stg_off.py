@@ -1,4 +1,4 @@
-"""The stg-off configuration of LTX-2 (ltxbench.models.ltx2.stg_pass_off): on LTX-2.0 blocks the pipeline without
+"""The stg-off configuration of LTX-2 (ltxbench.models.ltx2_run.stg_pass_off): on LTX-2.0 blocks the pipeline without
 its STG pass gives the same video as with it, one transformer call fewer per step; refused where the pass does
 change the video (a block with perturbed attention); timed through bench e2e as a configuration of its own."""
 
@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from ltxbench.cli import app
 from ltxbench.errors import UsageError
-from ltxbench.models import family_of, ltx2
+from ltxbench.models import family_of, ltx2, ltx2_run
 from tests.helpers import max_abs_error
 
 GENERATE = dict(prompt="a fox in the snow", negative_prompt="blurry", num_frames=9, height=64, width=64,
@@ -77,10 +77,10 @@ def test_refused_where_a_block_perturbs_attention(ltx2_tiny):
     block.perturbed_attn = True  # LTX-2.3's blocks: the STG pass changes the video
     try:
         with pytest.raises(UsageError, match="block 1 has perturbed attention"):
-            ltx2.stg_pass_off(ltx2_tiny)
+            ltx2_run.stg_pass_off(ltx2_tiny)
     finally:
         del block.perturbed_attn
-    assert ltx2.stg_pass_off(ltx2_tiny).as_dict()["rules"] == {ltx2.STG_OFF_RULE: 1}
+    assert ltx2_run.stg_pass_off(ltx2_tiny).as_dict()["rules"] == {ltx2.STG_OFF_RULE: 1}
 
 
 def test_bench_e2e_times_the_stg_off_configuration_without_the_pass(tmp_path, captured, compile_calls, monkeypatch):

@@ -412,19 +412,3 @@ def test_bench_e2e_in_fp8_adds_ours_in_fp8_with_its_error_measured(tmp_path):
     assert any(r["name"] == "step_error" and r["provider"] == "optimized-fp8" for r in doc["records"])
     assert "fp8: attention projections on FP8 weights, each input quantized per token" in \
         doc["run"]["config"]["injection"]["optimized-fp8"]["rules"]
-
-
-def test_a_run_loads_only_its_own_familys_run_code():
-    """A run's stored result names the modules it imported (its code digest): the command line takes every family's
-    declarations (options, presets), but Wan's builder and run code and the LLMs' run code load only for a run of
-    their family, so editing them leaves the other families' stored results current."""
-    code = ("import sys\nfrom ltxbench.cli.options import declared\nfrom ltxbench.models import family_of, presets\n"
-            "[declared(c) for c in ('generate', 'bench e2e', 'profile')]\npresets()\n"
-            "family_of('ltx-tiny').builder\nfamily_of('ltx2-tiny').builder\nfamily_of('llama-tiny')\n"
-            "loaded = lambda: sorted(m for m in sys.modules if m.startswith(('ltxbench.models.wan_', "
-            "'ltxbench.inject.wan', 'ltxbench.models.llm_run')))\nprint(loaded())\n"
-            "family_of('wan-tiny').builder\nfamily_of('wan-tiny').parallel_plan()\nprint(loaded())\n")
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=180)
-    assert proc.stdout.split("\n")[:2] == ["[]", "['ltxbench.models.wan_build', 'ltxbench.models.wan_run']"], \
-        proc.stdout + proc.stderr
