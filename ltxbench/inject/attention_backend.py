@@ -116,7 +116,7 @@ def hand_to_diffusers(fa3: FlashAttention3) -> None:
     """diffusers' `_flash_3` backend calls `fa3` (nothing to do where diffusers found the source build itself)."""
     from diffusers.models import attention_dispatch as dispatch
 
-    from ltxbench.inject.ltx2.text_kv import source_digest
+    from ltxbench.inject.patching import source_digest
 
     if not hasattr(dispatch, "_wrapped_flash_attn_3") or not hasattr(dispatch, "flash_attn_3_func"):
         raise EnvironmentProblem("this diffusers release has no FlashAttention-3 backend to run fa3-fwd through",

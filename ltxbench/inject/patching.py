@@ -26,6 +26,15 @@ def source_of(function) -> str:
         return ""
 
 
+def source_digest(function) -> str:
+    """sha256 (first 16 hex digits) of `function`'s source ("" when it cannot be read): what a rule compares with
+    the digest of the code it reproduces."""
+    import hashlib
+
+    source = source_of(function)
+    return hashlib.sha256(source.encode()).hexdigest()[:16] if source else ""
+
+
 ORIGINAL_CLASS = "_ltxbench_original_class"  # on a patched subclass: the class it stands in for
 
 

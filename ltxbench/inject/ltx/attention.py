@@ -13,6 +13,7 @@ import torch
 from ltxbench.inject import forward_source, fp8_attention, observed, original_class
 from ltxbench.inject.fp8 import fused_projection
 from ltxbench.inject.fuse import fused_outputs, unobserved
+from ltxbench.inject.layers import eps_of, needs_autograd
 from ltxbench.ops.reference import ltx_cos_sin
 from ltxbench.parallel.attend import attend, rope_attention
 
@@ -22,11 +23,6 @@ def _rope_kwargs(image_rotary_emb) -> dict:
     if second.dim() == 1:  # (grid, freqs) from _rope_from_coords; cos/sin tables are (B, S, D)
         return {"grid": first, "freqs": second}
     return {"cos": first, "sin": second}
-
-
-def needs_autograd(*tensors) -> bool:
-    """ops.linear has no backward: with gradients wanted, torch's own linear runs (inference is what we speed up)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def tuned_linear(ops):
@@ -39,10 +35,6 @@ def tuned_linear(ops):
         return ops.linear(x, weight, bias)
 
     return linear
-
-
-def eps_of(norm) -> float:
-    return norm.eps if norm.eps is not None else torch.finfo(norm.weight.dtype).eps
 
 
 def _projections(ops, attn, hidden_states, encoder_hidden_states, linear):

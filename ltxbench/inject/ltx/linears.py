@@ -4,21 +4,11 @@ GELU stays (GELU_MEASURED says why)."""
 
 from __future__ import annotations
 
-import torch
-
 from ltxbench.inject import original_class
-from ltxbench.inject.fuse import unobserved
-from ltxbench.inject.ltx.attention import needs_autograd, tuned_linear
+from ltxbench.inject.layers import gemm_can_stand_for
+from ltxbench.inject.ltx.attention import tuned_linear
 
 GELU_MEASURED = "torch's F.gelu measured faster than ltxbench.gelu_tanh (H100, 2x8064x8192: 179.7 vs 203.8 us)"
-
-
-def gemm_can_stand_for(proj, x) -> bool:
-    """May a GEMM on proj's weight and bias replace `proj(x)`? Only for a plain nn.Linear as injected: no hook or
-    wrapper put on it since (a LoRA adapter added after the injection replaces it by its own module, whose `weight`
-    is the base layer's), its weights on the device (not offloaded to meta), and no gradient wanted."""
-    return (original_class(proj) is torch.nn.Linear and not proj.weight.is_meta and unobserved(proj)
-            and not needs_autograd(x, proj.weight, proj.bias))
 
 
 def ff_gelu_forward(ops, epilogue: bool, tuned_gemm: bool):

@@ -56,8 +56,8 @@ from ltxbench.inject.ltx2.text_kv import (
     TextKVProcessor,
     keep_projections,
     processor_class,
-    source_digest,
 )
+from ltxbench.inject.patching import source_digest
 
 __all__ = ["ATTN1_FP8_RULE", "BLOCK_RULE", "CACHE_ATTR", "GENERATION_RULE", "MEMO_ATTR", "PROJECTION_RULE",
            "PROJECTIONS_RULE", "STG_RULE", "TEXT_KV_RULE", "TEXT_MASK_RULE", "TextKVCache", "TextKVProcessor",

@@ -11,7 +11,7 @@ import torch
 from ltxbench.inject.fp8 import WEIGHT_ATTR, fused_projection
 from ltxbench.inject.fp8_attention import attend_normed, attention, runs_fp8_attention
 from ltxbench.inject.fuse import fused_outputs, unobserved
-from ltxbench.inject.ltx.attention import eps_of
+from ltxbench.inject.layers import eps_of
 from ltxbench.parallel.attend import attend, rope_attention
 
 

@@ -14,12 +14,10 @@ streamed through one slot (ltxbench.memory.stream) share their weights' addresse
 
 from __future__ import annotations
 
-import hashlib
-import inspect
-
 import torch
 
 from ltxbench.inject import InjectionReport, original_class, patch_forward
+from ltxbench.inject.patching import source_digest
 
 TEXT_KV_RULE = "attn2/audio_attn2: text keys/values once per generation (exact: the same ops on the same prompt)"
 # sha256 (first 16 hex digits) of LTX2AudioVideoAttnProcessor.__call__'s source in diffusers 0.42.1: the code
@@ -160,13 +158,6 @@ def processor_class():
     from diffusers.models.transformers.transformer_ltx2 import LTX2AudioVideoAttnProcessor
 
     return LTX2AudioVideoAttnProcessor
-
-
-def source_digest(function) -> str:
-    try:
-        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
-    except (OSError, TypeError):
-        return ""
 
 
 def keep_projections(report: InjectionReport, transformer, cache: TextKVCache) -> None:

@@ -35,9 +35,8 @@ from ltxbench.inject import (
     require_provider,
 )
 from ltxbench.inject.fp8_held import hold_modules
-from ltxbench.inject.ltx.attention import eps_of
-from ltxbench.inject.ltx.linears import gemm_can_stand_for
-from ltxbench.inject.ltx2.text_kv import source_digest as digest
+from ltxbench.inject.layers import eps_of, gemm_can_stand_for
+from ltxbench.inject.patching import source_digest as digest
 from ltxbench.inject.wan.attention import ATTN1_FP8_RULE, QK_ROPE_RULE, self_attention_call
 from ltxbench.inject.wan.attention import refusal as qk_rope_refusal
 from ltxbench.inject.wan.precision import quantize_block, unquantizable

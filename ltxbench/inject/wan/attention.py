@@ -14,8 +14,8 @@ from __future__ import annotations
 from ltxbench.inject import fp8_attention as fp8
 from ltxbench.inject import original_class
 from ltxbench.inject.fuse import unobserved
-from ltxbench.inject.ltx.attention import eps_of
-from ltxbench.inject.ltx2.text_kv import source_digest
+from ltxbench.inject.layers import eps_of
+from ltxbench.inject.patching import source_digest
 
 QK_ROPE_RULE = "attn1: norm_q/norm_k across heads + the rotary embedding in one kernel (tables one head wide)"
 ATTN1_FP8_RULE = "attn1: FP8 attention ({}) on qk_rms_norm_rope_fp8's q/k and v"  # the backend's name
