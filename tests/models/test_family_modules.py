@@ -34,3 +34,15 @@ def test_a_run_loads_only_its_own_familys_run_and_build_code(preset):
     expected = {"ltx_build", "llm_build", RUN_MODULES[family], *([OWN_BUILDERS[family]] if family in OWN_BUILDERS
                                                                  else [])}
     assert set(loaded.split()) == expected, proc.stdout
+
+
+@pytest.mark.parametrize(("package", "foreign"), [("wan", ("ltx", "ltx2", "llm")), ("ltx2", ("ltx", "wan", "llm")),
+                                                 ("ltx", ("ltx2", "wan", "llm")), ("llm", ("ltx", "ltx2", "wan"))])
+def test_a_familys_injection_loads_no_other_familys(package, foreign):
+    """The helpers every family's rules use live in the shared inject modules (patching, fuse, layers)."""
+    code = (f"import sys\nimport ltxbench.inject.{package}\n"
+            "print(' '.join(sorted({m.split('.')[2] for m in sys.modules if m.startswith('ltxbench.inject.')})))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)},
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert not set(proc.stdout.split()) & set(foreign), proc.stdout
