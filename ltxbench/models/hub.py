@@ -23,6 +23,17 @@ def no_such_directory(model: str, forms: str = MODEL_FORMS) -> UsageError:
     return UsageError(f"--model {model}: no such directory", hint=f"--model takes {forms}")
 
 
+def pretrained_source(model: str, presets: dict, forms: str) -> str:
+    """The hub id or directory that --weights pretrained loads for `model`, a preset of `presets` (preset -> (config
+    dirs, hub id or None)) or a hub id or directory itself; UsageError where there is none."""
+    if model in presets and presets[model][1] is None:
+        raise UsageError(f"--model {model} has no pretrained weights", hint="use --weights random")
+    source = presets[model][1] if model in presets else model
+    if looks_like_path(source) and not Path(source).expanduser().is_dir():
+        raise no_such_directory(source, forms)
+    return source
+
+
 def hub_reason(exc: BaseException) -> str:
     """Why the hub did not deliver, from the exception and its causes."""
     chain, seen = [], exc

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ltxbench.errors import UsageError
 from ltxbench.models.family import torch_dtype
-from ltxbench.models.hub import looks_like_path
+from ltxbench.models.hub import pretrained_source
 from ltxbench.models.ltx2 import DEFAULT_HUB_ID, PRESETS
 from ltxbench.models.ltx_build import seeded
 from ltxbench.models.ltx_build import validate_video_args as _validate_ltx_video_args
@@ -122,7 +122,7 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
         return LTX2Pipeline(tokenizer=build_tokenizer(), **build_components(configs, device, dtype, seed))
     if weights != "pretrained":
         raise UsageError(f"--weights {weights!r} is not one of pretrained, random")
-    source = _pretrained_source(model)
+    source = pretrained_source(model, PRESETS, MODEL_FORMS)
     if source == DEFAULT_HUB_ID or Path(source).expanduser().is_dir():
         # the configs are at hand (a hub id's would need the hub): the size is known before loading
         ensure_pipeline_fits(component_configs(source), model, device, dtype)
@@ -132,14 +132,3 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
 
     return load_ltx_pipeline(source, dtype, LTX2Pipeline, MODEL_FORMS).to(device)
 
-
-def _pretrained_source(model: str) -> str:
-    """The hub id or directory that --weights pretrained loads for `model` (UsageError where there is none)."""
-    from ltxbench.models.hub import no_such_directory
-
-    if model in PRESETS and PRESETS[model][1] is None:
-        raise UsageError(f"--model {model} has no pretrained weights", hint="use --weights random")
-    source = PRESETS[model][1] if model in PRESETS else model
-    if looks_like_path(source) and not Path(source).expanduser().is_dir():
-        raise no_such_directory(source, MODEL_FORMS)
-    return source

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ltxbench.errors import UsageError
 from ltxbench.models.family import torch_dtype
-from ltxbench.models.hub import looks_like_path
+from ltxbench.models.hub import pretrained_source
 from ltxbench.models.ltx_build import seeded
 from ltxbench.models.wan import PRESETS, TOKENIZER_MAX_LENGTH
 from ltxbench.resources import configs_dir
@@ -171,7 +171,7 @@ def build_pipeline(model: str, weights: str, device, dtype, seed: int = 0):
         return pipeline_class(_conditions_on_an_image(configs))(tokenizer=build_tokenizer(), **parts, **settings)
     if weights != "pretrained":
         raise UsageError(f"--weights {weights!r} is not one of pretrained, random")
-    source = _pretrained_source(model)
+    source = pretrained_source(model, PRESETS, MODEL_FORMS)
     if source in {hub for _, hub in PRESETS.values()} or Path(source).expanduser().is_dir():
         # the configs are at hand (a hub id's would need the hub): the size is known before loading
         ensure_pipeline_fits(component_configs(source), model, device, dtype)
@@ -239,14 +239,3 @@ def _expands_timesteps(model: str, configs: dict[str, dict]) -> bool:
     VAE)."""
     return model in EXPAND_TIMESTEPS or configs["vae"].get("scale_factor_spatial") == 16
 
-
-def _pretrained_source(model: str) -> str:
-    """The hub id or directory that --weights pretrained loads for `model` (UsageError where there is none)."""
-    from ltxbench.models.hub import no_such_directory
-
-    if model in PRESETS and PRESETS[model][1] is None:
-        raise UsageError(f"--model {model} has no pretrained weights", hint="use --weights random")
-    source = PRESETS[model][1] if model in PRESETS else model
-    if looks_like_path(source) and not Path(source).expanduser().is_dir():
-        raise no_such_directory(source, MODEL_FORMS)
-    return source
