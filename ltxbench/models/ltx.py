@@ -101,7 +101,7 @@ class LTXVideoFamily(VideoFamily):
 
     def parallel_plan(self):
         from ltxbench.models.ltx_run import context_plan
-        from ltxbench.parallel import ParallelPlan
+        from ltxbench.parallel.plan import ParallelPlan
 
         return ParallelPlan(sequence_inputs={"hidden_states": 1, "timestep": 1}, below_root=context_plan,
                             local_attentions=lambda model: [block.attn2 for block in model.transformer_blocks])

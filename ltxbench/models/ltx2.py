@@ -155,7 +155,7 @@ class LTX2Family(VideoFamily):
 
     def parallel_plan(self):
         from ltxbench.models.ltx2_run import context_plan
-        from ltxbench.parallel import ParallelPlan
+        from ltxbench.parallel.plan import ParallelPlan
 
         def blocks_attention(*names):
             return lambda model: [getattr(block, name) for block in model.transformer_blocks for name in names]

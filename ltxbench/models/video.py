@@ -150,8 +150,8 @@ class VideoFamily(ModelFamily):
 
     def parallelize(self, pipe, settings):
         """The run's split (launch.current_world) applied to the transformer, after the injection; its report."""
-        from ltxbench.parallel import parallelize
         from ltxbench.parallel.launch import current_world
+        from ltxbench.parallel.plan import parallelize
 
         return parallelize(pipe.transformer, current_world(), self.parallel_plan(), self.tokens(pipe, settings))
 

@@ -138,7 +138,7 @@ class WanFamily(VideoFamily):
         the tokens split below it, as diffusers' own Wan plan splits them (RoPE's tables, block 0's input; proj_out
         gathered). The prompt (and I2V's image tokens) stay whole on every rank: attn2 runs locally."""
         from ltxbench.models import wan_run
-        from ltxbench.parallel import ParallelPlan
+        from ltxbench.parallel.plan import ParallelPlan
 
         return ParallelPlan(sequence_inputs={"timestep": 1}, below_root=wan_run.context_plan,
                             local_attentions=lambda model: [block.attn2 for block in model.blocks],
@@ -147,8 +147,8 @@ class WanFamily(VideoFamily):
     def parallelize(self, pipe, settings):
         """The run's split on every denoiser (both of Wan 2.2 A14B's experts), one report."""
         from ltxbench.models.wan_run import ParallelReports
-        from ltxbench.parallel import parallelize
         from ltxbench.parallel.launch import current_world
+        from ltxbench.parallel.plan import parallelize
 
         world, plan, tokens = current_world(), self.parallel_plan(), self.tokens(pipe, settings)
         return ParallelReports([parallelize(module, world, plan, tokens) for module in self.denoisers(pipe)])

@@ -106,9 +106,9 @@ def _runner(pipe, spec, device, dtype):
 
 def main(out: str, spec_text: str) -> None:
     from ltxbench.models import family_of
-    from ltxbench.parallel import parallelize
     from ltxbench.parallel import split as split_module
     from ltxbench.parallel.launch import World, degrees
+    from ltxbench.parallel.plan import parallelize
 
     spec = {"model": None, "config": "baseline", "device": "cpu", "num_frames": 9, "height": 64, "width": 64,
             "steps": 3, "guidance": 3.0, "mutation": "", "image": False, "reference": False, **json.loads(spec_text)}
