@@ -130,6 +130,16 @@ class ModelFamily:
     attentions: ClassVar[tuple[str, ...]] = ()  # <config>@<attention> it takes (configurations.ATTENTIONS)
     attention_peers: ClassVar[tuple[str, ...]] = ()  # its peers that run the model's own attention: <peer>@<attention>
 
+    # its models/<family>_run module (what a run does), imported by `runs` when a run of this family first needs it:
+    # no other family's run loads it, so editing it leaves their stored results current
+    run_module: ClassVar[str]
+
+    @property
+    def runs(self):
+        import importlib
+
+        return importlib.import_module(self.run_module)
+
     # --- resolving --model ------------------------------------------------------------------------------
     def claims(self, model: str) -> bool:
         """Whether `model` (not a preset of any family) is one of this family's: a hub id, a path."""

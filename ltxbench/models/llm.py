@@ -63,6 +63,7 @@ class LLMFamily(ModelFamily):
     name, title = "llm", "LLM"
     presets = LLM_PRESETS
     settings_class = LLMSettings
+    run_module = "ltxbench.models.llm_run"
     options = OPTIONS
 
     def claims(self, model: str) -> bool:
@@ -105,24 +106,18 @@ class LLMFamily(ModelFamily):
         return apply_kernels(model, settings.kernel_provider, tuned_gemm=settings.tuned_gemm is not False)
 
     def bench(self, model, settings: LLMSettings, log) -> dict:
-        from ltxbench.models import llm_run
-
-        return llm_run.bench(self, model, settings, log)
+        return self.runs.bench(self, model, settings, log)
 
     def records(self, results: dict, params: dict, settings: LLMSettings) -> list[dict]:
-        from ltxbench.models import llm_run
-
-        return llm_run.build_records(results, params, settings.dtype, settings.prompt_lengths, settings.new_tokens,
-                                     settings.decode_compile_mode or DECODE_COMPILE_DEFAULT)
+        return self.runs.build_records(results, params, settings.dtype, settings.prompt_lengths, settings.new_tokens,
+                                       settings.decode_compile_mode or DECODE_COMPILE_DEFAULT)
 
     def plot_parts(self, records) -> list[str]:
         lengths = dict.fromkeys(r["params"]["prompt_len"] for r in records if r["name"] == "prefill")
         return [*(f"prefill@{n}" for n in lengths), "generate"]
 
     def profile(self, model, settings: LLMSettings, traces: dict, log) -> dict:
-        from ltxbench.models import llm_run
-
-        return llm_run.profile(self, model, settings, traces, log)
+        return self.runs.profile(self, model, settings, traces, log)
 
     def bench_argv(self, settings: LLMSettings) -> list[str]:
         return ["--prompt-lengths", str(settings.prompt_length), "--new-tokens", str(settings.new_tokens)]

@@ -69,7 +69,7 @@ class LTXVideoFamily(VideoFamily):
     settings_class = LTXSettings
     options = OPTIONS
     image_to_video = "LTXImageToVideoPipeline"
-    builder_module = "ltxbench.models.ltx_build"
+    builder_module, run_module = "ltxbench.models.ltx_build", "ltxbench.models.ltx_run"
     memory_stacks = {"transformer": "transformer_blocks", "text_encoder": "encoder.block"}  # --memory-budget: T5's
     text_tokens = TOKENIZER_MAX_LENGTH
 
@@ -100,21 +100,16 @@ class LTXVideoFamily(VideoFamily):
                              fp8_accumulation=settings.fp8_accumulation or "fast")
 
     def parallel_plan(self):
-        from ltxbench.models.ltx_run import context_plan
         from ltxbench.parallel.plan import ParallelPlan
 
-        return ParallelPlan(sequence_inputs={"hidden_states": 1, "timestep": 1}, below_root=context_plan,
+        return ParallelPlan(sequence_inputs={"hidden_states": 1, "timestep": 1}, below_root=self.runs.context_plan,
                             local_attentions=lambda model: [block.attn2 for block in model.transformer_blocks])
 
     def encode(self, pipe, settings: LTXSettings, device):
-        from ltxbench.models import ltx_run
-
-        return ltx_run.encode(pipe, settings, device)
+        return self.runs.encode(pipe, settings, device)
 
     def iteration(self, pipe, settings: LTXSettings, embeds=None, phase=None, on_step=None):
-        from ltxbench.models import ltx_run
-
-        return ltx_run.run_once(pipe, settings, embeds, phase, on_step)
+        return self.runs.run_once(pipe, settings, embeds, phase, on_step)
 
     def before_configs(self, pipe, settings: LTXSettings, embeds, log):
         """With our kernels among the configurations, the GEMM algorithm search (untimed); after them, the optimized
@@ -124,9 +119,11 @@ class LTXVideoFamily(VideoFamily):
         if not tuned or not any(Configuration(name).ours for name in settings.configs):
             return None
         from ltxbench import ops
-        from ltxbench.models.ltx_run import search_gemms
 
         # the optimized configuration as it will run (a parallel run's split too: the search then meets the shapes
         # of this rank's share of each call)
-        search_s = search_gemms(pipe, settings, embeds, lambda: self.apply_config(pipe, settings, "optimized"), log)
+        def optimized():  # the injection the search runs under
+            return self.apply_config(pipe, settings, "optimized")
+
+        search_s = self.runs.search_gemms(pipe, settings, embeds, optimized, log)
         return lambda: {"gemm_choices": ops.gemm_choices(), "gemm_search_s": search_s}

@@ -93,7 +93,7 @@ class LTX2Family(VideoFamily):
     options = OPTIONS
     decodes = ("vae_decode", "audio_decode")
     image_to_video = "LTX2ImageToVideoPipeline"
-    builder_module = "ltxbench.models.ltx2_build"
+    builder_module, run_module = "ltxbench.models.ltx2_build", "ltxbench.models.ltx2_run"
     guidance = GUIDANCE
     # --memory-budget: Gemma 3's decoder layers stream like the blocks; its image tower stays on the host (unused)
     memory_stacks = {"transformer": "transformer_blocks", "text_encoder": "model.language_model.layers"}
@@ -116,16 +116,10 @@ class LTX2Family(VideoFamily):
         refuse_cuda_graphs(settings.compile_mode, CUDA_GRAPHS_REFUSED if settings.compile_scope == "model" else None)
         core = [c for c in map(Configuration, settings.configs or ()) if c.peer == LTX_CORE]
         if core:
-            from ltxbench.models.ltx2_run import validate_ltx_core
-
-            validate_ltx_core(core[0], settings)
+            self.runs.validate_ltx_core(core[0], settings)
 
     def peers(self) -> dict[str, PeerConfig]:
-        from ltxbench.models.ltx2_core import apply_ltx_core
-        from ltxbench.models.ltx2_run import stg_pass_off
-
-        return {**super().peers(), STG_OFF: PeerConfig(STG_OFF, stg_pass_off),
-                LTX_CORE: PeerConfig(LTX_CORE, apply_ltx_core)}
+        return {**super().peers(), **self.runs.peers()}
 
     def settings_for(self, settings: LTX2Settings, config: str) -> LTX2Settings:
         """stg-off and ltx-core run the pipeline without its STG pass."""
@@ -137,9 +131,7 @@ class LTX2Family(VideoFamily):
         results = super().bench(pipe, settings, log)
         off = [name for name in results if Configuration(name).peer == STG_OFF]
         if off:
-            from ltxbench.models.ltx2_run import stg_pass_check
-
-            check = stg_pass_check(pipe, settings)
+            check = self.runs.stg_pass_check(pipe, settings)
             log(f"{STG_OFF}: the final latents without the STG pass against the default's: video rel-L2 "
                 f"{check['video']['rel_l2']:.3g} (max |diff| {check['video']['max_abs_diff']:.3g}), audio rel-L2 "
                 f"{check['audio']['rel_l2']:.3g} (max |diff| {check['audio']['max_abs_diff']:.3g})")
@@ -154,26 +146,21 @@ class LTX2Family(VideoFamily):
                              fp8_accumulation=settings.fp8_accumulation or "fast")
 
     def parallel_plan(self):
-        from ltxbench.models.ltx2_run import context_plan
         from ltxbench.parallel.plan import ParallelPlan
 
         def blocks_attention(*names):
             return lambda model: [getattr(block, name) for block in model.transformer_blocks for name in names]
 
         return ParallelPlan(sequence_inputs={"hidden_states": 1, "timestep": 1, "video_keyframes_mask": 1},
-                            below_root=context_plan,
+                            below_root=self.runs.context_plan,
                             local_attentions=blocks_attention("attn2", "audio_attn1", "audio_attn2",
                                                               "audio_to_video_attn"))
 
     def encode(self, pipe, settings: LTX2Settings, device):
-        from ltxbench.models import ltx2_run
-
-        return ltx2_run.encode(pipe, settings, device)
+        return self.runs.encode(pipe, settings, device)
 
     def iteration(self, pipe, settings: LTX2Settings, embeds=None, phase=None, on_step=None):
-        from ltxbench.models import ltx2_run
-
-        return ltx2_run.run_once(pipe, settings, embeds, phase, on_step)
+        return self.runs.run_once(pipe, settings, embeds, phase, on_step)
 
     def audio(self, pipe, outputs: dict):
         """The first video's waveform (channels, n) at the vocoder's rate (24 kHz for the released model)."""

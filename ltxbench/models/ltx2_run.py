@@ -46,6 +46,14 @@ def validate_ltx_core(config: Configuration, settings: LTX2Settings) -> None:
     require(config)
 
 
+def peers() -> dict:
+    """LTX-2's own peers: the pipeline without its STG pass (stg-off) and Lightricks' ltx-core on the same weights."""
+    from ltxbench.models.family import PeerConfig
+    from ltxbench.models.ltx2_core import apply_ltx_core
+
+    return {STG_OFF: PeerConfig(STG_OFF, stg_pass_off), LTX_CORE: PeerConfig(LTX_CORE, apply_ltx_core)}
+
+
 def stg_pass_off(pipe) -> _StgPassOff:
     """The stg-off configuration: LTX-2.0's STG pass recomputes the guidance pair's positive half (no block has
     perturbed attention), so the pipeline gives the same video up to rounding (stg_pass_check measures it) with

@@ -89,7 +89,7 @@ class WanFamily(VideoFamily):
     settings_class = WanSettings
     options = OPTIONS
     image_to_video = "WanImageToVideoPipeline"
-    builder_module = "ltxbench.models.wan_build"
+    builder_module, run_module = "ltxbench.models.wan_build", "ltxbench.models.wan_run"
     text_tokens = TOKENIZER_MAX_LENGTH
     # --gpus 2: the guidance pair's samples on two ranks; the pair is one call of batch 2 where the optimized
     # configurations pair it (inject/wan/pair.py), otherwise each batch-1 call runs whole on every rank. ulysses splits
@@ -137,21 +137,19 @@ class WanFamily(VideoFamily):
         """The root takes latents (B, C, F, H, W): it splits the batch (cfg) and a per-token timestep (Wan 2.2 5B);
         the tokens split below it, as diffusers' own Wan plan splits them (RoPE's tables, block 0's input; proj_out
         gathered). The prompt (and I2V's image tokens) stay whole on every rank: attn2 runs locally."""
-        from ltxbench.models import wan_run
         from ltxbench.parallel.plan import ParallelPlan
 
-        return ParallelPlan(sequence_inputs={"timestep": 1}, below_root=wan_run.context_plan,
+        return ParallelPlan(sequence_inputs={"timestep": 1}, below_root=self.runs.context_plan,
                             local_attentions=lambda model: [block.attn2 for block in model.blocks],
-                            token_count=wan_run.latent_tokens)
+                            token_count=self.runs.latent_tokens)
 
     def parallelize(self, pipe, settings):
         """The run's split on every denoiser (both of Wan 2.2 A14B's experts), one report."""
-        from ltxbench.models.wan_run import ParallelReports
         from ltxbench.parallel.launch import current_world
         from ltxbench.parallel.plan import parallelize
 
         world, plan, tokens = current_world(), self.parallel_plan(), self.tokens(pipe, settings)
-        return ParallelReports([parallelize(module, world, plan, tokens) for module in self.denoisers(pipe)])
+        return self.runs.ParallelReports([parallelize(module, world, plan, tokens) for module in self.denoisers(pipe)])
 
     def inject(self, pipe, settings: WanSettings):
         from ltxbench.inject.wan import apply_kernels
@@ -160,11 +158,7 @@ class WanFamily(VideoFamily):
                              precision=settings.precision, fp8_accumulation=settings.fp8_accumulation or "fast")
 
     def encode(self, pipe, settings: WanSettings, device):
-        from ltxbench.models import wan_run
-
-        return wan_run.encode(pipe, settings, device)
+        return self.runs.encode(pipe, settings, device)
 
     def iteration(self, pipe, settings: WanSettings, embeds=None, phase=None, on_step=None):
-        from ltxbench.models import wan_run
-
-        return wan_run.run_once(pipe, settings, embeds, phase, on_step)
+        return self.runs.run_once(pipe, settings, embeds, phase, on_step)

@@ -132,8 +132,6 @@ class _Exchange:
     def attend(self, backend, stream):
         """Once this rank's block is in every rank's input buffer: the barrier, the attention over the buffer in
         place, the output rows exchanged the same way, and this rank's tokens in the caller's layout."""
-        from ltxbench.parallel.ulysses import attend_received
-
         ranks, tokens, _, heads, dim = self.inputs.shape
         self.input_handle.barrier(channel=0, timeout_ms=BARRIER_TIMEOUT_MS)
         received = self.inputs.view(1, ranks * tokens, 3, heads, dim)
@@ -198,3 +196,12 @@ def ulysses_rope_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, wq
 def _(q, k, v, wq, wk, eps, cos, sin, grid, freqs, split, heads, group_name, backend):
     _, tokens, width = q.shape
     return q.new_empty((1, tokens, heads, width // heads))
+
+
+def attend_received(received, backend):
+    """Attention over the exchanged buffer (1, all tokens, 3, heads here, dim), read in place: (1, all tokens, heads
+    here, dim). The same call whichever transport filled the buffer."""
+    from diffusers.models.attention_dispatch import dispatch_attention_fn
+
+    return dispatch_attention_fn(*received.unbind(2), attn_mask=None, dropout_p=0.0, is_causal=False,
+                                 backend=backend, parallel_config=None)

@@ -82,7 +82,7 @@ def exchanged_attention(packed, backend, parallel_config):
         return torch.ops.ltxbench_parallel.ulysses_attention(packed, group.group_name, _backend_name(backend))
     ranks, local_tokens, _, heads_here, dim = packed.shape
     received = exchange(packed, group).view(1, ranks * local_tokens, 3, heads_here, dim)
-    out = attend_received(received, backend)
+    out = symmetric.attend_received(received, backend)
     # (1, all tokens, heads_here, dim): rank r's rows are a contiguous block, sent back as they are
     back = exchange(out.reshape(ranks, local_tokens, heads_here, dim), group)
     return back.transpose(0, 1).reshape(1, local_tokens, ranks * heads_here, dim)
@@ -96,15 +96,6 @@ def _group(parallel_config):
 def _backend_name(backend) -> str:
     """diffusers' attention backend (an enum member, its name, or None) as the symmetric ops take it: a name or ""."""
     return getattr(backend, "value", backend) or ""
-
-
-def attend_received(received, backend):
-    """Attention over the exchanged buffer (1, all tokens, 3, heads here, dim), read in place: (1, all tokens, heads
-    here, dim). The same call whichever transport filled the buffer."""
-    from diffusers.models.attention_dispatch import dispatch_attention_fn
-
-    return dispatch_attention_fn(*received.unbind(2), attn_mask=None, dropout_p=0.0, is_causal=False,
-                                 backend=backend, parallel_config=None)
 
 
 def exchange(tensor, group):
