@@ -307,14 +307,16 @@ __global__ void __launch_bounds__(256) quantize_heads_kernel(Fp8HeadsParams p, i
     __trap();
   } else {
     extern __shared__ float head_scale[];
-    const int64_t b = blockIdx.y, D = p.H * p.hd, nvec = D / VEC;
+    // Blocks run in reverse order of pass 1's: the chunks pass 1 read last are still in L2 and are re-read first.
+    const int64_t chunk = gridDim.x - 1 - blockIdx.x, b = gridDim.y - 1 - blockIdx.y;
+    const int64_t D = p.H * p.hd, nvec = D / VEC;
     for (int64_t h = threadIdx.x; h < p.H; h += blockDim.x) {
       const float scale = fp8_pow2_scale(__uint_as_float(p.amax[b * p.H + h]));
       head_scale[h] = scale;
-      if (blockIdx.x == 0) p.descale[b * p.H + h] = 1.f / scale;
+      if (chunk == 0) p.descale[b * p.H + h] = 1.f / scale;
     }
     __syncthreads();
-    const int64_t s0 = blockIdx.x * rows_per_chunk, s1 = min(p.S, s0 + rows_per_chunk);
+    const int64_t s0 = chunk * rows_per_chunk, s1 = min(p.S, s0 + rows_per_chunk);
     for (int64_t j = threadIdx.x; j < nvec; j += blockDim.x) {
       const float scale = head_scale[j * VEC / p.hd];
       const T* x = static_cast<const T*>(p.x.ptr) + b * p.x.sb + j * VEC;

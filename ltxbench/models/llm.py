@@ -32,6 +32,8 @@ PASSAGE = ("The river left its banks in early spring, as it does most years, and
            "first green vegetables of the season. Children ran between the stalls while their parents argued about "
            "prices, the weather, and whether the new bridge would ever be finished.")
 DECODE_COMPILE_DEFAULT = "reduce-overhead"  # transformers' CompileConfig default for static-cache decoding
+# generate()'s stop decision: read every token (transformers' choice on CUDA), or one step late (its DeferredStopCheck)
+STOP_CHECKS = ("per-token", "deferred")
 
 
 @dataclass(kw_only=True)
@@ -40,6 +42,7 @@ class LLMSettings(RunSettings):
     prompt_length: int | None = None          # profile: the one prefill length
     new_tokens: int = 128
     decode_compile_mode: str | None = None    # bench e2e, profile: how generate() compiles the decode step
+    stop_check: str = "per-token"             # bench e2e, profile: when generate() reads its stop flag (STOP_CHECKS)
     tuned_gemm: bool | None = None
 
 
@@ -53,6 +56,10 @@ OPTIONS = (
     Option("decode_compile_mode", ("--decode-compile-mode",), str, DECODE_COMPILE_DEFAULT, "LLM compile configs: "
            "mode of the decode step that generate() compiles itself (transformers' CompileConfig; its default).",
            ("bench e2e", "profile"), choices=COMPILE_MODES),
+    Option("stop_check", ("--stop-check",), str, "per-token", "LLM decode, every configuration: generate() reads "
+           "its stop flag after every token (transformers' default on CUDA: the GPU idles while the host loop runs) "
+           "or one token late (deferred: transformers' DeferredStopCheck, the same tokens; docs/llm.md).",
+           ("bench e2e", "profile"), choices=STOP_CHECKS),
     Option("tuned_gemm", ("--tuned-gemm/--no-tuned-gemm",), bool, True, "LLM optimized configs: a prompt's "
            "projections on cuBLASLt with the algorithm per shape chosen by timing (first call), or torch's linear.",
            ("bench e2e",)),
@@ -78,6 +85,9 @@ class LLMFamily(ModelFamily):
         for flag, value in (("--new-tokens", settings.new_tokens), ("--prompt-length", settings.prompt_length)):
             if value is not None and value < 1:
                 raise UsageError(f"{flag} {value} must be at least 1")
+        if settings.stop_check == "deferred" and settings.device != "cuda":
+            raise UsageError("--stop-check deferred needs --device cuda: transformers defers the stop check with CUDA "
+                             "events", hint="leave --stop-check out on the CPU")
         peers = sorted({c.peer for c in map(Configuration, settings.configs or ()) if c.peer is not None})
         if peers and settings.device != "cuda":  # before the model is built, not after the other configurations ran
             raise UsageError(f"--configs {peers[0]} needs --device cuda: Liger-Kernel's kernels are Triton GPU kernels",
@@ -110,7 +120,7 @@ class LLMFamily(ModelFamily):
 
     def records(self, results: dict, params: dict, settings: LLMSettings) -> list[dict]:
         return self.runs.build_records(results, params, settings.dtype, settings.prompt_lengths, settings.new_tokens,
-                                       settings.decode_compile_mode or DECODE_COMPILE_DEFAULT)
+                                       settings.decode_compile_mode or DECODE_COMPILE_DEFAULT, settings.stop_check)
 
     def plot_parts(self, records) -> list[str]:
         lengths = dict.fromkeys(r["params"]["prompt_len"] for r in records if r["name"] == "prefill")

@@ -62,7 +62,7 @@ def profile(family, model, settings: LLMSettings, traces: dict, log) -> dict:
     def iteration():
         config = now["config"]
         profiled_iteration(model, ids, settings.new_tokens, device.type == "cuda", config.compiled, mode,
-                           fullgraph=config.peer is None)
+                           fullgraph=config.peer is None, stop_check=settings.stop_check)
 
     try:
         return profile_configs(model, settings.configs, apply, iteration, device, traces, settings.top, log,
@@ -97,7 +97,8 @@ def _search_gemms(model, settings: LLMSettings, ids: dict, inject, log):
 
 
 def profiled_iteration(model, ids, new_tokens: int, cuda: bool, compiled: bool = False,
-                       decode_mode: str = DECODE_COMPILE_DEFAULT, fullgraph: bool = True) -> None:
+                       decode_mode: str = DECODE_COMPILE_DEFAULT, fullgraph: bool = True,
+                       stop_check: str = "per-token") -> None:
     """What `bench e2e` times (run_once), at one prompt length: the prefill of `ids` (no cache, last logits only),
     then generate() of `new_tokens` from them with a static cache, its decode step compiled by transformers
     (`decode_mode`, CUDA graphs by default) when the configuration compiles (`compiled`)."""
@@ -109,20 +110,61 @@ def profiled_iteration(model, ids, new_tokens: int, cuda: bool, compiled: bool =
         with phase("prefill", cuda):
             model(input_ids=ids, use_cache=False, logits_to_keep=1)
         with phase("generate", cuda):
-            generate(model, ids, new_tokens, compiled, decode_mode, fullgraph)
+            generate(model, ids, new_tokens, compiled, decode_mode, fullgraph, stop_check=stop_check)
 
 
 def generate(model, prompt, new_tokens: int, compiled: bool, decode_mode: str, fullgraph: bool = True,
-             **extra) -> None:
+             stop_check: str = "per-token", **extra) -> None:
     """generate() of exactly `new_tokens` greedy tokens from `prompt` with a static cache, as `bench e2e` and
     `profile` run it: its decode step compiled by transformers (decode_kwargs) when `compiled`, the module-level
-    compile set aside for the call; `extra`: more generate() keywords (run_once's logits processor)."""
+    compile set aside for the call, its stop flag read as `stop_check` says (deferred_stop_check); `extra`: more
+    generate() keywords (run_once's logits processor)."""
     import torch
 
-    with module_compile_set_aside(model) if compiled else contextlib.nullcontext():
+    deferred = stop_check == "deferred"
+    with (module_compile_set_aside(model) if compiled else contextlib.nullcontext(),
+          deferred_stop_check() if deferred else contextlib.nullcontext() as decisions):
         model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), cache_implementation="static",
                        min_new_tokens=new_tokens, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
                        **decode_kwargs(compiled, decode_mode, fullgraph), **extra)
+    if deferred and model.device.type == "cuda" and not any(decisions):
+        from ltxbench.errors import EnvironmentProblem
+
+        raise EnvironmentProblem("--stop-check deferred: this transformers' generate() kept its per-token stop check",
+                                 hint="leave --stop-check out (per-token), or use transformers 5.17 or later")
+
+
+@contextlib.contextmanager
+def deferred_stop_check():
+    """Within it, transformers' generate() reads its stop flag one step late on CUDA too, as it does on Apple GPUs:
+    `DeferredStopCheck` copies the flag to pinned host memory without waiting and reads the previous step's, so the
+    host queues the next step while the GPU runs this one, instead of idling the GPU for the whole host loop of every
+    token. transformers enables it on "mps" only, "for cuda if we observe perf gains"; the tokens are the same (a
+    sequence that ends early costs one extra step, which generate() drops). Yields the list of its decisions
+    (True: deferred), one per generate() call, so that a caller can tell it took effect."""
+    import torch
+    from transformers.generation import utils
+
+    from ltxbench.errors import EnvironmentProblem
+
+    stop_check = getattr(utils, "DeferredStopCheck", None)
+    if stop_check is None or not isinstance(stop_check.__dict__.get("is_supported"), staticmethod):
+        raise EnvironmentProblem("--stop-check deferred needs transformers' DeferredStopCheck, which this version "
+                                 "lacks", hint="use transformers 5.17 or later, or leave --stop-check out")
+    original = stop_check.__dict__["is_supported"]
+    decisions: list[bool] = []
+
+    def is_supported(device, *args, **kwargs):
+        device = torch.device(device)
+        decision = original.__func__(torch.device("mps") if device.type == "cuda" else device, *args, **kwargs)
+        decisions.append(bool(decision))
+        return decision
+
+    stop_check.is_supported = staticmethod(is_supported)
+    try:
+        yield decisions
+    finally:
+        stop_check.is_supported = original
 
 
 def decode_kwargs(compiled: bool, mode: str, fullgraph: bool = True) -> dict:
@@ -173,7 +215,7 @@ def run_once(model, settings: LLMSettings, ids: dict, compiled: bool = False, fu
             bounds.append(clock.mark())
         gen_start = clock.mark()
         generate(model, ids[settings.prompt_lengths[0]], settings.new_tokens, compiled,
-                 settings.decode_compile_mode or DECODE_COMPILE_DEFAULT, fullgraph,
+                 settings.decode_compile_mode or DECODE_COMPILE_DEFAULT, fullgraph, settings.stop_check,
                  logits_processor=LogitsProcessorList([Mark()]))
         end = clock.mark()
     clock.finish()
@@ -204,9 +246,10 @@ def prompt_ids(settings: LLMSettings, vocab_size: int) -> dict:
 
 
 def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[int], new_tokens: int,
-                  decode_compile_mode: str = DECODE_COMPILE_DEFAULT) -> list[dict]:
+                  decode_compile_mode: str = DECODE_COMPILE_DEFAULT, stop_check: str = "per-token") -> list[dict]:
     """prefill (one per prompt length), decode_step (tokens/s derived), generate, compile records per config.
-    The decode records of the compile configs carry decode_compile_mode (how generate() compiled the step)."""
+    The decode records of the compile configs carry decode_compile_mode (how generate() compiled the step), and
+    every decode record `stop_check` where it is deferred (another measurement than transformers' default)."""
     from ltxbench.bench.e2e_report import compile_derived, flop_rates, speedups
     from ltxbench.bench.flops import hbm_floor
     from ltxbench.bench.gpu_monitor import summarize as gpu_summary
@@ -223,6 +266,8 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
                                        derived={**common, **speedups(results, name, key),
                                                 **flop_rates(res, key, dtype, params)}))
         decode_params = {**params, "prompt_len": prompt_lengths[0], "new_tokens": new_tokens}
+        if stop_check != "per-token":
+            decode_params["stop_check"] = stop_check
         if Configuration(name).compiled:
             decode_params["decode_compile_mode"] = decode_compile_mode
             if Configuration(name).peer is not None:  # a peer's decode step compiles with its graph breaks
