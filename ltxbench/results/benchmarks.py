@@ -104,6 +104,12 @@ BENCHMARKS = (
                                        "--prompt-lengths", "512,2048", "--new-tokens", "128", "--decode-compile-mode",
                                        "reduce-overhead", "--compile-cache", "shared", "--warmup-iterations", "2",
                                        "--repeats", "3"), 8, needs=("liger_kernel",)),  # + the search: 2 lengths
+    # the same decode with generate()'s stop flag read one token late (--stop-check deferred), every configuration
+    Benchmark("e2e-llama-3-8b-deferred", ("bench", "e2e", "--model", "llama-3-8b", "--weights", "random", "--configs",
+                                          "compile,optimized+compile,liger+compile", "--stop-check", "deferred",
+                                          "--prompt-lengths", "512", "--new-tokens", "128", "--decode-compile-mode",
+                                          "reduce-overhead", "--compile-cache", "shared", "--warmup-iterations", "2",
+                                          "--repeats", "3"), 6, needs=("liger_kernel",)),
     Benchmark("e2e-smollm2-135m", ("bench", "e2e", "--model", "smollm2-135m", "--weights", "pretrained", *_FOUR,
                                    "--prompt-lengths", "512", "--new-tokens", "32", "--decode-compile-mode",
                                    "reduce-overhead", "--compile-cache", "shared", "--warmup-iterations", "1",
