@@ -1,4 +1,5 @@
-// Cross-attention (attn.cu): softmax(q k^T * scale + mask) v per (batch, head), the mask additive per key.
+// Cross-attention (attn.cu): softmax(q k^T * scale + mask) v per (batch, head), the mask additive per key; decode
+// attention (decode_attn.cu): a decode step's packed query heads over the key/value cache, split over the keys.
 #include "bindings/checks.h"
 
 #include <ATen/ops/empty.h>
@@ -72,7 +73,65 @@ Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
   return out;
 }
 
-void register_attn(torch::Library& m) { m.impl("cross_attention", &cross_attention); }
+Tensor decode_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const std::optional<Tensor>& mask,
+                        std::optional<double> scale) {
+  const char* op = "decode_attention";
+  const DType dt = check_primary(q_in, op, "q");
+  check_same(k_in, q_in, op, "k", "q");
+  check_same(v_in, q_in, op, "v", "q");
+  TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4, "ltxbench.", op,
+              ": q must be (B, kv_heads, groups, head_dim) and k, v (B, kv_heads, L, head_dim), got ",
+              shape(q_in.sizes()), ", ", shape(k_in.sizes()), " and ", shape(v_in.sizes()));
+  const int64_t B = q_in.size(0), H = q_in.size(1), G = q_in.size(2), hd = q_in.size(3), L = k_in.size(2);
+  TORCH_CHECK(k_in.size(0) == B && k_in.size(1) == H && k_in.size(3) == hd, "ltxbench.", op, ": k has shape ",
+              shape(k_in.sizes()), " but q has ", shape(q_in.sizes()), " (B, kv_heads and head_dim must match)");
+  TORCH_CHECK(v_in.sizes() == k_in.sizes(), "ltxbench.", op, ": v has shape ", shape(v_in.sizes()), " but k has ",
+              shape(k_in.sizes()));
+  TORCH_CHECK(hd <= 256, "ltxbench.", op, ": head_dim must be <= 256, got ", num(hd));
+  TORCH_CHECK(B <= 65535 && H * G <= 65535, "ltxbench.", op, ": batch and query heads must each be <= 65535, got ",
+              num(B), " and ", num(H * G));
+  DecodeAttnParams p;
+  if (mask) {
+    TORCH_CHECK(mask->device() == q_in.device(), "ltxbench.", op, ": mask is on ", dev(*mask), " but q is on ",
+                dev(q_in));
+    const auto type = mask->scalar_type();
+    TORCH_CHECK(type == at::kBool || type == at::kFloat || type == q_in.scalar_type(), "ltxbench.", op,
+                ": mask must be bool (true keeps a key), float32 or q's dtype (", dtype_name(q_in), "), got ",
+                dtype_name(*mask));
+    TORCH_CHECK(mask->dim() == 4 && (mask->size(0) == B || mask->size(0) == 1) && mask->size(1) == 1 &&
+                    mask->size(2) == 1 && mask->size(3) == L,
+                "ltxbench.", op, ": mask must be per key, shared by heads and queries: (B|1, 1, 1, L) = (", num(B),
+                "|1, 1, 1, ", num(L), "), got ", shape(mask->sizes()));
+    p.mask = mask->data_ptr();
+    p.mask_kind = type == at::kBool ? DecodeMask::Bool : type == at::kFloat ? DecodeMask::F32 : DecodeMask::SameAsQ;
+    p.mask_sb = row_stride(*mask, 0), p.mask_sl = mask->stride(3);
+  }
+  Tensor out = at::empty({B, H, G, hd}, q_in.options());
+  if (out.numel() == 0) return out;
+  const Tensor q = unit_last_stride(q_in), k = unit_last_stride(k_in), v = unit_last_stride(v_in);
+  const int64_t elems = decode_attention_lane_elems(hd);
+  p.B = B, p.H = H, p.G = G, p.L = L, p.hd = hd;
+  p.q = q.data_ptr(), p.q_sb = q.stride(0), p.q_sh = q.stride(1), p.q_sg = q.stride(2);
+  p.k = k.data_ptr(), p.k_sb = k.stride(0), p.k_sh = k.stride(1), p.k_sl = k.stride(2);
+  p.v = v.data_ptr(), p.v_sb = v.stride(0), p.v_sh = v.stride(1), p.v_sl = v.stride(2);
+  p.vectorized = hd == 32 * elems && aligned_for(q, elems) && aligned_for(k, elems) && aligned_for(v, elems);
+  p.scale = static_cast<float>(scale ? *scale : 1.0 / std::sqrt(static_cast<double>(hd)));
+  p.out = out.data_ptr();
+  const int64_t splits = decode_attention_splits(B, H, G, L, hd);
+  Tensor part;  // the splits' partial rows, then their (max, sum) pairs
+  if (splits > 1) part = at::empty({B * H * G * splits * (hd + 2)}, q_in.options().dtype(at::kFloat));
+  float* rows = splits > 1 ? part.data_ptr<float>() : nullptr;
+  float* stats = splits > 1 ? rows + B * H * G * splits * hd : nullptr;
+  launch_checked(q, op, [&](cudaStream_t stream) {
+    return launch_decode_attention(p, dt, splits, rows, stats, stream);
+  });
+  return out;
+}
+
+void register_attn(torch::Library& m) {
+  m.impl("cross_attention", &cross_attention);
+  m.impl("decode_attention", &decode_attention);
+}
 
 }  // namespace
 }  // namespace ltxbench
@@ -80,6 +139,7 @@ void register_attn(torch::Library& m) { m.impl("cross_attention", &cross_attenti
 TORCH_LIBRARY_FRAGMENT(ltxbench, m) {
   m.set_python_module("ltxbench.ops.fakes");
   m.def("cross_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, float? scale=None) -> Tensor");
+  m.def("decode_attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, float? scale=None) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ltxbench, CUDA, m) { ltxbench::register_attn(m); }

@@ -217,6 +217,34 @@ bool xattn_uses_tensor_cores(int64_t hd, DType dtype, int compute_capability_maj
 cudaError_t launch_cross_attention(const XAttnParams& p, DType dtype, int compute_capability_major,
                                    cudaStream_t stream);
 
+// Decode attention (decode_attn.cu): q (B, H, G, hd) -- the G query heads of key/value head h -- over k, v (B, H, L,
+// hd), any strides with the last one 1, a mask per key shared by heads and queries: (B|1, 1, 1, L) bool (true keeps
+// the key) or additive, fp32 or q's dtype, element strides mask_sb (0 to broadcast) and mask_sl. out dense
+// (B, H, G, hd). vectorized: q, k and v data and strides aligned for the wide loads of their head rows.
+enum class DecodeMask : int { Bool = 0, F32 = 1, SameAsQ = 2 };
+struct DecodeAttnParams {
+  int64_t B = 0, H = 0, G = 0, L = 0, hd = 0;
+  const void* q = nullptr;
+  int64_t q_sb = 0, q_sh = 0, q_sg = 0;
+  const void* k = nullptr;
+  int64_t k_sb = 0, k_sh = 0, k_sl = 0;
+  const void* v = nullptr;
+  int64_t v_sb = 0, v_sh = 0, v_sl = 0;
+  const void* mask = nullptr;
+  DecodeMask mask_kind = DecodeMask::Bool;
+  int64_t mask_sb = 0, mask_sl = 0;
+  float scale = 1.f;
+  bool vectorized = false;
+  void* out = nullptr;
+};
+
+// Elements of a head row per lane (1, 2, 4 or 8: hd <= 256), and the key splits for a problem (>= 1; the partial
+// buffers hold B * H * G * splits rows of hd floats and two floats each when > 1).
+int decode_attention_lane_elems(int64_t hd);
+int64_t decode_attention_splits(int64_t B, int64_t H, int64_t G, int64_t L, int64_t hd);
+cudaError_t launch_decode_attention(const DecodeAttnParams& p, DType dtype, int64_t splits, float* part_rows,
+                                    float* part_stats, cudaStream_t stream);
+
 // out (tokens, n) = act(x (tokens, k) @ w (n, k)^T + bias (n)) + residual (tokens, n) on cuBLASLt, row-major with
 // leading dims ldx, ldw, ldout (elements; the residual's rows at ldout too), fp32 accumulation; bias and residual
 // optional, the residual added to the fp32 accumulator (beta = 1) before the one rounding; act 0 = none, 1 = GELU

@@ -196,6 +196,17 @@ def cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     return _lib().cross_attention(q, k, v, mask, scale)
 
 
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                     scale: float | None = None) -> Tensor:
+    """A decode step's attention over a key/value cache: q (B, H_kv, G, hd), the G query heads that share key/value
+    head h (grouped-query attention packed as transformers packs it), over k, v (B, H_kv, L, hd) in the static
+    cache's layout, any strides; mask per key, shared by heads and queries, (B|1, 1, 1, L): bool (True keeps the
+    key) or additive (fp32 or q's dtype); scale defaults to hd^-½. `softmax(q kᵀ · scale + mask) v` in fp32, keys
+    the mask excludes not read, a query with no key left gets zeros; returns a dense (B, H_kv, G, hd) tensor. Split
+    over the keys so that a batch-1 step fills the GPU (hd <= 256)."""
+    return _lib().decode_attention(q, k, v, mask, scale)
+
+
 # ---- FP8 (e4m3) with one float32 scale per row (token): inputs of torch._scaled_mm's row-wise FP8 GEMM ----------
 
 def rms_norm_modulate_fp8(x: Tensor, weight: Tensor | None, scale: Tensor, shift: Tensor,

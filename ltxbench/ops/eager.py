@@ -248,6 +248,17 @@ def sdpa_cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = 
     return out.transpose(1, 2)
 
 
+def sdpa_decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                          scale: float | None = None) -> Tensor:
+    """transformers' decode step with its query heads packed onto their key/value head (what the LLM rules ran before
+    ops.decode_attention): SDPA on (B, H_kv, G, hd) over the cache's (B, H_kv, L, hd), the bool or additive mask,
+    torch's own backend choice (cuDNN on Hopper for 16-bit inputs)."""
+    if mask is not None and mask.dtype != torch.bool:
+        mask = mask.to(q.dtype)  # SDPA takes a float mask in the query's dtype only
+    q, k, v, mask = (t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v, mask))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+
+
 def torch_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none",
                  residual: Tensor | None = None) -> Tensor:
     """nn.Linear (torch's addmm: cuBLASLt's heuristic algorithm), then diffusers' GELU(approximate="tanh"), then

@@ -168,6 +168,13 @@ def _cross_attention(q, k, v, mask=None, scale=None):
     return _like(q)
 
 
+@register_fake("ltxbench::decode_attention")
+def _decode_attention(q, k, v, mask=None, scale=None):
+    torch._check(q.dim() == 4 and k.dim() == 4 and v.shape == k.shape,
+                 lambda: "decode_attention: q (B, kv_heads, groups, hd), k and v (B, kv_heads, L, hd)")
+    return q.new_empty(q.shape)
+
+
 @register_fake("ltxbench::linear")
 def _linear(x, weight, bias=None, activation="none", residual=None):
     torch._check(weight.dim() == 2 and weight.shape[1] == x.shape[-1],

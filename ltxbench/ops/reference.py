@@ -8,6 +8,8 @@ the same way here and in the kernels.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -309,6 +311,22 @@ def cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
     if mask is not None:
         scores = scores + mask.to(acc)
     return (scores.softmax(-1) @ vh).transpose(1, 2).to(q.dtype).clone(memory_format=torch.contiguous_format)
+
+
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                     scale: float | None = None) -> Tensor:
+    """softmax(q kᵀ · scale + mask) v in fp32 (float64 for float64 inputs) for q (B, H, G, hd) over k, v (B, H, L,
+    hd); a bool mask excludes keys, an additive one is added; a query with no key left gets zeros."""
+    acc = _acc(q)
+    if q.shape[-1] == 0 or k.shape[-2] == 0 or q.numel() == 0:
+        return torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    scores = q.to(acc) @ k.to(acc).transpose(-1, -2) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -math.inf) if mask.dtype == torch.bool else scores + mask.to(acc)
+    weights = torch.where(scores == -math.inf, 0.0, (scores - scores.amax(-1, keepdim=True)).exp())
+    total = weights.sum(-1, keepdim=True)
+    out = (weights @ v.to(acc)) / torch.where(total > 0, total, 1.0)
+    return out.to(q.dtype).contiguous()
 
 
 def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:

@@ -11,6 +11,7 @@ import math
 
 from ltxbench.ops import eager
 from ltxbench.ops.inputs import (
+    DECODE_VARIANTS,
     KV_VARIANTS,
     LINEAR_OUT,
     PACK_VARIANTS,
@@ -18,6 +19,7 @@ from ltxbench.ops.inputs import (
     XATTN_VARIANTS,
     inputs_add_rms_mod,
     inputs_cross_attention,
+    inputs_decode_attention,
     inputs_fused_add,
     inputs_gated_residual,
     inputs_geglu,
@@ -38,6 +40,8 @@ from ltxbench.ops.inputs import (
 )
 from ltxbench.ops.registry_fp8 import FP8_ATTENTION_SPECS, FP8_SPECS
 from ltxbench.ops.shapes import (
+    DECODE_ATTENTION_SHAPES,
+    DECODE_TEST_SHAPES,
     GEMV_TEST_SHAPES,
     LLM_DECODE_LINEAR_SHAPES,
     LLM_MLP_SHAPES,
@@ -249,6 +253,16 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         aliases=("xattn", "attn2"), test_shapes=XATTN_TEST_SHAPES,
         bench_shapes={**LTX_SHAPES},
         inject_targets=("LTXAttention attn2 (text cross-attention)",),
+        written=lambda inp: nbytes(inp["q"]),
+    ),
+    KernelSpec(
+        name="decode_attention",
+        summary="softmax(q kᵀ / √hd + mask) v: a decode step's grouped query heads over the key/value cache",
+        make_inputs=inputs_decode_attention, variants=tuple(DECODE_VARIANTS), n_outputs=1,
+        baselines={"eager": eager.sdpa_decode_attention},
+        aliases=("decode_attn", "gqa_decode"), test_shapes=DECODE_TEST_SHAPES,
+        bench_shapes={**DECODE_ATTENTION_SHAPES},
+        inject_targets=("an LLM decode step's attention over its cache (Llama, Mistral, Qwen, Gemma 3)",),
         written=lambda inp: nbytes(inp["q"]),
     ),
     KernelSpec(

@@ -18,6 +18,12 @@ FP8_TEST_SHAPES = TEST_SHAPES + ((1, 3, 16384),)
 # cross_attention: (B, S, D) queries, D split into heads of the variant's head dim (inputs.XATTN_VARIANTS).
 XATTN_TEST_SHAPES = ((1, 1, 64), (2, 7, 64), (1, 83, 128), (2, 130, 256), (1, 769, 64), (3, 5, 192), (2, 300, 2048))
 
+# decode_attention: (B, L, D) a decode step's D query values over L cached keys (inputs.DECODE_VARIANTS' head dims).
+DECODE_TEST_SHAPES = ((1, 7, 512), (2, 83, 1024), (1, 769, 512), (1, 5125, 1024), (3, 1, 256), (2, 2048, 4096))
+# Llama-3-8B (32 query heads over 8 key/value heads of 128) after a 512- or 2048-token prompt and 128 new tokens,
+# and at 8192 cached tokens
+DECODE_ATTENTION_SHAPES = {"llama3-8b-decode-kv640": (1, 640, 4096), "llama3-8b-decode-kv2176": (1, 2176, 4096),
+                           "llama3-8b-decode-kv8192": (1, 8192, 4096)}
 SEED_SHAPES = {"seed-1x1024x2048": (1, 1024, 2048), "seed-2x1024x2048": (2, 1024, 2048),
                "seed-4x1024x2048": (4, 1024, 2048), "seed-2x4096x3072": (2, 4096, 3072),
                "seed-4x4096x3072": (4, 4096, 3072)}

@@ -15,7 +15,7 @@ from ltxbench.inject.llm import gemma
 from ltxbench.ops import reference
 from tests.helpers import count_calls, gemma_build, llm_prompt
 
-OPS = ("rms_norm", "fused_add_rms_norm", "geglu", "rope_1d", "linear", "rope_1d_cache")
+OPS = ("rms_norm", "fused_add_rms_norm", "geglu", "rope_1d", "linear", "rope_1d_cache", "decode_attention")
 
 
 @pytest.fixture

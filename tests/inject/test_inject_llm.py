@@ -41,7 +41,7 @@ def spy(monkeypatch):
         return counted
 
     ops = types.SimpleNamespace(**{n: wrap(n) for n in ("rms_norm", "fused_add_rms_norm", "swiglu", "rope_1d",
-                                                        "linear", "rope_1d_cache")})
+                                                        "linear", "rope_1d_cache", "decode_attention")})
     monkeypatch.setattr(llm, "get_provider", lambda name: ops)
     return calls
 
@@ -122,6 +122,7 @@ def test_generate_same_tokens(model_type, cache, spy):
     # the prompt's rows and each decode step's 2: q/k/v, o_proj, gate/up and down (+ the residual) through ops.linear
     # (tuned_gemm; the GEMV for a decode step), and lm_head (generate keeps the last token's logits)
     assert spy["linear"] == (4 * layers + 1) * 8
+    assert spy["decode_attention"] == layers * 7  # every decode step's attention, either cache: ops.decode_attention
     assert tokens.shape == (2, 12 + 8)
     assert torch.equal(tokens, expected)
 

@@ -190,8 +190,8 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
                 key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
             elif kv_cache is not None:
                 key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx)
-        attn_output, attn_weights = decode_attention(self, query_states, key_states, value_states, attention_mask,
-                                                     kwargs), None
+        attn_output, attn_weights = decode_attention(ops, self, query_states, key_states, value_states,
+                                                     attention_mask, kwargs), None
         if attn_output is None:
             attention_interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager)
             attn_output, attn_weights = attention_interface(
@@ -205,22 +205,24 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
 
 
 
-def decode_attention(attn, query, key, value, mask, kwargs: dict):
-    """A decode step's SDPA with the query heads packed onto their key/value head (B, H, 1, hd) -> (B, H_kv, groups,
-    hd), so that the cache is read as stored, or None: run the model's attention interface. transformers' SDPA
-    attention packs them so in eager decode but, under torch.compile (generate()'s compiled decode step), with a mask
-    (a static cache always has one) copies every key and value `groups` times first (repeat_kv): the whole cache,
-    every layer, every token. The same products and softmax per head; only with the `sdpa` implementation, one query
-    token, a mask shared by the heads and no softcap or position bias (which that interface refuses or adds)."""
+def decode_attention(ops, attn, query, key, value, mask, kwargs: dict):
+    """A decode step's attention as ops.decode_attention: the query heads packed onto their key/value head (B, H, 1,
+    hd) -> (B, H_kv, groups, hd), so that the cache is read as stored, its keys split over the GPU's SMs; or None: run
+    the model's attention interface. transformers' SDPA attention packs the heads so in eager decode but, under
+    torch.compile (generate()'s compiled decode step), with a mask (a static cache always has one) copies every key
+    and value `groups` times first (repeat_kv): the whole cache, every layer, every token; and SDPA's kernels give a
+    batch-1 step one block per key/value head. The same products and softmax per head (the probabilities kept in fp32
+    for the sum over values); only with the `sdpa` implementation, one query token, a mask per key shared by the
+    heads, no softcap or position bias (which that interface refuses or adds)."""
     groups = getattr(attn, "num_key_value_groups", 1)
-    if (attn.config._attn_implementation != "sdpa" or not isinstance(groups, int) or groups <= 1 or attn.training
+    if (attn.config._attn_implementation != "sdpa" or not isinstance(groups, int) or groups < 1 or attn.training
             or query.shape[-2] != 1 or not torch.is_tensor(mask) or mask.dim() != 4 or mask.shape[1] != 1
-            or mask.shape[2] != 1 or any(kwargs.get(k) is not None for k in ("softcap", "position_bias"))
-            or kwargs.get("output_attentions")):
+            or mask.shape[2] != 1 or mask.shape[-1] != key.shape[-2] or mask.shape[0] not in (1, query.shape[0])
+            or any(kwargs.get(k) is not None for k in ("softcap", "position_bias")) or kwargs.get("output_attentions")):
         return None
     batch, heads, _, head_dim = query.shape
     packed = query.reshape(batch, heads // groups, groups, head_dim)
-    out = torch.nn.functional.scaled_dot_product_attention(packed, key, value, attn_mask=mask, scale=attn.scaling)
+    out = ops.decode_attention(packed, key, value, mask, attn.scaling)
     return out.reshape(out.shape[0], heads, 1, value.shape[-1]).transpose(1, 2).contiguous()
 
 

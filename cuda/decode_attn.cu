@@ -1,0 +1,291 @@
+// Decode attention: the few query rows of one token over a long key/value cache, grouped-query attention packed as
+// transformers packs it for a decode step: q (B, H_kv, G, hd), the G query heads that share key/value head h, over
+// k, v (B, H_kv, L, hd) in the static cache's own layout, with a mask per key shared by the heads.
+//
+// A batch-1 step has H_kv (8 for Llama-3-8B) such groups: one block per group, as flash kernels schedule it, leaves
+// most SMs idle and reads the cache at a fraction of the bandwidth (cuDNN: ~16 us a layer for 2.4 MB on an H100). So
+// the keys are split: block (split, group) takes keys [split * chunk, (split + 1) * chunk), its four warps a key each
+// in turn, each query's running max and sum (log2 domain) and its fp32 output row per lane; the warps meet in shared
+// memory, and a second kernel merges the splits' partial rows (skipped with one split). Keys the mask excludes
+// (false, or an additive -inf) are not read. The probabilities stay in fp32 for the P.V sums (flash kernels round
+// them to the input dtype), and the output is rounded once. A query with no key left gets zeros.
+#include "common/dtype.cuh"
+#include "common/params.h"
+#include "common/tuning.h"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+namespace ltxbench {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMinKeysPerSplit = 32;
+constexpr int kBlocksPerSm = 4;
+
+// E elements of a head row per lane: contiguous at lane * E (VEC: one to two wide loads), else lane + 32 i.
+template <typename T, int E, bool VEC>
+__device__ __forceinline__ void load_lane(const T* row, int lane, int64_t hd, float (&x)[E]) {
+  if constexpr (VEC) {
+    constexpr int kBytes = E * static_cast<int>(sizeof(T));
+    T raw[E];
+    const T* p = row + lane * E;
+    if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+      for (int c = 0; c < kBytes / 16; ++c)
+        reinterpret_cast<int4*>(raw)[c] = __ldg(reinterpret_cast<const int4*>(p) + c);
+    } else if constexpr (kBytes == 8) {
+      *reinterpret_cast<uint2*>(raw) = __ldg(reinterpret_cast<const uint2*>(p));
+    } else if constexpr (kBytes == 4) {
+      *reinterpret_cast<unsigned*>(raw) = __ldg(reinterpret_cast<const unsigned*>(p));
+    } else {
+#pragma unroll
+      for (int i = 0; i < E; ++i) raw[i] = p[i];
+    }
+#pragma unroll
+    for (int i = 0; i < E; ++i) x[i] = to_float<T>(raw[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      const int64_t d = lane + 32 * i;
+      x[i] = d < hd ? to_float<T>(row[d]) : 0.f;
+    }
+  }
+}
+
+template <int E, bool VEC> __device__ __forceinline__ int64_t lane_index(int lane, int i) {
+  return VEC ? lane * E + i : lane + 32 * i;
+}
+
+// Key j's additive term in the log2 domain, or false where the mask excludes it (its rows are then not read).
+template <typename T>
+__device__ __forceinline__ bool key_term(const DecodeAttnParams& p, int64_t b, int64_t j, float& term) {
+  term = 0.f;
+  if (p.mask == nullptr) return true;
+  const int64_t at = b * p.mask_sb + j * p.mask_sl;
+  if (p.mask_kind == DecodeMask::Bool) return static_cast<const bool*>(p.mask)[at];
+  const float m = p.mask_kind == DecodeMask::F32 ? static_cast<const float*>(p.mask)[at]
+                                                 : to_float<T>(static_cast<const T*>(p.mask)[at]);
+  term = fmaxf(m * kLog2e, -FLT_MAX);  // a dtype's lowest value (transformers' float masks) times log2(e) stays finite
+  return m != -INFINITY;
+}
+
+template <int QT, int E>
+__device__ __forceinline__ void accumulate(const float (&q)[QT][E], const float (&kx)[E], const float (&vx)[E],
+                                           float term, float (&m)[QT], float (&l)[QT], float (&acc)[QT][E]) {
+  float s[QT];
+#pragma unroll
+  for (int r = 0; r < QT; ++r) {
+    s[r] = 0.f;
+#pragma unroll
+    for (int i = 0; i < E; ++i) s[r] = fmaf(q[r][i], kx[i], s[r]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+#pragma unroll
+    for (int r = 0; r < QT; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], off);
+  }
+#pragma unroll
+  for (int r = 0; r < QT; ++r) {
+    const float x = s[r] + term;
+    const float top = fmaxf(m[r], x);
+    const float keep = exp2f(m[r] - top), pr = exp2f(x - top);  // m = -inf at first: keep = 0
+    l[r] = fmaf(l[r], keep, pr);
+#pragma unroll
+    for (int i = 0; i < E; ++i) acc[r][i] = fmaf(acc[r][i], keep, pr * vx[i]);
+    m[r] = top;
+  }
+}
+
+// Block (split, group h x query tile, b): QT query rows of group h over the split's keys. With one split the rows
+// are final (out, rounded to T); else partial: rows (sum of p v) and (max, sum) per query row and split.
+template <typename T, int E, bool VEC, int QT>
+__global__ void __launch_bounds__(kWarps * 32) decode_attn_kernel(DecodeAttnParams p, int64_t chunk, int64_t splits,
+                                                                  float* part_rows, float* part_stats) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    __shared__ float sh_rows[kWarps][QT][E * 32];
+    __shared__ float sh_m[kWarps][QT], sh_l[kWarps][QT];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t tiles = (p.G + QT - 1) / QT;
+    const int64_t split = blockIdx.x, h = blockIdx.y / tiles, g0 = (blockIdx.y % tiles) * QT, b = blockIdx.z;
+    const int rows = p.G - g0 < QT ? static_cast<int>(p.G - g0) : QT;
+    const float qscale = p.scale * kLog2e;
+    float q[QT][E], acc[QT][E], m[QT], l[QT];
+#pragma unroll
+    for (int r = 0; r < QT; ++r) {
+      if (r < rows) {
+        load_lane<T, E, VEC>(static_cast<const T*>(p.q) + b * p.q_sb + h * p.q_sh + (g0 + r) * p.q_sg, lane, p.hd,
+                             q[r]);
+      } else {
+#pragma unroll
+        for (int i = 0; i < E; ++i) q[r][i] = 0.f;
+      }
+#pragma unroll
+      for (int i = 0; i < E; ++i) q[r][i] *= qscale, acc[r][i] = 0.f;
+      m[r] = -INFINITY, l[r] = 0.f;
+    }
+    const T* keys = static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh;
+    const T* values = static_cast<const T*>(p.v) + b * p.v_sb + h * p.v_sh;
+    const int64_t s0 = split * chunk, s1 = p.L < s0 + chunk ? p.L : s0 + chunk;
+    // two keys per warp in flight: both rows' loads issue before the first one's shuffles
+    for (int64_t j = s0 + warp; j < s1; j += 2 * kWarps) {
+      const int64_t j2 = j + kWarps;
+      float t1, t2;
+      const bool use1 = key_term<T>(p, b, j, t1), use2 = j2 < s1 && key_term<T>(p, b, j2, t2);
+      float k1[E], v1[E], k2[E], v2[E];
+      if (use1) {
+        load_lane<T, E, VEC>(keys + j * p.k_sl, lane, p.hd, k1);
+        load_lane<T, E, VEC>(values + j * p.v_sl, lane, p.hd, v1);
+      }
+      if (use2) {
+        load_lane<T, E, VEC>(keys + j2 * p.k_sl, lane, p.hd, k2);
+        load_lane<T, E, VEC>(values + j2 * p.v_sl, lane, p.hd, v2);
+      }
+      if (use1) accumulate<QT, E>(q, k1, v1, t1, m, l, acc);
+      if (use2) accumulate<QT, E>(q, k2, v2, t2, m, l, acc);
+    }
+#pragma unroll
+    for (int r = 0; r < QT; ++r) {
+#pragma unroll
+      for (int i = 0; i < E; ++i) sh_rows[warp][r][lane * E + i] = acc[r][i];
+      if (lane == 0) sh_m[warp][r] = m[r], sh_l[warp][r] = l[r];
+    }
+    __syncthreads();
+    for (int r = warp; r < rows; r += kWarps) {
+      float top = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) top = fmaxf(top, sh_m[w][r]);
+      float total = 0.f, row[E];
+#pragma unroll
+      for (int i = 0; i < E; ++i) row[i] = 0.f;
+      if (top != -INFINITY) {
+#pragma unroll
+        for (int w = 0; w < kWarps; ++w) {
+          const float f = exp2f(sh_m[w][r] - top);  // a warp without keys: exp2(-inf) = 0
+          total = fmaf(sh_l[w][r], f, total);
+#pragma unroll
+          for (int i = 0; i < E; ++i) row[i] = fmaf(sh_rows[w][r][lane * E + i], f, row[i]);
+        }
+      }
+      const int64_t g = g0 + r, query = (b * p.H + h) * p.G + g;  // out and the partials are dense (B, H, G, .)
+      if (splits == 1) {
+        const float inv = total > 0.f ? 1.f / total : 0.f;
+        T* out = static_cast<T*>(p.out) + query * p.hd;
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+          const int64_t d = lane_index<E, VEC>(lane, i);
+          if (d < p.hd) out[d] = from_float<T>(row[i] * inv);
+        }
+      } else {
+        float* dst = part_rows + (query * splits + split) * p.hd;
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+          const int64_t d = lane_index<E, VEC>(lane, i);
+          if (d < p.hd) dst[d] = row[i];
+        }
+        if (lane == 0) {
+          part_stats[2 * (query * splits + split)] = top;
+          part_stats[2 * (query * splits + split) + 1] = total;
+        }
+      }
+    }
+  }
+}
+
+// One block per query row: the splits' partial rows rescaled to the common max, summed, divided by the total.
+template <typename T>
+__global__ void decode_attn_merge_kernel(DecodeAttnParams p, int64_t splits, const float* part_rows,
+                                         const float* part_stats) {
+  if constexpr (unsupported_here<T>()) {
+    __trap();
+  } else {
+    const int64_t query = blockIdx.x;
+    const float* stats = part_stats + 2 * query * splits;
+    float top = -INFINITY;
+    for (int64_t s = 0; s < splits; ++s) top = fmaxf(top, stats[2 * s]);
+    float total = 0.f;
+    if (top != -INFINITY)
+      for (int64_t s = 0; s < splits; ++s) total = fmaf(stats[2 * s + 1], exp2f(stats[2 * s] - top), total);
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    T* out = static_cast<T*>(p.out) + query * p.hd;
+    for (int64_t d = threadIdx.x; d < p.hd; d += blockDim.x) {
+      float sum = 0.f;
+      if (top != -INFINITY)
+        for (int64_t s = 0; s < splits; ++s)
+          sum = fmaf(part_rows[(query * splits + s) * p.hd + d], exp2f(stats[2 * s] - top), sum);
+      out[d] = from_float<T>(sum * inv);
+    }
+  }
+}
+
+int sm_count() {
+  int device = 0, count = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0)
+    return 132;
+  return count;
+}
+
+template <typename T, int E, bool VEC>
+cudaError_t launch_with(const DecodeAttnParams& p, int64_t splits, float* part_rows, float* part_stats,
+                        cudaStream_t stream) {
+  constexpr int QT = E >= 8 ? 4 : 8;
+  const int64_t chunk = std::max<int64_t>(1, (p.L + splits - 1) / splits);
+  const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.H * ((p.G + QT - 1) / QT)),
+                  static_cast<unsigned>(p.B));
+  decode_attn_kernel<T, E, VEC, QT><<<grid, kWarps * 32, 0, stream>>>(p, chunk, splits, part_rows, part_stats);
+  if (splits == 1) return cudaGetLastError();
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return err;
+  const int threads = static_cast<int>(std::min<int64_t>(256, (p.hd + 31) / 32 * 32));
+  decode_attn_merge_kernel<T><<<static_cast<unsigned>(p.B * p.H * p.G), threads, 0, stream>>>(p, splits, part_rows,
+                                                                                              part_stats);
+  return cudaGetLastError();
+}
+
+template <typename T, int E>
+cudaError_t launch_width(const DecodeAttnParams& p, int64_t splits, float* rows, float* stats, cudaStream_t s) {
+  return p.vectorized && p.hd == 32 * E ? launch_with<T, E, true>(p, splits, rows, stats, s)
+                                        : launch_with<T, E, false>(p, splits, rows, stats, s);
+}
+
+}  // namespace
+
+int decode_attention_lane_elems(int64_t hd) {
+  const int64_t per_lane = std::max<int64_t>(1, (hd + 31) / 32);
+  return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : 8;
+}
+
+int64_t decode_attention_splits(int64_t B, int64_t H, int64_t G, int64_t L, int64_t hd) {
+  constexpr int64_t kTile8 = 8, kTile4 = 4;
+  const int64_t tile = decode_attention_lane_elems(hd) >= 8 ? kTile4 : kTile8;
+  const int64_t groups = std::max<int64_t>(1, B * H * ((G + tile - 1) / tile));
+  static const int blocks_per_sm = tuning_knob("LTXBENCH_DECODE_BLOCKS_PER_SM") > 0
+                                       ? tuning_knob("LTXBENCH_DECODE_BLOCKS_PER_SM") : kBlocksPerSm;
+  static const int min_keys = tuning_knob("LTXBENCH_DECODE_MIN_KEYS") > 0 ? tuning_knob("LTXBENCH_DECODE_MIN_KEYS")
+                                                                         : kMinKeysPerSplit;
+  const int64_t wanted = (static_cast<int64_t>(blocks_per_sm) * sm_count() + groups - 1) / groups;
+  const int64_t most = std::max<int64_t>(1, (L + min_keys - 1) / min_keys);
+  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({wanted, most, 65535}));
+  const int64_t chunk = std::max<int64_t>(1, (L + splits - 1) / splits);
+  return std::max<int64_t>(1, (L + chunk - 1) / chunk);  // no split without keys
+}
+
+cudaError_t launch_decode_attention(const DecodeAttnParams& p, DType dtype, int64_t splits, float* part_rows,
+                                    float* part_stats, cudaStream_t stream) {
+  return dispatch_dtype(dtype, [&](auto tag) -> cudaError_t {
+    using T = decltype(tag);
+    switch (decode_attention_lane_elems(p.hd)) {
+      case 1: return launch_width<T, 1>(p, splits, part_rows, part_stats, stream);
+      case 2: return launch_width<T, 2>(p, splits, part_rows, part_stats, stream);
+      case 4: return launch_width<T, 4>(p, splits, part_rows, part_stats, stream);
+      default: return launch_width<T, 8>(p, splits, part_rows, part_stats, stream);
+    }
+  });
+}
+
+}  // namespace ltxbench
