@@ -7,8 +7,10 @@
 // the keys are split: block (split, group) takes keys [split * chunk, (split + 1) * chunk), its four warps a key each
 // in turn, each query's running max and sum (log2 domain) and its fp32 output row per lane; the warps meet in shared
 // memory, and a second kernel merges the splits' partial rows (skipped with one split). Keys the mask excludes
-// (false, or an additive -inf) are not read. The probabilities stay in fp32 for the P.V sums (flash kernels round
-// them to the input dtype), and the output is rounded once. A query with no key left gets zeros.
+// (false, or an additive -inf) are not read; a warp reads the mask of its next 32 keys at once, then their rows a
+// few keys at a time, so that a split costs few memory round trips. The probabilities stay in fp32 for the P.V
+// sums (flash kernels round them to the input dtype), and the output is rounded once. A query with no key left gets
+// zeros.
 #include "common/dtype.cuh"
 #include "common/params.h"
 #include "common/tuning.h"
@@ -131,22 +133,33 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn_kernel(DecodeAttnPara
     const T* keys = static_cast<const T*>(p.k) + b * p.k_sb + h * p.k_sh;
     const T* values = static_cast<const T*>(p.v) + b * p.v_sb + h * p.v_sh;
     const int64_t s0 = split * chunk, s1 = p.L < s0 + chunk ? p.L : s0 + chunk;
-    // two keys per warp in flight: both rows' loads issue before the first one's shuffles
-    for (int64_t j = s0 + warp; j < s1; j += 2 * kWarps) {
-      const int64_t j2 = j + kWarps;
-      float t1, t2;
-      const bool use1 = key_term<T>(p, b, j, t1), use2 = j2 < s1 && key_term<T>(p, b, j2, t2);
-      float k1[E], v1[E], k2[E], v2[E];
-      if (use1) {
-        load_lane<T, E, VEC>(keys + j * p.k_sl, lane, p.hd, k1);
-        load_lane<T, E, VEC>(values + j * p.v_sl, lane, p.hd, v1);
+    constexpr int U = E >= 8 ? 2 : 4;  // keys whose rows are in flight at once per warp
+    // The warp's keys s0 + warp + kWarps n, 32 at a time: lane i reads key i's mask first (one round trip for all),
+    // the ballot says which to read, and their rows are loaded U at a time before the first one's shuffles.
+    for (int64_t base = s0 + warp; base < s1; base += 32 * kWarps) {
+      const int64_t mine = base + static_cast<int64_t>(lane) * kWarps;
+      float my_term = 0.f;
+      const bool my_use = mine < s1 && key_term<T>(p, b, mine, my_term);
+      unsigned todo = __ballot_sync(0xffffffffu, my_use);
+      while (todo) {
+        int at[U];
+        float kx[U][E], vx[U][E];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          at[u] = todo ? __ffs(todo) - 1 : -1;
+          todo &= todo ? todo - 1 : 0u;
+          if (at[u] >= 0) {
+            const int64_t j = base + static_cast<int64_t>(at[u]) * kWarps;
+            load_lane<T, E, VEC>(keys + j * p.k_sl, lane, p.hd, kx[u]);
+            load_lane<T, E, VEC>(values + j * p.v_sl, lane, p.hd, vx[u]);
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (at[u] < 0) break;
+          accumulate<QT, E>(q, kx[u], vx[u], __shfl_sync(0xffffffffu, my_term, at[u]), m, l, acc);
+        }
       }
-      if (use2) {
-        load_lane<T, E, VEC>(keys + j2 * p.k_sl, lane, p.hd, k2);
-        load_lane<T, E, VEC>(values + j2 * p.v_sl, lane, p.hd, v2);
-      }
-      if (use1) accumulate<QT, E>(q, k1, v1, t1, m, l, acc);
-      if (use2) accumulate<QT, E>(q, k2, v2, t2, m, l, acc);
     }
 #pragma unroll
     for (int r = 0; r < QT; ++r) {
@@ -230,10 +243,9 @@ int sm_count() {
   return count;
 }
 
-template <typename T, int E, bool VEC>
+template <typename T, int E, bool VEC, int QT>
 cudaError_t launch_with(const DecodeAttnParams& p, int64_t splits, float* part_rows, float* part_stats,
                         cudaStream_t stream) {
-  constexpr int QT = E >= 8 ? 4 : 8;
   const int64_t chunk = std::max<int64_t>(1, (p.L + splits - 1) / splits);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.H * ((p.G + QT - 1) / QT)),
                   static_cast<unsigned>(p.B));
@@ -247,10 +259,18 @@ cudaError_t launch_with(const DecodeAttnParams& p, int64_t splits, float* part_r
   return cudaGetLastError();
 }
 
+// Query rows per block: all of a group's where it has at most kSmall (Llama-3: 4; Gemma 3: 2), else tiles of kBig.
+template <typename T, int E, bool VEC>
+cudaError_t launch_rows(const DecodeAttnParams& p, int64_t splits, float* rows, float* stats, cudaStream_t s) {
+  constexpr int kSmall = E >= 8 ? 2 : 4, kBig = 2 * kSmall;
+  return p.G <= kSmall ? launch_with<T, E, VEC, kSmall>(p, splits, rows, stats, s)
+                       : launch_with<T, E, VEC, kBig>(p, splits, rows, stats, s);
+}
+
 template <typename T, int E>
 cudaError_t launch_width(const DecodeAttnParams& p, int64_t splits, float* rows, float* stats, cudaStream_t s) {
-  return p.vectorized && p.hd == 32 * E ? launch_with<T, E, true>(p, splits, rows, stats, s)
-                                        : launch_with<T, E, false>(p, splits, rows, stats, s);
+  return p.vectorized && p.hd == 32 * E ? launch_rows<T, E, true>(p, splits, rows, stats, s)
+                                        : launch_rows<T, E, false>(p, splits, rows, stats, s);
 }
 
 }  // namespace
@@ -261,8 +281,7 @@ int decode_attention_lane_elems(int64_t hd) {
 }
 
 int64_t decode_attention_splits(int64_t B, int64_t H, int64_t G, int64_t L, int64_t hd) {
-  constexpr int64_t kTile8 = 8, kTile4 = 4;
-  const int64_t tile = decode_attention_lane_elems(hd) >= 8 ? kTile4 : kTile8;
+  const int64_t small = decode_attention_lane_elems(hd) >= 8 ? 2 : 4, tile = G <= small ? small : 2 * small;
   const int64_t groups = std::max<int64_t>(1, B * H * ((G + tile - 1) / tile));
   static const int blocks_per_sm = tuning_knob("LTXBENCH_DECODE_BLOCKS_PER_SM") > 0
                                        ? tuning_knob("LTXBENCH_DECODE_BLOCKS_PER_SM") : kBlocksPerSm;

@@ -16,6 +16,7 @@ from ltxbench.errors import UsageError
 from ltxbench.ops.accuracy import fp8_mismatch, fp8_pairs
 from ltxbench.ops.registry import DTYPES, SPECS, KernelSpec, get_spec
 from ltxbench.ops.shapes import (
+    DECODE_ATTENTION_SHAPES,
     LLM_DECODE_LINEAR_SHAPES,
     LLM_MLP_SHAPES,
     LLM_SHAPES,
@@ -37,7 +38,8 @@ TIMERS = ("do_bench", "cudagraph")
 ODD_SHAPES = {"odd-2x1024x5125": (2, 1024, 5125), "odd-4x997x769": (4, 997, 769)}
 SHAPE_GROUPS = {"seed": SEED_SHAPES, "ltx": {**LTX_SHAPES, **LTX_FFN_SHAPES, **LTX_LINEAR_SHAPES},
                 "ltx2": {**LTX2_STREAM_SHAPES, **LTX2_SELF_SHAPES, **LTX2_CROSS_SHAPES, **LTX2_FFN_SHAPES},
-                "llm": {**LLM_SHAPES, **LLM_MLP_SHAPES, **LLM_DECODE_LINEAR_SHAPES}, "wan": WAN_SHAPES,
+                "llm": {**LLM_SHAPES, **LLM_MLP_SHAPES, **LLM_DECODE_LINEAR_SHAPES, **DECODE_ATTENTION_SHAPES},
+                "wan": WAN_SHAPES,
                 "odd": ODD_SHAPES, "all": None}
 NA_STATS = {k: (0 if k == "n" else math.nan) for k in STATS_KEYS}
 

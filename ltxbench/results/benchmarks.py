@@ -36,7 +36,7 @@ MICRO_PARTS = (  # (part, kernels, providers, minutes): together every kernel of
                "add_rms_norm_modulate"), _PEERS, 6),
     ("rope-act", ("rope_3d", "qk_rms_norm_rope", "qk_rms_norm_rope_pack", "qk_rms_norm_rope_kv", "rms_norm_rope_split",
                   "qk_rms_norm_rope_split", "qk_rms_norm_rope_split_pack", "rope_1d", "gelu_tanh", "geglu", "swiglu",
-                  "cross_attention", "linear"), _PEERS, 4),
+                  "cross_attention", "decode_attention", "linear"), _PEERS, 4),
     ("fp8", ("rms_norm_modulate_fp8", "add_rms_norm_modulate_fp8", "gelu_tanh_fp8", "quantize_fp8",
              "qk_rms_norm_rope_fp8", "qk_rms_norm_rope_split_fp8", "quantize_fp8_heads"), "cuda,eager,compile", 3),
 )
@@ -162,9 +162,10 @@ BENCHMARKS = (
     # Wan's modulated LayerNorm and gated residual: float32 scale/shift/gate over bf16 rows, as its blocks hold them
     Benchmark("micro-wan-f32", (*_MICRO, "layer_norm_modulate", "gated_residual", "--shapes", "wan", "--variant",
                                 "wan-f32", "--providers", "cuda,eager,compile"), 1),
-    # linear at Llama-3-8B's decode shapes (one token: our GEMV kernel) and the norms of a decode step
-    Benchmark("micro-llm-decode", (*_MICRO, "linear", "rms_norm", "fused_add_rms_norm", "--shapes", "llm",
-                                   "--providers", "cuda,eager,F.rms_norm,compile,liger"), 1, needs=("liger_kernel",)),
+    # linear at Llama-3-8B's decode shapes (one token: our GEMV kernel), the norms and the attention of a decode step
+    Benchmark("micro-llm-decode", (*_MICRO, "linear", "rms_norm", "fused_add_rms_norm", "decode_attention",
+                                   "--shapes", "llm", "--providers", "cuda,eager,F.rms_norm,compile,liger"), 1,
+              needs=("liger_kernel",)),
     # Wan's q/k RMSNorm across heads + RoPE (tables one head wide) against its processor's eager and compiled code
     Benchmark("micro-wan-qk-rope", (*_MICRO, "qk_rms_norm_rope", "--shapes", "wan", "--variant", "wan", "--providers",
                                     "cuda,eager,compile"), 1),
