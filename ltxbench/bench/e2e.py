@@ -23,12 +23,12 @@ GRAPH_STEP_HOOK = "_ltxbench_graph_step_hook"  # on a module compiled regionally
 
 def record_params(args: dict, drop: tuple[str, ...]) -> dict:
     """The run arguments that describe every record: `args` less `drop`; compile_mode, rounds, cross_kv_cache,
-    tuned_gemm, pair_cfg_halves, pair_guidance and gpus only when not the default, so that default records match
-    older files (bench e2e and profile); fp8_accumulation only when fast (older FP8 files promoted their sums to
-    fp32)."""
+    tuned_gemm, pair_cfg_halves, pair_guidance, gpus and stop_check only when not the default, so that default
+    records match older files (bench e2e and profile); fp8_accumulation only when fast (older FP8 files promoted
+    their sums to fp32)."""
     defaults = {"compile_mode": "default", "compile_scope": "model", "rounds": 1, "cross_kv_cache": True,
                 "tuned_gemm": True, "pair_cfg_halves": True, "pair_guidance": True, "gpus": 1,
-                "fp8_accumulation": "fp32"}
+                "fp8_accumulation": "fp32", "stop_check": "per-token"}
     return {k: v for k, v in args.items() if k not in drop and not (k in defaults and v == defaults[k])}
 
 

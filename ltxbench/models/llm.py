@@ -120,7 +120,7 @@ class LLMFamily(ModelFamily):
 
     def records(self, results: dict, params: dict, settings: LLMSettings) -> list[dict]:
         return self.runs.build_records(results, params, settings.dtype, settings.prompt_lengths, settings.new_tokens,
-                                       settings.decode_compile_mode or DECODE_COMPILE_DEFAULT, settings.stop_check)
+                                       settings.decode_compile_mode or DECODE_COMPILE_DEFAULT)
 
     def plot_parts(self, records) -> list[str]:
         lengths = dict.fromkeys(r["params"]["prompt_len"] for r in records if r["name"] == "prefill")

@@ -246,10 +246,9 @@ def prompt_ids(settings: LLMSettings, vocab_size: int) -> dict:
 
 
 def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[int], new_tokens: int,
-                  decode_compile_mode: str = DECODE_COMPILE_DEFAULT, stop_check: str = "per-token") -> list[dict]:
+                  decode_compile_mode: str = DECODE_COMPILE_DEFAULT) -> list[dict]:
     """prefill (one per prompt length), decode_step (tokens/s derived), generate, compile records per config.
-    The decode records of the compile configs carry decode_compile_mode (how generate() compiled the step), and
-    every decode record `stop_check` where it is deferred (another measurement than transformers' default)."""
+    The decode records of the compile configs carry decode_compile_mode (how generate() compiled the step)."""
     from ltxbench.bench.e2e_report import compile_derived, flop_rates, speedups
     from ltxbench.bench.flops import hbm_floor
     from ltxbench.bench.gpu_monitor import summarize as gpu_summary
@@ -266,8 +265,6 @@ def build_records(results: dict, params: dict, dtype: str, prompt_lengths: list[
                                        derived={**common, **speedups(results, name, key),
                                                 **flop_rates(res, key, dtype, params)}))
         decode_params = {**params, "prompt_len": prompt_lengths[0], "new_tokens": new_tokens}
-        if stop_check != "per-token":
-            decode_params["stop_check"] = stop_check
         if Configuration(name).compiled:
             decode_params["decode_compile_mode"] = decode_compile_mode
             if Configuration(name).peer is not None:  # a peer's decode step compiles with its graph breaks
