@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from ltxbench.cli import app
 from ltxbench.models import llm_run
-from tests.models.test_llm_peers import prompt, tiny_llama
+from tests.helpers import llm_build, llm_prompt
 
 runner = CliRunner()
 
@@ -58,6 +58,14 @@ def test_deferred_on_the_cpu_is_refused_naming_the_flag(tmp_path):
     assert "--stop-check deferred" in result.output and not out.exists()
 
 
+def test_profile_refuses_it_on_the_cpu_and_an_unknown_value_everywhere(tmp_path):
+    base = ["--model", "llama-tiny", "--weights", "random", "--device", "cpu", "--output", str(tmp_path / "p.json")]
+    result = runner.invoke(app, ["profile", *base, "--stop-check", "deferred"])
+    assert result.exit_code == 2 and "--stop-check deferred" in result.output, result.output
+    result = runner.invoke(app, ["bench", "e2e", *base, "--stop-check", "later"])
+    assert result.exit_code == 2 and "--stop-check" in result.output, result.output
+
+
 def test_video_models_do_not_take_it(tmp_path):
     result = runner.invoke(app, ["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--device", "cpu",
                                  "--stop-check", "deferred", "--output", str(tmp_path / "r.json")])
@@ -76,22 +84,24 @@ def test_records_name_a_deferred_stop_check_only():
 
 
 @pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("stop_at", [None, 3])
 def test_deferred_gives_the_same_tokens_on_cuda(stop_at):
     """Greedy tokens with the deferred check equal the per-token check's: to the last token, and when the sequence
     ends early on EOS (forced at step `stop_at`), where the deferral runs one step more and drops it."""
     from transformers import LogitsProcessor, LogitsProcessorList
 
-    model = tiny_llama(torch.bfloat16, "cuda")
-    ids = prompt("cuda")[:1]
+    model = llm_build("llama", torch.bfloat16, "cuda")
+    ids = llm_prompt(batch=1).to("cuda")
     eos = 7
 
-    class ForceEos(LogitsProcessor):
+    class ForceEos(LogitsProcessor):  # EOS at step stop_at and never before
         def __call__(self, input_ids, scores):
+            scores = scores.clone()
             if stop_at is not None and input_ids.shape[1] - ids.shape[1] == stop_at:
-                scores = torch.full_like(scores, -1e4)
+                scores.fill_(-1e4)
                 scores[:, eos] = 0
+            else:
+                scores[:, eos] = -1e4
             return scores
 
     def run(deferred: bool):

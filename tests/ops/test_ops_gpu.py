@@ -576,3 +576,50 @@ def test_rope_1d_cache_writes_the_rows_a_static_cache_would(dtype, heads, hd, ro
     assert torch.equal(compiled, got) and torch.equal(compiled_caches[0], caches[2])
     torch.library.opcheck(torch.ops.ltxbench.rope_1d_cache.default,
                           (q, k, v, cos, sin, guard.clone(), guard.clone(), at, interleaved))
+
+
+_PDL_CHAIN = """
+import sys, torch
+from ltxbench import ops
+gen = torch.Generator(device="cuda").manual_seed(0)
+w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16, generator=gen) / 64
+up = torch.randn(6144, 4096, device="cuda", dtype=torch.bfloat16, generator=gen) / 64
+x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16, generator=gen)
+
+def chain(x):  # each GEMV reads what the kernel just before it wrote
+    h = x
+    for _ in range(6):
+        h = ops.linear(ops.rms_norm(h), w)
+        h = ops.linear(h, w, residual=x)
+        h = ops.linear(h, up)[:, :4096].contiguous()
+    return h
+
+eager = chain(x)
+static = x.clone()
+graph = torch.cuda.CUDAGraph()
+with torch.cuda.graph(graph):
+    captured = chain(static)
+graph.replay()
+torch.cuda.synchronize()
+torch.save({"eager": eager.cpu(), "graph": captured.cpu()}, sys.argv[1])
+"""
+
+
+def test_gemv_as_a_programmatic_dependent_launch_equals_the_plain_launch(tmp_path):
+    """LTXBENCH_GEMV_PDL=1 (read once per process: one subprocess each way): decode-row products chained after the
+    kernels that write their inputs, eager and replayed from a CUDA graph, equal the plain launches bit for bit. A GEMV
+    that read its input or wrote its output before its griddepcontrol.wait would race the kernel before it."""
+    import os
+    import subprocess
+    import sys
+
+    outputs = {}
+    for pdl in ("0", "1"):
+        path = tmp_path / f"pdl{pdl}.pt"
+        env = {**os.environ, "LTXBENCH_GEMV_PDL": pdl}
+        subprocess.run([sys.executable, "-c", _PDL_CHAIN, str(path)], env=env, check=True, timeout=600)
+        outputs[pdl] = torch.load(path)
+    for key in ("eager", "graph"):
+        assert not outputs["1"][key].isnan().any()
+        assert torch.equal(outputs["1"][key], outputs["0"][key]), key
+    assert torch.equal(outputs["0"]["eager"], outputs["0"]["graph"])

@@ -157,11 +157,10 @@ def main(out: str, spec_text: str) -> None:
 
         context._ring_backend = lambda transformer, local_attentions: None
     packs = _count_packs(report, spec["mutation"] == "scaled-packed-v")
-    tokens = ((spec["num_frames"] - 1) // 8 + 1) * (spec["height"] // 32) * (spec["width"] // 32)
-    if spec["family"] == "wan":  # its VAE's factors (4 frames, 8 pixels) and patch (1, 2, 2)
-        from ltxbench.models.video_phases import video_tokens
+    from ltxbench.models.video_phases import video_tokens
 
-        tokens = video_tokens(pipe, spec["num_frames"], spec["height"], spec["width"])
+    # from the pipeline's own VAE factors and the transformer's patch, as the family's runs count them
+    tokens = video_tokens(pipe, spec["num_frames"], spec["height"], spec["width"])
     plan = family.parallel_plan()
     if spec["mutation"] in ("local-keys", "local-self"):  # an attention over the split tokens on this rank's alone
         local = plan.local_attentions
