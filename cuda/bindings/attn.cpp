@@ -19,15 +19,20 @@ bool aligned_for(const Tensor& t, int64_t elems) {
   return true;
 }
 
+// q, k and v of one CUDA dtype and device, each 4-D (`layout` says how, in the error); returns the dtype.
+DType check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, const char* op, const char* layout) {
+  const DType dt = check_primary(q, op, "q");
+  check_same(k, q, op, "k", "q");
+  check_same(v, q, op, "v", "q");
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "ltxbench.", op, ": ", layout, ", got ",
+              shape(q.sizes()), ", ", shape(k.sizes()), " and ", shape(v.sizes()));
+  return dt;
+}
+
 Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const std::optional<Tensor>& mask,
                        std::optional<double> scale) {
   const char* op = "cross_attention";
-  const DType dt = check_primary(q_in, op, "q");
-  check_same(k_in, q_in, op, "k", "q");
-  check_same(v_in, q_in, op, "v", "q");
-  TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4, "ltxbench.", op,
-              ": q, k and v must be 4-D (B, S|L, heads, head_dim), got ", shape(q_in.sizes()), ", ",
-              shape(k_in.sizes()), " and ", shape(v_in.sizes()));
+  const DType dt = check_attention_inputs(q_in, k_in, v_in, op, "q, k and v must be 4-D (B, S|L, heads, head_dim)");
   const int64_t B = q_in.size(0), S = q_in.size(1), H = q_in.size(2), hd = q_in.size(3), L = k_in.size(1);
   TORCH_CHECK(k_in.size(0) == B && k_in.size(2) == H && k_in.size(3) == hd, "ltxbench.", op, ": k has shape ",
               shape(k_in.sizes()), " but q has ", shape(q_in.sizes()), " (B, heads and head_dim must match)");
@@ -76,12 +81,9 @@ Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
 Tensor decode_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const std::optional<Tensor>& mask,
                         std::optional<double> scale) {
   const char* op = "decode_attention";
-  const DType dt = check_primary(q_in, op, "q");
-  check_same(k_in, q_in, op, "k", "q");
-  check_same(v_in, q_in, op, "v", "q");
-  TORCH_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.dim() == 4, "ltxbench.", op,
-              ": q must be (B, kv_heads, groups, head_dim) and k, v (B, kv_heads, L, head_dim), got ",
-              shape(q_in.sizes()), ", ", shape(k_in.sizes()), " and ", shape(v_in.sizes()));
+  const DType dt = check_attention_inputs(q_in, k_in, v_in, op,
+                                          "q must be (B, kv_heads, groups, head_dim) and k, v (B, kv_heads, L, "
+                                          "head_dim)");
   const int64_t B = q_in.size(0), H = q_in.size(1), G = q_in.size(2), hd = q_in.size(3), L = k_in.size(2);
   TORCH_CHECK(k_in.size(0) == B && k_in.size(1) == H && k_in.size(3) == hd, "ltxbench.", op, ": k has shape ",
               shape(k_in.sizes()), " but q has ", shape(q_in.sizes()), " (B, kv_heads and head_dim must match)");

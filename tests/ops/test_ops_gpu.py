@@ -401,6 +401,29 @@ def test_cross_attention_bad_arguments_name_the_argument():
             call()
 
 
+def test_decode_attention_bad_arguments_name_the_argument():
+    from ltxbench import ops
+
+    q = torch.randn(1, 2, 4, 64, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(1, 2, 9, 64, device="cuda", dtype=torch.bfloat16)
+    keep = torch.ones(1, 1, 1, 9, device="cuda", dtype=torch.bool)
+    cases = [
+        (lambda: ops.decode_attention(q[0], kv, kv), r"q must be \(B, kv_heads, groups, head_dim\)"),
+        (lambda: ops.decode_attention(q, kv[:, :1], kv), r"k has shape"),
+        (lambda: ops.decode_attention(q, kv, kv[:, :, :3]), r"v has shape"),
+        (lambda: ops.decode_attention(q, kv, kv.half()), r"v has dtype"),
+        (lambda: ops.decode_attention(q, kv, kv, keep.expand(1, 2, 1, 9)), r"mask must be per key"),
+        (lambda: ops.decode_attention(q, kv, kv, keep[..., :5]), r"mask must be per key"),
+        (lambda: ops.decode_attention(q, kv, kv, keep.half()), r"mask must be bool"),
+        (lambda: ops.decode_attention(q, kv, kv, keep.cpu()), r"mask is on cpu"),
+        (lambda: ops.decode_attention(*(torch.randn(1, 1, n, 300, device="cuda") for n in (1, 3, 3))),
+         r"head_dim must be <= 256"),
+    ]
+    for call, pattern in cases:
+        with pytest.raises(RuntimeError, match=pattern):
+            call()
+
+
 # LTX-2B-sized problems (>= 20 us: the algorithm search runs), as the injected model calls them, at token counts no
 # other test runs: the search happens once per problem and process, and the 2B pipeline test before this file runs
 # 2688-token GEMMs (block 0's attn1 on one CFG half).
