@@ -12,6 +12,8 @@ transformers' auto-compile off (`disable_compile=True`). The compile configurati
 users do with a static cache: generate() compiles the single-token step itself with
 `CompileConfig(fullgraph=True, mode=decode_compile_mode)` — "reduce-overhead" (CUDA graphs) by default, the
 strongest fair baseline — while the module-level compile of the prompt forwards is set aside for that call.
+generate() reads its stop flag after every token, as transformers does on CUDA, or with `--stop-check deferred` one
+token late for every configuration of the run (transformers' DeferredStopCheck; llm_run.deferred_stop_check).
 Only the standard library at top level.
 """
 
