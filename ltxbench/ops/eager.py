@@ -234,15 +234,20 @@ def llama_swiglu(x: Tensor, gate_half: int = 0) -> Tensor:
     return F.silu(gate) * value
 
 
+def _aligned_for_sdpa(*tensors):
+    """The tensors (None kept), each not 16-byte aligned copied: SDPA's memory-efficient kernel faulted (misaligned
+    address) on fp32 views 8 bytes past a 16-byte boundary (torch 2.11, H200,
+    tests/ops/test_ops_gpu.py::test_strided_inputs[misaligned-fp32])."""
+    return tuple(t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in tensors)
+
+
 def sdpa_cross_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
                          scale: float | None = None) -> Tensor:
     """diffusers' native attention backend (what LTXVideoAttnProcessor's attn2 runs): SDPA on (B, H, S, hd)
     views with the additive mask, torch's own backend choice (cuDNN on Hopper for 16-bit inputs)."""
     if mask is not None:
         mask = mask.to(q.dtype)  # SDPA takes a float mask in the query's dtype only
-    # SDPA's memory-efficient kernel faulted (misaligned address) on fp32 views 8 bytes past a 16-byte boundary
-    # (torch 2.11, H200, tests/ops/test_ops_gpu.py::test_strided_inputs[misaligned-fp32]): such inputs are copied.
-    q, k, v, mask = (t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v, mask))
+    q, k, v, mask = _aligned_for_sdpa(q, k, v, mask)
     out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=mask,
                                          scale=scale)
     return out.transpose(1, 2)
@@ -255,7 +260,7 @@ def sdpa_decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None =
     torch's own backend choice (cuDNN on Hopper for 16-bit inputs)."""
     if mask is not None and mask.dtype != torch.bool:
         mask = mask.to(q.dtype)  # SDPA takes a float mask in the query's dtype only
-    q, k, v, mask = (t if t is None or t.data_ptr() % 16 == 0 else t.clone() for t in (q, k, v, mask))
+    q, k, v, mask = _aligned_for_sdpa(q, k, v, mask)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
