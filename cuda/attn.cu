@@ -6,6 +6,7 @@
 // each warp takes 16-query tiles in turn; scores in steps of 64 keys with a running max and sum per query row
 // (exp2 of log2-scaled scores); P rounded to the input dtype for the P.V product, as cuDNN and flash-attention do.
 // Everything else (fp32, other head dims, pre-Ampere) runs the scalar kernel: one warp per query row, fp32 math.
+#include "common/device.h"
 #include "common/dtype.cuh"
 #include "common/params.h"
 
@@ -385,11 +386,9 @@ template <typename T, int HD> cudaError_t launch_mma(const XAttnParams& p, cudaS
   static int resident_blocks = [] {
     const int bytes = sizeof(KeySmem<T, HD>);
     cudaFuncSetAttribute(xattn_mma_kernel<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
-    int device = 0, sms = 0, per_sm = 0;
-    cudaGetDevice(&device);
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    int per_sm = 0;
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, xattn_mma_kernel<T, HD>, kWarps * 32, bytes);
-    return sms * (per_sm > 0 ? per_sm : 1);
+    return multiprocessor_count() * (per_sm > 0 ? per_sm : 1);
   }();
   const int64_t per_bh = std::max<int64_t>(1, std::min<int64_t>((p.S + kWarps * 16 - 1) / (kWarps * 16),
                                                                  resident_blocks / (p.B * p.H)));

@@ -11,6 +11,7 @@
 // few keys at a time, so that a split costs few memory round trips. The probabilities stay in fp32 for the P.V
 // sums (flash kernels round them to the input dtype), and the output is rounded once. A query with no key left gets
 // zeros.
+#include "common/device.h"
 #include "common/dtype.cuh"
 #include "common/params.h"
 #include "common/tuning.h"
@@ -235,14 +236,6 @@ __global__ void decode_attn_merge_kernel(DecodeAttnParams p, int64_t splits, con
   }
 }
 
-int sm_count() {
-  int device = 0, count = 0;
-  if (cudaGetDevice(&device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || count <= 0)
-    return 132;
-  return count;
-}
-
 template <typename T, int E, bool VEC, int QT>
 cudaError_t launch_with(const DecodeAttnParams& p, int64_t splits, float* part_rows, float* part_stats,
                         cudaStream_t stream) {
@@ -287,7 +280,7 @@ int64_t decode_attention_splits(int64_t B, int64_t H, int64_t G, int64_t L, int6
                                        ? tuning_knob("LTXBENCH_DECODE_BLOCKS_PER_SM") : kBlocksPerSm;
   static const int min_keys = tuning_knob("LTXBENCH_DECODE_MIN_KEYS") > 0 ? tuning_knob("LTXBENCH_DECODE_MIN_KEYS")
                                                                          : kMinKeysPerSplit;
-  const int64_t wanted = (static_cast<int64_t>(blocks_per_sm) * sm_count() + groups - 1) / groups;
+  const int64_t wanted = (static_cast<int64_t>(blocks_per_sm) * multiprocessor_count() + groups - 1) / groups;
   const int64_t most = std::max<int64_t>(1, (L + min_keys - 1) / min_keys);
   const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({wanted, most, 65535}));
   const int64_t chunk = std::max<int64_t>(1, (L + splits - 1) / splits);

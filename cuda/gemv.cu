@@ -7,17 +7,9 @@
 // along K (kRows loads in flight, unrolled twice more), multiplies them with the same vectors of every x row (x is a
 // few KB: L1 and L2 serve it), and the block sums the partial products (warp shuffles, then shared memory). Many small
 // blocks (N / kRows) keep every SM loaded even at N = 1024.
-//
-// With LTXBENCH_GEMV_PDL=1 on Hopper the kernel is launched as a programmatic dependent of the kernel before it
-// (a decode step is ~130 such products between small kernels, each with a launch, ramp and tail): its blocks start
-// while that kernel drains, prefetch their first weight vectors into L2, and wait (griddepcontrol.wait) before
-// reading x, the bias or the residual and before writing anything, so every value the kernel before wrote is seen.
-// Prefetches are hints into L2, which every SM reads coherently: a weight rewritten by the kernel before (a re-fused
-// projection) is still read as written. The plain launch runs the kernel without any of this.
 #include "common/dtype.cuh"
 #include "common/launch.h"
 #include "common/params.h"
-#include "common/tuning.h"
 
 namespace ltxbench {
 namespace {
@@ -25,7 +17,7 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kRows = 4;  // weight rows a block computes
 
-template <typename T, int M, bool PDL>
+template <typename T, int M>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p) {
   if constexpr (unsupported_here<T>()) {
     __trap();
@@ -37,15 +29,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p) {
     const int64_t nvec = p.k / VEC;
     const T* w = static_cast<const T*>(p.w) + n0 * p.ldw;
     const T* x = static_cast<const T*>(p.x);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (PDL) {
-      for (int r = 0; r < rows; ++r) {  // this thread's first two steps of every row (the loop reads them first)
-        for (int64_t j = threadIdx.x; j < nvec && j < threadIdx.x + 2 * kThreads; j += kThreads)
-          asm volatile("prefetch.global.L2 [%0];" ::"l"(w + r * p.ldw + j * VEC));
-      }
-      asm volatile("griddepcontrol.wait;" ::: "memory");
-    }
-#endif
 
     float acc[kRows][M] = {};
 #pragma unroll 2
@@ -69,9 +52,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p) {
         }
       }
     }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    if constexpr (PDL) asm volatile("griddepcontrol.launch_dependents;");  // the next dependent grid may start
-#endif
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
@@ -97,37 +77,16 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p) {
   }
 }
 
-// LTXBENCH_GEMV_PDL=1 and a device of compute capability 9.0 or later: launch as a programmatic dependent.
-bool programmatic_launch() {
-  static const bool asked = tuning_knob("LTXBENCH_GEMV_PDL") == 1;
-  int device = 0, major = 0;
-  return asked && cudaGetDevice(&device) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) == cudaSuccess && major >= 9;
-}
-
-template <typename T, int M> cudaError_t launch_rows(const GemmParams& p, unsigned blocks, cudaStream_t stream) {
-  if (!programmatic_launch()) {
-    gemv_kernel<T, M, false><<<blocks, kThreads, 0, stream>>>(p);
-    return cudaGetLastError();
-  }
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks), config.blockDim = dim3(kThreads), config.dynamicSmemBytes = 0;
-  config.stream = stream, config.attrs = attribute, config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, gemv_kernel<T, M, true>, p);
-}
-
 template <typename T> cudaError_t launch_gemv_typed(const GemmParams& p, cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((p.n + kRows - 1) / kRows);
   switch (p.tokens) {
-    case 1: return launch_rows<T, 1>(p, blocks, stream);
-    case 2: return launch_rows<T, 2>(p, blocks, stream);
-    case 3: return launch_rows<T, 3>(p, blocks, stream);
-    case 4: return launch_rows<T, 4>(p, blocks, stream);
+    case 1: gemv_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(p); break;
+    case 2: gemv_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(p); break;
+    case 3: gemv_kernel<T, 3><<<blocks, kThreads, 0, stream>>>(p); break;
+    case 4: gemv_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(p); break;
     default: return cudaErrorInvalidValue;
   }
+  return cudaGetLastError();
 }
 
 }  // namespace

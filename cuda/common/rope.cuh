@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "device.h"
 #include "params.h"
 
 namespace ltxbench {
@@ -31,10 +32,8 @@ inline bool parts_aligned16(const void* packed, void* const* part_out) {
 
 // Blocks of kBlockThreads for `total` grid-stride items: enough for one item each, at most 16 per SM.
 inline int grid_for(int64_t total) {
-  int device = 0, sms = 0;
-  cudaGetDevice(&device);
-  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  const int64_t wanted = (total + kBlockThreads - 1) / kBlockThreads, cap = static_cast<int64_t>(sms) * 16;
+  const int64_t wanted = (total + kBlockThreads - 1) / kBlockThreads;
+  const int64_t cap = static_cast<int64_t>(multiprocessor_count()) * 16;
   return static_cast<int>(wanted < cap ? wanted : cap);
 }
 
