@@ -2,6 +2,7 @@
 // Elementwise over (rows, H) outputs; the gated forms read the value and the gate halves of 2H-wide rows.
 #include "common/dtype.cuh"
 #include "common/params.h"
+#include "common/source_use.h"
 #include "common/tuning.h"
 
 namespace ltxbench {
@@ -123,6 +124,7 @@ template <typename T> cudaError_t launch_typed(const ActParams& p, cudaStream_t 
 }  // namespace
 
 cudaError_t launch_act(const ActParams& p, DType dtype, cudaStream_t stream) {
+  NOTE_SOURCE_USED();
   if (p.rows == 0 || p.H == 0) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto tag) { return launch_typed<decltype(tag)>(p, stream); });
 }

@@ -9,6 +9,7 @@
 #include "common/device.h"
 #include "common/dtype.cuh"
 #include "common/params.h"
+#include "common/source_use.h"
 
 #include <algorithm>
 
@@ -400,11 +401,13 @@ template <typename T, int HD> cudaError_t launch_mma(const XAttnParams& p, cudaS
 }  // namespace
 
 bool xattn_uses_tensor_cores(int64_t hd, DType dtype, int compute_capability_major) {
+  NOTE_SOURCE_USED();
   return dtype != DType::F32 && (hd == 64 || hd == 128) && compute_capability_major >= 8;
 }
 
 cudaError_t launch_cross_attention(const XAttnParams& p, DType dtype, int compute_capability_major,
                                    cudaStream_t stream) {
+  NOTE_SOURCE_USED();
   if (p.B * p.S * p.H == 0) return cudaSuccess;
   if (p.hd < 1 || p.hd > 256 || p.L < 1) return cudaErrorInvalidValue;
   const bool mma = xattn_uses_tensor_cores(p.hd, dtype, compute_capability_major);

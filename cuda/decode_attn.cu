@@ -14,6 +14,7 @@
 #include "common/device.h"
 #include "common/dtype.cuh"
 #include "common/params.h"
+#include "common/source_use.h"
 #include "common/tuning.h"
 
 #include <algorithm>
@@ -269,11 +270,13 @@ cudaError_t launch_width(const DecodeAttnParams& p, int64_t splits, float* rows,
 }  // namespace
 
 int decode_attention_lane_elems(int64_t hd) {
+  NOTE_SOURCE_USED();
   const int64_t per_lane = std::max<int64_t>(1, (hd + 31) / 32);
   return per_lane <= 1 ? 1 : per_lane <= 2 ? 2 : per_lane <= 4 ? 4 : 8;
 }
 
 int64_t decode_attention_splits(int64_t B, int64_t H, int64_t G, int64_t L, int64_t hd) {
+  NOTE_SOURCE_USED();
   const int64_t small = decode_attention_lane_elems(hd) >= 8 ? 2 : 4, tile = G <= small ? small : 2 * small;
   const int64_t groups = std::max<int64_t>(1, B * H * ((G + tile - 1) / tile));
   static const int blocks_per_sm = tuning_knob("LTXBENCH_DECODE_BLOCKS_PER_SM") > 0
@@ -289,6 +292,7 @@ int64_t decode_attention_splits(int64_t B, int64_t H, int64_t G, int64_t L, int6
 
 cudaError_t launch_decode_attention(const DecodeAttnParams& p, DType dtype, int64_t splits, float* part_rows,
                                     float* part_stats, cudaStream_t stream) {
+  NOTE_SOURCE_USED();
   return dispatch_dtype(dtype, [&](auto tag) -> cudaError_t {
     using T = decltype(tag);
     switch (decode_attention_lane_elems(p.hd)) {

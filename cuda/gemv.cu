@@ -10,6 +10,7 @@
 #include "common/dtype.cuh"
 #include "common/launch.h"
 #include "common/params.h"
+#include "common/source_use.h"
 
 namespace ltxbench {
 namespace {
@@ -92,6 +93,7 @@ template <typename T> cudaError_t launch_gemv_typed(const GemmParams& p, cudaStr
 }  // namespace
 
 bool gemv_takes(const GemmParams& p, int element_bytes) {
+  NOTE_SOURCE_USED();
   const int vec = 16 / element_bytes;
   auto aligned16 = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   return p.act == 0 && p.tokens >= 1 && p.tokens <= kGemvMaxRows && p.n > 0 && p.k > 0 && p.n <= (int64_t{1} << 33) &&
@@ -99,6 +101,7 @@ bool gemv_takes(const GemmParams& p, int element_bytes) {
 }
 
 cudaError_t launch_gemv(const GemmParams& p, DType dtype, cudaStream_t stream) {
+  NOTE_SOURCE_USED();
   return dispatch_dtype(dtype, [&](auto tag) { return launch_gemv_typed<decltype(tag)>(p, stream); });
 }
 

@@ -10,6 +10,7 @@
 #include "common/params.h"
 #include "common/reduce.cuh"
 #include "common/row_math.cuh"
+#include "common/source_use.h"
 #include "common/tuning.h"
 
 namespace ltxbench {
@@ -176,6 +177,7 @@ template <typename T> cudaError_t launch_typed(const RowOpParams& p, cudaStream_
 }  // namespace
 
 cudaError_t launch_row_op(const RowOpParams& p, DType dtype, cudaStream_t stream) {
+  NOTE_SOURCE_USED();
   if (p.B * p.S == 0 || p.D == 0) return cudaSuccess;
   cudaError_t err = cudaSuccess;
   if (try_launch_row_op_lean(p, dtype, stream, &err)) return err;

@@ -9,6 +9,7 @@
 #include "common/params.h"
 #include "common/reduce.cuh"
 #include "common/row_math.cuh"
+#include "common/source_use.h"
 #include "common/tuning.h"
 
 namespace ltxbench {
@@ -134,6 +135,7 @@ template <typename T> bool vectorizable_f32_modulation(const RowOpParams& p, boo
 }  // namespace
 
 cudaError_t launch_row_op_f32_modulation(const RowOpParams& p, DType dtype, cudaStream_t stream) {
+  NOTE_SOURCE_USED();
   if (p.B == 0 || p.S == 0 || p.D == 0) return cudaSuccess;
   const bool layer = p.norm == NormKind::Layer;
   return dispatch_dtype(dtype, [&](auto tag) -> cudaError_t {

@@ -8,6 +8,7 @@
 #include "common/params.h"
 #include "common/reduce.cuh"
 #include "common/row_math.cuh"
+#include "common/source_use.h"
 #include "common/tuning.h"
 
 namespace ltxbench {
@@ -299,6 +300,7 @@ template <typename T> bool try_lean(const RowOpParams& p, cudaStream_t stream, c
 }  // namespace
 
 bool try_launch_row_op_lean(const RowOpParams& p, DType dtype, cudaStream_t stream, cudaError_t* err) {
+  NOTE_SOURCE_USED();
   bool launched = false;
   *err = dispatch_dtype(dtype, [&](auto tag) {
     cudaError_t e = cudaSuccess;

@@ -3,6 +3,7 @@
 #include "common/dtype.cuh"
 #include "common/params.h"
 #include "common/rope.cuh"
+#include "common/source_use.h"
 #include "common/tuning.h"
 
 namespace ltxbench {
@@ -184,6 +185,7 @@ template <typename T> cudaError_t launch_1d(const Rope1dParams& p, cudaStream_t 
 }  // namespace
 
 cudaError_t launch_rope_1d(const Rope1dParams& p, DType dtype, cudaStream_t stream) {
+  NOTE_SOURCE_USED();
   if (p.B * p.S == 0 || p.hd == 0 || p.Hq + p.Hk == 0) return cudaSuccess;
   return dispatch_dtype(dtype, [&](auto tag) { return launch_1d<decltype(tag)>(p, stream); });
 }

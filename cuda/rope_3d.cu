@@ -8,6 +8,7 @@
 #include "common/params.h"
 #include "common/reduce.cuh"
 #include "common/rope.cuh"
+#include "common/source_use.h"
 #include "common/tuning.h"
 
 namespace ltxbench {
@@ -277,6 +278,7 @@ template <typename T> cudaError_t launch_3d(const Rope3dParams& p, cudaStream_t 
 }  // namespace
 
 cudaError_t launch_rope_3d(const Rope3dParams& p, DType dtype, cudaStream_t stream) {
+  NOTE_SOURCE_USED();
   if (p.scale8 != nullptr && p.heads > 0) {  // the FP8 scales first (descales too where there are no tokens)
     const cudaError_t err = dispatch_dtype(dtype, [&](auto tag) {
       fp8_head_scales_kernel<decltype(tag)><<<dim3(static_cast<unsigned>(p.heads), 2), 32, 0, stream>>>(p);

@@ -7,6 +7,7 @@
 #include "common/params.h"
 #include "common/reduce.cuh"
 #include "common/rope.cuh"
+#include "common/source_use.h"
 
 namespace ltxbench {
 namespace {
@@ -183,6 +184,7 @@ __global__ void split_fp8_scales_kernel(RopeSplitParams p) {
 }  // namespace
 
 cudaError_t launch_rope_split(const RopeSplitParams& p, DType dtype, cudaStream_t stream) {
+  NOTE_SOURCE_USED();
   if (p.scale8 != nullptr && p.groups > 0) {  // the FP8 scales first (descales too where there are no tokens)
     const cudaError_t err = dispatch_dtype(dtype, [&](auto tag) {
       split_fp8_scales_kernel<decltype(tag)><<<dim3(static_cast<unsigned>(p.groups), 2), 32, 0, stream>>>(p);

@@ -226,6 +226,25 @@ def is_loaded() -> bool:
     return _loaded is not None
 
 
+def sources_used() -> list[str] | None:
+    """The kernel files (`cuda/<name>`) this process has entered, as the library records them (common/source_use.h):
+    a result's provenance names them as the kernels it measured. None where the library is not loaded in this
+    process (no kernel of ours ran here) or cannot say."""
+    if _loaded is None:
+        return None
+    import ctypes
+
+    try:
+        entry = ctypes.CDLL(_loaded["path"]).ltxbench_sources_used  # the library already loaded: the same handle
+    except (OSError, AttributeError):
+        return None
+    entry.restype, entry.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]
+    size = entry(None, 0) + 1
+    text = ctypes.create_string_buffer(size)
+    entry(text, size)
+    return sorted(f"cuda/{name}" for name in text.value.decode().split())
+
+
 def ops():
     """torch.ops.ltxbench, the extension built and loaded first if it is not yet."""
     if not is_loaded():

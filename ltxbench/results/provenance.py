@@ -12,7 +12,8 @@ is there with its committed content; else dirty, with a hash of what differs. Ei
 commit's `code` digest (code_digest: the blobs of what a run executes), which says whether it still describes a later
 commit that changed only docs or tests. A run's result also names the package modules it imported (`executed`) and
 their digest with the CUDA sources, configs and data (`executed_code`): whether it describes a later commit that
-changed only code the run never imported (another family's injection, the report). A stamp also wins over `.git`
+changed only code the run never imported (another family's injection, the report), and the kernel files it entered
+(`executed_kernels`): a later change to a kernel it never ran leaves it current. A stamp also wins over `.git`
 metadata older than the files (which git would call dirty). A stamp of a dirty checkout is refused:
 it would describe a commit the files do not hold.
 """
@@ -79,14 +80,29 @@ def executed_modules(root: Path) -> list[str]:
     return sorted(paths)
 
 
-def executed_digest(files: dict[str, str], modules: list[str]) -> str:
-    """SHA-256 over the blob ids of what a run with these imported `modules` executes: those modules, every other
-    file of CODE but the package's Python files (CUDA sources, configs, data files read as resources,
-    pyproject.toml), and a module no longer in `files` as missing."""
-    imported = set(modules)
-    lines = [f"{name} {blob}" for name, blob in files.items() if name.startswith(CODE)
-             and (not (name.startswith(PACKAGE) and name.endswith(".py")) or name in imported)]
-    lines += [f"{name} missing" for name in imported - files.keys()]
+KERNELS = "cuda/"
+
+
+def is_kernel_file(name: str) -> bool:
+    """A kernel file (cuda/*.cu, cuda/*.cpp): its code runs only when a run enters it (ops.build.sources_used). The
+    shared headers (cuda/common/) and the bindings (cuda/bindings/) are part of every run of the library."""
+    return name.startswith(KERNELS) and "/" not in name[len(KERNELS):] and name.endswith((".cu", ".cpp"))
+
+
+def executed_digest(files: dict[str, str], modules: list[str], kernels: list[str] | None = None) -> str:
+    """SHA-256 over the blob ids of what a run with these imported `modules` and entered `kernels` executes: those
+    modules, those kernel files (every kernel file where `kernels` is None: a run that did not record them), every
+    other file of CODE (CUDA headers and bindings, configs, data files read as resources, pyproject.toml), and a
+    module or kernel file no longer in `files` as missing."""
+    imported, entered = set(modules), None if kernels is None else set(kernels)
+
+    def executed(name: str) -> bool:
+        if name.startswith(PACKAGE) and name.endswith(".py"):
+            return name in imported
+        return entered is None or not is_kernel_file(name) or name in entered
+
+    lines = [f"{name} {blob}" for name, blob in files.items() if name.startswith(CODE) and executed(name)]
+    lines += [f"{name} missing" for name in (imported | (entered or set())) - files.keys()]
     return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
 
 
@@ -171,13 +187,16 @@ def provenance_and_files(root: Path | None = None) -> tuple[dict | None, dict[st
 
 
 def run_provenance(root: Path | None = None) -> dict | None:
-    """provenance() of a finished run, with the package modules it imported (`executed`) and `executed_code`, their
-    executed_digest at the commit, by which a later commit's checkout tells whether the run still describes it."""
+    """provenance() of a finished run, with the package modules it imported (`executed`), the kernel files it entered
+    (`executed_kernels`; None: not recorded, every kernel file counts) and `executed_code`, their executed_digest at
+    the commit, by which a later commit's checkout tells whether the run still describes it."""
     root = root or repository_root()
     state, files = provenance_and_files(root)
     if files is not None:
-        modules = executed_modules(root)
-        state = {**state, "executed": modules, "executed_code": executed_digest(files, modules)}
+        build = sys.modules.get("ltxbench.ops.build")  # not imported: the library was never loaded here
+        modules, kernels = executed_modules(root), build.sources_used() if build is not None else None
+        state = {**state, "executed": modules, "executed_kernels": kernels,
+                 "executed_code": executed_digest(files, modules, kernels)}
     return state
 
 

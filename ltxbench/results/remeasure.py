@@ -92,7 +92,7 @@ def is_current(path: Path, head: dict, bench: Benchmark | None = None, files: di
     if git.get("sha") == head["sha"]:
         return True
     if git.get("executed_code") is not None and files is not None:
-        return executed_digest(files, git.get("executed") or []) == git["executed_code"]
+        return executed_digest(files, git.get("executed") or [], git.get("executed_kernels")) == git["executed_code"]
     return git.get("code") is not None and git.get("code") == head.get("code")
 
 

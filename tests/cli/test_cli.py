@@ -76,7 +76,7 @@ def test_env_json_is_parseable_and_complete():
     assert set(env["nvcc"]) == {"path", "version"}
     assert "cuda_home" in env and "driver" in env
     assert env["git"] is None or set(env["git"]) == {"sha", "dirty", "diff_sha256", "code", "source", "executed",
-                                                     "executed_code"}
+                                                     "executed_kernels", "executed_code"}
     assert isinstance(build["built"], bool)
 
 

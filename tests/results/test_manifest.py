@@ -317,6 +317,14 @@ def test_a_result_stays_current_while_the_code_it_ran_is_unchanged(tmp_path, hea
     assert remeasure.is_current(path, HEAD, bench, {**files, "ltxbench/inject/wan/x.py": "x"})
     for name in ("ltxbench/run.py", "cuda/k.cu", "configs/m.json"):
         assert not remeasure.is_current(path, HEAD, bench, {**files, name: "x"}), name
+    kernels = ["cuda/k.cu"]  # a run that recorded the kernel files it entered: another one may change
+    git_kernels = {**git, "executed_kernels": kernels,
+                   "executed_code": executed_digest(files, ["ltxbench/run.py"], kernels)}
+    path.write_text(_doc(git_kernels, bench.argv, bench))
+    assert remeasure.is_current(path, HEAD, bench, {**files, "cuda/other.cu": "5"})
+    assert not remeasure.is_current(path, HEAD, bench, {**files, "cuda/k.cu": "x"})
+    path.write_text(_doc(git, bench.argv, bench))  # without the list, any kernel file counts
+    assert not remeasure.is_current(path, HEAD, bench, {**files, "cuda/other.cu": "5"})
     steps = list(bench.argv)
     steps[steps.index("--steps") + 1] = "3"
     path.write_text(_doc(git, steps, dataclasses.replace(bench, argv=tuple(steps))))  # the definition changed since

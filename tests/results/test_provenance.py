@@ -193,6 +193,7 @@ def test_a_run_records_the_package_modules_it_imported_and_their_digest():
     assert {"ltxbench/results/provenance.py", "ltxbench/inject/fuse.py"} <= set(state["executed"])
     assert "ltxbench/inject/wan/__init__.py" not in state["executed"]
     files = prov.provenance_and_files(REPO)[1]
+    assert state["executed_kernels"] is None  # the library was never loaded: every kernel file counts
     assert state["executed_code"] == prov.executed_digest(files, state["executed"])
 
 
@@ -217,3 +218,22 @@ def test_the_executed_digest_follows_the_imported_modules_and_everything_but_pyt
         assert prov.executed_digest({**files, name: "x"}, ["ltxbench/run.py"]) != first, name
     gone = {name: blob for name, blob in files.items() if name != "ltxbench/run.py"}
     assert prov.executed_digest(gone, ["ltxbench/run.py"]) != first
+
+
+def test_the_executed_digest_follows_the_kernel_files_the_run_entered():
+    """With the kernel files a run entered recorded, another kernel file may change; an entered one, a shared header
+    or a binding may not; a record without the list (None) counts every kernel file; an entered file gone is a
+    change."""
+    files = {"ltxbench/run.py": "1", "cuda/norm.cu": "2", "cuda/gemv.cu": "3", "cuda/gemm.cpp": "4",
+             "cuda/common/dtype.cuh": "5", "cuda/bindings/norm.cpp": "6"}
+    modules, kernels = ["ltxbench/run.py"], ["cuda/norm.cu"]
+    first = prov.executed_digest(files, modules, kernels)
+    for name in ("cuda/gemv.cu", "cuda/gemm.cpp"):
+        assert prov.executed_digest({**files, name: "x"}, modules, kernels) == first, name
+        assert prov.executed_digest({**files, name: "x"}, modules) != prov.executed_digest(files, modules), name
+    for name in ("cuda/norm.cu", "cuda/common/dtype.cuh", "cuda/bindings/norm.cpp"):
+        assert prov.executed_digest({**files, name: "x"}, modules, kernels) != first, name
+    gone = {name: blob for name, blob in files.items() if name != "cuda/norm.cu"}
+    assert prov.executed_digest(gone, modules, kernels) != first
+    assert prov.executed_digest(files, modules, []) != first  # nothing entered: norm.cu left out
+    assert [name for name in files if prov.is_kernel_file(name)] == ["cuda/norm.cu", "cuda/gemv.cu", "cuda/gemm.cpp"]
