@@ -8,8 +8,8 @@ namespace ltxbench {
 void note_source_used(const char* file);  // bindings/source_use.cpp
 }  // namespace ltxbench
 
-#define NOTE_SOURCE_USED()                                                        \
-  do {                                                                                \
+#define NOTE_SOURCE_USED()                                                              \
+  do {                                                                                  \
     static const bool ltxbench_noted_ = (::ltxbench::note_source_used(__FILE__), true); \
-    (void)ltxbench_noted_;                                                            \
+    (void)ltxbench_noted_;                                                              \
   } while (0)
