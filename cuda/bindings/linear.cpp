@@ -73,7 +73,9 @@ Tensor linear(const Tensor& x_in, const Tensor& weight_in, const std::optional<T
   p.bias = bias ? b.data_ptr() : nullptr;
   p.out = out.data_ptr(), p.ldout = N;
   p.residual = residual_in ? residual.data_ptr() : nullptr;
-  if (!gelu && gemv_enabled() && gemv_takes(p, static_cast<int>(x.element_size()))) {  // a decode step's few rows
+  // A decode step's few rows. The row count is asked first so that larger products never enter gemv.cu: a result
+  // names the kernel files it ran (common/source_use.h), and a prefill's need not depend on the GEMV's.
+  if (!gelu && tokens <= kGemvMaxRows && gemv_enabled() && gemv_takes(p, static_cast<int>(x.element_size()))) {
     launch_checked(x, op, [&](cudaStream_t stream) { return launch_gemv(p, dt, stream); });
     return out.view(out_sizes);
   }
