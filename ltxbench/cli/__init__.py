@@ -149,7 +149,8 @@ EPILOG = (
 app = typer.Typer(
     cls=PolicyGroup,
     name="ltxbench",
-    help="Fused CUDA kernels for LTX-Video and LLM inference, and the benchmarks that prove them.",
+    help="Fused CUDA kernels for video diffusion (LTX-Video, LTX-2, Wan) and LLM inference, and the benchmarks "
+    "that prove them.",
     epilog=EPILOG,
     no_args_is_help=True,
     add_completion=False,

@@ -26,7 +26,7 @@ EXAMPLES = (
 
 @takes_options("generate")
 def generate_command(**values) -> None:
-    """Generate a video (LTX-Video, LTX-2; from a first frame with --image) and time text encode, every denoising
+    """Generate a video (LTX-Video, LTX-2, Wan; from a first frame with --image) and time text encode, every denoising
     step and the decodes."""
     from ltxbench.cli import _parallel
     from ltxbench.cli._validate import (

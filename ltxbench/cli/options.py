@@ -134,7 +134,9 @@ def _parameter(option: Option, command: str) -> inspect.Parameter:
     from ltxbench.models import presets
 
     default = option.default_for(command)
-    text = option.help_for(command).replace("{presets}", ", ".join(presets()))
+    shown = [name for name, family in presets().items()  # generate: the video models only (it refuses LLMs)
+             if command != "generate" or family.makes_video]
+    text = option.help_for(command).replace("{presets}", ", ".join(shown))
     annotation = Optional[option.type] if default is None else option.type  # noqa: UP045 - typer reads Optional
     return inspect.Parameter(option.name, inspect.Parameter.KEYWORD_ONLY, annotation=annotation,
                              default=typer.Option(default, *option.flags, help=text))

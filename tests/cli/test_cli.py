@@ -47,6 +47,17 @@ def test_bench_help():
     assert "Usage:" in result.output and commands.index("\n  micro ") < commands.index("\n  e2e ")
 
 
+def test_generate_help_offers_the_video_presets_only():
+    """generate refuses LLMs (exit 2), so its --model help lists the video presets; bench e2e's lists every one."""
+    from ltxbench.models import presets
+
+    generate = " ".join(runner.invoke(app, ["generate", "--help"], terminal_width=400).output.split())
+    bench = " ".join(runner.invoke(app, ["bench", "e2e", "--help"], terminal_width=400).output.split())
+    for name, family in presets().items():
+        assert (f" {name}," in generate or f"({name}," in generate or f" {name})" in generate) == family.makes_video
+        assert f" {name}," in bench or f"({name}," in bench or f" {name})" in bench, name
+
+
 def test_env_help_has_examples():
     result = runner.invoke(app, ["env", "--help"])
     assert result.exit_code == 0, result.output
