@@ -23,7 +23,7 @@ from pathlib import Path
 
 from ltxbench.results.benchmarks import benchmarks_for, gpus_of
 from ltxbench.results.commands import execute, host_gpus, parse_devices
-from ltxbench.results.provenance import label, provenance_and_files
+from ltxbench.results.provenance import changed_since, label, provenance_and_files
 from ltxbench.results.remeasure import (
     NO_BUDGET_S,
     current_label,
@@ -135,7 +135,7 @@ def show(folder: Path, plan_minutes: float | None = None) -> int:
         git = recorded_git(path)
         current = bool(head) and is_current(path, head, bench, files)
         state = ("missing" if not path.is_file() else current_label(path, head) if current
-                 else f"measured at {label(git)}")
+                 else f"measured at {label(git)}{_changes(git, files)}")
         minutes = expected_minutes(bench, path)
         print(f"{bench.name:45s} {bench.gpus} GPU(s) ~{minutes:g} min  {state}")
         if not current:
@@ -158,6 +158,16 @@ def show(folder: Path, plan_minutes: float | None = None) -> int:
         for name in too_long:
             print(f"  {name}: ~{due_minutes[name]:g} min, longer than one command: run it alone with a longer limit")
     return 0
+
+
+def _changes(git: dict | None, files: dict | None, shown: int = 3) -> str:
+    """'; since: cuda/gemv.cu, ... (+N)': what the run executed that differs at the checkout's commit (empty where
+    that cannot be read: no git, or a result without the list of what it ran)."""
+    changed = changed_since(git, files) if git and files else None
+    if not changed:
+        return ""
+    more = f" (+{len(changed) - shown})" if len(changed) > shown else ""
+    return f"; since: {', '.join(changed[:shown])}{more}"
 
 
 def plan(minutes: dict[str, float], limit: float) -> tuple[list[list[str]], list[str]]:

@@ -89,11 +89,11 @@ def is_kernel_file(name: str) -> bool:
     return name.startswith(KERNELS) and "/" not in name[len(KERNELS):] and name.endswith((".cu", ".cpp"))
 
 
-def executed_digest(files: dict[str, str], modules: list[str], kernels: list[str] | None = None) -> str:
-    """SHA-256 over the blob ids of what a run with these imported `modules` and entered `kernels` executes: those
-    modules, those kernel files (every kernel file where `kernels` is None: a run that did not record them), every
-    other file of CODE (CUDA headers and bindings, configs, data files read as resources, pyproject.toml), and a
-    module or kernel file no longer in `files` as missing."""
+def executed_files(files: dict[str, str], modules: list[str], kernels: list[str] | None = None) -> set[str]:
+    """The names among `files` (and `modules` / `kernels` no longer there) that a run with these imported `modules` and
+    entered `kernels` executed: those modules, those kernel files (every kernel file where `kernels` is None: a run that
+    did not record them), and every other file of CODE (CUDA headers and bindings, configs, data files read as
+    resources, pyproject.toml)."""
     imported, entered = set(modules), None if kernels is None else set(kernels)
 
     def executed(name: str) -> bool:
@@ -101,14 +101,31 @@ def executed_digest(files: dict[str, str], modules: list[str], kernels: list[str
             return name in imported
         return entered is None or not is_kernel_file(name) or name in entered
 
-    lines = [f"{name} {blob}" for name, blob in files.items() if name.startswith(CODE) and executed(name)]
-    lines += [f"{name} missing" for name in (imported | (entered or set())) - files.keys()]
+    return {name for name in files if name.startswith(CODE) and executed(name)} | imported | (entered or set())
+
+
+def executed_digest(files: dict[str, str], modules: list[str], kernels: list[str] | None = None) -> str:
+    """SHA-256 over the blob ids of executed_files (a module or kernel file no longer in `files` as missing)."""
+    lines = [f"{name} {files.get(name, 'missing')}" for name in executed_files(files, modules, kernels)]
     return hashlib.sha256("\n".join(sorted(lines)).encode()).hexdigest()
 
 
-def _committed_blobs(root: Path) -> dict[str, str] | None:
-    """{path: blob id} of HEAD's tree (submodules left out)."""
-    listing = _git(["ls-tree", "-r", "HEAD"], root)
+def changed_since(git: dict, files: dict[str, str], root: Path | None = None) -> list[str] | None:
+    """The files a recorded run executed (`git`: a result's env.git) whose content at the checkout's commit (`files`)
+    differs from the commit it measured; None where that commit's files cannot be read (no git here, or no list)."""
+    if not git or not git.get("sha") or git.get("executed") is None:
+        return None
+    measured = _committed_blobs(root or repository_root(), git["sha"])
+    if measured is None:
+        return None
+    names = executed_files(measured, git["executed"], git.get("executed_kernels")) | \
+        executed_files(files, git["executed"], git.get("executed_kernels"))
+    return sorted(name for name in names if measured.get(name) != files.get(name))
+
+
+def _committed_blobs(root: Path, commit: str = "HEAD") -> dict[str, str] | None:
+    """{path: blob id} of `commit`'s tree (submodules left out)."""
+    listing = _git(["ls-tree", "-r", commit], root)
     if listing is None:
         return None
     blobs = {}

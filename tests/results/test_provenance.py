@@ -237,3 +237,25 @@ def test_the_executed_digest_follows_the_kernel_files_the_run_entered():
     assert prov.executed_digest(gone, modules, kernels) != first
     assert prov.executed_digest(files, modules, []) != first  # nothing entered: norm.cu left out
     assert [name for name in files if prov.is_kernel_file(name)] == ["cuda/norm.cu", "cuda/gemv.cu", "cuda/gemm.cpp"]
+
+
+def test_changed_since_names_what_the_run_executed_that_differs_now(checkout):
+    """The files a stored run executed whose content changed since the commit it measured (the manifest's listing
+    says them): not a module it never imported, a kernel file it never entered, docs or tests; None without git or
+    without the record's list."""
+    for name in ("ltxbench/run.py", "ltxbench/other.py", "cuda/norm.cu", "cuda/gemv.cu", "cuda/common/h.cuh",
+                 "docs/d.md"):
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text("1\n")
+    _git(checkout, "add", ".")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
+    git = {**prov.from_git(checkout), "executed": ["ltxbench/run.py"], "executed_kernels": ["cuda/norm.cu"]}
+    for name in ("ltxbench/other.py", "cuda/gemv.cu", "docs/d.md", "ltxbench/run.py", "cuda/common/h.cuh"):
+        (checkout / name).write_text("2\n")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "later")
+    files = prov.provenance_and_files(checkout)[1]
+    assert prov.changed_since(git, files, checkout) == ["cuda/common/h.cuh", "ltxbench/run.py"]
+    assert prov.changed_since({**git, "executed_kernels": None}, files, checkout) == [
+        "cuda/common/h.cuh", "cuda/gemv.cu", "ltxbench/run.py"]  # without the list, every kernel file counts
+    assert prov.changed_since({**git, "executed": None}, files, checkout) is None
+    assert prov.changed_since({**git, "sha": "0" * 40}, files, checkout) is None  # a commit this checkout lacks
