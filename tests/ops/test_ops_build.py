@@ -253,7 +253,7 @@ def _declared_entries() -> set[str]:
     names = set()
     for header in ("params.h", "row_math.cuh"):
         text = (ROOT / "cuda" / "common" / header).read_text()
-        for line in text.splitlines():
+        for line in (line.split("//")[0] for line in text.splitlines()):
             match = re.match(r"^(?!inline|constexpr|template|struct|enum|using|static|return)[A-Za-z][\w:<>*& ]*?"
                              r"[ *&](\w+)\(", line)
             if match and line.rstrip().endswith((";", ",")):
@@ -266,7 +266,8 @@ def test_every_kernel_file_entry_records_that_the_process_entered_the_file():
     NOTE_SOURCE_USED(): a result's provenance names the kernel files it ran from that record, so an entry
     without it would leave a result 'current' after a change to code it did run."""
     entries = _declared_entries()
-    assert {"launch_row_op", "launch_gemv", "gemv_takes", "launch_gemm", "try_launch_row_op_lean"} <= entries
+    assert {"launch_row_op", "launch_gemv", "gemv_takes", "launch_gemm", "gemm_set_tuning",
+            "try_launch_row_op_lean"} <= entries
     found = set()
     for path in [*sorted((ROOT / "cuda").glob("*.cu")), *sorted((ROOT / "cuda").glob("*.cpp"))]:
         text = path.read_text()
@@ -275,6 +276,22 @@ def test_every_kernel_file_entry_records_that_the_process_entered_the_file():
                 found.add(match.group(1))
                 assert match.group(2).strip() == "NOTE_SOURCE_USED();", f"{path.name}: {match.group(1)}"
     assert found == entries
+
+
+def test_no_kernel_file_offers_a_function_the_entry_check_does_not_see(built_ops):
+    """Every function a kernel file's object exports in namespace ltxbench (what another file can call) is one of the
+    declared entries the check above holds to NOTE_SOURCE_USED(): an entry declared elsewhere would escape it."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("no nm (binutils) to list the objects' symbols")
+    entries = _declared_entries()
+    objects = [o for o in Path(built_ops["build_dir"]).glob("*.o") if o.stem.split(".")[0] != "ltxbench_bindings"]
+    assert len(objects) == len(list((ROOT / "cuda").glob("*.cu"))) + len(list((ROOT / "cuda").glob("*.cpp")))
+    for obj in objects:
+        listing = subprocess.run([nm, "-C", "--defined-only", "-g", str(obj)], capture_output=True, text=True,
+                                 check=True).stdout
+        exported = {m.group(1) for m in re.finditer(r" T ltxbench::(\w+)\(", listing)}
+        assert exported and exported <= entries, f"{obj.name}: {sorted(exported - entries)}"
 
 
 def test_the_library_reports_the_kernel_files_a_process_entered():
