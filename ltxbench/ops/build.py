@@ -229,7 +229,7 @@ def is_loaded() -> bool:
 def sources_used() -> list[str] | None:
     """The kernel files (`cuda/<name>`) this process has entered, as the library records them (common/source_use.h):
     a result's provenance names them as the kernels it measured. None where the library is not loaded in this
-    process (no kernel of ours ran here) or cannot say."""
+    process (what ran of ours ran in other processes, or not at all: every kernel file counts) or cannot say."""
     if _loaded is None:
         return None
     import ctypes
