@@ -4,8 +4,6 @@ modulation, nn.Linear's init), so that tests, `bench micro` and the sanitizer ru
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 
@@ -275,77 +273,6 @@ def inputs_swiglu(shape, dtype, device, gen, variant):
 # pipeline builds it from the text mask, repeated over the heads (B, H, 1, L) as diffusers prepares it. Head dims
 # other than 64 / 128 run the scalar kernel, whose per-lane register count comes from ceil(hd / 32): 33 (odd, 2
 # per lane), 80 (3) and 200 (7) cover its instantiations and an explicit scale.
-XATTN_VARIANTS = {"ltx": (64, 128, "text", None), "no-mask": (64, 77, None, None),
-                  "hd128": (128, 83, "text-f32-shared", None), "odd-head-dim": (33, 19, "bias", None),
-                  "hd80-scaled": (80, 9, "text", 0.1), "hd200": (200, 21, None, None)}
-def inputs_cross_attention(shape, dtype, device, gen, variant):
-    """(B, S, D) → q (B, S, H, hd) with H = ⌈D / hd⌉ over k, v (B, L, H, hd), and the variant's mask and scale."""
-    b, s, d = shape
-    hd, length, kind, scale = XATTN_VARIANTS[variant]
-    h = -(-d // hd)
-    q, k, v = (_randn((b, n, h, hd), dtype, device, gen) for n in (s, length, length))
-    mask = None
-    if kind in ("text", "text-f32-shared"):
-        valid = torch.arange(length)[None, :] < torch.randint(1, length + 1, (b, 1), generator=gen)
-        mask = ((~valid).float() * -10000.0)[:, None, None, :]
-        mask = mask.expand(b, h, 1, length).contiguous().to(dtype) if kind == "text" else mask
-        mask = mask.to(device)
-    elif kind == "bias":  # any additive bias, one per (head, key), shared by the batch
-        mask = _randn((1, h, 1, length), dtype, device, gen)
-    return {"q": q, "k": k, "v": v, "mask": mask, "scale": scale}
-
-
-# decode_attention, per variant: (head_dim, query heads per key/value head, mask, scale). "llama" is Llama-3's decode
-# step over a static cache (head dim 128, 4 query heads per key/value head, a bool mask: batch element 1 has one slot
-# left unwritten); "window" a sliding-window layer's keys (Gemma 3: head dim 256, 2 per group); the others cover
-# additive masks with -inf (fp32, q's dtype), no mask, one query head per group and the scalar path's head dims.
-DECODE_VARIANTS = {"llama": (128, 4, "cache", None), "window": (256, 2, "window", None),
-                   "mha-f32-mask": (64, 1, "additive-f32", None), "odd-head-dim": (33, 3, "random", 0.1),
-                   "no-mask": (80, 5, None, None), "q-dtype-mask": (128, 2, "additive", None)}
-def inputs_decode_attention(shape, dtype, device, gen, variant):
-    """(B, L, D) → q (B, H, G, hd) with H = ⌈D / (G·hd)⌉ key/value heads of G query heads, over a key/value cache
-    k, v (B, H, L, hd), and the variant's mask (every query keeps at least one key) and scale. q at twice the keys'
-    scale, so that the softmax is peaked as trained attention often is."""
-    b, length, d = shape
-    hd, groups, kind, scale = DECODE_VARIANTS[variant]
-    h = -(-d // (hd * groups))
-    q = 2 * _randn((b, h, groups, hd), dtype, device, gen)
-    k, v = (_randn((b, h, length, hd), dtype, device, gen) for _ in range(2))
-    keys = torch.arange(length)
-    keep = None
-    if kind == "cache":  # the static cache's unwritten tail
-        keep = keys[None, :] < (length - torch.arange(b) % 2).clamp(min=1)[:, None]
-    elif kind == "window":
-        keep = (keys >= length - max(1, length // 3))[None, :].expand(b, length)
-    elif kind in ("random", "additive-f32", "additive"):
-        keep = torch.rand((b, length), generator=gen) < 0.7
-        keep[:, -1:] = True
-    mask = None if keep is None else keep[:, None, None, :].clone()
-    if kind == "additive-f32":  # a bias per key, -inf where excluded
-        mask = torch.randn((b, 1, 1, length), generator=gen).masked_fill(~mask, -math.inf)
-    elif kind == "additive":  # transformers' float masks: 0 or the dtype's lowest value
-        mask = torch.zeros((b, 1, 1, length), dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
-    return {"q": q, "k": k, "v": v, "mask": None if mask is None else mask.to(device), "scale": scale}
-
-
-# linear: (B, S, K) tokens of width K, or (B, S, K, N); without N, an odd-ish out width per variant.
-LINEAR_OUT = {"bias": 97, "gelu-tanh": 136, "no-bias": 83, "residual": 104}
-def inputs_linear(shape, dtype, device, gen, variant):
-    """x (B, S, K) and an nn.Linear's weight (N, K) / bias (N) at its default init scale (uniform ±1/√K);
-    variant "residual" adds a residual stream (B, S, N) of unit scale, as the LTX block's hidden states."""
-    b, s, k, *rest = shape
-    n = rest[0] if rest else LINEAR_OUT[variant]
-    bound = max(k, 1) ** -0.5
-    weight = (2 * torch.rand((n, k), generator=gen) - 1) * bound
-    bias = None if variant == "no-bias" else (2 * torch.rand((n,), generator=gen) - 1) * bound
-    inputs = {"x": _randn((b, s, k), dtype, device, gen), "weight": weight.to(device=device, dtype=dtype),
-              "bias": None if bias is None else bias.to(device=device, dtype=dtype),
-              "activation": "gelu_tanh" if variant == "gelu-tanh" else "none"}
-    if variant == "residual":
-        inputs["residual"] = _randn((b, s, n), dtype, device, gen)
-    return inputs
-
-
 # Layouts the ops must accept besides contiguous: what the GPU tests and the sanitizer workload feed them.
 LAYOUTS = ("row-padded", "transposed", "last-dim-strided", "misaligned")
 # The least rank a tensor needs for each layout: row padding needs rows, the transposes swap two leading dims.

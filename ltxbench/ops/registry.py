@@ -11,21 +11,15 @@ import math
 
 from ltxbench.ops import eager
 from ltxbench.ops.inputs import (
-    DECODE_VARIANTS,
     KV_VARIANTS,
-    LINEAR_OUT,
     PACK_VARIANTS,
     SPLIT_ROPE_VARIANTS,
-    XATTN_VARIANTS,
     inputs_add_rms_mod,
-    inputs_cross_attention,
-    inputs_decode_attention,
     inputs_fused_add,
     inputs_gated_residual,
     inputs_geglu,
     inputs_gelu,
     inputs_layer_mod,
-    inputs_linear,
     inputs_qk_norm_rope,
     inputs_qk_norm_rope_kv,
     inputs_qk_norm_rope_pack,
@@ -37,6 +31,14 @@ from ltxbench.ops.inputs import (
     inputs_rope_1d,
     inputs_rope_3d,
     inputs_swiglu,
+)
+from ltxbench.ops.inputs_matmul import (
+    DECODE_VARIANTS,
+    LINEAR_OUT,
+    XATTN_VARIANTS,
+    inputs_cross_attention,
+    inputs_decode_attention,
+    inputs_linear,
 )
 from ltxbench.ops.registry_fp8 import FP8_ATTENTION_SPECS, FP8_SPECS
 from ltxbench.ops.shapes import (
