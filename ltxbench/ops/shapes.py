@@ -18,7 +18,7 @@ FP8_TEST_SHAPES = TEST_SHAPES + ((1, 3, 16384),)
 # cross_attention: (B, S, D) queries, D split into heads of the variant's head dim (inputs_matmul.XATTN_VARIANTS).
 XATTN_TEST_SHAPES = ((1, 1, 64), (2, 7, 64), (1, 83, 128), (2, 130, 256), (1, 769, 64), (3, 5, 192), (2, 300, 2048))
 
-# decode_attention: (B, L, D) a decode step's D query values over L cached keys (inputs_matmul.DECODE_VARIANTS' head dims).
+# decode_attention: (B, L, D) a decode step's D query values over L cached keys (DECODE_VARIANTS' head dims).
 DECODE_TEST_SHAPES = ((1, 7, 512), (2, 83, 1024), (1, 769, 512), (1, 5125, 1024), (3, 1, 256), (2, 2048, 4096))
 # Llama-3-8B (32 query heads over 8 key/value heads of 128) after a 512- or 2048-token prompt and 128 new tokens,
 # and at 8192 cached tokens
