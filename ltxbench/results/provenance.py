@@ -13,13 +13,15 @@ commit's `code` digest (code_digest: the blobs of what a run executes), which sa
 commit that changed only docs or tests. A run's result also names the package modules it imported (`executed`) and
 their digest with the CUDA sources, configs and data (`executed_code`): whether it describes a later commit that
 changed only code the run never imported (another family's injection, the report), and the kernel files it entered
-(`executed_kernels`): a later change to a kernel it never ran leaves it current. A stamp also wins over `.git`
-metadata older than the files (which git would call dirty). A stamp of a dirty checkout is refused:
-it would describe a commit the files do not hold.
+(`executed_kernels`): a later change to a kernel it never ran leaves it current, as does, where git has both
+versions, a change to a module's comments, docstrings or layout only (changed_since compares syntax trees). A stamp
+also wins over `.git` metadata older than the files (which git would call dirty). A stamp of a dirty checkout is
+refused: it would describe a commit the files do not hold.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import subprocess
@@ -112,7 +114,8 @@ def executed_digest(files: dict[str, str], modules: list[str], kernels: list[str
 
 def changed_since(git: dict, files: dict[str, str], root: Path | None = None) -> list[str] | None:
     """The files a recorded run executed (`git`: a result's env.git) whose content at the checkout's commit (`files`)
-    differs from the commit it measured; None where that commit's files cannot be read (no git here, or no list)."""
+    differs from the commit it measured (a Python file by its syntax tree: not a comment, docstring or layout
+    change); None where that commit's files cannot be read (no git here, or no list)."""
     if not git or not git.get("sha") or git.get("executed") is None:
         return None
     measured = _committed_blobs(root or repository_root(), git["sha"])
@@ -120,7 +123,33 @@ def changed_since(git: dict, files: dict[str, str], root: Path | None = None) ->
         return None
     names = executed_files(measured, git["executed"], git.get("executed_kernels")) | \
         executed_files(files, git["executed"], git.get("executed_kernels"))
-    return sorted(name for name in names if measured.get(name) != files.get(name))
+    root = root or repository_root()
+    return sorted(name for name in names if measured.get(name) != files.get(name)
+                  and not _same_python(root, name, measured.get(name), files.get(name)))
+
+
+def _same_python(root: Path, name: str, before: str | None, after: str | None) -> bool:
+    """Two versions (blob ids) of a Python file that differ only in comments, docstrings or layout: the same code."""
+    if not (name.endswith(".py") and before and after):
+        return False
+    sources = [_git(["cat-file", "blob", blob], root) for blob in (before, after)]
+    return None not in sources and _python_code(sources[0]) is not None and \
+        _python_code(sources[0]) == _python_code(sources[1])
+
+
+def _python_code(source: str) -> str | None:
+    """The syntax tree of a Python source without its docstrings (None where it does not parse)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return None
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and \
+                isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and \
+                isinstance(body[0].value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
 
 
 def _committed_blobs(root: Path, commit: str = "HEAD") -> dict[str, str] | None:

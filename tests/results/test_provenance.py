@@ -259,3 +259,34 @@ def test_changed_since_names_what_the_run_executed_that_differs_now(checkout):
         "cuda/common/h.cuh", "cuda/gemv.cu", "ltxbench/run.py"]  # without the list, every kernel file counts
     assert prov.changed_since({**git, "executed": None}, files, checkout) is None
     assert prov.changed_since({**git, "sha": "0" * 40}, files, checkout) is None  # a commit this checkout lacks
+
+
+def test_a_comment_or_docstring_change_is_not_a_code_change(checkout, monkeypatch, tmp_path):
+    """A module whose comments, docstrings or layout changed since a run still runs the same code (its result stays
+    current); a changed statement, constant or a syntax error does not."""
+    from ltxbench.results import remeasure
+
+    module = checkout / "ltxbench" / "run.py"
+    module.parent.mkdir()
+    module.write_text('"""Run."""\nSCALE = 1.0  # the scale\n\n\ndef f(x):\n    """Scaled."""\n    return x * SCALE\n')
+    _git(checkout, "add", ".")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
+    git = {**prov.run_provenance(checkout), "executed": ["ltxbench/run.py"], "executed_kernels": []}
+    git["executed_code"] = prov.executed_digest(prov.provenance_and_files(checkout)[1], git["executed"], [])
+    monkeypatch.setattr(prov, "repository_root", lambda: checkout)
+    result = tmp_path / "r.json"
+    result.write_text(__import__("json").dumps({"env": {"git": git}}))
+    cases = {
+        '"""Run, now said otherwise."""\nSCALE = 1.0    # the scale, kept\n\n\ndef f(x):\n    return x * SCALE\n': [],
+        '"""Run."""\nSCALE = 1.01  # the scale\n\n\ndef f(x):\n    """Scaled."""\n    return x * SCALE\n':
+            ["ltxbench/run.py"],
+        '"""Run."""\nSCALE = 1.0\n\n\ndef f(x):\n    """Scaled."""\n    return SCALE * x\n': ["ltxbench/run.py"],
+        'def f(x:\n': ["ltxbench/run.py"],
+    }
+    for source, changed in cases.items():
+        module.write_text(source)
+        _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "later")
+        files = prov.provenance_and_files(checkout)[1]
+        assert prov.changed_since(git, files, checkout) == changed, source
+        head = {"sha": _head(checkout)}
+        assert remeasure.is_current(result, head, files=files) is (changed == []), source
