@@ -29,11 +29,15 @@ Tensor activation(const Tensor& x, bool gated, int64_t gate_half, int act, const
   return out;
 }
 
-Tensor gelu_tanh(const Tensor& x) { return activation(x, false, 1, 1, "gelu_tanh"); }
+Tensor gelu_tanh(const Tensor& x) { NOTE_SOURCE_USED(); return activation(x, false, 1, 1, "gelu_tanh"); }
 Tensor geglu(const Tensor& x, int64_t gate_half, bool approximate) {
+  NOTE_SOURCE_USED();
   return activation(x, true, gate_half, approximate ? 1 : 0, "geglu");
 }
-Tensor swiglu(const Tensor& x, int64_t gate_half) { return activation(x, true, gate_half, 2, "swiglu"); }
+Tensor swiglu(const Tensor& x, int64_t gate_half) {
+  NOTE_SOURCE_USED();
+  return activation(x, true, gate_half, 2, "swiglu");
+}
 
 void register_act(torch::Library& m) {
   m.impl("gelu_tanh", &gelu_tanh);

@@ -31,6 +31,7 @@ DType check_attention_inputs(const Tensor& q, const Tensor& k, const Tensor& v, 
 
 Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const std::optional<Tensor>& mask,
                        std::optional<double> scale) {
+  NOTE_SOURCE_USED();
   const char* op = "cross_attention";
   const DType dt = check_attention_inputs(q_in, k_in, v_in, op, "q, k and v must be 4-D (B, S|L, heads, head_dim)");
   const int64_t B = q_in.size(0), S = q_in.size(1), H = q_in.size(2), hd = q_in.size(3), L = k_in.size(1);
@@ -80,6 +81,7 @@ Tensor cross_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_i
 
 Tensor decode_attention(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, const std::optional<Tensor>& mask,
                         std::optional<double> scale) {
+  NOTE_SOURCE_USED();
   const char* op = "decode_attention";
   const DType dt = check_attention_inputs(q_in, k_in, v_in, op,
                                           "q must be (B, kv_heads, groups, head_dim) and k, v (B, kv_heads, L, "

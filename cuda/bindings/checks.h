@@ -20,6 +20,7 @@
 #include <string>
 
 #include "common/params.h"
+#include "common/source_use.h"
 
 namespace ltxbench {
 

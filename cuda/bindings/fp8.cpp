@@ -32,6 +32,7 @@ std::tuple<Tensor, Tensor> run_fp8(Fp8Params& p, DType dt, const Tensor& x, cons
 
 std::tuple<Tensor, Tensor> rms_norm_modulate_fp8(const Tensor& x, const std::optional<Tensor>& weight,
                                                  const Tensor& scale, const Tensor& shift, double eps) {
+  NOTE_SOURCE_USED();
   const char* op = "rms_norm_modulate_fp8";
   const DType dt = check_primary(x, op, "x");
   Modulated m = modulated(x, scale, shift, eps, op, "x", false);
@@ -46,6 +47,7 @@ std::tuple<Tensor, Tensor> rms_norm_modulate_fp8(const Tensor& x, const std::opt
 std::tuple<Tensor, Tensor, Tensor> add_rms_norm_modulate_fp8(const Tensor& h, const Tensor& a,
                                                              const std::optional<Tensor>& gate, const Tensor& scale,
                                                              const Tensor& shift, double eps) {
+  NOTE_SOURCE_USED();
   const char* op = "add_rms_norm_modulate_fp8";
   const DType dt = check_primary(h, op, "h");
   Modulated m = modulated(h, scale, shift, eps, op, "h", false);
@@ -76,8 +78,14 @@ std::tuple<Tensor, Tensor> fp8_of_rows(const Tensor& x, Fp8Op kind, const char* 
   return run_fp8(p, dt, x, op);
 }
 
-std::tuple<Tensor, Tensor> gelu_tanh_fp8(const Tensor& x) { return fp8_of_rows(x, Fp8Op::GeluTanh, "gelu_tanh_fp8"); }
-std::tuple<Tensor, Tensor> quantize_fp8(const Tensor& x) { return fp8_of_rows(x, Fp8Op::Quantize, "quantize_fp8"); }
+std::tuple<Tensor, Tensor> gelu_tanh_fp8(const Tensor& x) {
+  NOTE_SOURCE_USED();
+  return fp8_of_rows(x, Fp8Op::GeluTanh, "gelu_tanh_fp8");
+}
+std::tuple<Tensor, Tensor> quantize_fp8(const Tensor& x) {
+  NOTE_SOURCE_USED();
+  return fp8_of_rows(x, Fp8Op::Quantize, "quantize_fp8");
+}
 
 // ---- per-(batch, head) scales: FlashAttention-3's FP8 inputs ----------------------------------------------
 
@@ -94,6 +102,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> qk_rms_norm_rope_fp8(const Tensor& q,
                                                                 const std::optional<Tensor>& sin,
                                                                 const std::optional<Tensor>& grid,
                                                                 const std::optional<Tensor>& freqs) {
+  NOTE_SOURCE_USED();
   const char* op = "qk_rms_norm_rope_fp8";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;
@@ -109,6 +118,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> qk_rms_norm_rope_fp8(const Tensor& q,
 
 // (q, descale (B, heads)): x (B, S, D) in e4m3, one power-of-two scale per (batch, head) from its amax.
 std::tuple<Tensor, Tensor> quantize_fp8_heads(const Tensor& x, int64_t heads) {
+  NOTE_SOURCE_USED();
   const char* op = "quantize_fp8_heads";
   const DType dt = check_primary(x, op, "x");
   check_3d(x, op, "x");

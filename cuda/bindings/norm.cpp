@@ -54,6 +54,7 @@ void check_offset(double weight_offset, const std::optional<Tensor>& weight, boo
 
 Tensor rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps, bool cast_before_weight,
                 double weight_offset) {
+  NOTE_SOURCE_USED();
   const char* op = "rms_norm";
   const DType dt = check_primary(x, op, "x");
   TORCH_CHECK(x.dim() >= 1, "ltxbench.", op, ": x must have at least one dimension");
@@ -79,6 +80,7 @@ Tensor rms_norm(const Tensor& x, const std::optional<Tensor>& weight, double eps
 std::tuple<Tensor, Tensor> fused_add_rms_norm(const Tensor& x, const Tensor& residual,
                                               const std::optional<Tensor>& weight, double eps,
                                               bool cast_before_weight, double weight_offset) {
+  NOTE_SOURCE_USED();
   const char* op = "fused_add_rms_norm";
   const DType dt = check_primary(x, op, "x");
   check_like(residual, x, op, "residual", "x");
@@ -106,6 +108,7 @@ std::tuple<Tensor, Tensor> fused_add_rms_norm(const Tensor& x, const Tensor& res
 
 Tensor rms_norm_modulate(const Tensor& x, const std::optional<Tensor>& weight, const Tensor& scale,
                          const Tensor& shift, double eps) {
+  NOTE_SOURCE_USED();
   const char* op = "rms_norm_modulate";
   const DType dt = check_primary(x, op, "x");
   Modulated m = modulated(x, scale, shift, eps, op);
@@ -135,6 +138,7 @@ void run_f32_modulation(const RowOpParams& p, DType dt, const Tensor& x, const c
 }
 
 Tensor layer_norm_modulate(const Tensor& x, const Tensor& scale, const Tensor& shift, double eps) {
+  NOTE_SOURCE_USED();
   const char* op = "layer_norm_modulate";
   const DType dt = check_primary(x, op, "x");
   const bool f32 = float32_modulation(x, {&scale, &shift}, op);
@@ -146,6 +150,7 @@ Tensor layer_norm_modulate(const Tensor& x, const Tensor& scale, const Tensor& s
 }
 
 Tensor gated_residual(const Tensor& h_in, const Tensor& a, const Tensor& gate) {
+  NOTE_SOURCE_USED();
   const char* op = "gated_residual";
   const DType dt = check_primary(h_in, op, "h");
   check_3d(h_in, op, "h");
@@ -167,6 +172,7 @@ Tensor gated_residual(const Tensor& h_in, const Tensor& a, const Tensor& gate) {
 std::tuple<Tensor, Tensor> add_rms_norm_modulate(const Tensor& h, const Tensor& a,
                                                  const std::optional<Tensor>& gate, const Tensor& scale,
                                                  const Tensor& shift, double eps) {
+  NOTE_SOURCE_USED();
   const char* op = "add_rms_norm_modulate";
   const DType dt = check_primary(h, op, "h");
   Modulated m = modulated(h, scale, shift, eps, op, "h");

@@ -63,6 +63,7 @@ void run_rope_1d(const Rope1dParams& p, DType dt, const Tensor& q, const char* o
 
 std::tuple<Tensor, Tensor> rope_1d(const Tensor& q, const Tensor& k, const Tensor& cos, const Tensor& sin,
                                    const std::optional<Tensor>& positions, bool interleaved) {
+  NOTE_SOURCE_USED();
   const char* op = "rope_1d";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;
@@ -79,6 +80,7 @@ std::tuple<Tensor, Tensor> rope_1d(const Tensor& q, const Tensor& k, const Tenso
 // (a decode step: one kernel for the rotation and both cache writes): returns q rotated, as rope_1d does.
 Tensor rope_1d_cache(const Tensor& q, const Tensor& k, const Tensor& v_in, const Tensor& cos, const Tensor& sin,
                      Tensor& k_cache, Tensor& v_cache, const Tensor& offset, bool interleaved) {
+  NOTE_SOURCE_USED();
   const char* op = "rope_1d_cache";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;

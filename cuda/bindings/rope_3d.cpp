@@ -76,6 +76,7 @@ std::tuple<Tensor, Tensor> run_rope_3d(Rope3dParams& p, DType dt, const Tensor& 
 std::tuple<Tensor, Tensor> rope_3d(const Tensor& q, const Tensor& k, const std::optional<Tensor>& cos,
                                    const std::optional<Tensor>& sin, const std::optional<Tensor>& grid,
                                    const std::optional<Tensor>& freqs) {
+  NOTE_SOURCE_USED();
   const char* op = "rope_3d";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;
@@ -116,6 +117,7 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope(const Tensor& q, const Tensor& k, co
                                             double eps, const std::optional<Tensor>& cos,
                                             const std::optional<Tensor>& sin, const std::optional<Tensor>& grid,
                                             const std::optional<Tensor>& freqs) {
+  NOTE_SOURCE_USED();
   const char* op = "qk_rms_norm_rope";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;
@@ -133,6 +135,7 @@ void attach_v(Rope3dParams& p, const Tensor& v, const Tensor& q, const char* op,
 Tensor qk_rms_norm_rope_pack(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq, const Tensor& wk,
                              double eps, const std::optional<Tensor>& cos, const std::optional<Tensor>& sin,
                              const std::optional<Tensor>& grid, const std::optional<Tensor>& freqs, int64_t parts) {
+  NOTE_SOURCE_USED();
   const char* op = "qk_rms_norm_rope_pack";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;
@@ -153,6 +156,7 @@ void qk_rms_norm_rope_pack_into(const Tensor& q, const Tensor& k, const Tensor& 
                                 double eps, const std::optional<Tensor>& cos, const std::optional<Tensor>& sin,
                                 const std::optional<Tensor>& grid, const std::optional<Tensor>& freqs,
                                 at::TensorList outs) {
+  NOTE_SOURCE_USED();
   const char* op = "qk_rms_norm_rope_pack_into";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;
@@ -170,6 +174,7 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope_kv(const Tensor& q, const Tensor& k,
                                                const Tensor& wk, double eps, const std::optional<Tensor>& cos,
                                                const std::optional<Tensor>& sin, const std::optional<Tensor>& grid,
                                                const std::optional<Tensor>& freqs) {
+  NOTE_SOURCE_USED();
   const char* op = "qk_rms_norm_rope_kv";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;

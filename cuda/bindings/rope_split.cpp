@@ -82,6 +82,7 @@ void run_rope_split(const RopeSplitParams& p, DType dt, const Tensor& x, const c
 }
 
 Tensor rms_norm_rope_split(const Tensor& x, const Tensor& weight, double eps, const Tensor& cos, const Tensor& sin) {
+  NOTE_SOURCE_USED();
   const char* op = "rms_norm_rope_split";
   const DType dt = check_primary(x, op, "x");
   std::vector<Tensor> keep;
@@ -96,6 +97,7 @@ Tensor rms_norm_rope_split(const Tensor& x, const Tensor& weight, double eps, co
 std::tuple<Tensor, Tensor> qk_rms_norm_rope_split(const Tensor& q, const Tensor& k, const Tensor& wq,
                                                   const Tensor& wk, double eps, const Tensor& cos,
                                                   const Tensor& sin) {
+  NOTE_SOURCE_USED();
   const char* op = "qk_rms_norm_rope_split";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;
@@ -109,6 +111,7 @@ std::tuple<Tensor, Tensor> qk_rms_norm_rope_split(const Tensor& q, const Tensor&
 
 Tensor qk_rms_norm_rope_split_pack(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq,
                                    const Tensor& wk, double eps, const Tensor& cos, const Tensor& sin, int64_t parts) {
+  NOTE_SOURCE_USED();
   const char* op = "qk_rms_norm_rope_split_pack";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;
@@ -128,6 +131,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> qk_rms_norm_rope_split_fp8(const Tens
                                                                       const Tensor& wq, const Tensor& wk, double eps,
                                                                       const Tensor& cos, const Tensor& sin,
                                                                       int64_t groups) {
+  NOTE_SOURCE_USED();
   const char* op = "qk_rms_norm_rope_split_fp8";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;
@@ -144,6 +148,7 @@ std::tuple<Tensor, Tensor, Tensor, Tensor> qk_rms_norm_rope_split_fp8(const Tens
 void qk_rms_norm_rope_split_pack_into(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& wq,
                                       const Tensor& wk, double eps, const Tensor& cos, const Tensor& sin,
                                       at::TensorList outs) {
+  NOTE_SOURCE_USED();
   const char* op = "qk_rms_norm_rope_split_pack_into";
   const DType dt = check_primary(q, op, "q");
   std::vector<Tensor> keep;

@@ -1,5 +1,5 @@
-// The kernel files this process entered (common/source_use.h), for a result's provenance: read from Python through
-// the C entry below (ctypes: a list of names, not an op on tensors).
+// The kernel and binding files this process entered (common/source_use.h), for a result's provenance: read from
+// Python through the C entry below (ctypes: a list of names, not an op on tensors).
 #include "common/source_use.h"
 
 #include <algorithm>
@@ -24,9 +24,15 @@ std::set<std::string>& used_files() {
 }  // namespace
 
 void note_source_used(const char* file) {
-  const char* slash = std::strrchr(file, '/');
+  // A kernel file by its name (norm.cu), a binding file with its folder (bindings/norm.cpp): names under cuda/.
+  const std::string path(file), folder = "/bindings/";
+  const size_t slash = path.rfind('/');
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  if (slash != std::string::npos && slash + 1 >= folder.size() &&
+      path.compare(slash + 1 - folder.size(), folder.size(), folder) == 0)
+    name = "bindings/" + name;
   const std::lock_guard<std::mutex> lock(used_mutex());
-  used_files().insert(slash ? slash + 1 : file);
+  used_files().insert(name);
 }
 
 }  // namespace ltxbench

@@ -1,7 +1,7 @@
-// Which kernel files a process entered. Every function that another file calls (the launchers declared in
-// params.h and row_math.cuh) starts with NOTE_SOURCE_USED(), once per call site and process; a result then
-// names those files as the code it measured, so a later change to a kernel it never ran leaves it current
-// (ltxbench/results/provenance.py). Plain C++.
+// Which kernel and binding files a process entered. Every function that another file calls (the launchers declared
+// in params.h and row_math.cuh) and every op entry a binding file registers starts with NOTE_SOURCE_USED(), once per
+// call site and process; a result then names those files as the code it measured, so a later change to a kernel or
+// an op it never ran leaves it current (ltxbench/results/provenance.py). Plain C++.
 #pragma once
 
 namespace ltxbench {

@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,27 +84,44 @@ def executed_modules(root: Path) -> list[str]:
 
 
 KERNELS = "cuda/"
+BINDINGS = "cuda/bindings/"
+# What records which code a run executed, and nothing a figure depends on: a change to it leaves results current.
+RECORDERS = ("ltxbench/results/provenance.py", "cuda/common/source_use.h", "cuda/bindings/source_use.cpp")
 
 
 def is_kernel_file(name: str) -> bool:
     """A kernel file (cuda/*.cu, cuda/*.cpp): its code runs only when a run enters it (ops.build.sources_used). The
-    shared headers (cuda/common/) and the bindings (cuda/bindings/) are part of every run of the library."""
+    shared headers (cuda/common/, cuda/bindings/*.h) are part of every run of the library."""
     return name.startswith(KERNELS) and "/" not in name[len(KERNELS):] and name.endswith((".cu", ".cpp"))
+
+
+def is_binding_file(name: str) -> bool:
+    """A binding file (cuda/bindings/*.cpp): its ops' entry points run only when a run calls them; a run records the
+    ones it entered beside the kernel files (a run recorded before that did not: then every binding file counts)."""
+    return name.startswith(BINDINGS) and "/" not in name[len(BINDINGS):] and name.endswith(".cpp") and \
+        name not in RECORDERS
 
 
 def executed_files(files: dict[str, str], modules: list[str], kernels: list[str] | None = None) -> set[str]:
     """The names among `files` (and `modules` / `kernels` no longer there) that a run with these imported `modules` and
-    entered `kernels` executed: those modules, those kernel files (every kernel file where `kernels` is None: a run that
-    did not record them), and every other file of CODE (CUDA headers and bindings, configs, data files read as
-    resources, pyproject.toml)."""
+    entered `kernels` executed: those modules, those kernel and binding files (every kernel file where `kernels` is
+    None: a run that did not record them; every binding file where `kernels` names none: a run recorded before the
+    bindings were), and every other file of CODE (CUDA headers, configs, data files read as resources,
+    pyproject.toml)."""
     imported, entered = set(modules), None if kernels is None else set(kernels)
+    bindings_recorded = entered is not None and any(is_binding_file(name) for name in entered)
 
     def executed(name: str) -> bool:
+        if name in RECORDERS:
+            return False
         if name.startswith(PACKAGE) and name.endswith(".py"):
             return name in imported
+        if is_binding_file(name):
+            return not bindings_recorded or name in entered
         return entered is None or not is_kernel_file(name) or name in entered
 
-    return {name for name in files if name.startswith(CODE) and executed(name)} | imported | (entered or set())
+    named = {name for name in files if name.startswith(CODE)} | imported | (entered or set())
+    return {name for name in named if executed(name)}
 
 
 def executed_digest(files: dict[str, str], modules: list[str], kernels: list[str] | None = None) -> str:
@@ -125,16 +143,47 @@ def changed_since(git: dict, files: dict[str, str], root: Path | None = None) ->
         executed_files(files, git["executed"], git.get("executed_kernels"))
     root = root or repository_root()
     return sorted(name for name in names if measured.get(name) != files.get(name)
-                  and not _same_python(root, name, measured.get(name), files.get(name)))
+                  and not _same_code(root, name, measured.get(name), files.get(name)))
 
 
-def _same_python(root: Path, name: str, before: str | None, after: str | None) -> bool:
-    """Two versions (blob ids) of a Python file that differ only in comments, docstrings or layout: the same code."""
-    if not (name.endswith(".py") and before and after):
+def _same_code(root: Path, name: str, before: str | None, after: str | None) -> bool:
+    """Two versions (blob ids) of a Python or CUDA/C++ file that differ only in comments, docstrings, layout or (C++)
+    the entry markers of common/source_use.h, which record a run's files and compute nothing: the same code."""
+    code_of = _python_code if name.endswith(".py") else _cxx_code if name.endswith(CXX) else None
+    if code_of is None or not (before and after):
         return False
     sources = [_git(["cat-file", "blob", blob], root) for blob in (before, after)]
-    return None not in sources and _python_code(sources[0]) is not None and \
-        _python_code(sources[0]) == _python_code(sources[1])
+    return None not in sources and code_of(sources[0]) is not None and code_of(sources[0]) == code_of(sources[1])
+
+
+CXX = (".cu", ".cuh", ".cpp", ".h")
+# A C++ token stream's pieces: string and character literals (kept whole), comments, the entry marker, whitespace.
+_CXX_PIECES = re.compile(
+    r'"(?:\\.|[^"\\\n])*"' r"|'(?:\\.|[^'\\\n])*'"  # literals
+    r"|//[^\n]*|/\*.*?\*/|NOTE_SOURCE_USED\(\);|\s+" r"""|[^"'/\sN]+|.""",
+    re.S)
+
+
+RECORDER_INCLUDE = '#include "common/source_use.h"'
+
+
+def _cxx_code(source: str) -> str:
+    """A C++ source without its comments, entry markers (and the recorder's include) and layout: string literals
+    kept as written, and the line breaks that end preprocessor directives."""
+    kept, gap = [], ""
+    for piece in _CXX_PIECES.findall(source):
+        if piece.isspace() or piece.startswith(("//", "/*")) or piece == "NOTE_SOURCE_USED();":
+            gap = "\n" if "\n" in piece or gap == "\n" else " "
+        else:
+            kept.append((gap if kept else "") + piece)
+            gap = ""
+    text, directive = "", False
+    for line in "".join(kept).split("\n"):  # ordinary lines joined; a directive (and its continuations) on its own
+        if line == RECORDER_INCLUDE:
+            continue
+        directive = line.startswith("#") or (directive and text.endswith("\\\n"))
+        text += f"\n{line}\n" if directive else line if not text or text.endswith("\n") else " " + line
+    return text
 
 
 def _python_code(source: str) -> str | None:

@@ -278,6 +278,29 @@ def test_every_kernel_file_entry_records_that_the_process_entered_the_file():
     assert found == entries
 
 
+def test_every_op_a_binding_file_registers_records_that_the_process_entered_the_file():
+    """Each op entry point a binding file registers (m.impl / m.def with a function) starts with NOTE_SOURCE_USED():
+    a result names the binding files its run called into, so a later change to another op's binding leaves it
+    current; an entry without the marker would hide a change to code the run did call. Every registration is of the
+    two forms read here (a lambda or TORCH_FN would escape the check)."""
+    checked = 0
+    for path in sorted((ROOT / "cuda" / "bindings").glob("*.cpp")):
+        text = path.read_text()
+        registrations = re.findall(r"\bm\.(?:impl|def)\((.*?)\);", text, re.S)
+        functions = []
+        for args in registrations:
+            if re.fullmatch(r'(\s*"[^"]*")+\s*', args):
+                continue  # a schema alone
+            target = re.fullmatch(r'(?:\s*"[^"]*")+,\s*&(?:ltxbench::)?(\w+)\s*', args)
+            assert target, f"{path.name}: registration of an unrecognized form: {args!r}"
+            functions.append(target.group(1))
+        for name in functions:
+            body = re.search(r"^[A-Za-z][\w:<>,*& ]*?[ *&]" + name + r"\([^;{}]*\)\s*\{\s*(\S+)", text, re.M)
+            assert body and body.group(1) == "NOTE_SOURCE_USED();", f"{path.name}: {name}"
+            checked += 1
+    assert checked >= 30
+
+
 def test_no_kernel_file_offers_a_function_the_entry_check_does_not_see(built_ops):
     """Every function a kernel file's object exports in namespace ltxbench (what another file can call) is one of the
     declared entries the check above holds to NOTE_SOURCE_USED(): an entry declared elsewhere would escape it."""
@@ -295,8 +318,9 @@ def test_no_kernel_file_offers_a_function_the_entry_check_does_not_see(built_ops
 
 
 def test_the_library_reports_the_kernel_files_a_process_entered():
-    """A fresh process has entered none; the GEMM settings op enters gemm.cpp (host code, no GPU needed)."""
+    """A fresh process has entered none; the GEMM settings op enters its binding file and gemm.cpp (host code, no GPU
+    needed); a binding file is named with its folder."""
     script = ("from ltxbench.ops import build; import torch; build.load(); print(build.sources_used()); "
               "torch.ops.ltxbench.gemm_tuning(True); print(build.sources_used())")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT)
-    assert out.stdout.split("\n")[:2] == ["[]", "['cuda/gemm.cpp']"]
+    assert out.stdout.split("\n")[:2] == ["[]", "['cuda/bindings/linear.cpp', 'cuda/gemm.cpp']"]

@@ -602,8 +602,8 @@ def test_rope_1d_cache_writes_the_rows_a_static_cache_would(dtype, heads, hd, ro
 
 
 def test_a_process_records_the_kernel_files_it_ran():
-    """nvcc-compiled kernel files record their entry under their own name: an RMSNorm enters norm.cu, not the decode
-    attention's file (a result's provenance reads this list)."""
+    """nvcc-compiled kernel files record their entry under their own name: an RMSNorm enters norm.cu and its binding
+    file, not the decode attention's files (a result's provenance reads this list)."""
     import ast
     import subprocess
     import sys
@@ -615,3 +615,4 @@ def test_a_process_records_the_kernel_files_it_ran():
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=600)
     used = ast.literal_eval(out.stdout.strip().splitlines()[-1])
     assert "cuda/norm.cu" in used and "cuda/decode_attn.cu" not in used and "cuda/gemv.cu" not in used
+    assert "cuda/bindings/norm.cpp" in used and "cuda/bindings/attn.cpp" not in used  # bindings with their folder

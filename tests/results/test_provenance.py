@@ -290,3 +290,47 @@ def test_a_comment_or_docstring_change_is_not_a_code_change(checkout, monkeypatc
         assert prov.changed_since(git, files, checkout) == changed, source
         head = {"sha": _head(checkout)}
         assert remeasure.is_current(result, head, files=files) is (changed == []), source
+
+
+def test_a_run_that_recorded_its_binding_files_is_kept_through_changes_to_other_ops_bindings():
+    """A run that names the binding files it called (cuda/bindings/<op family>.cpp) depends on those, not on another
+    family's; one recorded before bindings were named depends on all of them. The recorders (what notes which code ran)
+    never count."""
+    files = {"ltxbench/run.py": "1", "cuda/norm.cu": "2", "cuda/bindings/norm.cpp": "3", "cuda/bindings/attn.cpp": "4",
+             "cuda/bindings/checks.h": "5", "cuda/bindings/source_use.cpp": "6", "cuda/common/source_use.h": "7",
+             "ltxbench/results/provenance.py": "8"}
+    modules = ["ltxbench/run.py", "ltxbench/results/provenance.py"]
+    named = ["cuda/norm.cu", "cuda/bindings/norm.cpp"]
+    first, older = prov.executed_digest(files, modules, named), prov.executed_digest(files, modules, ["cuda/norm.cu"])
+    assert prov.executed_digest({**files, "cuda/bindings/attn.cpp": "x"}, modules, named) == first
+    assert prov.executed_digest({**files, "cuda/bindings/attn.cpp": "x"}, modules, ["cuda/norm.cu"]) != older
+    for name in ("cuda/bindings/norm.cpp", "cuda/bindings/checks.h", "cuda/norm.cu"):
+        assert prov.executed_digest({**files, name: "x"}, modules, named) != first, name
+    for name in prov.RECORDERS:
+        assert prov.executed_digest({**files, name: "x"}, modules, named) == first, name
+        assert prov.executed_digest({**files, name: "x"}, modules, ["cuda/norm.cu"]) == older, name
+    assert [name for name in files if prov.is_binding_file(name)] == ["cuda/bindings/norm.cpp",
+                                                                      "cuda/bindings/attn.cpp"]
+
+
+def test_a_cuda_change_in_comments_markers_or_layout_only_is_not_a_code_change(checkout):
+    """CUDA/C++ sources compared without comments, entry markers, the recorder's include and indentation; a changed
+    token, string literal or the line that ends a preprocessor directive is a change."""
+    source = checkout / "cuda" / "bindings" / "norm.cpp"
+    source.parent.mkdir(parents=True)
+    base = ('#include "bindings/checks.h"\n#define TWICE(x) \\\n  (2 * (x))\nint f(int x) {  // one\n'
+            '  return TWICE(x) + 1;\n}\nconst char* kName = "a // b";\n')
+    source.write_text(base)
+    _git(checkout, "add", ".")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
+    git = {**prov.from_git(checkout), "executed": [], "executed_kernels": ["cuda/bindings/norm.cpp"]}
+    same = ('#include "bindings/checks.h"\n#include "common/source_use.h"\n#define TWICE(x) \\\n  (2 * (x))\n'
+            'int f(int x) {\n  NOTE_SOURCE_USED();  /* the entry */\n      return TWICE(x) + 1;\n}\n'
+            'const char* kName = "a // b";  // kept\n')
+    cases = {same: [], base.replace("+ 1", "+ 2"): ["cuda/bindings/norm.cpp"],
+             base.replace('"a // b"', '"a //  b"'): ["cuda/bindings/norm.cpp"],
+             base.replace("(2 * (x))\nint", "(2 * (x)) int"): ["cuda/bindings/norm.cpp"]}
+    for text, changed in cases.items():
+        source.write_text(text)
+        _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "later")
+        assert prov.changed_since(git, prov.provenance_and_files(checkout)[1], checkout) == changed, text
