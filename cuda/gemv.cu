@@ -7,6 +7,13 @@
 // along K (kRows loads in flight, unrolled twice more), multiplies them with the same vectors of every x row (x is a
 // few KB: L1 and L2 serve it), and the block sums the partial products (warp shuffles, then shared memory). Many small
 // blocks (N / kRows) keep every SM loaded even at N = 1024.
+//
+// With an RMSNorm before it (rms_norm_linear, add_rms_norm_linear: a decoder layer's input norm before q/k/v, its
+// post-attention norm before gate/up) every block reads the whole x row anyway, so it also sums x² over the row and
+// multiplies x by the norm's weight as it loads it; the row's 1/rms is a common factor of every product and is applied
+// to the fp32 sum at the end. No normed row is written or read back, and the norm costs no launch of its own. With the
+// residual add in front, h = x + residual is rounded to the input dtype as it is read (as an unfused add stores it)
+// and block 0 writes it out for the next residual.
 #include "common/dtype.cuh"
 #include "common/launch.h"
 #include "common/params.h"
@@ -18,13 +25,24 @@ namespace {
 constexpr int kThreads = 128;
 constexpr int kRows = 4;  // weight rows a block computes
 
-template <typename T, int M>
-__global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p) {
+// The RMSNorm in front of the product (Prologue::None for plain linear).
+enum class Prologue { None, Norm, AddNorm };
+
+struct NormArgs {
+  const void* residual = nullptr;  // AddNorm: (M, K) at x's pitch
+  void* h_out = nullptr;           // AddNorm: x + residual, (M, K) dense
+  const void* gamma = nullptr;     // (K), dense
+  float weight_offset = 0.f, eps = 1e-6f;
+};
+
+template <typename T, int M, Prologue P>
+__global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p, NormArgs norm) {
   if constexpr (unsupported_here<T>()) {
     __trap();
   } else {
     constexpr int VEC = 16 / sizeof(T);
-    __shared__ float partial[kThreads / 32][kRows * M];
+    constexpr int kSums = kRows * M + (P == Prologue::None ? 0 : M);  // the products, then each row's sum of x²
+    __shared__ float partial[kThreads / 32][kSums];
     const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRows;
     const int rows = static_cast<int>(p.n - n0 < kRows ? p.n - n0 : kRows);
     const int64_t nvec = p.k / VEC;
@@ -32,6 +50,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p) {
     const T* x = static_cast<const T*>(p.x);
 
     float acc[kRows][M] = {};
+    float sumsq[M] = {};
 #pragma unroll 2
     for (int64_t j = threadIdx.x; j < nvec; j += kThreads) {
       Vec<T, VEC> wr[kRows];
@@ -39,10 +58,27 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p) {
       for (int r = 0; r < kRows; ++r) {  // every weight load of the step issued before any arithmetic
         if (r < rows) wr[r] = load_raw<T, VEC>(w + r * p.ldw + j * VEC);
       }
+      float gv[VEC];
+      if constexpr (P != Prologue::None) {
+        widen<T, VEC>(load_raw<T, VEC>(static_cast<const T*>(norm.gamma) + j * VEC), gv);
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) gv[e] += norm.weight_offset;
+      }
 #pragma unroll
       for (int m = 0; m < M; ++m) {
         float xv[VEC];
         widen<T, VEC>(load_raw<T, VEC>(x + m * p.ldx + j * VEC), xv);
+        if constexpr (P == Prologue::AddNorm) {
+          float rv[VEC];
+          widen<T, VEC>(load_raw<T, VEC>(static_cast<const T*>(norm.residual) + m * p.ldx + j * VEC), rv);
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) xv[e] = round_to<T>(xv[e] + rv[e]);
+          if (blockIdx.x == 0) store_vec<T, VEC>(static_cast<T*>(norm.h_out) + m * p.k + j * VEC, xv);
+        }
+        if constexpr (P != Prologue::None) {
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) sumsq[m] = fmaf(xv[e], xv[e], sumsq[m]), xv[e] *= gv[e];
+        }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           if (r >= rows) continue;
@@ -54,15 +90,19 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p) {
       }
     }
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    auto warp_sum = [&](float v, int slot) {
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+      if (lane == 0) partial[warp][slot] = v;
+    };
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
 #pragma unroll
-      for (int m = 0; m < M; ++m) {
-        float v = acc[r][m];
+      for (int m = 0; m < M; ++m) warp_sum(acc[r][m], r * M + m);
+    }
+    if constexpr (P != Prologue::None) {
 #pragma unroll
-        for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-        if (lane == 0) partial[warp][r * M + m] = v;
-      }
+      for (int m = 0; m < M; ++m) warp_sum(sumsq[m], kRows * M + m);
     }
     __syncthreads();
     if (threadIdx.x < rows * M) {  // one thread per output: the warps' sums, the bias, the residual, one rounding
@@ -70,6 +110,12 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p) {
       float sum = 0.f;
 #pragma unroll
       for (int g = 0; g < kThreads / 32; ++g) sum += partial[g][threadIdx.x];
+      if constexpr (P != Prologue::None) {
+        float ss = 0.f;
+#pragma unroll
+        for (int g = 0; g < kThreads / 32; ++g) ss += partial[g][kRows * M + m];
+        sum *= rsqrtf(ss / static_cast<float>(p.k) + norm.eps);
+      }
       const int64_t n = n0 + r;
       if (p.bias) sum += to_float<T>(static_cast<const T*>(p.bias)[n]);
       if (p.residual) sum += to_float<T>(static_cast<const T*>(p.residual)[m * p.ldout + n]);
@@ -78,13 +124,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p) {
   }
 }
 
-template <typename T> cudaError_t launch_gemv_typed(const GemmParams& p, cudaStream_t stream) {
+template <typename T, Prologue P> cudaError_t launch_gemv_typed(const GemmParams& p, const NormArgs& norm,
+                                                                cudaStream_t stream) {
   const unsigned blocks = static_cast<unsigned>((p.n + kRows - 1) / kRows);
   switch (p.tokens) {
-    case 1: gemv_kernel<T, 1><<<blocks, kThreads, 0, stream>>>(p); break;
-    case 2: gemv_kernel<T, 2><<<blocks, kThreads, 0, stream>>>(p); break;
-    case 3: gemv_kernel<T, 3><<<blocks, kThreads, 0, stream>>>(p); break;
-    case 4: gemv_kernel<T, 4><<<blocks, kThreads, 0, stream>>>(p); break;
+    case 1: gemv_kernel<T, 1, P><<<blocks, kThreads, 0, stream>>>(p, norm); break;
+    case 2: gemv_kernel<T, 2, P><<<blocks, kThreads, 0, stream>>>(p, norm); break;
+    case 3: gemv_kernel<T, 3, P><<<blocks, kThreads, 0, stream>>>(p, norm); break;
+    case 4: gemv_kernel<T, 4, P><<<blocks, kThreads, 0, stream>>>(p, norm); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
@@ -102,7 +149,23 @@ bool gemv_takes(const GemmParams& p, int element_bytes) {
 
 cudaError_t launch_gemv(const GemmParams& p, DType dtype, cudaStream_t stream) {
   NOTE_SOURCE_USED();
-  return dispatch_dtype(dtype, [&](auto tag) { return launch_gemv_typed<decltype(tag)>(p, stream); });
+  return dispatch_dtype(dtype, [&](auto tag) {
+    return launch_gemv_typed<decltype(tag), Prologue::None>(p, NormArgs{}, stream);
+  });
+}
+
+// out = rms_norm(h) @ wᵀ with h = x, or h = x + residual (written to h_out) where residual is given: the norm's
+// weight (gamma, K) plus weight_offset, fp32 math, one rounding (declared where it is called: bindings/gemv_norm.cpp).
+// The operands as gemv_takes wants them, the residual at x's pitch, gamma and h_out dense and 16-byte aligned.
+cudaError_t launch_norm_gemv(const GemmParams& p, const void* residual, void* h_out, const void* gamma,
+                             float weight_offset, float eps, DType dtype, cudaStream_t stream) {
+  NOTE_SOURCE_USED();
+  const NormArgs norm{residual, h_out, gamma, weight_offset, eps};
+  return dispatch_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    return residual ? launch_gemv_typed<T, Prologue::AddNorm>(p, norm, stream)
+                    : launch_gemv_typed<T, Prologue::Norm>(p, norm, stream);
+  });
 }
 
 }  // namespace ltxbench

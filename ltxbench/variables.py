@@ -34,6 +34,8 @@ VARIABLES = (
     Variable("LTXBENCH_ROW_VPT", "kernel knob", "vectors per thread of the row kernels (tuning sweeps)"),
     Variable("LTXBENCH_F32_MOD_VPT", "kernel knob", "1, 2, 4 or 8: vectors per thread of the float32-modulation rows"),
     Variable("LTXBENCH_GEMV", "kernel knob", "0: linear's rows of a decode step (at most 4) on cuBLASLt, not gemv.cu"),
+    Variable("LTXBENCH_NORM_GEMV", "kernel knob",
+             "0: an LLM decode step's RMSNorms as kernels of their own, not folded into the q/k/v and gate/up GEMVs"),
     Variable("LTXBENCH_DECODE_BLOCKS_PER_SM", "kernel knob", "decode_attention's key splits: blocks per SM (4)"),
     Variable("LTXBENCH_DECODE_MIN_KEYS", "kernel knob", "decode_attention's key splits: fewest keys a split (32)"),
     Variable("LTXBENCH_ROW_LEAN", "kernel knob", "0: no lean path for the row kernels"),

@@ -40,6 +40,7 @@ from ltxbench.ops.inputs_matmul import (
     inputs_decode_attention,
     inputs_linear,
 )
+from ltxbench.ops.registry_decode import DECODE_SPECS
 from ltxbench.ops.registry_fp8 import FP8_ATTENTION_SPECS, FP8_SPECS
 from ltxbench.ops.shapes import (
     DECODE_ATTENTION_SHAPES,
@@ -281,7 +282,8 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
     ),
 )}
 
-SPECS.update({s.name: s for s in FP8_SPECS + FP8_ATTENTION_SPECS})
+SPECS.update({s.name: s for s in FP8_SPECS + FP8_ATTENTION_SPECS + DECODE_SPECS})
+
 
 ALIASES = {alias: spec.name for spec in SPECS.values() for alias in spec.aliases}
 

@@ -58,6 +58,8 @@ LLM_DECODE_LINEAR_SHAPES = {"llama3-8b-decode-qkv": (1, 1, 4096, 6144), "llama3-
                             "llama3-8b-decode-down": (1, 1, 14336, 4096),
                             "llama3-8b-decode-lm-head": (1, 1, 4096, 128256)}
 GEMV_TEST_SHAPES = ((1, 2, 4096), (3, 1, 1024), (1, 1, 14336), (2, 2, 264))
+# rms_norm_linear / add_rms_norm_linear: a decode step's norm + projection (B, S, K, N), Llama-3-8B's q/k/v and gate/up.
+LLM_NORM_LINEAR_SHAPES = {"llama3-8b-decode-qkv": (1, 1, 4096, 6144), "llama3-8b-decode-gate-up": (1, 1, 4096, 28672)}
 # linear's bench shapes: (B, S, K, N), LTX-2B's projections.
 LTX_LINEAR_SHAPES = {"ltx2b-49f-attn-out": (2, 2688, 2048, 2048), "ltx2b-49f-qkv": (2, 2688, 2048, 6144),
                      "ltx2b-49f-ff-up": (2, 2688, 2048, 8192), "ltx2b-49f-ff-down": (2, 2688, 8192, 2048),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -42,6 +43,9 @@ class KernelSpec:
     # variant -> the widest 16-bit row the kernel takes for it (wider ones are refused with an error; float32 rows
     # take the op's general path)
     max_width: dict[str, int] = field(default_factory=dict)
+    # the module holding the op's function and, as its `reference` namespace, its twin (default: ltxbench.ops and
+    # ltxbench.ops.reference)
+    home: str = ""
 
     def takes(self, variant: str, shape: tuple, dtype: torch.dtype) -> bool:
         return dtype == torch.float32 or not shape or shape[-1] <= self.max_width.get(variant, shape[-1])
@@ -50,13 +54,13 @@ class KernelSpec:
     def fn(self) -> Callable:
         import ltxbench.ops as ops
 
-        return getattr(ops, self.name)
+        return getattr(importlib.import_module(self.home) if self.home else ops, self.name)
 
     @property
     def reference(self) -> Callable:
         from ltxbench.ops import reference
 
-        return getattr(reference, self.name)
+        return getattr(importlib.import_module(self.home).reference if self.home else reference, self.name)
 
     def tolerance(self, dtype: torch.dtype) -> tuple[float, float]:
         return TOLERANCES[self.kind][dtype]

@@ -39,6 +39,7 @@ MICRO_PARTS = (  # (part, kernels, providers, minutes): together every kernel of
                   "cross_attention", "decode_attention", "linear"), _PEERS, 4),
     ("fp8", ("rms_norm_modulate_fp8", "add_rms_norm_modulate_fp8", "gelu_tanh_fp8", "quantize_fp8",
              "qk_rms_norm_rope_fp8", "qk_rms_norm_rope_split_fp8", "quantize_fp8_heads"), "cuda,eager,compile", 3),
+    ("norm-linear", ("rms_norm_linear", "add_rms_norm_linear"), "cuda,eager,ltxbench-unfused,compile", 1),
 )
 
 
@@ -114,7 +115,7 @@ BENCHMARKS = (
                                    "--prompt-lengths", "512", "--new-tokens", "32", "--decode-compile-mode",
                                    "reduce-overhead", "--compile-cache", "shared", "--warmup-iterations", "1",
                                    "--repeats", "3"), 3, needs=(SMOLLM2_NEED, "gguf")),
-    # every kernel at its benchmark shapes, in three parts that each fit a 10-minute GPU command (all in one command
+    # every kernel at its benchmark shapes, in parts that each fit a 10-minute GPU command (all in one command
     # had measured 107 of its 130 kernel shapes after 8.5 min on a fresh H100); each part measures its own copy peak
     *(Benchmark(f"micro-{part}", (*_MICRO, *kernels, "--shapes", "all", "--providers", providers), minutes,
                 needs=("liger_kernel",) if "liger" in providers else ())

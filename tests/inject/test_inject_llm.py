@@ -13,7 +13,7 @@ from ltxbench.errors import EnvironmentProblem
 from ltxbench.inject import llm
 from ltxbench.inject.fuse import MOVES_RULE
 from ltxbench.inject.llm import attention as llm_attention
-from ltxbench.ops import reference
+from ltxbench.ops import norm_linear, reference
 from tests.helpers import LLM_FAMILY_EXTRA, LLM_TINY, count_calls, llm_build, llm_prompt, with_shifted_output
 
 FAMILIES = tuple(LLM_FAMILY_EXTRA)
@@ -32,7 +32,7 @@ def spy(monkeypatch):
     calls: Counter = Counter()
 
     def wrap(name):
-        fn = getattr(reference, name)
+        fn = getattr(reference if hasattr(reference, name) else norm_linear.reference, name)
 
         def counted(*args, **kwargs):
             calls[name] += 1
@@ -41,7 +41,8 @@ def spy(monkeypatch):
         return counted
 
     ops = types.SimpleNamespace(**{n: wrap(n) for n in ("rms_norm", "fused_add_rms_norm", "swiglu", "rope_1d",
-                                                        "linear", "rope_1d_cache", "decode_attention")})
+                                                        "linear", "rope_1d_cache", "decode_attention",
+                                                        "rms_norm_linear", "add_rms_norm_linear")})
     monkeypatch.setattr(llm, "get_provider", lambda name: ops)
     return calls
 
@@ -119,9 +120,12 @@ def test_generate_same_tokens(model_type, cache, spy):
     assert spy["rope_1d"] + spy["rope_1d_cache"] == layers * 8
     full = cache == "static" and getattr(model.config, "sliding_window", None) is None  # sliding: own update
     assert spy["rope_1d_cache"] == (layers * 7 if full else 0)
-    # the prompt's rows and each decode step's 2: q/k/v, o_proj, gate/up and down (+ the residual) through ops.linear
-    # (tuned_gemm; the GEMV for a decode step), and lm_head (generate keeps the last token's logits)
-    assert spy["linear"] == (4 * layers + 1) * 8
+    # the prompt's rows: q/k/v, o_proj, gate/up and down (+ the residual) through ops.linear (tuned_gemm), and lm_head
+    # (generate keeps the last token's logits); each decode step's 2 rows: input_layernorm + q/k/v and the residual
+    # add + post_attention_layernorm + gate/up as one op each (norm_fusion.py), o_proj, down and lm_head on ops.linear
+    qkv_bias = model_type == "qwen2"  # a bias: q/k/v keeps the norm's own kernel and ops.linear
+    assert spy["linear"] == 4 * layers + 1 + ((3 if qkv_bias else 2) * layers + 1) * 7
+    assert spy["rms_norm_linear"] == (0 if qkv_bias else layers * 7) and spy["add_rms_norm_linear"] == layers * 7
     assert spy["decode_attention"] == layers * 7  # every decode step's attention, either cache: ops.decode_attention
     assert tokens.shape == (2, 12 + 8)
     assert torch.equal(tokens, expected)
@@ -134,13 +138,16 @@ def test_prompt_rows_take_ops_linear_only_with_tuned_gemm(spy, tuned_gemm):
     does. Bit for bit the unpatched logits in fp32 either way."""
     model = llm_build("llama")
     ids = llm_prompt()
-    per_forward = 4 * len(model.model.layers) + 1  # q/k/v, o_proj, gate/up, down per layer + lm_head
+    layers = len(model.model.layers)
+    per_forward = 4 * layers + 1  # q/k/v, o_proj, gate/up, down per layer + lm_head
     with torch.no_grad():
         prefill, one_token = model(ids).logits, model(ids[:, :1]).logits
     with llm.apply_kernels(model, "reference", tuned_gemm=tuned_gemm), torch.no_grad():
         assert torch.equal(model(ids).logits, prefill) and spy["linear"] == (per_forward if tuned_gemm else 0)
         assert torch.equal(model(ids[:, :1]).logits, one_token)
-    assert spy["linear"] == per_forward * (2 if tuned_gemm else 1)
+    # the decode rows: q/k/v and gate/up with their norms (norm_fusion.py), o_proj, down and lm_head on ops.linear
+    assert spy["linear"] == (per_forward if tuned_gemm else 0) + 2 * layers + 1
+    assert spy["rms_norm_linear"] == spy["add_rms_norm_linear"] == layers
 
 
 def test_projection_linear_leaves_autocast_and_gradients_to_torch(spy):
@@ -334,11 +341,12 @@ def test_a_compiled_patched_model_guards_no_more_than_the_original(monkeypatch):
         assert f"_modules['{weight}']._parameters['weight']" in original
         assert f"_modules['{weight}']._parameters['weight']" not in patched, weight
     # Hooks: a GEMM standing for layers checks theirs (fuse.unobserved), and the decoder layer the modules it computes
-    # itself (post_attention_layernorm, the MLP: inject.observed), which torch 2.14 guards (a dict length each,
-    # forward and pre-forward); no other module's (transformers 5.17 checks the decoder layers' in the original too
-    # when their forward is an instance attribute, 5.24 does not)
-    stood_for = re.compile(r"_modules\['((q|k|v|gate|up|down)_proj|post_attention_layernorm|mlp)'\]"
-                           r"\._forward(_pre)?_hooks")
+    # itself (post_attention_layernorm, the MLP: inject.observed) or hands its input_layernorm to (the attention:
+    # norm_fusion.py), which torch 2.14 guards (a dict length each, forward and pre-forward); no other module's
+    # (transformers 5.17 checks the decoder layers' in the original too when their forward is an instance attribute,
+    # 5.24 does not)
+    stood_for = re.compile(r"_modules\['((q|k|v|gate|up|down)_proj|post_attention_layernorm|input_layernorm|mlp"
+                           r"|self_attn)'\]\._forward(_pre)?_hooks")
     other = [line for line in patched.splitlines() if "]._forward_hooks" in line and not stood_for.search(line)]
     assert len(other) <= original.count("]._forward_hooks")
     assert "'].intact" not in patched and "].linears[" not in patched  # one guard on fuse._any_broken instead
@@ -719,3 +727,39 @@ def test_the_rope_tables_kept_stay_few_where_layer_0_is_not_patched():
         cache = next(c.cell_contents for c in type(attn).forward.__closure__
                      if isinstance(c.cell_contents, dict) and "pairs" in c.cell_contents)
         assert len(cache["pairs"]) <= MAX_TABLE_PAIRS
+
+
+def test_decode_rows_fold_the_norms_unless_switched_off_or_observed(spy, monkeypatch):
+    """A decode step's rows run input_layernorm + q/k/v and the residual add + post_attention_layernorm + gate/up as one
+    op each; LTXBENCH_NORM_GEMV=0 keeps the norms apart; a hook on a layer's input_layernorm or attention sees what it
+    saw before (the norm's call, the normed input), that layer's input norm unfolded. The same logits every way."""
+    from ltxbench.inject.llm.norm_fusion import KNOB
+
+    model = llm_build("llama")
+    ids = llm_prompt()[:, :2]  # batch 2: 4 rows
+    layers = len(model.model.layers)
+    with torch.no_grad():
+        expected = model(ids).logits
+    with llm.apply_kernels(model, "reference"), torch.no_grad():
+        assert torch.equal(model(ids).logits, expected)
+    assert spy["rms_norm_linear"] == spy["add_rms_norm_linear"] == layers and spy["fused_add_rms_norm"] == 0
+    spy.clear()
+    monkeypatch.setenv(KNOB, "0")
+    with llm.apply_kernels(model, "reference"), torch.no_grad():
+        assert torch.equal(model(ids).logits, expected)
+    assert spy["rms_norm_linear"] == spy["add_rms_norm_linear"] == 0 and spy["fused_add_rms_norm"] == layers
+    monkeypatch.delenv(KNOB)
+    spy.clear()
+    seen = []
+    norm, attn = model.model.layers[0].input_layernorm, model.model.layers[1].self_attn
+    hooks = [norm.register_forward_hook(lambda m, args, out: seen.append("norm")),
+             attn.register_forward_pre_hook(lambda m, args, kwargs: seen.append(kwargs["hidden_states"]),
+                                            with_kwargs=True)]
+    with llm.apply_kernels(model, "reference"), torch.no_grad():
+        got = model(ids).logits
+    for hook in hooks:
+        hook.remove()
+    assert torch.equal(got, expected)
+    assert seen[0] == "norm" and spy["rms_norm_linear"] == 0 and spy["add_rms_norm_linear"] == layers
+    normed = model.model.layers[1].input_layernorm  # the hooked attention was handed its input normed, as before
+    assert torch.allclose(seen[1].abs().pow(2).mean(-1) / normed.weight.pow(2).mean(), torch.ones(2, 2), rtol=0.2)

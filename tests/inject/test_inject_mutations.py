@@ -102,9 +102,12 @@ LTX_MUTATIONS = {
 
 
 def _mutate(provider: str, mutation: dict, monkeypatch) -> None:
+    from ltxbench.inject.llm.norm_fusion import norm_ops
+
     module = _provider(provider)
     for name, make in mutation.items():
-        monkeypatch.setattr(module, name, make(module))
+        home = module if hasattr(module, name) else norm_ops(module)  # the fused norm + projection ops' own module
+        monkeypatch.setattr(home, name, make(home))
 
 
 def _ltx_error(provider="reference", mutation=None, monkeypatch=None) -> float:
@@ -154,11 +157,21 @@ LLM_MUTATIONS = {
 }
 
 
-def _llm_error(provider="reference", mutation=None, monkeypatch=None) -> float:
+# A decode step's rows (at most 4): the norms folded into the q/k/v and gate/up GEMVs (inject/llm/norm_fusion.py).
+LLM_DECODE_MUTATIONS = {
+    "folded norm weight": {op: _scaled(op, norm_weight=PERTURBED) for op in ("rms_norm_linear", "add_rms_norm_linear")},
+    "folded eps": {op: _scaled(op, eps=PERTURBED) for op in ("rms_norm_linear", "add_rms_norm_linear")},
+    "folded residual": {"add_rms_norm_linear": _scaled("add_rms_norm_linear", residual=PERTURBED)},
+    "rope angle": {"rope_1d": _rope_angle},
+    "swiglu": {"swiglu": _swiglu},
+}
+
+
+def _llm_error(provider="reference", mutation=None, monkeypatch=None, tokens=None) -> float:
     device = "cpu" if provider == "reference" else "cuda"
     model = llm_build("llama", device=device)
     assert math.isclose(model.model.embed_tokens.weight.std().item(), 0.02, rel_tol=0.1)  # trained-size embeddings
-    ids = llm_prompt().to(device)
+    ids = llm_prompt().to(device)[:, :tokens]
     with torch.no_grad():
         expected = model(input_ids=ids).logits
         _mutate(provider, mutation or {}, monkeypatch)
@@ -174,6 +187,16 @@ def _check_llm(provider, formula, monkeypatch):
 @pytest.mark.parametrize("formula", [None, *LLM_MUTATIONS])
 def test_llm_parity_holds_and_fails_for_a_one_percent_error(formula, monkeypatch):
     _check_llm("reference", formula, monkeypatch)
+
+
+def _llm_decode_error(provider="reference", mutation=None, monkeypatch=None) -> float:
+    return _llm_error(provider, mutation, monkeypatch, tokens=2)  # batch 2: 4 rows, a decode step's
+
+
+@pytest.mark.parametrize("formula", [None, *LLM_DECODE_MUTATIONS])
+@pytest.mark.parametrize("provider", ["reference", pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_llm_decode_rows_parity_holds_and_fails_for_a_one_percent_error(provider, formula, monkeypatch):
+    _check("LLM decode rows", _llm_decode_error, LLM_DECODE_MUTATIONS, provider, formula, monkeypatch)
 
 
 @pytest.mark.gpu

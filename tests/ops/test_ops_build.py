@@ -248,8 +248,8 @@ def test_each_variants_widest_row_is_the_one_the_binding_refuses_beyond():
 
 
 def _declared_entries() -> set[str]:
-    """The functions one file declares for another to call (common/params.h, common/row_math.cuh), inline ones
-    and constants aside."""
+    """The functions one file declares for another to call (common/params.h, common/row_math.cuh; a binding file may
+    declare the one kernel entry it alone calls), inline ones and constants aside."""
     names = set()
     for header in ("params.h", "row_math.cuh"):
         text = (ROOT / "cuda" / "common" / header).read_text()
@@ -258,6 +258,9 @@ def _declared_entries() -> set[str]:
                              r"[ *&](\w+)\(", line)
             if match and line.rstrip().endswith((";", ",")):
                 names.add(match.group(1))
+    for path in (ROOT / "cuda" / "bindings").glob("*.cpp"):  # a declaration: its parameter list ends in ';', no body
+        names |= set(re.findall(r"^(?!inline|static|return)[A-Za-z][\w:<>*& ]*?[ *&](\w+)\([^;{}()]*\);",
+                                path.read_text(), re.M))
     return names
 
 
@@ -267,7 +270,7 @@ def test_every_kernel_file_entry_records_that_the_process_entered_the_file():
     without it would leave a result 'current' after a change to code it did run."""
     entries = _declared_entries()
     assert {"launch_row_op", "launch_gemv", "gemv_takes", "launch_gemm", "gemm_set_tuning",
-            "try_launch_row_op_lean"} <= entries
+            "try_launch_row_op_lean", "launch_norm_gemv"} <= entries
     found = set()
     for path in [*sorted((ROOT / "cuda").glob("*.cu")), *sorted((ROOT / "cuda").glob("*.cpp"))]:
         text = path.read_text()

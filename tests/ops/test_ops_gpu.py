@@ -563,6 +563,38 @@ def test_linear_few_rows_in_any_row_pitch(rows, variant, dtype):
 
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("name", ["rms_norm_linear", "add_rms_norm_linear"])
+@pytest.mark.parametrize("variant", ["llama", "gemma"])
+def test_norm_linear_few_rows_in_any_row_pitch(name, rows, variant, dtype):
+    """The GEMV with the norm folded in (at most 4 rows; 5 go through ATen) at Llama's K and odd N, on a weight of a
+    wider buffer's rows (a fused projection's rows), and a misaligned x (the ATen path): h written by block 0 only,
+    every output row scaled by its own row's 1/rms."""
+    spec = SPECS[name]
+    for k, n in ((4096, 1027), (14336, 61), (8, 3)):
+        inputs = spec.make_inputs((1, rows, k, n), DTYPES[dtype], "cuda", _gen(rows), variant)
+        _check(spec, inputs, DTYPES[dtype])
+        _check(spec, {**inputs, "weight": restride(inputs["weight"], "row-padded")}, DTYPES[dtype])
+        _check(spec, {**inputs, "x": restride(inputs["x"], "misaligned")}, DTYPES[dtype])
+
+
+@pytest.mark.parametrize("name", ["rms_norm_linear", "add_rms_norm_linear"])
+def test_norm_linear_checks_would_catch_a_one_percent_error(name):
+    """The fp32 comparison the tests above make is tight enough to fail a kernel 1% off in its norm (a 1% larger
+    weight, or an eps 1% of the mean square larger), so passing it means the formula is right."""
+    spec = SPECS[name]
+    inputs = spec.make_inputs((1, 2, 4096, 1027), torch.float32, "cuda", _gen(), "llama")
+    got = _tuple(spec.fn(**inputs))
+    atol, rtol = spec.tolerance(torch.float32)
+    torch.testing.assert_close(got, _tuple(spec.reference(**inputs)), atol=atol, rtol=rtol)
+    mean_square = inputs["x"].pow(2).mean().item()
+    for mutant in ({**inputs, "norm_weight": inputs["norm_weight"] * 1.01},
+                   {**inputs, "eps": inputs["eps"] + 0.01 * mean_square}):
+        with pytest.raises(AssertionError):
+            torch.testing.assert_close(got[0], _tuple(spec.reference(**mutant))[0], atol=atol, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize(("heads", "hd", "rot"), [((32, 8), 128, 128), ((4, 2), 86, 64), ((3, 1), 64, 32)])
 @pytest.mark.parametrize("interleaved", [False, True])
 @pytest.mark.parametrize(("tokens", "offset"), [(1, 0), (1, 11), (5, 3)])

@@ -37,7 +37,6 @@ from ltxbench.inject import (
     InjectionReport,
     all_or_nothing,
     forward_source,
-    observed,
     offloaded,
     original_class,
     patch_forward,
@@ -45,18 +44,19 @@ from ltxbench.inject import (
     run_device,
     source_of,
 )
-from ltxbench.inject.fuse import follow_moves, fuse_linears, fused_linear, release, unobserved
+from ltxbench.inject.fuse import follow_moves, fuse_linears, release
 from ltxbench.inject.llm.attention import (
     ATTN_SOURCE,
     CACHE_UPDATE_KWARGS,
     RULE_ROPE,
     attn_forward,
-    decode_rows,
     fuse_qkv,
     linear_forward,
     projection_linear,
     sliding_kwarg,
 )
+from ltxbench.inject.llm.layer import FUSED_ATTR, layer_forward, mlp_forward
+from ltxbench.inject.llm.norm_fusion import NORM_ROWS, eps_of
 from ltxbench.ops import get_provider
 
 FAMILIES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}
@@ -65,7 +65,6 @@ RULE_LAYER = "decoder layer: residual + post_attention_layernorm (fused_add_rms_
 RULE_MLP = "mlp: fused gate_up projection + swiglu"
 RULE_DECODE = "o_proj, down_proj, lm_head: a decode step's rows (at most 4) through ops.linear's GEMV kernel"
 RULES = (RULE_NORM, RULE_LAYER, RULE_MLP, RULE_ROPE, RULE_DECODE)
-FUSED_ATTR = "_ltxbench_gate_up"  # FusedWeights: [gate | up] (2I, H), gate/up weights are views of it
 
 # Source fragments of the transformers 5.x forwards reproduced here (a tuple: one of them): a release that rewrites
 # them is skipped (the attention's: attention.py).
@@ -85,14 +84,7 @@ def _matches(cls, fragments) -> bool:
     return source_has(cls.forward, fragments)
 
 
-def _eps(norm) -> float:
-    return norm.variance_epsilon if hasattr(norm, "variance_epsilon") else norm.eps
-
-
 # ---- RMSNorm ------------------------------------------------------------------------------------------
-
-# the rows' dtypes our norms reproduce: transformers' (Gemma's too) compute float64 rows in float32
-NORM_ROWS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def _norm_forward(ops):
@@ -100,80 +92,7 @@ def _norm_forward(ops):
         # transformers promotes to the weight's dtype (ops don't), and computes float64 rows in float32
         if self.weight.dtype != hidden_states.dtype or hidden_states.dtype not in NORM_ROWS:
             return original_class(self).forward(self, hidden_states)
-        return ops.rms_norm(hidden_states, self.weight, _eps(self), cast_before_weight=True)
-
-    return forward
-
-
-# ---- decoder layer ------------------------------------------------------------------------------------
-
-def _layer_forward(ops, linear, tuned_gemm: bool):
-    """XDecoderLayer.forward (returns the hidden states tensor) with the attention residual and
-    post_attention_layernorm fused. Arguments after hidden_states by keyword, as the models pass them; the KV
-    cache goes on to the attention in `kwargs` under the name the caller used (`past_key_values` or `cache`).
-    `linear`: the gate/up GEMM's (projection_linear); `tuned_gemm`: the down projection's too, for any rows."""
-
-    def forward(self, hidden_states, *, attention_mask=None, position_ids=None, use_cache=False,
-                position_embeddings=None, **kwargs):
-        residual = hidden_states
-        hidden_states = self.input_layernorm(hidden_states)
-        hidden_states, _ = self.self_attn(hidden_states=hidden_states, attention_mask=attention_mask,
-                                          position_ids=position_ids, use_cache=use_cache,
-                                          position_embeddings=position_embeddings, **kwargs)
-        post = self.post_attention_layernorm
-        # meta: offloaded; observed: hooked, it must run itself
-        if (post.weight.dtype == hidden_states.dtype == residual.dtype and hidden_states.dtype in NORM_ROWS
-                and not post.weight.is_meta and not observed(post)):
-            hidden_states, residual = ops.fused_add_rms_norm(hidden_states, residual, post.weight, _eps(post),
-                                                             cast_before_weight=True)
-            out = _mlp_into_residual(ops, linear, self.mlp, hidden_states, residual, tuned_gemm)
-            if out is not None:
-                return out
-        else:
-            residual = residual + hidden_states
-            hidden_states = post(residual)
-        return residual + self.mlp(hidden_states)
-
-    return forward
-
-
-def _mlp_into_residual(ops, linear, mlp, x, residual, tuned_gemm: bool):
-    """`residual + mlp(x)` with the down projection's GEMM accumulating into `residual` (beta = 1: ops.linear for a
-    decode step's rows and, with tuned_gemm, for any; else torch's addmm in place), or
-    None when the MLP is not our patched one, its down projection is not a plain nn.Linear (an adapter put in its
-    place runs its own forward), is hooked since the injection, has a bias, or gradients are on. Only for a residual
-    this layer created (fused_add_rms_norm's output): nobody else holds it."""
-    down = mlp.down_proj
-    if original_class(down) is not torch.nn.Linear or down.bias is not None or down.weight.dtype != residual.dtype \
-            or torch.is_grad_enabled() or not unobserved(down) or observed(mlp):  # a hooked MLP must run itself
-        return None
-    act = _gate_up_swiglu(ops, linear, mlp, x)
-    if act is None:
-        return None
-    if tuned_gemm or decode_rows(act):  # the GEMV kernel or the tuned GEMM adds the residual (not in place)
-        return ops.linear(act, down.weight, None, "none", residual)
-    rows, act_rows = residual.view(-1, residual.shape[-1]), act.view(-1, act.shape[-1])
-    if torch.compiler.is_compiling():  # functionalized, the in-place form costs a copy back into `residual`
-        return torch.addmm(rows, act_rows, down.weight.t()).view(residual.shape)
-    rows.addmm_(act_rows, down.weight.t())
-    return residual
-
-
-# ---- MLP ----------------------------------------------------------------------------------------------
-
-def _gate_up_swiglu(ops, linear, mlp, x):
-    """`silu(gate(x)) * up(x)` as one [gate | up] GEMM (`linear`: projection_linear) + ops.swiglu, or None when the
-    fused weights cannot stand for the layers (not fused here, moved/replaced, or training)."""
-    gate_up = fused_linear(x, (mlp.gate_proj, mlp.up_proj), vars(mlp).get(FUSED_ATTR), linear)
-    return None if gate_up is None else ops.swiglu(gate_up, 0)
-
-
-def _mlp_forward(ops, linear):
-    def forward(self, x):
-        act = _gate_up_swiglu(ops, linear, self, x)
-        if act is None:
-            return original_class(self).forward(self, x)  # the original math
-        return self.down_proj(act)
+        return ops.rms_norm(hidden_states, self.weight, eps_of(self), cast_before_weight=True)
 
     return forward
 
@@ -270,8 +189,8 @@ def apply_kernels(model, provider: str = "cuda", tuned_gemm: bool = True) -> Inj
         return report
     base = getattr(model, "model", model)
     linear = projection_linear(ops, tuned_gemm)
-    norm_forward, layer_forward = _norm_forward(ops), _layer_forward(ops, linear, tuned_gemm)
-    mlp_forward, projection_forward = _mlp_forward(ops, linear), linear_forward(linear)
+    norm_forward, decoder_forward = _norm_forward(ops), layer_forward(ops, linear, tuned_gemm)
+    gate_up_forward, projection_forward = mlp_forward(ops, linear), linear_forward(linear)
     classes: dict = {}  # (class, forward) -> its patched subclass
     norms_ok = {}
     for name, module in base.named_modules():
@@ -283,7 +202,7 @@ def apply_kernels(model, provider: str = "cuda", tuned_gemm: bool = True) -> Inj
         if not norms_ok.get(f"layers.{index}.post_attention_layernorm"):
             report.skip(RULE_LAYER, f"layers.{index}: post_attention_layernorm not verified")
         else:
-            _patch(report, RULE_LAYER, layer, layer_forward, "DecoderLayer", prefix, classes, LAYER_SOURCE)
+            _patch(report, RULE_LAYER, layer, decoder_forward, "DecoderLayer", prefix, classes, LAYER_SOURCE)
         mlp = layer.mlp
         if type(mlp).__name__ != f"{prefix}MLP" or not _matches(type(mlp), MLP_SOURCE):
             report.skip(RULE_MLP, f"layers.{index}: {type(mlp).__name__} is not the verified {prefix}MLP")
@@ -292,7 +211,7 @@ def apply_kernels(model, provider: str = "cuda", tuned_gemm: bool = True) -> Inj
         elif "forward" in vars(mlp) or ORIGINAL_CLASS in vars(type(mlp)):
             report.skip(RULE_MLP, f"layers.{index}: mlp.forward is already wrapped (a hook, ltxbench): left as is")
         else:
-            fuse_gate_up(report, RULE_MLP, mlp, index, mlp_forward, classes)
+            fuse_gate_up(report, RULE_MLP, mlp, index, gate_up_forward, classes)
         attn = layer.self_attn
         sliding = sliding_kwarg(type(attn))
         if sliding is None:

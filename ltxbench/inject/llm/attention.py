@@ -155,17 +155,23 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
     GEMM's (projection_linear)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    from ltxbench.inject.llm.norm_fusion import INPUT_NORM_KWARG, qkv_with_input_norm
+
     static_classes = static_layer_classes()
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        input_norm = kwargs.pop(INPUT_NORM_KWARG, None)  # the layer's input_layernorm, left to us (norm_fusion.py)
         kv_cache = kwargs.pop("past_key_values", None)  # 5.17's name; 5.24 still takes it (deprecated)
         if new_cache_api:  # `cache` wins when both are given, as in transformers' renaming decorator
             by_new_name = kwargs.pop("cache", None)
             kv_cache = kv_cache if by_new_name is None else by_new_name
         input_shape = hidden_states.shape[:-1]
         hidden_shape = (*input_shape, -1, self.head_dim)
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        qkv = fused_linear(hidden_states, projections, vars(self).get(QKV_ATTR), linear)
+        projections, fused, qkv = (self.q_proj, self.k_proj, self.v_proj), vars(self).get(QKV_ATTR), None
+        if input_norm is not None:  # the norm folded into the q/k/v GEMV, else applied here
+            qkv = qkv_with_input_norm(ops, linear, hidden_states, projections, fused, input_norm)
+            hidden_states = hidden_states if qkv is not None else input_norm(hidden_states)
+        qkv = qkv if qkv is not None else fused_linear(hidden_states, projections, fused, linear)
         if qkv is not None:  # one GEMM; q, k, v are column slices of its output
             query_states, key_states, value_states = qkv.split(qkv_widths(self, qkv.shape[-1]), dim=-1)
         else:

@@ -1,0 +1,120 @@
+// An RMSNorm and the projection after it as one op: a decode step's input norm + q/k/v, and its residual add +
+// post-attention norm + gate/up (gemv.cu, the GEMV with the norm folded into its loads). Other inputs (more rows
+// than a decode step's, rows that are not whole 16-byte vectors) take the same math through ATen in fp32.
+#include "bindings/checks.h"
+
+#include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/zeros.h>
+
+#include <optional>
+#include <tuple>
+#include <vector>
+
+namespace ltxbench {
+
+cudaError_t launch_norm_gemv(const GemmParams& p, const void* residual, void* h_out, const void* gamma,
+                             float weight_offset, float eps, DType dtype, cudaStream_t stream);  // gemv.cu
+
+namespace {
+
+// The operands' shapes and dtypes; returns (tokens, K, N).
+std::tuple<int64_t, int64_t, int64_t> check_norm_linear(const Tensor& x, const std::optional<Tensor>& residual,
+                                                        const Tensor& norm_weight, const Tensor& weight,
+                                                        const char* op) {
+  check_primary(x, op, "x");
+  TORCH_CHECK(x.dim() >= 1, "ltxbench.", op, ": x must have at least one dim (..., in_features)");
+  const int64_t K = x.size(-1);
+  if (residual) {
+    check_same(*residual, x, op, "residual");
+    TORCH_CHECK(residual->sizes() == x.sizes(), "ltxbench.", op, ": residual must have x's shape ", shape(x.sizes()),
+                ", got ", shape(residual->sizes()));
+  }
+  check_same(norm_weight, x, op, "norm_weight");
+  TORCH_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == K, "ltxbench.", op, ": norm_weight must be (", num(K),
+              ",), got ", shape(norm_weight.sizes()));
+  check_same(weight, x, op, "weight");
+  TORCH_CHECK(weight.dim() == 2 && weight.size(1) == K, "ltxbench.", op, ": weight must be (out_features, "
+              "in_features) = (N, ", num(K), "), got ", shape(weight.sizes()));
+  return {K ? x.numel() / K : 0, K, weight.size(0)};
+}
+
+// The same math through ATen in fp32, for the inputs the GEMV does not take.
+Tensor norm_linear_aten(const Tensor& h, const Tensor& norm_weight, double eps, const Tensor& weight,
+                        double weight_offset) {
+  const Tensor hf = h.to(at::kFloat);
+  const Tensor rstd = hf.mul(hf).mean({-1}, true).add(eps).rsqrt();
+  const Tensor normed = hf.mul(rstd).mul(norm_weight.to(at::kFloat).add(weight_offset));
+  return at::linear(normed, weight.to(at::kFloat)).to(h.scalar_type());
+}
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// out = rms_norm(h) @ weight.T, h = x [+ residual] (returned as h_out when residual is given).
+std::tuple<Tensor, Tensor> norm_linear(const Tensor& x, const std::optional<Tensor>& residual,
+                                       const Tensor& norm_weight, double eps, const Tensor& weight,
+                                       double weight_offset, const char* op) {
+  const auto [tokens, K, N] = check_norm_linear(x, residual, norm_weight, weight, op);
+  const DType dt = dtype_of(x, op, "x");
+  std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
+  out_sizes.back() = N;
+  Tensor h_out = residual ? at::empty(x.sizes(), x.options()) : Tensor();
+  if (tokens == 0 || N == 0 || K == 0) {
+    if (residual && tokens > 0) h_out.copy_(x.to(at::kFloat).add(residual->to(at::kFloat)).to(x.scalar_type()));
+    // K = 0: rms of no elements; the sum over K is empty, so the product is zero whatever the scale
+    return {at::zeros(out_sizes, x.options()), h_out};
+  }
+  const Tensor xr = x.reshape({tokens, K}).contiguous();
+  const Tensor rr = residual ? residual->reshape({tokens, K}).contiguous() : Tensor();
+  const Tensor g = norm_weight.contiguous();
+  const Tensor w = weight.stride(1) == 1 && weight.stride(0) >= K ? weight : weight.contiguous();
+  Tensor out = at::empty({tokens, N}, x.options());
+  GemmParams p;
+  p.tokens = tokens, p.n = N, p.k = K;
+  p.x = xr.data_ptr(), p.ldx = K;
+  p.w = w.data_ptr(), p.ldw = w.stride(0);
+  p.out = out.data_ptr(), p.ldout = N;
+  const int elem = static_cast<int>(x.element_size());
+  const bool takes = tokens <= kGemvMaxRows && gemv_takes(p, elem) && aligned16(g.data_ptr()) &&
+                     (!residual || (aligned16(rr.data_ptr()) && aligned16(h_out.data_ptr())));
+  if (!takes) {
+    const Tensor h = residual ? xr.to(at::kFloat).add(rr.to(at::kFloat)).to(x.scalar_type()) : xr;
+    if (residual) h_out.copy_(h.view(x.sizes()));
+    return {norm_linear_aten(h, g, eps, w, weight_offset).view(out_sizes), h_out};
+  }
+  launch_checked(x, op, [&](cudaStream_t stream) {
+    return launch_norm_gemv(p, residual ? rr.data_ptr() : nullptr, residual ? h_out.data_ptr() : nullptr,
+                            g.data_ptr(), static_cast<float>(weight_offset), static_cast<float>(eps), dt, stream);
+  });
+  return {out.view(out_sizes), h_out};
+}
+
+Tensor rms_norm_linear(const Tensor& x, const Tensor& norm_weight, double eps, const Tensor& weight,
+                       double weight_offset) {
+  NOTE_SOURCE_USED();
+  return std::get<0>(norm_linear(x, std::nullopt, norm_weight, eps, weight, weight_offset, "rms_norm_linear"));
+}
+
+std::tuple<Tensor, Tensor> add_rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
+                                               double eps, const Tensor& weight, double weight_offset) {
+  NOTE_SOURCE_USED();
+  return norm_linear(x, residual, norm_weight, eps, weight, weight_offset, "add_rms_norm_linear");
+}
+
+void register_gemv_norm(torch::Library& m) {
+  m.impl("rms_norm_linear", &rms_norm_linear);
+  m.impl("add_rms_norm_linear", &add_rms_norm_linear);
+}
+
+}  // namespace
+}  // namespace ltxbench
+
+TORCH_LIBRARY_FRAGMENT(ltxbench, m) {
+  m.set_python_module("ltxbench.ops.norm_linear");
+  m.def("rms_norm_linear(Tensor x, Tensor norm_weight, float eps, Tensor weight, float weight_offset=0.0) -> Tensor");
+  m.def("add_rms_norm_linear(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight, "
+        "float weight_offset=0.0) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(ltxbench, CUDA, m) { ltxbench::register_gemv_norm(m); }
+TORCH_LIBRARY_IMPL(ltxbench, CPU, m) { ltxbench::register_gemv_norm(m); }

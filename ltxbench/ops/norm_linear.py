@@ -1,0 +1,85 @@
+"""An RMSNorm and the projection after it as one op, for an LLM's decode step: `rms_norm_linear` (a decoder layer's
+input norm and its q/k/v projection) and `add_rms_norm_linear` (the residual add, the post-attention norm and the
+gate/up projection). Up to 4 rows run on gemv.cu's GEMV with the norm folded into its loads: the normed rows are never
+written, and the norm has no launch of its own; other inputs take the same math through ATen in fp32.
+
+Their fakes (for torch.compile) and pure-torch twins (`reference`, the `reference` provider's) live here too.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+from ltxbench.ops import build
+
+Tensor = torch.Tensor
+_fakes_registered = False
+
+
+def _lib():
+    """torch.ops.ltxbench, loaded, with these ops' fakes registered (they need the ops to exist)."""
+    ops = build.ops()
+    if not _fakes_registered:
+        _register_fakes()
+    return ops
+
+
+def rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, weight_offset: float = 0.0) -> Tensor:
+    """`rms_norm(x) * (weight_offset + norm_weight) @ weight.T` for x (..., K), norm_weight (K,), weight (N, K):
+    fp32 math, rounded once (the normed row is not rounded to x's dtype first, as an unfused norm stores it)."""
+    return _lib().rms_norm_linear(x, norm_weight, eps, weight, weight_offset)
+
+
+def add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
+                        weight_offset: float = 0.0) -> tuple[Tensor, Tensor]:
+    """`h = residual + x` (stored in x's dtype), then `rms_norm_linear(h, ...)`: returns (out, h); nothing in place."""
+    return _lib().add_rms_norm_linear(x, residual, norm_weight, eps, weight, weight_offset)
+
+
+def _check(x, norm_weight, weight, residual=None, op="rms_norm_linear"):
+    torch._check(norm_weight.shape == (x.shape[-1],), lambda: f"{op}: norm_weight must be (in_features,)")
+    torch._check(weight.dim() == 2 and weight.shape[1] == x.shape[-1],
+                 lambda: f"{op}: weight must be (out_features, in_features)")
+    torch._check(residual is None or residual.shape == x.shape, lambda: f"{op}: residual must have x's shape")
+    return torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)
+
+
+def _rms_norm_linear_fake(x, norm_weight, eps, weight, weight_offset=0.0):
+    return _check(x, norm_weight, weight)
+
+
+def _add_rms_norm_linear_fake(x, residual, norm_weight, eps, weight, weight_offset=0.0):
+    out = _check(x, norm_weight, weight, residual, "add_rms_norm_linear")
+    return out, torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+def _register_fakes() -> None:
+    global _fakes_registered
+    torch.library.register_fake("ltxbench::rms_norm_linear", _rms_norm_linear_fake)
+    torch.library.register_fake("ltxbench::add_rms_norm_linear", _add_rms_norm_linear_fake)
+    _fakes_registered = True
+
+
+def _reference_rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
+                               weight_offset: float = 0.0) -> Tensor:
+    acc = torch.promote_types(x.dtype, torch.float32)
+    h = x.to(acc)
+    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * (norm_weight.to(acc) + weight_offset)
+    return torch.nn.functional.linear(normed, weight.to(acc)).to(x.dtype)
+
+
+def _reference_add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
+                                   weight_offset: float = 0.0) -> tuple[Tensor, Tensor]:
+    acc = torch.promote_types(x.dtype, torch.float32)
+    h = (residual.to(acc) + x.to(acc)).to(x.dtype)
+    return _reference_rms_norm_linear(h, norm_weight, eps, weight, weight_offset), h
+
+
+# The pure-torch twins, by the ops' names (KernelSpec.reference, the `reference` provider).
+reference = types.SimpleNamespace(rms_norm_linear=_reference_rms_norm_linear,
+                                  add_rms_norm_linear=_reference_add_rms_norm_linear)
+
+if build.is_loaded():  # imported by torch for a missing fake (the binding names this module): the ops exist
+    _register_fakes()
