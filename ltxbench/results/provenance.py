@@ -133,7 +133,8 @@ def executed_digest(files: dict[str, str], modules: list[str], kernels: list[str
 def changed_since(git: dict, files: dict[str, str], root: Path | None = None) -> list[str] | None:
     """The files a recorded run executed (`git`: a result's env.git) whose content at the checkout's commit (`files`)
     differs from the commit it measured (a Python file by its syntax tree: not a comment, docstring or layout
-    change); None where that commit's files cannot be read (no git here, or no list)."""
+    change; a CUDA file without comments and entry markers; a CUDA file added since, never); None where that commit's
+    files cannot be read (no git here, or no list)."""
     if not git or not git.get("sha") or git.get("executed") is None:
         return None
     measured = _committed_blobs(root or repository_root(), git["sha"])
@@ -142,8 +143,15 @@ def changed_since(git: dict, files: dict[str, str], root: Path | None = None) ->
     names = executed_files(measured, git["executed"], git.get("executed_kernels")) | \
         executed_files(files, git["executed"], git.get("executed_kernels"))
     root = root or repository_root()
-    return sorted(name for name in names if measured.get(name) != files.get(name)
+    return sorted(name for name in names if measured.get(name) != files.get(name) and not _added_source(name, measured)
                   and not _same_code(root, name, measured.get(name), files.get(name)))
+
+
+def _added_source(name: str, measured: dict[str, str]) -> bool:
+    """A CUDA source the measured commit did not have: not code its run entered (a kernel or binding file is reached
+    only through a call, a header only through an include, from a file that existed and so changed too). Configs and
+    data files count when added: a folder of them may be read whole."""
+    return name.startswith(KERNELS) and name not in measured
 
 
 def _same_code(root: Path, name: str, before: str | None, after: str | None) -> bool:

@@ -252,11 +252,17 @@ def test_changed_since_names_what_the_run_executed_that_differs_now(checkout):
     git = {**prov.from_git(checkout), "executed": ["ltxbench/run.py"], "executed_kernels": ["cuda/norm.cu"]}
     for name in ("ltxbench/other.py", "cuda/gemv.cu", "docs/d.md", "ltxbench/run.py", "cuda/common/h.cuh"):
         (checkout / name).write_text("2\n")
+    # added since: CUDA sources the run cannot have entered (nothing it ran calls or includes them), and a config,
+    # which counts (a folder of them may be read whole)
+    for name in ("cuda/new.cu", "cuda/bindings/new.cpp", "cuda/common/new.cuh", "configs/new.json"):
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / name).write_text("3\n")
+    _git(checkout, "add", ".")
     _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "later")
     files = prov.provenance_and_files(checkout)[1]
-    assert prov.changed_since(git, files, checkout) == ["cuda/common/h.cuh", "ltxbench/run.py"]
+    assert prov.changed_since(git, files, checkout) == ["configs/new.json", "cuda/common/h.cuh", "ltxbench/run.py"]
     assert prov.changed_since({**git, "executed_kernels": None}, files, checkout) == [
-        "cuda/common/h.cuh", "cuda/gemv.cu", "ltxbench/run.py"]  # without the list, every kernel file counts
+        "configs/new.json", "cuda/common/h.cuh", "cuda/gemv.cu", "ltxbench/run.py"]  # without the list: every kernel
     assert prov.changed_since({**git, "executed": None}, files, checkout) is None
     assert prov.changed_since({**git, "sha": "0" * 40}, files, checkout) is None  # a commit this checkout lacks
 
