@@ -35,7 +35,17 @@ struct NormArgs {
   float weight_offset = 0.f, eps = 1e-6f;
 };
 
-template <typename T, int M, Prologue P>
+// SiLU as act.cu computes it for a SwiGLU (the fast form for 16-bit outputs), so that the epilogue below gives what
+// the GEMV followed by ops.swiglu gives.
+template <typename T> __device__ __forceinline__ float silu_times(float g, float u) {
+  if constexpr (sizeof(T) == 2) return u * __fdividef(g, 1.f + __expf(-g));
+  return u * (g / (1.f + expf(-g)));
+}
+
+// SWIGLU: W is [gate | up] (N = 2I rows) and out (M, I) = swiglu(x @ Wᵀ): a block takes gate rows j, j + 1 and the
+// up rows I + j, I + j + 1, so that its epilogue holds each pair it writes (both sums rounded to T first, as the
+// unfused GEMV stores them).
+template <typename T, int M, Prologue P, bool SWIGLU>
 __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p, NormArgs norm) {
   if constexpr (unsupported_here<T>()) {
     __trap();
@@ -43,11 +53,18 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p, NormArgs n
     constexpr int VEC = 16 / sizeof(T);
     constexpr int kSums = kRows * M + (P == Prologue::None ? 0 : M);  // the products, then each row's sum of x²
     __shared__ float partial[kThreads / 32][kSums];
-    const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kRows;
-    const int rows = static_cast<int>(p.n - n0 < kRows ? p.n - n0 : kRows);
+    const int64_t half = p.n / 2, n0 = static_cast<int64_t>(blockIdx.x) * (SWIGLU ? 2 : kRows);
+    const int rows = static_cast<int>(SWIGLU ? (half - n0 < 2 ? half - n0 : 2) : (p.n - n0 < kRows ? p.n - n0 : kRows));
     const int64_t nvec = p.k / VEC;
-    const T* w = static_cast<const T*>(p.w) + n0 * p.ldw;
+    const T* w = static_cast<const T*>(p.w);
     const T* x = static_cast<const T*>(p.x);
+    const T* wrow[kRows];  // the block's weight rows; `live`: within the matrix
+    bool live[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      live[r] = SWIGLU ? r % 2 < rows : r < rows;
+      wrow[r] = w + (SWIGLU ? (r < 2 ? 0 : half) + n0 + r % 2 : n0 + r) * p.ldw;
+    }
 
     float acc[kRows][M] = {};
     float sumsq[M] = {};
@@ -56,7 +73,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p, NormArgs n
       Vec<T, VEC> wr[kRows];
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {  // every weight load of the step issued before any arithmetic
-        if (r < rows) wr[r] = load_raw<T, VEC>(w + r * p.ldw + j * VEC);
+        if (live[r]) wr[r] = load_raw<T, VEC>(wrow[r] + j * VEC);
       }
       float gv[VEC];
       if constexpr (P != Prologue::None) {
@@ -81,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p, NormArgs n
         }
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          if (r >= rows) continue;
+          if (!live[r]) continue;
           float wf[VEC];
           widen<T, VEC>(wr[r], wf);
 #pragma unroll
@@ -105,33 +122,38 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p, NormArgs n
       for (int m = 0; m < M; ++m) warp_sum(sumsq[m], kRows * M + m);
     }
     __syncthreads();
-    if (threadIdx.x < rows * M) {  // one thread per output: the warps' sums, the bias, the residual, one rounding
+    // one thread per output: the warps' sums (a row's 1/rms), the bias, the residual or the SwiGLU, one rounding
+    if (threadIdx.x < rows * M) {
       const int r = threadIdx.x / M, m = threadIdx.x % M;
-      float sum = 0.f;
+      auto total = [&](int slot) {
+        float sum = 0.f;
 #pragma unroll
-      for (int g = 0; g < kThreads / 32; ++g) sum += partial[g][threadIdx.x];
-      if constexpr (P != Prologue::None) {
-        float ss = 0.f;
-#pragma unroll
-        for (int g = 0; g < kThreads / 32; ++g) ss += partial[g][kRows * M + m];
-        sum *= rsqrtf(ss / static_cast<float>(p.k) + norm.eps);
-      }
+        for (int g = 0; g < kThreads / 32; ++g) sum += partial[g][slot];
+        return sum;
+      };
+      const float scale = P == Prologue::None ? 1.f : rsqrtf(total(kRows * M + m) / static_cast<float>(p.k) + norm.eps);
       const int64_t n = n0 + r;
-      if (p.bias) sum += to_float<T>(static_cast<const T*>(p.bias)[n]);
-      if (p.residual) sum += to_float<T>(static_cast<const T*>(p.residual)[m * p.ldout + n]);
-      static_cast<T*>(p.out)[m * p.ldout + n] = from_float<T>(sum);
+      if constexpr (SWIGLU) {  // r: the pair; its gate sum in slot r, its up sum two rows on
+        const float g = round_to<T>(total(threadIdx.x) * scale), u = round_to<T>(total((2 + r) * M + m) * scale);
+        static_cast<T*>(p.out)[m * p.ldout + n] = from_float<T>(silu_times<T>(g, u));
+      } else {
+        float sum = total(threadIdx.x) * scale;
+        if (p.bias) sum += to_float<T>(static_cast<const T*>(p.bias)[n]);
+        if (p.residual) sum += to_float<T>(static_cast<const T*>(p.residual)[m * p.ldout + n]);
+        static_cast<T*>(p.out)[m * p.ldout + n] = from_float<T>(sum);
+      }
     }
   }
 }
 
-template <typename T, Prologue P> cudaError_t launch_gemv_typed(const GemmParams& p, const NormArgs& norm,
-                                                                cudaStream_t stream) {
-  const unsigned blocks = static_cast<unsigned>((p.n + kRows - 1) / kRows);
+template <typename T, Prologue P, bool SWIGLU = false>
+cudaError_t launch_gemv_typed(const GemmParams& p, const NormArgs& norm, cudaStream_t stream) {
+  const unsigned blocks = static_cast<unsigned>(SWIGLU ? (p.n / 2 + 1) / 2 : (p.n + kRows - 1) / kRows);
   switch (p.tokens) {
-    case 1: gemv_kernel<T, 1, P><<<blocks, kThreads, 0, stream>>>(p, norm); break;
-    case 2: gemv_kernel<T, 2, P><<<blocks, kThreads, 0, stream>>>(p, norm); break;
-    case 3: gemv_kernel<T, 3, P><<<blocks, kThreads, 0, stream>>>(p, norm); break;
-    case 4: gemv_kernel<T, 4, P><<<blocks, kThreads, 0, stream>>>(p, norm); break;
+    case 1: gemv_kernel<T, 1, P, SWIGLU><<<blocks, kThreads, 0, stream>>>(p, norm); break;
+    case 2: gemv_kernel<T, 2, P, SWIGLU><<<blocks, kThreads, 0, stream>>>(p, norm); break;
+    case 3: gemv_kernel<T, 3, P, SWIGLU><<<blocks, kThreads, 0, stream>>>(p, norm); break;
+    case 4: gemv_kernel<T, 4, P, SWIGLU><<<blocks, kThreads, 0, stream>>>(p, norm); break;
     default: return cudaErrorInvalidValue;
   }
   return cudaGetLastError();
@@ -155,16 +177,20 @@ cudaError_t launch_gemv(const GemmParams& p, DType dtype, cudaStream_t stream) {
 }
 
 // out = rms_norm(h) @ wᵀ with h = x, or h = x + residual (written to h_out) where residual is given: the norm's
-// weight (gamma, K) plus weight_offset, fp32 math, one rounding (declared where it is called: bindings/gemv_norm.cpp).
-// The operands as gemv_takes wants them, the residual at x's pitch, gamma and h_out dense and 16-byte aligned.
+// weight (gamma, K) plus weight_offset, fp32 math, one rounding; with swiglu, w is [gate | up] (p.n = 2I rows) and out
+// (M, I) at pitch p.ldout its SwiGLU (declared where it is called: bindings/gemv_norm.cpp). The operands as
+// gemv_takes wants them, the residual at x's pitch, gamma and h_out dense and 16-byte aligned.
 cudaError_t launch_norm_gemv(const GemmParams& p, const void* residual, void* h_out, const void* gamma,
-                             float weight_offset, float eps, DType dtype, cudaStream_t stream) {
+                             float weight_offset, float eps, bool swiglu, DType dtype, cudaStream_t stream) {
   NOTE_SOURCE_USED();
   const NormArgs norm{residual, h_out, gamma, weight_offset, eps};
   return dispatch_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    return residual ? launch_gemv_typed<T, Prologue::AddNorm>(p, norm, stream)
-                    : launch_gemv_typed<T, Prologue::Norm>(p, norm, stream);
+    if (residual)
+      return swiglu ? launch_gemv_typed<T, Prologue::AddNorm, true>(p, norm, stream)
+                    : launch_gemv_typed<T, Prologue::AddNorm>(p, norm, stream);
+    return swiglu ? launch_gemv_typed<T, Prologue::Norm, true>(p, norm, stream)
+                  : launch_gemv_typed<T, Prologue::Norm>(p, norm, stream);
   });
 }
 

@@ -1,20 +1,22 @@
 // An RMSNorm and the projection after it as one op: a decode step's input norm + q/k/v, and its residual add +
-// post-attention norm + gate/up (gemv.cu, the GEMV with the norm folded into its loads). Other inputs (more rows
+// post-attention norm + gate/up [+ SwiGLU] (gemv.cu, the GEMV with the norm folded into its loads). Other inputs (more rows
 // than a decode step's, rows that are not whole 16-byte vectors) take the same math through ATen in fp32.
 #include "bindings/checks.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/linear.h>
+#include <ATen/ops/silu.h>
 #include <ATen/ops/zeros.h>
 
 #include <optional>
+#include <string>
 #include <tuple>
 #include <vector>
 
 namespace ltxbench {
 
 cudaError_t launch_norm_gemv(const GemmParams& p, const void* residual, void* h_out, const void* gamma,
-                             float weight_offset, float eps, DType dtype, cudaStream_t stream);  // gemv.cu
+                             float weight_offset, float eps, bool swiglu, DType dtype, cudaStream_t stream);  // gemv.cu
 
 namespace {
 
@@ -41,23 +43,33 @@ std::tuple<int64_t, int64_t, int64_t> check_norm_linear(const Tensor& x, const s
 
 // The same math through ATen in fp32, for the inputs the GEMV does not take.
 Tensor norm_linear_aten(const Tensor& h, const Tensor& norm_weight, double eps, const Tensor& weight,
-                        double weight_offset) {
+                        double weight_offset, bool swiglu) {
   const Tensor hf = h.to(at::kFloat);
   const Tensor rstd = hf.mul(hf).mean({-1}, true).add(eps).rsqrt();
   const Tensor normed = hf.mul(rstd).mul(norm_weight.to(at::kFloat).add(weight_offset));
-  return at::linear(normed, weight.to(at::kFloat)).to(h.scalar_type());
+  const Tensor out = at::linear(normed, weight.to(at::kFloat)).to(h.scalar_type());
+  if (!swiglu) return out;
+  const int64_t half = out.size(-1) / 2;  // [gate | up], each rounded as the GEMV stores it, then silu(gate) * up
+  return at::silu(out.narrow(-1, 0, half).to(at::kFloat)).mul(out.narrow(-1, half, half).to(at::kFloat))
+      .to(h.scalar_type());
 }
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
-// out = rms_norm(h) @ weight.T, h = x [+ residual] (returned as h_out when residual is given).
+// out = rms_norm(h) @ weight.T [through a SwiGLU], h = x [+ residual] (returned as h_out when residual is given).
 std::tuple<Tensor, Tensor> norm_linear(const Tensor& x, const std::optional<Tensor>& residual,
                                        const Tensor& norm_weight, double eps, const Tensor& weight,
-                                       double weight_offset, const char* op) {
+                                       double weight_offset, const std::string& activation, const char* op) {
   const auto [tokens, K, N] = check_norm_linear(x, residual, norm_weight, weight, op);
   const DType dt = dtype_of(x, op, "x");
+  TORCH_CHECK(activation == "none" || activation == "swiglu", "ltxbench.", op, ": activation must be 'none' or "
+              "'swiglu', got '", activation, "'");
+  const bool swiglu = activation == "swiglu";
+  TORCH_CHECK(!swiglu || N % 2 == 0, "ltxbench.", op, ": activation 'swiglu' takes weight [gate | up] with an even "
+              "number of rows, got ", num(N));
+  const int64_t width = swiglu ? N / 2 : N;
   std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end());
-  out_sizes.back() = N;
+  out_sizes.back() = width;
   Tensor h_out = residual ? at::empty(x.sizes(), x.options()) : Tensor();
   if (tokens == 0 || N == 0 || K == 0) {
     if (residual && tokens > 0) h_out.copy_(x.to(at::kFloat).add(residual->to(at::kFloat)).to(x.scalar_type()));
@@ -68,23 +80,24 @@ std::tuple<Tensor, Tensor> norm_linear(const Tensor& x, const std::optional<Tens
   const Tensor rr = residual ? residual->reshape({tokens, K}).contiguous() : Tensor();
   const Tensor g = norm_weight.contiguous();
   const Tensor w = weight.stride(1) == 1 && weight.stride(0) >= K ? weight : weight.contiguous();
-  Tensor out = at::empty({tokens, N}, x.options());
+  Tensor out = at::empty({tokens, width}, x.options());
   GemmParams p;
   p.tokens = tokens, p.n = N, p.k = K;
   p.x = xr.data_ptr(), p.ldx = K;
   p.w = w.data_ptr(), p.ldw = w.stride(0);
-  p.out = out.data_ptr(), p.ldout = N;
+  p.out = out.data_ptr(), p.ldout = width;
   const int elem = static_cast<int>(x.element_size());
   const bool takes = tokens <= kGemvMaxRows && gemv_takes(p, elem) && aligned16(g.data_ptr()) &&
                      (!residual || (aligned16(rr.data_ptr()) && aligned16(h_out.data_ptr())));
   if (!takes) {
     const Tensor h = residual ? xr.to(at::kFloat).add(rr.to(at::kFloat)).to(x.scalar_type()) : xr;
     if (residual) h_out.copy_(h.view(x.sizes()));
-    return {norm_linear_aten(h, g, eps, w, weight_offset).view(out_sizes), h_out};
+    return {norm_linear_aten(h, g, eps, w, weight_offset, swiglu).view(out_sizes), h_out};
   }
   launch_checked(x, op, [&](cudaStream_t stream) {
     return launch_norm_gemv(p, residual ? rr.data_ptr() : nullptr, residual ? h_out.data_ptr() : nullptr,
-                            g.data_ptr(), static_cast<float>(weight_offset), static_cast<float>(eps), dt, stream);
+                            g.data_ptr(), static_cast<float>(weight_offset), static_cast<float>(eps), swiglu, dt,
+                            stream);
   });
   return {out.view(out_sizes), h_out};
 }
@@ -92,13 +105,14 @@ std::tuple<Tensor, Tensor> norm_linear(const Tensor& x, const std::optional<Tens
 Tensor rms_norm_linear(const Tensor& x, const Tensor& norm_weight, double eps, const Tensor& weight,
                        double weight_offset) {
   NOTE_SOURCE_USED();
-  return std::get<0>(norm_linear(x, std::nullopt, norm_weight, eps, weight, weight_offset, "rms_norm_linear"));
+  return std::get<0>(norm_linear(x, std::nullopt, norm_weight, eps, weight, weight_offset, "none", "rms_norm_linear"));
 }
 
 std::tuple<Tensor, Tensor> add_rms_norm_linear(const Tensor& x, const Tensor& residual, const Tensor& norm_weight,
-                                               double eps, const Tensor& weight, double weight_offset) {
+                                               double eps, const Tensor& weight, double weight_offset,
+                                               const std::string& activation) {
   NOTE_SOURCE_USED();
-  return norm_linear(x, residual, norm_weight, eps, weight, weight_offset, "add_rms_norm_linear");
+  return norm_linear(x, residual, norm_weight, eps, weight, weight_offset, activation, "add_rms_norm_linear");
 }
 
 void register_gemv_norm(torch::Library& m) {
@@ -113,7 +127,7 @@ TORCH_LIBRARY_FRAGMENT(ltxbench, m) {
   m.set_python_module("ltxbench.ops.norm_linear");
   m.def("rms_norm_linear(Tensor x, Tensor norm_weight, float eps, Tensor weight, float weight_offset=0.0) -> Tensor");
   m.def("add_rms_norm_linear(Tensor x, Tensor residual, Tensor norm_weight, float eps, Tensor weight, "
-        "float weight_offset=0.0) -> (Tensor, Tensor)");
+        "float weight_offset=0.0, str activation='none') -> (Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ltxbench, CUDA, m) { ltxbench::register_gemv_norm(m); }

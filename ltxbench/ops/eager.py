@@ -273,10 +273,15 @@ def llm_rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tens
 
 
 def llm_add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
-                            weight_offset: float = 0.0) -> tuple[Tensor, Tensor]:
-    """LlamaDecoderLayer's `residual + hidden`, post_attention_layernorm, then the gate/up projection."""
+                            weight_offset: float = 0.0, activation: str = "none") -> tuple[Tensor, Tensor]:
+    """LlamaDecoderLayer's `residual + hidden`, post_attention_layernorm, then the gate/up projection (and with
+    "swiglu" LlamaMLP's `act_fn(gate) * up`)."""
     h = residual + x
-    return llm_rms_norm_linear(h, norm_weight, eps, weight, weight_offset), h
+    out = llm_rms_norm_linear(h, norm_weight, eps, weight, weight_offset)
+    if activation == "swiglu":
+        gate, up = out.chunk(2, dim=-1)
+        out = F.silu(gate) * up
+    return out, h
 
 
 def ltxbench_rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
@@ -289,12 +294,13 @@ def ltxbench_rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight:
 
 
 def ltxbench_add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
-                                 weight_offset: float = 0.0) -> tuple[Tensor, Tensor]:
+                                 weight_offset: float = 0.0, activation: str = "none") -> tuple[Tensor, Tensor]:
     from ltxbench import ops
 
     normed, h = ops.fused_add_rms_norm(x, residual, norm_weight, eps, cast_before_weight=weight_offset == 0,
                                        weight_offset=weight_offset)
-    return ops.linear(normed, weight), h
+    out = ops.linear(normed, weight)
+    return (ops.swiglu(out, 0) if activation == "swiglu" else out), h
 
 
 def torch_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none",

@@ -80,8 +80,9 @@ def inputs_linear(shape, dtype, device, gen, variant):
     return inputs
 
 
-NORM_LINEAR_OUT = 91  # an odd N where the shape does not name one
-NORM_LINEAR_OFFSET = {"llama": 0.0, "gemma": 1.0}  # the norm's weight_offset: Gemma 3 scales by 1 + weight
+NORM_LINEAR_OUT = 91  # an odd N where the shape does not name one (a SwiGLU's: 2 x 91)
+# variant: the norm's weight_offset (Gemma 3 scales by 1 + weight) and the activation after the projection
+NORM_LINEAR_VARIANTS = {"llama": (0.0, "none"), "gemma": (1.0, "none"), "llama-swiglu": (0.0, "swiglu")}
 
 
 def inputs_norm_linear(shape, dtype, device, gen, variant, residual: bool = False):
@@ -89,18 +90,21 @@ def inputs_norm_linear(shape, dtype, device, gen, variant, residual: bool = Fals
     the norm's weight near 1 (Llama) or near 0 around the offset 1 (Gemma), an nn.Linear weight (N, K) at its init
     scale, and with `residual` the residual stream (B, S, K)."""
     b, s, k, *rest = shape
-    n = rest[0] if rest else NORM_LINEAR_OUT
+    offset, activation = NORM_LINEAR_VARIANTS[variant]
+    n = rest[0] if rest else NORM_LINEAR_OUT * (2 if activation == "swiglu" else 1)
     x = torch.randn((b, s, k), generator=gen)
     x[..., ::37] *= 10.0
-    offset = NORM_LINEAR_OFFSET[variant]
     norm_weight = (1.0 - offset) + 0.2 * torch.randn((k,), generator=gen)
     weight = (2 * torch.rand((n, k), generator=gen) - 1) * max(k, 1) ** -0.5
     inputs = {"x": x.to(device=device, dtype=dtype)}
     if residual:
         inputs["residual"] = _randn((b, s, k), dtype, device, gen)
-    return {**inputs, "norm_weight": norm_weight.to(device=device, dtype=dtype), "eps": 1e-5,
-            "weight": weight.to(device=device, dtype=dtype), "weight_offset": offset}
+    inputs = {**inputs, "norm_weight": norm_weight.to(device=device, dtype=dtype), "eps": 1e-5,
+              "weight": weight.to(device=device, dtype=dtype), "weight_offset": offset}
+    return {**inputs, "activation": activation} if residual else inputs
 
 
 def inputs_add_norm_linear(shape, dtype, device, gen, variant):
+    """inputs_norm_linear's with the residual stream, and the variant's activation ("llama-swiglu": the weight
+    [gate | up])."""
     return inputs_norm_linear(shape, dtype, device, gen, variant, residual=True)

@@ -33,25 +33,29 @@ def rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor, 
 
 
 def add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
-                        weight_offset: float = 0.0) -> tuple[Tensor, Tensor]:
-    """`h = residual + x` (stored in x's dtype), then `rms_norm_linear(h, ...)`: returns (out, h); nothing in place."""
-    return _lib().add_rms_norm_linear(x, residual, norm_weight, eps, weight, weight_offset)
+                        weight_offset: float = 0.0, activation: str = "none") -> tuple[Tensor, Tensor]:
+    """`h = residual + x` (stored in x's dtype), then `rms_norm_linear(h, ...)`: returns (out, h); nothing in place.
+    activation "swiglu": weight is [gate | up] (2I, K) and out `silu(gate) * up` (..., I), each half rounded to x's
+    dtype first, as `ops.swiglu` of the projection's output computes it."""
+    return _lib().add_rms_norm_linear(x, residual, norm_weight, eps, weight, weight_offset, activation)
 
 
-def _check(x, norm_weight, weight, residual=None, op="rms_norm_linear"):
+def _check(x, norm_weight, weight, residual=None, op="rms_norm_linear", activation="none"):
     torch._check(norm_weight.shape == (x.shape[-1],), lambda: f"{op}: norm_weight must be (in_features,)")
     torch._check(weight.dim() == 2 and weight.shape[1] == x.shape[-1],
                  lambda: f"{op}: weight must be (out_features, in_features)")
     torch._check(residual is None or residual.shape == x.shape, lambda: f"{op}: residual must have x's shape")
-    return torch.empty((*x.shape[:-1], weight.shape[0]), dtype=x.dtype, device=x.device)
+    torch._check(activation in ("none", "swiglu"), lambda: f"{op}: activation must be 'none' or 'swiglu'")
+    width = weight.shape[0] // 2 if activation == "swiglu" else weight.shape[0]
+    return torch.empty((*x.shape[:-1], width), dtype=x.dtype, device=x.device)
 
 
 def _rms_norm_linear_fake(x, norm_weight, eps, weight, weight_offset=0.0):
     return _check(x, norm_weight, weight)
 
 
-def _add_rms_norm_linear_fake(x, residual, norm_weight, eps, weight, weight_offset=0.0):
-    out = _check(x, norm_weight, weight, residual, "add_rms_norm_linear")
+def _add_rms_norm_linear_fake(x, residual, norm_weight, eps, weight, weight_offset=0.0, activation="none"):
+    out = _check(x, norm_weight, weight, residual, "add_rms_norm_linear", activation)
     return out, torch.empty(x.shape, dtype=x.dtype, device=x.device)
 
 
@@ -71,10 +75,14 @@ def _reference_rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weigh
 
 
 def _reference_add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
-                                   weight_offset: float = 0.0) -> tuple[Tensor, Tensor]:
+                                   weight_offset: float = 0.0, activation: str = "none") -> tuple[Tensor, Tensor]:
     acc = torch.promote_types(x.dtype, torch.float32)
     h = (residual.to(acc) + x.to(acc)).to(x.dtype)
-    return _reference_rms_norm_linear(h, norm_weight, eps, weight, weight_offset), h
+    out = _reference_rms_norm_linear(h, norm_weight, eps, weight, weight_offset)
+    if activation == "swiglu":
+        gate, up = out.to(acc).chunk(2, dim=-1)
+        out = (torch.nn.functional.silu(gate) * up).to(x.dtype)
+    return out, h
 
 
 # The pure-torch twins, by the ops' names (KernelSpec.reference, the `reference` provider).

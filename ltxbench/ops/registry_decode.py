@@ -27,13 +27,14 @@ DECODE_SPECS = (
     ),
     KernelSpec(
         name="add_rms_norm_linear",
-        summary="h = residual + x; (rms_norm(h) * (offset + norm_weight) @ weight.T, h): <= 4 rows on gemv.cu",
-        make_inputs=inputs_add_norm_linear, variants=("llama", "gemma"), n_outputs=2,
+        summary="h = residual + x; (rms_norm(h) * (offset + norm_weight) @ weight.T [-> swiglu], h): <= 4 rows on "
+                "gemv.cu",
+        make_inputs=inputs_add_norm_linear, variants=("llama", "gemma", "llama-swiglu"), n_outputs=2,
         home="ltxbench.ops.norm_linear",
         baselines={"eager": eager.llm_add_rms_norm_linear, "ltxbench-unfused": eager.ltxbench_add_rms_norm_linear},
         aliases=("add_rmsnorm_linear",), test_shapes=TEST_SHAPES + GEMV_TEST_SHAPES,
         bench_shapes=LLM_NORM_LINEAR_SHAPES,
-        inject_targets=("an LLM decode step's residual add + post_attention_layernorm + gate/up projection",),
-        written=lambda inputs: _written(inputs) + nbytes(inputs["x"]),
+        inject_targets=("an LLM decode step's residual add + post_attention_layernorm + gate/up projection + SwiGLU",),
+        written=lambda inputs: _written(inputs) // (2 if inputs["activation"] == "swiglu" else 1) + nbytes(inputs["x"]),
     ),
 )

@@ -730,9 +730,10 @@ def test_the_rope_tables_kept_stay_few_where_layer_0_is_not_patched():
 
 
 def test_decode_rows_fold_the_norms_unless_switched_off_or_observed(spy, monkeypatch):
-    """A decode step's rows run input_layernorm + q/k/v and the residual add + post_attention_layernorm + gate/up as one
-    op each; LTXBENCH_NORM_GEMV=0 keeps the norms apart; a hook on a layer's input_layernorm or attention sees what it
-    saw before (the norm's call, the normed input), that layer's input norm unfolded. The same logits every way."""
+    """A decode step's rows run input_layernorm + q/k/v and the residual add + post_attention_layernorm + gate/up +
+    SwiGLU as one op each; LTXBENCH_NORM_GEMV=0 keeps the norms and the SwiGLU apart; a hook on a layer's
+    input_layernorm or attention sees what it saw before (the norm's call, the normed input), that layer's input norm
+    unfolded. The same logits every way."""
     from ltxbench.inject.llm.norm_fusion import KNOB
 
     model = llm_build("llama")
@@ -742,12 +743,14 @@ def test_decode_rows_fold_the_norms_unless_switched_off_or_observed(spy, monkeyp
         expected = model(ids).logits
     with llm.apply_kernels(model, "reference"), torch.no_grad():
         assert torch.equal(model(ids).logits, expected)
-    assert spy["rms_norm_linear"] == spy["add_rms_norm_linear"] == layers and spy["fused_add_rms_norm"] == 0
+    assert spy["rms_norm_linear"] == spy["add_rms_norm_linear"] == layers  # the SwiGLU inside the gate/up op
+    assert spy["fused_add_rms_norm"] == spy["swiglu"] == 0
     spy.clear()
     monkeypatch.setenv(KNOB, "0")
     with llm.apply_kernels(model, "reference"), torch.no_grad():
         assert torch.equal(model(ids).logits, expected)
-    assert spy["rms_norm_linear"] == spy["add_rms_norm_linear"] == 0 and spy["fused_add_rms_norm"] == layers
+    assert spy["rms_norm_linear"] == spy["add_rms_norm_linear"] == 0
+    assert spy["fused_add_rms_norm"] == spy["swiglu"] == layers
     monkeypatch.delenv(KNOB)
     spy.clear()
     seen = []

@@ -157,13 +157,25 @@ LLM_MUTATIONS = {
 }
 
 
-# A decode step's rows (at most 4): the norms folded into the q/k/v and gate/up GEMVs (inject/llm/norm_fusion.py).
+def _folded_swiglu(provider):
+    """add_rms_norm_linear with its SwiGLU output 1% larger."""
+    fn = provider.add_rms_norm_linear
+
+    def mutated(*args, **kwargs):
+        out, h = fn(*args, **kwargs)
+        return (out * PERTURBED if kwargs.get("activation") == "swiglu" else out), h
+
+    return mutated
+
+
+# A decode step's rows (at most 4): the norms folded into the q/k/v and gate/up GEMVs, the SwiGLU into the latter's
+# epilogue (inject/llm/norm_fusion.py).
 LLM_DECODE_MUTATIONS = {
     "folded norm weight": {op: _scaled(op, norm_weight=PERTURBED) for op in ("rms_norm_linear", "add_rms_norm_linear")},
     "folded eps": {op: _scaled(op, eps=PERTURBED) for op in ("rms_norm_linear", "add_rms_norm_linear")},
     "folded residual": {"add_rms_norm_linear": _scaled("add_rms_norm_linear", residual=PERTURBED)},
+    "folded swiglu": {"add_rms_norm_linear": _folded_swiglu},
     "rope angle": {"rope_1d": _rope_angle},
-    "swiglu": {"swiglu": _swiglu},
 }
 
 

@@ -564,18 +564,27 @@ def test_linear_few_rows_in_any_row_pitch(rows, variant, dtype):
 
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5])
-@pytest.mark.parametrize("name", ["rms_norm_linear", "add_rms_norm_linear"])
-@pytest.mark.parametrize("variant", ["llama", "gemma"])
-def test_norm_linear_few_rows_in_any_row_pitch(name, rows, variant, dtype):
-    """The GEMV with the norm folded in (at most 4 rows; 5 go through ATen) at Llama's K and odd N, on a weight of a
-    wider buffer's rows (a fused projection's rows), and a misaligned x (the ATen path): h written by block 0 only,
-    every output row scaled by its own row's 1/rms."""
+@pytest.mark.parametrize("name,variant", [("rms_norm_linear", "llama"), ("rms_norm_linear", "gemma"),
+                                          ("add_rms_norm_linear", "llama"), ("add_rms_norm_linear", "gemma"),
+                                          ("add_rms_norm_linear", "llama-swiglu")])
+def test_norm_linear_few_rows_in_any_row_pitch(name, variant, rows, dtype):
+    """The GEMV with the norm folded in (at most 4 rows; 5 go through ATen) at Llama's K and odd N (a SwiGLU: an odd
+    number of gate/up pairs, so that a block holds one), on a weight of a wider buffer's rows (a fused projection's
+    rows), and a misaligned x (the ATen path): h written by block 0 only, every output row scaled by its own row's
+    1/rms. The SwiGLU epilogue gives bit for bit the unfused op followed by ops.swiglu."""
+    from ltxbench import ops
+
     spec = SPECS[name]
-    for k, n in ((4096, 1027), (14336, 61), (8, 3)):
+    swiglu = variant.endswith("swiglu")
+    for k, n in ((4096, 1026 if swiglu else 1027), (14336, 62 if swiglu else 61), (8, 6 if swiglu else 3)):
         inputs = spec.make_inputs((1, rows, k, n), DTYPES[dtype], "cuda", _gen(rows), variant)
         _check(spec, inputs, DTYPES[dtype])
         _check(spec, {**inputs, "weight": restride(inputs["weight"], "row-padded")}, DTYPES[dtype])
         _check(spec, {**inputs, "x": restride(inputs["x"], "misaligned")}, DTYPES[dtype])
+        if swiglu and rows <= 4:  # the epilogue's SiLU is act.cu's (fast for 16-bit, libm for fp32)
+            out, h = spec.fn(**inputs)
+            plain, h2 = spec.fn(**{**inputs, "activation": "none"})
+            assert torch.equal(out, ops.swiglu(plain, 0)) and torch.equal(h, h2)
 
 
 @pytest.mark.parametrize("name", ["rms_norm_linear", "add_rms_norm_linear"])

@@ -66,15 +66,15 @@ def _down_takes_residual(mlp, residual) -> bool:
 
 
 def _post_norm_in_gate_up(ops, mlp, attn_out, residual, post):
-    """`h + mlp(post_attention_layernorm(h))`, h = residual + attn_out, with the add and the norm inside the gate/up
-    GEMV (norm_fusion.py) and h added by the down projection's; None where that path does not apply."""
+    """`h + mlp(post_attention_layernorm(h))`, h = residual + attn_out, with the add, the norm and the SwiGLU inside the
+    gate/up GEMV (norm_fusion.py) and h added by the down projection's; None where that path does not apply."""
     if FUSED_ATTR not in vars(mlp) or not _down_takes_residual(mlp, residual):
         return None
-    fused = norm_fusion.gate_up_with_post_norm(ops, mlp, vars(mlp)[FUSED_ATTR], attn_out, residual, post)
+    fused = norm_fusion.swiglu_with_post_norm(ops, mlp, vars(mlp)[FUSED_ATTR], attn_out, residual, post)
     if fused is None:
         return None
-    gate_up, h = fused
-    return ops.linear(ops.swiglu(gate_up, 0), mlp.down_proj.weight, None, "none", h)
+    act, h = fused
+    return ops.linear(act, mlp.down_proj.weight, None, "none", h)
 
 
 def _mlp_into_residual(ops, linear, mlp, x, residual, tuned_gemm: bool):

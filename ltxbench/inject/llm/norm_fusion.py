@@ -1,13 +1,12 @@
 """A decode step's RMSNorms folded into the GEMV after them (ltxbench.ops.norm_linear): a decoder layer's
 input_layernorm into its fused q/k/v projection, and its `residual + attn` add and post_attention_layernorm into its
-fused gate/up projection. Each of those norms was a kernel of its own that wrote the normed row for the next kernel to
-read back; the GEMV reads the whole row anyway, so it sums the squares and applies the weight as it loads it. The
-normed row is then not rounded to the model's dtype before the product (an unfused norm stores it so): the result is
-the fp32 product rounded once. Only where the norm is the patched one, unhooked, and the fused weights still stand for
-their layers; a prompt's rows, a bias (Qwen2's q/k/v) or gradients keep the unfused path.
-`LTXBENCH_NORM_GEMV=0` keeps the norms as kernels of their own (A/B measurements).
+fused gate/up projection, whose epilogue also applies the SwiGLU. Each of those norms (and the SwiGLU) was a kernel of
+its own that wrote a row for the next kernel to read back; the GEMV reads the whole row anyway, so it sums the squares
+and applies the weight as it loads it. The normed row is then not rounded to the model's dtype before the product (an
+unfused norm stores it so): the result is the fp32 product rounded once. Only where the norm is the patched one,
+unhooked, and the fused weights still stand for their layers; a prompt's rows, a bias (Qwen2's q/k/v) or gradients
+keep the unfused path. `LTXBENCH_NORM_GEMV=0` keeps the norms (and the SwiGLU) as kernels of their own (A/B).
 """
-
 from __future__ import annotations
 
 import os
@@ -72,15 +71,16 @@ def qkv_with_input_norm(ops, linear, hidden_states, projections, fused, norm):
     return fused_linear(hidden_states, projections, fused, norm_then_linear)
 
 
-def gate_up_with_post_norm(ops, mlp, fused, attn_out, residual, norm):
-    """(gate_up, h): h = residual + attn_out and the gate/up projection of post_attention_layernorm(h) as one op, or
-    None where it cannot stand for the unfused path (the caller then runs that)."""
+def swiglu_with_post_norm(ops, mlp, fused, attn_out, residual, norm):
+    """(act, h): h = residual + attn_out, and `silu(gate) * up` of post_attention_layernorm(h)'s gate/up projection, as
+    one op (the SwiGLU in the GEMV's epilogue), or None where it cannot stand for the unfused path (the caller then runs
+    that). Only for an MLP the MLP rule fused, which checked that its activation is SiLU."""
     fused_ops = norm_ops(ops)
     layers = (mlp.gate_proj, mlp.up_proj)
 
-    def add_norm_linear(x, weight, bias=None):
+    def add_norm_linear_swiglu(x, weight, bias=None):
         if not (takes(x, norm, weight, bias) and residual.dtype == x.dtype and residual.shape == x.shape):
             return None
-        return fused_ops.add_rms_norm_linear(x, residual, norm.weight, eps_of(norm), weight)
+        return fused_ops.add_rms_norm_linear(x, residual, norm.weight, eps_of(norm), weight, activation="swiglu")
 
-    return fused_linear(attn_out, layers, fused, add_norm_linear)
+    return fused_linear(attn_out, layers, fused, add_norm_linear_swiglu)
