@@ -21,6 +21,7 @@ from ltxbench.cli import app
 from ltxbench.errors import EnvironmentProblem
 from ltxbench.inject import llm
 from ltxbench.inject.fuse import MOVES_RULE
+from ltxbench.inject.llm import layer as llm_layer
 from ltxbench.models import llm as llm_family
 from ltxbench.models import llm_build, llm_run, llm_weights
 
@@ -92,7 +93,7 @@ def test_reference_kernels_give_the_unpatched_logits_within_1e5(smollm2, monkeyp
     into the residual (one rounding instead of two), is swapped for the model's own separate add here, so that the
     1e-5 bound holds the rest to the model's math: with it, 1% more RMSNorm eps moves the logits by ~1e-4."""
     model, tokenizer = smollm2
-    monkeypatch.setattr(llm, "_mlp_into_residual", lambda *args: None)
+    monkeypatch.setattr(llm_layer, "_mlp_into_residual", lambda *args: None)
     before, patched = _logits_unpatched_and_patched(model, _batch(tokenizer))
     print(f"{PRESET} fp32, reference provider, residual added apart: max |patched - unpatched| logit "
           f"{(patched - before).abs().max():.3g}")
