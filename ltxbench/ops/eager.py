@@ -264,45 +264,6 @@ def sdpa_decode_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None =
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
 
 
-def llm_rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
-                        weight_offset: float = 0.0) -> Tensor:
-    """A decoder layer's norm, then the projection after it: LlamaRMSNorm (Gemma3RMSNorm with its offset), nn.Linear."""
-    normed = llama_rms_norm(x, norm_weight, eps) if weight_offset == 0 else \
-        gemma_rms_norm(x, norm_weight, eps, weight_offset)
-    return F.linear(normed, weight)
-
-
-def llm_add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
-                            weight_offset: float = 0.0, activation: str = "none") -> tuple[Tensor, Tensor]:
-    """LlamaDecoderLayer's `residual + hidden`, post_attention_layernorm, then the gate/up projection (and with
-    "swiglu" LlamaMLP's `act_fn(gate) * up`)."""
-    h = residual + x
-    out = llm_rms_norm_linear(h, norm_weight, eps, weight, weight_offset)
-    if activation == "swiglu":
-        gate, up = out.chunk(2, dim=-1)
-        out = F.silu(gate) * up
-    return out, h
-
-
-def ltxbench_rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
-                             weight_offset: float = 0.0) -> Tensor:
-    """The same with our own unfused kernels (rms_norm, then linear): what the fused op saves over them."""
-    from ltxbench import ops
-
-    return ops.linear(ops.rms_norm(x, norm_weight, eps, cast_before_weight=weight_offset == 0,
-                                   weight_offset=weight_offset), weight)
-
-
-def ltxbench_add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
-                                 weight_offset: float = 0.0, activation: str = "none") -> tuple[Tensor, Tensor]:
-    from ltxbench import ops
-
-    normed, h = ops.fused_add_rms_norm(x, residual, norm_weight, eps, cast_before_weight=weight_offset == 0,
-                                       weight_offset=weight_offset)
-    out = ops.linear(normed, weight)
-    return (ops.swiglu(out, 0) if activation == "swiglu" else out), h
-
-
 def torch_linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, activation: str = "none",
                  residual: Tensor | None = None) -> Tensor:
     """nn.Linear (torch's addmm: cuBLASLt's heuristic algorithm), then diffusers' GELU(approximate="tanh"), then

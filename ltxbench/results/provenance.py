@@ -21,10 +21,8 @@ refused: it would describe a commit the files do not hold.
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import json
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,7 +84,8 @@ def executed_modules(root: Path) -> list[str]:
 KERNELS = "cuda/"
 BINDINGS = "cuda/bindings/"
 # What records which code a run executed, and nothing a figure depends on: a change to it leaves results current.
-RECORDERS = ("ltxbench/results/provenance.py", "cuda/common/source_use.h", "cuda/bindings/source_use.cpp")
+RECORDERS = ("ltxbench/results/provenance.py", "ltxbench/results/code_equivalence.py", "cuda/common/source_use.h",
+             "cuda/bindings/source_use.cpp")
 
 
 def is_kernel_file(name: str) -> bool:
@@ -155,58 +154,13 @@ def _added_source(name: str, measured: dict[str, str]) -> bool:
 
 
 def _same_code(root: Path, name: str, before: str | None, after: str | None) -> bool:
-    """Two versions (blob ids) of a Python or CUDA/C++ file that differ only in comments, docstrings, layout or (C++)
-    the entry markers of common/source_use.h, which record a run's files and compute nothing: the same code."""
-    code_of = _python_code if name.endswith(".py") else _cxx_code if name.endswith(CXX) else None
-    if code_of is None or not (before and after):
+    """Two versions (blob ids) of a file that are the same code (code_equivalence.same_code)."""
+    from ltxbench.results.code_equivalence import same_code
+
+    if not (before and after):
         return False
     sources = [_git(["cat-file", "blob", blob], root) for blob in (before, after)]
-    return None not in sources and code_of(sources[0]) is not None and code_of(sources[0]) == code_of(sources[1])
-
-
-CXX = (".cu", ".cuh", ".cpp", ".h")
-# A C++ token stream's pieces: string and character literals (kept whole), comments, the entry marker, whitespace.
-_CXX_PIECES = re.compile(
-    r'"(?:\\.|[^"\\\n])*"' r"|'(?:\\.|[^'\\\n])*'"  # literals
-    r"|//[^\n]*|/\*.*?\*/|NOTE_SOURCE_USED\(\);|\s+" r"""|[^"'/\sN]+|.""",
-    re.S)
-
-
-RECORDER_INCLUDE = '#include "common/source_use.h"'
-
-
-def _cxx_code(source: str) -> str:
-    """A C++ source without its comments, entry markers (and the recorder's include) and layout: string literals
-    kept as written, and the line breaks that end preprocessor directives."""
-    kept, gap = [], ""
-    for piece in _CXX_PIECES.findall(source):
-        if piece.isspace() or piece.startswith(("//", "/*")) or piece == "NOTE_SOURCE_USED();":
-            gap = "\n" if "\n" in piece or gap == "\n" else " "
-        else:
-            kept.append((gap if kept else "") + piece)
-            gap = ""
-    text, directive = "", False
-    for line in "".join(kept).split("\n"):  # ordinary lines joined; a directive (and its continuations) on its own
-        if line == RECORDER_INCLUDE:
-            continue
-        directive = line.startswith("#") or (directive and text.endswith("\\\n"))
-        text += f"\n{line}\n" if directive else line if not text or text.endswith("\n") else " " + line
-    return text
-
-
-def _python_code(source: str) -> str | None:
-    """The syntax tree of a Python source without its docstrings (None where it does not parse)."""
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return None
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and body and \
-                isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and \
-                isinstance(body[0].value.value, str):
-            node.body = body[1:] or [ast.Pass()]
-    return ast.dump(tree)
+    return None not in sources and same_code(name, *sources)
 
 
 def _committed_blobs(root: Path, commit: str = "HEAD") -> dict[str, str] | None:
