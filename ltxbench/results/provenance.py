@@ -12,15 +12,17 @@ is there with its committed content; else dirty, with a hash of what differs. Ei
 commit's `code` digest (code_digest: the blobs of what a run executes), which says whether it still describes a later
 commit that changed only docs or tests. A run's result also names the package modules it imported (`executed`) and
 their digest with the CUDA sources, configs and data (`executed_code`): whether it describes a later commit that
-changed only code the run never imported (another family's injection, the report), and the kernel files it entered
-(`executed_kernels`): a later change to a kernel it never ran leaves it current, as does, where git has both
-versions, a change to a module's comments, docstrings or layout only (changed_since compares syntax trees). A stamp
-also wins over `.git` metadata older than the files (which git would call dirty). A stamp of a dirty checkout is
-refused: it would describe a commit the files do not hold.
+changed only code the run never imported (another family's injection, the report), and the kernel and binding
+files it entered (`executed_kernels`): a later change to a kernel or op it never ran leaves it current,
+as do, where git has both versions, edits that leave the code as it was (changed_since: comments, docstrings, layout,
+entry markers), CUDA sources added since, and changes to the RECORDERS. A stamp also wins over `.git` metadata older
+than the files (which git would call dirty). A stamp of a dirty checkout is refused: it would describe a commit the
+files do not hold.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import subprocess
@@ -136,12 +138,12 @@ def changed_since(git: dict, files: dict[str, str], root: Path | None = None) ->
     files cannot be read (no git here, or no list)."""
     if not git or not git.get("sha") or git.get("executed") is None:
         return None
-    measured = _committed_blobs(root or repository_root(), git["sha"])
+    root = root or repository_root()
+    measured = _blobs_at(root, git["sha"])
     if measured is None:
         return None
     names = executed_files(measured, git["executed"], git.get("executed_kernels")) | \
         executed_files(files, git["executed"], git.get("executed_kernels"))
-    root = root or repository_root()
     return sorted(name for name in names if measured.get(name) != files.get(name) and not _added_source(name, measured)
                   and not _same_code(root, name, measured.get(name), files.get(name)))
 
@@ -153,8 +155,17 @@ def _added_source(name: str, measured: dict[str, str]) -> bool:
     return name.startswith(KERNELS) and name not in measured
 
 
+@functools.cache
+def _blobs_at(root: Path, sha: str) -> dict[str, str] | None:
+    """_committed_blobs of a commit named by its id (never moves: one `git ls-tree` per commit and process, however
+    many stored results measured it). Read only."""
+    return _committed_blobs(root, sha)
+
+
+@functools.cache
 def _same_code(root: Path, name: str, before: str | None, after: str | None) -> bool:
-    """Two versions (blob ids) of a file that are the same code (code_equivalence.same_code)."""
+    """Two versions (blob ids) of a file that are the same code (code_equivalence.same_code); once per pair and
+    process, as many stored results ask about the same files."""
     from ltxbench.results.code_equivalence import same_code
 
     if not (before and after):

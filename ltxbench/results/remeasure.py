@@ -84,8 +84,8 @@ def _wall(path: Path, bench: Benchmark) -> float | None:
 def is_current(path: Path, head: dict, bench: Benchmark | None = None, files: dict | None = None) -> bool:
     """Measured clean (with the benchmark's command, when given) at the checkout's commit, or at one whose code it
     still runs: the same executed_digest of the modules it imported at the checkout's committed `files` (or, where git
-    can tell, no executed file changed but for comments, docstrings or layout of a module), or, for a result without
-    that list, the same code_digest."""
+    can tell, no file it executed changed as code: provenance.changed_since), or, for a result without that list, the
+    same code_digest."""
     document = _document(path)
     git = _git_of(document)
     if not git or git.get("dirty") is not False or (bench is not None and not ran_the_command(document, bench)):
@@ -95,7 +95,7 @@ def is_current(path: Path, head: dict, bench: Benchmark | None = None, files: di
     if git.get("executed_code") is not None and files is not None:
         if executed_digest(files, git.get("executed") or [], git.get("executed_kernels")) == git["executed_code"]:
             return True
-        return changed_since(git, files) == []  # only comments, docstrings or layout of its modules changed
+        return changed_since(git, files) == []
     return git.get("code") is not None and git.get("code") == head.get("code")
 
 
