@@ -27,11 +27,7 @@ std::tuple<int64_t, int64_t, int64_t> check_norm_linear(const Tensor& x, const s
   check_primary(x, op, "x");
   TORCH_CHECK(x.dim() >= 1, "ltxbench.", op, ": x must have at least one dim (..., in_features)");
   const int64_t K = x.size(-1);
-  if (residual) {
-    check_same(*residual, x, op, "residual");
-    TORCH_CHECK(residual->sizes() == x.sizes(), "ltxbench.", op, ": residual must have x's shape ", shape(x.sizes()),
-                ", got ", shape(residual->sizes()));
-  }
+  if (residual) check_like(*residual, x, op, "residual", "x");
   check_same(norm_weight, x, op, "norm_weight");
   TORCH_CHECK(norm_weight.dim() == 1 && norm_weight.size(0) == K, "ltxbench.", op, ": norm_weight must be (", num(K),
               ",), got ", shape(norm_weight.sizes()));

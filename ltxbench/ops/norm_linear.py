@@ -13,6 +13,7 @@ import types
 import torch
 
 from ltxbench.ops import build
+from ltxbench.ops import reference as _reference  # the twins' shared math: reference.py's
 
 Tensor = torch.Tensor
 _fakes_registered = False
@@ -68,21 +69,16 @@ def _register_fakes() -> None:
 
 def _reference_rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
                                weight_offset: float = 0.0) -> Tensor:
-    acc = torch.promote_types(x.dtype, torch.float32)
-    h = x.to(acc)
-    normed = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * (norm_weight.to(acc) + weight_offset)
-    return torch.nn.functional.linear(normed, weight.to(acc)).to(x.dtype)
+    acc = _reference._acc(x)
+    normed = _reference._rms(x.to(acc), eps) * (norm_weight.to(acc) + weight_offset)
+    return _reference.linear(normed, weight).to(x.dtype)
 
 
 def _reference_add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
                                    weight_offset: float = 0.0, activation: str = "none") -> tuple[Tensor, Tensor]:
-    acc = torch.promote_types(x.dtype, torch.float32)
-    h = (residual.to(acc) + x.to(acc)).to(x.dtype)
+    h = _reference._residual(residual, x, None)
     out = _reference_rms_norm_linear(h, norm_weight, eps, weight, weight_offset)
-    if activation == "swiglu":
-        gate, up = out.to(acc).chunk(2, dim=-1)
-        out = (torch.nn.functional.silu(gate) * up).to(x.dtype)
-    return out, h
+    return (_reference.swiglu(out, 0) if activation == "swiglu" else out), h
 
 
 # The pure-torch twins, by the ops' names (KernelSpec.reference, the `reference` provider).

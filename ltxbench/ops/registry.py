@@ -7,8 +7,6 @@ and the host-library formulas it replaces (its baselines).
 
 from __future__ import annotations
 
-import math
-
 from ltxbench.ops import eager
 from ltxbench.ops.inputs import (
     KV_VARIANTS,
@@ -65,7 +63,7 @@ from ltxbench.ops.shapes import (
     WAN_SHAPES,
     XATTN_TEST_SHAPES,
 )
-from ltxbench.ops.spec import DTYPES, KernelSpec, nbytes  # noqa: F401  (DTYPES: public here, beside SPECS)
+from ltxbench.ops.spec import DTYPES, KernelSpec, nbytes, projection_bytes  # noqa: F401  (DTYPES: public here, beside SPECS)
 
 # float32 scale/shift/gate over 16-bit rows: one row a block, two pairs a thread (cuda/norm_f32_modulation.cu)
 F32_MODULATION_WIDTH = {"wan-f32": 8192, "wan-f32-per-token": 8192}
@@ -278,12 +276,11 @@ SPECS: dict[str, KernelSpec] = {s.name: s for s in (
         bench_shapes={**LTX_LINEAR_SHAPES, **LLM_DECODE_LINEAR_SHAPES},
         inject_targets=("LTX attention projections (qkv, q, out)", "LTX FeedForward up + GELU-tanh, down",
                         "an LLM decode step's projections (up to 4 rows: gemv.cu)"),
-        written=lambda inp: math.prod(inp["x"].shape[:-1]) * inp["weight"].shape[0] * inp["x"].element_size(),
+        written=projection_bytes,
     ),
 )}
 
 SPECS.update({s.name: s for s in FP8_SPECS + FP8_ATTENTION_SPECS + DECODE_SPECS})
-
 
 ALIASES = {alias: spec.name for spec in SPECS.values() for alias in spec.aliases}
 

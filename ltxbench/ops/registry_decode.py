@@ -3,15 +3,13 @@ and their baselines: the layers as transformers runs them, and our own unfused k
 
 from __future__ import annotations
 
-import math
-
 import torch.nn.functional as F
 from torch import Tensor
 
 from ltxbench.ops import eager
 from ltxbench.ops.inputs_matmul import inputs_add_norm_linear, inputs_norm_linear
 from ltxbench.ops.shapes import GEMV_TEST_SHAPES, LLM_NORM_LINEAR_SHAPES, TEST_SHAPES
-from ltxbench.ops.spec import KernelSpec, nbytes
+from ltxbench.ops.spec import KernelSpec, nbytes, projection_bytes
 
 
 def llm_rms_norm_linear(x: Tensor, norm_weight: Tensor, eps: float, weight: Tensor,
@@ -53,9 +51,9 @@ def ltxbench_add_rms_norm_linear(x: Tensor, residual: Tensor, norm_weight: Tenso
     return (ops.swiglu(out, 0) if activation == "swiglu" else out), h
 
 
-def _written(inputs: dict) -> int:
-    """The projection's output, (..., N) in x's dtype."""
-    return math.prod(inputs["x"].shape[:-1]) * inputs["weight"].shape[0] * inputs["x"].element_size()
+def _add_norm_linear_bytes(inputs: dict) -> int:
+    """The projection's output (a SwiGLU's: half of it) and h."""
+    return projection_bytes(inputs) // (2 if inputs["activation"] == "swiglu" else 1) + nbytes(inputs["x"])
 
 
 DECODE_SPECS = (
@@ -66,7 +64,7 @@ DECODE_SPECS = (
         aliases=("rmsnorm_linear", "norm_gemv"), test_shapes=TEST_SHAPES + GEMV_TEST_SHAPES,
         bench_shapes=LLM_NORM_LINEAR_SHAPES,
         inject_targets=("an LLM decode step's input_layernorm + q/k/v projection",),
-        written=_written,
+        written=projection_bytes,
     ),
     KernelSpec(
         name="add_rms_norm_linear",
@@ -78,6 +76,6 @@ DECODE_SPECS = (
         aliases=("add_rmsnorm_linear",), test_shapes=TEST_SHAPES + GEMV_TEST_SHAPES,
         bench_shapes=LLM_NORM_LINEAR_SHAPES,
         inject_targets=("an LLM decode step's residual add + post_attention_layernorm + gate/up projection + SwiGLU",),
-        written=lambda inputs: _written(inputs) // (2 if inputs["activation"] == "swiglu" else 1) + nbytes(inputs["x"]),
+        written=_add_norm_linear_bytes,
     ),
 )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -22,6 +23,11 @@ def io_bytes(inputs: dict, written: int) -> int:
 
 def nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
+
+
+def projection_bytes(inputs: dict) -> int:
+    """A projection's output: x (..., K) @ weight (N, K)ᵀ, (..., N) in x's dtype."""
+    return math.prod(inputs["x"].shape[:-1]) * inputs["weight"].shape[0] * inputs["x"].element_size()
 
 
 @dataclass(frozen=True)

@@ -68,9 +68,9 @@ def _down_takes_residual(mlp, residual) -> bool:
 def _post_norm_in_gate_up(ops, mlp, attn_out, residual, post):
     """`h + mlp(post_attention_layernorm(h))`, h = residual + attn_out, with the add, the norm and the SwiGLU inside the
     gate/up GEMV (norm_fusion.py) and h added by the down projection's; None where that path does not apply."""
-    if FUSED_ATTR not in vars(mlp) or not _down_takes_residual(mlp, residual):
+    if not _down_takes_residual(mlp, residual):
         return None
-    fused = norm_fusion.swiglu_with_post_norm(ops, mlp, vars(mlp)[FUSED_ATTR], attn_out, residual, post)
+    fused = norm_fusion.swiglu_with_post_norm(ops, mlp, vars(mlp).get(FUSED_ATTR), attn_out, residual, post)
     if fused is None:
         return None
     act, h = fused
