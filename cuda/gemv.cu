@@ -122,7 +122,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p, NormArgs n
       for (int m = 0; m < M; ++m) warp_sum(sumsq[m], kRows * M + m);
     }
     __syncthreads();
-    // one thread per output: the warps' sums (a row's 1/rms), the bias, the residual or the SwiGLU, one rounding
+    // one thread per output: the warps' sums (a row's 1/rms), the bias, the residual or the SwiGLU, one rounding.
+    // IEEE sqrt and division for 1/rms, as row_math.cuh: rsqrtf's 2 ulp showed in fp32 outputs of K = 14336.
     if (threadIdx.x < rows * M) {
       const int r = threadIdx.x / M, m = threadIdx.x % M;
       auto total = [&](int slot) {
@@ -131,7 +132,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p, NormArgs n
         for (int g = 0; g < kThreads / 32; ++g) sum += partial[g][slot];
         return sum;
       };
-      const float scale = P == Prologue::None ? 1.f : rsqrtf(total(kRows * M + m) / static_cast<float>(p.k) + norm.eps);
+      const float scale = P == Prologue::None ? 1.f : 1.f / sqrtf(total(kRows * M + m) / static_cast<float>(p.k) + norm.eps);
       const int64_t n = n0 + r;
       if constexpr (SWIGLU) {  // r: the pair; its gate sum in slot r, its up sum two rows on
         const float g = round_to<T>(total(threadIdx.x) * scale), u = round_to<T>(total((2 + r) * M + m) * scale);
