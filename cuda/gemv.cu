@@ -17,6 +17,7 @@
 #include "common/dtype.cuh"
 #include "common/launch.h"
 #include "common/params.h"
+#include "common/row_math.cuh"
 #include "common/source_use.h"
 
 namespace ltxbench {
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p, NormArgs n
     }
     __syncthreads();
     // one thread per output: the warps' sums (a row's 1/rms), the bias, the residual or the SwiGLU, one rounding.
-    // IEEE sqrt and division for 1/rms, as row_math.cuh's rms_stats computes it (rsqrtf is off by up to 2 ulp).
+    // 1/rms by row_math.cuh's rms_stats: IEEE sqrt and division, as the norm kernels (rsqrtf is off by up to 2 ulp).
     if (threadIdx.x < rows * M) {
       const int r = threadIdx.x / M, m = threadIdx.x % M;
       auto total = [&](int slot) {
@@ -132,7 +133,8 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(GemmParams p, NormArgs n
         for (int g = 0; g < kThreads / 32; ++g) sum += partial[g][slot];
         return sum;
       };
-      const float scale = P == Prologue::None ? 1.f : 1.f / sqrtf(total(kRows * M + m) / static_cast<float>(p.k) + norm.eps);
+      const float scale =
+          P == Prologue::None ? 1.f : rms_stats(total(kRows * M + m), static_cast<float>(p.k), norm.eps).rstd;
       const int64_t n = n0 + r;
       if constexpr (SWIGLU) {  // r: the pair; its gate sum in slot r, its up sum two rows on
         const float g = round_to<T>(total(threadIdx.x) * scale), u = round_to<T>(total((2 + r) * M + m) * scale);
