@@ -119,13 +119,21 @@ class VideoFamily(ModelFamily):
     def compiled_modules(self, pipe) -> list:
         return self.denoisers(pipe)
 
-    def set_attention(self, pipe, settings) -> dict | None:
+    def set_attention(self, pipe, settings, log=None) -> dict | None:
         """--attention-backend on every denoiser (ltxbench.inject.attention_backend): set before any configuration,
         so the unpatched model and ours attend with the same kernel."""
         if settings.attention_backend is None:
             return None
         from ltxbench.inject import attention_backend
 
+        if settings.attention_backend == attention_backend.AUTO:  # measured at the shapes of a short eager run
+            import dataclasses
+
+            from ltxbench.inject import attention_auto
+
+            short = dataclasses.replace(settings, steps=attention_auto.CAPTURE_STEPS)
+            return attention_auto.choose(self.denoisers(pipe), lambda: self.iteration(pipe, short),
+                                         log=log or print, device=str(pipe._execution_device)).info
         return attention_backend.apply(self.denoisers(pipe), settings.attention_backend, settings.dtype)
 
     def peers(self) -> dict[str, PeerConfig]:
