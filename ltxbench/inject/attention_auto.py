@@ -1,5 +1,5 @@
 """`--attention-backend auto`: each attention module of a video model on the backend measured fastest at the shape it
-runs, among those whose output matches an fp32 reference (docs/kernels.md#attention-backends).
+runs, among those whose output matches an fp32 reference (docs/attention.md).
 
 1. Capture (one untimed, eager run of the pipeline, stopped once every denoiser has made a call): each attention
    module's calls (every module on diffusers' `native` backend meanwhile, read from the arguments diffusers hands

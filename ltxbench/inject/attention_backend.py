@@ -1,6 +1,6 @@
 """`--attention-backend` of the video families: which kernel their attentions run, the same for every configuration
 of a run (set on the transformer before any of them; our processors keep the backend of the ones they replace), so
-that `bench e2e` keeps the kernels' gain apart from the attention's (docs/kernels.md#attention-backends).
+that `bench e2e` keeps the kernels' gain apart from the attention's (docs/attention.md).
 
 - `fa3`: FlashAttention-3 (Hopper) on each denoiser's self-attentions through diffusers' `_flash_3` backend, the
   cross-attentions (masked for LTX) on torch's SDPA as before. Two packages hold its kernels, tried in this order:

@@ -2,40 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.machinery
 import sys
-import types
 
 import pytest
-import torch
 
-
-def _attention(q, k, v, softmax_scale=None, scale_error=1.0):
-    """softmax(q kᵀ · scale) v per (batch, head) in fp32 on (B, S, H, D), and its log-sum-exp (B, H, S)."""
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
-    out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v.float()) * scale_error
-    return out.to(q.dtype).contiguous(), scores.logsumexp(-1)  # contiguous (B, S, H, D), as the kernel writes it
-
-
-class StandIn:
-    """FlashAttention-3's flash_attn_func as math, counting its calls; `scale_error` 1.01 is a 1% wrong kernel."""
-
-    def __init__(self, scale_error: float = 1.0):
-        self.calls, self.scale_error = [], scale_error
-
-    def __call__(self, q, k, v, softmax_scale=None, causal=False, return_attn_probs=False, **_):
-        assert not causal
-        self.calls.append(tuple(q.shape))
-        out, lse = _attention(q, k, v, softmax_scale, self.scale_error)
-        return (out, lse) if return_attn_probs else out
-
-
-def _module(name: str, func) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-    module.flash_attn_func = func
-    return module
+from tests.helpers import StandIn, stand_in_module
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +30,6 @@ def fa3_fwd(monkeypatch, diffusers_flash_3_on_the_cpu):
 
     stand_in = StandIn()
     monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
-    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", _module("fa3_fwd_interface", stand_in))
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", stand_in_module("fa3_fwd_interface", stand_in))
     monkeypatch.setattr(dispatch, "flash_attn_3_func", None)
     return stand_in

@@ -12,8 +12,16 @@ from typer.testing import CliRunner
 from ltxbench.bench.micro_attention import AttentionShape
 from ltxbench.cli import app
 from ltxbench.inject import attention_auto as auto
-from tests.helpers import ltx2_transformer, ltx_inputs, ltx_transformer, wan_transformer
-from tests.inject.test_attention_backend import CASES, CUDA_RUN, _backends, _ltx_call
+from tests.helpers import (
+    ATTENTION_CASES,
+    LTX_TINY_CUDA,
+    attention_backends,
+    ltx2_transformer,
+    ltx_call,
+    ltx_inputs,
+    ltx_transformer,
+    wan_transformer,
+)
 
 runner = CliRunner()
 
@@ -24,16 +32,16 @@ def _one_ms(_fn) -> dict:
 
 # ---- capture -------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("family", list(CASES))
+@pytest.mark.parametrize("family", list(ATTENTION_CASES))
 def test_every_attention_module_is_captured_with_its_largest_call_and_its_backend_given_back(family):
-    build, call, _ = CASES[family]
+    build, call, _ = ATTENTION_CASES[family]
     model = build()
     first = next(m for _, m in auto.attention_modules([model]))
     first.set_attention_backend("_native_math")
-    before = _backends(model)
+    before = attention_backends(model)
     calls = auto.capture([model], lambda: call(model))
     assert set(calls) == {name for name, _ in auto.attention_modules([model])}
-    assert _backends(model) == before  # every module on `native` during the run only
+    assert attention_backends(model) == before  # every module on `native` during the run only
     for name, (module, shape, mask) in calls.items():
         assert shape.head_dim * shape.heads == module.to_q.out_features
         if name.endswith(".attn1"):
@@ -101,10 +109,10 @@ def test_the_fastest_passing_candidate_wins():
 
 def test_choose_sets_each_shapes_winner_on_its_modules_runs_it_and_gives_the_backends_back(fa3_fwd):
     model = ltx_transformer()
-    expected = _ltx_call(model)
-    choice = auto.choose([model], lambda: _ltx_call(model), log=lambda _: None, time_fn=_one_ms, device="cpu",
+    expected = ltx_call(model)
+    choice = auto.choose([model], lambda: ltx_call(model), log=lambda _: None, time_fn=_one_ms, device="cpu",
                          names=["cudnn", "flash_attn_3"])
-    backends = {name: str(getattr(b, "value", b)) for name, b in _backends(model).items()}
+    backends = {name: str(getattr(b, "value", b)) for name, b in attention_backends(model).items()}
     assert {b for n, b in backends.items() if n.endswith("attn1")} == {"_flash_3"}
     assert {b for n, b in backends.items() if n.endswith("attn2")} == {"native"}  # masked: neither runs it here
     info = choice.info
@@ -113,28 +121,28 @@ def test_choose_sets_each_shapes_winner_on_its_modules_runs_it_and_gives_the_bac
     assert by_backend["_flash_3"]["candidates"]["flash_attn_3"]["passed"]
     assert by_backend["native"]["mask"] == {"shape": [2, model.config.num_attention_heads, 1, 7], "boolean": False}
     fa3_fwd.calls.clear()
-    torch.testing.assert_close(_ltx_call(model), expected, atol=2e-5, rtol=2e-5)
+    torch.testing.assert_close(ltx_call(model), expected, atol=2e-5, rtol=2e-5)
     assert len(fa3_fwd.calls) == by_backend["_flash_3"]["modules"]  # each self-attention once, through diffusers
     choice.revert()
-    assert set(_backends(model).values()) == {None}
+    assert set(attention_backends(model).values()) == {None}
 
 
 def test_a_wrong_kernel_is_not_chosen_and_the_model_keeps_torchs_pick(fa3_fwd):
     model = ltx_transformer()
     fa3_fwd.scale_error = 1.01
-    choice = auto.choose([model], lambda: _ltx_call(model), log=lambda _: None, time_fn=_one_ms, device="cpu",
+    choice = auto.choose([model], lambda: ltx_call(model), log=lambda _: None, time_fn=_one_ms, device="cpu",
                          names=["flash_attn_3"])
-    assert {str(getattr(b, "value", b)) for b in _backends(model).values()} == {"native"}
+    assert {str(getattr(b, "value", b)) for b in attention_backends(model).values()} == {"native"}
     assert all(s["chosen"] == "native" for s in choice.info["shapes"])
 
 
 @pytest.mark.parametrize("build", [lambda: ltx2_transformer(2), lambda: wan_transformer(dtype="fp32")])
 def test_the_other_families_self_attentions_get_the_winner_too(build, fa3_fwd):
     model = build()
-    call = CASES["ltx2" if hasattr(model.config, "audio_in_channels") else "wan"][1]
+    call = ATTENTION_CASES["ltx2" if hasattr(model.config, "audio_in_channels") else "wan"][1]
     auto.choose([model], lambda: call(model), log=lambda _: None, time_fn=_one_ms, device="cpu",
                 names=["flash_attn_3"])
-    backends = {name: str(getattr(b, "value", b)) for name, b in _backends(model).items()}
+    backends = {name: str(getattr(b, "value", b)) for name, b in attention_backends(model).items()}
     assert {b for n, b in backends.items() if n.rpartition(".")[2] in ("attn1", "audio_attn1")} == {"_flash_3"}
 
 
@@ -146,7 +154,7 @@ def test_the_other_families_self_attentions_get_the_winner_too(build, fa3_fwd):
     (["--precision", "fp8-attention"], "--attention-backend auto with fp8-attention"),
 ])
 def test_auto_where_it_cannot_run_is_refused_before_the_build(extra, says, tmp_path):
-    result = runner.invoke(app, [*CUDA_RUN, "--attention-backend", "auto", *extra, "-o", str(tmp_path / "r.json")])
+    result = runner.invoke(app, [*LTX_TINY_CUDA, "--attention-backend", "auto", *extra, "-o", str(tmp_path / "r.json")])
     assert result.exit_code == 2 and says in result.output, result.output
     assert not (tmp_path / "r.json").exists()
 
