@@ -4,12 +4,13 @@ runs, among those whose output matches an fp32 reference (docs/attention.md).
 1. Capture (one untimed, eager run of the pipeline, stopped once every denoiser has made a call): each attention
    module's calls (every module on diffusers' `native` backend meanwhile, read from the arguments diffusers hands
    it); the module keeps its largest call (LTX-2's guidance pair over its single-sample passes).
-2. Measure each distinct shape (batch, heads, query and key tokens, head dim, the mask's shape) with the candidates of
-   `bench micro attention` (ltxbench.bench.micro_attention: the same inputs, fp32 reference, tolerance and timer):
-   torch's SDPA forced to cuDNN, flash or efficient, and FlashAttention-3 where a package of it imports. A candidate
-   that refuses the shape (FlashAttention takes no additive mask) or misses the tolerance is out.
-3. Set the fastest on each module through diffusers (`_native_cudnn`, `_native_flash`, `_native_efficient`, `_flash_3`);
-   a module whose every candidate is out keeps torch's own pick (`native`). The measurements go into the record.
+2. Measure each distinct shape (batch, heads, query and key tokens, head dim, the mask as the module passes it) on
+   bf16 inputs in the model's layout, calling each candidate as the model calls it, through diffusers' dispatch:
+   `native` (torch's own pick), `_native_cudnn`, `_native_flash`, `_native_efficient`, and `_flash_3` where a
+   FlashAttention-3 package imports. A candidate that refuses the shape (takes no mask, no kernel) or misses the
+   fp32 reference (micro_attention's absolute tolerance, and twice the relative error of torch's pick) is out.
+3. Set the fastest on the modules of that shape; `native` where nothing else passes. The measurements go into the
+   record.
 
 The choice is made before any configuration and is the same for all of them, as any --attention-backend is. It is
 measured in bf16, the dtype it accepts, on one GPU. Only the standard library at top level.
@@ -24,10 +25,9 @@ from ltxbench.bench import micro_attention
 from ltxbench.bench.micro_attention import AttentionShape
 from ltxbench.inject.attention_backend import AUTO
 
-# a candidate of micro_attention -> the diffusers backend that runs it inside the model
-DIFFUSERS_BACKENDS = {"cudnn": "_native_cudnn", "flash": "_native_flash", "efficient": "_native_efficient",
-                      "flash_attn_3": "_flash_3"}
-TORCH_DEFAULT = "native"  # torch's SDPA picks (diffusers' default), kept where no candidate passes
+TORCH_DEFAULT = "native"  # diffusers' default: torch's SDPA picks the kernel; kept where no other candidate passes
+SDPA_FORCED = ("_native_cudnn", "_native_flash", "_native_efficient")  # diffusers' backends forcing one SDPA kernel
+FA3_BACKEND = "_flash_3"
 CAPTURE_STEPS = 2  # the flow-match schedulers fail at one step (diffusers 0.42)
 BF16_STEP = 2.0**-8  # the floor of a candidate's relative-error bound
 
@@ -48,17 +48,12 @@ def attention_modules(denoisers) -> list:
 
 def dispatched_call(query, key, attn_mask=None) -> tuple[AttentionShape, tuple | None]:
     """(the call's shape, (its mask's shape, whether boolean) or None) of a diffusers backend call on (B, S, H, D)
-    tensors; a (B, keys) mask as diffusers' native backend hands it to SDPA, (B, 1, 1, keys)."""
+    tensors."""
     import torch
 
     batch, queries, heads, head_dim = query.shape
     shape = AttentionShape(batch, heads, queries, key.shape[1], head_dim, masked=attn_mask is not None)
-    if attn_mask is None:
-        return shape, None
-    mask_shape = tuple(attn_mask.shape)
-    if len(mask_shape) == 2 and mask_shape == (batch, key.shape[1]):
-        mask_shape = (batch, 1, 1, mask_shape[1])
-    return shape, (mask_shape, attn_mask.dtype == torch.bool)
+    return shape, None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.dtype == torch.bool)
 
 
 def capture(denoisers, run: Callable[[], object]) -> dict:
@@ -122,41 +117,88 @@ def relative_error(out, ref) -> float:
 
 
 def inputs(shape: AttentionShape, mask: tuple | None, device: str, seed: int = 0) -> dict:
-    """micro_attention's bf16 q, k, v of `shape`; a masked shape's mask as the model passed it (its shape, additive or
-    boolean), its last quarter of keys masked."""
+    """micro_attention's bf16 q, k, v of `shape` (B, H, S, D), and "model": the same q, k, v in the layout diffusers
+    hands a backend (B, S, H, D) with the mask as the module passed it (its shape, additive or boolean); "mask": that
+    mask additive as (B, 1, 1, keys) for the reference. The last quarter of the keys is masked, the same for every
+    row."""
     import torch
 
     x = micro_attention.inputs(shape, device, seed)
+    model = {name: x[name].transpose(1, 2).contiguous() for name in "qkv"}
+    model["mask"] = None
     if mask is not None:
         mask_shape, boolean = mask
-        keep = torch.ones(mask_shape, device=device, dtype=torch.bool)
-        keep[..., int(micro_attention.UNMASKED_KEYS * shape.keys):] = False
-        x["mask"] = keep if boolean else torch.zeros(mask_shape, device=device, dtype=torch.bfloat16).masked_fill(
-            ~keep, torch.finfo(torch.bfloat16).min)
+        kept = int(micro_attention.UNMASKED_KEYS * shape.keys)
+
+        def made(size, boolean):
+            keep = torch.ones(size, device=device, dtype=torch.bool)
+            keep[..., kept:] = False
+            return keep if boolean else torch.zeros(size, device=device, dtype=torch.bfloat16).masked_fill(
+                ~keep, torch.finfo(torch.bfloat16).min)
+
+        # the reference's additive: it adds the mask in fp32
+        model["mask"], x["mask"] = made(mask_shape, boolean), made((shape.batch, 1, 1, shape.keys), False)
+    x["model"] = model
     return x
+
+
+def call(backend: str, x: dict):
+    """`backend` as the model runs it on x's inputs (diffusers' dispatch_attention_fn; its `backend` keyword names
+    it), or NotApplicable: a backend that takes no mask where the call has one (diffusers would drop the mask
+    silently), FlashAttention-3 where no package of it imports or this diffusers cannot take it."""
+    import functools
+
+    from diffusers.models.attention_dispatch import (
+        AttentionBackendName,
+        _AttentionBackendRegistry,
+        dispatch_attention_fn,
+    )
+
+    name = AttentionBackendName(backend)
+    if x["model"]["mask"] is not None and "attn_mask" not in _AttentionBackendRegistry._supported_arg_names[name]:
+        raise micro_attention.NotApplicable(f"{backend} takes no attention mask")
+    if backend == FA3_BACKEND:
+        _hand_flash_attention_3()
+    m = x["model"]
+    return functools.partial(dispatch_attention_fn, m["q"], m["k"], m["v"], attn_mask=m["mask"], backend=name)
+
+
+def _hand_flash_attention_3() -> None:
+    """diffusers' `_flash_3` bound to the FlashAttention-3 package found (attention_backend.hand_to_diffusers), else
+    NotApplicable saying why."""
+    from ltxbench.errors import EnvironmentProblem
+    from ltxbench.inject.attention_backend import find_flash_attention_3, hand_to_diffusers
+
+    fa3, reasons = find_flash_attention_3()
+    if fa3 is None:
+        raise micro_attention.NotApplicable("no FlashAttention-3 package imports (" + "; ".join(reasons) + ")")
+    try:
+        hand_to_diffusers(fa3)
+    except EnvironmentProblem as why:
+        raise micro_attention.NotApplicable(str(why)) from None
 
 
 def measure(shape: AttentionShape, mask: tuple | None, candidates: list[str], time_fn, device: str,
             seed: int = 0) -> dict:
     """{candidate: {"ms", "tflops", "max_abs_err", "relative_error", "passed"} or {"not_applicable": why}}, and under
-    "torch" the error of torch's own SDPA pick in bf16: a candidate passes within micro_attention's absolute
-    tolerance and at most twice torch's relative error (or one bf16 step, 2^-8, where that is smaller), so that a
-    kernel off by 1% is out at every shape."""
+    "torch" the relative error of torch's SDPA in bf16 and the bound it sets: a candidate passes within
+    micro_attention's absolute tolerance and at most twice that error (or one bf16 step, 2^-8, where that is larger),
+    so that a kernel off by 1% is out at every shape."""
     import torch
 
     x = inputs(shape, mask, device, seed)
-    # every head's mask is the same (inputs): the reference, which masks a head at a time, takes the first head's
-    ref = micro_attention.reference({**x, "mask": None if mask is None else x["mask"][:, :1]})
+    ref = micro_attention.reference(x).transpose(1, 2)  # (B, S, H, D), as the backends return it
     default = torch.nn.functional.scaled_dot_product_attention(x["q"], x["k"], x["v"], attn_mask=x["mask"])
-    bound = max(2 * relative_error(default, ref), BF16_STEP)
-    out: dict = {"torch": {"relative_error": relative_error(default, ref), "bound": bound}}
+    torch_error = relative_error(default.transpose(1, 2), ref)
+    bound = max(2 * torch_error, BF16_STEP)
+    out: dict = {"torch": {"relative_error": torch_error, "bound": bound}}
     del default
     for candidate in candidates:
         try:
-            fn = micro_attention.call(candidate, x)
+            fn = call(candidate, x)
             try:
                 got = fn()
-            except RuntimeError as exc:  # torch's SDPA refuses a shape with a RuntimeError (no kernel)
+            except (RuntimeError, ValueError) as exc:  # no kernel for the shape, a constraint of the backend
                 raise micro_attention.NotApplicable(str(exc).splitlines()[0][:200]) from None
         except micro_attention.NotApplicable as why:
             out[candidate] = {"not_applicable": str(why)}
@@ -178,17 +220,17 @@ def fastest(measured: dict) -> str | None:
 
 
 def candidates() -> list[str]:
-    """torch's three SDPA kernels, and FlashAttention-3 where a package of it imports."""
+    """torch's own pick and the three SDPA kernels forced, and FlashAttention-3 where a package of it imports."""
     from ltxbench.inject.attention_backend import find_flash_attention_3
 
-    return list(micro_attention.SDPA_BACKENDS) + (["flash_attn_3"] if find_flash_attention_3()[0] else [])
+    return [TORCH_DEFAULT, *SDPA_FORCED] + ([FA3_BACKEND] if find_flash_attention_3()[0] is not None else [])
 
 
 def choose(denoisers, run: Callable[[], object], log=print, time_fn=None, device: str = "cuda", names=None):
     """capture(), measure() each distinct shape, set the fastest on each module: an AttentionChoice (revertible)
     whose info lists every shape with its modules, candidates and choice. `names`: the candidates (default
     candidates()); `time_fn`: stats of a no-argument call (default: do_bench, L2 flushed, as bench micro)."""
-    from ltxbench.inject.attention_backend import AttentionChoice, find_flash_attention_3, hand_to_diffusers
+    from ltxbench.inject.attention_backend import AttentionChoice
 
     if time_fn is None:
         from ltxbench.bench.timing import time_cuda
@@ -206,15 +248,11 @@ def choose(denoisers, run: Callable[[], object], log=print, time_fn=None, device
         log(f"attention auto: measuring {'x'.join(map(str, shape.as_list()))}{' masked' if mask else ''} "
             f"({len(members)} modules) with {', '.join(names)}")
         measured = measure(shape, mask, names, time_fn, device)
-        best = fastest(measured)
-        backend = DIFFUSERS_BACKENDS[best] if best else TORCH_DEFAULT
+        backend = fastest(measured) or TORCH_DEFAULT
         shapes.append({"shape": shape.as_list(), "mask": None if mask is None else
                        {"shape": list(mask[0]), "boolean": mask[1]}, "modules": len(members),
-                       "first_module": members[0][0], "candidates": measured, "chosen": best or TORCH_DEFAULT,
-                       "backend": backend})
+                       "first_module": members[0][0], "candidates": measured, "chosen": backend})
         chosen += [(module, backend) for _, module in members]
-    if any(backend == DIFFUSERS_BACKENDS["flash_attn_3"] for _, backend in chosen):
-        hand_to_diffusers(find_flash_attention_3()[0])
     previous = [(m.processor, getattr(m.processor, "_attention_backend", None)) for m, _ in chosen]
     choice = AttentionChoice({"name": AUTO, "measured_in": "bf16", "search_s": round(time.perf_counter() - start, 2),
                               "shapes": shapes, "uncaptured_modules": len(attention_modules(denoisers)) - len(chosen)},

@@ -21,13 +21,10 @@ from tests.helpers import (
     ltx_inputs,
     ltx_transformer,
     wan_transformer,
+    without_flash_attention_3,
 )
 
 runner = CliRunner()
-
-
-def _one_ms(_fn) -> dict:
-    return {"median": 1.0}
 
 
 # ---- capture -------------------------------------------------------------------------------------------------------
@@ -66,59 +63,69 @@ def test_the_largest_call_of_a_module_is_kept_and_the_run_stops_once_every_denoi
     assert calls["0.transformer_blocks.0.attn1"][1].batch == 2 and calls["1.transformer_blocks.0.attn1"][1].batch == 2
 
 
-def test_a_call_is_read_in_diffusers_layout_with_a_2d_mask_as_sdpa_gets_it():
+def test_a_call_is_read_in_diffusers_layout_with_its_mask_as_passed():
     q, k = torch.zeros(2, 5, 3, 8), torch.zeros(2, 11, 3, 8)  # (B, S, H, D)
     assert auto.dispatched_call(q, k) == (AttentionShape(2, 3, 5, 11, 8), None)
     bool_mask = torch.ones(2, 1, 1, 11, dtype=torch.bool)
     assert auto.dispatched_call(q, k, bool_mask) == (AttentionShape(2, 3, 5, 11, 8, True), ((2, 1, 1, 11), True))
-    assert auto.dispatched_call(q, k, torch.zeros(2, 11))[1] == ((2, 1, 1, 11), False)
+    assert auto.dispatched_call(q, k, torch.zeros(2, 11))[1] == ((2, 11), False)
 
 
 # ---- measure and choose ------------------------------------------------------------------------------------------
 
+def _times(**ms):
+    """A time_fn returning the given median per backend (the partial's `backend` keyword), 5.0 ms for the others."""
+    return lambda fn: {"median": ms.get(str(fn.keywords["backend"].value), 5.0)}
+
+
 @pytest.mark.parametrize("shape", [AttentionShape(1, 2, 7, 7, 64), AttentionShape(2, 2, 83, 769, 128),
                                    AttentionShape(1, 1, 5, 2049, 64)])
 def test_a_one_percent_wrong_kernel_fails_at_every_shape_and_the_exact_one_passes(shape, fa3_fwd):
-    exact = auto.measure(shape, None, ["flash_attn_3", "cudnn"], _one_ms, "cpu")
-    assert exact["flash_attn_3"]["passed"] and exact["flash_attn_3"]["ms"] == 1.0
-    assert "not_applicable" in exact["cudnn"]  # torch's cuDNN kernel on the CPU: refused, not failed
-    assert exact["flash_attn_3"]["relative_error"] <= exact["torch"]["bound"]
+    exact = auto.measure(shape, None, ["_flash_3", "native", "_native_cudnn"], _times(_flash_3=1.0), "cpu")
+    assert exact["_flash_3"]["passed"] and exact["_flash_3"]["ms"] == 1.0 and exact["native"]["passed"]
+    assert "not_applicable" in exact["_native_cudnn"]  # torch's cuDNN kernel on the CPU: refused, not failed
+    assert exact["_flash_3"]["relative_error"] <= exact["torch"]["bound"]
     fa3_fwd.scale_error = 1.01
-    wrong = auto.measure(shape, None, ["flash_attn_3"], _one_ms, "cpu")["flash_attn_3"]
+    wrong = auto.measure(shape, None, ["_flash_3"], _times(), "cpu")["_flash_3"]
     assert not wrong["passed"]
     if shape.keys > 7:  # outputs averaged over many keys are small: the absolute tolerance alone would pass it
         assert wrong["max_abs_err"] < 2e-2
-    assert auto.fastest({"torch": {}, "flash_attn_3": wrong, "cudnn": exact["cudnn"]}) is None
+    assert auto.fastest({"torch": {}, "_flash_3": wrong, "_native_cudnn": exact["_native_cudnn"]}) is None
 
 
-def test_a_masked_shape_is_measured_with_the_models_mask_and_flashattention_is_not_applicable(fa3_fwd):
-    shape = AttentionShape(2, 2, 83, 128, 64, masked=True)
-    x = auto.inputs(shape, ((2, 1, 1, 128), False), "cpu")
-    assert x["mask"].shape == (2, 1, 1, 128) and (x["mask"][..., 96:] < -1e30).all()
-    assert (x["mask"][..., :96] == 0).all()
-    assert auto.inputs(shape, ((2, 1, 1, 128), True), "cpu")["mask"][..., :96].all()
-    measured = auto.measure(shape, ((2, 1, 1, 128), False), ["flash_attn_3"], _one_ms, "cpu")
-    assert "no additive mask" in measured["flash_attn_3"]["not_applicable"]
+@pytest.mark.parametrize("boolean", [False, True])
+def test_a_masked_shape_is_measured_with_the_models_mask_and_backends_without_masks_are_out(boolean, fa3_fwd):
+    shape, mask = AttentionShape(2, 2, 83, 128, 64, masked=True), ((2, 2, 1, 128), boolean)
+    x = auto.inputs(shape, mask, "cpu")
+    for got, size, is_bool in ((x["model"]["mask"], (2, 2, 1, 128), boolean), (x["mask"], (2, 1, 1, 128), False)):
+        assert got.shape == size and (got.dtype == torch.bool) == is_bool  # the model's; the reference's, additive
+        kept = got if is_bool else got == 0
+        assert kept[..., :96].all() and not kept[..., 96:].any()
+    measured = auto.measure(shape, mask, ["_flash_3", "_native_flash", "native"], _times(_flash_3=0.1), "cpu")
+    assert all("attn_mask" in measured[name]["not_applicable"] for name in ("_flash_3", "_native_flash"))
+    assert measured["native"]["passed"] and auto.fastest(measured) == "native"
 
 
 def test_the_fastest_passing_candidate_wins():
-    measured = {"torch": {"bound": 1.0}, "cudnn": {"ms": 2.0, "passed": True}, "flash": {"ms": 1.0, "passed": False},
-                "efficient": {"not_applicable": "no"}, "flash_attn_3": {"ms": 1.5, "passed": True}}
-    assert auto.fastest(measured) == "flash_attn_3"
+    measured = {"torch": {"bound": 1.0}, "native": {"ms": 2.0, "passed": True},
+                "_native_flash": {"ms": 1.0, "passed": False}, "_native_efficient": {"not_applicable": "no"},
+                "_flash_3": {"ms": 1.5, "passed": True}}
+    assert auto.fastest(measured) == "_flash_3"
 
 
 def test_choose_sets_each_shapes_winner_on_its_modules_runs_it_and_gives_the_backends_back(fa3_fwd):
     model = ltx_transformer()
     expected = ltx_call(model)
-    choice = auto.choose([model], lambda: ltx_call(model), log=lambda _: None, time_fn=_one_ms, device="cpu",
-                         names=["cudnn", "flash_attn_3"])
+    choice = auto.choose([model], lambda: ltx_call(model), log=lambda _: None, time_fn=_times(_flash_3=1.0),
+                         device="cpu", names=["native", "_native_cudnn", "_flash_3"])
     backends = {name: str(getattr(b, "value", b)) for name, b in attention_backends(model).items()}
     assert {b for n, b in backends.items() if n.endswith("attn1")} == {"_flash_3"}
-    assert {b for n, b in backends.items() if n.endswith("attn2")} == {"native"}  # masked: neither runs it here
+    assert {b for n, b in backends.items() if n.endswith("attn2")} == {"native"}  # masked: FA3 cannot, cuDNN no CPU
     info = choice.info
     assert info["name"] == "auto" and info["uncaptured_modules"] == 0 and len(info["shapes"]) == 2
-    by_backend = {s["backend"]: s for s in info["shapes"]}
-    assert by_backend["_flash_3"]["candidates"]["flash_attn_3"]["passed"]
+    by_backend = {s["chosen"]: s for s in info["shapes"]}
+    assert by_backend["_flash_3"]["candidates"]["_flash_3"]["passed"]
+    assert by_backend["_flash_3"]["candidates"]["native"]["ms"] == 5.0  # the slower exact one, measured beside it
     assert by_backend["native"]["mask"] == {"shape": [2, model.config.num_attention_heads, 1, 7], "boolean": False}
     fa3_fwd.calls.clear()
     torch.testing.assert_close(ltx_call(model), expected, atol=2e-5, rtol=2e-5)
@@ -127,11 +134,11 @@ def test_choose_sets_each_shapes_winner_on_its_modules_runs_it_and_gives_the_bac
     assert set(attention_backends(model).values()) == {None}
 
 
-def test_a_wrong_kernel_is_not_chosen_and_the_model_keeps_torchs_pick(fa3_fwd):
+def test_a_wrong_kernel_is_not_chosen_however_fast_and_the_model_keeps_torchs_pick(fa3_fwd):
     model = ltx_transformer()
     fa3_fwd.scale_error = 1.01
-    choice = auto.choose([model], lambda: ltx_call(model), log=lambda _: None, time_fn=_one_ms, device="cpu",
-                         names=["flash_attn_3"])
+    choice = auto.choose([model], lambda: ltx_call(model), log=lambda _: None, time_fn=_times(_flash_3=0.1),
+                         device="cpu", names=["native", "_flash_3"])
     assert {str(getattr(b, "value", b)) for b in attention_backends(model).values()} == {"native"}
     assert all(s["chosen"] == "native" for s in choice.info["shapes"])
 
@@ -140,10 +147,18 @@ def test_a_wrong_kernel_is_not_chosen_and_the_model_keeps_torchs_pick(fa3_fwd):
 def test_the_other_families_self_attentions_get_the_winner_too(build, fa3_fwd):
     model = build()
     call = ATTENTION_CASES["ltx2" if hasattr(model.config, "audio_in_channels") else "wan"][1]
-    auto.choose([model], lambda: call(model), log=lambda _: None, time_fn=_one_ms, device="cpu",
-                names=["flash_attn_3"])
+    auto.choose([model], lambda: call(model), log=lambda _: None, time_fn=_times(_flash_3=1.0), device="cpu",
+                names=["native", "_flash_3"])
     backends = {name: str(getattr(b, "value", b)) for name, b in attention_backends(model).items()}
     assert {b for n, b in backends.items() if n.rpartition(".")[2] in ("attn1", "audio_attn1")} == {"_flash_3"}
+
+
+def test_the_candidates_are_torchs_pick_its_forced_kernels_and_fa3_where_it_imports(fa3_fwd, monkeypatch):
+    assert auto.candidates() == ["native", "_native_cudnn", "_native_flash", "_native_efficient", "_flash_3"]
+    without_flash_attention_3(monkeypatch)
+    assert auto.candidates()[-1] == "_native_efficient"
+    measured = auto.measure(AttentionShape(1, 2, 7, 7, 64), None, ["_flash_3"], _times(), "cpu")
+    assert "no FlashAttention-3 package imports" in measured["_flash_3"]["not_applicable"]
 
 
 # ---- the command line -------------------------------------------------------------------------------------------
@@ -173,7 +188,7 @@ def test_auto_on_the_gpu_picks_a_kernel_that_runs_every_shape_as_exactly_as_sdpa
     finally:
         choice.revert()
     masked = [s for s in choice.info["shapes"] if s["mask"]]
-    assert masked and all(s["backend"] not in ("_native_flash", "_flash_3") for s in masked)
+    assert masked and all(s["chosen"] not in ("_native_flash", "_flash_3") for s in masked)
     scale = reference.norm()
     assert (got.float() - reference).norm() / scale <= 2 * (default.float() - reference).norm() / scale + 1e-3
 
