@@ -161,6 +161,54 @@ def test_the_candidates_are_torchs_pick_its_forced_kernels_and_fa3_where_it_impo
     assert "no FlashAttention-3 package imports" in measured["_flash_3"]["not_applicable"]
 
 
+# ---- a configuration's own choice (<config>@auto) -----------------------------------------------------------------
+
+def test_at_auto_configurations_exist_for_video_families_and_all_leaves_them_out():
+    from ltxbench.configurations import Configuration
+    from ltxbench.models import family_of
+    from ltxbench.models.family import parse_configs
+
+    assert Configuration("optimized+compile@auto").attention == "auto"
+    names = family_of("ltx-tiny").config_names()
+    assert {"compile@auto", "optimized+compile@auto"} <= set(names)
+    assert not any(c.attention for c in parse_configs("all", names))
+    assert "compile@auto" not in family_of("llama-tiny").config_names()
+
+
+def test_at_auto_measures_on_the_unpatched_model_in_a_short_run_sets_it_and_gives_it_back(fa3_fwd, monkeypatch):
+    """compile@auto and optimized@auto: the choice measured at the configuration's start from a two-step run of the
+    unpatched pipeline (before our injection, whose processors copy it), in the report, reverted after it."""
+    from ltxbench.models import family_of
+    from ltxbench.models.ltx import LTXSettings
+    from tests.helpers import ltx_pipeline
+
+    family, pipe = family_of("ltx-tiny"), ltx_pipeline()
+    model = pipe.transformer
+    settings = LTXSettings(model="ltx-tiny", weights="random", device="cpu", dtype="bf16", kernel_provider="reference",
+                           steps=7, num_frames=9, height=64, width=64)
+    runs = []
+    iteration = family.iteration
+
+    def counted(target, run_settings, *args, **kwargs):
+        runs.append((run_settings.steps, type(model.transformer_blocks[0].attn1.processor).__module__))
+        return iteration(target, run_settings, *args, **kwargs)
+
+    monkeypatch.setattr(family, "iteration", counted)
+    monkeypatch.setattr("ltxbench.inject.attention_auto.candidates", lambda: ["native", "_flash_3"])
+    monkeypatch.setattr("ltxbench.bench.timing.time_cuda",
+                        lambda fn: {"median": 1.0 if fn.keywords["backend"].value == "_flash_3" else 2.0})
+    for name in ("optimized@auto", "compile@auto"):
+        runs.clear()
+        report = family.apply_config(pipe, settings, name)
+        assert runs == [(2, "diffusers.models.transformers.transformer_ltx")]  # two steps, diffusers' processors
+        backends = {n: str(getattr(b, "value", b)) for n, b in attention_backends(model).items()}
+        assert {b for n, b in backends.items() if n.endswith("attn1")} == {"_flash_3"}, name
+        injection = report.as_dict()
+        assert injection["attention"]["name"] == "auto" and injection["applied"] == name.startswith("optimized")
+        report.revert()
+        assert set(attention_backends(model).values()) == {None}, name
+
+
 # ---- the command line -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("extra, says", [

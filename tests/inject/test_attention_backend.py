@@ -261,7 +261,7 @@ def test_an_unknown_backend_name_is_refused_before_the_build(tmp_path):
 
 # ---- a configuration's own attention (<config>@fa3) ----------------------------------------------------------------
 
-def _attentionattention_backends(model) -> list:
+def _attention_module_backends(model) -> list:
     return [getattr(m.processor, "_attention_backend", None) for m in ab.self_attentions(model)]
 
 
@@ -278,17 +278,17 @@ def test_a_configurations_own_attention_is_set_for_it_and_given_back_after(fa3_f
     processors = [m.processor for m in model.modules() if hasattr(m, "processor")]
     for name in ("optimized@fa3", "compile@fa3"):
         report = family.apply_config(pipe, settings, name)
-        assert {str(b.value) for b in _attentionattention_backends(model)} == {"_flash_3"}, name
+        assert {str(b.value) for b in _attention_module_backends(model)} == {"_flash_3"}, name
         injection = report.as_dict()
         assert injection["attention"]["name"] == "fa3" and injection["applied"] == name.startswith("optimized")
         before = len(fa3_fwd.calls)
         ltx_call(model)
         assert len(fa3_fwd.calls) > before, name  # the self-attentions ran on it
         report.revert()
-        assert _attentionattention_backends(model) == [None] * len(_attentionattention_backends(model)), name
+        assert _attention_module_backends(model) == [None] * len(_attention_module_backends(model)), name
         assert [m.processor for m in model.modules() if hasattr(m, "processor")] == processors, name
     assert family.apply_config(pipe, settings, "optimized") is not None  # and a plain one sets nothing
-    assert _attentionattention_backends(model) == [None] * len(_attentionattention_backends(model))
+    assert _attention_module_backends(model) == [None] * len(_attention_module_backends(model))
 
 
 def test_ltx2s_pipeline_without_its_stg_pass_takes_an_attention_of_its_own(fa3_fwd, ltx2_tiny):
@@ -302,13 +302,13 @@ def test_ltx2s_pipeline_without_its_stg_pass_takes_an_attention_of_its_own(fa3_f
                             kernel_provider="reference")
     assert family.settings_for(settings, "stg-off+compile@fa3").stg_scale == 0.0
     report = family.apply_config(ltx2_tiny, settings, "stg-off@fa3")
-    assert {str(b.value) for b in _attentionattention_backends(model)} == {"_flash_3"}
+    assert {str(b.value) for b in _attention_module_backends(model)} == {"_flash_3"}
     assert report.as_dict()["attention"]["name"] == "fa3"
     before = len(fa3_fwd.calls)
     ltx2_first(model)
     assert len(fa3_fwd.calls) > before
     report.revert()
-    assert _attentionattention_backends(model) == [None] * len(_attentionattention_backends(model))
+    assert _attention_module_backends(model) == [None] * len(_attention_module_backends(model))
 
 
 @pytest.mark.parametrize("configs, extra, says, code", [
