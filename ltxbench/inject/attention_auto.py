@@ -12,8 +12,9 @@ runs, among those whose output matches an fp32 reference (docs/attention.md).
 3. Set the fastest on the modules of that shape; `native` where nothing else passes. The measurements go into the
    record.
 
-The choice is made before any configuration and is the same for all of them, as any --attention-backend is. It is
-measured in bf16, the dtype it accepts, on one GPU. Only the standard library at top level.
+With --attention-backend auto the choice is made before any configuration and is the same for all of them; with
+<config>@auto, as that configuration starts, on the unpatched model. It is measured in bf16, the dtype it accepts, on
+one GPU. Only the standard library at top level.
 """
 
 from __future__ import annotations
