@@ -220,6 +220,18 @@ def fastest(measured: dict) -> str | None:
     return min(passed, key=passed.get) if passed else None
 
 
+def with_twins(calls: dict, modules: list) -> dict:
+    """`calls`, and each module the run did not reach given the call of the module of its name in another denoiser
+    (Wan 2.2 A14B's two experts share one architecture; a short run may reach only one of them)."""
+    by_name = {name.partition(".")[2]: call for name, call in calls.items()}
+    out = dict(calls)
+    for name, module in modules:
+        twin = by_name.get(name.partition(".")[2])
+        if name not in out and twin is not None:
+            out[name] = (module, *twin[1:])
+    return out
+
+
 def candidates() -> list[str]:
     """torch's own pick and the three SDPA kernels forced, and FlashAttention-3 where a package of it imports."""
     from ltxbench.inject.attention_backend import find_flash_attention_3
@@ -240,7 +252,7 @@ def choose(denoisers, run: Callable[[], object], log=print, time_fn=None, device
     names = list(names) if names is not None else candidates()
     start = time.perf_counter()
     log(f"attention auto: capturing each attention's shape (untimed, up to {CAPTURE_STEPS} steps)")
-    calls = capture(denoisers, run)
+    calls = with_twins(capture(denoisers, run), attention_modules(denoisers))
     groups: dict = {}
     for name, (module, shape, mask) in calls.items():
         groups.setdefault((shape, mask), []).append((name, module))

@@ -63,6 +63,19 @@ def test_the_largest_call_of_a_module_is_kept_and_the_run_stops_once_every_denoi
     assert calls["0.transformer_blocks.0.attn1"][1].batch == 2 and calls["1.transformer_blocks.0.attn1"][1].batch == 2
 
 
+def test_a_denoiser_the_run_did_not_reach_takes_its_twins_shapes_and_choice(fa3_fwd):
+    """Two experts of one architecture (Wan 2.2 A14B), the run reaching the first only: the second's modules get the
+    same-named modules' shapes, so nothing stays unchosen."""
+    first, second = ltx_transformer(), ltx_transformer()
+    choice = auto.choose([first, second], lambda: ltx_call(first), log=lambda _: None, time_fn=_times(_flash_3=1.0),
+                         device="cpu", names=["native", "_flash_3"])
+    assert choice.info["uncaptured_modules"] == 0
+    for model in (first, second):
+        backends = {n: str(getattr(b, "value", b)) for n, b in attention_backends(model).items()}
+        assert {b for n, b in backends.items() if n.endswith("attn1")} == {"_flash_3"}
+    assert sum(s["modules"] for s in choice.info["shapes"]) == 2 * len(auto.attention_modules([first]))
+
+
 def test_a_call_is_read_in_diffusers_layout_with_its_mask_as_passed():
     q, k = torch.zeros(2, 5, 3, 8), torch.zeros(2, 11, 3, 8)  # (B, S, H, D)
     assert auto.dispatched_call(q, k) == (AttentionShape(2, 3, 5, 11, 8), None)
