@@ -24,27 +24,24 @@ from collections.abc import Callable
 
 from ltxbench.bench import micro_attention
 from ltxbench.bench.micro_attention import AttentionShape
-from ltxbench.inject.attention_backend import AUTO
+from ltxbench.inject.attention_backend import (
+    AUTO,
+    DIFFUSERS_FA3,
+    AttentionChoice,
+    attention_modules,
+    find_flash_attention_3,
+    hand_to_diffusers,
+    saved_backends,
+)
 
 TORCH_DEFAULT = "native"  # diffusers' default: torch's SDPA picks the kernel; kept where no other candidate passes
 SDPA_FORCED = ("_native_cudnn", "_native_flash", "_native_efficient")  # diffusers' backends forcing one SDPA kernel
-FA3_BACKEND = "_flash_3"
 CAPTURE_STEPS = 2  # the flow-match schedulers fail at one step (diffusers 0.42)
 BF16_STEP = 2.0**-8  # the floor of a candidate's relative-error bound
 
 
 class _Captured(Exception):
     """Raised from a denoiser's forward hook once every denoiser has made a call: the capture run stops there."""
-
-
-def attention_modules(denoisers) -> list:
-    """(name, module) of every attention module diffusers sets a backend on (ModelMixin.set_attention_backend's)."""
-    from diffusers.models.attention import AttentionModuleMixin
-    from diffusers.models.attention_processor import Attention, MochiAttention
-
-    kinds = (Attention, MochiAttention, AttentionModuleMixin)
-    return [(f"{index}.{name}", module) for index, denoiser in enumerate(denoisers)
-            for name, module in denoiser.named_modules() if isinstance(module, kinds)]
 
 
 def dispatched_call(query, key, attn_mask=None) -> tuple[AttentionShape, tuple | None]:
@@ -87,14 +84,14 @@ def capture(denoisers, run: Callable[[], object]) -> dict:
         if not pending:
             raise _Captured
 
-    handles = [d.register_forward_hook(finished) for d in denoisers]
     def leave(_module, _args, _output) -> None:  # None: the module's output stays its own
         active.pop()
 
+    handles = [d.register_forward_hook(finished) for d in denoisers]
     for name, module in modules:
         handles.append(module.register_forward_pre_hook(lambda _m, _a, entry=(name, module): active.append(entry)))
         handles.append(module.register_forward_hook(leave))
-    previous = [(m.processor, getattr(m.processor, "_attention_backend", None)) for _, m in modules]
+    previous = AttentionChoice({}, saved_backends([m for _, m in modules]))
     _AttentionBackendRegistry._backends[native] = recording
     try:
         for _, module in modules:
@@ -106,8 +103,7 @@ def capture(denoisers, run: Callable[[], object]) -> dict:
         _AttentionBackendRegistry._backends[native] = original
         for handle in handles:
             handle.remove()
-        for processor, backend in previous:
-            processor._attention_backend = backend
+        previous.revert()
         active.clear()
     return calls
 
@@ -131,10 +127,10 @@ def inputs(shape: AttentionShape, mask: tuple | None, device: str, seed: int = 0
         mask_shape, boolean = mask
         kept = int(micro_attention.UNMASKED_KEYS * shape.keys)
 
-        def made(size, boolean):
+        def made(size, as_bool):
             keep = torch.ones(size, device=device, dtype=torch.bool)
             keep[..., kept:] = False
-            return keep if boolean else torch.zeros(size, device=device, dtype=torch.bfloat16).masked_fill(
+            return keep if as_bool else torch.zeros(size, device=device, dtype=torch.bfloat16).masked_fill(
                 ~keep, torch.finfo(torch.bfloat16).min)
 
         # the reference's additive: it adds the mask in fp32
@@ -158,7 +154,7 @@ def call(backend: str, x: dict):
     name = AttentionBackendName(backend)
     if x["model"]["mask"] is not None and "attn_mask" not in _AttentionBackendRegistry._supported_arg_names[name]:
         raise micro_attention.NotApplicable(f"{backend} takes no attention mask")
-    if backend == FA3_BACKEND:
+    if backend == DIFFUSERS_FA3:
         _hand_flash_attention_3()
     m = x["model"]
     return functools.partial(dispatch_attention_fn, m["q"], m["k"], m["v"], attn_mask=m["mask"], backend=name)
@@ -168,7 +164,6 @@ def _hand_flash_attention_3() -> None:
     """diffusers' `_flash_3` bound to the FlashAttention-3 package found (attention_backend.hand_to_diffusers), else
     NotApplicable saying why."""
     from ltxbench.errors import EnvironmentProblem
-    from ltxbench.inject.attention_backend import find_flash_attention_3, hand_to_diffusers
 
     fa3, reasons = find_flash_attention_3()
     if fa3 is None:
@@ -234,17 +229,13 @@ def with_twins(calls: dict, modules: list) -> dict:
 
 def candidates() -> list[str]:
     """torch's own pick and the three SDPA kernels forced, and FlashAttention-3 where a package of it imports."""
-    from ltxbench.inject.attention_backend import find_flash_attention_3
-
-    return [TORCH_DEFAULT, *SDPA_FORCED] + ([FA3_BACKEND] if find_flash_attention_3()[0] is not None else [])
+    return [TORCH_DEFAULT, *SDPA_FORCED] + ([DIFFUSERS_FA3] if find_flash_attention_3()[0] is not None else [])
 
 
 def choose(denoisers, run: Callable[[], object], log=print, time_fn=None, device: str = "cuda", names=None):
     """capture(), measure() each distinct shape, set the fastest on each module: an AttentionChoice (revertible)
     whose info lists every shape with its modules, candidates and choice. `names`: the candidates (default
     candidates()); `time_fn`: stats of a no-argument call (default: do_bench, L2 flushed, as bench micro)."""
-    from ltxbench.inject.attention_backend import AttentionChoice
-
     if time_fn is None:
         from ltxbench.bench.timing import time_cuda
 
@@ -252,7 +243,8 @@ def choose(denoisers, run: Callable[[], object], log=print, time_fn=None, device
     names = list(names) if names is not None else candidates()
     start = time.perf_counter()
     log(f"attention auto: capturing each attention's shape (untimed, up to {CAPTURE_STEPS} steps)")
-    calls = with_twins(capture(denoisers, run), attention_modules(denoisers))
+    modules = attention_modules(denoisers)
+    calls = with_twins(capture(denoisers, run), modules)
     groups: dict = {}
     for name, (module, shape, mask) in calls.items():
         groups.setdefault((shape, mask), []).append((name, module))
@@ -266,10 +258,9 @@ def choose(denoisers, run: Callable[[], object], log=print, time_fn=None, device
                        {"shape": list(mask[0]), "boolean": mask[1]}, "modules": len(members),
                        "first_module": members[0][0], "candidates": measured, "chosen": backend})
         chosen += [(module, backend) for _, module in members]
-    previous = [(m.processor, getattr(m.processor, "_attention_backend", None)) for m, _ in chosen]
     choice = AttentionChoice({"name": AUTO, "measured_in": "bf16", "search_s": round(time.perf_counter() - start, 2),
-                              "shapes": shapes, "uncaptured_modules": len(attention_modules(denoisers)) - len(chosen)},
-                             previous)
+                              "shapes": shapes, "uncaptured_modules": len(modules) - len(chosen)},
+                             saved_backends([m for m, _ in chosen]))
     try:
         for module, backend in chosen:
             module.set_attention_backend(backend)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ltxbench.errors import EnvironmentProblem, UsageError
 
 FA3 = "fa3"  # --attention-backend's name for FlashAttention-3 on the self-attentions
-AUTO = "auto"  # --attention-backend's name for the measured choice per module (attention_auto.AUTO)
+AUTO = "auto"  # --attention-backend's name for the measured choice per module (ltxbench.inject.attention_auto)
 FA3_MODULES = ("flash_attn_interface", "fa3_fwd_interface")  # the source build, then pip's fa3-fwd
 NO_FP16 = ("fa3_fwd_interface",)  # built without the fp16 kernels
 DIFFUSERS_FA3 = "_flash_3"
@@ -170,6 +170,22 @@ class AttentionChoice:
         return read() if read is not None else {}
 
 
+def attention_modules(denoisers) -> list:
+    """("<denoiser index>.<name>", module) of every attention module of `denoisers` that diffusers sets a backend on
+    (ModelMixin.set_attention_backend's kinds)."""
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention, MochiAttention
+
+    kinds = (Attention, MochiAttention, AttentionModuleMixin)
+    return [(f"{index}.{name}", module) for index, denoiser in enumerate(denoisers)
+            for name, module in denoiser.named_modules() if isinstance(module, kinds)]
+
+
+def saved_backends(modules) -> list:
+    """(processor, its backend) of each module: what AttentionChoice.revert gives back."""
+    return [(module.processor, getattr(module.processor, "_attention_backend", None)) for module in modules]
+
+
 def choose(denoisers, name: str, dtype: str, fa3: FlashAttention3 | None = None) -> AttentionChoice:
     """Attention backend `name` (FA3: FlashAttention-3 on the self-attentions; else a diffusers backend on every
     attention) set on `denoisers`, revertible."""
@@ -186,15 +202,10 @@ def choose(denoisers, name: str, dtype: str, fa3: FlashAttention3 | None = None)
         setters = modules  # each self-attention (AttentionModuleMixin.set_attention_backend)
     else:  # through ModelMixin.set_attention_backend: diffusers checks the backend's package and the parallel config
         check_name(name)
-        from diffusers.models.attention import AttentionModuleMixin
-        from diffusers.models.attention_processor import Attention, MochiAttention
-
-        kinds = (Attention, MochiAttention, AttentionModuleMixin)  # the modules it sets
-        modules = [m for denoiser in denoisers for m in denoiser.modules() if isinstance(m, kinds)]
+        modules = [module for _, module in attention_modules(denoisers)]
         backend, info = name.lower(), {"name": name.lower(), "attentions": "all"}
         setters = denoisers
-    previous = [(module.processor, getattr(module.processor, "_attention_backend", None)) for module in modules]
-    choice = AttentionChoice(info, previous)
+    choice = AttentionChoice(info, saved_backends(modules))
     try:
         for setter in setters:
             setter.set_attention_backend(backend)
