@@ -14,8 +14,9 @@ Only the standard library: the CLI, the families, the runners and the result rea
 from __future__ import annotations
 
 PRECISIONS = ("bf16", "fp8", "fp8-attention")  # --precision: ours in bf16, FP8 projections, and FP8 self-attention
-# <config>@<attention>: fa3, FlashAttention-3 on the self-attentions (ltxbench.inject.attention_backend)
-ATTENTIONS = ("fa3",)
+# <config>@<attention>: fa3, FlashAttention-3 on the self-attentions; auto, the backend measured fastest per attention
+# (ltxbench.inject.attention_backend, attention_auto)
+ATTENTIONS = ("fa3", "auto")
 FP8_ACCUMULATIONS = ("fast", "fp32")  # --fp8-accumulation: the FP8 GEMMs' (ops.linear_fp8), fast the default
 COMPILED = "+compile"
 STANDARD = ("baseline", "optimized", "compile", "optimized+compile")  # ours and torch's; families add peers

@@ -5,10 +5,12 @@ Test modules import from here, never from one another (tests/test_layout.py chec
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import subprocess
 import sys
+import types
 from collections import Counter
 from pathlib import Path
 
@@ -457,3 +459,66 @@ def simulated_fp8(layers, run):
         with torch.no_grad():
             for layer, weight in saved:
                 layer.weight.copy_(weight)
+
+
+# ---- FlashAttention-3 stood in for on the CPU (tests of --attention-backend fa3 and auto) ----
+
+def attention_math(q, k, v, softmax_scale=None, scale_error=1.0):
+    """softmax(q kᵀ · scale) v per (batch, head) in fp32 on (B, S, H, D), and its log-sum-exp (B, H, S)."""
+    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
+    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
+    out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v.float()) * scale_error
+    return out.to(q.dtype).contiguous(), scores.logsumexp(-1)  # contiguous (B, S, H, D), as the kernel writes it
+
+
+class StandIn:
+    """FlashAttention-3's flash_attn_func as math, counting its calls; `scale_error` 1.01 is a 1% wrong kernel."""
+
+    def __init__(self, scale_error: float = 1.0):
+        self.calls, self.scale_error = [], scale_error
+
+    def __call__(self, q, k, v, softmax_scale=None, causal=False, return_attn_probs=False, **_):
+        assert not causal
+        self.calls.append(tuple(q.shape))
+        out, lse = attention_math(q, k, v, softmax_scale, self.scale_error)
+        return (out, lse) if return_attn_probs else out
+
+
+def stand_in_module(name: str, func) -> types.ModuleType:
+    """A package named `name` whose flash_attn_func is `func`."""
+    module = types.ModuleType(name)
+    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+    module.flash_attn_func = func
+    return module
+
+
+def attention_backends(model) -> dict:
+    """{module name: its processor's backend} of every module with a processor."""
+    return {name: getattr(m.processor, "_attention_backend", None) for name, m in model.named_modules()
+            if hasattr(m, "processor")}
+
+
+def ltx_call(model):
+    with torch.no_grad():
+        return model(**ltx_inputs(model))[0]
+
+
+def wan_call(model):
+    with torch.no_grad():
+        return model(**wan_inputs(model))[0]
+
+
+def ltx2_first(model):
+    """The video output of one LTX-2 transformer call."""
+    return ltx2_call(model)[0]
+
+
+ATTENTION_CASES = {  # family: (model, one call, our injection)
+    "ltx": (ltx_transformer, ltx_call, "ltxbench.inject.ltx"),
+    "ltx2": (lambda: ltx2_transformer(2), ltx2_first, "ltxbench.inject.ltx2"),
+    "wan": (lambda: wan_transformer(dtype="fp32"), wan_call, "ltxbench.inject.wan"),
+}
+
+
+LTX_TINY_CUDA = ["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--device", "cuda", "--num-frames",
+                 "9", "--height", "64", "--width", "64", "--steps", "2"]

@@ -102,7 +102,7 @@ def _run(family, settings, output, force: bool, plot, world) -> None:
     with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
         target = _memory.build(family, settings, plan)
     log(f"built {settings.model} in {time.perf_counter() - building:.1f} s")
-    attention = family.set_attention(target, settings)  # before any configuration: the same for all of them
+    attention = family.set_attention(target, settings, log)  # before any configuration: the same for all of them
 
     args = settings.as_args()
     params = e2e.record_params(args, ("configs", "dtype", "kernel_provider", "seed", "warmup", "repeats",

@@ -117,7 +117,7 @@ def _run(family, settings, values: dict, output: Path, world) -> None:
                       "running diffusers' own modules")
     else:
         injection = {"applied": False, "reason": "disabled by --no-optimized-kernels"}
-    attention = family.set_attention(pipe, settings)
+    attention = family.set_attention(pipe, settings, lambda text: err.print(text, markup=False))
     if current_world() is not None:
         family.parallelize(pipe, settings)
     if values["compile"]:  # regional for the families whose default it is (LTX-2: the whole model compiles too long)

@@ -21,7 +21,8 @@ from ltxbench.models.family import Option
 
 _DEVICE = "bf16 | fp16 | fp32 (default: bf16 on cuda, fp32 on cpu)."
 _CONFIGS = "Comma-separated: baseline, optimized, compile, optimized+compile, a model family's peer configurations " \
-           "(LLMs: liger, liger+compile), or all; video models: <config>@fa3 for FlashAttention-3 in that one"
+           "(LLMs: liger, liger+compile), or all; video models: <config>@fa3 for FlashAttention-3 in that one, " \
+           "<config>@auto for the attention backends measured fastest at its shapes"
 
 SHARED = {o.name: o for o in (
     Option("prompt", ("--prompt",), str, ..., "Text prompt.", ("generate",)),

@@ -100,7 +100,7 @@ def _run(family, settings, json_path, traces: dict, force: bool, output, world) 
     started = utc_now()
     with err.status(f"building {settings.model} ({settings.weights} weights, {settings.dtype}, {settings.device})"):
         target = _memory.build(family, settings, plan)
-    attention = family.set_attention(target, settings)
+    attention = family.set_attention(target, settings, log)
 
     described = ranks = None
     if world is None:

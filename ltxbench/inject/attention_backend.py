@@ -1,6 +1,6 @@
 """`--attention-backend` of the video families: which kernel their attentions run, the same for every configuration
 of a run (set on the transformer before any of them; our processors keep the backend of the ones they replace), so
-that `bench e2e` keeps the kernels' gain apart from the attention's (docs/kernels.md#attention-backends).
+that `bench e2e` keeps the kernels' gain apart from the attention's (docs/attention.md).
 
 - `fa3`: FlashAttention-3 (Hopper) on each denoiser's self-attentions through diffusers' `_flash_3` backend, the
   cross-attentions (masked for LTX) on torch's SDPA as before. Two packages hold its kernels, tried in this order:
@@ -10,6 +10,7 @@ that `bench e2e` keeps the kernels' gain apart from the attention's (docs/kernel
   only; with fa3-fwd it is handed that package's `flash_attn_func` (same signature and outputs). Neither package is
   a dependency: a user opts in by installing one. `--precision fp8-attention` uses its FP8 forward
   (ltxbench.inject.fp8_attention).
+- `auto`: per attention module, the backend measured fastest at the shape it runs (ltxbench.inject.attention_auto).
 - any other name: that diffusers backend on every attention module, as `ModelMixin.set_attention_backend` sets it.
 """
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from ltxbench.errors import EnvironmentProblem, UsageError
 
 FA3 = "fa3"  # --attention-backend's name for FlashAttention-3 on the self-attentions
+AUTO = "auto"  # --attention-backend's name for the measured choice per module (ltxbench.inject.attention_auto)
 FA3_MODULES = ("flash_attn_interface", "fa3_fwd_interface")  # the source build, then pip's fa3-fwd
 NO_FP16 = ("fa3_fwd_interface",)  # built without the fp16 kernels
 DIFFUSERS_FA3 = "_flash_3"
@@ -84,7 +86,7 @@ def validate(name: str | None, dtype: str, device: str, gpus: int, precision: st
              flag: str | None = None) -> None:
     """Refuse (UsageError naming the flag: --attention-backend's, or `flag`) what cannot run, before anything is
     built: any backend beside FP8 attention, which brings its own kernel; fa3 off a GPU, in fp32, or over several
-    GPUs."""
+    GPUs; auto anywhere but in bf16 on one GPU."""
     from ltxbench.configurations import Configuration
 
     if name is None:
@@ -93,12 +95,13 @@ def validate(name: str | None, dtype: str, device: str, gpus: int, precision: st
     if precision == "fp8-attention" or any(Configuration(c).precision == "fp8-attention" for c in configs or ()):
         raise UsageError(f"{flag} with fp8-attention: FP8 attention runs its own kernel",
                          hint=f"drop --attention-backend {name}, or run --precision fp8")
-    if name != FA3:
+    if name not in (FA3, AUTO):
         return
     if device != "cuda":
         raise UsageError(f"{flag} runs on a GPU, not --device {device}")
-    if dtype not in ("bf16", "fp16"):
-        raise UsageError(f"{flag} takes bf16 or fp16, not --dtype {dtype}")
+    dtypes = ("bf16",) if name == AUTO else ("bf16", "fp16")  # auto measures the candidates in bf16
+    if dtype not in dtypes:
+        raise UsageError(f"{flag} takes {' or '.join(dtypes)}, not --dtype {dtype}")
     if gpus > 1:
         raise UsageError(f"{flag} runs on one GPU, not --gpus {gpus}", hint="drop it over several GPUs")
 
@@ -167,6 +170,22 @@ class AttentionChoice:
         return read() if read is not None else {}
 
 
+def attention_modules(denoisers) -> list:
+    """("<denoiser index>.<name>", module) of every attention module of `denoisers` that diffusers sets a backend on
+    (ModelMixin.set_attention_backend's kinds)."""
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention, MochiAttention
+
+    kinds = (Attention, MochiAttention, AttentionModuleMixin)
+    return [(f"{index}.{name}", module) for index, denoiser in enumerate(denoisers)
+            for name, module in denoiser.named_modules() if isinstance(module, kinds)]
+
+
+def saved_backends(modules) -> list:
+    """(processor, its backend) of each module: what AttentionChoice.revert gives back."""
+    return [(module.processor, getattr(module.processor, "_attention_backend", None)) for module in modules]
+
+
 def choose(denoisers, name: str, dtype: str, fa3: FlashAttention3 | None = None) -> AttentionChoice:
     """Attention backend `name` (FA3: FlashAttention-3 on the self-attentions; else a diffusers backend on every
     attention) set on `denoisers`, revertible."""
@@ -183,15 +202,10 @@ def choose(denoisers, name: str, dtype: str, fa3: FlashAttention3 | None = None)
         setters = modules  # each self-attention (AttentionModuleMixin.set_attention_backend)
     else:  # through ModelMixin.set_attention_backend: diffusers checks the backend's package and the parallel config
         check_name(name)
-        from diffusers.models.attention import AttentionModuleMixin
-        from diffusers.models.attention_processor import Attention, MochiAttention
-
-        kinds = (Attention, MochiAttention, AttentionModuleMixin)  # the modules it sets
-        modules = [m for denoiser in denoisers for m in denoiser.modules() if isinstance(m, kinds)]
+        modules = [module for _, module in attention_modules(denoisers)]
         backend, info = name.lower(), {"name": name.lower(), "attentions": "all"}
         setters = denoisers
-    previous = [(module.processor, getattr(module.processor, "_attention_backend", None)) for module in modules]
-    choice = AttentionChoice(info, previous)
+    choice = AttentionChoice(info, saved_backends(modules))
     try:
         for setter in setters:
             setter.set_attention_backend(backend)
@@ -202,15 +216,15 @@ def choose(denoisers, name: str, dtype: str, fa3: FlashAttention3 | None = None)
 
 
 def check_name(name: str) -> None:
-    """UsageError unless `name` is fa3 or one of diffusers' attention backends (imports diffusers' dispatch)."""
-    if name == FA3:
+    """UsageError unless `name` is fa3, auto or one of diffusers' attention backends (imports diffusers' dispatch)."""
+    if name in (FA3, AUTO):
         return
     from diffusers.models.attention_dispatch import AttentionBackendName
 
     names = sorted(b.value for b in AttentionBackendName)
     if name.lower() not in names:
-        raise UsageError(f"--attention-backend {name!r} is neither {FA3} nor a diffusers backend",
-                         hint=f"one of {FA3}, {', '.join(names)}")
+        raise UsageError(f"--attention-backend {name!r} is neither {FA3}, {AUTO} nor a diffusers backend",
+                         hint=f"one of {FA3}, {AUTO}, {', '.join(names)}")
 
 
 def apply(denoisers, name: str, dtype: str) -> dict:

@@ -214,7 +214,7 @@ class ModelFamily:
         itself)."""
         return [target]
 
-    def set_attention(self, target, settings: RunSettings) -> dict | None:
+    def set_attention(self, target, settings: RunSettings, log=None) -> dict | None:
         """The run's attention backend (--attention-backend) on `target` before any configuration: what was set, for
         the record; None where the family takes no such option or none was given."""
         return None

@@ -119,14 +119,27 @@ class VideoFamily(ModelFamily):
     def compiled_modules(self, pipe) -> list:
         return self.denoisers(pipe)
 
-    def set_attention(self, pipe, settings) -> dict | None:
+    def set_attention(self, pipe, settings, log=None) -> dict | None:
         """--attention-backend on every denoiser (ltxbench.inject.attention_backend): set before any configuration,
         so the unpatched model and ours attend with the same kernel."""
         if settings.attention_backend is None:
             return None
         from ltxbench.inject import attention_backend
 
+        if settings.attention_backend == attention_backend.AUTO:
+            return self.measured_attention(pipe, settings, log).info
         return attention_backend.apply(self.denoisers(pipe), settings.attention_backend, settings.dtype)
+
+    def measured_attention(self, pipe, settings, log=None):
+        """`auto`: each attention of the denoisers on the backend measured fastest at its shape, captured in a short
+        untimed run of the pipeline (ltxbench.inject.attention_auto); an AttentionChoice (revertible)."""
+        import dataclasses
+
+        from ltxbench.inject import attention_auto
+
+        short = dataclasses.replace(settings, steps=attention_auto.CAPTURE_STEPS)
+        return attention_auto.choose(self.denoisers(pipe), lambda: self.iteration(pipe, short),
+                                     log=log or (lambda _: None), device=str(pipe._execution_device))
 
     def peers(self) -> dict[str, PeerConfig]:
         """diffusers' offloading (models.video_peers): group offloading and model CPU offload."""
@@ -135,7 +148,8 @@ class VideoFamily(ModelFamily):
         return {video_peers.GROUP_OFFLOAD: PeerConfig(video_peers.GROUP_OFFLOAD, video_peers.apply_group_offload),
                 video_peers.MODEL_OFFLOAD: PeerConfig(video_peers.MODEL_OFFLOAD, video_peers.apply_model_offload)}
 
-    attentions = ("fa3",)  # compile@fa3, optimized+compile@fa3, ...: FlashAttention-3 for that configuration
+    # compile@fa3, optimized+compile@auto, ...: FlashAttention-3, or the measured choice, for that configuration
+    attentions = ("fa3", "auto")
 
     # --- several GPUs (ltxbench.parallel) ---
     supports_parallel = True
@@ -170,7 +184,10 @@ class VideoFamily(ModelFamily):
             return self._apply_config(target, settings, config)
         from ltxbench.inject import attention_backend
 
-        choice = attention_backend.choose(self.denoisers(target), attention, settings.dtype)
+        if attention == attention_backend.AUTO:  # measured now, on the unpatched model: before the warmups
+            choice = self.measured_attention(target, settings)
+        else:
+            choice = attention_backend.choose(self.denoisers(target), attention, settings.dtype)
         try:
             return choice.around(self._apply_config(target, settings, config))
         except BaseException:

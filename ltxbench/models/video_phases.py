@@ -42,7 +42,8 @@ def video_options(frames: int, steps: int, frame_rate: int, max_frames: int, max
         Option("frame_rate", ("--frame-rate", "--fps"), int, frame_rate, frame_rate_help),
         Option("phase", ("--phase",), str, "all", "all (encode + denoise + decode) | transformer (denoising loop "
                "only).", ("bench e2e", "profile"), choices=PHASES),
-        Option("attention_backend", ("--attention-backend",), str, None, "fa3: FlashAttention-3 on the "
+        Option("attention_backend", ("--attention-backend",), str, None, "auto: per attention, the backend "
+               "measured fastest (and exact) at its shape; fa3: FlashAttention-3 on the "
                "self-attentions (pip install fa3-fwd, or a hopper/ build), torch's SDPA on the rest; or a diffusers "
                "backend for every attention (e.g. _native_cudnn). The same for every configuration of a run "
                "(default: the model's own, torch's SDPA).", ("generate", "bench e2e", "profile")),

@@ -77,6 +77,11 @@ BENCHMARKS = (
     Benchmark("e2e-ltx-2b-161f-fa3", (*_LTX, "--configs", _FA3_CONFIGS, "--num-frames", "161", "--steps", "10",
                                       "--phase", "transformer", "--warmup-iterations", "1", "--repeats", "2"), 3,
               needs=("hopper", FA3_NEED)),
+    # --attention-backend auto per configuration (@auto): each attention on the backend measured fastest at its
+    # shape, against compile with torch's SDPA in the same run
+    Benchmark("e2e-ltx-2b-161f-auto", (*_LTX, "--configs", "compile,compile@auto,optimized+compile@auto",
+                                       "--num-frames", "161", "--steps", "10", "--phase", "transformer",
+                                       "--warmup-iterations", "1", "--repeats", "2"), 3),
     Benchmark("e2e-ltx2-19b-121f", (*_LTX2, "--configs", "baseline,optimized,compile,stg-off+compile,"
                                     "optimized+compile", "--steps", "3", "--repeats", "2"), 8),
     # FlashAttention-3 on the self-attentions (@fa3): the attention's gain without the STG pass on both sides, and the

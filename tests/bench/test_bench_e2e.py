@@ -522,9 +522,10 @@ def test_peer_configurations_belong_to_their_family_and_need_a_gpu(tmp_path):
     the model is built) on the CPU, and unknown to a family that does not declare it."""
     assert family_of("llama-tiny").config_names() == (*STANDARD, "liger", "liger+compile")
     offloads = ("group-offload", "group-offload+compile", "model-offload", "model-offload+compile")  # diffusers'
-    fa3 = ("baseline@fa3", "optimized@fa3", "compile@fa3", "optimized+compile@fa3", "optimized-fp8@fa3",
-           "optimized-fp8+compile@fa3")  # each of ours and torch's but FP8 attention with FlashAttention-3 of its own
-    assert family_of("ltx-tiny").config_names() == STANDARD + added_by("fp8-attention") + offloads + fa3
+    own = tuple(f"{c}@{attention}" for attention in ("fa3", "auto") for c in (*STANDARD, "optimized-fp8",
+                                                                            "optimized-fp8+compile"))
+    # each of ours and torch's but FP8 attention with an attention of its own: FlashAttention-3, the measured choice
+    assert family_of("ltx-tiny").config_names() == STANDARD + added_by("fp8-attention") + offloads + own
     assert family.parse_configs("all", family_of("ltx-tiny").config_names()) == [*STANDARD, *offloads]
     out = tmp_path / "x.json"
     on_cpu = runner.invoke(app, [*LLAMA, "--configs", "all", "--output", str(out)])

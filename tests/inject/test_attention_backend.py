@@ -5,9 +5,7 @@ themselves are held against torch's SDPA on the GPU at the end."""
 
 from __future__ import annotations
 
-import importlib.machinery
 import sys
-import types
 
 import pytest
 import torch
@@ -16,12 +14,17 @@ from typer.testing import CliRunner
 from ltxbench.cli import app
 from ltxbench.inject import attention_backend as ab
 from tests.helpers import (
+    ATTENTION_CASES,
     BENCH_E2E_LTX_TINY,
-    ltx2_call,
+    LTX_TINY_CUDA,
+    StandIn,
+    attention_backends,
+    ltx2_first,
     ltx2_transformer,
+    ltx_call,
     ltx_inputs,
     ltx_transformer,
-    wan_inputs,
+    stand_in_module,
     wan_transformer,
     without_flash_attention_3,
 )
@@ -29,66 +32,12 @@ from tests.helpers import (
 runner = CliRunner()
 
 
-def _attention(q, k, v, softmax_scale=None, scale_error=1.0):
-    """softmax(q kᵀ · scale) v per (batch, head) in fp32 on (B, S, H, D), and its log-sum-exp (B, H, S)."""
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale
-    scores = torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float()) * scale
-    out = torch.einsum("bhqk,bkhd->bqhd", scores.softmax(-1), v.float()) * scale_error
-    return out.to(q.dtype).contiguous(), scores.logsumexp(-1)  # contiguous (B, S, H, D), as the kernel writes it
-
-
-class StandIn:
-    """FlashAttention-3's flash_attn_func as math, counting its calls; `scale_error` 1.01 is a 1% wrong kernel."""
-
-    def __init__(self, scale_error: float = 1.0):
-        self.calls, self.scale_error = [], scale_error
-
-    def __call__(self, q, k, v, softmax_scale=None, causal=False, return_attn_probs=False, **_):
-        assert not causal
-        self.calls.append(tuple(q.shape))
-        out, lse = _attention(q, k, v, softmax_scale, self.scale_error)
-        return (out, lse) if return_attn_probs else out
-
-
-def _module(name: str, func) -> types.ModuleType:
-    module = types.ModuleType(name)
-    module.__spec__ = importlib.machinery.ModuleSpec(name, None)
-    module.flash_attn_func = func
-    return module
-
-
-@pytest.fixture(scope="module", autouse=True)
-def diffusers_flash_3_on_the_cpu():
-    """diffusers' `_flash_3` op has a CUDA kernel only: a CPU one calling the same function, for the stand-in."""
-    from diffusers.models import attention_dispatch as dispatch
-
-    def cpu(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None, v_descale=None,
-            attention_chunk=0, softcap=0.0, num_splits=1, pack_gqa=None, deterministic=False, sm_margin=0):
-        out, lse = dispatch.flash_attn_3_func(q=q, k=k, v=v, softmax_scale=softmax_scale, causal=causal,
-                                              return_attn_probs=True)
-        return out, lse.permute(0, 2, 1)
-
-    dispatch._wrapped_flash_attn_3.register_kernel("cpu")(cpu)
-
-
-@pytest.fixture
-def fa3_fwd(monkeypatch):
-    """pip's fa3-fwd stood in for (the source build absent), diffusers' `_flash_3` unbound as diffusers leaves it."""
-    from diffusers.models import attention_dispatch as dispatch
-
-    stand_in = StandIn()
-    monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
-    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", _module("fa3_fwd_interface", stand_in))
-    monkeypatch.setattr(dispatch, "flash_attn_3_func", None)
-    return stand_in
-
-
 # ---- finding FlashAttention-3 -----------------------------------------------------------------------------------
 
 def test_the_source_build_is_preferred_then_pip_fa3_fwd_then_neither_with_both_reasons(monkeypatch):
     source, pip = StandIn(), StandIn()
-    monkeypatch.setitem(sys.modules, "flash_attn_interface", _module("flash_attn_interface", source))
-    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", _module("fa3_fwd_interface", pip))
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", stand_in_module("flash_attn_interface", source))
+    monkeypatch.setitem(sys.modules, "fa3_fwd_interface", stand_in_module("fa3_fwd_interface", pip))
     found, _ = ab.find_flash_attention_3()
     assert found.module == "flash_attn_interface" and found.flash_attn_func is source and "fp16" in found.dtypes
     monkeypatch.setitem(sys.modules, "flash_attn_interface", None)
@@ -106,28 +55,23 @@ def test_the_source_build_is_preferred_then_pip_fa3_fwd_then_neither_with_both_r
 def test_fp16_through_fa3_fwd_is_refused_by_name(fa3_fwd, tmp_path):
     with pytest.raises(ab.UsageError, match="through fa3_fwd_interface takes bf16, not --dtype fp16"):
         ab.use_flash_attention_3([ltx_transformer()], "fp16")
-    result = runner.invoke(app, [*CUDA_RUN, "--dtype", "fp16", "--attention-backend", "fa3", "-o",
+    result = runner.invoke(app, [*LTX_TINY_CUDA, "--dtype", "fp16", "--attention-backend", "fa3", "-o",
                                  str(tmp_path / "r.json")])  # before the build
     assert result.exit_code == 2 and "fa3 through fa3_fwd_interface takes bf16, not --dtype fp16" in result.output
 
 
 # ---- which modules, and that both the unpatched model and ours reach it -------------------------------------------
 
-def _backends(model) -> dict:
-    return {name: getattr(m.processor, "_attention_backend", None) for name, m in model.named_modules()
-            if hasattr(m, "processor")}
-
-
 @pytest.mark.parametrize("family", ["ltx", "ltx2", "wan"])
 def test_fa3_is_set_on_the_self_attentions_only(family, fa3_fwd):
     model = {"ltx": ltx_transformer, "ltx2": lambda: ltx2_transformer(2), "wan": lambda: wan_transformer(dtype="fp32")}
     model = model[family]()
     info = ab.use_flash_attention_3([model], "bf16")
-    chosen = {name for name, backend in _backends(model).items() if backend is not None}
-    expected = {name for name in _backends(model) if name.rpartition(".")[2] in ("attn1", "audio_attn1")}
+    chosen = {name for name, backend in attention_backends(model).items() if backend is not None}
+    expected = {name for name in attention_backends(model) if name.rpartition(".")[2] in ("attn1", "audio_attn1")}
     assert chosen == expected and len(expected) == info["self_attentions"] > 0
-    assert {str(b.value) for b in map(_backends(model).get, chosen)} == {"_flash_3"}
-    assert any(name.endswith("attn2") for name in _backends(model))  # cross-attentions exist and were left alone
+    assert {str(b.value) for b in map(attention_backends(model).get, chosen)} == {"_flash_3"}
+    assert any(name.endswith("attn2") for name in attention_backends(model))  # cross-attentions exist, left alone
     assert info["package"] == "fa3_fwd_interface"
     from diffusers.models import attention_dispatch as dispatch
 
@@ -153,34 +97,13 @@ def test_a_source_build_diffusers_found_is_not_replaced(monkeypatch):
     assert dispatch.flash_attn_3_func is theirs
 
 
-def _ltx_call(model):
-    with torch.no_grad():
-        return model(**ltx_inputs(model))[0]
-
-
-def _wan_call(model):
-    with torch.no_grad():
-        return model(**wan_inputs(model))[0]
-
-
-def _ltx2_call(model):
-    return ltx2_call(model)[0]
-
-
-CASES = {  # family: (model, one call, our injection)
-    "ltx": (ltx_transformer, _ltx_call, "ltxbench.inject.ltx"),
-    "ltx2": (lambda: ltx2_transformer(2), _ltx2_call, "ltxbench.inject.ltx2"),
-    "wan": (lambda: wan_transformer(dtype="fp32"), _wan_call, "ltxbench.inject.wan"),
-}
-
-
-@pytest.mark.parametrize("family", list(CASES))
+@pytest.mark.parametrize("family", list(ATTENTION_CASES))
 def test_the_unpatched_model_and_ours_run_the_self_attentions_on_it_and_match_sdpa(family, fa3_fwd):
     """fp32 on the CPU: with the stand-in (exact attention) the outputs equal torch's SDPA path; every self-attention
     call reaches it, for the unpatched model and with our kernels (reference provider) alike."""
     import importlib
 
-    build, call, inject = CASES[family]
+    build, call, inject = ATTENTION_CASES[family]
     model = build()
     expected = call(model)
     info = ab.use_flash_attention_3([model], "bf16")
@@ -197,9 +120,9 @@ def test_the_unpatched_model_and_ours_run_the_self_attentions_on_it_and_match_sd
     torch.testing.assert_close(ours, expected, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("family", list(CASES))
+@pytest.mark.parametrize("family", list(ATTENTION_CASES))
 def test_a_one_percent_wrong_attention_kernel_fails_the_comparison(family, fa3_fwd):
-    build, call, _ = CASES[family]
+    build, call, _ = ATTENTION_CASES[family]
     model = build()
     expected = call(model)
     fa3_fwd.scale_error = 1.01
@@ -213,7 +136,7 @@ def test_the_backend_stays_in_a_fullgraph_compile(fa3_fwd, patched):
     from ltxbench.inject.ltx import apply_kernels
 
     model = ltx_transformer()
-    expected = _ltx_call(model)
+    expected = ltx_call(model)
     ab.use_flash_attention_3([model], "bf16")
     report = apply_kernels(model, "reference") if patched else None
     try:
@@ -231,9 +154,6 @@ def test_the_backend_stays_in_a_fullgraph_compile(fa3_fwd, patched):
 
 # ---- the command line -------------------------------------------------------------------------------------------
 
-CUDA_RUN = ["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--device", "cuda", "--num-frames", "9",
-            "--height", "64", "--width", "64", "--steps", "2"]
-
 
 @pytest.mark.parametrize("extra, says", [
     (["--device", "cpu"], "--attention-backend fa3 runs on a GPU, not --device cpu"),
@@ -243,14 +163,15 @@ CUDA_RUN = ["bench", "e2e", "--model", "ltx-tiny", "--weights", "random", "--dev
     (["--configs", "compile,optimized-fp8-attention"], "with fp8-attention"),
 ])
 def test_fa3_where_it_cannot_run_is_refused_before_the_build(extra, says, tmp_path):
-    result = runner.invoke(app, [*CUDA_RUN, "--attention-backend", "fa3", *extra, "-o", str(tmp_path / "r.json")])
+    result = runner.invoke(app, [*LTX_TINY_CUDA, "--attention-backend", "fa3", *extra, "-o",
+                                 str(tmp_path / "r.json")])
     assert result.exit_code == 2, result.output
     assert says in " ".join(result.output.split()) and "built" not in result.output
 
 
 def test_fa3_not_installed_exits_4_before_the_build_saying_how_to_install_it(tmp_path, monkeypatch):
     without_flash_attention_3(monkeypatch)
-    result = runner.invoke(app, [*CUDA_RUN, "--attention-backend", "fa3", "-o", str(tmp_path / "r.json")])
+    result = runner.invoke(app, [*LTX_TINY_CUDA, "--attention-backend", "fa3", "-o", str(tmp_path / "r.json")])
     text = " ".join(result.output.split())
     assert result.exit_code == 4, result.output
     assert "fa3 needs FlashAttention-3" in text and "pip install fa3-fwd" in text
@@ -335,12 +256,12 @@ def test_an_unknown_backend_name_is_refused_before_the_build(tmp_path):
     result = runner.invoke(app, [*BENCH_E2E_LTX_TINY, "--attention-backend", "fast", "-o", str(tmp_path / "r.json")])
     text = " ".join(result.output.split())
     assert result.exit_code == 2, result.output
-    assert "--attention-backend 'fast' is neither fa3 nor a diffusers backend" in text and "built" not in text
+    assert "--attention-backend 'fast' is neither fa3, auto nor a diffusers backend" in text and "built" not in text
 
 
 # ---- a configuration's own attention (<config>@fa3) ----------------------------------------------------------------
 
-def _attention_backends(model) -> list:
+def _attention_module_backends(model) -> list:
     return [getattr(m.processor, "_attention_backend", None) for m in ab.self_attentions(model)]
 
 
@@ -357,17 +278,17 @@ def test_a_configurations_own_attention_is_set_for_it_and_given_back_after(fa3_f
     processors = [m.processor for m in model.modules() if hasattr(m, "processor")]
     for name in ("optimized@fa3", "compile@fa3"):
         report = family.apply_config(pipe, settings, name)
-        assert {str(b.value) for b in _attention_backends(model)} == {"_flash_3"}, name
+        assert {str(b.value) for b in _attention_module_backends(model)} == {"_flash_3"}, name
         injection = report.as_dict()
         assert injection["attention"]["name"] == "fa3" and injection["applied"] == name.startswith("optimized")
         before = len(fa3_fwd.calls)
-        _ltx_call(model)
+        ltx_call(model)
         assert len(fa3_fwd.calls) > before, name  # the self-attentions ran on it
         report.revert()
-        assert _attention_backends(model) == [None] * len(_attention_backends(model)), name
+        assert _attention_module_backends(model) == [None] * len(_attention_module_backends(model)), name
         assert [m.processor for m in model.modules() if hasattr(m, "processor")] == processors, name
     assert family.apply_config(pipe, settings, "optimized") is not None  # and a plain one sets nothing
-    assert _attention_backends(model) == [None] * len(_attention_backends(model))
+    assert _attention_module_backends(model) == [None] * len(_attention_module_backends(model))
 
 
 def test_ltx2s_pipeline_without_its_stg_pass_takes_an_attention_of_its_own(fa3_fwd, ltx2_tiny):
@@ -381,13 +302,13 @@ def test_ltx2s_pipeline_without_its_stg_pass_takes_an_attention_of_its_own(fa3_f
                             kernel_provider="reference")
     assert family.settings_for(settings, "stg-off+compile@fa3").stg_scale == 0.0
     report = family.apply_config(ltx2_tiny, settings, "stg-off@fa3")
-    assert {str(b.value) for b in _attention_backends(model)} == {"_flash_3"}
+    assert {str(b.value) for b in _attention_module_backends(model)} == {"_flash_3"}
     assert report.as_dict()["attention"]["name"] == "fa3"
     before = len(fa3_fwd.calls)
-    _ltx2_call(model)
+    ltx2_first(model)
     assert len(fa3_fwd.calls) > before
     report.revert()
-    assert _attention_backends(model) == [None] * len(_attention_backends(model))
+    assert _attention_module_backends(model) == [None] * len(_attention_module_backends(model))
 
 
 @pytest.mark.parametrize("configs, extra, says, code", [
@@ -396,14 +317,15 @@ def test_ltx2s_pipeline_without_its_stg_pass_takes_an_attention_of_its_own(fa3_f
     ("compile,optimized-fp8-attention@fa3", [], "unknown configuration 'optimized-fp8-attention@fa3'", 2),
 ])
 def test_configurations_with_fa3_refused_where_they_cannot_run(configs, extra, says, code, tmp_path):
-    result = runner.invoke(app, [*CUDA_RUN, "--configs", configs, *extra, "-o", str(tmp_path / "r.json")])
+    result = runner.invoke(app, [*LTX_TINY_CUDA, "--configs", configs, *extra, "-o", str(tmp_path / "r.json")])
     assert result.exit_code == code, result.output
     assert says in " ".join(result.output.split())
 
 
 def test_configurations_with_fa3_without_it_installed_exit_4_before_the_build(tmp_path, monkeypatch):
     without_flash_attention_3(monkeypatch)
-    result = runner.invoke(app, [*CUDA_RUN, "--configs", "compile,compile@fa3", "-o", str(tmp_path / "r.json")])
+    result = runner.invoke(app, [*LTX_TINY_CUDA, "--configs", "compile,compile@fa3", "-o",
+                                 str(tmp_path / "r.json")])
     assert result.exit_code == 4 and "pip install fa3-fwd" in " ".join(result.output.split()), result.output
     llm = runner.invoke(app, ["bench", "e2e", "--model", "llama-tiny", "--weights", "random", "--device", "cpu",
                               "--configs", "compile@fa3"])

@@ -338,7 +338,7 @@ class FakeFamily:
     def parallelize(self, pipe, settings):
         self.parallelized.append(pipe)
 
-    def set_attention(self, pipe, settings):
+    def set_attention(self, pipe, settings, log=None):
         return None
 
     def generate(self, pipe, settings, on_step):
