@@ -647,6 +647,81 @@ def test_rope_1d_cache_writes_the_rows_a_static_cache_would(dtype, heads, hd, ro
                           (q, k, v, cos, sin, guard.clone(), guard.clone(), at, interleaved))
 
 
+def _decode_layers(x, layers, cos, sin, offset, keep, sync=False):
+    """Llama-like decode layers on the ops a decode step runs (GEMVs with and without the norm, RoPE with the cache
+    write, split decode attention and its merge, SwiGLU in the GEMV), each reading what the one before wrote; every
+    intermediate is returned. sync=True waits for each op before the next is launched."""
+    from ltxbench import ops
+
+    def step(t):
+        if sync:
+            torch.cuda.synchronize()
+        made.append(t)
+        return t
+
+    made = []
+    for g1, wqkv, k_cache, v_cache, wo, g2, wgu, wd in layers:
+        hd, kv_heads = k_cache.shape[-1], k_cache.shape[1]
+        qkv = step(ops.rms_norm_linear(x, g1, 1e-5, wqkv))
+        widths = [wo.shape[1], kv_heads * hd, kv_heads * hd]
+        q, k, v = (t.unflatten(-1, (-1, hd)).transpose(1, 2) for t in qkv.split(widths, -1))
+        q = step(ops.rope_1d_cache(q, k, v, cos, sin, k_cache, v_cache, offset))
+        attn = step(ops.decode_attention(q.reshape(1, kv_heads, -1, hd), k_cache, v_cache, keep))
+        proj = step(ops.linear(attn.reshape(1, 1, -1), wo))
+        gated, h = step(ops.add_rms_norm_linear(proj, x, g2, 1e-5, wgu, activation="swiglu"))
+        x = step(ops.linear(gated, wd, None, "none", h))
+    return x, made
+
+
+def test_decode_step_ops_in_a_cuda_graph_give_the_bits_of_one_launch_at_a_time():
+    """A decode step runs our ops inside transformers' CUDA graph: four layers captured in one graph, every
+    intermediate poisoned with NaN before each replay, give bit for bit what the same ops give launched one at a time
+    with the GPU idle in between (and so does the stream without the host's waits): no op reads what it has not
+    been given, none depends on launch timing, the static cache rows are the same."""
+    gen = torch.Generator("cuda").manual_seed(3)
+    hidden, heads, kv_heads, hd, inter, length, at = 4096, 32, 8, 128, 14336, 2048, 1500
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, device="cuda", generator=gen) * scale).to(torch.bfloat16)
+
+    layers = [(rand(hidden, scale=0.1) + 1, rand((heads + 2 * kv_heads) * hd, hidden, scale=hidden ** -0.5),
+               rand(1, kv_heads, length, hd), rand(1, kv_heads, length, hd), rand(hidden, heads * hd, scale=0.02),
+               rand(hidden, scale=0.1) + 1, rand(2 * inter, hidden, scale=hidden ** -0.5),
+               rand(hidden, inter, scale=0.01)) for _ in range(4)]
+    angles = torch.rand(1, hd // 2, device="cuda", generator=gen) * 6
+    cos, sin = angles.cos(), angles.sin()
+    offset = torch.tensor(at, device="cuda")
+    keep = (torch.arange(length, device="cuda") <= at).view(1, 1, 1, length)
+    x = rand(1, 1, hidden)
+    caches = [t for layer in layers for t in layer[2:4]]
+    initial = [c.clone() for c in caches]
+
+    def restore():
+        for c, c0 in zip(caches, initial, strict=True):
+            c.copy_(c0)
+
+    want, _ = _decode_layers(x, layers, cos, sin, offset, keep, sync=True)
+    want_caches = [c.clone() for c in caches]
+    assert torch.isfinite(want.float()).all() and want.float().abs().max() > 0.1, want
+    restore()
+    streamed, _ = _decode_layers(x, layers, cos, sin, offset, keep)
+    assert torch.equal(streamed, want), "launched back to back, the ops gave other bits than one at a time"
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out, made = _decode_layers(x, layers, cos, sin, offset, keep)
+    for replay in range(10):
+        restore()
+        for t in made + [out]:
+            for part in _tuple(t):
+                part.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want), f"replay {replay}: the graph's output differs ({out.isnan().sum()} NaN)"
+        assert all(torch.equal(c, w) for c, w in zip(caches, want_caches, strict=True)), f"replay {replay}: caches"
+
+
 def test_a_process_records_the_kernel_files_it_ran():
     """nvcc-compiled kernel files record their entry under their own name: an RMSNorm enters norm.cu and its binding
     file, not the decode attention's files (a result's provenance reads this list)."""
