@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import re
 import types
 from collections import Counter
@@ -427,8 +428,6 @@ def test_full_llama3_8b_random_bf16_parity_with_the_static_cache():
 def test_the_kv_cache_is_found_under_both_of_its_names():
     """transformers 5.24 renamed the attention's `past_key_values` to `cache` (and still takes the old name): the
     patched attention must update the cache it is given under either name, as the original does."""
-    import inspect
-
     from transformers import DynamicCache
 
     model = llm_build("llama")
@@ -484,12 +483,14 @@ def _decode_steps(model, compiled: bool):
 
     ids = llm_prompt(batch=2, length=6)
     cache = StaticCache(config=model.config, max_cache_len=12)
+    # the cache's keyword: `cache` since transformers 5.24 (`past_key_values` deprecated there), before that the old one
+    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
     steps = []
     with torch.no_grad():
-        token = model(ids, past_key_values=cache, use_cache=True).logits[:, -1:].argmax(-1)
+        token = model(ids, **{name: cache}, use_cache=True).logits[:, -1:].argmax(-1)
         step = torch.compile(model, fullgraph=True) if compiled else model
         for i in range(3):
-            logits = step(token, past_key_values=cache, use_cache=True, cache_position=torch.tensor([6 + i])).logits
+            logits = step(token, **{name: cache}, use_cache=True, cache_position=torch.tensor([6 + i])).logits
             steps.append(logits)
             token = logits[:, -1:].argmax(-1)
     return torch.stack(steps), [(layer.keys, layer.values, int(layer.cumulative_length)) for layer in cache.layers]
