@@ -54,16 +54,16 @@ def dispatched_call(query, key, attn_mask=None) -> tuple[AttentionShape, tuple |
     return shape, None if attn_mask is None else (tuple(attn_mask.shape), attn_mask.dtype == torch.bool)
 
 
-def capture(denoisers, run: Callable[[], object]) -> dict:
+def capture(denoisers, run: Callable[[], object], modules: list | None = None) -> dict:
     """{module name: (module, shape, mask)} of the largest attention call each attention module made during run()
     (mask: dispatched_call's), every module on diffusers' `native` backend meanwhile, its function wrapped to read
     the calls (backends and function restored after). run() is stopped once each of `denoisers` has returned from a
-    call."""
+    call. `modules`: attention_modules(denoisers), where the caller has listed them already."""
     import functools
 
     from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
-    modules = attention_modules(denoisers)
+    modules = attention_modules(denoisers) if modules is None else modules
     calls: dict = {}
     active: list = []
     pending = {id(d) for d in denoisers}
@@ -244,7 +244,7 @@ def choose(denoisers, run: Callable[[], object], log=print, time_fn=None, device
     start = time.perf_counter()
     log(f"attention auto: capturing each attention's shape (untimed, up to {CAPTURE_STEPS} steps)")
     modules = attention_modules(denoisers)
-    calls = with_twins(capture(denoisers, run), modules)
+    calls = with_twins(capture(denoisers, run, modules), modules)
     groups: dict = {}
     for name, (module, shape, mask) in calls.items():
         groups.setdefault((shape, mask), []).append((name, module))
