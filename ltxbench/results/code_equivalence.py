@@ -1,18 +1,21 @@
 """Whether two versions of a source file are the same code, for a stored result's currency
 (provenance.changed_since): Python by its syntax tree without docstrings; CUDA/C++ without comments, the entry markers
 of common/source_use.h (and their include) and indentation, string literals and the line breaks that end preprocessor
-directives kept. Anything else: only identical text."""
+directives kept; pyproject.toml by what a run from the tree reads of it (dependencies, entry points, package
+data), not its metadata or build requirements. Anything else: only identical text."""
 
 from __future__ import annotations
 
 import ast
 import re
+import tomllib
 
 
 def same_code(name: str, before: str, after: str) -> bool:
     """`before` and `after` (two versions of the file `name`) differ only in comments, docstrings, layout or (C++) entry
     markers, which record a run's files and compute nothing."""
-    code_of = _python_code if name.endswith(".py") else _cxx_code if name.endswith(CXX) else None
+    code_of = _python_code if name.endswith(".py") else _cxx_code if name.endswith(CXX) else \
+        _project_code if name == "pyproject.toml" else None
     if code_of is None:
         return before == after
     code = code_of(before)
@@ -62,3 +65,18 @@ def _python_code(source: str) -> str | None:
                 isinstance(body[0].value.value, str):
             node.body = body[1:] or [ast.Pass()]
     return ast.dump(tree)
+
+
+# What a run from the source tree takes from pyproject.toml. The rest (license, description, classifiers, the build
+# backend's own requirements, linters' and pytest's settings) changes no measured figure.
+PROJECT_CODE = ("dependencies", "optional-dependencies", "scripts", "gui-scripts", "entry-points", "requires-python")
+
+
+def _project_code(source: str) -> str | None:
+    """The run-relevant tables of a pyproject.toml (None where it does not parse)."""
+    try:
+        data = tomllib.loads(source)
+    except tomllib.TOMLDecodeError:
+        return None
+    project = data.get("project", {})
+    return repr(({key: project.get(key) for key in PROJECT_CODE}, data.get("tool", {}).get("setuptools")))

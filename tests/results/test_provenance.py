@@ -340,3 +340,26 @@ def test_a_cuda_change_in_comments_markers_or_layout_only_is_not_a_code_change(c
         source.write_text(text)
         _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "later")
         assert prov.changed_since(git, prov.provenance_and_files(checkout)[1], checkout) == changed, text
+
+
+def test_a_pyproject_metadata_change_is_not_a_code_change(checkout):
+    """pyproject.toml compared by what a run reads of it: its license, description or build requirements may change
+    and results stay current; a dependency, an entry point or the package data may not."""
+    project = checkout / "pyproject.toml"
+    base = ('[build-system]\nrequires = ["setuptools>=68"]\n\n[project]\nname = "p"\nlicense = { text = "MIT" }\n'
+            'dependencies = ["torch>=2.11"]\n\n[project.scripts]\np = "p.cli:app"\n\n'
+            '[tool.setuptools.package-data]\np = ["*.json"]\n\n[tool.ruff]\nline-length = 120\n')
+    project.write_text(base)
+    _git(checkout, "add", ".")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
+    git = {**prov.from_git(checkout), "executed": [], "executed_kernels": []}
+    same = base.replace('{ text = "MIT" }', '"MIT"').replace(">=68", ">=77").replace("120", "100") \
+        .replace('name = "p"\n', 'name = "p"\ndescription = "a package"\n')
+    cases = {same: [], base.replace("torch>=2.11", "torch>=2.12"): ["pyproject.toml"],
+             base.replace("p.cli:app", "p.cli:main"): ["pyproject.toml"],
+             base.replace('["*.json"]', '["*.json", "*.cu"]'): ["pyproject.toml"],
+             base.replace("[project]", "[project"): ["pyproject.toml"]}
+    for text, changed in cases.items():
+        project.write_text(text)
+        _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "later")
+        assert prov.changed_since(git, prov.provenance_and_files(checkout)[1], checkout) == changed, text
