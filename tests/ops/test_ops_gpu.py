@@ -652,6 +652,7 @@ def _decode_layers(x, layers, cos, sin, offset, keep, sync=False):
     write, split decode attention and its merge, SwiGLU in the GEMV), each reading what the one before wrote; every
     intermediate is returned. sync=True waits for each op before the next is launched."""
     from ltxbench import ops
+    from ltxbench.ops import norm_linear
 
     def step(t):
         if sync:
@@ -662,13 +663,13 @@ def _decode_layers(x, layers, cos, sin, offset, keep, sync=False):
     made = []
     for g1, wqkv, k_cache, v_cache, wo, g2, wgu, wd in layers:
         hd, kv_heads = k_cache.shape[-1], k_cache.shape[1]
-        qkv = step(ops.rms_norm_linear(x, g1, 1e-5, wqkv))
+        qkv = step(norm_linear.rms_norm_linear(x, g1, 1e-5, wqkv))
         widths = [wo.shape[1], kv_heads * hd, kv_heads * hd]
         q, k, v = (t.unflatten(-1, (-1, hd)).transpose(1, 2) for t in qkv.split(widths, -1))
         q = step(ops.rope_1d_cache(q, k, v, cos, sin, k_cache, v_cache, offset))
         attn = step(ops.decode_attention(q.reshape(1, kv_heads, -1, hd), k_cache, v_cache, keep))
         proj = step(ops.linear(attn.reshape(1, 1, -1), wo))
-        gated, h = step(ops.add_rms_norm_linear(proj, x, g2, 1e-5, wgu, activation="swiglu"))
+        gated, h = step(norm_linear.add_rms_norm_linear(proj, x, g2, 1e-5, wgu, activation="swiglu"))
         x = step(ops.linear(gated, wd, None, "none", h))
     return x, made
 
