@@ -326,20 +326,13 @@ def test_a_cuda_change_in_comments_markers_or_layout_only_is_not_a_code_change(c
     source.parent.mkdir(parents=True)
     base = ('#include "bindings/checks.h"\n#define TWICE(x) \\\n  (2 * (x))\nint f(int x) {  // one\n'
             '  return TWICE(x) + 1;\n}\nconst char* kName = "a // b";\n')
-    source.write_text(base)
-    _git(checkout, "add", ".")
-    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
-    git = {**prov.from_git(checkout), "executed": [], "executed_kernels": ["cuda/bindings/norm.cpp"]}
     same = ('#include "bindings/checks.h"\n#include "common/source_use.h"\n#define TWICE(x) \\\n  (2 * (x))\n'
             'int f(int x) {\n  NOTE_SOURCE_USED();  /* the entry */\n      return TWICE(x) + 1;\n}\n'
             'const char* kName = "a // b";  // kept\n')
     cases = {same: [], base.replace("+ 1", "+ 2"): ["cuda/bindings/norm.cpp"],
              base.replace('"a // b"', '"a //  b"'): ["cuda/bindings/norm.cpp"],
              base.replace("(2 * (x))\nint", "(2 * (x)) int"): ["cuda/bindings/norm.cpp"]}
-    for text, changed in cases.items():
-        source.write_text(text)
-        _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "later")
-        assert prov.changed_since(git, prov.provenance_and_files(checkout)[1], checkout) == changed, text
+    _assert_changed_after_each(checkout, source, base, cases, kernels=["cuda/bindings/norm.cpp"])
 
 
 def test_a_pyproject_metadata_change_is_not_a_code_change(checkout):
@@ -349,17 +342,23 @@ def test_a_pyproject_metadata_change_is_not_a_code_change(checkout):
     base = ('[build-system]\nrequires = ["setuptools>=68"]\n\n[project]\nname = "p"\nlicense = { text = "MIT" }\n'
             'dependencies = ["torch>=2.11"]\n\n[project.scripts]\np = "p.cli:app"\n\n'
             '[tool.setuptools.package-data]\np = ["*.json"]\n\n[tool.ruff]\nline-length = 120\n')
-    project.write_text(base)
-    _git(checkout, "add", ".")
-    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
-    git = {**prov.from_git(checkout), "executed": [], "executed_kernels": []}
     same = base.replace('{ text = "MIT" }', '"MIT"').replace(">=68", ">=77").replace("120", "100") \
         .replace('name = "p"\n', 'name = "p"\ndescription = "a package"\n')
     cases = {same: [], base.replace("torch>=2.11", "torch>=2.12"): ["pyproject.toml"],
              base.replace("p.cli:app", "p.cli:main"): ["pyproject.toml"],
              base.replace('["*.json"]', '["*.json", "*.cu"]'): ["pyproject.toml"],
              base.replace("[project]", "[project"): ["pyproject.toml"]}
+    _assert_changed_after_each(checkout, project, base, cases, kernels=[])
+
+
+def _assert_changed_after_each(checkout, path, base, cases: dict, kernels: list[str]) -> None:
+    """`path` committed as `base` and measured by a run that entered `kernels`; then each of `cases` (text: the files
+    changed_since must name) committed in turn."""
+    path.write_text(base)
+    _git(checkout, "add", ".")
+    _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "measured")
+    git = {**prov.from_git(checkout), "executed": [], "executed_kernels": kernels}
     for text, changed in cases.items():
-        project.write_text(text)
+        path.write_text(text)
         _git(checkout, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "later")
         assert prov.changed_since(git, prov.provenance_and_files(checkout)[1], checkout) == changed, text
