@@ -6,7 +6,9 @@
 // most SMs idle and reads the cache at a fraction of the bandwidth (cuDNN: ~16 us a layer for 2.4 MB on an H100). So
 // the keys are split: block (split, group) takes keys [split * chunk, (split + 1) * chunk), its four warps a key each
 // in turn, each query's running max and sum (log2 domain) and its fp32 output row per lane; the warps meet in shared
-// memory, and a second kernel merges the splits' partial rows (skipped with one split). Keys the mask excludes
+// memory, and the splits' partial rows are merged: on Hopper by the blocks of a thread block cluster (one cluster
+// per group, at most 16 splits) through each other's shared memory, else by a second kernel (skipped with one
+// split). Both merge in the same order with the same fmaf chains: the same bits. Keys the mask excludes
 // (false, or an additive -inf) are not read; a warp reads the mask of its next 32 keys at once, then their rows a
 // few keys at a time, so that a split costs few memory round trips. The probabilities stay in fp32 for the P.V
 // sums (flash kernels round them to the input dtype), and the output is rounded once. A query with no key left gets
@@ -18,8 +20,11 @@
 #include "common/tuning.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
+
+#include <cooperative_groups.h>
 
 namespace ltxbench {
 namespace {
@@ -29,6 +34,26 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMinKeysPerSplit = 32;
 constexpr int kBlocksPerSm = 4;
 constexpr int kMaxSplits = 256;  // the merge holds each split's (max, sum) in shared memory
+// Splits merged in a cluster: 16, the largest cluster Hopper allows (non-portable; 8 is portable). Where 17-32
+// splits would be chosen, 16 are (a split then takes at most twice the keys, still few), so that the merge kernel,
+// ~5 us a layer on an H100 with its launch, goes.
+constexpr int kMaxClusterSplits = 16;
+
+// Whether the current device merges the splits in a cluster: compute capability 9 or later, and
+// LTXBENCH_DECODE_CLUSTER not 0 (the merge kernel then, as before Hopper). Asked once per device.
+bool cluster_merge_allowed() {
+  constexpr int kMaxDevices = 64;
+  static const bool off = tuning_off("LTXBENCH_DECODE_CLUSTER");
+  static std::atomic<int> majors[kMaxDevices] = {};
+  int device = 0;
+  if (off || cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;
+  int major = majors[device].load(std::memory_order_relaxed);
+  if (major <= 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) return false;
+    majors[device].store(major, std::memory_order_relaxed);
+  }
+  return major >= 9;
+}
 
 // E elements of a head row per lane: contiguous at lane * E (VEC: one to two wide loads), else lane + 32 i.
 template <typename T, int E, bool VEC>
@@ -104,9 +129,48 @@ __device__ __forceinline__ void accumulate(const float (&q)[QT][E], const float 
   }
 }
 
+// The rows a cluster's blocks left in shared memory (rows[split][r][d], stats[split][r] = (max, sum)), merged as
+// decode_attn_merge_kernel merges them: each output element by one thread of the cluster, its splits in order.
+template <typename T, int QT, int W>
+__device__ __forceinline__ void merge_in_cluster(const DecodeAttnParams& p, int64_t h, int64_t g0, int64_t b,
+                                                 int rows, float (&sh_part)[QT][W], float (&sh_stat)[QT][2]) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every block's partial rows are written
+  const int splits = static_cast<int>(cluster.num_blocks()), rank = static_cast<int>(cluster.block_rank());
+  for (int64_t at = rank * static_cast<int64_t>(blockDim.x) + threadIdx.x; at < rows * p.hd;
+       at += static_cast<int64_t>(splits) * blockDim.x) {
+    const int r = static_cast<int>(at / p.hd), d = static_cast<int>(at % p.hd);
+    float factor[kMaxClusterSplits];
+    float top = -INFINITY, total = 0.f, sum = 0.f;
+    for (int s = 0; s < splits; ++s) top = fmaxf(top, cluster.map_shared_rank(&sh_stat[r][0], s)[0]);
+    if (top != -INFINITY) {
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s) {
+        if (s < splits) {
+          const float* stat = cluster.map_shared_rank(&sh_stat[r][0], s);
+          factor[s] = exp2f(stat[0] - top);  // a split without keys: exp2(-inf) = 0
+          total = fmaf(stat[1], factor[s], total);
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < kMaxClusterSplits; ++s)
+        if (s < splits) sum = fmaf(cluster.map_shared_rank(&sh_part[r][d], s)[0], factor[s], sum);
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    static_cast<T*>(p.out)[((b * p.H + h) * p.G + g0 + r) * p.hd + d] = from_float<T>(sum * inv);
+  }
+  cluster.sync();  // no block leaves while another still reads its shared memory
+#else
+  __trap();  // launched as a cluster only where the kernel was built for sm_90 (cluster_fits)
+#endif
+}
+
 // Block (split, group h x query tile, b): QT query rows of group h over the split's keys. With one split the rows
-// are final (out, rounded to T); else partial: rows (sum of p v) and (max, sum) per query row and split.
-template <typename T, int E, bool VEC, int QT>
+// are final (out, rounded to T); else partial: rows (sum of p v) and (max, sum) per query row and split, in global
+// memory for the merge kernel or, CLUSTER, in shared memory for the cluster's merge.
+template <typename T, int E, bool VEC, int QT, bool CLUSTER>
 __global__ void __launch_bounds__(kWarps * 32) decode_attn_kernel(DecodeAttnParams p, int64_t chunk, int64_t splits,
                                                                   float* part_rows, float* part_stats) {
   if constexpr (unsupported_here<T>()) {
@@ -114,6 +178,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn_kernel(DecodeAttnPara
   } else {
     __shared__ float sh_rows[kWarps][QT][E * 32];
     __shared__ float sh_m[kWarps][QT], sh_l[kWarps][QT];
+    __shared__ float sh_part[CLUSTER ? QT : 1][CLUSTER ? E * 32 : 1], sh_stat[CLUSTER ? QT : 1][2];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t tiles = (p.G + QT - 1) / QT;
     const int64_t split = blockIdx.x, h = blockIdx.y / tiles, g0 = (blockIdx.y % tiles) * QT, b = blockIdx.z;
@@ -188,7 +253,14 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn_kernel(DecodeAttnPara
         }
       }
       const int64_t g = g0 + r, query = (b * p.H + h) * p.G + g;  // out and the partials are dense (B, H, G, .)
-      if (splits == 1) {
+      if constexpr (CLUSTER) {
+#pragma unroll
+        for (int i = 0; i < E; ++i) {
+          const int64_t d = lane_index<E, VEC>(lane, i);
+          if (d < p.hd) sh_part[r][d] = row[i];
+        }
+        if (lane == 0) sh_stat[r][0] = top, sh_stat[r][1] = total;
+      } else if (splits == 1) {
         const float inv = total > 0.f ? 1.f / total : 0.f;
         T* out = static_cast<T*>(p.out) + query * p.hd;
 #pragma unroll
@@ -209,6 +281,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn_kernel(DecodeAttnPara
         }
       }
     }
+    if constexpr (CLUSTER) merge_in_cluster<T, QT, CLUSTER ? E * 32 : 1>(p, h, g0, b, rows, sh_part, sh_stat);
   }
 }
 
@@ -260,6 +333,44 @@ __global__ void decode_attn_merge_kernel(DecodeAttnParams p, int64_t splits, con
   }
 }
 
+// A launch of `grid` with `splits` blocks a cluster (the attribute lives as long as the config that points at it).
+struct ClusterLaunch {
+  cudaLaunchAttribute attribute{};
+  cudaLaunchConfig_t config{};
+  ClusterLaunch(int64_t splits, dim3 grid, cudaStream_t stream) {
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = static_cast<unsigned>(splits);
+    attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
+    config.gridDim = grid, config.blockDim = dim3(kWarps * 32), config.stream = stream;
+    config.attrs = &attribute, config.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
+
+// Whether decode_attn_kernel's cluster form runs here with `splits` blocks a cluster: the device allows it
+// (cluster_merge_allowed), the kernel was built for sm_90 (the form is compiled only there), and the occupancy query
+// finds room for such a cluster. Asked once per instantiation and cluster size (the first device's answer).
+template <typename T, int E, bool VEC, int QT>
+bool cluster_fits(int64_t splits, dim3 grid, cudaStream_t stream) {
+  static std::atomic<int> known[kMaxClusterSplits + 1] = {};  // 0 not asked, 1 fits, -1 does not
+  if (splits < 2 || splits > kMaxClusterSplits || !cluster_merge_allowed()) return false;
+  int state = known[splits].load(std::memory_order_relaxed);
+  if (state == 0) {
+    auto kernel = decode_attn_kernel<T, E, VEC, QT, true>;
+    const ClusterLaunch launch(splits, grid, stream);
+    cudaFuncAttributes attributes{};
+    int clusters = 0;
+    const bool ok = cudaFuncGetAttributes(&attributes, kernel) == cudaSuccess && attributes.ptxVersion >= 90 &&
+                    cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1) == cudaSuccess &&
+                    cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters > 0;
+    cudaGetLastError();  // a refused query leaves no error for the next launch to report
+    state = ok ? 1 : -1;
+    known[splits].store(state, std::memory_order_relaxed);
+  }
+  return state > 0;
+}
+
 template <typename T, int E, bool VEC, int QT>
 cudaError_t launch_with(const DecodeAttnParams& p, int64_t splits, float* part_rows, float* part_stats,
                         cudaStream_t stream) {
@@ -267,7 +378,13 @@ cudaError_t launch_with(const DecodeAttnParams& p, int64_t splits, float* part_r
   const int64_t chunk = std::max<int64_t>(1, (p.L + splits - 1) / splits);
   const dim3 grid(static_cast<unsigned>(splits), static_cast<unsigned>(p.H * ((p.G + QT - 1) / QT)),
                   static_cast<unsigned>(p.B));
-  decode_attn_kernel<T, E, VEC, QT><<<grid, kWarps * 32, 0, stream>>>(p, chunk, splits, part_rows, part_stats);
+  if (cluster_fits<T, E, VEC, QT>(splits, grid, stream)) {
+    const ClusterLaunch launch(splits, grid, stream);
+    return cudaLaunchKernelEx(&launch.config, decode_attn_kernel<T, E, VEC, QT, true>, p, chunk, splits, part_rows,
+                              part_stats);
+  }
+  decode_attn_kernel<T, E, VEC, QT, false><<<grid, kWarps * 32, 0, stream>>>(p, chunk, splits, part_rows,
+                                                                            part_stats);
   if (splits == 1) return cudaGetLastError();
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) return err;
@@ -309,7 +426,9 @@ int64_t decode_attention_splits(int64_t B, int64_t H, int64_t G, int64_t L, int6
                                                                          : kMinKeysPerSplit;
   const int64_t wanted = (static_cast<int64_t>(blocks_per_sm) * multiprocessor_count() + groups - 1) / groups;
   const int64_t most = std::max<int64_t>(1, (L + min_keys - 1) / min_keys);
-  const int64_t splits = std::max<int64_t>(1, std::min<int64_t>({wanted, most, kMaxSplits}));
+  int64_t splits = std::max<int64_t>(1, std::min<int64_t>({wanted, most, kMaxSplits}));
+  if (splits > kMaxClusterSplits && splits <= 2 * kMaxClusterSplits && cluster_merge_allowed())
+    splits = kMaxClusterSplits;  // merged in a cluster rather than by a second kernel
   const int64_t chunk = std::max<int64_t>(1, (L + splits - 1) / splits);
   return std::max<int64_t>(1, (L + chunk - 1) / chunk);  // no split without keys
 }

@@ -647,6 +647,55 @@ def test_rope_1d_cache_writes_the_rows_a_static_cache_would(dtype, heads, hd, ro
                           (q, k, v, cos, sin, guard.clone(), guard.clone(), at, interleaved))
 
 
+_CLUSTER_SCRIPT = """
+import sys, torch
+from ltxbench import ops
+from ltxbench.ops.inputs_matmul import inputs_decode_attention
+length, dtype, variant, path = int(sys.argv[1]), getattr(torch, sys.argv[2]), sys.argv[3], sys.argv[4]
+inp = inputs_decode_attention((1, length, 512), dtype, 'cuda', torch.Generator().manual_seed(length), variant)
+ops.decode_attention(inp['q'], inp['k'], inp['v'], inp['mask'], inp['scale'])
+with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+    out = ops.decode_attention(inp['q'], inp['k'], inp['v'], inp['mask'], inp['scale'])
+    torch.cuda.synchronize()
+names = [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+torch.save({'out': out.cpu(), 'merge_kernel': any('merge_kernel' in n for n in names)}, path)
+"""
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("variant", ["llama", "odd-head-dim"])
+@pytest.mark.parametrize("length", [83, 400, 700])
+def test_decode_attention_merged_in_a_cluster_gives_the_merge_kernels_bits(tmp_path, length, variant, dtype):
+    """On Hopper the key splits (one group: 3, 13 and, natural 22, 16 of 32 keys) merge inside a thread block cluster:
+    no merge kernel runs, and where the splits are the same as the merge kernel's (3, 13) the bits are too; at 700
+    keys both are within the op's tolerance of the reference. The merge kernel runs in a process with
+    LTXBENCH_DECODE_CLUSTER=0."""
+    import os
+    import subprocess
+    import sys
+
+    from ltxbench.ops.inputs_matmul import inputs_decode_attention
+
+    if torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("thread block clusters need compute capability 9.0")
+    runs = {}
+    for cluster in ("1", "0"):
+        path = tmp_path / f"cluster{cluster}.pt"
+        env = {**os.environ, "LTXBENCH_DECODE_CLUSTER": cluster}
+        subprocess.run([sys.executable, "-c", _CLUSTER_SCRIPT, str(length), dtype, variant, str(path)], env=env,
+                       check=True, timeout=600)
+        runs[cluster] = torch.load(path)
+    assert not runs["1"]["merge_kernel"] and runs["0"]["merge_kernel"]
+    if length < 700:
+        assert torch.equal(runs["1"]["out"], runs["0"]["out"])
+    inp = inputs_decode_attention((1, length, 512), getattr(torch, dtype), "cpu", torch.Generator().manual_seed(length),
+                                  variant)
+    want = reference.decode_attention(inp["q"].float(), inp["k"].float(), inp["v"].float(), inp["mask"], inp["scale"])
+    atol, rtol = SPECS["decode_attention"].tolerance(getattr(torch, dtype))
+    for cluster, run in runs.items():
+        torch.testing.assert_close(run["out"].float(), want, atol=atol, rtol=rtol, msg=f"cluster={cluster}")
+
+
 def _decode_layers(x, layers, cos, sin, offset, keep, sync=False):
     """Llama-like decode layers on the ops a decode step runs (GEMVs with and without the norm, RoPE with the cache
     write, split decode attention and its merge, SwiGLU in the GEMV), each reading what the one before wrote; every
