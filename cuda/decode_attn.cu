@@ -142,21 +142,29 @@ __device__ __forceinline__ void merge_in_cluster(const DecodeAttnParams& p, int6
   for (int64_t at = rank * static_cast<int64_t>(blockDim.x) + threadIdx.x; at < rows * p.hd;
        at += static_cast<int64_t>(splits) * blockDim.x) {
     const int r = static_cast<int>(at / p.hd), d = static_cast<int>(at % p.hd);
-    float factor[kMaxClusterSplits];
+    // Every split's (max, sum) and value loaded before any is used, so that the remote loads are in flight together
+    // (a loop that waited for each would cost a round trip per split); then the merge kernel's chains, in its order.
+    float m[kMaxClusterSplits], l[kMaxClusterSplits], x[kMaxClusterSplits];
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      if (s < splits) {
+        const float* stat = cluster.map_shared_rank(&sh_stat[r][0], s);
+        m[s] = stat[0], l[s] = stat[1], x[s] = *cluster.map_shared_rank(&sh_part[r][d], s);
+      }
+    }
     float top = -INFINITY, total = 0.f, sum = 0.f;
-    for (int s = 0; s < splits; ++s) top = fmaxf(top, cluster.map_shared_rank(&sh_stat[r][0], s)[0]);
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s)
+      if (s < splits) top = fmaxf(top, m[s]);
     if (top != -INFINITY) {
 #pragma unroll
       for (int s = 0; s < kMaxClusterSplits; ++s) {
         if (s < splits) {
-          const float* stat = cluster.map_shared_rank(&sh_stat[r][0], s);
-          factor[s] = exp2f(stat[0] - top);  // a split without keys: exp2(-inf) = 0
-          total = fmaf(stat[1], factor[s], total);
+          const float factor = exp2f(m[s] - top);  // a split without keys: exp2(-inf) = 0
+          total = fmaf(l[s], factor, total);
+          sum = fmaf(x[s], factor, sum);
         }
       }
-#pragma unroll
-      for (int s = 0; s < kMaxClusterSplits; ++s)
-        if (s < splits) sum = fmaf(cluster.map_shared_rank(&sh_part[r][d], s)[0], factor[s], sum);
     }
     const float inv = total > 0.f ? 1.f / total : 0.f;
     static_cast<T*>(p.out)[((b * p.H + h) * p.G + g0 + r) * p.hd + d] = from_float<T>(sum * inv);
