@@ -358,12 +358,17 @@ struct ClusterLaunch {
 
 // Whether decode_attn_kernel's cluster form runs here with `splits` blocks a cluster: the device allows it
 // (cluster_merge_allowed), the kernel was built for sm_90 (the form is compiled only there), and the occupancy query
-// finds room for such a cluster. Asked once per instantiation and cluster size (the first device's answer).
+// finds room for such a cluster. Asked once per device, instantiation and cluster size (the attribute that allows
+// clusters of more than 8 blocks is set per device too).
 template <typename T, int E, bool VEC, int QT>
 bool cluster_fits(int64_t splits, dim3 grid, cudaStream_t stream) {
-  static std::atomic<int> known[kMaxClusterSplits + 1] = {};  // 0 not asked, 1 fits, -1 does not
-  if (splits < 2 || splits > kMaxClusterSplits || !cluster_merge_allowed()) return false;
-  int state = known[splits].load(std::memory_order_relaxed);
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> known[kMaxDevices][kMaxClusterSplits + 1] = {};  // 0 not asked, 1 fits, -1 does not
+  int device = 0;
+  if (splits < 2 || splits > kMaxClusterSplits || !cluster_merge_allowed() || cudaGetDevice(&device) != cudaSuccess ||
+      device < 0 || device >= kMaxDevices)
+    return false;
+  int state = known[device][splits].load(std::memory_order_relaxed);
   if (state == 0) {
     auto kernel = decode_attn_kernel<T, E, VEC, QT, true>;
     const ClusterLaunch launch(splits, grid, stream);
@@ -374,7 +379,7 @@ bool cluster_fits(int64_t splits, dim3 grid, cudaStream_t stream) {
                     cudaOccupancyMaxActiveClusters(&clusters, kernel, &launch.config) == cudaSuccess && clusters > 0;
     cudaGetLastError();  // a refused query leaves no error for the next launch to report
     state = ok ? 1 : -1;
-    known[splits].store(state, std::memory_order_relaxed);
+    known[device][splits].store(state, std::memory_order_relaxed);
   }
   return state > 0;
 }
