@@ -6,8 +6,8 @@
 // most SMs idle and reads the cache at a fraction of the bandwidth (cuDNN: ~16 us a layer for 2.4 MB on an H100). So
 // the keys are split: block (split, group) takes keys [split * chunk, (split + 1) * chunk), its four warps a key each
 // in turn, each query's running max and sum (log2 domain) and its fp32 output row per lane; the warps meet in shared
-// memory, and the splits' partial rows are merged by a second kernel (skipped with one split) or, on Hopper with
-// LTXBENCH_DECODE_CLUSTER=1, by the blocks of a thread block cluster (one cluster per group, at most 16 splits)
+// memory, and the splits' partial rows are merged by a second kernel (skipped with one split) or, on Hopper, by the
+// blocks of a thread block cluster (one cluster per group, at most 16 splits; LTXBENCH_DECODE_CLUSTER=0 turns it off)
 // through each other's shared memory. Both merge in the same order with the same fmaf chains: the same bits. Keys
 // the mask excludes (false, or an additive -inf) are not read; a warp reads the mask of its next 32 keys at once,
 // then their rows a few keys at a time, so that a split costs few memory round trips. The probabilities stay in
@@ -39,11 +39,11 @@ constexpr int kMaxSplits = 256;  // the merge holds each split's (max, sum) in s
 // ~5 us a layer on an H100 with its launch, goes.
 constexpr int kMaxClusterSplits = 16;
 
-// Whether the current device merges the splits in a cluster: LTXBENCH_DECODE_CLUSTER=1 (opt-in until measured; else
-// the merge kernel) and compute capability 9 or later. Asked once per device.
+// Whether the current device merges the splits in a cluster: compute capability 9 or later, unless
+// LTXBENCH_DECODE_CLUSTER=0 (then the merge kernel). Asked once per device.
 bool cluster_merge_allowed() {
   constexpr int kMaxDevices = 64;
-  static const bool off = tuning_knob("LTXBENCH_DECODE_CLUSTER") != 1;
+  static const bool off = tuning_off("LTXBENCH_DECODE_CLUSTER");
   static std::atomic<int> majors[kMaxDevices] = {};
   int device = 0;
   if (off || cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= kMaxDevices) return false;

@@ -39,7 +39,7 @@ VARIABLES = (
     Variable("LTXBENCH_DECODE_BLOCKS_PER_SM", "kernel knob", "decode_attention's key splits: blocks per SM (4)"),
     Variable("LTXBENCH_DECODE_MIN_KEYS", "kernel knob", "decode_attention's key splits: fewest keys a split (32)"),
     Variable("LTXBENCH_DECODE_CLUSTER", "kernel knob",
-             "1: decode_attention's splits merged in a thread block cluster (Hopper), not by a second kernel"),
+             "0: decode_attention's splits merged by a second kernel, not in a thread block cluster (Hopper)"),
     Variable("LTXBENCH_ROW_LEAN", "kernel knob", "0: no lean path for the row kernels"),
     Variable("LTXBENCH_MOD_LEAN", "kernel knob", "0: no lean path for the modulated norms"),
     Variable("LTXBENCH_LN_LEAN", "kernel knob", "0: no lean path for the modulated LayerNorm"),
