@@ -666,10 +666,10 @@ torch.save({'out': out.cpu(), 'merge_kernel': any('merge_kernel' in n for n in n
 @pytest.mark.parametrize("variant", ["llama", "odd-head-dim"])
 @pytest.mark.parametrize("length", [83, 400, 700])
 def test_decode_attention_merged_in_a_cluster_gives_the_merge_kernels_bits(tmp_path, length, variant, dtype):
-    """On Hopper (the default, LTXBENCH_DECODE_CLUSTER=1 here) the key splits (one group: 3, 13 and, natural 22, 16 of 32 keys)
-    merge inside a thread block cluster: no merge kernel runs, and where the splits are the same as the merge
-    kernel's (3, 13) the bits are too; at 700 keys both are within the op's tolerance of the reference. The merge
-    kernel runs in a process with LTXBENCH_DECODE_CLUSTER=0."""
+    """On Hopper (the default; LTXBENCH_DECODE_CLUSTER=1 here) the key splits (one group: 3, 13 and, natural 22,
+    16 of 32 keys) merge inside a thread block cluster: no merge kernel runs, and where the splits are the same as
+    the merge kernel's (3, 13) the bits are too; at 700 keys both are within the op's tolerance of the reference.
+    The merge kernel runs in a process with LTXBENCH_DECODE_CLUSTER=0."""
     import os
     import subprocess
     import sys
