@@ -6,6 +6,7 @@ Test modules import from here, never from one another (tests/test_layout.py chec
 from __future__ import annotations
 
 import importlib.machinery
+import inspect
 import json
 import os
 import subprocess
@@ -355,6 +356,27 @@ def llm_prompt(batch=2, length=12):
 
 
 # --- parallel configs -------------------------------------------------------------------------------------------
+
+def llm_decode_steps(model, compiled: bool, device="cpu"):
+    """The logits of three decode steps after a 6-token prompt (batch 2) on a StaticCache of 12, the steps compiled
+    with fullgraph=True (as generate() compiles them) or eager; and each layer's (keys, values, length)."""
+    from transformers import StaticCache
+
+    ids = llm_prompt(batch=2, length=6).to(device)
+    cache = StaticCache(config=model.config, max_cache_len=12)
+    # the cache's keyword: `cache` since transformers 5.24 (`past_key_values` deprecated there), before that the old one
+    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
+    steps = []
+    with torch.no_grad():
+        token = model(ids, **{name: cache}, use_cache=True).logits[:, -1:].argmax(-1)
+        step = torch.compile(model, fullgraph=True) if compiled else model
+        for i in range(3):
+            position = torch.tensor([6 + i], device=device)
+            logits = step(token, **{name: cache}, use_cache=True, cache_position=position).logits
+            steps.append(logits)
+            token = logits[:, -1:].argmax(-1)
+    return torch.stack(steps), [(layer.keys, layer.values, int(layer.cumulative_length)) for layer in cache.layers]
+
 
 def parallel_config(ring_degree=1, ulysses_degree=1, ulysses_anything=False, ring_anything=False):
     """What ltxbench.parallel.attend reads of a processor's `_parallel_config` (diffusers' ParallelConfig), without a

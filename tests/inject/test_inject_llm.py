@@ -15,7 +15,15 @@ from ltxbench.inject import llm
 from ltxbench.inject.fuse import MOVES_RULE
 from ltxbench.inject.llm import attention as llm_attention
 from ltxbench.ops import norm_linear, reference
-from tests.helpers import LLM_FAMILY_EXTRA, LLM_TINY, count_calls, llm_build, llm_prompt, with_shifted_output
+from tests.helpers import (
+    LLM_FAMILY_EXTRA,
+    LLM_TINY,
+    count_calls,
+    llm_build,
+    llm_decode_steps,
+    llm_prompt,
+    with_shifted_output,
+)
 
 FAMILIES = tuple(LLM_FAMILY_EXTRA)
 
@@ -465,35 +473,15 @@ def test_a_compiled_decode_step_writes_the_static_cache_as_its_own_update():
     key and value equal the unpatched model's (to fp32 rounding: inductor compiles the rest); a stale length would
     write the wrong rows."""
     model = llm_build("llama")
-    expected, expected_cache = _decode_steps(model, compiled=False)
+    expected, expected_cache = llm_decode_steps(model, compiled=False)
     torch._dynamo.reset()
     with llm.apply_kernels(model, "reference"):
-        got, got_cache = _decode_steps(model, compiled=True)
+        got, got_cache = llm_decode_steps(model, compiled=True)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     for (k, v, length), (k0, v0, length0) in zip(got_cache, expected_cache, strict=True):
         assert length == length0 == 9
         torch.testing.assert_close(k, k0, atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(v, v0, atol=1e-6, rtol=1e-5)
-
-
-def _decode_steps(model, compiled: bool):
-    """The logits of three decode steps after a 6-token prompt (batch 2) on a StaticCache of 12, the steps compiled
-    with fullgraph=True (as generate() compiles them) or eager; and each layer's (keys, values, length)."""
-    from transformers import StaticCache
-
-    ids = llm_prompt(batch=2, length=6)
-    cache = StaticCache(config=model.config, max_cache_len=12)
-    # the cache's keyword: `cache` since transformers 5.24 (`past_key_values` deprecated there), before that the old one
-    name = "cache" if "cache" in inspect.signature(type(model).forward).parameters else "past_key_values"
-    steps = []
-    with torch.no_grad():
-        token = model(ids, **{name: cache}, use_cache=True).logits[:, -1:].argmax(-1)
-        step = torch.compile(model, fullgraph=True) if compiled else model
-        for i in range(3):
-            logits = step(token, **{name: cache}, use_cache=True, cache_position=torch.tensor([6 + i])).logits
-            steps.append(logits)
-            token = logits[:, -1:].argmax(-1)
-    return torch.stack(steps), [(layer.keys, layer.values, int(layer.cumulative_length)) for layer in cache.layers]
 
 
 @pytest.mark.parametrize("patched", [True, False])
@@ -517,17 +505,17 @@ def test_a_compiled_decode_step_reads_the_cache_without_copying_it_per_query_hea
     torch._dynamo.reset()
     if patched:
         with llm.apply_kernels(model, "reference"):
-            _decode_steps(model, compiled=True)
+            llm_decode_steps(model, compiled=True)
     else:
         with pytest.raises(Exception, match="repeat_kv in a compiled decode step"):
-            _decode_steps(model, compiled=True)
+            llm_decode_steps(model, compiled=True)
 
 
 def test_the_compiled_decode_parity_fails_for_a_one_percent_attention_error(monkeypatch):
     """The parity of test_a_compiled_decode_step_writes_the_static_cache_as_its_own_update can fail: the packed decode
     attention's output 1% off moves the decode steps' logits past its tolerance."""
     model = llm_build("llama")
-    expected, _ = _decode_steps(model, compiled=False)
+    expected, _ = llm_decode_steps(model, compiled=False)
     packed = llm_attention.decode_attention
 
     def off(*args):
@@ -537,7 +525,7 @@ def test_the_compiled_decode_parity_fails_for_a_one_percent_attention_error(monk
     monkeypatch.setattr(llm_attention, "decode_attention", off)
     torch._dynamo.reset()
     with llm.apply_kernels(model, "reference"):
-        got, _ = _decode_steps(model, compiled=True)
+        got, _ = llm_decode_steps(model, compiled=True)
     with pytest.raises(AssertionError):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 

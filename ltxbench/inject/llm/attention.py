@@ -86,6 +86,13 @@ def static_layer(classes, cache, layer_idx: int, key_states, value_states):
     """The cache's layer `layer_idx` where a decode step may write it with rope_1d_cache: a StaticLayer (exactly:
     not a sliding one), already allocated, of the key's batch, heads, head dim and dtype, in a cache that neither
     offloads nor overrides Cache.update; else None. `classes`: static_layer_classes()."""
+    if value_states.shape != key_states.shape:
+        return None
+    return static_layer_for(classes, cache, layer_idx, *key_states.shape[:2], key_states.shape[3], key_states.dtype)
+
+
+def static_layer_for(classes, cache, layer_idx: int, batch: int, heads: int, head_dim: int, dtype):
+    """static_layer for keys and values of that batch, heads, head dim and dtype."""
     layers = getattr(cache, "layers", None)
     if classes is None or layers is None or layer_idx >= len(layers) or getattr(cache, "offloading", True):
         return None
@@ -96,8 +103,8 @@ def static_layer(classes, cache, layer_idx: int, key_states, value_states):
     if type(layer) is not cls or not layer.is_initialized:
         return None
     keys = layer.keys
-    if (keys.dtype != key_states.dtype or keys.shape[:2] != key_states.shape[:2] or keys.shape[3] != key_states.shape[3]
-            or layer.values.shape != keys.shape or value_states.shape != key_states.shape):
+    if (keys.dtype != dtype or keys.shape[0] != batch or keys.shape[1] != heads or keys.shape[3] != head_dim
+            or layer.values.shape != keys.shape):
         return None
     return layer
 
@@ -155,19 +162,14 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
     GEMM's (projection_linear)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    from ltxbench.inject.llm.norm_fusion import INPUT_NORM_KWARG, qkv_with_input_norm
+    from ltxbench.inject.llm.norm_fusion import INPUT_NORM_KWARG, qkv_rope_cache, qkv_with_input_norm
 
     static_classes = static_layer_classes()
 
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
-        input_norm = kwargs.pop(INPUT_NORM_KWARG, None)  # the layer's input_layernorm, left to us (norm_fusion.py)
-        kv_cache = kwargs.pop("past_key_values", None)  # 5.17's name; 5.24 still takes it (deprecated)
-        if new_cache_api:  # `cache` wins when both are given, as in transformers' renaming decorator
-            by_new_name = kwargs.pop("cache", None)
-            kv_cache = kv_cache if by_new_name is None else by_new_name
-        input_shape = hidden_states.shape[:-1]
-        hidden_shape = (*input_shape, -1, self.head_dim)
-        projections, fused, qkv = (self.q_proj, self.k_proj, self.v_proj), vars(self).get(QKV_ATTR), None
+    def project(self, hidden_states, projections, fused, input_norm):
+        """(q, k, v), each (B, heads, S, head_dim), before RoPE: one GEMM where the projections are fused (with the
+        input norm folded in where it is ours to apply and qkv_with_input_norm takes it), else the three layers."""
+        qkv = None
         if input_norm is not None:  # the norm folded into the q/k/v GEMV, else applied here
             qkv = qkv_with_input_norm(ops, linear, hidden_states, projections, fused, input_norm)
             hidden_states = hidden_states if qkv is not None else input_norm(hidden_states)
@@ -176,26 +178,48 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
             query_states, key_states, value_states = qkv.split(qkv_widths(self, qkv.shape[-1]), dim=-1)
         else:
             query_states, key_states, value_states = (p(hidden_states) for p in projections)
+        hidden_shape = (*hidden_states.shape[:-1], -1, self.head_dim)
         query_states, key_states = query_states.view(hidden_shape), key_states.view(hidden_shape)
         if qk_norm:  # Qwen3: per-head RMSNorm before RoPE
             query_states, key_states = self.q_norm(query_states), self.k_norm(key_states)
-        query_states, key_states = query_states.transpose(1, 2), key_states.transpose(1, 2)
-        value_states = value_states.view(hidden_shape).transpose(1, 2)
+        value_states = value_states.view(hidden_shape)
+        return query_states.transpose(1, 2), key_states.transpose(1, 2), value_states.transpose(1, 2)
 
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        input_norm = kwargs.pop(INPUT_NORM_KWARG, None)  # the layer's input_layernorm, left to us (norm_fusion.py)
+        kv_cache = kwargs.pop("past_key_values", None)  # 5.17's name; 5.24 still takes it (deprecated)
+        if new_cache_api:  # `cache` wins when both are given, as in transformers' renaming decorator
+            by_new_name = kwargs.pop("cache", None)
+            kv_cache = kv_cache if by_new_name is None else by_new_name
+        input_shape = hidden_states.shape[:-1]
+        projections, fused = (self.q_proj, self.k_proj, self.v_proj), vars(self).get(QKV_ATTR)
         cos_table, sin_table, positions = _rope_tables(rope_cache, *position_embeddings, self.layer_idx == 0)
-        layer = None if kv_cache is None else static_layer(static_classes, kv_cache, self.layer_idx, key_states,
-                                                             value_states)
-        if layer is not None:  # one kernel: the rotation and the static cache's writes, then its length advanced
-            query_states = ops.rope_1d_cache(query_states, key_states, value_states, cos_table, sin_table,
-                                             layer.keys, layer.values, layer.cumulative_length)
-            layer.cumulative_length.add_(key_states.shape[-2])
+        layer = query_states = None
+        if input_norm is not None and fused is not None and not qk_norm and kv_cache is not None:
+            kv_heads = qkv_widths(self, fused.weight.shape[0])[1] // self.head_dim
+            layer = static_layer_for(static_classes, kv_cache, self.layer_idx, hidden_states.shape[0], kv_heads,
+                                     self.head_dim, hidden_states.dtype)
+            # a decode step's input norm, q/k/v, RoPE and static cache writes as one op (None: not taken here)
+            query_states = qkv_rope_cache(ops, hidden_states, projections, fused, input_norm, layer, cos_table,
+                                          sin_table)
+        if query_states is not None:
             key_states, value_states = layer.keys, layer.values
         else:
-            query_states, key_states = ops.rope_1d(query_states, key_states, cos_table, sin_table, positions)
-            if kv_cache is not None and new_cache_api:
-                key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx, kwargs=kwargs)
-            elif kv_cache is not None:
-                key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx)
+            query_states, key_states, value_states = project(self, hidden_states, projections, fused, input_norm)
+            layer = None if kv_cache is None else static_layer(static_classes, kv_cache, self.layer_idx, key_states,
+                                                                 value_states)
+            if layer is not None:  # one kernel: the rotation and the static cache's writes, then its length advanced
+                query_states = ops.rope_1d_cache(query_states, key_states, value_states, cos_table, sin_table,
+                                                 layer.keys, layer.values, layer.cumulative_length)
+                layer.cumulative_length.add_(key_states.shape[-2])
+                key_states, value_states = layer.keys, layer.values
+            else:
+                query_states, key_states = ops.rope_1d(query_states, key_states, cos_table, sin_table, positions)
+                if kv_cache is not None and new_cache_api:
+                    key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx,
+                                                               kwargs=kwargs)
+                elif kv_cache is not None:
+                    key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx)
         attn_output, attn_weights = decode_attention(ops, self, query_states, key_states, value_states,
                                                      attention_mask, kwargs), None
         if attn_output is None:

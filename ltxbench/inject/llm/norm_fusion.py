@@ -6,6 +6,9 @@ and applies the weight as it loads it. The normed row is then not rounded to the
 unfused norm stores it so): the result is the fp32 product rounded once. Only where the norm is the patched one,
 unhooked, and the fused weights still stand for their layers; a prompt's rows, a bias (Qwen2's q/k/v) or gradients
 keep the unfused path. `LTXBENCH_NORM_GEMV=0` keeps the norms (and the SwiGLU) as kernels of their own (A/B).
+
+With `LTXBENCH_QKV_ROPE_CACHE=1` (opt-in until timed) a decode step into a static cache layer also ends its q/k/v GEMV
+in the RoPE and the cache's writes (rms_norm_qkv_rope_cache): rope_1d_cache's launch, and its read of q/k/v, go.
 """
 from __future__ import annotations
 
@@ -18,12 +21,17 @@ from ltxbench.inject.fuse import fused_linear, unobserved
 from ltxbench.inject.llm.attention import decode_rows
 
 KNOB = "LTXBENCH_NORM_GEMV"
+ROPE_CACHE_KNOB = "LTXBENCH_QKV_ROPE_CACHE"
 INPUT_NORM_KWARG = "ltxbench_input_norm"  # the layer's input_layernorm, handed to our attention forward to apply
 NORM_ROWS = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def enabled() -> bool:
     return os.environ.get(KNOB, "1") != "0"
+
+
+def rope_cache_enabled() -> bool:
+    return enabled() and os.environ.get(ROPE_CACHE_KNOB, "0") == "1"
 
 
 def norm_ops(ops):
@@ -84,3 +92,26 @@ def swiglu_with_post_norm(ops, mlp, fused, attn_out, residual, norm):
         return fused_ops.add_rms_norm_linear(x, residual, norm.weight, eps_of(norm), weight, activation="swiglu")
 
     return fused_linear(attn_out, layers, fused, add_norm_linear_swiglu)
+
+
+def qkv_rope_cache(ops, hidden_states, projections, fused, norm, layer, cos_table, sin_table):
+    """q rotated, (B, Hq, S, head_dim), with k and v rotated and written into the static cache layer `layer` (rows
+    cumulative_length + s, the length then advanced), from norm(hidden_states) @ [q | k | v]ᵀ as one op; or None, with
+    nothing done: the knob off, no such layer (static_layer_for), a partial rotary dim (the tables narrower than half
+    a head) or inputs `takes` refuses. rope_1d_cache's own math, on the q/k/v GEMV's rounded outputs."""
+    if layer is None or not rope_cache_enabled() or hidden_states.dim() != 3:
+        return None
+    if 2 * cos_table.shape[-1] != layer.keys.shape[-1]:
+        return None
+    fused_ops = norm_ops(ops)
+
+    def norm_qkv_rope_cache(x, weight, bias=None):
+        if not takes(x, norm, weight, bias):
+            return None
+        return fused_ops.rms_norm_qkv_rope_cache(x, norm.weight, eps_of(norm), weight, cos_table, sin_table,
+                                                 layer.keys, layer.values, layer.cumulative_length)
+
+    query_states = fused_linear(hidden_states, projections, fused, norm_qkv_rope_cache)
+    if query_states is not None:
+        layer.cumulative_length.add_(hidden_states.shape[1])
+    return query_states
