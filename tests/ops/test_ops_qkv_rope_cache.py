@@ -105,6 +105,32 @@ def test_gives_the_bits_of_rms_norm_linear_then_rope_1d_cache(dtype, shape, per_
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("case", ["no-rows", "strided-x", "k-5125", "k-7"])
+def test_edge_inputs_match_the_two_ops(case):
+    """No rows (nothing written, an empty q), x a strided view (a wider buffer's first K columns), and odd hidden
+    sizes 5125 and 7 (the ATen path: not whole 16-byte vectors): as the two ops, within one rounding."""
+    hidden = {"k-5125": 5125, "k-7": 7}.get(case, 512)
+    args = make(2, 1, 4, 2, 64, hidden, torch.bfloat16, "cuda")
+    if case == "no-rows":
+        args["x"] = args["x"][:, :0]
+        args["cos"], args["sin"] = args["cos"][:0], args["sin"][:0]
+    if case == "strided-x":
+        wide = torch.randn(2, 1, hidden + 64, device="cuda", dtype=torch.bfloat16)
+        wide[..., :hidden] = args["x"]
+        args["x"] = wide[..., :hidden]
+    fused, unfused = _copies(args), _copies(args)
+    fused["x"], unfused["x"] = args["x"], args["x"]  # the view itself, not a compact copy
+    got = norm_linear.rms_norm_qkv_rope_cache(**fused)
+    if case == "no-rows":
+        assert got.shape == (2, 4, 0, 64)
+        assert torch.equal(fused["k_cache"], args["k_cache"]) and torch.equal(fused["v_cache"], args["v_cache"])
+        return
+    want = _two_ops(unfused)
+    for a, b in ((got, want), (fused["k_cache"], unfused["k_cache"]), (fused["v_cache"], unfused["v_cache"])):
+        torch.testing.assert_close(a.float(), b.float(), atol=1e-6, rtol=2 * torch.finfo(torch.bfloat16).eps)
+
+
+@pytest.mark.gpu
 def test_a_one_percent_rotation_error_fails_the_bit_check():
     """The check above can fail: sin 1% off in the two-op path changes q's bits."""
     args = make(*SHAPES[0], torch.bfloat16, "cuda")
