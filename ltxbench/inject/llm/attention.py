@@ -162,6 +162,7 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
     GEMM's (projection_linear)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+    from ltxbench.inject.llm import norm_fusion
     from ltxbench.inject.llm.norm_fusion import INPUT_NORM_KWARG, qkv_rope_cache, qkv_with_input_norm
 
     static_classes = static_layer_classes()
@@ -195,7 +196,8 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
         projections, fused = (self.q_proj, self.k_proj, self.v_proj), vars(self).get(QKV_ATTR)
         cos_table, sin_table, positions = _rope_tables(rope_cache, *position_embeddings, self.layer_idx == 0)
         layer = query_states = None
-        if input_norm is not None and fused is not None and not qk_norm and kv_cache is not None:
+        if (input_norm is not None and fused is not None and not qk_norm and kv_cache is not None
+                and norm_fusion.rope_cache_enabled()):
             kv_heads = qkv_widths(self, fused.weight.shape[0])[1] // self.head_dim
             layer = static_layer_for(static_classes, kv_cache, self.layer_idx, hidden_states.shape[0], kv_heads,
                                      self.head_dim, hidden_states.dtype)

@@ -96,20 +96,23 @@ def swiglu_with_post_norm(ops, mlp, fused, attn_out, residual, norm):
 
 def qkv_rope_cache(ops, hidden_states, projections, fused, norm, layer, cos_table, sin_table):
     """q rotated, (B, Hq, S, head_dim), with k and v rotated and written into the static cache layer `layer` (rows
-    cumulative_length + s, the length then advanced), from norm(hidden_states) @ [q | k | v]ᵀ as one op; or None, with
-    nothing done: the knob off, no such layer (static_layer_for), a partial rotary dim (the tables narrower than half
-    a head) or inputs `takes` refuses. rope_1d_cache's own math, on the q/k/v GEMV's rounded outputs."""
-    if layer is None or not rope_cache_enabled() or hidden_states.dim() != 3:
+    cumulative_length + s, the length then advanced), from norm(hidden_states) @ [q | k | v]ᵀ as one op; or None,
+    with nothing done: no such layer (static_layer_for), a partial rotary dim (the tables narrower than half a head)
+    or inputs `takes` refuses. rope_1d_cache's own math, on the q/k/v GEMV's rounded outputs. The caller asks only
+    with the knob on (rope_cache_enabled)."""
+    if layer is None or hidden_states.dim() != 3:
         return None
     if 2 * cos_table.shape[-1] != layer.keys.shape[-1]:
         return None
-    fused_ops = norm_ops(ops)
+    op = getattr(norm_ops(ops), "rms_norm_qkv_rope_cache", None)  # a provider of its own may lack it
+    if op is None:
+        return None
 
     def norm_qkv_rope_cache(x, weight, bias=None):
         if not takes(x, norm, weight, bias):
             return None
-        return fused_ops.rms_norm_qkv_rope_cache(x, norm.weight, eps_of(norm), weight, cos_table, sin_table,
-                                                 layer.keys, layer.values, layer.cumulative_length)
+        return op(x, norm.weight, eps_of(norm), weight, cos_table, sin_table, layer.keys, layer.values,
+                  layer.cumulative_length)
 
     query_states = fused_linear(hidden_states, projections, fused, norm_qkv_rope_cache)
     if query_states is not None:
