@@ -132,6 +132,29 @@ def test_reference_kernels_generate_the_same_32_tokens(smollm2, cache):
 
 
 @pytest.mark.slow
+def test_the_fused_qkv_rope_cache_op_generates_the_same_tokens(smollm2, monkeypatch):
+    """LTXBENCH_QKV_ROPE_CACHE=1, three prompts (3 decode rows, which the fused op takes), the static cache: the
+    reference kernels give the unpatched trained model's 32 greedy tokens, the fused op in every layer of every
+    decode step."""
+    from ltxbench.inject.llm.norm_fusion import ROPE_CACHE_KNOB
+    from ltxbench.ops import norm_linear
+
+    model, tokenizer = smollm2
+    batch = tokenizer(list(PROMPTS[:3]), return_tensors="pt", padding=True, padding_side="left")
+    calls = []
+    fused = norm_linear.reference.rms_norm_qkv_rope_cache
+    monkeypatch.setattr(norm_linear.reference, "rms_norm_qkv_rope_cache",
+                        lambda *args, **kwargs: calls.append(1) or fused(*args, **kwargs))
+    monkeypatch.setenv(ROPE_CACHE_KNOB, "1")
+    with torch.no_grad():
+        expected = _greedy(model, batch, tokenizer.pad_token_id, cache_implementation="static")
+        with llm.apply_kernels(model, "reference"):
+            tokens = _greedy(model, batch, tokenizer.pad_token_id, cache_implementation="static")
+    assert torch.equal(tokens, expected)
+    assert len(calls) == (NEW_TOKENS - 1) * model.config.num_hidden_layers
+
+
+@pytest.mark.slow
 def test_the_trained_model_answers(smollm2):
     """The weights are the trained ones, read right: greedy decoding knows the capital of France."""
     model, tokenizer = smollm2
