@@ -175,7 +175,7 @@ def test_replayed_in_a_cuda_graph_it_writes_the_row_the_length_names():
 @pytest.mark.gpu
 @pytest.mark.parametrize(("change", "message"), [
     (lambda a: a.update(k_cache=a["k_cache"][:, :, :, :-2].contiguous()), "v_cache has shape"),
-    (lambda a: a.update(weight=a["weight"][:-64]), "weight must be \\[q \\| k \\| v\\]"),
+    (lambda a: a.update(weight=a["weight"][:-32]), "weight must be \\[q \\| k \\| v\\]"),
     (lambda a: a.update(cos=a["cos"][:, :-1].contiguous()), "cos must be a per-token"),
     (lambda a: a.update(offset=a["offset"].float()), "offset must be one int64 value"),
     (lambda a: a.update(k_cache=a["k_cache"].half()), "k_cache has dtype"),
