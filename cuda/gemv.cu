@@ -23,6 +23,7 @@
 #include "common/dtype.cuh"
 #include "common/launch.h"
 #include "common/params.h"
+#include "common/rotate.cuh"
 #include "common/row_math.cuh"
 #include "common/source_use.h"
 
@@ -66,7 +67,7 @@ template <typename T> __device__ __forceinline__ float silu_times(float g, float
 
 // RopeCache's output for row n (of the block's first two where it rotates) and token row m: `a` the row's sum (scaled
 // by 1/rms), `b` its partner's half a head on. Both rounded to T first, as the unfused GEMV stores q and k; then
-// rope_1d.cu's rotation in fp32, written the same way (out[j] = a·c − b·s, out[j + half] = b·c + a·s).
+// rope_1d.cu's rotation in fp32 (rotate_neox: the same roundings), out[j] = a·c − b·s, out[j + half] = b·c + a·s.
 template <typename T>
 __device__ __forceinline__ void rope_cache_epilogue(const GemmParams& p, const RopeCacheArgs& rope, bool rotates,
                                                     int64_t head, int64_t n, int m, float a, float b) {
@@ -83,7 +84,8 @@ __device__ __forceinline__ void rope_cache_epilogue(const GemmParams& p, const R
   const float x0 = round_to<T>(a), x1 = round_to<T>(b);
   const int64_t table_row = rope.table_rows == p.tokens ? m : s;
   const float c = rope.cos[table_row * half + col], sv = rope.sin[table_row * half + col];
-  const float y0 = x0 * c - x1 * sv, y1 = x1 * c + x0 * sv;
+  float y0, y1;
+  rotate_neox(x0, x1, c, sv, y0, y1);
   T* dst;
   if (head < rope.heads_q) {
     dst = static_cast<T*>(p.out) + m * p.ldout + head * hd;

@@ -3,6 +3,7 @@
 #include "common/dtype.cuh"
 #include "common/params.h"
 #include "common/rope.cuh"
+#include "common/rotate.cuh"
 #include "common/source_use.h"
 #include "common/tuning.h"
 
@@ -106,8 +107,7 @@ __device__ __forceinline__ void rope1d_item(const Rope1dParams& p, I b, I s, I t
 #pragma unroll
     for (int e = 0; e < VEC; ++e) {
       const float x0 = y[e], x1 = partner[e];
-      y[e] = x0 * c[e] - x1 * sv[e];
-      partner[e] = x1 * c[e] + x0 * sv[e];
+      rotate_neox(x0, x1, c[e], sv[e], y[e], partner[e]);
     }
   }
   store_stream<T, VEC>(out + col, y);
