@@ -37,7 +37,7 @@ VARIABLES = (
     Variable("LTXBENCH_NORM_GEMV", "kernel knob",
              "0: an LLM decode step's RMSNorms as kernels of their own, not folded into the q/k/v and gate/up GEMVs"),
     Variable("LTXBENCH_QKV_ROPE_CACHE", "kernel knob",
-             "1: an LLM decode step's RoPE and static KV cache writes in the q/k/v GEMV's epilogue (opt-in)"),
+             "0: an LLM decode step's RoPE and static KV cache writes by rope_1d_cache, not in the q/k/v GEMV"),
     Variable("LTXBENCH_DECODE_BLOCKS_PER_SM", "kernel knob", "decode_attention's key splits: blocks per SM (4)"),
     Variable("LTXBENCH_DECODE_MIN_KEYS", "kernel knob", "decode_attention's key splits: fewest keys a split (32)"),
     Variable("LTXBENCH_DECODE_CLUSTER", "kernel knob",

@@ -1,4 +1,4 @@
-"""LTXBENCH_QKV_ROPE_CACHE=1: a decode step's input norm, q/k/v, RoPE and static KV cache writes as one op
+"""LTXBENCH_QKV_ROPE_CACHE (on unless 0): a decode step's input norm, q/k/v, RoPE and static KV cache writes as one op
 (rms_norm_qkv_rope_cache), on tiny fp32 models (CPU, reference provider); the op itself: tests/ops."""
 
 from __future__ import annotations
@@ -53,12 +53,12 @@ def decode(model, monkeypatch, knob: str | None, change=None, compiled=False):
 def test_decode_steps_take_one_op_for_norm_qkv_rope_and_cache_writes(model_type, monkeypatch):
     """With the knob on, every decode-step layer that wrote its static cache layer with rope_1d_cache (batch 2: 2
     rows; Llama: all, Mistral's sliding layers none) runs rms_norm_qkv_rope_cache instead; the logits of three steps
-    and every cached row and length equal the unpatched model's (fp32 reference math: to rounding). Off (unset, the
-    default), the two-op path runs. Qwen2's q/k/v biases keep it off."""
+    and every cached row and length equal the unpatched model's (fp32 reference math: to rounding). Unset (the
+    default) is on; 0 runs the two-op path. Qwen2's q/k/v biases keep it off."""
     model = llm_build(model_type)
     expected, expected_cache = llm_decode_steps(model, compiled=False)
     two_op = None
-    for knob, fused in ((None, False), ("0", False), ("1", model_type != "qwen2")):
+    for knob, fused in (("0", False), (None, model_type != "qwen2"), ("1", model_type != "qwen2")):
         got, got_cache, calls = decode(model, monkeypatch, knob)
         two_op = calls["rope_1d_cache"] if two_op is None else two_op
         assert calls["rms_norm_qkv_rope_cache"] == (two_op if fused else 0), knob

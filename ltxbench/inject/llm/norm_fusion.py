@@ -7,8 +7,9 @@ unfused norm stores it so): the result is the fp32 product rounded once. Only wh
 unhooked, and the fused weights still stand for their layers; a prompt's rows, a bias (Qwen2's q/k/v) or gradients
 keep the unfused path. `LTXBENCH_NORM_GEMV=0` keeps the norms (and the SwiGLU) as kernels of their own (A/B).
 
-With `LTXBENCH_QKV_ROPE_CACHE=1` (opt-in until timed) a decode step into a static cache layer also ends its q/k/v GEMV
-in the RoPE and the cache's writes (rms_norm_qkv_rope_cache): rope_1d_cache's launch, and its read of q/k/v, go.
+A decode step into a static cache layer also ends its q/k/v GEMV in the RoPE and the cache's writes
+(rms_norm_qkv_rope_cache): rope_1d_cache's launch, and its read of q/k/v, go. `LTXBENCH_QKV_ROPE_CACHE=0` keeps
+rope_1d_cache (A/B).
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def enabled() -> bool:
 
 
 def rope_cache_enabled() -> bool:
-    return enabled() and os.environ.get(ROPE_CACHE_KNOB, "0") == "1"
+    return enabled() and os.environ.get(ROPE_CACHE_KNOB, "1") != "0"
 
 
 def norm_ops(ops):
@@ -99,7 +100,7 @@ def qkv_rope_cache(ops, hidden_states, projections, fused, norm, layer, cos_tabl
     cumulative_length + s, the length then advanced), from norm(hidden_states) @ [q | k | v]ᵀ as one op; or None,
     with nothing done: no such layer (static_layer_for), a partial rotary dim (the tables narrower than half a head)
     or inputs `takes` refuses. rope_1d_cache's own math, on the q/k/v GEMV's rounded outputs. The caller asks only
-    with the knob on (rope_cache_enabled)."""
+    with the knob on (rope_cache_enabled, the default)."""
     if layer is None or hidden_states.dim() != 3:
         return None
     if 2 * cos_table.shape[-1] != layer.keys.shape[-1]:
