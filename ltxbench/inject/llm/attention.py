@@ -204,17 +204,13 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
             # a decode step's input norm, q/k/v, RoPE and static cache writes as one op (None: not taken here)
             query_states = qkv_rope_cache(ops, hidden_states, projections, fused, input_norm, layer, cos_table,
                                           sin_table)
-        if query_states is not None:
-            key_states, value_states = layer.keys, layer.values
-        else:
+        if query_states is None:
             query_states, key_states, value_states = project(self, hidden_states, projections, fused, input_norm)
             layer = None if kv_cache is None else static_layer(static_classes, kv_cache, self.layer_idx, key_states,
                                                                  value_states)
-            if layer is not None:  # one kernel: the rotation and the static cache's writes, then its length advanced
+            if layer is not None:  # one kernel: the rotation and the static cache's writes
                 query_states = ops.rope_1d_cache(query_states, key_states, value_states, cos_table, sin_table,
                                                  layer.keys, layer.values, layer.cumulative_length)
-                layer.cumulative_length.add_(key_states.shape[-2])
-                key_states, value_states = layer.keys, layer.values
             else:
                 query_states, key_states = ops.rope_1d(query_states, key_states, cos_table, sin_table, positions)
                 if kv_cache is not None and new_cache_api:
@@ -222,6 +218,9 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
                                                                kwargs=kwargs)
                 elif kv_cache is not None:
                     key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx)
+        if layer is not None:  # a static cache layer written by either op: its length advanced, then read whole
+            layer.cumulative_length.add_(hidden_states.shape[-2])
+            key_states, value_states = layer.keys, layer.values
         attn_output, attn_weights = decode_attention(ops, self, query_states, key_states, value_states,
                                                      attention_mask, kwargs), None
         if attn_output is None:

@@ -96,7 +96,7 @@ def swiglu_with_post_norm(ops, mlp, fused, attn_out, residual, norm):
 
 def qkv_rope_cache(ops, hidden_states, projections, fused, norm, layer, cos_table, sin_table):
     """q rotated, (B, Hq, S, head_dim), with k and v rotated and written into the static cache layer `layer` (rows
-    cumulative_length + s, the length then advanced), from norm(hidden_states) @ [q | k | v]ᵀ as one op; or None,
+    cumulative_length + s; the caller advances the length), from norm(hidden_states) @ [q | k | v]ᵀ as one op; or None,
     with nothing done: no such layer (static_layer_for), a partial rotary dim (the tables narrower than half a head)
     or inputs `takes` refuses. rope_1d_cache's own math, on the q/k/v GEMV's rounded outputs. The caller asks only
     with the knob on (rope_cache_enabled)."""
@@ -114,7 +114,4 @@ def qkv_rope_cache(ops, hidden_states, projections, fused, norm, layer, cos_tabl
         return op(x, norm.weight, eps_of(norm), weight, cos_table, sin_table, layer.keys, layer.values,
                   layer.cumulative_length)
 
-    query_states = fused_linear(hidden_states, projections, fused, norm_qkv_rope_cache)
-    if query_states is not None:
-        layer.cumulative_length.add_(hidden_states.shape[1])
-    return query_states
+    return fused_linear(hidden_states, projections, fused, norm_qkv_rope_cache)
