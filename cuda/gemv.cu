@@ -73,11 +73,14 @@ __device__ __forceinline__ void rope_cache_epilogue(const GemmParams& p, const R
                                                     int64_t head, int64_t n, int m, float a, float b) {
   const int64_t hd = rope.head_dim, half = hd / 2, s = m % rope.seq, batch = m / rope.seq;
   const int64_t col = n - head * hd;  // rotates: the column within the head, < half
-  if (!rotates) {  // v: copied into its cache row
-    const int64_t vn = n - (rope.heads_q + rope.heads_kv) * hd, vh = vn / hd;
+  const auto cache_row = [&] {  // the token's row in the k and v caches
     const int64_t row = *rope.offset + s;
     if (row < 0 || row >= rope.cache_len) __trap();
-    static_cast<T*>(rope.v_cache)[((batch * rope.heads_kv + vh) * rope.cache_len + row) * hd + vn - vh * hd] =
+    return row;
+  };
+  if (!rotates) {  // v: copied into its cache row
+    const int64_t vn = n - (rope.heads_q + rope.heads_kv) * hd, vh = vn / hd;
+    static_cast<T*>(rope.v_cache)[((batch * rope.heads_kv + vh) * rope.cache_len + cache_row()) * hd + vn - vh * hd] =
         from_float<T>(a);
     return;
   }
@@ -90,9 +93,8 @@ __device__ __forceinline__ void rope_cache_epilogue(const GemmParams& p, const R
   if (head < rope.heads_q) {
     dst = static_cast<T*>(p.out) + m * p.ldout + head * hd;
   } else {
-    const int64_t row = *rope.offset + s;
-    if (row < 0 || row >= rope.cache_len) __trap();
-    dst = static_cast<T*>(rope.k_cache) + ((batch * rope.heads_kv + head - rope.heads_q) * rope.cache_len + row) * hd;
+    dst = static_cast<T*>(rope.k_cache) +
+          ((batch * rope.heads_kv + head - rope.heads_q) * rope.cache_len + cache_row()) * hd;
   }
   dst[col] = from_float<T>(y0);
   dst[col + half] = from_float<T>(y1);
