@@ -125,6 +125,17 @@ def test_ltx_tiny_baseline_and_optimized(tmp_path, captured):
     assert all(type(b.attn1.processor).__name__ != "FusedLTXAttnProcessor" for b in transformer.transformer_blocks)
 
 
+@pytest.mark.parametrize("model", ["ltx2-tiny", "wan-tiny"])
+def test_phase_transformer_times_the_loop_alone(model, tmp_path):
+    out = tmp_path / "t.json"
+    result = runner.invoke(app, ["bench", "e2e", "--model", model, "--weights", "random", "--device", "cpu",
+                                 "--num-frames", "9", "--height", "64", "--width", "64", "--steps", "2",
+                                 "--warmup-iterations", "1", "--repeats", "1", "--configs", "baseline",
+                                 "--phase", "transformer", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    assert {r["name"] for r in _records(out) if r["provider"] == "baseline"} == {"denoise_step", "total"}
+
+
 def test_ltx_tiny_phase_transformer_and_compile_flag(tmp_path, captured, compile_calls):
     out = tmp_path / "t.json"
     result = runner.invoke(app, [*TINY, "--phase", "transformer", "--compile", "--output", str(out)])

@@ -169,13 +169,6 @@ def test_bench_e2e_times_every_phase_of_both_configurations(tmp_path, captured, 
     assert compile_calls == [(transformer, "default")] and transformer._compiled_call_impl is None
 
 
-def test_bench_e2e_phase_transformer_times_the_loop_alone(tmp_path):
-    out = tmp_path / "t.json"
-    result = runner.invoke(app, [*E2E, "--configs", "baseline", "--phase", "transformer", "--output", str(out)])
-    assert result.exit_code == 0, result.output
-    assert _names(json.loads(out.read_text())["records"], "baseline") == {"denoise_step", "total"}
-
-
 def test_optimized_reports_its_rules_and_still_writes(tmp_path):
     """The optimized configuration runs LTX-2's rules (fused blocks, fused projections, the text keys/values once per
     generation) and says so."""

@@ -200,13 +200,6 @@ def test_bench_e2e_times_every_phase_of_baseline_and_compile(scope, tmp_path, ca
     assert transformer._compiled_call_impl is None
 
 
-def test_bench_e2e_phase_transformer_times_the_loop_alone(tmp_path):
-    out = tmp_path / "t.json"
-    result = runner.invoke(app, [*E2E, "--configs", "baseline", "--phase", "transformer", "--output", str(out)])
-    assert result.exit_code == 0, result.output
-    assert _names(json.loads(out.read_text())["records"], "baseline") == {"denoise_step", "total"}
-
-
 def test_profile_marks_each_phase_in_the_trace(tmp_path):
     out = tmp_path / "prof.json"
     result = runner.invoke(app, ["profile", *TINY, "--configs", "baseline", "--output", str(out)])
