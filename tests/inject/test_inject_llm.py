@@ -71,7 +71,7 @@ def test_patched_logits_match_and_revert_is_exact(model_type, spy, monkeypatch):
     report = llm.apply_kernels(model, "reference")
     norms = 2 * 2 + 1 + (2 * 2 if model_type == "qwen3" else 0)
     assert dict(report.rules) == {llm.RULE_NORM: norms, llm.RULE_LAYER: 2, llm.RULE_MLP: 2, llm.RULE_ROPE: 2,
-                                  MOVES_RULE: 4, llm.RULE_DECODE: 5}  # gate/up and q/k/v follow moves
+                                  MOVES_RULE: 4, llm.RULE_DECODE: 5, llm.RULE_LENGTHS: 1}  # gate/up, q/k/v follow moves
     assert report.skipped == []
     # the fused paths run: no separate q/k/v, gate/up or down projection module is called
     linear_calls = count_calls(monkeypatch, [(name, getattr(layer, part).get_submodule(name))
@@ -102,6 +102,7 @@ def test_patched_logits_match_and_revert_is_exact(model_type, spy, monkeypatch):
     assert type(attn) is not transformers_class(model_type, "Attention")  # patched through a subclass
     report.revert()
     assert not report.active and not any("forward" in vars(m) for m in model.modules())
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
     assert type(attn) is transformers_class(model_type, "Attention")
     assert type(mlp) is transformers_class(model_type, "MLP")
     assert not hasattr(mlp, llm.FUSED_ATTR) and not hasattr(attn, llm_attention.QKV_ATTR)
@@ -137,6 +138,26 @@ def test_generate_same_tokens(model_type, cache, spy):
     assert spy["rms_norm_linear"] == (0 if qkv_bias else layers * 7) and spy["add_rms_norm_linear"] == layers * 7
     assert spy["decode_attention"] == layers * 7  # every decode step's attention, either cache: ops.decode_attention
     assert tokens.shape == (2, 12 + 8)
+    assert torch.equal(tokens, expected)
+
+
+def test_a_static_cache_step_advances_every_layers_length_in_one_op(monkeypatch):
+    """With a static cache each decode step's layers hand their written cache lengths to the model, which advances them
+    with one torch._foreach_add_ after the last layer (not one add_ per layer): same tokens, same final lengths."""
+    model = llm_build("llama")
+    ids = llm_prompt()
+    expected = greedy(model, ids, torch.ones_like(ids), cache_implementation="static")
+    advanced, real_foreach = [], torch._foreach_add_
+
+    def foreach_add_(tensors, other):
+        advanced.append((len(tensors), other))
+        return real_foreach(tensors, other)
+
+    monkeypatch.setattr(torch, "_foreach_add_", foreach_add_)
+    with llm.apply_kernels(model, "reference") as report:
+        assert report.rules[llm.RULE_LENGTHS] == 1
+        tokens = greedy(model, ids, torch.ones_like(ids), cache_implementation="static")
+    assert advanced == [(len(model.model.layers), 1)] * 7  # 7 decode steps (the prompt's rows: the cache's update)
     assert torch.equal(tokens, expected)
 
 
@@ -353,9 +374,9 @@ def test_a_compiled_patched_model_guards_no_more_than_the_original(monkeypatch):
     # itself (post_attention_layernorm, the MLP: inject.observed) or hands its input_layernorm to (the attention:
     # norm_fusion.py), which torch 2.14 guards (a dict length each, forward and pre-forward); no other module's
     # (transformers 5.17 checks the decoder layers' in the original too when their forward is an instance attribute,
-    # 5.24 does not)
+    # 5.24 does not); and the decoder's own two, which advance the static cache's lengths once (RULE_LENGTHS)
     stood_for = re.compile(r"_modules\['((q|k|v|gate|up|down)_proj|post_attention_layernorm|input_layernorm|mlp"
-                           r"|self_attn)'\]\._forward(_pre)?_hooks")
+                           r"|self_attn|model)'\]\._forward(_pre)?_hooks")
     other = [line for line in patched.splitlines() if "]._forward_hooks" in line and not stood_for.search(line)]
     assert len(other) <= original.count("]._forward_hooks")
     assert "'].intact" not in patched and "].linears[" not in patched  # one guard on fuse._any_broken instead

@@ -71,7 +71,7 @@ def _assert_everything_patched(report, layers: int) -> None:
     assert report.skipped == []
     assert dict(report.rules) == {llm.RULE_NORM: 2 * layers + 1, llm.RULE_LAYER: layers, llm.RULE_MLP: layers,
                                   llm.RULE_ROPE: layers, MOVES_RULE: 2 * layers,  # gate/up and q/k/v
-                                  llm.RULE_DECODE: 2 * layers + 1}
+                                  llm.RULE_DECODE: 2 * layers + 1, llm.RULE_LENGTHS: 1}
 
 
 # --- CPU: the reference provider, fp32 ------------------------------------------------------------------------

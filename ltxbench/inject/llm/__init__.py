@@ -10,6 +10,7 @@ Rules (docs/models.md has the math):
   attention: q_proj/k_proj/v_proj as ONE projection; apply_rotary_pos_emb → ops.rope_1d   (attention.py)
   a decode step's projections and lm_head (at most 4 rows)      → ops.linear: its GEMV kernel (cuda/gemv.cu)
   a prompt's projections (tuned_gemm)                           → ops.linear: cuBLASLt, algorithm chosen by timing
+  static cache lengths the layers wrote                        → advanced once per forward (attention.py)
 Anything else (unknown classes, forwards already wrapped by hooks, forwards whose
 source differs from the code reproduced here) is skipped with a reason, never patched. Inference only: a
 forward that would need gradients through the fused MLP weight runs the original forward instead.
@@ -48,7 +49,9 @@ from ltxbench.inject.fuse import follow_moves, fuse_linears, release
 from ltxbench.inject.llm.attention import (
     ATTN_SOURCE,
     CACHE_UPDATE_KWARGS,
+    RULE_LENGTHS,  # noqa: F401  (the report names it: llm.RULE_LENGTHS)
     RULE_ROPE,
+    advance_lengths_once,
     attn_forward,
     fuse_qkv,
     linear_forward,
@@ -233,4 +236,6 @@ def apply_kernels(model, provider: str = "cuda", tuned_gemm: bool = True) -> Inj
                           projection_forward, classes)
     if getattr(model, "lm_head", None) is not None:  # generate's last-token logits: the largest GEMV of a step
         patch_projections(report, [("lm_head", model.lm_head)], projection_forward, classes)
+    if attn_forwards and report.rules[RULE_ROPE]:
+        advance_lengths_once(report, base)
     return report

@@ -188,6 +188,7 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
         input_norm = kwargs.pop(INPUT_NORM_KWARG, None)  # the layer's input_layernorm, left to us (norm_fusion.py)
+        written = kwargs.pop(WRITTEN_KWARG, None)  # the model's list: lengths advanced at its forward's end
         kv_cache = kwargs.pop("past_key_values", None)  # 5.17's name; 5.24 still takes it (deprecated)
         if new_cache_api:  # `cache` wins when both are given, as in transformers' renaming decorator
             by_new_name = kwargs.pop("cache", None)
@@ -219,7 +220,7 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
                 elif kv_cache is not None:
                     key_states, value_states = kv_cache.update(key_states, value_states, self.layer_idx)
         if layer is not None:  # a static cache layer written by either op: its length advanced, then read whole
-            layer.cumulative_length.add_(hidden_states.shape[-2])
+            advance(layer, hidden_states.shape[-2], written)
             key_states, value_states = layer.keys, layer.values
         attn_output, attn_weights = decode_attention(ops, self, query_states, key_states, value_states,
                                                      attention_mask, kwargs), None
@@ -234,6 +235,37 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
 
     return forward
 
+
+
+WRITTEN_KWARG = "ltxbench_written_cache_layers"  # the forward's list of static cache layers to advance at its end
+RULE_LENGTHS = "static cache lengths: advanced once per forward, all layers in one op"
+
+
+def advance(layer, rows: int, written: list | None) -> None:
+    """Advance the static cache layer's length by `rows`: now, or at the end of the model's forward where the model
+    handed its layers a list (WRITTEN_KWARG: advance_lengths_once). Nothing reads a layer's length between its own
+    write and the next forward (the mask and positions are made before the layers), so the rows written are the same."""
+    if written is None:
+        layer.cumulative_length.add_(rows)
+    else:
+        written.append((layer.cumulative_length, rows))
+
+
+def advance_lengths_once(report, base) -> None:
+    """The decoder `base` hands its layers a list (WRITTEN_KWARG) and, once they ran, advances the static cache
+    lengths they wrote with one torch._foreach_add_ instead of one add_ per layer (a kernel each in the compiled decode
+    step). A layer that does not take the list (another forward, a layer refused) advances its own length as before."""
+    def hand_out(module, args, kwargs):
+        return args, {**kwargs, WRITTEN_KWARG: []}
+
+    def advance_written(module, args, kwargs, output):
+        written = kwargs.get(WRITTEN_KWARG) or []
+        for rows in sorted({rows for _, rows in written}):
+            torch._foreach_add_([length for length, r in written if r == rows], rows)
+
+    handles = (base.register_forward_pre_hook(hand_out, with_kwargs=True),
+               base.register_forward_hook(advance_written, with_kwargs=True))
+    report.patched(RULE_LENGTHS, lambda: [h.remove() for h in handles])
 
 
 def decode_attention(ops, attn, query, key, value, mask, kwargs: dict):
