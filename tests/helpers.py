@@ -357,9 +357,10 @@ def llm_prompt(batch=2, length=12):
 
 # --- parallel configs -------------------------------------------------------------------------------------------
 
-def llm_decode_steps(model, compiled: bool, device="cpu"):
-    """The logits of three decode steps after a 6-token prompt (batch 2) on a StaticCache of 12, the steps compiled
-    with fullgraph=True (as generate() compiles them) or eager; and each layer's (keys, values, length)."""
+def llm_decode_steps(model, compiled: bool, device="cpu", count: int = 3, mode: str | None = None):
+    """The logits of `count` decode steps after a 6-token prompt (batch 2) on a StaticCache of 12, the steps compiled
+    with fullgraph=True (as generate() compiles them; `mode`: torch.compile's, "reduce-overhead" replays CUDA graphs)
+    or eager; and each layer's (keys, values, length)."""
     from transformers import StaticCache
 
     ids = llm_prompt(batch=2, length=6).to(device)
@@ -369,11 +370,13 @@ def llm_decode_steps(model, compiled: bool, device="cpu"):
     steps = []
     with torch.no_grad():
         token = model(ids, **{name: cache}, use_cache=True).logits[:, -1:].argmax(-1)
-        step = torch.compile(model, fullgraph=True) if compiled else model
-        for i in range(3):
+        step = torch.compile(model, fullgraph=True, mode=mode) if compiled else model
+        for i in range(count):
             position = torch.tensor([6 + i], device=device)
+            if mode == "reduce-overhead":  # a new step: the graphs' outputs of the last one may be overwritten
+                torch.compiler.cudagraph_mark_step_begin()
             logits = step(token, **{name: cache}, use_cache=True, cache_position=position).logits
-            steps.append(logits)
+            steps.append(logits.clone())
             token = logits[:, -1:].argmax(-1)
     return torch.stack(steps), [(layer.keys, layer.values, int(layer.cumulative_length)) for layer in cache.layers]
 
