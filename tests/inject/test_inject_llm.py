@@ -165,12 +165,12 @@ def test_a_static_cache_step_advances_every_layers_length_in_one_op(monkeypatch)
 def test_cuda_graph_decode_steps_advance_every_length_once():
     """Decode steps replayed as CUDA graphs (torch.compile's reduce-overhead, as `bench e2e` runs generate()) on a
     patched bf16 tiny Llama: the one foreach add after the last layer advances every layer's length inside the graph,
-    so the caches hold the unpatched model's rows and the lengths count every step (a length left behind would write
-    one row over the last)."""
+    so the caches hold the rows of the same kernels run eagerly and the lengths count every step (a length left
+    behind would write one row over the last)."""
     model = llm_build("llama", dtype=torch.bfloat16, device="cuda")
-    expected, expected_cache = llm_decode_steps(model, compiled=False, device="cuda", count=6)
     torch._dynamo.reset()
     with llm.apply_kernels(model, "cuda"):
+        expected, expected_cache = llm_decode_steps(model, compiled=False, device="cuda", count=6)
         got, got_cache = llm_decode_steps(model, compiled=True, device="cuda", count=6, mode="reduce-overhead")
     torch.testing.assert_close(got.float(), expected.float(), atol=0.05, rtol=0.05)
     for (k, v, length), (k0, v0, length0) in zip(got_cache, expected_cache, strict=True):
