@@ -166,6 +166,7 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
     from ltxbench.inject.llm.norm_fusion import INPUT_NORM_KWARG, qkv_rope_cache, qkv_with_input_norm
 
     static_classes = static_layer_classes()
+    fold_rope_cache = norm_fusion.rope_cache_enabled()  # read once, as the layer reads LTXBENCH_NORM_GEMV
 
     def project(self, hidden_states, projections, fused, input_norm):
         """(q, k, v), each (B, heads, S, head_dim), before RoPE: one GEMM where the projections are fused (with the
@@ -198,7 +199,7 @@ def attn_forward(ops, linear, rope_cache: dict, sliding, eager, qk_norm: bool, n
         cos_table, sin_table, positions = _rope_tables(rope_cache, *position_embeddings, self.layer_idx == 0)
         layer = query_states = None
         if (input_norm is not None and fused is not None and not qk_norm and kv_cache is not None
-                and norm_fusion.rope_cache_enabled()):
+                and fold_rope_cache):
             kv_heads = qkv_widths(self, fused.weight.shape[0])[1] // self.head_dim
             layer = static_layer_for(static_classes, kv_cache, self.layer_idx, hidden_states.shape[0], kv_heads,
                                      self.head_dim, hidden_states.dtype)
