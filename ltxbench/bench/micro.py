@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ltxbench.bench.micro_peers import PEERS, Unavailable, applies
 from ltxbench.errors import UsageError
 from ltxbench.ops.accuracy import fp8_mismatch, fp8_pairs
 from ltxbench.ops.registry import DTYPES, SPECS, KernelSpec, get_spec
@@ -45,9 +46,9 @@ NA_STATS = {k: (0 if k == "n" else math.nan) for k in STATS_KEYS}
 
 
 def known_providers() -> tuple[str, ...]:
-    """cuda, eager, every other baseline of any spec, compile, liger: the order of the table's columns."""
+    """cuda, eager, every other baseline of any spec, compile, the peer libraries: the order of the table's columns."""
     extra = sorted({b for s in SPECS.values() for b in s.baselines} - {"eager"})
-    return ("cuda", "eager", *extra, "compile", "liger")
+    return ("cuda", "eager", *extra, "compile", *PEERS)
 
 
 def parse_choices(value: str, allowed, option: str) -> list[str]:
@@ -109,9 +110,9 @@ def shapes_for(spec: KernelSpec, group: str) -> dict:
 
 
 def providers_for(spec: KernelSpec, requested) -> tuple[str, ...]:
-    """The requested providers that apply: cuda, compile and liger always (liger may turn out n/a),
-    a library baseline only where the spec has it."""
-    return tuple(p for p in requested if p in ("cuda", "compile", "liger") or p in spec.baselines)
+    """The requested providers that apply: cuda and compile always, a peer library where it covers the kernel
+    (Liger's may turn out n/a), a library baseline only where the spec has it."""
+    return tuple(p for p in requested if p in ("cuda", "compile") or applies(p, spec) or p in spec.baselines)
 
 
 def plan(specs, dtypes, shape_group: str, providers, variant: str | None = None) -> tuple[list[Case], list[str]]:
@@ -143,29 +144,6 @@ def plan(specs, dtypes, shape_group: str, providers, variant: str | None = None)
 
 # --- providers ---------------------------------------------------------------------------------------
 
-class Unavailable(Exception):
-    """This provider cannot run this case (not installed, no equivalent op, unsupported variant)."""
-
-
-def _liger(spec: KernelSpec, inputs: dict) -> Callable[[], object]:
-    try:
-        from liger_kernel.transformers import functional as lf
-    except ImportError as exc:
-        raise Unavailable(f"liger_kernel is not importable ({exc})") from None
-    # Liger's casting modes: "llama" rounds the normalized row before the weight (cast_before_weight),
-    # "gemma" computes everything in fp32 and rounds once (torch.nn.RMSNorm order); offset 0.
-    mode = "llama" if inputs.get("cast_before_weight") else "gemma"
-    if spec.name == "rms_norm":
-        x, w, eps = inputs["x"], inputs["weight"], inputs["eps"]
-        if w is None:
-            raise Unavailable("Liger's RMSNorm needs a weight (try --variant weight)")
-        return lambda: lf.liger_rms_norm(x, w, eps, 0.0, mode, True)
-    if spec.name == "fused_add_rms_norm" and hasattr(lf, "liger_fused_add_rms_norm"):
-        x, r, w, eps = inputs["x"], inputs["residual"], inputs["weight"], inputs["eps"]
-        return lambda: lf.liger_fused_add_rms_norm(x, r, w, eps, 0.0, mode, True)
-    raise Unavailable(f"Liger has no {spec.name} equivalent")
-
-
 def make_provider(name: str, spec: KernelSpec, inputs: dict) -> Callable[[], object]:
     """A no-argument callable running provider `name` on `inputs`, or Unavailable."""
     if name == "cuda":
@@ -182,8 +160,8 @@ def make_provider(name: str, spec: KernelSpec, inputs: dict) -> Callable[[], obj
         torch._dynamo.reset()  # one fresh compilation per case: never hit the recompile limit
         compiled = torch.compile(spec.baselines["eager"], dynamic=False)
         return lambda: compiled(**inputs)
-    if name == "liger":
-        return _liger(spec, inputs)
+    if name in PEERS:
+        return PEERS[name](spec, inputs)
     raise Unavailable(f"no {name} provider for {spec.name}")
 
 

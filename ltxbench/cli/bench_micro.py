@@ -32,7 +32,7 @@ def micro_command(
         "all", "--shapes", help="Shape group: seed, ltx (LTX-Video), ltx2 (LTX-2 19B), wan (Wan 2.1), llm, odd (widths "
         "that defeat vectors), or all (each kernel's benchmark shapes)."),
     providers: str = typer.Option(
-        "all", "--providers", help="Comma-separated: cuda, eager, F.rms_norm, compile, liger, or all."),
+        "all", "--providers", help="Comma-separated: cuda, eager, F.rms_norm, compile, liger, fa3, or all."),
     timer: str = typer.Option(
         "do_bench", "--timer", help="do_bench (CUDA events, L2 flushed) or cudagraph (no launch overhead, "
         "L2 not flushed: warm-cache numbers)."),

@@ -169,9 +169,10 @@ BENCHMARKS = (
     Benchmark("micro-wan-f32", (*_MICRO, "layer_norm_modulate", "gated_residual", "--shapes", "wan", "--variant",
                                 "wan-f32", "--providers", "cuda,eager,compile"), 1),
     # linear at Llama-3-8B's decode shapes (one token: our GEMV kernel), the norms and the attention of a decode step
+    # (beside FlashAttention-3's decode over the cache, the split-KV kernel serving engines run on Hopper)
     Benchmark("micro-llm-decode", (*_MICRO, "linear", "rms_norm", "fused_add_rms_norm", "decode_attention",
-                                   "--shapes", "llm", "--providers", "cuda,eager,F.rms_norm,compile,liger"), 1,
-              needs=("liger_kernel",)),
+                                   "--shapes", "llm", "--providers", "cuda,eager,F.rms_norm,compile,liger,fa3"), 1,
+              needs=("liger_kernel", FA3_NEED)),
     # Wan's q/k RMSNorm across heads + RoPE (tables one head wide) against its processor's eager and compiled code
     Benchmark("micro-wan-qk-rope", (*_MICRO, "qk_rms_norm_rope", "--shapes", "wan", "--variant", "wan", "--providers",
                                     "cuda,eager,compile"), 1),

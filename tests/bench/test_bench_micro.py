@@ -41,7 +41,7 @@ def _has_cuda() -> bool:
 
 def test_known_providers_order():
     assert ALL_PROVIDERS[:2] == ("cuda", "eager")
-    assert ALL_PROVIDERS[-2:] == ("compile", "liger")
+    assert ALL_PROVIDERS[-3:] == ("compile", "liger", "fa3")
     assert "F.rms_norm" in ALL_PROVIDERS
 
 
