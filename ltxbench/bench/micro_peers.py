@@ -71,8 +71,10 @@ def flash_attention_3(spec: KernelSpec, inputs: dict) -> Callable[[], object]:
     found, reasons = find_flash_attention_3()
     if found is None:
         raise Unavailable(f"FlashAttention-3 is not importable ({'; '.join(reasons)})")
+    import torch
+
     q, k, v, scale = inputs["q"], inputs["k"], inputs["v"], inputs["scale"]
-    dtype = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}.get(str(q.dtype))
+    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(q.dtype)
     if dtype not in found.dtypes:
         raise Unavailable(f"FlashAttention-3 through {found.module} takes {' or '.join(found.dtypes)}, not {q.dtype}")
     module = importlib.import_module(found.module)
