@@ -42,7 +42,7 @@ def liger(spec: KernelSpec, inputs: dict) -> Callable[[], object]:
 
 def kept_lengths(mask, batch: int, length: int):
     """The number of keys each batch element keeps, (B,) int32, where `mask` (B|1, 1, 1, L) keeps a prefix of the
-    keys (bool true, or an additive 0 where the rest is -inf or the dtype's lowest value); None without a mask;
+    keys (bool true, or an additive 0 where the rest is -inf or the dtype's lowest value); all L without a mask;
     Unavailable for any other mask (a bias, holes)."""
     import torch
 
@@ -64,19 +64,20 @@ def kept_lengths(mask, batch: int, length: int):
 
 
 def flash_attention_3(spec: KernelSpec, inputs: dict) -> Callable[[], object]:
-    if spec.name != "decode_attention":
+    if not applies("fa3", spec):
         raise Unavailable(f"FlashAttention-3 has no {spec.name} equivalent here")
+    from ltxbench.errors import UsageError
     from ltxbench.inject.attention_backend import find_flash_attention_3
+    from ltxbench.ops.registry import DTYPES
 
     found, reasons = find_flash_attention_3()
     if found is None:
         raise Unavailable(f"FlashAttention-3 is not importable ({'; '.join(reasons)})")
-    import torch
-
     q, k, v, scale = inputs["q"], inputs["k"], inputs["v"], inputs["scale"]
-    dtype = {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(q.dtype)
-    if dtype not in found.dtypes:
-        raise Unavailable(f"FlashAttention-3 through {found.module} takes {' or '.join(found.dtypes)}, not {q.dtype}")
+    try:  # the package's own dtype check (fa3-fwd: no fp16 kernels), as --attention-backend fa3 makes it
+        found.require_dtype(next((name for name, dtype in DTYPES.items() if dtype == q.dtype), str(q.dtype)))
+    except UsageError as exc:
+        raise Unavailable(str(exc)) from None
     module = importlib.import_module(found.module)
     b, heads, groups, hd = q.shape
     length = k.shape[2]

@@ -109,7 +109,7 @@ def test_fa3_is_na_where_it_cannot_run(monkeypatch, fa3):
     with pytest.raises(micro_peers.Unavailable, match="no rms_norm equivalent"):
         micro.make_provider("fa3", get_spec("rms_norm"), {})
     fa3()
-    with pytest.raises(micro_peers.Unavailable, match="takes bf16, not torch.float16"):  # fa3-fwd: no fp16 kernels
+    with pytest.raises(micro_peers.Unavailable, match="takes bf16, not --dtype fp16"):  # fa3-fwd: no fp16 kernels
         micro.make_provider("fa3", get_spec("decode_attention"), _inputs("llama", dtype=torch.float16))
     without_flash_attention_3(monkeypatch)
     with pytest.raises(micro_peers.Unavailable, match="not importable"):
