@@ -4,8 +4,9 @@
 //
 // A batch-1 step has H_kv (8 for Llama-3-8B) such groups: one block per group, as flash kernels schedule it, leaves
 // most SMs idle and reads the cache at a fraction of the bandwidth (cuDNN: ~16 us a layer for 2.4 MB on an H100). So
-// the keys are split: block (split, group) takes keys [split * chunk, (split + 1) * chunk), its four warps a key each
-// in turn, each query's running max and sum (log2 domain) and its fp32 output row per lane; the warps meet in shared
+// the keys are split: block (split, group) takes keys [split * chunk, (split + 1) * chunk), its four warps a few keys
+// each in turn (a tile: their scores summed over the lanes together, one max and one rescale per tile), each query's
+// running max and sum (log2 domain) and its fp32 output row spread over the lanes; the warps meet in shared
 // memory, and the splits' partial rows are merged by a second kernel (skipped with one split) or, on Hopper, by the
 // blocks of a thread block cluster (one cluster per group, at most 16 splits; LTXBENCH_DECODE_CLUSTER=0 turns it off)
 // through each other's shared memory. Both merge in the same order with the same fmaf chains: the same bits. Keys
@@ -102,30 +103,82 @@ __device__ __forceinline__ bool key_term(const DecodeAttnParams& p, int64_t b, i
   return m != -INFINITY;
 }
 
-template <int QT, int E>
-__device__ __forceinline__ void accumulate(const float (&q)[QT][E], const float (&kx)[E], const float (&vx)[E],
-                                           float term, float (&m)[QT], float (&l)[QT], float (&acc)[QT][E]) {
-  float s[QT];
+// Sums each of N values (N a power of two, at most 32) over the warp, leaving lane l the total of value
+// (l >> (5 - log2 N)) % N: at each step the lanes trade half of the values they still hold, so that N values take
+// N - 1 + 5 - log2 N shuffles where N separate sums take 5 N.
+template <int COUNT, int OFF, int N>
+__device__ __forceinline__ float scatter_sum(float (&v)[N], int lane) {
+  if constexpr (OFF == 0) {
+    return v[0];
+  } else if constexpr (COUNT == 1) {
+    v[0] += __shfl_xor_sync(0xffffffffu, v[0], OFF);
+    return scatter_sum<1, OFF / 2>(v, lane);
+  } else {
+    const bool upper = lane & OFF;
+#pragma unroll
+    for (int k = 0; k < COUNT / 2; ++k) {
+      const float give = upper ? v[k] : v[k + COUNT / 2], keep = upper ? v[k + COUNT / 2] : v[k];
+      v[k] = keep + __shfl_xor_sync(0xffffffffu, give, OFF);
+    }
+    return scatter_sum<COUNT / 2, OFF / 2>(v, lane);
+  }
+}
+
+__host__ __device__ constexpr int log2_of(int n) { return n <= 1 ? 0 : 1 + log2_of(n / 2); }
+
+// U keys at once (at[u] < 0: none; its rows are zeros) for QT query rows: the QT x U scores summed over the warp
+// with scatter_sum, so that lane l holds score (r, u) = l >> SHIFT; the tile's max per row over the lanes of its row;
+// each probability computed once, by the lanes that hold its score, and handed to every lane; then one rescale of
+// the running sum and output row per tile, not per key.
+template <int QT, int U, int E>
+__device__ __forceinline__ void accumulate(const float (&q)[QT][E], const float (&kx)[U][E], const float (&vx)[U][E],
+                                           const int (&at)[U], float my_term, int lane, float (&m)[QT],
+                                           float (&l)[QT], float (&acc)[QT][E]) {
+  constexpr int N = QT * U, SHIFT = 5 - log2_of(N);
+  static_assert(N <= 32 && (N & (N - 1)) == 0, "scores of a tile: a power of two, at most one per lane");
+  float s[N];
 #pragma unroll
   for (int r = 0; r < QT; ++r) {
-    s[r] = 0.f;
 #pragma unroll
-    for (int i = 0; i < E; ++i) s[r] = fmaf(q[r][i], kx[i], s[r]);
+    for (int u = 0; u < U; ++u) {
+      s[r * U + u] = 0.f;
+#pragma unroll
+      for (int i = 0; i < E; ++i) s[r * U + u] = fmaf(q[r][i], kx[u][i], s[r * U + u]);
+    }
   }
+  const float score = scatter_sum<N, 16>(s, lane);
+  const int mine = (lane >> SHIFT) & (N - 1), my_row = mine / U, my_key = mine % U;
+  int key_lane = at[0];
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
+  for (int u = 1; u < U; ++u) key_lane = my_key == u ? at[u] : key_lane;
+  const float term = __shfl_sync(0xffffffffu, my_term, key_lane < 0 ? 0 : key_lane);
+  const float x = key_lane < 0 ? -INFINITY : score + term;
+  float tile_max = x;
 #pragma unroll
-    for (int r = 0; r < QT; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], off);
-  }
+  for (int off = 1 << SHIFT; off < (U << SHIFT); off <<= 1)
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, off));
+  float top[QT], keep[QT], my_top = -INFINITY;
 #pragma unroll
   for (int r = 0; r < QT; ++r) {
-    const float x = s[r] + term;
-    const float top = fmaxf(m[r], x);
-    const float keep = exp2f(m[r] - top), pr = exp2f(x - top);  // m = -inf at first: keep = 0
-    l[r] = fmaf(l[r], keep, pr);
+    top[r] = fmaxf(m[r], __shfl_sync(0xffffffffu, tile_max, (r * U) << SHIFT));  // finite: key at[0] is there
+    keep[r] = exp2f(m[r] - top[r]);  // m = -inf at first: keep = 0
+    my_top = my_row == r ? top[r] : my_top;
+  }
+  const float my_p = exp2f(x - my_top);  // no key: exp2(-inf) = 0
 #pragma unroll
-    for (int i = 0; i < E; ++i) acc[r][i] = fmaf(acc[r][i], keep, pr * vx[i]);
-    m[r] = top;
+  for (int r = 0; r < QT; ++r) {
+    float pr[U], total = 0.f;
+#pragma unroll
+    for (int u = 0; u < U; ++u) pr[u] = __shfl_sync(0xffffffffu, my_p, (r * U + u) << SHIFT), total += pr[u];
+    l[r] = fmaf(l[r], keep[r], total);
+#pragma unroll
+    for (int i = 0; i < E; ++i) {
+      float a = acc[r][i] * keep[r];
+#pragma unroll
+      for (int u = 0; u < U; ++u) a = fmaf(pr[u], vx[u][i], a);
+      acc[r][i] = a;
+    }
+    m[r] = top[r];
   }
 }
 
@@ -228,13 +281,12 @@ __global__ void __launch_bounds__(kWarps * 32) decode_attn_kernel(DecodeAttnPara
             const int64_t j = base + static_cast<int64_t>(at[u]) * kWarps;
             load_lane<T, E, VEC>(keys + j * p.k_sl, lane, p.hd, kx[u]);
             load_lane<T, E, VEC>(values + j * p.v_sl, lane, p.hd, vx[u]);
+          } else {
+#pragma unroll
+            for (int i = 0; i < E; ++i) kx[u][i] = vx[u][i] = 0.f;  // weight 0 must not meet a stale NaN
           }
         }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          if (at[u] < 0) break;
-          accumulate<QT, E>(q, kx[u], vx[u], __shfl_sync(0xffffffffu, my_term, at[u]), m, l, acc);
-        }
+        accumulate<QT, U, E>(q, kx, vx, at, my_term, lane, m, l, acc);
       }
     }
 #pragma unroll
