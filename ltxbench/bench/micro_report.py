@@ -43,8 +43,8 @@ def provider_columns(records) -> list[str]:
 
 
 def cell(rec: dict | None) -> str:
-    """`12.3 µs · 45% (98%)` (of the copy peak, and of a copy of the same bytes) over `1234 GB/s`; `n/a` when the
-    provider could not run; blank if absent."""
+    """`12.3 µs · 45% (98%)` (of the copy peak, and of a copy of the same bytes) over `1234 GB/s`, † after the time
+    where the samples were unsteady; `n/a` when the provider could not run; blank if absent."""
     if rec is None:
         return ""
     if _is_na(rec):
@@ -53,7 +53,8 @@ def cell(rec: dict | None) -> str:
     median = _num(rec["stats"].get("median"))
     bw, pct = _num(derived.get("gbps")), _num(derived.get("pct_of_copy_peak"))
     same = _num(derived.get("pct_of_same_size_copy"))
-    first = (f"{median * 1e3:.1f} µs" if median is not None else "?") + (f" · {pct:.0f}%" if pct is not None else "")
+    first = (f"{median * 1e3:.1f} µs" if median is not None else "?") + ("†" if derived.get("unsteady") else "")
+    first += f" · {pct:.0f}%" if pct is not None else ""
     first += f" ({same:.0f}%)" if same is not None else ""
     return first + (f"\n{bw:.0f} GB/s" if bw is not None else "")
 
@@ -89,7 +90,8 @@ def render_table(records, title: str = "ltxbench bench micro"):
     if peak:
         title += f" · copy peak {peak:.0f} GB/s"
     table = Table(title=title, show_lines=True, box=box.SIMPLE_HEAD,
-                  caption="µs: median · % of the copy peak (% of a copy of the same bytes)")
+                  caption="µs: median · % of the copy peak (% of a copy of the same bytes); † unsteady "
+                          f"(p80/p20 > {UNSTEADY_SPREAD}): a speed-up takes that baseline's p20")
     providers = provider_columns(records)
     rows = group_rows(records)
     # Kernel and shape names stay whole whatever the width (the commands print on a wide console where the output
@@ -158,10 +160,30 @@ def gbps(nbytes: int, median_ms: float) -> float:
     return nbytes / (median_ms * 1e-3) / 1e9
 
 
-def speedups(medians: dict) -> dict:
-    """cuda's speedup (baseline time / cuda time) over each baseline and over the fastest one."""
-    cuda = medians.get("cuda")
-    base = {p: t for p, t in medians.items() if p != "cuda" and t and t > 0}
+# Samples that spread this much (p80 / p20) are unsteady: their slow part comes from outside the kernels timed. Seen
+# on an H100: FlashAttention-3's decode and compiled SDPA late in a long micro run, p20 17.5 us and median 51.9 at
+# 2176 keys, where the same calls in a short run were steady at 17.2. A speed-up over an unsteady baseline is taken
+# against its p20, so that no claim rests on a baseline's slow samples.
+UNSTEADY_SPREAD = 1.25
+
+
+def unsteady(stats: dict) -> bool:
+    """Whether a measurement's samples spread beyond UNSTEADY_SPREAD (p80 / p20)."""
+    p20, p80 = _num(stats.get("p20")), _num(stats.get("p80"))
+    return p20 is not None and p80 is not None and p20 > 0 and p80 / p20 > UNSTEADY_SPREAD
+
+
+def compared_ms(stats: dict, provider: str) -> float | None:
+    """The time a speed-up uses: the median; for a baseline whose samples are unsteady, its p20."""
+    if provider != "cuda" and unsteady(stats):
+        return _num(stats.get("p20"))
+    return _num(stats.get("median"))
+
+
+def speedups(times: dict) -> dict:
+    """cuda's speedup (baseline time / cuda time) over each baseline and over the fastest one, from compared_ms."""
+    cuda = times.get("cuda")
+    base = {p: t for p, t in times.items() if p != "cuda" and t and t > 0}
     if not cuda or not base:
         return {}
     out = {f"speedup_vs_{p}": t / cuda for p, t in base.items()}
@@ -179,7 +201,7 @@ def build_records(cases, results: dict, nbytes: dict, copy_peak_gbps: float | No
     """One record per (case, provider), n/a ones included; pure (no GPU), so tests can feed it timings."""
     records = []
     for case in cases:
-        ms = {p: results[(case, p)].stats["median"] for p in case.providers
+        ms = {p: compared_ms(results[(case, p)].stats, p) for p in case.providers
               if (case, p) in results and results[(case, p)].stats}
         params = {"shape": list(case.shape), "shape_name": case.shape_name, "variant": case.variant,
                   "bytes": nbytes.get(case)}
@@ -192,7 +214,7 @@ def build_records(cases, results: dict, nbytes: dict, copy_peak_gbps: float | No
                 records.append(make_record(case.kernel, p, case.dtype, params, "time", "ms", "lower", NA_STATS,
                                            derived=derived, check=m.check))
                 continue
-            derived = {"status": "ok"}
+            derived = {"status": "ok", **({"unsteady": True} if unsteady(m.stats) else {})}
             if nbytes.get(case):
                 derived["gbps"] = gbps(nbytes[case], m.stats["median"])
                 if copy_peak_gbps:

@@ -133,7 +133,11 @@ def copy_peak_gbps(doc: dict) -> float | None:
 
 
 def micro_table(doc: dict):
+    """One row per case; the speed-up over the fastest baseline by bench micro's rule (compared_ms: a baseline with
+    unsteady samples, marked †, is taken at its p20), applied to the stored samples."""
     import pandas as pd
+
+    from ltxbench.bench.micro_report import compared_ms, speedups, unsteady
 
     cases = micro_cases(doc)
     baselines = list(dict.fromkeys(p for recs in cases.values() for p in recs if p != OURS))
@@ -148,8 +152,11 @@ def micro_table(doc: dict):
                "% of copy peak": fmt(derived.get("pct_of_copy_peak"), ".1f"),
                "% of same-size copy": fmt(derived.get("pct_of_same_size_copy"), ".1f")}
         for provider in baselines:
-            row[f"{provider} µs"] = fmt_us(recs[provider]["stats"]["median"]) if provider in recs else DASH
-        row["vs fastest baseline"] = fmt(derived.get("speedup_vs_best"), ".3f", "×")
+            stats = recs[provider]["stats"] if provider in recs else None
+            row[f"{provider} µs"] = DASH if stats is None else \
+                fmt_us(stats["median"]) + ("†" if stats["median"] is not None and unsteady(stats) else "")
+        times = {p: compared_ms(r["stats"], p) for p, r in recs.items() if r["stats"].get("median") is not None}
+        row["vs fastest baseline"] = fmt(speedups(times).get("speedup_vs_best"), ".3f", "×")
         row["check"] = DASH if not check else ("ok" if check.get("passed") else "FAIL")
         rows.append(row)
     return pd.DataFrame(rows)

@@ -187,6 +187,26 @@ def test_gbps_pct_and_speedup_arithmetic():
     assert micro_report.speedups({"cuda": 1.0}) == {} and micro_report.speedups({"eager": 1.0}) == {}
 
 
+def test_a_baseline_with_unsteady_samples_is_compared_at_its_p20_and_marked():
+    """Bimodal samples (a slow mode from outside the kernel) would make a baseline look slow at its median: the
+    speed-up over it takes its p20; our own unsteady samples keep their median (no credit to us), and both are
+    marked in the records and the table."""
+    results = _results()
+    fast_slow = stats_from_samples([0.06] * 6 + [0.20] * 6)  # p20 0.06, median 0.13, p80 0.20
+    results[(CASE, "compile")] = Measurement(fast_slow, results[(CASE, "compile")].check)
+    by = {r["provider"]: r for r in micro_report.build_records([CASE], results, {CASE: NBYTES}, 2000.0)}
+    assert micro_report.unsteady(fast_slow) and not micro_report.unsteady(_stats(0.05))
+    assert by["compile"]["derived"]["unsteady"] is True and "unsteady" not in by["cuda"]["derived"]
+    assert by["cuda"]["derived"]["speedup_vs_compile"] == pytest.approx(0.06 / 0.05)
+    assert by["cuda"]["derived"]["best_baseline"] == "compile"
+    assert by["cuda"]["derived"]["speedup_vs_best"] == pytest.approx(1.2)
+    assert micro_report.cell(by["compile"]).startswith("130.0 µs†")
+    results[(CASE, "cuda")] = Measurement(fast_slow, results[(CASE, "cuda")].check)
+    by = {r["provider"]: r for r in micro_report.build_records([CASE], results, {CASE: NBYTES}, 2000.0)}
+    assert by["cuda"]["derived"]["unsteady"] is True
+    assert by["cuda"]["derived"]["speedup_vs_eager"] == pytest.approx(0.20 / fast_slow["median"])
+
+
 def test_failed_checks_only_cuda():
     assert micro_report.failed_checks(_records()) == []
     results = _results(cuda_check=False)
