@@ -90,8 +90,7 @@ def render_table(records, title: str = "ltxbench bench micro"):
     if peak:
         title += f" · copy peak {peak:.0f} GB/s"
     table = Table(title=title, show_lines=True, box=box.SIMPLE_HEAD,
-                  caption="µs: median · % of the copy peak (% of a copy of the same bytes); † unsteady "
-                          f"(p80/p20 > {UNSTEADY_SPREAD}): a speed-up takes that baseline's p20")
+                  caption=f"µs: median · % of the copy peak (% of a copy of the same bytes); {UNSTEADY_NOTE}")
     providers = provider_columns(records)
     rows = group_rows(records)
     # Kernel and shape names stay whole whatever the width (the commands print on a wide console where the output
@@ -165,6 +164,7 @@ def gbps(nbytes: int, median_ms: float) -> float:
 # 2176 keys, where the same calls in a short run were steady at 17.2. A speed-up over an unsteady baseline is taken
 # against its p20, so that no claim rests on a baseline's slow samples.
 UNSTEADY_SPREAD = 1.25
+UNSTEADY_NOTE = f"† unsteady (p80/p20 > {UNSTEADY_SPREAD}): a speed-up takes that baseline's p20"
 
 
 def unsteady(stats: dict) -> bool:

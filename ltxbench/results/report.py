@@ -38,10 +38,12 @@ def render_readme(folder: Path, documents: list[Document], figures: dict[str, st
             lines += [f"**Incomplete**: {cut['reason']}; measured {', '.join(cut['measured']) or 'nothing'}, not "
                       f"measured {', '.join(cut['not_measured'])}.", ""]
         if d.doc["kind"] == "micro":
+            from ltxbench.bench.micro_report import UNSTEADY_NOTE
+
             peak = copy_peak_gbps(d.doc)
             if peak is not None:
-                lines += [f"Copy peak measured in the run: {peak:.0f} GB/s. Times in µs (medians); † unsteady "
-                          "samples (p80/p20 > 1.25): the speed-up takes that baseline's p20.", ""]
+                lines += [f"Copy peak measured in the run: {peak:.0f} GB/s. Times in µs (medians); "
+                          f"{UNSTEADY_NOTE}.", ""]
         elif d.doc["kind"] == "profile":
             lines += ["Kernel time per step by kernel family (torch.profiler), ms.", ""]
         lines.append(to_markdown(table_for(d.doc)))

@@ -153,8 +153,8 @@ def micro_table(doc: dict):
                "% of same-size copy": fmt(derived.get("pct_of_same_size_copy"), ".1f")}
         for provider in baselines:
             stats = recs[provider]["stats"] if provider in recs else None
-            row[f"{provider} µs"] = DASH if stats is None else \
-                fmt_us(stats["median"]) + ("†" if stats["median"] is not None and unsteady(stats) else "")
+            mark = "†" if stats is not None and unsteady(stats) else ""
+            row[f"{provider} µs"] = DASH if stats is None else fmt_us(stats["median"]) + mark
         times = {p: compared_ms(r["stats"], p) for p, r in recs.items() if r["stats"].get("median") is not None}
         row["vs fastest baseline"] = fmt(speedups(times).get("speedup_vs_best"), ".3f", "×")
         row["check"] = DASH if not check else ("ok" if check.get("passed") else "FAIL")
