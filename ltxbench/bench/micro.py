@@ -204,7 +204,9 @@ def measure(name: str, spec: KernelSpec, inputs: dict, ref, tol, time_fn, sync) 
         fn = make_provider(name, spec, inputs)
         # The FP8 ops' baselines round y to the model dtype before quantizing (the unfused path): only the kernel is
         # held to the fused contract.
-        m.check = check_outputs(fn(), ref, *tol, fp8_contract=name == "cuda")  # also compiles/warms, untimed
+        out = fn()  # also compiles/warms, untimed; then the inputs it wrote in place (as run_cases gave them)
+        out = (*(out if isinstance(out, tuple) else (out,)), *(inputs[n] for n in spec.writes)) if spec.writes else out
+        m.check = check_outputs(out, ref, *tol, fp8_contract=name == "cuda")
         sync()
         m.stats = time_fn(fn)
     except Unavailable as exc:
@@ -257,10 +259,14 @@ def run_cases(cases, *, timer: str = "do_bench", seed: int = 0, device: str = "c
                 gen = torch.Generator(device="cpu").manual_seed(seed)  # same inputs for every provider
                 inputs = spec.make_inputs(case.shape, dtype, device, gen, case.variant)
                 moved = spec.bytes_moved(inputs)
-                ref = spec.reference(**inputs)
-                measured = {(case, name): measure(name, spec, inputs, ref, spec.tolerance(dtype), time_fn, sync)
-                            for name in case.providers}
-                del inputs, ref
+                ref = spec.outputs(spec.reference, inputs)
+                written = {n: inputs[n].clone() for n in spec.writes}  # a KV cache: as made, for each provider
+                measured = {}
+                for name in case.providers:
+                    for n, made in written.items():
+                        inputs[n].copy_(made)
+                    measured[(case, name)] = measure(name, spec, inputs, ref, spec.tolerance(dtype), time_fn, sync)
+                del inputs, ref, written
                 if moved:
                     measured[(case, SAME_SIZE_COPY)] = _same_size_copy(moved, device, time_fn)
                 results.update(measured)  # whole cases only: a case cut short would compare providers unevenly

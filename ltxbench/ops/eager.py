@@ -215,6 +215,16 @@ def hf_rope_1d(q, k, cos, sin, positions=None, interleaved=False):
     return apply(q), apply(k)
 
 
+def hf_rope_1d_cache(q, k, v, cos, sin, k_cache, v_cache, offset, interleaved=False):
+    """A decode step as transformers runs it: apply_rotary_pos_emb (hf_rope_1d on per-token tables), then the static
+    cache layer's update, rows offset + s of both caches written with index_copy_; returns q rotated."""
+    qr, kr = hf_rope_1d(q, k, cos, sin, None, interleaved)
+    rows = offset.reshape(()).to(torch.long) + torch.arange(q.shape[2], device=q.device)
+    k_cache.index_copy_(2, rows, kr)
+    v_cache.index_copy_(2, rows, v)
+    return qr
+
+
 def diffusers_gelu_tanh(x: Tensor) -> Tensor:
     """LTX FeedForward activation: GELU(approximate="tanh")."""
     return F.gelu(x, approximate="tanh")

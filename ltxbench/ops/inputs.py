@@ -300,8 +300,9 @@ def restride(t, how):
     raise ValueError(how)
 
 
-def relayout(inputs: dict, how: str) -> dict:
+def relayout(inputs: dict, how: str, keep: tuple[str, ...] = ()) -> dict:
     """The same values with every tensor argument of enough rank (weights, tables, grids, positions, masks
-    included) in layout `how`: padded rows, swapped leading dims, a strided last dim, or a misaligned start."""
-    return {k: restride(v, how) if isinstance(v, torch.Tensor) and v.dim() >= _MIN_DIM[how] else v
+    included) but those named in `keep` (a cache the op writes, which must be contiguous) in layout `how`: padded
+    rows, swapped leading dims, a strided last dim, or a misaligned start."""
+    return {k: restride(v, how) if isinstance(v, torch.Tensor) and v.dim() >= _MIN_DIM[how] and k not in keep else v
             for k, v in inputs.items()}

@@ -58,6 +58,9 @@ LLM_DECODE_LINEAR_SHAPES = {"llama3-8b-decode-qkv": (1, 1, 4096, 6144), "llama3-
                             "llama3-8b-decode-down": (1, 1, 14336, 4096),
                             "llama3-8b-decode-lm-head": (1, 1, 4096, 128256)}
 GEMV_TEST_SHAPES = ((1, 2, 4096), (3, 1, 1024), (1, 1, 14336), (2, 2, 264))
+# rms_norm_qkv_rope_cache: (B, S, K) hidden states (inputs_cache.qkv_heads: heads of 128 at model widths, else 4 / 2
+# of 64); odd K (the GEMV's ATen path), a few tokens, Llama-3-8B's step and a 2-sequence batch.
+QKV_CACHE_TEST_SHAPES = ODD_SHAPES + ((2, 17, 64), (2, 3, 2400), (1, 1, 4096), (2, 1, 2048))
 # rms_norm_linear / add_rms_norm_linear: a decode step's norm + projection (B, S, K, N), Llama-3-8B's q/k/v and gate/up.
 LLM_NORM_LINEAR_SHAPES = {"llama3-8b-decode-qkv": (1, 1, 4096, 6144), "llama3-8b-decode-gate-up": (1, 1, 4096, 28672)}
 # linear's bench shapes: (B, S, K, N), LTX-2B's projections.

@@ -52,6 +52,17 @@ class KernelSpec:
     # the module holding the op's function and, as its `reference` namespace, its twin (default: ltxbench.ops and
     # ltxbench.ops.reference)
     home: str = ""
+    # inputs the op writes in place without reading them (a static KV cache, the step's rows of it): not counted as
+    # read, left contiguous by the tests' layouts, and compared after the call as further outputs (`outputs`)
+    writes: tuple[str, ...] = ()
+
+    def outputs(self, fn: Callable, inputs: dict) -> tuple:
+        """fn's outputs on `inputs`, then the inputs it writes in place, on copies of those: no call sees another's
+        writes."""
+        if self.writes:
+            inputs = {**inputs, **{name: inputs[name].clone() for name in self.writes}}
+        out = fn(**inputs)
+        return (*(out if isinstance(out, tuple) else (out,)), *(inputs[name] for name in self.writes))
 
     def takes(self, variant: str, shape: tuple, dtype: torch.dtype) -> bool:
         return dtype == torch.float32 or not shape or shape[-1] <= self.max_width.get(variant, shape[-1])
@@ -72,7 +83,8 @@ class KernelSpec:
         return TOLERANCES[self.kind][dtype]
 
     def bytes_moved(self, inputs: dict) -> int:
+        read = {name: value for name, value in inputs.items() if name not in self.writes}
         if self.written is not None:
-            return io_bytes(inputs, self.written(inputs))
+            return io_bytes(read, self.written(inputs))
         first = next(v for v in inputs.values() if isinstance(v, torch.Tensor))
-        return io_bytes(inputs, self.n_outputs * nbytes(first))
+        return io_bytes(read, self.n_outputs * nbytes(first))

@@ -39,7 +39,8 @@ MICRO_PARTS = (  # (part, kernels, providers, minutes): together every kernel of
                   "cross_attention", "decode_attention", "linear"), _PEERS, 4),
     ("fp8", ("rms_norm_modulate_fp8", "add_rms_norm_modulate_fp8", "gelu_tanh_fp8", "quantize_fp8",
              "qk_rms_norm_rope_fp8", "qk_rms_norm_rope_split_fp8", "quantize_fp8_heads"), "cuda,eager,compile", 3),
-    ("norm-linear", ("rms_norm_linear", "add_rms_norm_linear"), "cuda,eager,ltxbench-unfused,compile", 1),
+    ("norm-linear", ("rms_norm_linear", "add_rms_norm_linear", "rope_1d_cache", "rms_norm_qkv_rope_cache"),
+     "cuda,eager,ltxbench-unfused,compile", 1.5),
 )
 
 

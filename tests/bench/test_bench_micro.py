@@ -290,6 +290,34 @@ def test_run_cases_flags_a_wrong_provider(monkeypatch):
     assert m.stats is not None and m.check["passed"] is False and m.check["max_abs_err"] > 0.1
 
 
+@pytest.mark.parametrize("fault", [None, "rows", "one-off", "none"])
+def test_run_cases_checks_the_cache_rows_each_provider_writes(fault, monkeypatch):
+    """rope_1d_cache writes k and v into the caches in place: each provider's check compares the caches too, each
+    provider starting from the caches as made (a provider that writes nothing does not pass on another's rows)."""
+    from ltxbench.ops import eager
+
+    def baseline(q, k, v, cos, sin, k_cache, v_cache, offset, interleaved=False):
+        if fault == "none":  # returns q rotated, writes no cache row
+            return eager.hf_rope_1d(q, k, cos, sin, None, interleaved)[0]
+        shift = 1 if fault == "one-off" else 0
+        out = eager.hf_rope_1d_cache(q, k, v, cos, sin, k_cache, v_cache, offset + shift, interleaved)
+        if fault == "rows":
+            v_cache.mul_(1.01)
+        return out
+
+    spec = get_spec("rope_1d_cache")
+    monkeypatch.setitem(spec.baselines, "ltxbench-unfused", baseline)  # a second provider, after eager
+    case = Case("rope_1d_cache", "tiny", (2, 3, 256), "fp32", "neox", ("eager", "ltxbench-unfused"))
+    time_fn, _ = _counting_timer()
+    results, nbytes = micro.run_cases([case], device="cpu", time_fn=time_fn)
+    assert results[(case, "eager")].check["passed"]
+    assert results[(case, "ltxbench-unfused")].check["passed"] is (fault is None)
+    # q, k, v (2 x 3 tokens of 2 + 1 + 1 heads of 128) read and written back (q rotated, k and v as the caches' rows),
+    # the two tables (6 rows of 64) and the offset read; the caches' other rows neither read nor written
+    qkv = 2 * 3 * (2 + 1 + 1) * 128
+    assert nbytes[case] == 4 * (2 * qkv + 2 * 6 * 64) + 8
+
+
 def test_liger_unavailable_reasons(monkeypatch):
     monkeypatch.setitem(sys.modules, "liger_kernel", None)  # import fails as if not installed
     monkeypatch.setitem(sys.modules, "liger_kernel.transformers", None)

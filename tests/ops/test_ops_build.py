@@ -120,8 +120,9 @@ def test_fake_outputs_match_reference_shapes(built_ops, name, dtype):
             for g, e in zip(got, expected, strict=True):
                 assert g.device.type == "cuda"
                 assert (g.shape, g.dtype) == (e.shape, e.dtype), (variant, shape)
-                # same memory layout (contiguous; rope_1d token-major); a size-1 dim's stride is arbitrary
-                assert _strides(g) == _strides(e), (variant, shape)
+                # same memory layout (contiguous; rope_1d token-major); a size-1 dim's stride is arbitrary, and so
+                # is every stride of an empty tensor (torch keeps a view's strides where .contiguous() has no copy)
+                assert _strides(g) == _strides(e) or not e.numel(), (variant, shape)
 
 
 @pytest.mark.parametrize("name", sorted(SPECS))

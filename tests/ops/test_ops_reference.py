@@ -126,11 +126,9 @@ def test_reference_within_tolerance_of_float64_for_every_spec_and_variant(name, 
     spec = SPECS[name]
     for variant in spec.variants:
         inputs = spec.make_inputs(spec.test_shapes[1], DTYPES[dtype], "cpu", gen(), variant)
-        out = spec.reference(**inputs)
-        out64 = spec.reference(**{k: v.double() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                                  for k, v in inputs.items()})
-        outs, outs64 = (out, out64) if isinstance(out, tuple) else ((out,), (out64,))
-        assert len(outs) == spec.n_outputs
+        outs = spec.outputs(spec.reference, inputs)  # the outputs, then the inputs written in place (a KV cache)
+        outs64 = spec.outputs(spec.reference, _as_f64(inputs))
+        assert len(outs) == spec.n_outputs + len(spec.writes)
         atol, rtol = spec.tolerance(DTYPES[dtype])
         for o, o64 in fp8_pairs(outs, outs64):
             if isinstance(o64, tuple):  # an FP8 output and its scale; float64 keeps h' unrounded
@@ -228,8 +226,7 @@ def test_reference_equals_the_host_library_formula_in_float64_for_every_variant(
     for i, variant in enumerate(spec.variants):
         for shape in shapes:
             inputs = _as_f64(spec.make_inputs(shape, torch.float32, "cpu", torch.Generator().manual_seed(i), variant))
-            ref, lib = spec.reference(**inputs), spec.baselines["eager"](**inputs)
-            refs, libs = (ref, lib) if isinstance(ref, tuple) else ((ref,), (lib,))
+            refs, libs = spec.outputs(spec.reference, inputs), spec.outputs(spec.baselines["eager"], inputs)
             assert len(refs) == len(libs)
             for e, r in fp8_pairs(libs, refs):
                 if isinstance(r, tuple):  # an FP8 output and its scale: the same values, but for fp32 ties
