@@ -22,10 +22,11 @@ def _attention_reference(configs) -> str | None:
     return min(found, key=lambda c: c.patch != "none", default=None)
 
 
-def _compiled_peers(configs) -> list[str]:
-    """The run's compiled peer configurations on the default attention (LTX-2's stg-off+compile, Liger's
-    liger+compile): the strongest baselines a user could pick, which our kernels' rows are also measured against."""
-    return [c for c in map(_parsed, configs) if c is not None and c.peer and c.compiled and not c.attention]
+def _peers(configs) -> list:
+    """The run's peer configurations on the default attention: compiled ones (LTX-2's stg-off+compile, Liger's
+    liger+compile), the strongest baselines a user could pick, which all our kernels' rows are measured against; and
+    eager ones (Lightricks' ltx-core, Liger, diffusers' group offloading, LTX-2's stg-off), which our eager rows are."""
+    return [c for c in map(_parsed, configs) if c is not None and c.peer and not c.attention]
 
 
 def e2e_table(doc: dict):
@@ -39,7 +40,7 @@ def e2e_table(doc: dict):
     for rec in records:
         by_config.setdefault(rec["provider"], {})[measure_label(rec)] = rec
     reference = _attention_reference(by_config)  # its column: the kernels' gain on the same attention
-    peers = _compiled_peers(by_config)  # a column each: our kernels against that peer
+    peers = _peers(by_config)  # a column each: our kernels against that peer
     rows = []
     for config, recs in by_config.items():
         row, parsed = {"config": config}, _parsed(config)
@@ -62,7 +63,8 @@ def e2e_table(doc: dict):
             row[f"vs {reference}"] = fmt(derived.get(f"speedup_vs_{reference}") if same else None, ".3f", "×")
         ours = parsed is not None and parsed.ours and attention is None
         for peer in peers:
-            row[f"vs {peer}"] = fmt(derived.get(f"speedup_vs_{peer}") if ours else None, ".3f", "×")
+            against = ours and (peer.compiled or not parsed.compiled)  # an eager peer: against our eager rows
+            row[f"vs {peer}"] = fmt(derived.get(f"speedup_vs_{peer}") if against else None, ".3f", "×")
         if "tokens_per_s" in derived:
             row["tok/s"] = fmt(derived["tokens_per_s"], ".1f")
         for m in measures:  # an LLM's prefills carry their own TFLOP/s (a column per prompt length)

@@ -154,6 +154,20 @@ def test_e2e_table_measures_our_kernels_against_each_compiled_peer():
     assert "vs stg-off+compile" not in e2e_table(ltx_doc({"compile": 1.0, "optimized+compile": 0.9})).columns
 
 
+def test_e2e_table_measures_our_eager_rows_against_each_eager_peer():
+    """An eager peer (Lightricks' ltx-core, Liger, diffusers' group offloading) gets a column filled for our eager
+    rows only: a compiled row of ours against an eager peer would mix the kernels' gain with compile's."""
+    doc = ltx_doc({"ltx-core": 1227.4, "optimized": 913.4, "optimized+compile": 905.0, "stg-off+compile": 1006.6})
+    for rec in doc["records"]:
+        if rec["provider"].startswith("optimized") and rec["name"] == "denoise_step":
+            rec["derived"]["speedup_vs_ltx-core"] = 1227.4 / rec["stats"]["median"]
+            rec["derived"]["speedup_vs_stg-off+compile"] = 1006.6 / rec["stats"]["median"]
+    table = e2e_table(doc).set_index("config")
+    assert table.loc["optimized", "vs ltx-core"] == f"{1227.4 / 913.4:.3f}×"
+    assert table.loc[["optimized+compile", "ltx-core", "stg-off+compile"], "vs ltx-core"].tolist() == ["–"] * 3
+    assert table.loc["optimized+compile", "vs stg-off+compile"] == f"{1006.6 / 905.0:.3f}×"  # compiled peer: all ours
+
+
 def test_e2e_table_under_a_memory_budget_shows_what_each_configuration_held():
     doc = ltx_doc({"compile": 46.45, "optimized": 40.0})
     assert "peak GiB" not in e2e_table(doc).columns  # no budget: the memory is not the point
