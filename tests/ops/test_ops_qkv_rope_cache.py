@@ -60,16 +60,11 @@ def test_cpu_tensors_get_a_clear_error_naming_the_argument(built_ops):
 
 
 def _two_ops(args):
-    """What the fused op stands for, on our kernels: rms_norm_linear, then rope_1d_cache of its q, k and v."""
-    import ltxbench.ops as ops
+    """What the fused op stands for, on our kernels: rms_norm_linear, then rope_1d_cache of its q, k and v (the spec's
+    `ltxbench-unfused` baseline)."""
+    from ltxbench.ops.registry_decode import ltxbench_rms_norm_qkv_rope_cache
 
-    b, s, _ = args["x"].shape
-    hk, hd = args["k_cache"].shape[1], args["k_cache"].shape[3]
-    qkv = norm_linear.rms_norm_linear(args["x"], args["norm_weight"], args["eps"], args["weight"])
-    heads = qkv.view(b, s, -1, hd)
-    hq = heads.shape[2] - 2 * hk
-    q, k, v = (t.transpose(1, 2) for t in heads.split([hq, hk, hk], dim=2))
-    return ops.rope_1d_cache(q, k, v, args["cos"], args["sin"], args["k_cache"], args["v_cache"], args["offset"])
+    return ltxbench_rms_norm_qkv_rope_cache(**args)
 
 
 def _copies(args):
